@@ -1,0 +1,277 @@
+"""The use cases: load aggregates, ask them to change, save what changed in one transaction.
+
+Synchronous on purpose (the eventsourcing library is); the service calls it from one writer
+thread. Every command is safe to repeat: a repeated command finds the state already changed and
+records nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+
+from domain.environment import Environment
+from domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
+from domain.path_claim import PathClaim, claim_id
+from domain.thread import Thread, thread_aggregate_id
+
+T = TypeVar("T")
+GraceLookup = Callable[[str], "int | None"]
+
+
+class UnknownEnvironment(DomainError):
+    pass
+
+
+class UnknownThread(DomainError):
+    pass
+
+
+class Environments(Application):
+    name = "Environments"
+    log_section_size = 500
+
+    def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None) -> None:
+        super().__init__(env=env)
+        self._grace_for = grace_for or (lambda provider_id: 300_000)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def environment(self, environment_id: UUID) -> Environment:
+        try:
+            return self.repository.get(environment_id)
+        except AggregateNotFoundError:
+            raise UnknownEnvironment(f"no environment {environment_id}") from None
+
+    def thread(self, thread_id: str) -> Thread:
+        try:
+            return self.repository.get(thread_aggregate_id(thread_id))
+        except AggregateNotFoundError:
+            raise UnknownThread(f"no thread {thread_id}") from None
+
+    def find_thread(self, thread_id: str) -> Thread | None:
+        try:
+            return self.thread(thread_id)
+        except UnknownThread:
+            return None
+
+    def _claim(self, host_id: str, path: str) -> PathClaim | None:
+        try:
+            return self.repository.get(claim_id(host_id, path))
+        except AggregateNotFoundError:
+            return None
+
+    def head(self) -> int:
+        return self.recorder.max_notification_id() or 0
+
+    # -- threads -------------------------------------------------------------------------------
+
+    def register_thread(
+        self,
+        thread_id: str,
+        project_path: str | None,
+        parent_thread_id: str | None,
+        host_id: str,
+        intent: dict[str, Any] | None,
+    ) -> Thread:
+        existing = self.find_thread(thread_id)
+        if existing is not None:
+            return existing
+        thread = Thread(
+            thread_id=thread_id,
+            project_path=project_path,
+            parent_thread_id=parent_thread_id,
+            host_id=host_id,
+            intent=intent,
+        )
+        self.save(thread)
+        return thread
+
+    def refuse_thread(self, thread_id: str, message: str) -> None:
+        thread = self.thread(thread_id)
+        if thread.needs_environment and thread.refusal != message:
+            thread.refuse(message)
+            self.save(thread)
+
+    def claim_environment(
+        self,
+        thread_id: str,
+        provider_id: str,
+        host_id: str,
+        project_path: str | None,
+        inputs: Any,
+        path_key: str,
+        claimed_path: str | None,
+    ) -> Environment:
+        """Reserve a new environment for the thread and claim its path, all or nothing."""
+        thread = self.thread(thread_id)
+        if thread.environment_id is not None:
+            return self.environment(thread.environment_id)
+        if thread.status != "active":
+            raise IllegalTransition(f"thread {thread_id} is archived")
+        environment = Environment(
+            provider_id=provider_id,
+            host_id=host_id,
+            project_path=project_path,
+            inputs=inputs,
+            path_key=path_key,
+            claimed_path=claimed_path,
+            thread_id=thread_id,
+        )
+        thread.assign_environment(environment.id)
+        claims = [self._take(host_id, claimed_path, environment.id)] if claimed_path else []
+        self.save(environment, thread, *claims)
+        return environment
+
+    def _take(self, host_id: str, path: str, environment_id: UUID) -> PathClaim:
+        claim = self._claim(host_id, path)
+        if claim is None:
+            return PathClaim(host_id=host_id, path=path, environment_id=environment_id)
+        claim.retake(environment_id)
+        return claim
+
+    def attach_thread(self, thread_id: str, environment_id: UUID) -> Environment:
+        thread = self.thread(thread_id)
+        environment = self.environment(environment_id)
+        if thread.environment_id not in (None, environment_id):
+            raise IllegalTransition(f"thread {thread_id} already uses environment {thread.environment_id}")
+        environment.attach_thread(thread_id)
+        thread.assign_environment(environment_id)
+        self.save(environment, thread)
+        return environment
+
+    def archive_thread(self, thread_id: str, now: datetime) -> Environment | None:
+        thread = self.thread(thread_id)
+        if not thread.archive():
+            return None
+        environment = self._environment_of(thread)
+        if environment is not None:
+            environment.detach_thread(thread_id, now, self._grace_for(environment.provider_id))
+        self.save(thread, *([environment] if environment else []))
+        return environment
+
+    def unarchive_thread(self, thread_id: str) -> Environment | None:
+        thread = self.thread(thread_id)
+        if not thread.unarchive():
+            return None
+        environment = self._environment_of(thread)
+        if environment is not None and environment.is_live and not environment.cancelled:
+            environment.attach_thread(thread_id)
+        else:
+            thread.leave_environment()
+            environment = None
+        self.save(thread, *([environment] if environment else []))
+        return environment
+
+    def cancel_thread_message(self, thread_id: str) -> Environment | None:
+        thread = self.thread(thread_id)
+        environment = self._environment_of(thread)
+        if environment is None or not environment.cancel_for_thread(thread_id):
+            return None
+        thread.leave_environment()
+        self.save(environment, thread)
+        return environment
+
+    def _environment_of(self, thread: Thread) -> Environment | None:
+        return self.environment(thread.environment_id) if thread.environment_id else None
+
+    # -- the steps the provisioning handler drives ---------------------------------------------
+
+    def _change(self, environment_id: UUID, change: Callable[[Environment], T]) -> tuple[Environment, T]:
+        environment = self.environment(environment_id)
+        outcome = change(environment)
+        self.save(environment)
+        return environment, outcome
+
+    def record_created(
+        self,
+        environment_id: UUID,
+        attempt: int,
+        path: str,
+        owns_path: bool,
+        merge_base_branch: str | None,
+        resource: dict[str, Any] | None,
+    ) -> Environment:
+        """Record the provider's path; a path other than the claimed one is claimed in the same save."""
+        environment = self.environment(environment_id)
+        claims: list[PathClaim] = []
+        if path != environment.claimed_path and attempt == environment.attempt:
+            try:
+                claims.append(self._take(environment.host_id, path, environment.id))
+            except PathAlreadyClaimed as refused:
+                environment.record_create_failed(attempt, "terminal", f"{path} is already claimed: {refused}")
+                self.save(environment)
+                return environment
+        if environment.record_created(attempt, path, owns_path, merge_base_branch, resource):
+            self.save(environment, *claims)
+        return environment
+
+    def record_create_failed(self, environment_id: UUID, attempt: int, failure: str, message: str) -> Environment:
+        return self._change(environment_id, lambda e: e.record_create_failed(attempt, failure, message))[0]
+
+    def start_setup(self, environment_id: UUID) -> tuple[Environment, bool]:
+        return self._change(environment_id, lambda e: e.start_setup(e.setup_operation()))
+
+    def skip_setup(self, environment_id: UUID, reason: str) -> Environment:
+        return self._change(environment_id, lambda e: e.skip_setup(reason))[0]
+
+    def record_setup_outcome(
+        self, environment_id: UUID, operation_id: str, succeeded: bool, message: str | None
+    ) -> Environment:
+        return self._change(environment_id, lambda e: e.record_setup_outcome(operation_id, succeeded, message))[0]
+
+    def retry(self, environment_id: UUID) -> Environment:
+        return self._change(environment_id, lambda e: e.retry())[0]
+
+    def request_deletion(self, environment_id: UUID) -> Environment:
+        return self._change(environment_id, lambda e: e.request_deletion())[0]
+
+    def start_removal(self, environment_id: UUID, now: datetime) -> tuple[Environment, bool]:
+        return self._change(environment_id, lambda e: e.start_removal(now) or e.retry_removal(now))
+
+    def start_teardown(self, environment_id: UUID) -> tuple[Environment, bool]:
+        return self._change(environment_id, lambda e: e.start_teardown(e.teardown_operation()))
+
+    def skip_teardown(self, environment_id: UUID, reason: str) -> Environment:
+        return self._change(environment_id, lambda e: e.skip_teardown(reason))[0]
+
+    def record_teardown_outcome(
+        self, environment_id: UUID, operation_id: str, outcome: str, message: str | None
+    ) -> Environment:
+        return self._change(environment_id, lambda e: e.record_teardown_outcome(operation_id, outcome, message))[0]
+
+    def record_removed(self, environment_id: UUID, removal_attempt: int) -> Environment:
+        """Removal succeeded: the environment ends and its path claims are released in the same save."""
+        environment = self.environment(environment_id)
+        claimed = {p for p in (environment.claimed_path, environment.path) if p}
+        if not environment.record_removed(removal_attempt):
+            return environment
+        claims = [c for c in (self._claim(environment.host_id, p) for p in claimed) if c is not None]
+        for claim in claims:
+            claim.release(environment.id)
+        self.save(environment, *claims)
+        return environment
+
+    def record_remove_failed(
+        self, environment_id: UUID, removal_attempt: int, message: str, retry_at: datetime
+    ) -> Environment:
+        return self._change(environment_id, lambda e: e.record_remove_failed(removal_attempt, message, retry_at))[0]
+
+    def unfinished_environment_ids(self) -> list[UUID]:
+        """Every environment whose log does not end in Removed: what recovery must drive on."""
+        topic = f"{Environment.__module__}:{Environment.__qualname__}"
+        ended: set[UUID] = set()
+        started: list[UUID] = []
+        notifications = self.recorder.select_notifications(
+            start=1, limit=10**9, topics=(f"{topic}.Claimed", f"{topic}.Removed")
+        )
+        for notification in notifications:
+            if notification.topic.endswith(".Removed"):
+                ended.add(notification.originator_id)
+            else:
+                started.append(notification.originator_id)
+        return [i for i in started if i not in ended]

@@ -1,0 +1,358 @@
+"""The Environment aggregate: one workspace's lifecycle, as a sequence of named facts.
+
+    creating ──Created──► provisioning ──SetupSucceeded/Skipped + Ready──► ready
+       │                      │
+       └──CreateFailed──►   error ◄──SetupFailed
+    ready|error ──(last thread left)──RetireScheduled──► retiring ──RemovalStarted──► removing ──Removed──► removed
+
+Commands check the rules and either record events or raise a DomainError that records nothing.
+Answers to asynchronous steps (a create, a hook, a removal) name the attempt or operation they
+answer; an answer for anything but the current one is stale and changes nothing, so a late or
+redelivered answer is harmless.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import IllegalTransition, ThreadsStillLive
+
+LIVE_STATUSES = ("creating", "provisioning", "ready", "error")
+
+
+class Environment(Aggregate):
+    @event("Claimed")
+    def __init__(
+        self,
+        provider_id: str,
+        host_id: str,
+        project_path: str | None,
+        inputs: Any,
+        path_key: str,
+        claimed_path: str | None,
+        thread_id: str,
+    ) -> None:
+        self.provider_id = provider_id
+        self.host_id = host_id
+        self.project_path = project_path
+        self.inputs = inputs
+        self.path_key = path_key
+        self.claimed_path = claimed_path
+        self.thread_ids: list[str] = [thread_id]
+        self.status = "creating"
+        self.status_message: str | None = None
+        self.attempt = 1
+        self.path: str | None = None
+        self.owns_path = False
+        self.merge_base_branch: str | None = None
+        self.resource: dict[str, Any] | None = None
+        self.setup_status: str | None = None
+        self.setup_operation_id: str | None = None
+        self.setup_attempt = 0
+        self.teardown_status: str | None = None
+        self.teardown_operation_id: str | None = None
+        self.retire_at: datetime | None = None
+        self.cancelled = False
+        self.removal_attempt = 0
+        self.remove_retry_at: datetime | None = None
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def public_status(self) -> str:
+        if self.retire_at is not None and self.status in ("ready", "error"):
+            return "retiring"
+        return self.status
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in LIVE_STATUSES
+
+    def setup_operation(self) -> str:
+        return f"{self.id}.setup.{self.attempt}.{self.setup_attempt + 1}"
+
+    def teardown_operation(self) -> str:
+        return f"{self.id}.teardown"
+
+    def wants_removal(self, now: datetime) -> bool:
+        """The environment should start removal now (cancelled, or its retire deadline passed)."""
+        if self.status not in LIVE_STATUSES or self.thread_ids:
+            return False
+        return self.cancelled or (self.retire_at is not None and self.retire_at <= now)
+
+    # -- the create step -----------------------------------------------------------------------
+
+    def record_created(
+        self,
+        attempt: int,
+        path: str,
+        owns_path: bool,
+        merge_base_branch: str | None,
+        resource: dict[str, Any] | None,
+    ) -> bool:
+        if attempt != self.attempt or self.status != "creating":
+            return False
+        self._created(attempt, path, owns_path, merge_base_branch, resource)
+        return True
+
+    def record_create_failed(self, attempt: int, failure: str, message: str) -> bool:
+        if attempt != self.attempt or self.status != "creating":
+            return False
+        self._create_failed(attempt, failure, message)
+        return True
+
+    @event("Created")
+    def _created(
+        self,
+        attempt: int,
+        path: str,
+        owns_path: bool,
+        merge_base_branch: str | None,
+        resource: dict[str, Any] | None,
+    ) -> None:
+        self.status = "provisioning"
+        self.status_message = None
+        self.path = path
+        self.owns_path = owns_path
+        self.merge_base_branch = merge_base_branch
+        self.resource = resource
+
+    @event("CreateFailed")
+    def _create_failed(self, attempt: int, failure: str, message: str) -> None:
+        self.status = "error"
+        self.status_message = message
+
+    # -- the setup hook ------------------------------------------------------------------------
+
+    def start_setup(self, operation_id: str) -> bool:
+        if self.status != "provisioning" or self.setup_status is not None or self.cancelled:
+            return False
+        if not self.owns_path:
+            raise IllegalTransition("setup runs only in a workspace the provider owns")
+        self._setup_started(operation_id)
+        return True
+
+    def skip_setup(self, reason: str) -> bool:
+        """No setup to run (not an owned path, or no script): the environment is ready at once."""
+        if self.status != "provisioning" or self.setup_status is not None or self.cancelled:
+            return False
+        self._setup_skipped(reason)
+        self._ready()
+        return True
+
+    def record_setup_outcome(self, operation_id: str, succeeded: bool, message: str | None) -> bool:
+        if operation_id != self.setup_operation_id or self.setup_status != "running":
+            return False
+        if succeeded:
+            self._setup_succeeded(operation_id)
+            if not self.cancelled:
+                self._ready()
+        else:
+            self._setup_failed(operation_id, message or "setup failed")
+        return True
+
+    @event("SetupStarted")
+    def _setup_started(self, operation_id: str) -> None:
+        self.setup_status = "running"
+        self.setup_operation_id = operation_id
+        self.setup_attempt += 1
+        self.status_message = "Running .bb-env-setup.sh"
+
+    @event("SetupSkipped")
+    def _setup_skipped(self, reason: str) -> None:
+        self.setup_status = "skipped"
+
+    @event("SetupSucceeded")
+    def _setup_succeeded(self, operation_id: str) -> None:
+        self.setup_status = "succeeded"
+        self.status_message = None
+
+    @event("SetupFailed")
+    def _setup_failed(self, operation_id: str, message: str) -> None:
+        self.setup_status = "failed"
+        self.status = "error"
+        self.status_message = message
+
+    @event("Ready")
+    def _ready(self) -> None:
+        self.status = "ready"
+        self.status_message = None
+
+    # -- explicit retry ------------------------------------------------------------------------
+
+    def retry(self) -> None:
+        if self.status != "error" or self.cancelled or self.retire_at is not None:
+            raise IllegalTransition(
+                f"only an environment in error can be retried; this one is {self.public_status}"
+            )
+        if self.path is None:
+            self._create_retried(self.attempt + 1)
+        else:
+            self._setup_retried()
+
+    @event("CreateRetried")
+    def _create_retried(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.status = "creating"
+        self.status_message = None
+
+    @event("SetupRetried")
+    def _setup_retried(self) -> None:
+        self.status = "provisioning"
+        self.setup_status = None
+        self.status_message = None
+
+    # -- threads, retirement, cancellation -----------------------------------------------------
+
+    def attach_thread(self, thread_id: str) -> bool:
+        if not self.is_live or self.cancelled:
+            raise IllegalTransition(f"environment {self.id} is {self.public_status}; it takes no new threads")
+        if thread_id in self.thread_ids:
+            return False
+        self._thread_attached(thread_id)
+        if self.retire_at is not None:
+            self._retire_cancelled()
+        return True
+
+    def detach_thread(self, thread_id: str, now: datetime, retire_grace_ms: int | None) -> bool:
+        if thread_id not in self.thread_ids:
+            return False
+        self._thread_detached(thread_id)
+        if self.thread_ids or not self.is_live:
+            return True
+        if self.status in ("creating", "provisioning"):
+            self._cancelled("the last thread left while the environment was being prepared")
+        elif retire_grace_ms is not None:
+            self._retire_scheduled(now + timedelta(milliseconds=retire_grace_ms))
+        return True
+
+    def cancel_for_thread(self, thread_id: str) -> bool:
+        """A thread's message was cancelled: stop preparing if nobody else waits for it."""
+        if thread_id not in self.thread_ids or self.status not in ("creating", "provisioning"):
+            return False
+        if self.cancelled or len(self.thread_ids) > 1:
+            return False
+        self._thread_detached(thread_id)
+        self._cancelled("the thread's message was cancelled while the environment was being prepared")
+        return True
+
+    def request_deletion(self) -> None:
+        if self.thread_ids:
+            raise ThreadsStillLive(
+                f"environment {self.id} still serves threads {', '.join(self.thread_ids)}; archive them first"
+            )
+        if not self.is_live:
+            raise IllegalTransition(f"environment {self.id} is already {self.public_status}")
+        if self.status in ("creating", "provisioning"):
+            if not self.cancelled:
+                self._cancelled("deleted while being prepared")
+        elif self.retire_at is None:
+            self._retire_scheduled(self._origin_of_time())
+
+    def _origin_of_time(self) -> datetime:
+        # A deadline that has always passed: deletion skips the grace period.
+        return datetime.fromtimestamp(0, tz=self.created_on.tzinfo)
+
+    @event("ThreadAttached")
+    def _thread_attached(self, thread_id: str) -> None:
+        self.thread_ids.append(thread_id)
+
+    @event("ThreadDetached")
+    def _thread_detached(self, thread_id: str) -> None:
+        self.thread_ids.remove(thread_id)
+
+    @event("RetireScheduled")
+    def _retire_scheduled(self, retire_at: datetime) -> None:
+        self.retire_at = retire_at
+
+    @event("RetireCancelled")
+    def _retire_cancelled(self) -> None:
+        self.retire_at = None
+
+    @event("Cancelled")
+    def _cancelled(self, reason: str) -> None:
+        self.cancelled = True
+        self.status_message = reason
+
+    # -- removal -------------------------------------------------------------------------------
+
+    def start_removal(self, now: datetime) -> bool:
+        if not self.wants_removal(now):
+            return False
+        self._removal_started(self.removal_attempt + 1)
+        return True
+
+    def start_teardown(self, operation_id: str) -> bool:
+        if self.status != "removing" or self.teardown_status is not None:
+            return False
+        if not (self.owns_path and self.path):
+            raise IllegalTransition("teardown runs only in a workspace the provider owns")
+        self._teardown_started(operation_id)
+        return True
+
+    def skip_teardown(self, reason: str) -> bool:
+        if self.status != "removing" or self.teardown_status is not None:
+            return False
+        self._teardown_skipped(reason)
+        return True
+
+    def record_teardown_outcome(self, operation_id: str, outcome: str, message: str | None) -> bool:
+        if operation_id != self.teardown_operation_id or self.teardown_status != "running":
+            return False
+        self._teardown_finished(operation_id, outcome, message)
+        return True
+
+    def record_removed(self, removal_attempt: int) -> bool:
+        if removal_attempt != self.removal_attempt or self.status != "removing":
+            return False
+        self._removed(removal_attempt)
+        return True
+
+    def record_remove_failed(self, removal_attempt: int, message: str, retry_at: datetime) -> bool:
+        if removal_attempt != self.removal_attempt or self.status != "removing":
+            return False
+        self._remove_failed(removal_attempt, message, retry_at)
+        return True
+
+    def retry_removal(self, now: datetime) -> bool:
+        if self.status != "removing" or self.remove_retry_at is None or self.remove_retry_at > now:
+            return False
+        self._removal_started(self.removal_attempt + 1)
+        return True
+
+    @event("RemovalStarted")
+    def _removal_started(self, removal_attempt: int) -> None:
+        self.removal_attempt = removal_attempt
+        self.status = "removing"
+        self.retire_at = None
+        self.remove_retry_at = None
+        self.status_message = None
+
+    @event("TeardownStarted")
+    def _teardown_started(self, operation_id: str) -> None:
+        self.teardown_status = "running"
+        self.teardown_operation_id = operation_id
+
+    @event("TeardownSkipped")
+    def _teardown_skipped(self, reason: str) -> None:
+        self.teardown_status = "skipped"
+
+    @event("TeardownFinished")
+    def _teardown_finished(self, operation_id: str, outcome: str, message: str | None) -> None:
+        self.teardown_status = "succeeded" if outcome == "succeeded" else "failed"
+        if message and outcome != "succeeded":
+            self.status_message = f"teardown: {message}"
+
+    @event("Removed")
+    def _removed(self, removal_attempt: int) -> None:
+        self.status = "removed"
+        self.path = None
+        self.resource = None
+
+    @event("RemoveFailed")
+    def _remove_failed(self, removal_attempt: int, message: str, retry_at: datetime) -> None:
+        self.status_message = message
+        self.remove_retry_at = retry_at
+

@@ -1,0 +1,17 @@
+"""Refusals of the domain: each says what was asked and why it cannot be done now."""
+
+
+class DomainError(Exception):
+    """A command the current state does not allow. Nothing was recorded."""
+
+
+class IllegalTransition(DomainError):
+    pass
+
+
+class PathAlreadyClaimed(DomainError):
+    pass
+
+
+class ThreadsStillLive(DomainError):
+    pass

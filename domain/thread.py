@@ -1,0 +1,84 @@
+"""The Thread aggregate: what the core knows of an agent thread and which environment it uses."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import NAMESPACE_URL, UUID, uuid5
+
+from eventsourcing.domain import Aggregate, event
+
+
+def thread_aggregate_id(thread_id: str) -> UUID:
+    return uuid5(NAMESPACE_URL, f"bb-thread:{thread_id}")
+
+
+class Thread(Aggregate):
+    @staticmethod
+    def create_id(thread_id: str, **_: Any) -> UUID:
+        return thread_aggregate_id(thread_id)
+
+    @event("Registered")
+    def __init__(
+        self,
+        thread_id: str,
+        project_path: str | None,
+        parent_thread_id: str | None,
+        host_id: str,
+        intent: dict[str, Any] | None,
+    ) -> None:
+        self.thread_id = thread_id
+        self.project_path = project_path
+        self.parent_thread_id = parent_thread_id
+        self.host_id = host_id
+        self.intent = intent
+        self.status = "active"
+        self.environment_id: UUID | None = None
+        self.refusal: str | None = None
+
+    @property
+    def needs_environment(self) -> bool:
+        return self.status == "active" and self.environment_id is None
+
+    def assign_environment(self, environment_id: UUID) -> None:
+        if self.environment_id != environment_id:
+            self._environment_assigned(environment_id)
+
+    def leave_environment(self) -> None:
+        if self.environment_id is not None:
+            self._environment_left(self.environment_id)
+
+    def refuse(self, message: str) -> None:
+        self._refused(message)
+
+    def archive(self) -> bool:
+        if self.status == "archived":
+            return False
+        self._archived()
+        return True
+
+    def unarchive(self) -> bool:
+        if self.status == "active":
+            return False
+        self._unarchived()
+        return True
+
+    @event("EnvironmentAssigned")
+    def _environment_assigned(self, environment_id: UUID) -> None:
+        self.environment_id = environment_id
+        self.refusal = None
+
+    @event("EnvironmentLeft")
+    def _environment_left(self, environment_id: UUID) -> None:
+        self.environment_id = None
+
+    @event("Refused")
+    def _refused(self, message: str) -> None:
+        self.refusal = message
+
+    @event("Archived")
+    def _archived(self) -> None:
+        self.status = "archived"
+
+    @event("Unarchived")
+    def _unarchived(self) -> None:
+        self.status = "active"

@@ -1,0 +1,158 @@
+"""The environment-provider contract: what a provider declares and the calls the core makes.
+
+A provider only creates and removes its resource. The core owns the lifecycle around it (claims,
+hooks, retries, cancellation, retirement, recovery). Provider methods are plain synchronous
+functions: the core runs them on worker threads, hands them a `Reporter` for progress and a
+`threading.Event` that is set when the core wants the call to stop.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+
+class Requires(msgspec.Struct, frozen=True, rename="camel"):
+    """Facts a provider needs about the thread's project before it can serve it."""
+
+    project_checkout: bool = False
+    git_checkout: bool = False
+    projectless: bool = False
+
+
+class Policy(msgspec.Struct, frozen=True, rename="camel"):
+    """How the core shares and retires this provider's environments.
+
+    `path_keys` "per-thread" reuses one path key for every attempt of a thread's environment;
+    "per-attempt" gives each attempt its own. `retire_grace_ms` None means never retire
+    automatically.
+    """
+
+    path_keys: Literal["per-thread", "per-attempt"] = "per-thread"
+    retire_grace_ms: int | None = 300_000
+
+
+class Availability(msgspec.Struct, frozen=True):
+    status: Literal["ready", "blocked"]
+    reason: str | None = None
+
+
+READY = Availability("ready")
+
+
+class Created(msgspec.Struct, frozen=True, tag="created", tag_field="status", rename="camel"):
+    """The resource exists at `path`. `owns_path` True lets the core run hooks and delete it."""
+
+    path: str
+    owns_path: bool = False
+    merge_base_branch: str | None = None
+    resource: dict[str, Any] | None = None
+
+
+class CreateFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"):
+    """`transient` failures are retried by the core after cleanup; `terminal` ones are final."""
+
+    failure: Literal["transient", "terminal"]
+    message: str
+
+
+class Removed(msgspec.Struct, frozen=True, tag="removed", tag_field="status"):
+    pass
+
+
+class RemoveFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"):
+    message: str
+
+
+CreateResult = Created | CreateFailed
+RemoveResult = Removed | RemoveFailed
+
+
+class InvalidInputs(ValueError):
+    """Raised by `validate` for input the provider refuses; the message names field and rule."""
+
+
+class Reporter(Protocol):
+    def step(self, text: str) -> None:
+        """A new step started (becomes the transcript's current step)."""
+
+    def log(self, text: str) -> None:
+        """Output belonging to the current step."""
+
+
+class SilentReporter:
+    def step(self, text: str) -> None:
+        pass
+
+    def log(self, text: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ProjectContext:
+    """What every decision callback learns about the request."""
+
+    host_id: str
+    project_path: str | None
+    inputs: Any
+    data_dir: str
+    """A directory that belongs to this provider alone (created by the core)."""
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The attempt before this one, so a re-asked create can finish or clean what it left."""
+
+    attempt: int
+    path: str | None
+    resource: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class CreateContext(ProjectContext):
+    thread_id: str = ""
+    path_key: str = ""
+    attempt: int = 1
+    previous: Previous | None = None
+    report: Reporter = field(default_factory=SilentReporter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class RemoveContext:
+    host_id: str
+    data_dir: str
+    project_path: str | None
+    inputs: Any
+    path: str | None
+    """None when create never returned a path: remove everything under `path_key`."""
+    path_key: str
+    attempt: int
+    resource: dict[str, Any] | None
+    report: Reporter = field(default_factory=SilentReporter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@runtime_checkable
+class EnvironmentProvider(Protocol):
+    id: str
+    display_name: str
+    requires: Requires
+    policy: Policy
+    inputs_type: type | None
+    """A msgspec-convertible type for the inputs (its JSON Schema is published), or None."""
+
+    def availability(self, ctx: ProjectContext) -> Availability: ...
+
+    def validate(self, ctx: ProjectContext) -> None:
+        """Refuse bad input by raising InvalidInputs. Must not change anything."""
+
+    def planned_path(self, ctx: ProjectContext, path_key: str) -> str | None:
+        """The path create will touch, so the core can claim it first; None if not knowable."""
+
+    def create(self, ctx: CreateContext) -> CreateResult: ...
+
+    def remove(self, ctx: RemoveContext) -> RemoveResult: ...

@@ -1,0 +1,180 @@
+"""The lifecycle rules, checked on the aggregates alone: no NATS, no disk (in-memory store)."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from domain.application import Environments
+from domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def app():
+    application = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
+    yield application
+    application.close()
+
+
+def spawn(app, thread_id="t1", path="/data/worktrees/t1/repo"):
+    app.register_thread(thread_id, "/repo", None, "local", None)
+    return app.claim_environment(thread_id, "git-worktree", "local", "/repo", {}, thread_id, path)
+
+
+def names(app, environment_id):
+    return [type(e).__name__ for e in app.events.get(environment_id)]
+
+
+def make_ready(app, env):
+    app.record_created(env.id, 1, env.claimed_path, True, "main", None)
+    app.start_setup(env.id)
+    operation = app.environment(env.id).setup_operation_id
+    return app.record_setup_outcome(env.id, operation, True, None)
+
+
+def test_happy_path_walks_every_status_in_order(app):
+    env = spawn(app)
+    assert app.environment(env.id).status == "creating"
+    assert make_ready(app, env).status == "ready"
+    assert app.archive_thread("t1", NOW).public_status == "retiring"
+    app.start_removal(env.id, NOW)
+    app.start_teardown(env.id)
+    removing = app.environment(env.id)
+    app.record_teardown_outcome(env.id, removing.teardown_operation_id, "succeeded", None)
+    assert app.record_removed(env.id, 1).status == "removed"
+    assert names(app, env.id) == [
+        "Claimed", "Created", "SetupStarted", "SetupSucceeded", "Ready", "ThreadDetached",
+        "RetireScheduled", "RemovalStarted", "TeardownStarted", "TeardownFinished", "Removed",
+    ]
+
+
+def test_a_claimed_path_cannot_be_claimed_again_and_nothing_is_written(app):
+    spawn(app, "t1", "/data/p")
+    app.register_thread("t2", "/repo", None, "local", None)
+    head = app.head()
+    with pytest.raises(PathAlreadyClaimed):
+        app.claim_environment("t2", "git-worktree", "local", "/repo", {}, "t2", "/data/p")
+    assert app.head() == head
+    assert app.thread("t2").environment_id is None
+
+
+def test_the_claim_is_free_again_once_removed(app):
+    env = spawn(app, "t1", "/data/p")
+    make_ready(app, env)
+    app.archive_thread("t1", NOW)
+    app.start_removal(env.id, NOW)
+    app.skip_teardown(env.id, "test")
+    app.record_removed(env.id, 1)
+    app.register_thread("t2", "/repo", None, "local", None)
+    assert app.claim_environment("t2", "git-worktree", "local", "/repo", {}, "t2", "/data/p").status == "creating"
+
+
+def test_a_late_or_repeated_create_answer_changes_nothing(app):
+    env = spawn(app)
+    app.record_created(env.id, 1, env.claimed_path, True, None, None)
+    version = app.environment(env.id).version
+    app.record_created(env.id, 1, env.claimed_path, True, None, None)
+    app.record_create_failed(env.id, 1, "terminal", "late")
+    app.record_created(env.id, 7, env.claimed_path, True, None, None)
+    assert app.environment(env.id).version == version
+
+
+def test_setup_failure_is_an_error_and_retry_reruns_only_setup(app):
+    env = spawn(app)
+    app.record_created(env.id, 1, env.claimed_path, True, None, None)
+    app.start_setup(env.id)
+    first = app.environment(env.id).setup_operation_id
+    failed = app.record_setup_outcome(env.id, first, False, "setup failed with exit code 3")
+    assert (failed.status, failed.status_message) == ("error", "setup failed with exit code 3")
+    app.retry(env.id)
+    app.start_setup(env.id)
+    retried = app.environment(env.id)
+    assert retried.setup_operation_id != first
+    assert retried.attempt == 1 and retried.path == env.claimed_path
+    assert app.record_setup_outcome(env.id, first, True, None).status == "provisioning"
+
+
+def test_create_failure_retry_starts_the_next_attempt(app):
+    env = spawn(app)
+    app.record_create_failed(env.id, 1, "terminal", "no such branch")
+    retried = app.retry(env.id)
+    assert (retried.status, retried.attempt) == ("creating", 2)
+
+
+def test_retry_is_refused_unless_in_error(app):
+    env = spawn(app)
+    with pytest.raises(IllegalTransition):
+        app.retry(env.id)
+    make_ready(app, env)
+    version = app.environment(env.id).version
+    with pytest.raises(IllegalTransition):
+        app.retry(env.id)
+    assert app.environment(env.id).version == version
+
+
+def test_setup_is_skipped_for_paths_the_provider_does_not_own(app):
+    env = spawn(app)
+    app.record_created(env.id, 1, "/elsewhere", False, None, None)
+    with pytest.raises(IllegalTransition):
+        app.start_setup(env.id)
+    assert app.skip_setup(env.id, "not owned").status == "ready"
+
+
+def test_a_shared_environment_retires_only_after_its_last_thread(app):
+    env = spawn(app)
+    make_ready(app, env)
+    app.register_thread("t2", "/repo", None, "local", None)
+    app.attach_thread("t2", env.id)
+    assert app.archive_thread("t1", NOW).public_status == "ready"
+    assert app.archive_thread("t2", NOW).public_status == "retiring"
+    assert app.unarchive_thread("t2").public_status == "ready"
+
+
+def test_deletion_is_refused_while_threads_live_and_skips_grace_otherwise(app):
+    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: None)
+    env = spawn(app)
+    make_ready(app, env)
+    with pytest.raises(ThreadsStillLive):
+        app.request_deletion(env.id)
+    app.archive_thread("t1", NOW)
+    assert app.environment(env.id).retire_at is None  # never retires by itself
+    app.request_deletion(env.id)
+    assert app.start_removal(env.id, NOW)[1]
+
+
+def test_archiving_while_creating_cancels_and_removal_follows(app):
+    env = spawn(app)
+    cancelled = app.archive_thread("t1", NOW)
+    assert cancelled.cancelled and cancelled.status == "creating"
+    app.record_created(env.id, 1, env.claimed_path, True, None, None)
+    assert not app.start_setup(env.id)[1]
+    assert app.start_removal(env.id, NOW)[1]
+
+
+def test_message_cancelled_stops_preparation_and_frees_the_thread(app):
+    env = spawn(app)
+    assert app.cancel_thread_message("t1").cancelled
+    assert app.thread("t1").environment_id is None
+
+
+def test_a_failed_removal_is_retried_after_its_deadline(app):
+    env = spawn(app)
+    make_ready(app, env)
+    app.archive_thread("t1", NOW)
+    app.start_removal(env.id, NOW)
+    app.skip_teardown(env.id, "test")
+    app.record_remove_failed(env.id, 1, "busy", NOW + timedelta(seconds=60))
+    assert not app.start_removal(env.id, NOW)[1]
+    assert app.start_removal(env.id, NOW + timedelta(seconds=61))[1]
+    assert app.record_removed(env.id, 2).status == "removed"
+
+
+def test_unfinished_environments_are_found_for_recovery(app):
+    done, live = spawn(app, "t1", "/a"), spawn(app, "t2", "/b")
+    app.record_create_failed(done.id, 1, "terminal", "x")
+    app.archive_thread("t1", NOW)
+    app.start_removal(done.id, NOW)
+    app.skip_teardown(done.id, "x")
+    app.record_removed(done.id, 1)
+    assert app.unfinished_environment_ids() == [live.id]
