@@ -38,6 +38,10 @@ class Environments(Application):
     def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None) -> None:
         super().__init__(env=env)
         self._grace_for = grace_for or (lambda provider_id: 300_000)
+        self.on_saved: Callable[[], None] = lambda: None
+
+    def _notify(self, recordings: list[Any]) -> None:
+        self.on_saved()
 
     # -- lookups -------------------------------------------------------------------------------
 

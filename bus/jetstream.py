@@ -1,0 +1,95 @@
+"""Connection, streams and durable consumers.
+
+Consumers are created explicitly (`add_consumer`), because `pull_subscribe` silently keeps an
+existing consumer's old settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext, api
+from nats.js.errors import BadRequestError
+
+from bus import subjects
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPT_LINES_PER_ENVIRONMENT = 2000
+
+
+async def _report_error(error: Exception) -> None:
+    log.warning("nats: %s", error)
+
+
+async def connect(url: str, name: str, **options: object) -> Client:
+    """Reconnect forever: the embedded server may be restarted under a running service."""
+    return await nats.connect(
+        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        error_cb=_report_error, **options,
+    )
+
+
+STREAMS = (
+    api.StreamConfig(
+        name=subjects.THREADS_STREAM, subjects=[subjects.THREAD_EVENTS],
+        storage=api.StorageType.FILE, duplicate_window=120,
+    ),
+    api.StreamConfig(
+        name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS],
+        storage=api.StorageType.FILE, duplicate_window=120,
+        republish=api.RePublish(src=subjects.LOG_ENVIRONMENT_EVENTS, dest=subjects.ENVIRONMENT_EVENTS),
+    ),
+    api.StreamConfig(
+        name=subjects.TRANSCRIPTS_STREAM, subjects=[subjects.TRANSCRIPT_EVENTS],
+        storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
+    ),
+)
+
+
+async def ensure_streams(js: JetStreamContext) -> None:
+    for config in STREAMS:
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            await js.update_stream(config)
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filter_subject: str) -> None:
+    config = api.ConsumerConfig(
+        durable_name=durable, filter_subject=filter_subject, ack_policy=api.AckPolicy.EXPLICIT,
+        deliver_policy=api.DeliverPolicy.ALL, ack_wait=30, max_ack_pending=1000,
+    )
+    await js.add_consumer(stream, config)
+
+
+Handler = Callable[[list[Msg]], Awaitable[None]]
+
+
+async def consume(js: JetStreamContext, stream: str, durable: str, filter_subject: str, handle: Handler,
+                  batch: int = 200) -> None:
+    """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered."""
+    await ensure_consumer(js, stream, durable, filter_subject)
+    subscription = await js.pull_subscribe_bind(durable, stream)
+    while True:
+        try:
+            messages = await subscription.fetch(batch, timeout=1)
+        except (NatsTimeout, asyncio.TimeoutError):
+            continue
+        try:
+            await handle(messages)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("consumer %s failed on a batch; it will be redelivered", durable)
+            for message in messages:
+                await message.nak(delay=1)
+            continue
+        for message in messages:
+            await message.ack()

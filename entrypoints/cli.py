@@ -1,0 +1,423 @@
+"""The `bb` command line (SPEC §3). Every command takes --json; exit codes follow the SPEC:
+0 success, 1 the operation failed, 2 invalid input, 3 not found, 4 service unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from bus import subjects
+from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, SpawnThread, ThreadRef
+from bus.client import ApiClient, ServiceError, unreachable
+from entrypoints.config import ConfigError, Settings, nats_credentials, read_server_file
+from handlers.errors import EXIT_CODES
+
+TERMINAL_FOR_WAIT = {"ready": 0, "error": 1, "removing": 1, "removed": 1, "retiring": 1}
+stdout = Console(highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class Failure(Exception):
+    def __init__(self, code: str, message: str, document: dict | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.document = code, message, document
+
+
+def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., None]:
+    """Run an async command; turn its failures into a one-sentence error and the SPEC's exit code."""
+
+    @functools.wraps(body)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        as_json = kwargs.get("as_json", False)
+        try:
+            asyncio.run(body(*args, **kwargs))
+        except (Failure, ServiceError) as failure:
+            _fail(failure.code, failure.message, as_json, getattr(failure, "document", None))
+        except ConfigError as bad:
+            _fail("invalid_input", str(bad), as_json)
+
+    return wrapper
+
+
+def _fail(code: str, message: str, as_json: bool, document: dict | None = None) -> None:
+    stderr.print(f"bb: {message}", markup=False)
+    if as_json:
+        print(json.dumps(document if document is not None else {"error": {"code": code, "message": message}}))
+    sys.exit(EXIT_CODES.get(code, 1))
+
+
+def emit(document: Any, as_json: bool, human: Callable[[Any], None]) -> None:
+    if as_json:
+        print(json.dumps(document))
+    else:
+        human(document)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+
+
+async def open_client(settings: Settings) -> ApiClient:
+    url = settings.nats_url
+    if url is None:
+        server = read_server_file(settings.server_file)
+        if server is None:
+            raise unreachable("no server.json", settings.data_dir)
+        url = server["natsUrl"]
+    return await ApiClient.connect(url, settings.data_dir, **nats_credentials())
+
+
+async def call(settings: Settings, area: str, verb: str, body: Any) -> dict[str, Any]:
+    client = await open_client(settings)
+    try:
+        return await client.call(area, verb, body)
+    finally:
+        await client.close()
+
+
+def environment_id_argument(value: str) -> str:
+    try:
+        return str(UUID(value))
+    except ValueError:
+        raise Failure("invalid_input", f"environment id {value!r} is not a valid id (expected a UUID)") from None
+
+
+@click.group()
+@click.option("--data-dir", help="Service data directory (default $BB_DATA_DIR or ~/.local/share/bb).")
+@click.option("--nats-url", help="Use this NATS instead of the embedded one (default $BB_NATS_URL).")
+@click.pass_context
+def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> None:
+    """bb environments: isolated workspaces for agent threads."""
+    try:
+        context.obj = Settings.load(data_dir, nats_url)
+    except ConfigError as bad:
+        _fail("invalid_input", str(bad), False)
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def serve(settings: Settings, as_json: bool) -> None:
+    """Run the service: embedded nats-server, event store, read models, host agent."""
+    from entrypoints.serve import AlreadyServing, serve as run_service
+
+    logging.basicConfig(level=os.environ.get("BB_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def announce(info: dict) -> None:
+        if as_json:
+            print(json.dumps(info), flush=True)
+        stderr.print(f"bb serving on {info['natsUrl']} (data dir {info['dataDir']})", markup=False)
+
+    try:
+        asyncio.run(run_service(settings, announce))
+    except AlreadyServing as busy:
+        _fail("failed", str(busy), as_json)
+
+
+# -- environments ----------------------------------------------------------------------------------
+
+
+@cli.group()
+def environment() -> None:
+    """Inspect and manage environments."""
+
+
+@environment.command("providers")
+@json_option
+@click.pass_obj
+@run_command
+async def environment_providers(settings: Settings, as_json: bool) -> None:
+    """List the environment providers with their inputs and availability."""
+    document = await call(settings, "environments", "providers", Nothing())
+
+    def human(doc: dict) -> None:
+        table = Table("ID", "NAME", "AVAILABILITY", "RETIRE GRACE")
+        for p in doc["providers"]:
+            availability = p["availability"]["status"] + (f" ({p['availability']['reason']})" if p["availability"].get("reason") else "")
+            grace = p["policy"]["retireGraceMs"]
+            table.add_row(p["id"], p["displayName"], availability, "never" if grace is None else f"{grace} ms")
+        stdout.print(table)
+
+    emit(document, as_json, human)
+
+
+@environment.command("list")
+@click.option("--status")
+@click.option("--provider")
+@json_option
+@click.pass_obj
+@run_command
+async def environment_list(settings: Settings, status: str | None, provider: str | None, as_json: bool) -> None:
+    """List environments."""
+    document = await call(settings, "environments", "list", ListEnvironments(status=status, provider=provider))
+
+    def human(doc: dict) -> None:
+        table = Table("ID", "STATUS", "PROVIDER", "THREADS", "PATH")
+        for e in doc["environments"]:
+            table.add_row(e["id"], e["status"], e["providerId"], ",".join(e["threadIds"]), e["path"] or "-")
+        stdout.print(table)
+
+    emit(document, as_json, human)
+
+
+@environment.command("show")
+@click.argument("environment_id")
+@json_option
+@click.pass_obj
+@run_command
+async def environment_show(settings: Settings, environment_id: str, as_json: bool) -> None:
+    """Show one environment, with the tail of its transcript."""
+    request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
+    emit(await call(settings, "environments", "show", request), as_json, _print_environment)
+
+
+def _print_environment(e: dict) -> None:
+    stdout.print(f"[bold]{e['id']}[/bold]  {e['status']}" + (f" — {e['statusMessage']}" if e.get("statusMessage") else ""))
+    for label, value in (("provider", e["providerId"]), ("host", e["hostId"]), ("project", e["projectPath"]),
+                         ("path", e["path"]), ("owns path", e["ownsPath"]), ("threads", ", ".join(e["threadIds"])),
+                         ("setup", e["hooks"]["setup"]["status"]), ("teardown", e["hooks"]["teardown"]["status"])):
+        stdout.print(f"  {label:<10} {value}", markup=False)
+    for line in e.get("transcript", []):
+        stdout.print(f"  │ {line}", markup=False)
+
+
+@environment.command("delete")
+@click.argument("environment_id")
+@json_option
+@click.pass_obj
+@run_command
+async def environment_delete(settings: Settings, environment_id: str, as_json: bool) -> None:
+    """Retire now: cancel an in-flight create, tear down, remove."""
+    request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
+    emit(await call(settings, "environments", "delete", request), as_json, _print_accepted)
+
+
+@environment.command("retry")
+@click.argument("environment_id")
+@json_option
+@click.pass_obj
+@run_command
+async def environment_retry(settings: Settings, environment_id: str, as_json: bool) -> None:
+    """Retry a failed create, or re-run a failed setup in the same workspace."""
+    request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
+    emit(await call(settings, "environments", "retry", request), as_json, _print_accepted)
+
+
+def _print_accepted(doc: dict) -> None:
+    stdout.print(f"{doc.get('environmentId') or '-'}  {doc.get('status') or ''}", markup=False)
+
+
+# -- threads ---------------------------------------------------------------------------------------
+
+
+@cli.group()
+def thread() -> None:
+    """Spawn and manage threads."""
+
+
+@thread.command("spawn")
+@click.option("--environment-provider", "provider")
+@click.option("--environment-inputs", "inputs_text")
+@click.option("--environment", "environment_id")
+@click.option("--project", type=click.Path(file_okay=False))
+@click.option("--thread-id")
+@click.option("--parent")
+@click.option("--host")
+@click.option("--prompt")
+@click.option("--wait", is_flag=True, help="Stream progress to stderr until the environment is ready or failed.")
+@click.option("--timeout", type=float, default=900.0, show_default=True)
+@json_option
+@click.pass_obj
+@run_command
+async def thread_spawn(settings: Settings, provider: str | None, inputs_text: str | None, environment_id: str | None,
+                       project: str | None, thread_id: str | None, parent: str | None, host: str | None,
+                       prompt: str | None, wait: bool, timeout: float, as_json: bool) -> None:
+    """Create a thread and give it an environment."""
+    if inputs_text is not None and provider is None:
+        raise Failure("invalid_input", "--environment-inputs needs --environment-provider")
+    inputs = _parse_inputs(inputs_text)
+    request = SpawnThread(
+        thread_id=thread_id, environment_provider=provider, environment_inputs=inputs,
+        environment_id=environment_id_argument(environment_id) if environment_id else None,
+        project_path=os.path.abspath(project) if project else None, host_id=host,
+        parent_thread_id=parent, prompt=prompt,
+    )
+    client = await open_client(settings)
+    try:
+        spawned = await client.call("threads", "spawn", request)
+        document = {"threadId": spawned["threadId"], "environmentId": spawned["environmentId"], "status": spawned["status"]}
+        if wait and spawned["environmentId"]:
+            final = await _wait_until_settled(client, spawned["environmentId"], spawned["position"], timeout)
+            document["status"] = final["status"]
+            document["statusMessage"] = final.get("statusMessage")
+    finally:
+        await client.close()
+    if wait and TERMINAL_FOR_WAIT.get(document["status"], 1):
+        raise Failure("failed", f"environment {document['environmentId']} ended {document['status']}: "
+                                f"{document.get('statusMessage') or 'no message'}", document)
+    emit(document, as_json, lambda d: stdout.print(f"{d['threadId']}  {d['environmentId']}  {d['status']}", markup=False))
+
+
+def _parse_inputs(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as bad:
+        raise Failure("invalid_input", f"--environment-inputs is not valid JSON: {bad}") from None
+
+
+async def _wait_until_settled(client: ApiClient, environment_id: str, position: int, timeout: float) -> dict:
+    """Stream the transcript to stderr until the environment is ready, failed or gone."""
+    settled = asyncio.Event()
+
+    async def on_transcript(message: Any) -> None:
+        line = json.loads(message.data)
+        stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
+
+    async def on_event(message: Any) -> None:
+        if json.loads(message.data)["status"] in TERMINAL_FOR_WAIT:
+            settled.set()
+
+    # An ordered consumer replays the transcript from its start, then follows it: each line once.
+    transcript = await client.nc.jetstream().subscribe(
+        subjects.transcript(environment_id), stream=subjects.TRANSCRIPTS_STREAM, ordered_consumer=True,
+        cb=on_transcript,
+    )
+    events = await client.nc.subscribe(subjects.environment_event(environment_id, "*"), cb=on_event)
+    deadline = time.monotonic() + timeout
+    try:
+        current = await client.call("environments", "show", EnvironmentRef(environment_id=environment_id, min_position=position))
+        while current["status"] not in TERMINAL_FOR_WAIT:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Failure("failed", f"environment {environment_id} was still {current['status']} after {timeout:.0f} s")
+            settled.clear()
+            try:
+                await asyncio.wait_for(settled.wait(), min(remaining, 2.0))
+            except asyncio.TimeoutError:
+                pass
+            current = await client.call("environments", "show", EnvironmentRef(environment_id=environment_id))
+        return current
+    finally:
+        await transcript.unsubscribe()
+        await events.unsubscribe()
+
+
+@thread.command("list")
+@click.option("--environment", "environment_id")
+@json_option
+@click.pass_obj
+@run_command
+async def thread_list(settings: Settings, environment_id: str | None, as_json: bool) -> None:
+    """List threads."""
+    request = ListThreads(environment_id=environment_id_argument(environment_id) if environment_id else None)
+
+    def human(doc: dict) -> None:
+        table = Table("THREAD", "STATUS", "ENVIRONMENT", "PARENT")
+        for t in doc["threads"]:
+            table.add_row(t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-")
+        stdout.print(table)
+
+    emit(await call(settings, "threads", "list", request), as_json, human)
+
+
+def _thread_command(verb: str, help_text: str) -> None:
+    @thread.command(verb, help=help_text)
+    @click.argument("thread_id")
+    @json_option
+    @click.pass_obj
+    @run_command
+    async def command(settings: Settings, thread_id: str, as_json: bool) -> None:
+        emit(await call(settings, "threads", verb, ThreadRef(thread_id=thread_id)), as_json, _print_accepted)
+
+
+_thread_command("archive", "Archive a thread; its environment retires after its last thread leaves.")
+_thread_command("unarchive", "Unarchive a thread; inside the retire grace its environment is kept.")
+_thread_command("cancel", "Cancel the thread's message; a preparing environment only it waits for is cancelled.")
+
+
+# -- events ----------------------------------------------------------------------------------------
+
+
+@cli.group()
+def events() -> None:
+    """Watch, export and replay the event log."""
+
+
+@events.command("tail")
+@click.argument("subject_filter", default=subjects.ENVIRONMENT_EVENTS)
+@json_option
+@click.pass_obj
+@run_command
+async def events_tail(settings: Settings, subject_filter: str, as_json: bool) -> None:
+    """Print live events until interrupted."""
+    client = await open_client(settings)
+
+    async def show(message: Any) -> None:
+        if as_json:
+            print(message.data.decode(), flush=True)
+        else:
+            event = json.loads(message.data)
+            stdout.print(f"{event.get('occurredAt', '')}  {message.subject}  {event.get('status', '')}", markup=False)
+
+    await client.nc.subscribe(subject_filter, cb=show)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await client.close()
+
+
+@events.command("export")
+@json_option
+@click.pass_obj
+@run_command
+async def events_export(settings: Settings, as_json: bool) -> None:
+    """Print the whole log as JSON lines, in log order."""
+    client = await open_client(settings)
+    try:
+        js = client.nc.jetstream()
+        info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
+        if info.state.messages == 0:
+            return
+        subscription = await js.subscribe(subjects.LOG_EVENTS, stream=subjects.ENVIRONMENTS_STREAM, ordered_consumer=True)
+        while True:
+            message = await subscription.next_msg(timeout=10)
+            sys.stdout.write(message.data.decode() + "\n")
+            if message.metadata.sequence.stream >= info.state.last_seq:
+                break
+        await subscription.unsubscribe()
+    finally:
+        await client.close()
+
+
+@events.command("replay")
+@json_option
+@click.pass_obj
+@run_command
+async def events_replay(settings: Settings, as_json: bool) -> None:
+    """Rebuild every read model from the event log; print the counts."""
+    counts = await call(settings, "events", "replay", Nothing())
+    emit(counts, as_json, lambda c: stdout.print(
+        f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

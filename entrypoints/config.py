@@ -1,0 +1,109 @@
+"""Settings (flag beats environment variable beats default) and the running service's server.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "bb"
+SERVER_FILE = "server.json"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    nats_url: str | None
+    event_store: str
+    host_id: str
+    retire_grace_ms: int | None
+    """Overrides every provider's grace when set (tests use 0)."""
+    hook_timeout_s: float
+    sweep_interval_s: float
+
+    @classmethod
+    def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> Settings:
+        root = Path(data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
+        return cls(
+            data_dir=root,
+            nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
+            event_store=os.environ.get("BB_EVENT_STORE") or f"sqlite:///{root / 'events.sqlite'}",
+            host_id=os.environ.get("BB_HOST_ID", "local"),
+            retire_grace_ms=_optional_int("BB_RETIRE_GRACE_MS"),
+            hook_timeout_s=_number("BB_HOOK_TIMEOUT_S", 900),
+            sweep_interval_s=_number("BB_SWEEP_INTERVAL_S", 30),
+        )
+
+    @property
+    def server_file(self) -> Path:
+        return self.data_dir / SERVER_FILE
+
+
+def nats_credentials() -> dict[str, Any]:
+    """Credentials come from the environment only, so they never appear in argv or logs."""
+    if creds := os.environ.get("BB_NATS_CREDS"):
+        return {"user_credentials": creds}
+    if token := os.environ.get("BB_NATS_TOKEN"):
+        return {"token": token}
+    if user := os.environ.get("BB_NATS_USER"):
+        return {"user": user, "password": os.environ.get("BB_NATS_PASSWORD", "")}
+    return {}
+
+
+def event_store_environment(url: str) -> dict[str, str]:
+    """The eventsourcing library's settings for `sqlite:///path` or `postgresql://...`."""
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        path = Path(unquote(parsed.path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(path)}
+    if parsed.scheme in ("postgres", "postgresql"):
+        return {
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "POSTGRES_DBNAME": parsed.path.lstrip("/"),
+            "POSTGRES_HOST": parsed.hostname or "127.0.0.1",
+            "POSTGRES_PORT": str(parsed.port or 5432),
+            "POSTGRES_USER": unquote(parsed.username or ""),
+            "POSTGRES_PASSWORD": unquote(parsed.password or ""),
+        }
+    raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
+
+
+def _optional_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() == "null":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number of milliseconds, got {raw!r}") from None
+
+
+def _number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+
+
+def read_server_file(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def write_server_file(path: Path, content: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(content, indent=2))
+    os.replace(temporary, path)

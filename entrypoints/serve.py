@@ -1,0 +1,203 @@
+"""`bb serve`: the composition root that wires the service together and runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO
+from uuid import UUID
+
+import msgspec
+from nats.aio.msg import Msg
+
+from bus import subjects
+from bus.api_service import start_api
+from bus.documents import TranscriptLine, inbound_decoder, log_decoder
+from bus.embedded_server import EmbeddedNats
+from bus.jetstream import connect, consume, ensure_streams
+from bus.log_reader import LogReader
+from bus.relay import NOTIFICATION_HEADER, OutboxRelay
+from bus.transcripts import TranscriptPublisher
+from domain.application import Environments
+from domain.errors import DomainError
+from entrypoints.config import (
+    Settings,
+    event_store_environment,
+    nats_credentials,
+    read_server_file,
+    write_server_file,
+)
+from handlers.api import Api, translate_error
+from handlers.errors import RequestError
+from handlers.placement import Placer
+from handlers.provisioning import Provisioner
+from handlers.store import Store
+from handlers.threads import ThreadHandlers
+from projections.read_model import Applied, ReadModel
+from providers.host.hooks import HookRunner
+from providers.registry import ProviderRegistry
+
+log = logging.getLogger("bb.serve")
+
+
+class AlreadyServing(RuntimeError):
+    pass
+
+
+def hold_data_dir(data_dir: Path) -> IO[str]:
+    """One service per data dir; the lock dies with the process, even on SIGKILL."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(data_dir / "serve.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise AlreadyServing(f"another `bb serve` is running on {data_dir}") from None
+    return lock
+
+
+def embedded_nats(settings: Settings) -> EmbeddedNats:
+    previous = read_server_file(settings.server_file) or {}
+    if previous.get("natsPid") and previous.get("natsPort"):
+        reused = EmbeddedNats.reuse(previous["natsPid"], "127.0.0.1", previous["natsPort"])
+        if reused is not None:
+            log.info("reusing the embedded nats-server (pid %s)", reused.pid)
+            return reused
+    return EmbeddedNats.start(settings.data_dir / "nats")
+
+
+async def serve(settings: Settings, ready: Callable[[dict], None] | None = None) -> None:
+    lock = hold_data_dir(settings.data_dir)
+    embedded = None if settings.nats_url else embedded_nats(settings)
+    nats_url = settings.nats_url or embedded.url
+    loop = asyncio.get_running_loop()
+    nc = await connect(nats_url, name=f"bb-serve-{settings.host_id}", **nats_credentials())
+    js = nc.jetstream()
+    await ensure_streams(js)
+
+    registry = ProviderRegistry.from_entry_points()
+    grace_override = settings.retire_grace_ms
+
+    def grace_for(provider_id: str) -> int | None:
+        if grace_override is not None:
+            return grace_override
+        provider = registry.get(provider_id)
+        return provider.policy.retire_grace_ms if provider else 300_000
+
+    app = Environments(env=event_store_environment(settings.event_store), grace_for=grace_for)
+    store = Store(app)
+    read_model = await ReadModel.open(settings.data_dir / "read-models.sqlite")
+    placer = Placer(registry, settings.data_dir)
+    hooks = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s)
+    transcript = TranscriptPublisher(nc, loop)
+    provisioner = Provisioner(store, placer, hooks, transcript)
+    threads = ThreadHandlers(store, placer, settings.host_id)
+    log_reader = LogReader(app)
+    relay = OutboxRelay(js, lambda after: store.run(log_reader.page, after))
+    app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
+
+    async def drive_environments(messages: list[Msg]) -> None:
+        for environment_id in dict.fromkeys(m.subject.split(".")[3] for m in messages):
+            await provisioner.drive(UUID(environment_id))
+
+    async def apply_to_read_model(messages: list[Msg]) -> None:
+        await read_model.apply(
+            Applied(int(m.headers[NOTIFICATION_HEADER]), m.metadata.sequence.stream, log_decoder.decode(m.data))
+            for m in messages
+        )
+
+    async def store_transcript(messages: list[Msg]) -> None:
+        await read_model.add_transcript(
+            [(m.metadata.sequence.stream, _decode_transcript(m.data)) for m in messages]
+        )
+
+    async def handle_thread_events(messages: list[Msg]) -> None:
+        for message in messages:
+            await _handle_thread_event(threads, provisioner, message)
+
+    async def sweep_forever() -> None:
+        await relay.caught_up.wait()
+        while True:
+            await provisioner.sweep()
+            await asyncio.sleep(settings.sweep_interval_s)
+
+    async def stream_position() -> int:
+        info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
+        return info.state.last_seq
+
+    workers: list[Awaitable[None]] = [
+        relay.run(),
+        consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model),
+        consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript),
+        consume(js, subjects.ENVIRONMENTS_STREAM, "provisioner", subjects.LOG_ENVIRONMENT_EVENTS, drive_environments),
+        consume(js, subjects.THREADS_STREAM, "threads", subjects.THREAD_EVENTS, handle_thread_events),
+        sweep_forever(),
+    ]
+    tasks = [asyncio.create_task(w) for w in workers]
+    api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position)
+    service = await start_api(nc, api.endpoints(), translate_error)
+
+    server_info = {
+        "natsUrl": nats_url, "pid": os.getpid(), "hostId": settings.host_id, "dataDir": str(settings.data_dir),
+        **({"natsPid": embedded.pid, "natsPort": embedded.port} if embedded else {}),
+    }
+    write_server_file(settings.server_file, server_info)
+    if ready:
+        ready(server_info)
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await _until_stopped_or_failed(stop, tasks)
+    finally:
+        await service.stop()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await provisioner.stop()
+        with contextlib.suppress(Exception):
+            await nc.drain()
+        store.close()
+        await read_model.close()
+        if embedded:
+            embedded.stop()
+        settings.server_file.unlink(missing_ok=True)
+        lock.close()
+
+
+async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task]) -> None:
+    stopping = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    for task in done:
+        if task is not stopping and task.exception():
+            raise task.exception()
+
+
+async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner, message: Msg) -> None:
+    try:
+        event = inbound_decoder.decode(message.data)
+    except Exception as malformed:
+        log.warning("ignored a malformed thread event on %s: %s", message.subject, malformed)
+        return
+    subject_thread = message.subject.split(".")[2]
+    if subject_thread != event.thread_id:
+        log.warning("ignored a thread event on %s naming thread %s", message.subject, event.thread_id)
+        return
+    try:
+        environment = await threads.handle(event)
+    except (RequestError, DomainError) as refused:
+        log.warning("thread event %s not applied: %s", message.subject, refused)
+        return
+    if environment is not None:
+        await provisioner.drive(environment.id)
+
+
+def _decode_transcript(data: bytes) -> TranscriptLine:
+    return msgspec.json.decode(data, type=TranscriptLine)

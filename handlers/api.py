@@ -1,0 +1,200 @@
+"""What each API request does: queries read the projections, commands go through the store.
+
+Command replies carry `position`, the log position of their last event; a query may pass it as
+`minPosition` and is answered only once the read model has caught up (read-your-writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from uuid import UUID, uuid4
+
+import msgspec
+
+from bus.api_messages import (
+    Accepted,
+    EnvironmentRef,
+    ListEnvironments,
+    ListThreads,
+    Nothing,
+    Spawned,
+    SpawnThread,
+    ThreadRef,
+)
+from bus.api_service import ApiError, Endpoint
+from bus.documents import (
+    ExistingIntent,
+    Machine,
+    MessageCancelledMessage,
+    ProviderIntent,
+    ThreadArchivedMessage,
+    ThreadCreatedMessage,
+    ThreadUnarchivedMessage,
+)
+from bus.log_reader import LogReader
+from domain.application import UnknownEnvironment, UnknownThread
+from domain.environment import Environment
+from domain.errors import DomainError
+from handlers.errors import InvalidInput, NotFound, RequestError
+from handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
+from handlers.provisioning import Provisioner
+from handlers.store import Store
+from handlers.threads import ThreadHandlers
+from projections.read_model import ReadModel, ReplayCounts
+from providers.contract import ProjectContext
+
+
+class Providers(msgspec.Struct):
+    providers: list
+
+
+class Environments(msgspec.Struct):
+    environments: list
+
+
+class Threads(msgspec.Struct):
+    threads: list
+
+
+class Api:
+    def __init__(self, store: Store, read_model: ReadModel, placer: Placer, threads: ThreadHandlers,
+                 provisioner: Provisioner, host_id: str, stream_position: Callable[[], Awaitable[int]]) -> None:
+        self._store = store
+        self._app = store.app
+        self._read_model = read_model
+        self._placer = placer
+        self._threads = threads
+        self._provisioner = provisioner
+        self._host_id = host_id
+        self._stream_position = stream_position
+
+    def endpoints(self) -> list[Endpoint]:
+        return [
+            Endpoint("environments", "providers", Nothing, self.providers),
+            Endpoint("environments", "list", ListEnvironments, self.list_environments),
+            Endpoint("environments", "show", EnvironmentRef, self.show_environment),
+            Endpoint("environments", "delete", EnvironmentRef, self.delete_environment),
+            Endpoint("environments", "retry", EnvironmentRef, self.retry_environment),
+            Endpoint("threads", "spawn", SpawnThread, self.spawn_thread),
+            Endpoint("threads", "list", ListThreads, self.list_threads),
+            Endpoint("threads", "archive", ThreadRef, self.archive_thread),
+            Endpoint("threads", "unarchive", ThreadRef, self.unarchive_thread),
+            Endpoint("threads", "cancel", ThreadRef, self.cancel_thread),
+            Endpoint("events", "replay", Nothing, self.replay),
+        ]
+
+    # -- queries -------------------------------------------------------------------------------
+
+    async def providers(self, _: Nothing) -> Providers:
+        context = ProjectContext(host_id=self._host_id, project_path=None, inputs=None, data_dir="")
+        return Providers(await asyncio.to_thread(self._placer.registry.describe, context))
+
+    async def list_environments(self, request: ListEnvironments) -> Environments:
+        return Environments(await self._read_model.environments(request.status, request.provider))
+
+    async def show_environment(self, request: EnvironmentRef) -> msgspec.Struct:
+        environment_id = str(check_environment_id(request.environment_id))
+        if request.min_position:
+            await self._read_model.wait_for(request.min_position)
+        view = await self._read_model.environment(environment_id)
+        if view is None:
+            raise NotFound(f"no environment {request.environment_id}")
+        view.transcript = await self._read_model.transcript(environment_id)
+        return view
+
+    async def list_threads(self, request: ListThreads) -> Threads:
+        if request.environment_id:
+            check_environment_id(request.environment_id)
+        return Threads(await self._read_model.threads(request.environment_id))
+
+    # -- commands ------------------------------------------------------------------------------
+
+    async def delete_environment(self, request: EnvironmentRef) -> Accepted:
+        return await self._command_on(request.environment_id, self._app.request_deletion)
+
+    async def retry_environment(self, request: EnvironmentRef) -> Accepted:
+        return await self._command_on(request.environment_id, self._app.retry)
+
+    async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Accepted:
+        environment = await self._store.run(command, check_environment_id(environment_id))
+        await self._provisioner.drive(environment.id)
+        return await self._accepted(environment)
+
+    async def spawn_thread(self, request: SpawnThread) -> Spawned:
+        thread_id = check_thread_id(request.thread_id or f"t-{uuid4().hex[:16]}")
+        host_id = check_host_id(request.host_id or self._host_id)
+        intent = await self._intent(request, host_id)
+        if await self._store.run(self._app.find_thread, thread_id) is not None:
+            raise InvalidInput(f"thread {thread_id} already exists; pick another --thread-id")
+        placement = None
+        if isinstance(intent, ProviderIntent):
+            placement = await self._placer.place(thread_id, intent, request.project_path, host_id)
+        await self._threads.created(ThreadCreatedMessage(
+            thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
+            parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
+        ))
+        environment = await self._threads.first_message(thread_id, raise_refusal=True, placement=placement)
+        accepted = await self._accepted(environment)
+        return Spawned(thread_id, accepted.environment_id, accepted.status or "creating", accepted.position)
+
+    async def _intent(self, request: SpawnThread, host_id: str) -> ProviderIntent | ExistingIntent | None:
+        if request.environment_inputs is not None and request.environment_provider is None:
+            raise InvalidInput("environment inputs were given without an environment provider; add --environment-provider")
+        if request.environment_provider and request.environment_id:
+            raise InvalidInput("give either an environment provider or an existing environment, not both")
+        if request.environment_provider:
+            return ProviderIntent(request.environment_provider, Machine(host_id), request.environment_inputs)
+        if request.environment_id:
+            environment_id = check_environment_id(request.environment_id)
+            await self._store.run(self._app.environment, environment_id)
+            return ExistingIntent(str(environment_id))
+        if request.parent_thread_id:
+            await self._store.run(self._app.thread, check_thread_id(request.parent_thread_id))
+            return None
+        raise InvalidInput("say where the thread runs: --environment-provider P, --environment ENV_ID or --parent T")
+
+    async def archive_thread(self, request: ThreadRef) -> Accepted:
+        return await self._thread_command(ThreadArchivedMessage(thread_id=request.thread_id))
+
+    async def unarchive_thread(self, request: ThreadRef) -> Accepted:
+        return await self._thread_command(ThreadUnarchivedMessage(thread_id=request.thread_id))
+
+    async def cancel_thread(self, request: ThreadRef) -> Accepted:
+        return await self._thread_command(MessageCancelledMessage(thread_id=request.thread_id))
+
+    async def _thread_command(self, message: ThreadArchivedMessage | ThreadUnarchivedMessage | MessageCancelledMessage) -> Accepted:
+        await self._store.run(self._app.thread, check_thread_id(message.thread_id))
+        environment = await self._threads.handle(message)
+        if environment is not None:
+            await self._provisioner.drive(environment.id)
+        return await self._accepted(environment)
+
+    async def replay(self, _: Nothing) -> ReplayCounts:
+        reader = LogReader(self._app)
+
+        def whole_log() -> list:
+            documents, position = [], 0
+            while page := reader.page(position):
+                documents.extend((logged.notification_id, logged.document) for logged in page)
+                position = page[-1].notification_id
+            return documents
+
+        documents = await self._store.run(whole_log)
+        return await self._read_model.rebuild(documents, await self._stream_position())
+
+    async def _accepted(self, environment: Environment | None) -> Accepted:
+        position = await self._store.run(self._app.head)
+        if environment is None:
+            return Accepted(None, None, position)
+        return Accepted(str(environment.id), environment.public_status, position)
+
+
+def translate_error(error: Exception) -> ApiError | None:
+    if isinstance(error, RequestError):
+        return ApiError(error.code, error.message)
+    if isinstance(error, (UnknownEnvironment, UnknownThread)):
+        return ApiError("not_found", str(error))
+    if isinstance(error, DomainError):
+        return ApiError("refused", str(error))
+    return None

@@ -1,0 +1,129 @@
+"""Deciding where a thread's environment will live, before anything is written or touched.
+
+Everything a request can get wrong is found here (unknown provider, malformed inputs, a refused
+branch name, a project that is not a repository) and answered with an error that names the field
+and what is allowed. Only read-only provider calls happen here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import msgspec
+
+from bus.documents import ProviderIntent
+from handlers.errors import InvalidInput, Refused
+from providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext
+from providers.registry import ProviderRegistry, safe_availability
+
+THREAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+HOST_ID = THREAD_ID
+
+
+def check_thread_id(thread_id: str) -> str:
+    if not THREAD_ID.match(thread_id):
+        raise InvalidInput(
+            f"thread id {thread_id!r} is not allowed: use 1-128 letters, digits, '-' or '_', starting with a letter or digit"
+        )
+    return thread_id
+
+
+def check_host_id(host_id: str) -> str:
+    if not HOST_ID.match(host_id):
+        raise InvalidInput(f"host id {host_id!r} is not allowed: use letters, digits, '-' or '_'")
+    return host_id
+
+
+def check_environment_id(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise InvalidInput(f"environment id {text!r} is not a valid id (expected a UUID)") from None
+
+
+def canonical_project(project_path: str | None) -> str | None:
+    if project_path is None:
+        return None
+    if not os.path.isabs(project_path):
+        raise InvalidInput(f"project path {project_path!r} must be absolute")
+    canonical = os.path.realpath(project_path)
+    if not os.path.isdir(canonical):
+        raise InvalidInput(f"project path {project_path!r} is not a directory")
+    return canonical
+
+
+@dataclass(frozen=True)
+class Placement:
+    provider_id: str
+    host_id: str
+    project_path: str | None
+    inputs: Any
+    path_key: str
+    claimed_path: str | None
+
+
+class Placer:
+    def __init__(self, registry: ProviderRegistry, data_dir: Path) -> None:
+        self.registry = registry
+        self.data_dir = data_dir
+
+    def provider_dir(self, provider_id: str) -> Path:
+        return self.data_dir / "providers" / provider_id
+
+    def provider(self, provider_id: str) -> EnvironmentProvider:
+        provider = self.registry.get(provider_id)
+        if provider is None:
+            available = ", ".join(self.registry.ids()) or "none"
+            raise InvalidInput(f"unknown environment provider {provider_id!r}; available: {available}")
+        return provider
+
+    def context(self, provider: EnvironmentProvider, host_id: str, project_path: str | None, inputs: Any) -> ProjectContext:
+        data_dir = self.provider_dir(provider.id)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return ProjectContext(host_id=host_id, project_path=project_path, inputs=inputs, data_dir=str(data_dir))
+
+    async def place(self, thread_id: str, intent: ProviderIntent, project_path: str | None, host_id: str) -> Placement:
+        provider = self.provider(intent.environment_provider_id)
+        project = canonical_project(project_path)
+        if provider.requires.projectless and project is not None:
+            raise InvalidInput(f"provider {provider.id!r} serves only threads without a project")
+        if (provider.requires.git_checkout or provider.requires.project_checkout) and project is None:
+            raise InvalidInput(f"provider {provider.id!r} needs a project: pass --project PATH")
+        inputs = decode_inputs(provider, intent.inputs)
+        context = self.context(provider, host_id, project, inputs)
+        availability = safe_availability(provider, context)
+        if availability.status != "ready":
+            raise Refused(f"provider {provider.id!r} is blocked: {availability.reason}")
+        try:
+            await asyncio.to_thread(provider.validate, context)
+        except InvalidInputs as refused:
+            raise InvalidInput(str(refused)) from None
+        path_key = thread_id if provider.policy.path_keys == "per-thread" else f"{thread_id}-1"
+        planned = await asyncio.to_thread(provider.planned_path, context, path_key)
+        return Placement(
+            provider_id=provider.id, host_id=host_id, project_path=project,
+            inputs=msgspec.to_builtins(inputs), path_key=path_key,
+            claimed_path=os.path.realpath(planned) if planned else None,
+        )
+
+
+def decode_inputs(provider: EnvironmentProvider, raw: Any) -> Any:
+    if provider.inputs_type is None:
+        if raw not in (None, {}):
+            raise InvalidInput(f"provider {provider.id!r} takes no inputs, but the request carried some")
+        return None
+    try:
+        return msgspec.convert({} if raw is None else raw, provider.inputs_type)
+    except msgspec.ValidationError as error:
+        raise InvalidInput(f"invalid inputs for provider {provider.id!r}: {_readable(error)}") from None
+
+
+def _readable(error: msgspec.ValidationError) -> str:
+    # msgspec says "... - at `$.branch.name`"; users think in field names, not JSON paths.
+    return re.sub(r"`\$\.?([^`]*)`", lambda m: f"`{m.group(1) or 'inputs'}`", str(error))

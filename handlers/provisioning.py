@@ -1,0 +1,306 @@
+"""Drives each environment on from whatever state its log says it is in.
+
+`drive(environment_id)` re-reads the aggregate and starts the one step that state asks for:
+create, setup hook, removal, teardown hook, provider remove. Long steps run as supervised tasks
+off the handler: the step is recorded first (an event naming its attempt or operation), the
+task runs, and its outcome is recorded as the next event, after which the environment is driven
+again. Because the decision depends only on recorded state, the same call serves a fresh event,
+a redelivered one, the periodic sweep and recovery after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Protocol
+from uuid import UUID
+
+import msgspec
+
+from domain.environment import Environment
+from handlers.placement import Placer
+from handlers.store import Store
+from providers.contract import (
+    CreateContext,
+    Created,
+    CreateFailed,
+    CreateResult,
+    EnvironmentProvider,
+    Previous,
+    RemoveContext,
+    Removed,
+    RemoveFailed,
+    RemoveResult,
+)
+from providers.host.hooks import SCRIPT_NAMES, HookOutcome, HookRunner
+
+log = logging.getLogger(__name__)
+
+REMOVE_RETRY = timedelta(seconds=60)
+CLEANUPS_AT_ONCE = 4
+
+
+class Transcript(Protocol):
+    def line(self, environment_id: str, kind: str, source: str, text: str) -> None: ...
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class _TranscriptReporter:
+    """A provider's `report`, writing its steps and logs into the environment's transcript."""
+
+    transcript: Transcript
+    environment_id: str
+    source: str
+
+    def step(self, text: str) -> None:
+        self.transcript.line(self.environment_id, "step", self.source, text)
+
+    def log(self, text: str) -> None:
+        for line in text.splitlines() or [""]:
+            self.transcript.line(self.environment_id, "output", self.source, line)
+
+
+@dataclass
+class _Step:
+    task: asyncio.Task[None]
+    cancelled: threading.Event
+
+
+class Provisioner:
+    def __init__(self, store: Store, placer: Placer, hooks: HookRunner, transcript: Transcript) -> None:
+        self._store = store
+        self._app = store.app
+        self._placer = placer
+        self._hooks = hooks
+        self._transcript = transcript
+        self._locks: dict[UUID, asyncio.Lock] = {}
+        self._steps: dict[tuple[UUID, str], _Step] = {}
+        self._timers: dict[UUID, asyncio.TimerHandle] = {}
+        self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
+
+    async def drive(self, environment_id: UUID) -> None:
+        lock = self._locks.setdefault(environment_id, asyncio.Lock())
+        async with lock:
+            environment = await self._store.run(self._app.environment, environment_id)
+            await self._advance(environment)
+
+    async def sweep(self) -> None:
+        """Drive every environment whose log has not ended: recovery, deadlines, retries."""
+        for environment_id in await self._store.run(self._app.unfinished_environment_ids):
+            try:
+                await self.drive(environment_id)
+            except Exception:
+                log.exception("sweep could not drive environment %s", environment_id)
+
+    async def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        tasks = [step.task for step in self._steps.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- deciding ------------------------------------------------------------------------------
+
+    async def _advance(self, env: Environment) -> None:
+        now = _now()
+        if env.status == "creating":
+            if env.cancelled:
+                await self._stop_create(env)
+            else:
+                self._start(env, f"create.{env.attempt}", self._create, env)
+        elif env.status == "provisioning":
+            await self._advance_setup(env)
+        elif env.status in ("ready", "error") and env.wants_removal(now):
+            await self._record(self._app.start_removal, env.id, now)
+        elif env.status in ("ready", "error") and env.retire_at is not None and not env.thread_ids:
+            self._wake_at(env.id, env.retire_at)
+        elif env.status == "removing":
+            await self._advance_removal(env, now)
+
+    async def _advance_setup(self, env: Environment) -> None:
+        if env.setup_status == "running":
+            self._start(env, env.setup_operation_id, self._run_setup, env)
+            if env.cancelled:
+                await self._hooks.cancel(env.setup_operation_id)
+        elif env.cancelled:
+            await self._record(self._app.start_removal, env.id, _now())
+        elif env.setup_status is None:
+            if not env.owns_path:
+                await self._record(self._app.skip_setup, env.id, "the provider does not own the path")
+            elif not _script(env.path, "setup").exists():
+                await self._record(self._app.skip_setup, env.id, f"no {SCRIPT_NAMES['setup']}")
+            else:
+                await self._record(self._app.start_setup, env.id)
+
+    async def _advance_removal(self, env: Environment, now: datetime) -> None:
+        if env.teardown_status is None:
+            if env.owns_path and env.path and _script(env.path, "teardown").exists():
+                await self._record(self._app.start_teardown, env.id)
+            else:
+                await self._record(self._app.skip_teardown, env.id, "no teardown to run")
+        elif env.teardown_status == "running":
+            self._start(env, env.teardown_operation_id, self._run_teardown, env)
+        elif env.remove_retry_at is not None:
+            if env.remove_retry_at <= now:
+                await self._record(self._app.start_removal, env.id, now)
+            else:
+                self._wake_at(env.id, env.remove_retry_at)
+        else:
+            self._start(env, f"remove.{env.removal_attempt}", self._remove, env)
+
+    async def _record(self, command: Callable[..., object], *args: object) -> None:
+        """Record a step, then drive on from the state it produced."""
+        outcome = await self._store.run(command, *args)
+        environment = outcome[0] if isinstance(outcome, tuple) else outcome
+        assert isinstance(environment, Environment)
+        await self._advance(environment)
+
+    def _start(self, env: Environment, key: str, work: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run a long step once per process; when it ends, drive the environment again."""
+        step_key = (env.id, key)
+        if step_key in self._steps:
+            return
+        cancelled = threading.Event()
+        task = asyncio.create_task(self._supervise(step_key, work, cancelled, *args))
+        self._steps[step_key] = _Step(task, cancelled)
+
+    async def _supervise(self, step_key: tuple[UUID, str], work: Callable[..., Awaitable[None]],
+                         cancelled: threading.Event, *args: object) -> None:
+        try:
+            await work(cancelled, *args)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("step %s of environment %s failed; the sweep will try again", step_key[1], step_key[0])
+            return
+        finally:
+            self._steps.pop(step_key, None)
+        await self.drive(step_key[0])
+
+    def _wake_at(self, environment_id: UUID, when: datetime) -> None:
+        if environment_id in self._timers:
+            self._timers[environment_id].cancel()
+        delay = max(0.0, (when - _now()).total_seconds())
+        loop = asyncio.get_running_loop()
+        self._timers[environment_id] = loop.call_later(
+            delay, lambda: loop.create_task(self.drive(environment_id))
+        )
+
+    async def _stop_create(self, env: Environment) -> None:
+        """Cancellation waits for a running create to settle before anything is removed."""
+        running = self._steps.get((env.id, f"create.{env.attempt}"))
+        if running is not None:
+            running.cancelled.set()
+            return
+        await self._record(self._app.start_removal, env.id, _now())
+
+    # -- the long steps ------------------------------------------------------------------------
+
+    async def _create(self, cancelled: threading.Event, env: Environment) -> None:
+        provider = self._placer.registry.get(env.provider_id)
+        if provider is None:
+            log.warning("provider %s is not registered; environment %s waits", env.provider_id, env.id)
+            return
+        self._transcript.line(str(env.id), "step", "core", f"Preparing {provider.display_name} (attempt {env.attempt})")
+        context = self._placer.context(provider, env.host_id, env.project_path, _typed_inputs(provider, env.inputs))
+        create_context = CreateContext(
+            host_id=context.host_id, project_path=context.project_path, inputs=context.inputs,
+            data_dir=context.data_dir, thread_id=env.thread_ids[0] if env.thread_ids else "",
+            path_key=env.path_key, attempt=env.attempt,
+            previous=Previous(env.attempt - 1, env.path, env.resource) if env.attempt > 1 else None,
+            report=_TranscriptReporter(self._transcript, str(env.id), provider.id), cancelled=cancelled,
+        )
+        result = await asyncio.to_thread(_call_create, provider, create_context)
+        if isinstance(result, Created):
+            await self._store.run(
+                self._app.record_created, env.id, env.attempt, os.path.realpath(result.path),
+                result.owns_path, result.merge_base_branch, result.resource,
+            )
+        else:
+            self._transcript.line(str(env.id), "output", provider.id, result.message)
+            await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
+
+    async def _run_setup(self, cancelled: threading.Event, env: Environment) -> None:
+        outcome = await self._run_hook(env, env.setup_operation_id, "setup")
+        succeeded = outcome.status in ("succeeded", "skipped")
+        await self._store.run(self._app.record_setup_outcome, env.id, env.setup_operation_id, succeeded, outcome.message)
+
+    async def _run_teardown(self, cancelled: threading.Event, env: Environment) -> None:
+        outcome = await self._run_hook(env, env.teardown_operation_id, "teardown")
+        await self._store.run(
+            self._app.record_teardown_outcome, env.id, env.teardown_operation_id, outcome.status, outcome.message
+        )
+
+    async def _run_hook(self, env: Environment, operation_id: str, kind: str) -> HookOutcome:
+        environment_id = str(env.id)
+        script = SCRIPT_NAMES[kind]
+        self._transcript.line(environment_id, "step", kind, f"Running {script}")
+
+        async def output(text: str) -> None:
+            self._transcript.line(environment_id, "output", kind, text)
+
+        outcome = await self._hooks.run(operation_id, kind, Path(env.path), output)
+        verdict = "finished" if outcome.status == "succeeded" else f"{outcome.status}: {outcome.message}"
+        self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")
+        return outcome
+
+    async def _remove(self, cancelled: threading.Event, env: Environment) -> None:
+        provider = self._placer.registry.get(env.provider_id)
+        if provider is None:
+            log.warning("provider %s is not registered; removal of %s waits", env.provider_id, env.id)
+            return
+        async with self._cleanup_slots:
+            context = RemoveContext(
+                host_id=env.host_id, data_dir=str(self._placer.provider_dir(provider.id)),
+                project_path=env.project_path, inputs=_typed_inputs(provider, env.inputs),
+                path=env.path, path_key=env.path_key, attempt=env.removal_attempt, resource=env.resource,
+                report=_TranscriptReporter(self._transcript, str(env.id), provider.id), cancelled=cancelled,
+            )
+            result = await asyncio.to_thread(_call_remove, provider, context)
+        if isinstance(result, Removed):
+            await self._store.run(self._app.record_removed, env.id, env.removal_attempt)
+        else:
+            self._transcript.line(str(env.id), "output", provider.id, f"removal failed: {result.message}")
+            await self._store.run(
+                self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY
+            )
+
+
+def _script(path: str | None, kind: str) -> Path:
+    return Path(path or "/nonexistent") / SCRIPT_NAMES[kind]
+
+
+def _typed_inputs(provider: EnvironmentProvider, inputs: object) -> object:
+    return None if provider.inputs_type is None else msgspec.convert(inputs, provider.inputs_type)
+
+
+def _call_create(provider: EnvironmentProvider, context: CreateContext) -> CreateResult:
+    """A provider that raises or answers nonsense fails this environment, never the service."""
+    try:
+        result = provider.create(context)
+    except Exception as error:
+        return CreateFailed("terminal", f"the {provider.id!r} provider failed: {error}")
+    if not isinstance(result, (Created, CreateFailed)):
+        return CreateFailed("terminal", f"the {provider.id!r} provider returned an invalid create result")
+    return result
+
+
+def _call_remove(provider: EnvironmentProvider, context: RemoveContext) -> RemoveResult:
+    try:
+        result = provider.remove(context)
+    except Exception as error:
+        return RemoveFailed(f"the {provider.id!r} provider failed to remove: {error}")
+    if not isinstance(result, (Removed, RemoveFailed)):
+        return RemoveFailed(f"the {provider.id!r} provider returned an invalid remove result")
+    return result

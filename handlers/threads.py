@@ -1,0 +1,130 @@
+"""Thread events become commands: one handler per message, each safe to receive twice.
+
+The same handlers serve the JetStream consumer of `bb.threads.>` and the CLI's `thread spawn`
+request, so a raw NATS publisher and the CLI take exactly one path.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from uuid import UUID
+
+import msgspec
+
+from bus.documents import (
+    ExistingIntent,
+    InboundThreadMessage,
+    MessageCancelledMessage,
+    ProviderIntent,
+    ThreadArchivedMessage,
+    ThreadCreatedMessage,
+    ThreadMessageMessage,
+    ThreadUnarchivedMessage,
+)
+from domain.application import UnknownEnvironment, UnknownThread
+from domain.environment import Environment
+from domain.errors import DomainError, PathAlreadyClaimed
+from domain.thread import Thread
+from handlers.errors import InvalidInput, NotFound, Refused, RequestError
+from handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id
+from handlers.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class ThreadHandlers:
+    def __init__(self, store: Store, placer: Placer, default_host_id: str) -> None:
+        self._store = store
+        self._app = store.app
+        self._placer = placer
+        self._default_host_id = default_host_id
+
+    async def handle(self, message: InboundThreadMessage) -> Environment | None:
+        """Dispatch from the consumer; a refusal is recorded on the thread rather than raised."""
+        check_thread_id(message.thread_id)
+        match message:
+            case ThreadCreatedMessage():
+                await self.created(message)
+            case ThreadMessageMessage():
+                return await self.first_message(message.thread_id)
+            case ThreadArchivedMessage():
+                return await self._store.run(self._app.archive_thread, message.thread_id, _now())
+            case ThreadUnarchivedMessage():
+                return await self._store.run(self._app.unarchive_thread, message.thread_id)
+            case MessageCancelledMessage():
+                return await self._store.run(self._app.cancel_thread_message, message.thread_id)
+        return None
+
+    async def created(self, message: ThreadCreatedMessage) -> Thread:
+        host_id = check_host_id(message.host_id or self._default_host_id)
+        intent = None if message.environment is None else _intent_document(message.environment)
+        return await self._store.run(
+            self._app.register_thread, message.thread_id, message.project_path, message.parent_thread_id,
+            host_id, intent,
+        )
+
+    async def first_message(self, thread_id: str, raise_refusal: bool = False,
+                            placement: Placement | None = None) -> Environment | None:
+        """Give the thread its environment, unless it has one already.
+
+        A refusal is recorded on the thread, so a raw NATS publisher can see why; the CLI's
+        request (`raise_refusal`) gets it back as an error too.
+        """
+        thread = await self._store.run(self._app.find_thread, thread_id)
+        if thread is None or not thread.needs_environment:
+            return None if thread is None or thread.environment_id is None else await self._environment(thread.environment_id)
+        try:
+            return await self._provide(thread, placement)
+        except (RequestError, DomainError) as refusal:
+            log.info("thread %s refused: %s", thread_id, refusal)
+            await self._store.run(self._app.refuse_thread, thread_id, str(refusal))
+            if raise_refusal:
+                raise
+            return None
+
+    async def _provide(self, thread: Thread, placement: Placement | None) -> Environment:
+        intent = await self._intent_of(thread)
+        if isinstance(intent, ExistingIntent):
+            environment_id = check_environment_id(intent.environment_id)
+            try:
+                return await self._store.run(self._app.attach_thread, thread.thread_id, environment_id)
+            except UnknownEnvironment:
+                raise NotFound(f"no environment {intent.environment_id}") from None
+        if placement is None:
+            placement = await self._placer.place(thread.thread_id, intent, thread.project_path, thread.host_id)
+        try:
+            return await self._store.run(
+                self._app.claim_environment, thread.thread_id, placement.provider_id, placement.host_id,
+                placement.project_path, placement.inputs, placement.path_key, placement.claimed_path,
+            )
+        except PathAlreadyClaimed as conflict:
+            raise Refused(f"cannot claim the workspace path: {conflict}") from None
+
+    async def _intent_of(self, thread: Thread) -> ProviderIntent | ExistingIntent:
+        if thread.intent is not None:
+            return _intent_from_document(thread.intent)
+        if thread.parent_thread_id is None:
+            raise InvalidInput(f"thread {thread.thread_id} has no environment intent and no parent")
+        try:
+            parent = await self._store.run(self._app.thread, thread.parent_thread_id)
+        except UnknownThread:
+            raise NotFound(f"no parent thread {thread.parent_thread_id}") from None
+        if parent.intent is not None:
+            return _intent_from_document(parent.intent)
+        raise InvalidInput(f"parent thread {thread.parent_thread_id} has no environment intent to inherit")
+
+    async def _environment(self, environment_id: UUID) -> Environment:
+        return await self._store.run(self._app.environment, environment_id)
+
+
+def _intent_document(intent: ProviderIntent | ExistingIntent) -> dict:
+    return msgspec.to_builtins(intent)
+
+
+def _intent_from_document(document: dict) -> ProviderIntent | ExistingIntent:
+    return msgspec.convert(document, ProviderIntent | ExistingIntent)

@@ -1,0 +1,225 @@
+"""The SQLite read models (environments, threads, transcript) and the queries over them.
+
+Every batch of log documents is applied in one transaction together with the notification id
+and stream sequence it reached, so a restart neither skips nor double-applies; a document at or
+below the stored position is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+import aiosqlite
+import msgspec
+
+from bus import documents as d
+from projections.views import EnvironmentView, ThreadView, apply_to_environment, new_environment
+
+TRANSCRIPT_LINES_KEPT = 500
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS environments (
+    id TEXT PRIMARY KEY, status TEXT NOT NULL, provider_id TEXT NOT NULL, document BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS threads (id TEXT PRIMARY KEY, environment_id TEXT, document BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS threads_by_environment ON threads (environment_id);
+CREATE TABLE IF NOT EXISTS transcript (
+    environment_id TEXT NOT NULL, sequence INTEGER NOT NULL, line TEXT NOT NULL,
+    PRIMARY KEY (environment_id, sequence));
+CREATE TABLE IF NOT EXISTS positions (
+    name TEXT PRIMARY KEY, notification_id INTEGER NOT NULL, stream_sequence INTEGER NOT NULL);
+"""
+
+LOG = "log"
+TRANSCRIPT = "transcript"
+
+
+class Applied(NamedTuple):
+    notification_id: int
+    stream_sequence: int
+    document: d.Document
+
+
+class ReplayCounts(msgspec.Struct, rename="camel"):
+    events: int
+    environments: int
+    threads: int
+
+
+class ReadModel:
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+        self._advanced = asyncio.Condition()
+        self.position = 0
+
+    @classmethod
+    async def open(cls, path: Path) -> ReadModel:
+        db = await aiosqlite.connect(path)
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.executescript(SCHEMA)
+        await db.commit()
+        model = cls(db)
+        model.position = (await model.stored_position(LOG))[0]
+        return model
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def stored_position(self, name: str) -> tuple[int, int]:
+        async with self._db.execute(
+            "SELECT notification_id, stream_sequence FROM positions WHERE name = ?", (name,)
+        ) as rows:
+            row = await rows.fetchone()
+        return (row[0], row[1]) if row else (0, 0)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    async def apply(self, batch: Iterable[Applied]) -> None:
+        reached = self.position
+        stream_sequence = None
+        for item in batch:
+            stream_sequence = item.stream_sequence
+            if item.notification_id <= reached:
+                continue
+            await self._apply_one(item.document)
+            reached = item.notification_id
+        if stream_sequence is None:
+            return
+        await self._db.execute(
+            "INSERT INTO positions VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+            "notification_id = excluded.notification_id, stream_sequence = excluded.stream_sequence",
+            (LOG, reached, stream_sequence),
+        )
+        await self._db.commit()
+        await self._advance(reached)
+
+    async def _advance(self, reached: int) -> None:
+        async with self._advanced:
+            self.position = reached
+            self._advanced.notify_all()
+
+    async def _apply_one(self, document: d.Document) -> None:
+        if isinstance(document, d.Claimed):
+            await self._put_environment(new_environment(document))
+        elif isinstance(document, d.EnvironmentEvent):
+            view = await self.environment(document.environment_id)
+            if view is not None:
+                apply_to_environment(view, document)
+                await self._put_environment(view)
+        elif isinstance(document, d.ThreadEvent):
+            await self._apply_thread(document)
+
+    async def _put_environment(self, view: EnvironmentView) -> None:
+        await self._db.execute(
+            "INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)",
+            (view.id, view.status, view.provider_id, msgspec.json.encode(view)),
+        )
+
+    async def _apply_thread(self, event: d.ThreadEvent) -> None:
+        if isinstance(event, d.ThreadRegistered):
+            view = ThreadView(id=event.thread_id, environment_id=None, status="active",
+                              parent_thread_id=event.parent_thread_id, project_path=event.project_path)
+        else:
+            view = await self.thread(event.thread_id)
+            if view is None:
+                return
+            match event:
+                case d.ThreadEnvironmentAssigned():
+                    view.environment_id, view.refusal = event.environment_id, None
+                case d.ThreadEnvironmentLeft():
+                    view.environment_id = None
+                case d.ThreadRefused():
+                    view.refusal = event.message
+                case d.ThreadArchived() | d.ThreadUnarchived():
+                    view.status = "archived" if isinstance(event, d.ThreadArchived) else "active"
+        await self._db.execute(
+            "INSERT OR REPLACE INTO threads VALUES (?, ?, ?)",
+            (view.id, view.environment_id, msgspec.json.encode(view)),
+        )
+
+    async def add_transcript(self, lines: list[tuple[int, d.TranscriptLine]]) -> None:
+        """Store transcript lines (stream sequence, line), keeping the newest per environment."""
+        if not lines:
+            return
+        touched = {line.environment_id for _, line in lines}
+        await self._db.executemany(
+            "INSERT OR IGNORE INTO transcript VALUES (?, ?, ?)",
+            [(line.environment_id, sequence, _render(line)) for sequence, line in lines],
+        )
+        for environment_id in touched:
+            await self._db.execute(
+                "DELETE FROM transcript WHERE environment_id = ? AND sequence NOT IN (SELECT sequence FROM "
+                "transcript WHERE environment_id = ? ORDER BY sequence DESC LIMIT ?)",
+                (environment_id, environment_id, TRANSCRIPT_LINES_KEPT),
+            )
+        await self._db.execute(
+            "INSERT INTO positions VALUES (?, 0, ?) ON CONFLICT(name) DO UPDATE SET "
+            "stream_sequence = excluded.stream_sequence",
+            (TRANSCRIPT, lines[-1][0]),
+        )
+        await self._db.commit()
+
+    async def rebuild(self, documents: Iterable[tuple[int, d.Document]], stream_sequence: int) -> ReplayCounts:
+        """Drop the log-derived read models and fold the whole log into them again."""
+        await self._db.execute("DELETE FROM environments")
+        await self._db.execute("DELETE FROM threads")
+        await self._db.execute("DELETE FROM positions WHERE name = ?", (LOG,))
+        events = reached = 0
+        for notification_id, document in documents:
+            await self._apply_one(document)
+            events, reached = events + 1, notification_id
+        await self._db.execute("INSERT INTO positions VALUES (?, ?, ?)", (LOG, reached, stream_sequence))
+        await self._db.commit()
+        await self._advance(reached)
+        return ReplayCounts(events=events, environments=await self._count("environments"),
+                            threads=await self._count("threads"))
+
+    async def _count(self, table: str) -> int:
+        async with self._db.execute(f"SELECT count(*) FROM {table}") as rows:
+            return (await rows.fetchone())[0]
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def wait_for(self, position: int, timeout: float = 10) -> None:
+        """Read-your-writes: return once the model has applied the log up to `position`."""
+        async with self._advanced:
+            await asyncio.wait_for(self._advanced.wait_for(lambda: self.position >= position), timeout)
+
+    async def environment(self, environment_id: str) -> EnvironmentView | None:
+        async with self._db.execute("SELECT document FROM environments WHERE id = ?", (environment_id,)) as rows:
+            row = await rows.fetchone()
+        return msgspec.json.decode(row[0], type=EnvironmentView) if row else None
+
+    async def environments(self, status: str | None = None, provider_id: str | None = None) -> list[EnvironmentView]:
+        query, args = "SELECT document FROM environments WHERE 1=1", []
+        if status:
+            query, args = query + " AND status = ?", [*args, status]
+        if provider_id:
+            query, args = query + " AND provider_id = ?", [*args, provider_id]
+        async with self._db.execute(query + " ORDER BY rowid", args) as rows:
+            return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
+
+    async def thread(self, thread_id: str) -> ThreadView | None:
+        async with self._db.execute("SELECT document FROM threads WHERE id = ?", (thread_id,)) as rows:
+            row = await rows.fetchone()
+        return msgspec.json.decode(row[0], type=ThreadView) if row else None
+
+    async def threads(self, environment_id: str | None = None) -> list[ThreadView]:
+        query, args = "SELECT document FROM threads", ()
+        if environment_id:
+            query, args = query + " WHERE environment_id = ?", (environment_id,)
+        async with self._db.execute(query + " ORDER BY rowid", args) as rows:
+            return [msgspec.json.decode(r[0], type=ThreadView) for r in await rows.fetchall()]
+
+    async def transcript(self, environment_id: str, last: int = 50) -> list[str]:
+        async with self._db.execute(
+            "SELECT line FROM (SELECT sequence, line FROM transcript WHERE environment_id = ? "
+            "ORDER BY sequence DESC LIMIT ?) ORDER BY sequence", (environment_id, last)
+        ) as rows:
+            return [r[0] for r in await rows.fetchall()]
+
+
+def _render(line: d.TranscriptLine) -> str:
+    return f"» {line.text}" if line.kind == "step" else line.text

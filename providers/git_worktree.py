@@ -1,0 +1,493 @@
+"""The `git-worktree` provider: one git worktree per thread under the provider's data dir.
+
+Layout: `<data_dir>/worktrees/<path_key>/<repo-dir-name>`. An `existing` branch that is already
+checked out in another worktree of the repo is adopted instead (`owns_path` False, kept on
+removal). User text reaches git only after validation and behind `--` / `--end-of-options`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from providers.contract import (
+    READY,
+    Availability,
+    Created,
+    CreateContext,
+    CreateFailed,
+    CreateResult,
+    InvalidInputs,
+    Policy,
+    ProjectContext,
+    Removed,
+    RemoveContext,
+    RemoveFailed,
+    RemoveResult,
+    Requires,
+)
+from providers.host.processes import kill_processes_with_cwd_under
+from providers.refnames import validate_branch_name
+from providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
+
+GIT_TIMEOUT_SECONDS = 900
+TRANSCRIPT_PATH_LIMIT = 20
+PATH_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DEFAULT_BRANCH_PREFIX = "bb/"
+# Variables that would point git at another repository than the one we pass with -C.
+REPO_LOCATION_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
+
+
+class _BranchChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
+    pass
+
+
+class DefaultBranch(_BranchChoice, tag="default"):
+    """A new branch `bb/<path key>` from the repo's default branch."""
+
+
+class ExistingBranch(_BranchChoice, tag="existing"):
+    name: str
+
+
+class NewBranch(_BranchChoice, tag="new"):
+    name: str
+    base: str | None = None
+    """Start point; None means the repo's default branch."""
+
+
+class GitWorktreeInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    branch: DefaultBranch | ExistingBranch | NewBranch = DefaultBranch()
+
+
+class _GitFailed(Exception):
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class WorktreeEntry:
+    path: str
+    branch: str | None
+    """Short branch name; None when detached or bare."""
+    is_main: bool
+    prunable: bool
+
+
+@dataclass(frozen=True)
+class _BranchPlan:
+    branch: str
+    start_point: str | None
+    """Where a missing branch is created from; None when the branch must already exist."""
+    merge_base_branch: str | None
+
+
+class GitWorktreeProvider:
+    id = "git-worktree"
+    display_name = "Worktree"
+    requires = Requires(git_checkout=True)
+    policy = Policy(path_keys="per-thread", retire_grace_ms=300_000)
+    inputs_type = GitWorktreeInputs
+
+    def availability(self, ctx: ProjectContext) -> Availability:
+        if shutil.which("git") is None:
+            return Availability("blocked", "git is not installed or not on PATH")
+        return READY
+
+    def validate(self, ctx: ProjectContext) -> None:
+        repo = _require_repo(ctx.project_path)
+        branch = _inputs(ctx).branch
+        if isinstance(branch, ExistingBranch):
+            _require_existing_branch(repo, branch.name)
+            _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=None)
+        elif isinstance(branch, NewBranch):
+            validate_branch_name(branch.name)
+            if branch.base is None:
+                _require_default_branch(repo)
+            else:
+                _require_base(repo, branch.base)
+            if _branch_exists(repo, branch.name):
+                raise InvalidInputs(f"branch.name: branch {branch.name!r} already exists in {repo}")
+        else:
+            _require_default_branch(repo)
+
+    def planned_path(self, ctx: ProjectContext, path_key: str) -> str | None:
+        repo = _require_repo(ctx.project_path)
+        target = managed_worktree_path(ctx.data_dir, path_key, repo)
+        branch = _inputs(ctx).branch
+        if isinstance(branch, ExistingBranch):
+            adopted = _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=target)
+            if adopted is not None:
+                return adopted
+        return str(target)
+
+    def create(self, ctx: CreateContext) -> CreateResult:
+        try:
+            return self._create(ctx)
+        except _Cancelled:
+            return CreateFailed("terminal", "cancelled")
+        except _GitFailed as failure:
+            return CreateFailed("transient" if failure.transient else "terminal", str(failure))
+        except ValueError as refused:
+            return CreateFailed("terminal", str(refused))
+
+    def _create(self, ctx: CreateContext) -> CreateResult:
+        repo = _require_repo(ctx.project_path)
+        target = managed_worktree_path(ctx.data_dir, ctx.path_key, repo)
+        branch = _inputs(ctx).branch
+        worktrees = list_worktrees(repo)
+        if isinstance(branch, ExistingBranch):
+            adopted = _adoptable_worktree(repo, worktrees, branch.name, own_target=target)
+            if adopted is not None:
+                ctx.report.step(f"Using the worktree at {adopted}, which already has {branch.name}")
+                return Created(
+                    path=adopted,
+                    owns_path=False,
+                    merge_base_branch=_default_branch(repo),
+                    resource={"adopted": True},
+                )
+        plan = _plan_branch(repo, branch, ctx.path_key)
+        _stop_if_cancelled(ctx)
+        if not _is_worktree_on_branch(worktrees, target, plan.branch):
+            if os.path.lexists(target) or _find_worktree(worktrees, target) is not None:
+                ctx.report.step("Removing the worktree an earlier attempt left behind")
+                _remove_worktree(repo, target)
+                _stop_if_cancelled(ctx)
+            ctx.report.step("Creating worktree")
+            _add_worktree(repo, target, plan)
+            ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
+        _stop_if_cancelled(ctx)
+        _copy_includes(ctx, repo, target)
+        _stop_if_cancelled(ctx)
+        return Created(
+            path=str(target),
+            owns_path=True,
+            merge_base_branch=plan.merge_base_branch,
+            resource={"branch": plan.branch},
+        )
+
+    def remove(self, ctx: RemoveContext) -> RemoveResult:
+        if (ctx.resource or {}).get("adopted") is True:
+            return Removed()
+        try:
+            root = worktrees_root(ctx.data_dir)
+            key_dir = root / _require_path_key(ctx.path_key)
+            paths = [Path(ctx.path)] if ctx.path is not None else _entries(key_dir)
+            for path in paths:
+                if ctx.cancelled.is_set():
+                    return RemoveFailed("cancelled")
+                _require_inside(path, root)
+                ctx.report.step(f"Removing worktree {path}")
+                killed = kill_processes_with_cwd_under(str(path))
+                if killed:
+                    ctx.report.log(f"Stopped {killed} process(es) running in the worktree")
+                _remove_worktree(ctx.project_path, path)
+            _remove_if_empty(key_dir)
+        except (OSError, ValueError) as error:
+            return RemoveFailed(str(error))
+        return Removed()
+
+
+def worktrees_root(data_dir: str) -> Path:
+    return Path(os.path.abspath(data_dir)) / "worktrees"
+
+
+def managed_worktree_path(data_dir: str, path_key: str, repo: str) -> Path:
+    return worktrees_root(data_dir) / _require_path_key(path_key) / repo_dir_name(repo)
+
+
+def repo_dir_name(repo: str) -> str:
+    """The repo directory's basename reduced to `[A-Za-z0-9._-]`, never hidden nor option-like."""
+    sanitized = re.sub(r"[^A-Za-z0-9._-]", "-", os.path.basename(os.path.normpath(repo)))
+    return sanitized.lstrip(".-") or "repo"
+
+
+def list_worktrees(repo: str) -> list[WorktreeEntry]:
+    output = _git(repo, "worktree", "list", "--porcelain", "-z")
+    entries = []
+    for record in output.split("\0\0"):
+        fields = [field for field in record.split("\0") if field]
+        if not fields:
+            continue
+        values = dict(field.partition(" ")[::2] for field in fields)
+        branch_ref = values.get("branch")
+        entries.append(
+            WorktreeEntry(
+                path=values["worktree"],
+                branch=branch_ref.removeprefix("refs/heads/") if branch_ref else None,
+                is_main=not entries,
+                prunable="prunable" in values,
+            )
+        )
+    return entries
+
+
+def _inputs(ctx: ProjectContext) -> GitWorktreeInputs:
+    if not isinstance(ctx.inputs, GitWorktreeInputs):
+        raise TypeError(f"expected GitWorktreeInputs, got {type(ctx.inputs).__name__}")
+    return ctx.inputs
+
+
+def _require_path_key(path_key: str) -> str:
+    if not PATH_KEY_PATTERN.fullmatch(path_key):
+        raise ValueError(f"path key {path_key!r} must be a single path segment of [A-Za-z0-9._-]")
+    return path_key
+
+
+def _require_repo(project_path: str | None) -> str:
+    """The repository's top-level directory, or InvalidInputs when it cannot host a worktree."""
+    if project_path is None:
+        raise InvalidInputs("project path: a git checkout is required for a worktree")
+    if not os.path.isdir(project_path):
+        raise InvalidInputs(f"project path: {project_path} does not exist")
+    try:
+        repo = _git(project_path, "rev-parse", "--show-toplevel")
+    except _GitFailed:
+        raise InvalidInputs(f"project path: {project_path} is not a git repository") from None
+    if not _git(repo, "for-each-ref", "--count=1", "--format=%(refname)", "refs/heads"):
+        raise InvalidInputs(f"project path: {project_path} has no commits yet")
+    return repo
+
+
+def _require_existing_branch(repo: str, name: str) -> None:
+    validate_branch_name(name)
+    if not _branch_exists(repo, name):
+        raise InvalidInputs(f"branch.name: no branch {name!r} in {repo}")
+
+
+def _require_base(repo: str, base: str) -> str:
+    validate_branch_name(base, "branch.base")
+    if not _is_commit(repo, base):
+        raise InvalidInputs(f"branch.base: {base!r} is not a commit in {repo}")
+    return base
+
+
+def _require_default_branch(repo: str) -> str:
+    default = _default_branch(repo)
+    if default is None:
+        raise InvalidInputs(f"branch: cannot determine the default branch of {repo}")
+    return default
+
+
+def _default_branch(repo: str) -> str | None:
+    """origin/HEAD's target, else local main, else master, else the checked-out branch."""
+    origin_head = _git_or_none(repo, "symbolic-ref", "--quiet", "refs/remotes/origin/HEAD")
+    if origin_head is not None and _is_commit(repo, origin_head):
+        return origin_head.removeprefix("refs/remotes/")
+    for name in ("main", "master"):
+        if _branch_exists(repo, name):
+            return name
+    head = _git_or_none(repo, "symbolic-ref", "--quiet", "HEAD")
+    if head is not None and head.startswith("refs/heads/") and _is_commit(repo, head):
+        return head.removeprefix("refs/heads/")
+    return None
+
+
+def _plan_branch(repo: str, branch: DefaultBranch | ExistingBranch | NewBranch, path_key: str) -> _BranchPlan:
+    if isinstance(branch, ExistingBranch):
+        _require_existing_branch(repo, branch.name)
+        return _BranchPlan(branch.name, None, _default_branch(repo))
+    if isinstance(branch, NewBranch):
+        validate_branch_name(branch.name)
+        base = _require_base(repo, branch.base) if branch.base else _require_default_branch(repo)
+        return _BranchPlan(branch.name, base, base)
+    base = _require_default_branch(repo)
+    return _BranchPlan(DEFAULT_BRANCH_PREFIX + path_key, base, base)
+
+
+def _adoptable_worktree(
+    repo: str, worktrees: list[WorktreeEntry], branch: str, own_target: Path | None
+) -> str | None:
+    """The other worktree that already has `branch` checked out, to adopt instead of creating one."""
+    for entry in worktrees:
+        if entry.branch != branch:
+            continue
+        if entry.is_main or _same_path(entry.path, repo):
+            raise InvalidInputs(
+                f"branch.name: branch {branch!r} is checked out in the project checkout; "
+                "use project-checkout or another branch"
+            )
+        if own_target is not None and _same_path(entry.path, own_target):
+            return None
+        if entry.prunable:
+            raise InvalidInputs(
+                f"branch.name: branch {branch!r} is checked out at {entry.path}, which no longer "
+                "exists; run `git worktree prune` first"
+            )
+        return entry.path
+    return None
+
+
+def _find_worktree(worktrees: list[WorktreeEntry], path: Path) -> WorktreeEntry | None:
+    return next((entry for entry in worktrees if _same_path(entry.path, path)), None)
+
+
+def _is_worktree_on_branch(worktrees: list[WorktreeEntry], target: Path, branch: str) -> bool:
+    entry = _find_worktree(worktrees, target)
+    return (
+        entry is not None
+        and entry.branch == branch
+        and not entry.prunable
+        and os.path.exists(target / ".git")
+    )
+
+
+def _add_worktree(repo: str, target: Path, plan: _BranchPlan) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if _branch_exists(repo, plan.branch):
+        # Reuse as is (a re-run after a crash, or an existing branch); never reset a branch.
+        _git(repo, "worktree", "add", "--", str(target), plan.branch)
+        return
+    if plan.start_point is None:
+        raise InvalidInputs(f"branch.name: no branch {plan.branch!r} in {repo}")  # deleted meanwhile
+    # --no-track: the thread's branch must not push to (or pull from) its base.
+    _git(repo, "worktree", "add", "--no-track", "-b", plan.branch, "--", str(target), plan.start_point)
+
+
+def _remove_worktree(repo: str | None, path: Path) -> None:
+    """Unregister and delete a worktree directory; git failures are tolerated, leftovers deleted."""
+    has_repo = repo is not None and os.path.isdir(repo)
+    if has_repo:
+        # Twice --force: also removes a locked worktree, which is ours to remove.
+        _git_or_none(repo, "worktree", "remove", "--force", "--force", "--", str(path))
+    if os.path.lexists(path):
+        _delete_tree(path)
+    if has_repo:
+        _git_or_none(repo, "worktree", "prune")
+
+
+def _delete_tree(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+        return
+    shutil.rmtree(path, onerror=_retry_after_making_writable)
+
+
+def _retry_after_making_writable(
+    function: Callable[[str], object], failed_path: str, _exc_info: object
+) -> None:
+    """Read-only directories (a Go module cache, say) must not make removal fail."""
+    os.chmod(os.path.dirname(failed_path), stat.S_IRWXU)
+    if os.path.isdir(failed_path) and not os.path.islink(failed_path):
+        os.chmod(failed_path, stat.S_IRWXU)
+    function(failed_path)
+
+
+def _copy_includes(ctx: CreateContext, repo: str, target: Path) -> None:
+    if not os.path.lexists(os.path.join(repo, INCLUDE_FILE_NAME)):
+        return
+    ctx.report.step("Copying .worktreeinclude files")
+    report = copy_worktree_includes(Path(repo), target, ctx.cancelled)
+    if report.error is not None:
+        ctx.report.log(f"Skipped .worktreeinclude: {report.error}")
+    for line in _summarize("Copied", report.copied):
+        ctx.report.log(line)
+    for line in _summarize("Skipped", [f"{path} ({reason})" for path, reason in report.skipped]):
+        ctx.report.log(line)
+
+
+def _summarize(verb: str, items: list[str]) -> list[str]:
+    if not items:
+        return []
+    lines = [f"{verb} {len(items)} file(s):", *items[:TRANSCRIPT_PATH_LIMIT]]
+    if len(items) > TRANSCRIPT_PATH_LIMIT:
+        lines.append(f"and {len(items) - TRANSCRIPT_PATH_LIMIT} more")
+    return lines
+
+
+def _entries(directory: Path) -> list[Path]:
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
+def _require_inside(path: Path, root: Path) -> None:
+    real_path = Path(os.path.realpath(path))
+    real_root = Path(os.path.realpath(root))
+    if real_root not in real_path.parents:
+        raise ValueError(f"refusing to remove {path}: it is not inside {root}")
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno != errno.ENOTEMPTY:  # something else lives there: leave it
+            raise
+
+
+def _stop_if_cancelled(ctx: CreateContext) -> None:
+    if ctx.cancelled.is_set():
+        raise _Cancelled()
+
+
+def _same_path(a: str | Path, b: str | Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _branch_exists(repo: str, name: str) -> bool:
+    return _git_or_none(repo, "show-ref", "--verify", "--quiet", f"refs/heads/{name}") is not None
+
+
+def _is_commit(repo: str, revision: str) -> bool:
+    return (
+        _git_or_none(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}")
+        is not None
+    )
+
+
+def _git_or_none(repo: str, *args: str) -> str | None:
+    try:
+        return _git(repo, *args)
+    except _GitFailed:
+        return None
+
+
+def _git(repo: str, *args: str) -> str:
+    """Run git in `repo` and return its stripped stdout; raise _GitFailed with one line of stderr."""
+    try:
+        completed = subprocess.run(
+            ["git", "-C", repo, *args],
+            capture_output=True,
+            text=True,
+            env=_git_environment(),
+            timeout=GIT_TIMEOUT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise _GitFailed(f"git {args[0]} timed out after {GIT_TIMEOUT_SECONDS} s") from None
+    if completed.returncode != 0:
+        raise _GitFailed(_one_line(completed.stderr, args), transient=_is_lock_contention(completed.stderr))
+    return completed.stdout.strip("\n")
+
+
+def _git_environment() -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if k not in REPO_LOCATION_VARIABLES}
+    # C locale: the lock-contention check below reads git's English messages.
+    return environment | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
+def _one_line(stderr: str, args: tuple[str, ...]) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        for prefix in ("fatal: ", "error: "):
+            if line.startswith(prefix):
+                return line.removeprefix(prefix)
+    return lines[-1] if lines else f"git {args[0]} failed"
+
+
+def _is_lock_contention(stderr: str) -> bool:
+    return ".lock': File exists" in stderr

@@ -1,0 +1,201 @@
+"""Durable per-operation records of hook runs, their tombstones and output logs.
+
+One directory (mode 0700) holds, per operation, files named by sha256(operation_id):
+`<hash>.json` the record, `<hash>.cancelled` the tombstone, `<hash>.log` the script's output.
+Records and tombstones are replaced atomically and fsynced, so a reader never sees half a file
+and a crash never loses a write that returned.
+
+A recorded process is identified by its pid together with its start time (field 22 of
+`/proc/<pid>/stat`, in clock ticks since boot). A pid whose current start time differs is a
+different process and is never signalled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+HookKind = Literal["setup", "teardown"]
+RecordedOutcome = Literal["succeeded", "failed", "timed_out", "cancelled", "interrupted", "skipped"]
+
+GROUP_EXIT_POLL_S = 0.025
+GROUP_EXIT_WAIT_S = 4.0
+
+
+class HookIdentityMismatch(Exception):
+    """A stored record belongs to another operation, or the same operation was asked for a different hook."""
+
+
+class HookRecord(msgspec.Struct, kw_only=True):
+    operation_id: str
+    kind: HookKind
+    workspace: str
+    script: str
+    started_at: str
+    supervisor_pid: int | None = None
+    supervisor_started_at: int | None = None
+    script_pid: int | None = None
+    script_started_at: int | None = None
+    finished_at: str | None = None
+    outcome: RecordedOutcome | None = None
+    exit_code: int | None = None
+    message: str | None = None
+
+
+class Tombstone(msgspec.Struct):
+    operation_id: str
+    cancelled_at: str
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class HookRecords:
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)
+
+    def read(self, operation_id: str) -> HookRecord | None:
+        try:
+            data = self._record_path(operation_id).read_bytes()
+        except FileNotFoundError:
+            return None
+        record = msgspec.json.decode(data, type=HookRecord)
+        if record.operation_id != operation_id:
+            raise HookIdentityMismatch(
+                f"hook record for {operation_id!r} holds operation {record.operation_id!r}"
+            )
+        return record
+
+    def write(self, record: HookRecord) -> None:
+        self._write_atomically(self._record_path(record.operation_id), msgspec.json.encode(record))
+
+    def tombstone(self, operation_id: str) -> None:
+        tombstone = Tombstone(operation_id=operation_id, cancelled_at=now_iso())
+        self._write_atomically(self._file(operation_id, ".cancelled"), msgspec.json.encode(tombstone))
+
+    def is_tombstoned(self, operation_id: str) -> bool:
+        return self._file(operation_id, ".cancelled").exists()
+
+    def log_path(self, operation_id: str) -> Path:
+        return self._file(operation_id, ".log")
+
+    def _record_path(self, operation_id: str) -> Path:
+        return self._file(operation_id, ".json")
+
+    def _file(self, operation_id: str, suffix: str) -> Path:
+        return self.directory / (hashlib.sha256(operation_id.encode()).hexdigest() + suffix)
+
+    def _write_atomically(self, path: Path, data: bytes) -> None:
+        descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        directory = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat from field 3 (state) on; None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of a running (non-zombie) process, or None when it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def is_same_process(pid: int | None, started_at: int | None) -> bool:
+    return pid is not None and started_at is not None and process_start_ticks(pid) == started_at
+
+
+def group_has_live_members(pgid: int) -> bool:
+    # Scans /proc instead of `killpg(pgid, 0)`: zombies still count for killpg, and a container
+    # whose init never reaps orphans would keep a dead group "alive" forever.
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def kill_group_and_wait(pgid: int, wait_s: float = GROUP_EXIT_WAIT_S) -> bool:
+    """SIGKILL a process group and wait until no live member remains; True if confirmed gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + wait_s
+    while group_has_live_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(GROUP_EXIT_POLL_S)
+    return True
+
+
+def kill_recorded_group(leader_pid: int | None, leader_started_at: int | None) -> bool:
+    """Kill the group a recorded script leads, never a group that a reused pid now leads.
+
+    True when the group is confirmed gone (or never existed).
+    """
+    if leader_pid is None:
+        return True
+    if process_start_ticks(leader_pid) is not None:
+        if not is_same_process(leader_pid, leader_started_at):
+            return True
+        return kill_group_and_wait(leader_pid)
+    # The leader is gone but members may linger. While any member lives, the kernel keeps the
+    # group id allocated, so no new process can have taken that pid: the group is still ours.
+    if group_has_live_members(leader_pid):
+        return kill_group_and_wait(leader_pid)
+    return True
+
+
+def signal_recorded_process(pid: int | None, started_at: int | None, signal_number: signal.Signals) -> bool:
+    """Signal `pid` only if it is still the recorded process; True if the signal was sent."""
+    if pid is None or started_at is None:
+        return False
+    try:
+        # The pidfd pins the process that holds `pid` now, so the identity check below cannot be
+        # outdated by the time the signal is sent.
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if process_start_ticks(pid) != started_at:
+            return False
+        signal.pidfd_send_signal(descriptor, signal_number)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(descriptor)

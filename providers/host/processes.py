@@ -1,0 +1,63 @@
+"""Ending the processes that still run inside a directory before it is deleted (Linux /proc)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+GRACE_SECONDS = 2.0
+POLL_SECONDS = 0.05
+
+
+def kill_processes_with_cwd_under(path: str) -> int:
+    """SIGTERM every process whose cwd is `path` or inside it, SIGKILL survivors after ~2 s.
+
+    Returns how many processes were signalled. Our own process is never signalled; processes
+    that vanish or whose cwd we cannot read are ignored.
+    """
+    root = os.path.realpath(path)
+    signalled = [pid for pid in _pids_with_cwd_under(root) if _send(pid, signal.SIGTERM)]
+    deadline = time.monotonic() + GRACE_SECONDS
+    survivors = [pid for pid in signalled if _is_running(pid)]
+    while survivors and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        survivors = [pid for pid in survivors if _is_running(pid)]
+    for pid in survivors:
+        _send(pid, signal.SIGKILL)
+    return len(signalled)
+
+
+def _pids_with_cwd_under(root: str) -> list[int]:
+    own_pid = os.getpid()
+    pids = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == own_pid:
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root.rstrip("/") + "/"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _send(pid: int, signal_number: int) -> bool:
+    try:
+        os.kill(pid, signal_number)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _is_running(pid: int) -> bool:
+    """True while the process exists and is not a zombie (a zombie has already exited)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")

@@ -1,0 +1,52 @@
+"""Branch-name validation with the rules of `git check-ref-format --branch`, without running git.
+
+Names are checked before they reach any git command line, so a hostile name can never be read
+as an option or a path.
+"""
+
+from __future__ import annotations
+
+from providers.contract import InvalidInputs
+
+MAX_BRANCH_NAME_LENGTH = 200
+FORBIDDEN_CHARACTERS = frozenset(" ~^:?*[\\")
+
+
+def validate_branch_name(name: str, field: str = "branch.name") -> None:
+    """Raise InvalidInputs naming `field`, the value and the rule when `name` is not a valid branch."""
+    broken_rule = _broken_rule(name)
+    if broken_rule is not None:
+        raise InvalidInputs(f"{field}: {name!r} is not a valid branch name: it {broken_rule}.")
+
+
+def _broken_rule(name: str) -> str | None:
+    if name == "":
+        return "is empty"
+    if len(name) > MAX_BRANCH_NAME_LENGTH:
+        return f"is longer than {MAX_BRANCH_NAME_LENGTH} characters"
+    if name.startswith("-"):
+        return "starts with '-'"
+    if name in ("@", "HEAD"):
+        return f"is exactly {name!r}"
+    if name.endswith("/"):
+        return "ends with '/'"
+    if name.endswith("."):
+        return "ends with '.'"
+    for substring in ("..", "//", "@{"):
+        if substring in name:
+            return f"contains {substring!r}"
+    bad_character = next((c for c in name if _is_forbidden_character(c)), None)
+    if bad_character is not None:
+        return f"contains the forbidden character {bad_character!r}"
+    for component in name.split("/"):
+        if component == "":
+            return "has an empty path component"
+        if component.startswith("."):
+            return f"has a component starting with '.' ({component!r})"
+        if component.endswith(".lock"):
+            return f"has a component ending with '.lock' ({component!r})"
+    return None
+
+
+def _is_forbidden_character(character: str) -> bool:
+    return ord(character) < 0x20 or ord(character) == 0x7F or character in FORBIDDEN_CHARACTERS

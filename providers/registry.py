@@ -1,0 +1,68 @@
+"""The providers this service knows: every entry point in group `bb.environment_providers`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from typing import Any
+
+import msgspec
+
+from providers.contract import Availability, EnvironmentProvider, Policy, ProjectContext, Requires
+
+ENTRY_POINT_GROUP = "bb.environment_providers"
+log = logging.getLogger(__name__)
+
+
+class ProviderDescription(msgspec.Struct, rename="camel"):
+    id: str
+    display_name: str
+    requires: Requires
+    inputs: dict[str, Any] | None
+    policy: Policy
+    availability: Availability
+
+
+def inputs_schema(provider: EnvironmentProvider) -> dict[str, Any] | None:
+    return msgspec.json.schema(provider.inputs_type) if provider.inputs_type is not None else None
+
+
+class ProviderRegistry:
+    def __init__(self, providers: Iterable[EnvironmentProvider]) -> None:
+        self._providers = {p.id: p for p in providers}
+
+    @classmethod
+    def from_entry_points(cls) -> ProviderRegistry:
+        loaded = []
+        for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                loaded.append(entry_point.load()())
+            except Exception:
+                log.exception("provider %s could not be loaded; it is left out", entry_point.name)
+        return cls(loaded)
+
+    def get(self, provider_id: str) -> EnvironmentProvider | None:
+        return self._providers.get(provider_id)
+
+    def ids(self) -> list[str]:
+        return sorted(self._providers)
+
+    def describe(self, context: ProjectContext) -> list[ProviderDescription]:
+        return [
+            ProviderDescription(
+                id=p.id, display_name=p.display_name, requires=p.requires, inputs=inputs_schema(p),
+                policy=p.policy, availability=safe_availability(p, context),
+            )
+            for p in (self._providers[i] for i in self.ids())
+        ]
+
+
+def safe_availability(provider: EnvironmentProvider, context: ProjectContext) -> Availability:
+    try:
+        answer = provider.availability(context)
+    except Exception as error:
+        return Availability("blocked", f"could not determine availability: {error}")
+    if not isinstance(answer, Availability):
+        return Availability("blocked", "the provider returned an invalid availability result")
+    return answer

@@ -1,0 +1,37 @@
+"""Shared fixtures: throwaway git repositories."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+GIT_IDENTITY = ("-c", "user.name=Test", "-c", "user.email=test@example.com")
+
+
+def run_git(repo: Path, *args: str) -> str:
+    """Run git in `repo` with a fixed identity; return stdout, fail the test on error."""
+    completed = subprocess.run(
+        ["git", *GIT_IDENTITY, "-C", str(repo), *args], capture_output=True, text=True, check=True
+    )
+    return completed.stdout.strip()
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> Path:
+    """A repository at `tmp_path/repo` with one commit (README.md) on `main`."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run_git(repo, "init", "--quiet", "--initial-branch=main")
+    (repo / "README.md").write_text("hello\n")
+    run_git(repo, "add", "README.md")
+    run_git(repo, "commit", "--quiet", "-m", "initial")
+    return repo
+
+
+@pytest.fixture
+def git() -> Callable[..., str]:
+    """`git(repo, *args)`: run git in a test repo (see `run_git`)."""
+    return run_git

@@ -1,0 +1,429 @@
+import os
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from providers.contract import (
+    READY,
+    Created,
+    CreateContext,
+    CreateFailed,
+    EnvironmentProvider,
+    InvalidInputs,
+    ProjectContext,
+    Removed,
+    RemoveContext,
+    RemoveFailed,
+)
+from providers.git_worktree import (
+    DefaultBranch,
+    ExistingBranch,
+    GitWorktreeInputs,
+    GitWorktreeProvider,
+    NewBranch,
+    repo_dir_name,
+)
+
+Git = Callable[..., str]
+Branch = DefaultBranch | ExistingBranch | NewBranch
+PATH_KEY = "thread-1"
+
+
+class RecordingReporter:
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.logs: list[str] = []
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+
+    def log(self, text: str) -> None:
+        self.logs.append(text)
+
+
+@pytest.fixture
+def provider() -> GitWorktreeProvider:
+    return GitWorktreeProvider()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "data"
+    directory.mkdir()
+    return directory
+
+
+def project_context(repo: Path, data_dir: Path, branch: Branch = DefaultBranch()) -> ProjectContext:
+    return ProjectContext("local", str(repo), GitWorktreeInputs(branch), str(data_dir))
+
+
+def create_context(
+    repo: Path,
+    data_dir: Path,
+    branch: Branch = DefaultBranch(),
+    path_key: str = PATH_KEY,
+    cancelled: threading.Event | None = None,
+) -> CreateContext:
+    return CreateContext(
+        "local",
+        str(repo),
+        GitWorktreeInputs(branch),
+        str(data_dir),
+        thread_id="t1",
+        path_key=path_key,
+        report=RecordingReporter(),
+        cancelled=cancelled or threading.Event(),
+    )
+
+
+def remove_context(
+    repo: Path, data_dir: Path, path: str | None, resource: dict | None = None, path_key: str = PATH_KEY
+) -> RemoveContext:
+    return RemoveContext("local", str(data_dir), str(repo), None, path, path_key, 1, resource)
+
+
+def create(
+    provider: GitWorktreeProvider, repo: Path, data_dir: Path, branch: Branch = DefaultBranch()
+) -> Created:
+    result = provider.create(create_context(repo, data_dir, branch))
+    assert isinstance(result, Created), result
+    return result
+
+
+def worktree_paths(git: Git, repo: Path) -> list[str]:
+    listing = git(repo, "worktree", "list", "--porcelain")
+    return [line.removeprefix("worktree ") for line in listing.splitlines() if line.startswith("worktree ")]
+
+
+def branches(git: Git, repo: Path) -> list[str]:
+    return git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads").splitlines()
+
+
+def current_branch(git: Git, worktree: str | Path) -> str:
+    return git(Path(worktree), "symbolic-ref", "--short", "HEAD")
+
+
+def test_satisfies_the_provider_contract(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
+) -> None:
+    assert isinstance(provider, EnvironmentProvider)
+    assert provider.availability(project_context(git_repo, data_dir)) == READY
+    raw = {"branch": {"kind": "new", "name": "feature", "base": "main"}}
+    assert msgspec.convert(raw, provider.inputs_type) == GitWorktreeInputs(NewBranch("feature", "main"))
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"branch": {"kind": "default"}, "extra": 1}, provider.inputs_type)
+
+
+@pytest.mark.parametrize(
+    "branch",
+    [
+        *(ExistingBranch(name) for name in ["--upload-pack=x", "../x", "a..b", "has space", "x.lock", ""]),
+        *(NewBranch(name) for name in ["a/.b", "a//b", "x@{1}", "--upload-pack=x"]),
+        NewBranch("fine", base="--upload-pack=x"),
+        NewBranch("fine", base="../x"),
+    ],
+)
+def test_hostile_branch_names_are_refused_and_nothing_is_created(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git, branch: Branch
+) -> None:
+    branches_before = branches(git, git_repo)
+
+    with pytest.raises(InvalidInputs):
+        provider.validate(project_context(git_repo, data_dir, branch))
+    result = provider.create(create_context(git_repo, data_dir, branch))
+
+    assert isinstance(result, CreateFailed) and result.failure == "terminal"
+    assert branches(git, git_repo) == branches_before
+    assert worktree_paths(git, git_repo) == [str(git_repo)]
+    assert list(data_dir.iterdir()) == []
+
+
+def test_validate_refuses_a_directory_that_is_not_a_repository(
+    provider: GitWorktreeProvider, tmp_path: Path, data_dir: Path
+) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(InvalidInputs, match="is not a git repository"):
+        provider.validate(project_context(plain, data_dir))
+
+
+def test_validate_refuses_a_repository_without_commits(
+    provider: GitWorktreeProvider, tmp_path: Path, data_dir: Path, git: Git
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "--quiet")
+    with pytest.raises(InvalidInputs, match="has no commits yet"):
+        provider.validate(project_context(empty, data_dir))
+
+
+def test_validate_refuses_a_missing_existing_branch(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
+) -> None:
+    with pytest.raises(InvalidInputs, match=r"branch.name: no branch 'nope' in "):
+        provider.validate(project_context(git_repo, data_dir, ExistingBranch("nope")))
+
+
+def test_validate_refuses_a_new_branch_that_already_exists(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    git(git_repo, "branch", "taken")
+    with pytest.raises(InvalidInputs, match="'taken' already exists"):
+        provider.validate(project_context(git_repo, data_dir, NewBranch("taken")))
+
+
+def test_validate_refuses_a_base_that_is_not_a_commit(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
+) -> None:
+    with pytest.raises(InvalidInputs, match="branch.base: 'nowhere' is not a commit"):
+        provider.validate(project_context(git_repo, data_dir, NewBranch("feature", base="nowhere")))
+
+
+def test_validate_refuses_the_branch_of_the_project_checkout(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
+) -> None:
+    with pytest.raises(InvalidInputs, match="'main' is checked out in the project checkout"):
+        provider.validate(project_context(git_repo, data_dir, ExistingBranch("main")))
+
+
+def test_validate_accepts_good_inputs_without_changing_anything(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    git(git_repo, "branch", "existing")
+    for branch in [DefaultBranch(), ExistingBranch("existing"), NewBranch("feature", base="existing")]:
+        provider.validate(project_context(git_repo, data_dir, branch))
+    assert sorted(branches(git, git_repo)) == ["existing", "main"]
+    assert list(data_dir.iterdir()) == []
+
+
+def test_create_default_makes_a_bb_branch_from_the_default_branch(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    planned = provider.planned_path(project_context(git_repo, data_dir), PATH_KEY)
+
+    created = create(provider, git_repo, data_dir)
+
+    assert created.path == planned == str(data_dir / "worktrees" / PATH_KEY / "repo")
+    assert (created.owns_path, created.merge_base_branch) == (True, "main")
+    assert created.resource == {"branch": "bb/thread-1"}
+    assert current_branch(git, created.path) == "bb/thread-1"
+    assert created.path in worktree_paths(git, git_repo)
+
+
+def test_create_default_prefers_origin_head(
+    provider: GitWorktreeProvider, git_repo: Path, tmp_path: Path, data_dir: Path, git: Git
+) -> None:
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "--quiet", str(git_repo), str(clone))
+
+    created = create(provider, clone, data_dir)
+
+    assert created.merge_base_branch == "origin/main"
+    assert git(clone, "rev-parse", "bb/thread-1") == git(clone, "rev-parse", "origin/main")
+    tracking = subprocess.run(["git", "-C", str(clone), "config", "branch.bb/thread-1.merge"])
+    assert tracking.returncode == 1  # no upstream: the thread's branch must not push to main
+
+
+def test_create_new_branches_from_the_given_base(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    base_commit = git(git_repo, "rev-parse", "HEAD")
+    git(git_repo, "branch", "release")
+    git(git_repo, "commit", "--quiet", "--allow-empty", "-m", "later on main")
+
+    created = create(provider, git_repo, data_dir, NewBranch("feature", base="release"))
+
+    assert created.merge_base_branch == "release"
+    assert current_branch(git, created.path) == "feature"
+    assert git(git_repo, "rev-parse", "feature") == base_commit
+
+
+def test_create_existing_checks_out_the_branch(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    git(git_repo, "branch", "existing")
+
+    created = create(provider, git_repo, data_dir, ExistingBranch("existing"))
+
+    assert (created.owns_path, created.merge_base_branch) == (True, "main")
+    assert current_branch(git, created.path) == "existing"
+
+
+def test_existing_branch_in_another_worktree_is_adopted_and_kept_on_remove(
+    provider: GitWorktreeProvider, git_repo: Path, tmp_path: Path, data_dir: Path, git: Git
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    git(git_repo, "worktree", "add", "--quiet", "-b", "shared", str(elsewhere))
+    branch = ExistingBranch("shared")
+
+    planned = provider.planned_path(project_context(git_repo, data_dir, branch), PATH_KEY)
+    created = create(provider, git_repo, data_dir, branch)
+    removed = provider.remove(remove_context(git_repo, data_dir, created.path, created.resource))
+
+    assert planned == created.path == str(elsewhere)
+    assert (created.owns_path, created.resource) == (False, {"adopted": True})
+    assert created.merge_base_branch == "main"
+    assert removed == Removed()
+    assert elsewhere.is_dir() and str(elsewhere) in worktree_paths(git, git_repo)
+    assert "shared" in branches(git, git_repo)
+
+
+def test_create_is_idempotent(provider: GitWorktreeProvider, git_repo: Path, data_dir: Path) -> None:
+    first = create(provider, git_repo, data_dir, NewBranch("feature"))
+    (Path(first.path) / "work-in-progress.txt").write_text("keep me")
+
+    second = create(provider, git_repo, data_dir, NewBranch("feature"))
+
+    assert second == first
+    assert (Path(first.path) / "work-in-progress.txt").read_text() == "keep me"
+
+
+def test_create_reuses_its_branch_when_the_worktree_is_gone(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    first = create(provider, git_repo, data_dir)
+    git(Path(first.path), "commit", "--quiet", "--allow-empty", "-m", "thread work")
+    work_commit = git(git_repo, "rev-parse", "bb/thread-1")
+    git(git_repo, "worktree", "remove", "--force", first.path)
+
+    second = create(provider, git_repo, data_dir)
+
+    assert second.path == first.path
+    assert git(Path(second.path), "rev-parse", "HEAD") == work_commit
+
+
+@pytest.mark.parametrize("leftover", ["plain directory", "worktree on another branch"])
+def test_create_replaces_a_stale_target(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git, leftover: str
+) -> None:
+    target = data_dir / "worktrees" / PATH_KEY / "repo"
+    if leftover == "plain directory":
+        target.mkdir(parents=True)
+        (target / "junk").write_text("junk")
+    else:
+        git(git_repo, "worktree", "add", "--quiet", "-b", "other", str(target))
+
+    created = create(provider, git_repo, data_dir)
+
+    assert created.path == str(target)
+    assert current_branch(git, target) == "bb/thread-1"
+    assert not (target / "junk").exists()
+
+
+def test_create_copies_worktreeinclude_files(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    (git_repo / ".gitignore").write_text(".env\n")
+    (git_repo / ".worktreeinclude").write_text(".env\n")
+    git(git_repo, "add", ".gitignore", ".worktreeinclude")
+    git(git_repo, "commit", "--quiet", "-m", "ignore .env")
+    (git_repo / ".env").write_text("SECRET=1\n")
+    context = create_context(git_repo, data_dir)
+
+    created = provider.create(context)
+
+    assert isinstance(created, Created)
+    assert (Path(created.path) / ".env").read_text() == "SECRET=1\n"
+    assert "Copying .worktreeinclude files" in context.report.steps
+    assert ".env" in context.report.logs
+
+
+def test_create_stops_when_cancelled(provider: GitWorktreeProvider, git_repo: Path, data_dir: Path) -> None:
+    cancelled = threading.Event()
+    cancelled.set()
+
+    result = provider.create(create_context(git_repo, data_dir, cancelled=cancelled))
+
+    assert result == CreateFailed("terminal", "cancelled")
+
+
+def test_remove_kills_processes_and_keeps_the_branch(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    created = create(provider, git_repo, data_dir)
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=created.path)
+    try:
+        removed = provider.remove(remove_context(git_repo, data_dir, created.path, created.resource))
+        assert sleeper.wait(timeout=5) != 0
+    finally:
+        sleeper.kill()
+
+    assert removed == Removed()
+    assert not os.path.exists(created.path)
+    assert not (data_dir / "worktrees" / PATH_KEY).exists()
+    assert worktree_paths(git, git_repo) == [str(git_repo)]
+    assert "bb/thread-1" in branches(git, git_repo)
+
+
+def test_remove_without_a_path_removes_everything_under_the_path_key(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    created = create(provider, git_repo, data_dir)
+    stray = data_dir / "worktrees" / PATH_KEY / "half-made"
+    stray.mkdir()
+
+    removed = provider.remove(remove_context(git_repo, data_dir, None))
+
+    assert removed == Removed()
+    assert not (data_dir / "worktrees" / PATH_KEY).exists()
+    assert created.path not in worktree_paths(git, git_repo)
+
+
+def test_remove_twice_succeeds_both_times(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
+) -> None:
+    created = create(provider, git_repo, data_dir)
+    context = remove_context(git_repo, data_dir, created.path, created.resource)
+
+    assert provider.remove(context) == Removed()
+    assert provider.remove(context) == Removed()
+
+
+def test_remove_refuses_a_path_outside_the_worktrees_root(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    sneaky = data_dir / "worktrees" / PATH_KEY / ".." / ".." / ".." / "precious"
+
+    for path in (outside, sneaky, git_repo):
+        result = provider.remove(remove_context(git_repo, data_dir, str(path)))
+        assert isinstance(result, RemoveFailed) and "not inside" in result.message
+
+    assert outside.is_dir() and (git_repo / "README.md").exists()
+
+
+@pytest.mark.parametrize("path_key", ["", "..", ".hidden", "a/b", "-x", "x" * 129])
+def test_unsafe_path_keys_are_refused(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, path_key: str
+) -> None:
+    with pytest.raises(ValueError, match="path key"):
+        provider.planned_path(project_context(git_repo, data_dir), path_key)
+    result = provider.create(create_context(git_repo, data_dir, path_key=path_key))
+    assert isinstance(result, CreateFailed) and "path key" in result.message
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [("/src/my-repo", "my-repo"), ("/src/Repo With Space", "Repo-With-Space"), ("/src/.dotted", "dotted"),
+     ("/src/-dash", "dash"), ("/src/日本", "repo"), ("/src/repo/", "repo")],
+)
+def test_repo_dir_name_is_a_safe_segment(source: str, expected: str) -> None:
+    assert repo_dir_name(source) == expected
+
+
+def test_a_locked_ref_is_a_transient_failure(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
+) -> None:
+    ref_lock = git_repo / ".git" / "refs" / "heads" / "bb" / "thread-1.lock"
+    ref_lock.parent.mkdir(parents=True)
+    ref_lock.touch()
+
+    result = provider.create(create_context(git_repo, data_dir))
+
+    assert isinstance(result, CreateFailed) and result.failure == "transient", result
+    assert "\n" not in result.message

@@ -1,0 +1,309 @@
+"""Hook runs with real bash scripts, real supervisors and real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from providers.host.hook_records import HookIdentityMismatch, HookRecord, HookRecords, now_iso, process_start_ticks
+from providers.host.hooks import HookOutcome, HookRunner
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEADLINE_S = 10.0
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    return process_start_ticks(pid) is not None
+
+
+def pid_in(path: Path) -> int:
+    return int(path.read_text())
+
+
+class Output:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    async def __call__(self, line: str) -> None:
+        self.lines.append(line)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "workspace"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def records_dir(tmp_path: Path) -> Path:
+    return tmp_path / "hook-records"
+
+
+def write_setup(workspace: Path, body: str) -> None:
+    (workspace / ".bb-env-setup.sh").write_text(textwrap.dedent(body))
+
+
+def executions(workspace: Path) -> int:
+    marker = workspace / "marker"
+    return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+async def test_success_delivers_output_lines_in_order(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo one\necho two >&2\necho \"cwd=$(pwd)\"\nprintf 'no newline'\n")
+    output = Output()
+
+    outcome = await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, output)
+
+    assert outcome == HookOutcome("succeeded", 0, None)
+    assert output.lines == ["one", "two", f"cwd={workspace}", "no newline"]
+
+
+async def test_script_environment_drops_service_secrets(
+    records_dir: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BB_PROJECT_ID", "p")
+    monkeypatch.setenv("NATS_URL", "nats://x")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "s")
+    monkeypatch.setenv("KEPT_VARIABLE", "kept")
+    write_setup(workspace, "echo \"[$BB_PROJECT_ID][$NATS_URL][$MODAL_TOKEN_SECRET][$KEPT_VARIABLE]\"\n")
+    output = Output()
+
+    await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, output)
+
+    assert output.lines == ["[][][][kept]"]
+
+
+async def test_failure_reports_exit_code(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo broken\nexit 3\n")
+
+    outcome = await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, Output())
+
+    assert outcome.status == "failed"
+    assert outcome.exit_code == 3
+    assert outcome.message is not None and "exit code 3" in outcome.message
+
+
+async def test_death_by_signal_is_a_failure(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "kill -KILL $$\n")
+
+    outcome = await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, Output())
+
+    assert outcome == HookOutcome("failed", None, ".bb-env-setup.sh exited via signal SIGKILL")
+
+
+async def test_missing_script_is_skipped_and_stays_skipped(records_dir: Path, workspace: Path) -> None:
+    runner = HookRunner(records_dir, timeout_s=10)
+
+    first = await runner.run("op", "teardown", workspace, Output())
+    (workspace / ".bb-env-teardown.sh").write_text("echo ran >> marker\n")
+    second = await runner.run("op", "teardown", workspace, Output())
+
+    assert first.status == second.status == "skipped"
+    assert executions(workspace) == 0
+
+
+async def test_timeout_kills_the_script_and_its_children(records_dir: Path, workspace: Path) -> None:
+    write_setup(
+        workspace,
+        """\
+        sleep 30 &
+        echo $! > background.pid
+        bash -c 'echo $$ > nested.pid; exec sleep 30' &
+        wait
+        """,
+    )
+
+    outcome = await HookRunner(records_dir, timeout_s=0.5).run("op", "setup", workspace, Output())
+
+    assert outcome.status == "timed_out"
+    assert outcome.message == ".bb-env-setup.sh timed out after 0.5s"
+    assert not alive(pid_in(workspace / "background.pid"))
+    assert not alive(pid_in(workspace / "nested.pid"))
+
+
+async def test_cancel_while_running_stops_the_group_and_it_never_runs_again(
+    records_dir: Path, workspace: Path
+) -> None:
+    write_setup(workspace, "echo ran >> marker\nsleep 30 &\necho $! > background.pid\nwait\n")
+    runner = HookRunner(records_dir, timeout_s=30)
+    running = asyncio.ensure_future(runner.run("op", "setup", workspace, Output()))
+    await wait_until(lambda: (workspace / "background.pid").exists() and executions(workspace) == 1)
+
+    assert await runner.cancel("op") == "terminated"
+    outcome = await running
+
+    assert outcome.status == "cancelled"
+    assert not alive(pid_in(workspace / "background.pid"))
+    assert (await runner.run("op", "setup", workspace, Output())).status == "cancelled"
+    restarted = HookRunner(records_dir, timeout_s=30)
+    assert (await restarted.run("op", "setup", workspace, Output())).status == "cancelled"
+    assert await restarted.cancel("op") == "finished"
+    assert executions(workspace) == 1
+
+
+async def test_cancel_before_start_means_it_never_runs(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo ran >> marker\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+
+    assert await runner.cancel("op") == "never-started"
+    outcome = await runner.run("op", "setup", workspace, Output())
+
+    assert outcome.status == "cancelled"
+    assert executions(workspace) == 0
+    assert runner.status("op") is None
+
+
+async def test_repeated_run_replays_the_outcome(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo ran >> marker\necho hello\nexit 0\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    first_output, again_output, restarted_output = Output(), Output(), Output()
+
+    first = await runner.run("op", "setup", workspace, first_output)
+    again = await runner.run("op", "setup", workspace, again_output)
+    restarted = await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, restarted_output)
+
+    assert first == again == restarted == HookOutcome("succeeded", 0, None)
+    assert executions(workspace) == 1
+    assert first_output.lines == ["hello"]
+    assert again_output.lines == []
+    assert restarted_output.lines == ["hello"]
+
+
+async def test_concurrent_runs_coalesce(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo ran >> marker\nsleep 0.3\nexit 4\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+
+    outcomes = await asyncio.gather(*(runner.run("op", "setup", workspace, Output()) for _ in range(3)))
+
+    assert {outcome.status for outcome in outcomes} == {"failed"}
+    assert executions(workspace) == 1
+
+
+async def test_a_different_hook_under_the_same_operation_is_refused(records_dir: Path, workspace: Path) -> None:
+    runner = HookRunner(records_dir, timeout_s=10)
+    await runner.run("op", "setup", workspace, Output())
+
+    with pytest.raises(HookIdentityMismatch):
+        await runner.run("op", "teardown", workspace, Output())
+
+
+def test_a_record_stored_under_another_operation_is_refused(records_dir: Path) -> None:
+    records = HookRecords(records_dir)
+    records.write(HookRecord(operation_id="a", kind="setup", workspace="/w", script="/w/s", started_at=now_iso()))
+    stored = next(records_dir.glob("*.json"))
+    stored.rename(records_dir / (hashlib.sha256(b"b").hexdigest() + ".json"))
+
+    with pytest.raises(HookIdentityMismatch):
+        records.read("b")
+
+
+SERVICE = """\
+import asyncio, sys
+from pathlib import Path
+from providers.host.hooks import HookRunner
+
+async def ignore(line):
+    pass
+
+asyncio.run(HookRunner(Path(sys.argv[1]), timeout_s=30).run("op", "setup", Path(sys.argv[2]), ignore))
+"""
+
+
+async def test_after_a_service_crash_the_running_hook_is_joined(records_dir: Path, workspace: Path) -> None:
+    write_setup(
+        workspace,
+        """\
+        echo ran >> marker
+        echo before
+        while [ ! -e release ]; do sleep 0.02; done
+        echo after
+        """,
+    )
+    service = subprocess.Popen(
+        [sys.executable, "-c", SERVICE, str(records_dir), str(workspace)], cwd=REPO_ROOT, start_new_session=True
+    )
+    try:
+        await wait_until(lambda: executions(workspace) == 1)
+    finally:
+        service.kill()
+        await asyncio.to_thread(service.wait)
+    output = Output()
+
+    joined = asyncio.ensure_future(HookRunner(records_dir, timeout_s=30).run("op", "setup", workspace, output))
+    await wait_until(lambda: output.lines == ["before"])
+    assert not joined.done()
+    (workspace / "release").touch()
+
+    assert await joined == HookOutcome("succeeded", 0, None)
+    assert output.lines == ["before", "after"]
+    assert executions(workspace) == 1
+
+
+@pytest.fixture
+def bystander():
+    """A live process in its own group that a stale record will name."""
+    process = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def forge_running_record(records_dir: Path, workspace: Path, pid: int, started_at: int) -> None:
+    HookRecords(records_dir).write(
+        HookRecord(
+            operation_id="op",
+            kind="setup",
+            workspace=str(workspace),
+            script=str(workspace / ".bb-env-setup.sh"),
+            started_at=now_iso(),
+            supervisor_pid=pid,
+            supervisor_started_at=started_at,
+            script_pid=pid,
+            script_started_at=started_at,
+        )
+    )
+
+
+async def test_cancel_never_signals_a_reused_pid(
+    records_dir: Path, workspace: Path, bystander: subprocess.Popen[bytes]
+) -> None:
+    real_start = process_start_ticks(bystander.pid)
+    assert real_start is not None
+    forge_running_record(records_dir, workspace, bystander.pid, real_start - 1)
+    runner = HookRunner(records_dir, timeout_s=10)
+
+    assert await runner.cancel("op") == "terminated"
+
+    assert alive(bystander.pid)
+    record = runner.status("op")
+    assert record is not None and record.outcome == "cancelled"
+
+
+async def test_recovery_never_signals_a_reused_pid(
+    records_dir: Path, workspace: Path, bystander: subprocess.Popen[bytes]
+) -> None:
+    real_start = process_start_ticks(bystander.pid)
+    assert real_start is not None
+    forge_running_record(records_dir, workspace, bystander.pid, real_start + 1)
+
+    outcome = await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, Output())
+
+    assert outcome.status == "interrupted"
+    assert alive(bystander.pid)
