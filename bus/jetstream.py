@@ -81,6 +81,9 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
         try:
             messages = await subscription.fetch(batch, timeout=1)
         except (NatsTimeout, asyncio.TimeoutError):
+            # nats-py turns a cancellation inside fetch into a timeout; do not swallow it.
+            if asyncio.current_task().cancelling():
+                raise asyncio.CancelledError from None
             continue
         try:
             await handle(messages)

@@ -23,8 +23,8 @@ class Settings:
     nats_url: str | None
     event_store: str
     host_id: str
-    retire_grace_ms: int | None
-    """Overrides every provider's grace when set (tests use 0)."""
+    retire_grace_override: tuple[int | None] | None
+    """(grace,) overrides every provider's grace, `(None,)` meaning never (tests use `(0,)`)."""
     hook_timeout_s: float
     sweep_interval_s: float
 
@@ -36,7 +36,7 @@ class Settings:
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
             event_store=os.environ.get("BB_EVENT_STORE") or f"sqlite:///{root / 'events.sqlite'}",
             host_id=os.environ.get("BB_HOST_ID", "local"),
-            retire_grace_ms=_optional_int("BB_RETIRE_GRACE_MS"),
+            retire_grace_override=_grace_override(os.environ.get("BB_RETIRE_GRACE_MS")),
             hook_timeout_s=_number("BB_HOOK_TIMEOUT_S", 900),
             sweep_interval_s=_number("BB_SWEEP_INTERVAL_S", 30),
         )
@@ -76,16 +76,15 @@ def event_store_environment(url: str) -> dict[str, str]:
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
 
 
-def _optional_int(name: str) -> int | None:
-    raw = os.environ.get(name)
+def _grace_override(raw: str | None) -> tuple[int | None] | None:
     if raw is None or raw == "":
         return None
-    if raw.lower() == "null":
-        return None
+    if raw.lower() in ("null", "never"):
+        return (None,)
     try:
-        return int(raw)
+        return (int(raw),)
     except ValueError:
-        raise ConfigError(f"{name} must be a whole number of milliseconds, got {raw!r}") from None
+        raise ConfigError(f"BB_RETIRE_GRACE_MS must be milliseconds or 'null' (never), got {raw!r}") from None
 
 
 def _number(name: str, default: float) -> float:

@@ -81,11 +81,9 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     await ensure_streams(js)
 
     registry = ProviderRegistry.from_entry_points()
-    grace_override = settings.retire_grace_ms
-
     def grace_for(provider_id: str) -> int | None:
-        if grace_override is not None:
-            return grace_override
+        if settings.retire_grace_override is not None:
+            return settings.retire_grace_override[0]
         provider = registry.get(provider_id)
         return provider.policy.retire_grace_ms if provider else 300_000
 
@@ -159,10 +157,10 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         await service.stop()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.wait(tasks, timeout=5)
         await provisioner.stop()
         with contextlib.suppress(Exception):
-            await nc.drain()
+            await nc.close()
         store.close()
         await read_model.close()
         if embedded:

@@ -1,0 +1,152 @@
+"""A real `bb serve` (a subprocess with its embedded nats-server) per test, and ways to talk to it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus.api_messages import EnvironmentRef
+from bus.client import ApiClient
+from bus.embedded_server import pid_alive
+
+STARTUP_SECONDS = 30
+SETTLED = {"ready", "error", "removed"}
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@dataclass
+class Service:
+    data_dir: Path
+    environment: dict[str, str]
+    process: subprocess.Popen | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    api: ApiClient | None = None
+
+    async def start(self) -> None:
+        previous_pid = self.info.get("pid")
+        log = open(self.data_dir.parent / "serve.log", "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "entrypoints.cli", "serve"], env=self.environment,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        )
+        log.close()
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            info = _read_json(self.data_dir / "server.json")
+            if info and info.get("pid") == self.process.pid and info.get("pid") != previous_pid:
+                break
+            if self.process.poll() is not None:
+                raise RuntimeError(f"bb serve exited with {self.process.returncode}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bb serve did not start within {STARTUP_SECONDS} s: {self.log_tail()}")
+            await asyncio.sleep(0.05)
+        self.info = info
+        if self.api is None:
+            self.api = await ApiClient.connect(info["natsUrl"])
+
+    def log_tail(self) -> str:
+        path = self.data_dir.parent / "serve.log"
+        return path.read_text()[-3000:] if path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL the service process alone, as a crash would; its nats-server lives on."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    async def stop(self) -> None:
+        if self.api is not None:
+            await self.api.close()
+            self.api = None
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        nats_pid = self.info.get("natsPid")
+        if nats_pid and pid_alive(nats_pid):
+            os.kill(nats_pid, signal.SIGKILL)
+
+    async def bb(self, *args: str, timeout: float = 120) -> Result:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "entrypoints.cli", *args, env=self.environment,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), timeout)
+        return Result(process.returncode, out.decode(), err.decode())
+
+    async def show(self, environment_id: str) -> dict[str, Any]:
+        return await self.api.call("environments", "show", EnvironmentRef(environment_id=environment_id))
+
+    async def wait_for(self, environment_id: str, condition: Callable[[dict], bool] | str,
+                       timeout: float = 60) -> dict[str, Any]:
+        """Poll the read model until `condition` holds (a status name or a predicate)."""
+        check = (lambda e: e["status"] == condition) if isinstance(condition, str) else condition
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                environment = await self.show(environment_id)
+                if check(environment):
+                    return environment
+            except Exception as not_yet:  # the service may be restarting
+                environment = {"error": str(not_yet)}
+            if time.monotonic() > deadline:
+                raise AssertionError(f"environment {environment_id} never satisfied the condition: {environment}")
+            await asyncio.sleep(0.1)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def service_environment(data_dir: Path, **overrides: str) -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("BB_")}
+    repo_root = str(Path(__file__).resolve().parents[2])
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, environment.get("PYTHONPATH")]))
+    environment.update({"BB_DATA_DIR": str(data_dir), "BB_RETIRE_GRACE_MS": "0", "BB_SWEEP_INTERVAL_S": "1",
+                        "BB_LOG_LEVEL": "INFO", **overrides})
+    return environment
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    running = Service(tmp_path / "data", service_environment(tmp_path / "data"))
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+def write_hooks(repo: Path, marker: Path, setup: str = "", teardown: str = "") -> None:
+    """Commit setup/teardown scripts that append their name to `marker` (to count runs)."""
+    (repo / ".bb-env-setup.sh").write_text(f"echo setup >> {marker}\necho preparing the workspace\n{setup}\n")
+    (repo / ".bb-env-teardown.sh").write_text(f"echo teardown >> {marker}\n{teardown}\n")
+    subprocess.run(["git", "-C", str(repo), "add", ".bb-env-setup.sh", ".bb-env-teardown.sh"], check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "hooks"],
+                   check=True)

@@ -1,0 +1,201 @@
+"""The lifecycle end to end through the CLI and NATS, against a real `bb serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+
+import msgspec
+import nats
+
+from bus import subjects
+from tests.integration.conftest import write_hooks
+
+
+def worktrees(repo) -> list[str]:
+    listing = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"],
+                             capture_output=True, text=True, check=True).stdout
+    return [line.split(" ", 1)[1] for line in listing.splitlines() if line.startswith("worktree ")]
+
+
+async def environment_events(service, environment_id: str) -> list[dict]:
+    exported = await service.bb("events", "export")
+    assert exported.returncode == 0, exported.stderr
+    events = [json.loads(line) for line in exported.stdout.splitlines()]
+    return [e for e in events if e.get("environmentId") == environment_id and "threadIds" in e]
+
+
+async def spawn(service, repo, thread_id: str, *extra: str) -> dict:
+    result = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(repo),
+                              "--thread-id", thread_id, "--wait", "--json", *extra)
+    assert result.returncode == 0, result.stderr
+    return result.json()
+
+
+async def test_spawn_ready_archive_removed_runs_each_hook_once_in_order(service, git_repo, tmp_path):
+    marker = tmp_path / "hooks.log"
+    write_hooks(git_repo, marker)
+
+    spawned = await spawn(service, git_repo, "t1")
+    assert spawned["status"] == "ready"
+    shown = (await service.bb("environment", "show", spawned["environmentId"], "--json")).json()
+    assert shown["status"] == "ready" and shown["ownsPath"] is True
+    assert shown["hooks"]["setup"]["status"] == "succeeded"
+    assert shown["path"] in worktrees(git_repo)
+    assert "preparing the workspace" in shown["transcript"]
+
+    archived = await service.bb("thread", "archive", "t1", "--json")
+    assert archived.returncode == 0
+    removed = await service.wait_for(spawned["environmentId"], "removed")
+
+    assert removed["hooks"]["teardown"]["status"] == "succeeded"
+    assert marker.read_text().split() == ["setup", "teardown"]
+    assert worktrees(git_repo) == [str(git_repo)]
+    assert "bb/t1" in subprocess.run(["git", "-C", str(git_repo), "branch"], capture_output=True, text=True).stdout
+
+    types = [e["type"] for e in await environment_events(service, spawned["environmentId"])]
+    assert types == ["claimed", "created", "setup_started", "setup_succeeded", "ready", "thread_detached",
+                     "retire_scheduled", "removal_started", "teardown_started", "teardown_finished", "removed"]
+
+
+async def test_event_versions_are_gap_free_per_environment(service, git_repo):
+    spawned = await spawn(service, git_repo, "t1")
+    await service.bb("thread", "archive", "t1")
+    await service.wait_for(spawned["environmentId"], "removed")
+    versions = [e["version"] for e in await environment_events(service, spawned["environmentId"])]
+    assert versions == list(range(1, len(versions) + 1))
+
+
+async def test_replay_rebuilds_read_models_equal_to_the_live_ones(service, git_repo):
+    first = await spawn(service, git_repo, "t1")
+    await spawn(service, git_repo, "t2")
+    await service.bb("thread", "archive", "t1")
+    await service.wait_for(first["environmentId"], "removed")
+    before_envs = (await service.bb("environment", "list", "--json")).json()
+    before_threads = (await service.bb("thread", "list", "--json")).json()
+
+    replayed = await service.bb("events", "replay", "--json")
+
+    assert replayed.returncode == 0
+    counts = replayed.json()
+    assert counts["environments"] == 2 and counts["threads"] == 2 and counts["events"] > 10
+    assert (await service.bb("environment", "list", "--json")).json() == before_envs
+    assert (await service.bb("thread", "list", "--json")).json() == before_threads
+
+
+async def test_a_subscriber_hears_each_ready_once_even_when_the_relay_publishes_again(service, git_repo):
+    heard: list[str] = []
+    listener = await nats.connect(service.info["natsUrl"])
+
+    async def hear(message) -> None:
+        heard.append(json.loads(message.data)["environmentId"])
+
+    await listener.subscribe("bb.environments.*.ready", cb=hear)
+    try:
+        ids = [(await spawn(service, git_repo, f"t{i}"))["environmentId"] for i in range(3)]
+        # A relay retry re-sends stored messages with the same Nats-Msg-Id: the stream drops them.
+        js = listener.jetstream()
+        info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
+        for sequence in range(1, info.state.last_seq + 1):
+            stored = await js.get_msg(subjects.ENVIRONMENTS_STREAM, sequence)
+            headers = {k: v for k, v in stored.headers.items() if k in ("Nats-Msg-Id", "Bb-Notification-Id")}
+            ack = await js.publish(stored.subject, stored.data, headers=headers)
+            assert ack.duplicate
+        await listener.flush()
+        deadline = time.monotonic() + 5
+        while sorted(heard) != sorted(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert sorted(heard) == sorted(ids)
+    finally:
+        await listener.close()
+
+
+async def test_a_service_publishing_raw_thread_events_gets_an_environment(service, git_repo):
+    publisher = await nats.connect(service.info["natsUrl"])
+    js = publisher.jetstream()
+    ready = asyncio.get_running_loop().create_future()
+
+    async def on_ready(message) -> None:
+        if not ready.done():
+            ready.set_result(json.loads(message.data))
+
+    await publisher.subscribe("bb.environments.*.ready", cb=on_ready)
+    try:
+        created = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "raw1",
+                   "projectPath": str(git_repo),
+                   "environment": {"type": "provider", "environmentProviderId": "git-worktree",
+                                   "machine": {"type": "existing", "hostId": "local"},
+                                   "inputs": {"branch": {"kind": "new", "name": "feature/raw"}}}}
+        await js.publish(subjects.thread_event("raw1", "created"), msgspec.json.encode(created))
+        await js.publish(subjects.thread_event("raw1", "message"),
+                         b'{"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": "raw1"}')
+        event = await asyncio.wait_for(ready, 30)
+        assert event["threadIds"] == ["raw1"] and event["status"] == "ready"
+        branch = subprocess.run(["git", "-C", event["path"], "branch", "--show-current"],
+                                capture_output=True, text=True).stdout.strip()
+        assert branch == "feature/raw"
+
+        await js.publish(subjects.thread_event("raw1", "archived"),
+                         b'{"type": "archived", "occurredAt": "2026-11-30T12:00:02Z", "threadId": "raw1"}')
+        await service.wait_for(event["environmentId"], "removed")
+    finally:
+        await publisher.close()
+
+
+async def test_setup_failure_is_an_error_and_retry_reruns_setup_in_the_same_workspace(service, git_repo, tmp_path):
+    marker = tmp_path / "hooks.log"
+    gate = tmp_path / "allow-setup"
+    write_hooks(git_repo, marker, setup=f"test -e {gate} || exit 3")
+
+    failed = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+                              "--thread-id", "t1", "--wait", "--json")
+    assert failed.returncode == 1
+    document = failed.json()
+    assert document["status"] == "error" and "exit code 3" in document["statusMessage"]
+    path = (await service.show(document["environmentId"]))["path"]
+
+    gate.touch()
+    retried = await service.bb("environment", "retry", document["environmentId"], "--json")
+    assert retried.returncode == 0
+    ready = await service.wait_for(document["environmentId"], "ready")
+    assert ready["path"] == path
+    assert marker.read_text().split() == ["setup", "setup"]
+
+
+async def test_threads_share_an_environment_which_retires_after_the_last_leaves(service, git_repo):
+    first = await spawn(service, git_repo, "t1")
+    joined = await service.bb("thread", "spawn", "--environment", first["environmentId"], "--thread-id", "t2", "--json")
+    assert joined.returncode == 0 and joined.json()["environmentId"] == first["environmentId"]
+    listed = (await service.bb("thread", "list", "--environment", first["environmentId"], "--json")).json()
+    assert sorted(t["id"] for t in listed["threads"]) == ["t1", "t2"]
+
+    await service.bb("thread", "archive", "t1")
+    still = await service.wait_for(first["environmentId"], lambda e: e["threadIds"] == ["t2"])
+    assert still["status"] == "ready"
+
+    refused = await service.bb("environment", "delete", first["environmentId"], "--json")
+    assert refused.returncode == 1 and "t2" in refused.json()["error"]["message"]
+
+    await service.bb("thread", "archive", "t2")
+    await service.wait_for(first["environmentId"], "removed")
+
+
+async def test_delete_removes_an_environment_that_never_retires_by_itself(tmp_path, git_repo):
+    from tests.integration.conftest import Service, service_environment
+
+    data = tmp_path / "data"
+    service = Service(data, service_environment(data, BB_RETIRE_GRACE_MS="null"))
+    await service.start()
+    try:
+        spawned = await spawn(service, git_repo, "t1")
+        await service.bb("thread", "archive", "t1")
+        kept = await service.wait_for(spawned["environmentId"], lambda e: e["threadIds"] == [])
+        assert kept["status"] == "ready"
+        deleted = await service.bb("environment", "delete", spawned["environmentId"], "--json")
+        assert deleted.returncode == 0
+        await service.wait_for(spawned["environmentId"], "removed")
+        assert worktrees(git_repo) == [str(git_repo)]
+    finally:
+        await service.stop()
