@@ -36,7 +36,7 @@ class ApiClient:
     @classmethod
     async def connect(cls, url: str, data_dir: Path | None = None, **options: Any) -> ApiClient:
         try:
-            nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=0,
+            nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,
                                     error_cb=_quiet, **options)
         except (NoServersError, OSError, NatsTimeout) as error:
             raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None

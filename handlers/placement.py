@@ -84,8 +84,8 @@ class Placer:
         return provider
 
     def context(self, provider: EnvironmentProvider, host_id: str, project_path: str | None, inputs: Any) -> ProjectContext:
+        """What the provider learns of a request; creating its data dir is left to create."""
         data_dir = self.provider_dir(provider.id)
-        data_dir.mkdir(parents=True, exist_ok=True)
         return ProjectContext(host_id=host_id, project_path=project_path, inputs=inputs, data_dir=str(data_dir))
 
     async def place(self, thread_id: str, intent: ProviderIntent, project_path: str | None, host_id: str) -> Placement:

@@ -214,6 +214,7 @@ class Provisioner:
             return
         self._transcript.line(str(env.id), "step", "core", f"Preparing {provider.display_name} (attempt {env.attempt})")
         context = self._placer.context(provider, env.host_id, env.project_path, _typed_inputs(provider, env.inputs))
+        Path(context.data_dir).mkdir(parents=True, exist_ok=True)
         create_context = CreateContext(
             host_id=context.host_id, project_path=context.project_path, inputs=context.inputs,
             data_dir=context.data_dir, thread_id=env.thread_ids[0] if env.thread_ids else "",

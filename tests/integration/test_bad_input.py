@@ -1,0 +1,100 @@
+"""Bad input is refused with a clear message and the SPEC's exit code, and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+from tests.integration.conftest import Service, service_environment
+
+
+async def log_length(service) -> int:
+    return len((await service.bb("events", "export")).stdout.splitlines())
+
+
+def branches(repo) -> str:
+    return subprocess.run(["git", "-C", str(repo), "branch", "--list"], capture_output=True, text=True).stdout
+
+
+async def spawn_with(service, repo, *args: str):
+    return await service.bb("thread", "spawn", "--project", str(repo), "--json", *args)
+
+
+async def assert_refused(service, repo, args: tuple[str, ...], exit_code: int, *mentions: str) -> None:
+    result = await spawn_with(service, repo, *args)
+    assert result.returncode == exit_code, (args, result.stdout, result.stderr)
+    error = result.json()["error"]
+    for mention in mentions:
+        assert mention in error["message"], (args, error)
+    assert result.stderr.startswith("bb: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, tmp_path):
+    await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+                     "--thread-id", "good")  # something in the log to compare against
+    length, before = await log_length(service), branches(git_repo)
+    worktrees_root = service.data_dir / "providers" / "git-worktree" / "worktrees"
+    existing = sorted(p.name for p in worktrees_root.iterdir())
+    not_a_repo = tmp_path / "plain"
+    not_a_repo.mkdir()
+
+    cases = [
+        (("--environment-provider", "nope"), "unknown environment provider 'nope'", "available: git-worktree"),
+        (("--environment-inputs", "{}"), "--environment-provider"),
+        (("--environment-provider", "git-worktree", "--environment-inputs", "{not json"), "not valid JSON"),
+        (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "sideways"}}'),
+         "branch.kind", "sideways"),
+        (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "new"}}'),
+         "name", "branch"),
+        (("--environment-provider", "git-worktree", "--environment-inputs", '{"colour": "red"}'), "colour"),
+        (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "existing", "name": "ghost"}}'),
+         "ghost"),
+        (("--environment-provider", "git-worktree", "--thread-id", "../escape"), "thread id"),
+        (("--environment", "not-a-uuid"), "not a valid id"),
+        (("--environment-provider", "git-worktree", "--environment", str(uuid.uuid4())), "either"),
+    ]
+    for hostile in ["--upload-pack=touch /tmp/pwned", "../x", "a..b", "has space", "x.lock", "", "a//b", "x@{1}"]:
+        inputs = json.dumps({"branch": {"kind": "new", "name": hostile}})
+        cases.append((("--environment-provider", "git-worktree", "--environment-inputs", inputs), "branch.name"))
+    for args, *mentions in cases:
+        await assert_refused(service, git_repo, args, 2, *mentions)
+
+    refused = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                               str(not_a_repo), "--json")
+    assert refused.returncode == 2 and "not a git repository" in refused.json()["error"]["message"]
+    missing = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                               str(tmp_path / "missing"), "--json")
+    assert missing.returncode == 2 and "not a directory" in missing.json()["error"]["message"]
+
+    assert await log_length(service) == length
+    assert branches(git_repo) == before
+    assert sorted(p.name for p in worktrees_root.iterdir()) == existing
+    assert not (tmp_path / "pwned").exists()
+
+
+async def test_unknown_ids_exit_3_and_malformed_ids_exit_2(service):
+    unknown = str(uuid.uuid4())
+    for command in (("environment", "show", unknown), ("environment", "delete", unknown),
+                    ("environment", "retry", unknown), ("thread", "spawn", "--environment", unknown),
+                    ("thread", "archive", "no-such-thread")):
+        result = await service.bb(*command, "--json")
+        assert result.returncode == 3, (command, result.stderr)
+        assert result.json()["error"]["code"] == "not_found"
+    for command in (("environment", "show", "123"), ("environment", "delete", "x y"),
+                    ("thread", "list", "--environment", "zzz")):
+        result = await service.bb(*command, "--json")
+        assert result.returncode == 2, (command, result.stderr)
+
+
+async def test_an_unreachable_service_exits_4_with_a_hint(tmp_path):
+    nobody = Service(tmp_path / "empty", service_environment(tmp_path / "empty"))
+    result = await nobody.bb("environment", "list", "--json")
+    assert result.returncode == 4
+    assert "bb serve" in result.json()["error"]["message"]
+    assert result.stderr.count("\n") == 1 and "bb serve" in result.stderr
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "server.json").write_text('{"natsUrl": "nats://127.0.0.1:1", "pid": 1}')
+    stale = await nobody.bb("environment", "list")
+    assert stale.returncode == 4 and "bb serve" in stale.stderr
