@@ -243,8 +243,9 @@ def document_for(event: Aggregate.Event, aggregate: Any) -> tuple[str, Document]
         fields.pop("intent", None)
     else:
         aggregate_key, key = "claim", str(event.originator_id)
+        holder = fields.get("environment_id", aggregate.holder)
         common |= {"claimId": key, "hostId": aggregate.host_id, "path": aggregate.path,
-                   "environmentId": str(aggregate.holder) if aggregate.holder else None}
+                   "environmentId": str(holder) if holder else None}
         fields = {}
     camel = {_camel(k): (str(v) if k == "environment_id" else v) for k, v in fields.items()}
     document = msgspec.convert(camel | common, document_type, strict=False)

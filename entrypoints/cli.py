@@ -26,7 +26,7 @@ from entrypoints.config import ConfigError, Settings, nats_credentials, read_ser
 from handlers.errors import EXIT_CODES
 
 TERMINAL_FOR_WAIT = {"ready": 0, "error": 1, "removing": 1, "removed": 1, "retiring": 1}
-stdout = Console(highlight=False)
+stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 

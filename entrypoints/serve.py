@@ -139,6 +139,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     tasks = [asyncio.create_task(w) for w in workers]
     api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position)
     service = await start_api(nc, api.endpoints(), translate_error)
+    await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
     server_info = {
         "natsUrl": nats_url, "pid": os.getpid(), "hostId": settings.host_id, "dataDir": str(settings.data_dir),

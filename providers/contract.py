@@ -28,11 +28,13 @@ class Policy(msgspec.Struct, frozen=True, rename="camel"):
 
     `path_keys` "per-thread" reuses one path key for every attempt of a thread's environment;
     "per-attempt" gives each attempt its own. `retire_grace_ms` None means never retire
-    automatically.
+    automatically. `children` "share" puts a child thread that names no environment of its own
+    into its parent's environment; "own" gives it a fresh one from the same intent.
     """
 
     path_keys: Literal["per-thread", "per-attempt"] = "per-thread"
     retire_grace_ms: int | None = 300_000
+    children: Literal["own", "share"] = "own"
 
 
 class Availability(msgspec.Struct, frozen=True):

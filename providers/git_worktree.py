@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,16 +34,14 @@ from providers.contract import (
     RemoveResult,
     Requires,
 )
+from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
 from providers.host.processes import kill_processes_with_cwd_under
 from providers.refnames import validate_branch_name
 from providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 
-GIT_TIMEOUT_SECONDS = 900
 TRANSCRIPT_PATH_LIMIT = 20
 PATH_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_BRANCH_PREFIX = "bb/"
-# Variables that would point git at another repository than the one we pass with -C.
-REPO_LOCATION_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
 
 
 class _BranchChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
@@ -67,12 +64,6 @@ class NewBranch(_BranchChoice, tag="new"):
 
 class GitWorktreeInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     branch: DefaultBranch | ExistingBranch | NewBranch = DefaultBranch()
-
-
-class _GitFailed(Exception):
-    def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(message)
-        self.transient = transient
 
 
 class _Cancelled(Exception):
@@ -120,7 +111,7 @@ class GitWorktreeProvider:
                 _require_default_branch(repo)
             else:
                 _require_base(repo, branch.base)
-            if _branch_exists(repo, branch.name):
+            if branch_exists(repo, branch.name):
                 raise InvalidInputs(f"branch.name: branch {branch.name!r} already exists in {repo}")
         else:
             _require_default_branch(repo)
@@ -140,7 +131,7 @@ class GitWorktreeProvider:
             return self._create(ctx)
         except _Cancelled:
             return CreateFailed("terminal", "cancelled")
-        except _GitFailed as failure:
+        except GitFailed as failure:
             return CreateFailed("transient" if failure.transient else "terminal", str(failure))
         except ValueError as refused:
             return CreateFailed("terminal", str(refused))
@@ -185,7 +176,7 @@ class GitWorktreeProvider:
             return Removed()
         try:
             root = worktrees_root(ctx.data_dir)
-            key_dir = root / _require_path_key(ctx.path_key)
+            key_dir = root / require_path_key(ctx.path_key)
             paths = [Path(ctx.path)] if ctx.path is not None else _entries(key_dir)
             for path in paths:
                 if ctx.cancelled.is_set():
@@ -207,7 +198,7 @@ def worktrees_root(data_dir: str) -> Path:
 
 
 def managed_worktree_path(data_dir: str, path_key: str, repo: str) -> Path:
-    return worktrees_root(data_dir) / _require_path_key(path_key) / repo_dir_name(repo)
+    return worktrees_root(data_dir) / require_path_key(path_key) / repo_dir_name(repo)
 
 
 def repo_dir_name(repo: str) -> str:
@@ -217,7 +208,7 @@ def repo_dir_name(repo: str) -> str:
 
 
 def list_worktrees(repo: str) -> list[WorktreeEntry]:
-    output = _git(repo, "worktree", "list", "--porcelain", "-z")
+    output = run_git(repo, "worktree", "list", "--porcelain", "-z")
     entries = []
     for record in output.split("\0\0"):
         fields = [field for field in record.split("\0") if field]
@@ -242,7 +233,7 @@ def _inputs(ctx: ProjectContext) -> GitWorktreeInputs:
     return ctx.inputs
 
 
-def _require_path_key(path_key: str) -> str:
+def require_path_key(path_key: str) -> str:
     if not PATH_KEY_PATTERN.fullmatch(path_key):
         raise ValueError(f"path key {path_key!r} must be a single path segment of [A-Za-z0-9._-]")
     return path_key
@@ -255,23 +246,23 @@ def _require_repo(project_path: str | None) -> str:
     if not os.path.isdir(project_path):
         raise InvalidInputs(f"project path: {project_path} does not exist")
     try:
-        repo = _git(project_path, "rev-parse", "--show-toplevel")
-    except _GitFailed:
+        repo = run_git(project_path, "rev-parse", "--show-toplevel")
+    except GitFailed:
         raise InvalidInputs(f"project path: {project_path} is not a git repository") from None
-    if not _git(repo, "for-each-ref", "--count=1", "--format=%(refname)", "refs/heads"):
+    if not run_git(repo, "for-each-ref", "--count=1", "--format=%(refname)", "refs/heads"):
         raise InvalidInputs(f"project path: {project_path} has no commits yet")
     return repo
 
 
 def _require_existing_branch(repo: str, name: str) -> None:
     validate_branch_name(name)
-    if not _branch_exists(repo, name):
+    if not branch_exists(repo, name):
         raise InvalidInputs(f"branch.name: no branch {name!r} in {repo}")
 
 
 def _require_base(repo: str, base: str) -> str:
     validate_branch_name(base, "branch.base")
-    if not _is_commit(repo, base):
+    if not is_commit(repo, base):
         raise InvalidInputs(f"branch.base: {base!r} is not a commit in {repo}")
     return base
 
@@ -285,14 +276,14 @@ def _require_default_branch(repo: str) -> str:
 
 def _default_branch(repo: str) -> str | None:
     """origin/HEAD's target, else local main, else master, else the checked-out branch."""
-    origin_head = _git_or_none(repo, "symbolic-ref", "--quiet", "refs/remotes/origin/HEAD")
-    if origin_head is not None and _is_commit(repo, origin_head):
+    origin_head = run_git_or_none(repo, "symbolic-ref", "--quiet", "refs/remotes/origin/HEAD")
+    if origin_head is not None and is_commit(repo, origin_head):
         return origin_head.removeprefix("refs/remotes/")
     for name in ("main", "master"):
-        if _branch_exists(repo, name):
+        if branch_exists(repo, name):
             return name
-    head = _git_or_none(repo, "symbolic-ref", "--quiet", "HEAD")
-    if head is not None and head.startswith("refs/heads/") and _is_commit(repo, head):
+    head = run_git_or_none(repo, "symbolic-ref", "--quiet", "HEAD")
+    if head is not None and head.startswith("refs/heads/") and is_commit(repo, head):
         return head.removeprefix("refs/heads/")
     return None
 
@@ -348,14 +339,14 @@ def _is_worktree_on_branch(worktrees: list[WorktreeEntry], target: Path, branch:
 
 def _add_worktree(repo: str, target: Path, plan: _BranchPlan) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    if _branch_exists(repo, plan.branch):
+    if branch_exists(repo, plan.branch):
         # Reuse as is (a re-run after a crash, or an existing branch); never reset a branch.
-        _git(repo, "worktree", "add", "--", str(target), plan.branch)
+        run_git(repo, "worktree", "add", "--", str(target), plan.branch)
         return
     if plan.start_point is None:
         raise InvalidInputs(f"branch.name: no branch {plan.branch!r} in {repo}")  # deleted meanwhile
     # --no-track: the thread's branch must not push to (or pull from) its base.
-    _git(repo, "worktree", "add", "--no-track", "-b", plan.branch, "--", str(target), plan.start_point)
+    run_git(repo, "worktree", "add", "--no-track", "-b", plan.branch, "--", str(target), plan.start_point)
 
 
 def _remove_worktree(repo: str | None, path: Path) -> None:
@@ -363,14 +354,14 @@ def _remove_worktree(repo: str | None, path: Path) -> None:
     has_repo = repo is not None and os.path.isdir(repo)
     if has_repo:
         # Twice --force: also removes a locked worktree, which is ours to remove.
-        _git_or_none(repo, "worktree", "remove", "--force", "--force", "--", str(path))
+        run_git_or_none(repo, "worktree", "remove", "--force", "--force", "--", str(path))
     if os.path.lexists(path):
-        _delete_tree(path)
+        delete_tree(path)
     if has_repo:
-        _git_or_none(repo, "worktree", "prune")
+        run_git_or_none(repo, "worktree", "prune")
 
 
-def _delete_tree(path: Path) -> None:
+def delete_tree(path: Path) -> None:
     if path.is_symlink() or not path.is_dir():
         path.unlink()
         return
@@ -437,57 +428,3 @@ def _stop_if_cancelled(ctx: CreateContext) -> None:
 
 def _same_path(a: str | Path, b: str | Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _branch_exists(repo: str, name: str) -> bool:
-    return _git_or_none(repo, "show-ref", "--verify", "--quiet", f"refs/heads/{name}") is not None
-
-
-def _is_commit(repo: str, revision: str) -> bool:
-    return (
-        _git_or_none(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}")
-        is not None
-    )
-
-
-def _git_or_none(repo: str, *args: str) -> str | None:
-    try:
-        return _git(repo, *args)
-    except _GitFailed:
-        return None
-
-
-def _git(repo: str, *args: str) -> str:
-    """Run git in `repo` and return its stripped stdout; raise _GitFailed with one line of stderr."""
-    try:
-        completed = subprocess.run(
-            ["git", "-C", repo, *args],
-            capture_output=True,
-            text=True,
-            env=_git_environment(),
-            timeout=GIT_TIMEOUT_SECONDS,
-        )
-    except subprocess.TimeoutExpired:
-        raise _GitFailed(f"git {args[0]} timed out after {GIT_TIMEOUT_SECONDS} s") from None
-    if completed.returncode != 0:
-        raise _GitFailed(_one_line(completed.stderr, args), transient=_is_lock_contention(completed.stderr))
-    return completed.stdout.strip("\n")
-
-
-def _git_environment() -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if k not in REPO_LOCATION_VARIABLES}
-    # C locale: the lock-contention check below reads git's English messages.
-    return environment | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
-
-
-def _one_line(stderr: str, args: tuple[str, ...]) -> str:
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for line in lines:
-        for prefix in ("fatal: ", "error: "):
-            if line.startswith(prefix):
-                return line.removeprefix(prefix)
-    return lines[-1] if lines else f"git {args[0]} failed"
-
-
-def _is_lock_contention(stderr: str) -> bool:
-    return ".lock': File exists" in stderr

@@ -5,6 +5,9 @@ One directory (mode 0700) holds, per operation, files named by sha256(operation_
 Records and tombstones are replaced atomically and fsynced, so a reader never sees half a file
 and a crash never loses a write that returned.
 
+Standard library only: the supervisor imports this module, and its start-up time is part of
+every hook's latency.
+
 A recorded process is identified by its pid together with its start time (field 22 of
 `/proc/<pid>/stat`, in clock ticks since boot). A pid whose current start time differs is a
 different process and is never signalled.
@@ -13,15 +16,15 @@ different process and is never signalled.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
-
-import msgspec
 
 HookKind = Literal["setup", "teardown"]
 RecordedOutcome = Literal["succeeded", "failed", "timed_out", "cancelled", "interrupted", "skipped"]
@@ -34,7 +37,8 @@ class HookIdentityMismatch(Exception):
     """A stored record belongs to another operation, or the same operation was asked for a different hook."""
 
 
-class HookRecord(msgspec.Struct, kw_only=True):
+@dataclass(kw_only=True)
+class HookRecord:
     operation_id: str
     kind: HookKind
     workspace: str
@@ -50,7 +54,8 @@ class HookRecord(msgspec.Struct, kw_only=True):
     message: str | None = None
 
 
-class Tombstone(msgspec.Struct):
+@dataclass
+class Tombstone:
     operation_id: str
     cancelled_at: str
 
@@ -70,7 +75,7 @@ class HookRecords:
             data = self._record_path(operation_id).read_bytes()
         except FileNotFoundError:
             return None
-        record = msgspec.json.decode(data, type=HookRecord)
+        record = HookRecord(**json.loads(data))
         if record.operation_id != operation_id:
             raise HookIdentityMismatch(
                 f"hook record for {operation_id!r} holds operation {record.operation_id!r}"
@@ -78,11 +83,11 @@ class HookRecords:
         return record
 
     def write(self, record: HookRecord) -> None:
-        self._write_atomically(self._record_path(record.operation_id), msgspec.json.encode(record))
+        self._write_atomically(self._record_path(record.operation_id), _encode(record))
 
     def tombstone(self, operation_id: str) -> None:
         tombstone = Tombstone(operation_id=operation_id, cancelled_at=now_iso())
-        self._write_atomically(self._file(operation_id, ".cancelled"), msgspec.json.encode(tombstone))
+        self._write_atomically(self._file(operation_id, ".cancelled"), _encode(tombstone))
 
     def is_tombstoned(self, operation_id: str) -> bool:
         return self._file(operation_id, ".cancelled").exists()
@@ -112,6 +117,10 @@ class HookRecords:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _encode(document: HookRecord | Tombstone) -> bytes:
+    return json.dumps(asdict(document)).encode()
 
 
 def _stat_fields(pid: int) -> list[str] | None:

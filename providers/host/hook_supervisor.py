@@ -1,6 +1,8 @@
 """Runs one hook script and records its outcome, outliving the service that started it.
 
-    python -m providers.host.hook_supervisor --records DIR --operation-id OP --timeout S
+    python -m providers.host.hook_supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
+
+Standard library only, without argparse: its start-up time is part of every hook's latency.
 
 The runner starts this in its own session, writes the fresh record, then records this process's
 pid and start time in it ("adoption"). Until adopted, the supervisor does nothing: a runner that
@@ -13,10 +15,10 @@ SIGTERM cancels: the script's process group is killed and the outcome is "cancel
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,21 +38,17 @@ WITHHELD_ENV_PREFIXES = ("BB_", "NATS_", "MODAL_TOKEN_")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="hook_supervisor")
-    parser.add_argument("--records", type=Path, required=True)
-    parser.add_argument("--operation-id", required=True)
-    parser.add_argument("--timeout", type=float, required=True)
-    arguments = parser.parse_args(argv)
+    records_dir, operation_id, timeout = sys.argv[1:] if argv is None else argv
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
-    records = HookRecords(arguments.records)
-    record = _wait_for_adoption(records, arguments.operation_id)
+    records = HookRecords(Path(records_dir))
+    record = _wait_for_adoption(records, operation_id)
     if record is None:
         return
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return
-    _supervise(records, record, arguments.timeout)
+    _supervise(records, record, float(timeout))
 
 
 def _wait_for_adoption(records: HookRecords, operation_id: str) -> HookRecord | None:

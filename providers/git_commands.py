@@ -1,0 +1,74 @@
+"""Running git for providers: one repository per call, sanitized environment, one-line errors.
+
+User text must be validated before it reaches these helpers and placed behind `--` or
+`--end-of-options`; these functions pass arguments through unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+GIT_TIMEOUT_SECONDS = 900
+# Variables that would point git at another repository than the one we pass with -C.
+REPO_LOCATION_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
+
+
+class GitFailed(Exception):
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def run_git(repo: str, *args: str) -> str:
+    """Run git in `repo` and return its stripped stdout; raise GitFailed with one line of stderr."""
+    try:
+        completed = subprocess.run(
+            ["git", "-C", repo, *args],
+            capture_output=True,
+            text=True,
+            env=_git_environment(),
+            timeout=GIT_TIMEOUT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise GitFailed(f"git {args[0]} timed out after {GIT_TIMEOUT_SECONDS} s") from None
+    if completed.returncode != 0:
+        raise GitFailed(_one_line(completed.stderr, args), transient=_is_lock_contention(completed.stderr))
+    return completed.stdout.strip("\n")
+
+
+def run_git_or_none(repo: str, *args: str) -> str | None:
+    try:
+        return run_git(repo, *args)
+    except GitFailed:
+        return None
+
+
+def branch_exists(repo: str, name: str) -> bool:
+    return run_git_or_none(repo, "show-ref", "--verify", "--quiet", f"refs/heads/{name}") is not None
+
+
+def is_commit(repo: str, revision: str) -> bool:
+    return (
+        run_git_or_none(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}")
+        is not None
+    )
+
+
+def _git_environment() -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if k not in REPO_LOCATION_VARIABLES}
+    # C locale: the lock-contention check below reads git's English messages.
+    return environment | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
+def _one_line(stderr: str, args: tuple[str, ...]) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        for prefix in ("fatal: ", "error: "):
+            if line.startswith(prefix):
+                return line.removeprefix(prefix)
+    return lines[-1] if lines else f"git {args[0]} failed"
+
+
+def _is_lock_contention(stderr: str) -> bool:
+    return ".lock': File exists" in stderr

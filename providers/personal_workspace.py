@@ -1,0 +1,85 @@
+"""The `personal-workspace` provider: a plain directory per thread for threads without a project.
+
+Layout: `<data_dir>/workspaces/<path_key>`. The directory is owned (`owns_path` True): removal
+stops the processes still running in it and deletes it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from providers.contract import (
+    READY,
+    Availability,
+    Created,
+    CreateContext,
+    CreateFailed,
+    CreateResult,
+    Policy,
+    ProjectContext,
+    Removed,
+    RemoveContext,
+    RemoveFailed,
+    RemoveResult,
+    Requires,
+)
+from providers.git_worktree import delete_tree, require_path_key
+from providers.host.processes import kill_processes_with_cwd_under
+
+
+class PersonalWorkspaceProvider:
+    id = "personal-workspace"
+    display_name = "Personal workspace"
+    requires = Requires(projectless=True)
+    policy = Policy(path_keys="per-thread", retire_grace_ms=300_000, children="share")
+    inputs_type = None
+
+    def availability(self, ctx: ProjectContext) -> Availability:
+        return READY
+
+    def validate(self, ctx: ProjectContext) -> None:
+        """No inputs to check; the path key is checked where it is used."""
+
+    def planned_path(self, ctx: ProjectContext, path_key: str) -> str | None:
+        return str(workspace_path(ctx.data_dir, path_key))
+
+    def create(self, ctx: CreateContext) -> CreateResult:
+        try:
+            path = workspace_path(ctx.data_dir, ctx.path_key)
+            ctx.report.step("Preparing personal workspace")
+            path.mkdir(parents=True, exist_ok=True)
+        except (OSError, ValueError) as error:
+            return CreateFailed("terminal", str(error))
+        return Created(path=str(path), owns_path=True)
+
+    def remove(self, ctx: RemoveContext) -> RemoveResult:
+        try:
+            root = workspaces_root(ctx.data_dir)
+            path = Path(ctx.path) if ctx.path is not None else root / require_path_key(ctx.path_key)
+            if not _is_strictly_inside(path, root):
+                return RemoveFailed(f"refusing to remove {path}: it is outside the personal workspace root")
+            if not os.path.lexists(path):
+                return Removed()
+            if ctx.cancelled.is_set():
+                return RemoveFailed("cancelled")
+            ctx.report.step(f"Removing personal workspace {path}")
+            killed = kill_processes_with_cwd_under(str(path))
+            if killed:
+                ctx.report.log(f"Stopped {killed} process(es) running in the workspace")
+            delete_tree(path)
+        except (OSError, ValueError) as error:
+            return RemoveFailed(str(error))
+        return Removed()
+
+
+def workspaces_root(data_dir: str) -> Path:
+    return Path(os.path.abspath(data_dir)) / "workspaces"
+
+
+def workspace_path(data_dir: str, path_key: str) -> Path:
+    return workspaces_root(data_dir) / require_path_key(path_key)
+
+
+def _is_strictly_inside(path: Path, root: Path) -> bool:
+    return Path(os.path.realpath(root)) in Path(os.path.realpath(path)).parents
