@@ -18,6 +18,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from bus import subjects
 from bus.log_reader import LoggedDocument
+from bus.crash_points import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class OutboxRelay:
         if self.position:
             headers["Nats-Expected-Last-Msg-Id"] = message_id(self.position)
         await self._js.publish(logged.subject, logged.payload(), headers=headers, timeout=5)
+        crash_point("relay-published")
         self.position = logged.notification_id
 
     async def stream_position(self) -> int:

@@ -80,7 +80,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     js = nc.jetstream()
     await ensure_streams(js)
 
-    registry = ProviderRegistry.from_entry_points()
+    registry = ProviderRegistry.from_entry_points(settings.extra_providers)
     def grace_for(provider_id: str) -> int | None:
         if settings.retire_grace_override is not None:
             return settings.retire_grace_override[0]

@@ -24,6 +24,7 @@ from uuid import UUID
 import msgspec
 
 from domain.environment import Environment
+from bus.crash_points import crash_point
 from handlers.placement import Placer
 from handlers.store import Store
 from providers.contract import (
@@ -223,22 +224,26 @@ class Provisioner:
             report=_TranscriptReporter(self._transcript, str(env.id), provider.id), cancelled=cancelled,
         )
         result = await asyncio.to_thread(_call_create, provider, create_context)
+        crash_point("create-returned")
         if isinstance(result, Created):
             await self._store.run(
                 self._app.record_created, env.id, env.attempt, os.path.realpath(result.path),
                 result.owns_path, result.merge_base_branch, result.resource,
             )
+            crash_point("created-recorded")
         else:
             self._transcript.line(str(env.id), "output", provider.id, result.message)
             await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
 
     async def _run_setup(self, cancelled: threading.Event, env: Environment) -> None:
         outcome = await self._run_hook(env, env.setup_operation_id, "setup")
+        crash_point("setup-finished")
         succeeded = outcome.status in ("succeeded", "skipped")
         await self._store.run(self._app.record_setup_outcome, env.id, env.setup_operation_id, succeeded, outcome.message)
 
     async def _run_teardown(self, cancelled: threading.Event, env: Environment) -> None:
         outcome = await self._run_hook(env, env.teardown_operation_id, "teardown")
+        crash_point("teardown-finished")
         await self._store.run(
             self._app.record_teardown_outcome, env.id, env.teardown_operation_id, outcome.status, outcome.message
         )
@@ -269,6 +274,7 @@ class Provisioner:
                 report=_TranscriptReporter(self._transcript, str(env.id), provider.id), cancelled=cancelled,
             )
             result = await asyncio.to_thread(_call_remove, provider, context)
+        crash_point("remove-returned")
         if isinstance(result, Removed):
             await self._store.run(self._app.record_removed, env.id, env.removal_attempt)
         else:

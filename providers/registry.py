@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import msgspec
@@ -33,13 +33,16 @@ class ProviderRegistry:
         self._providers = {p.id: p for p in providers}
 
     @classmethod
-    def from_entry_points(cls) -> ProviderRegistry:
+    def from_entry_points(cls, extra: Iterable[str] = ()) -> ProviderRegistry:
+        """Every installed provider, plus `module:Class` references (a provider under development)."""
+        references = [(e.name, e.value) for e in entry_points(group=ENTRY_POINT_GROUP)]
+        references += [(reference, reference) for reference in extra]
         loaded = []
-        for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        for name, reference in references:
             try:
-                loaded.append(entry_point.load()())
+                loaded.append(EntryPoint(name, reference, ENTRY_POINT_GROUP).load()())
             except Exception:
-                log.exception("provider %s could not be loaded; it is left out", entry_point.name)
+                log.exception("provider %s could not be loaded; it is left out", name)
         return cls(loaded)
 
     def get(self, provider_id: str) -> EnvironmentProvider | None:

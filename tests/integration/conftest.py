@@ -98,6 +98,8 @@ class Service:
         return Result(process.returncode, out.decode(), err.decode())
 
     async def show(self, environment_id: str) -> dict[str, Any]:
+        if self.api.nc.is_closed:  # the nats-server was restarted under us
+            self.api = await ApiClient.connect(self.info["natsUrl"])
         return await self.api.call("environments", "show", EnvironmentRef(environment_id=environment_id))
 
     async def wait_for(self, environment_id: str, condition: Callable[[dict], bool] | str,

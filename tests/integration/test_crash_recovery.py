@@ -1,0 +1,284 @@
+"""SIGKILL the service at each step, restart it, and check that every environment ends right.
+
+After each restart: the environment reaches its end state, each hook ran exactly once (marker
+files), no workspace is left, every path claim is released, and each environment's event
+versions are gap-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Service, service_environment
+from tests.support.gated_provider import calls, gate
+
+GATED = "tests.support.gated_provider:GatedProvider"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project whose hooks append to markers and wait for a gate file when asked to."""
+    project = tmp_path / "project"
+    project.mkdir()
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    for kind in ("setup", "teardown"):
+        (project / f".bb-env-{kind}.sh").write_text(
+            f"echo {kind} >> {markers}/{kind}\n"
+            f"while [ -e {tmp_path}/hold-{kind} ]; do sleep 0.02; done\n"
+            f"echo {kind} done\n"
+        )
+    return project
+
+
+def ran(tmp_path: Path, kind: str) -> int:
+    marker = tmp_path / "markers" / kind
+    return len(marker.read_text().split()) if marker.exists() else 0
+
+
+def provider_dir(service: Service) -> Path:
+    return service.data_dir / "providers" / "gated"
+
+
+async def start(tmp_path: Path, crash_at: str | None = None) -> Service:
+    overrides = {"BB_EXTRA_PROVIDERS": GATED}
+    if crash_at:
+        overrides["BB_CRASH_AT"] = crash_at
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data", **overrides))
+    await service.start()
+    return service
+
+
+async def restart(service: Service, crash_at: str | None = None) -> Service:
+    """Start the service again on the same data dir (and the embedded nats-server it left)."""
+    if service.process is not None and service.process.poll() is None:
+        service.kill()
+    overrides = {"BB_EXTRA_PROVIDERS": GATED, "BB_CRASH_AT": crash_at or ""}
+    service.environment = service_environment(service.data_dir, **overrides)
+    await service.start()
+    return service
+
+
+async def died(service: Service, timeout: float = 30) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if service.process.poll() is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the service did not reach its crash point")
+
+
+async def open_gates(service: Service, *names: str) -> None:
+    for name in names:
+        path = gate(provider_dir(service), name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+
+async def spawn(service: Service, project: Path, thread_id: str = "t1") -> str:
+    result = await service.bb("thread", "spawn", "--environment-provider", "gated", "--project", str(project),
+                              "--thread-id", thread_id, "--json")
+    assert result.returncode == 0, result.stderr
+    return result.json()["environmentId"]
+
+
+async def wait_for_call(service: Service, prefix: str, count: int = 1) -> None:
+    for _ in range(600):
+        if sum(1 for line in calls(provider_dir(service)) if line.startswith(prefix)) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"provider never saw {prefix!r}: {calls(provider_dir(service))}")
+
+
+async def wait_for_file(path: Path) -> None:
+    for _ in range(600):
+        if path.exists():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+async def assert_consistent_log(service: Service, environment_id: str) -> None:
+    exported = await service.bb("events", "export")
+    events = [json.loads(line) for line in exported.stdout.splitlines()]
+    versions = [e["version"] for e in events if e.get("environmentId") == environment_id and "threadIds" in e]
+    assert versions == list(range(1, len(versions) + 1))
+    holders: dict[str, str | None] = {}
+    for event in events:
+        if "claimId" in event:
+            holders[event["claimId"]] = None if event["type"] == "claim_released" else event["environmentId"]
+    removed = {e["environmentId"] for e in events if e["type"] == "removed"}
+    assert not removed & set(holders.values()), f"claims held by removed environments: {holders}"
+
+
+async def finish_lifecycle(service: Service, tmp_path: Path, environment_id: str) -> None:
+    await service.wait_for(environment_id, "ready")
+    await service.bb("thread", "archive", "t1")
+    await service.wait_for(environment_id, "removed")
+    assert ran(tmp_path, "setup") == 1 and ran(tmp_path, "teardown") == 1
+    assert list((provider_dir(service) / "workspaces").iterdir()) == []
+    await assert_consistent_log(service, environment_id)
+
+
+async def test_killed_during_create_the_create_is_asked_again_and_hooks_run_once(tmp_path, project):
+    service = await start(tmp_path)
+    try:
+        environment_id = await spawn(service, project)
+        await wait_for_call(service, "create t1 1")
+        service.kill()
+        await restart(service)
+        await wait_for_call(service, "create t1 1", count=2)  # the same attempt, asked again
+        await open_gates(service, "create", "remove")
+        await finish_lifecycle(service, tmp_path, environment_id)
+    finally:
+        await service.stop()
+
+
+@pytest.mark.parametrize("crash_at", ["create-returned", "created-recorded"])
+async def test_killed_around_created_the_environment_goes_on(tmp_path, project, crash_at):
+    service = await start(tmp_path, crash_at)
+    try:
+        await open_gates(service, "create", "remove")
+        environment_id = await spawn(service, project)
+        await died(service)
+        await restart(service)
+        await finish_lifecycle(service, tmp_path, environment_id)
+    finally:
+        await service.stop()
+
+
+async def test_killed_during_setup_the_running_hook_is_joined_not_run_again(tmp_path, project):
+    (tmp_path / "hold-setup").touch()
+    service = await start(tmp_path)
+    try:
+        await open_gates(service, "create", "remove")
+        environment_id = await spawn(service, project)
+        await wait_for_file(tmp_path / "markers" / "setup")
+        service.kill()
+        (tmp_path / "hold-setup").unlink()  # the hook finishes while the service is down
+        await restart(service)
+        await finish_lifecycle(service, tmp_path, environment_id)
+    finally:
+        await service.stop()
+
+
+@pytest.mark.parametrize("crash_at", ["setup-finished", "teardown-finished", "remove-returned"])
+async def test_killed_after_a_step_finished_its_outcome_is_recorded_once(tmp_path, project, crash_at):
+    service = await start(tmp_path, crash_at)
+    try:
+        await open_gates(service, "create", "remove")
+        environment_id = await spawn(service, project)
+        if crash_at != "setup-finished":
+            await service.wait_for(environment_id, "ready")
+            await service.bb("thread", "archive", "t1")
+        await died(service)
+        await restart(service)
+        if crash_at == "setup-finished":
+            await finish_lifecycle(service, tmp_path, environment_id)
+        else:
+            await service.wait_for(environment_id, "removed")
+            assert ran(tmp_path, "setup") == 1 and ran(tmp_path, "teardown") == 1
+            await assert_consistent_log(service, environment_id)
+    finally:
+        await service.stop()
+
+
+async def test_killed_during_teardown_the_hook_is_joined_and_removal_finishes(tmp_path, project):
+    service = await start(tmp_path)
+    try:
+        await open_gates(service, "create", "remove")
+        environment_id = await spawn(service, project)
+        await service.wait_for(environment_id, "ready")
+        (tmp_path / "hold-teardown").touch()
+        await service.bb("thread", "archive", "t1")
+        await wait_for_file(tmp_path / "markers" / "teardown")
+        service.kill()
+        (tmp_path / "hold-teardown").unlink()
+        await restart(service)
+        await service.wait_for(environment_id, "removed")
+        assert ran(tmp_path, "setup") == 1 and ran(tmp_path, "teardown") == 1
+        await assert_consistent_log(service, environment_id)
+    finally:
+        await service.stop()
+
+
+async def test_killed_during_remove_the_removal_is_retried_until_done(tmp_path, project):
+    service = await start(tmp_path)
+    try:
+        await open_gates(service, "create")
+        environment_id = await spawn(service, project)
+        await service.wait_for(environment_id, "ready")
+        await service.bb("thread", "archive", "t1")
+        await wait_for_call(service, "remove t1")
+        service.kill()
+        await restart(service)
+        await open_gates(service, "remove")
+        await service.wait_for(environment_id, "removed")
+        assert ran(tmp_path, "teardown") == 1
+        await assert_consistent_log(service, environment_id)
+    finally:
+        await service.stop()
+
+
+async def test_killed_between_store_and_bus_no_event_is_lost_or_doubled(tmp_path, project):
+    service = await start(tmp_path, "relay-published")
+    try:
+        await open_gates(service, "create", "remove")
+        spawned = await service.bb("thread", "spawn", "--environment-provider", "gated", "--project", str(project),
+                                   "--thread-id", "t1", "--json")
+        await died(service)
+        await restart(service)
+        environment_id = (spawned.json() if spawned.returncode == 0 else None) or (
+            (await service.bb("thread", "list", "--json")).json()["threads"][0]["environmentId"])
+        await finish_lifecycle(service, tmp_path, environment_id)
+        exported = (await service.bb("events", "export")).stdout.splitlines()
+        assert len(exported) == len(set(exported))
+    finally:
+        await service.stop()
+
+
+async def test_archived_while_creating_waits_for_create_then_removes_everything(tmp_path, project):
+    service = await start(tmp_path)
+    try:
+        await open_gates(service, "remove")
+        environment_id = await spawn(service, project)
+        await wait_for_call(service, "create t1 1")
+        await service.bb("thread", "archive", "t1")
+        removed = await service.wait_for(environment_id, "removed")
+        assert removed["hooks"]["setup"]["status"] is None
+        assert ran(tmp_path, "setup") == 0
+        lines = calls(provider_dir(service))
+        assert lines[0].startswith("create") and lines[-1].startswith("remove t1")
+        await assert_consistent_log(service, environment_id)
+    finally:
+        await service.stop()
+
+
+async def test_nats_server_killed_and_restarted_mid_flow_loses_and_doubles_nothing(tmp_path, project):
+    from bus.embedded_server import EmbeddedNats
+
+    service = await start(tmp_path)
+    try:
+        await open_gates(service, "create", "remove")
+        first = await spawn(service, project, "t1")
+        await service.wait_for(first, "ready")
+        subprocess.run(["kill", "-9", str(service.info["natsPid"])], check=True)
+        await service.bb("thread", "archive", "t1")  # refused or not: the server is down
+        port = int(service.info["natsUrl"].rsplit(":", 1)[1])
+        revived = EmbeddedNats.start(service.data_dir / "nats", port=port)
+        service.info["natsPid"] = revived.pid
+        await service.bb("thread", "archive", "t1")
+        await service.wait_for(first, "removed", timeout=60)
+        second = await spawn(service, project, "t2")
+        await service.wait_for(second, "ready")
+        exported = (await service.bb("events", "export")).stdout.splitlines()
+        assert len(exported) == len(set(exported))
+        environments = (await service.bb("environment", "list", "--json")).json()["environments"]
+        assert sorted(e["status"] for e in environments) == ["ready", "removed"]
+        await assert_consistent_log(service, first)
+    finally:
+        await service.stop()

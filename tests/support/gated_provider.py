@@ -1,0 +1,84 @@
+"""A provider for tests that waits at gates, so a test can crash the service mid-create or mid-remove.
+
+Every call is appended to `<data_dir>/calls.log`. `create` waits until `<data_dir>/gates/create`
+exists, `remove` until `<data_dir>/gates/remove` exists (tests usually open them at the start).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from providers.contract import (
+    READY,
+    Availability,
+    Created,
+    CreateContext,
+    CreateFailed,
+    CreateResult,
+    Policy,
+    ProjectContext,
+    Removed,
+    RemoveContext,
+    RemoveResult,
+    Requires,
+)
+
+
+def gate(data_dir: str | Path, name: str) -> Path:
+    return Path(data_dir) / "gates" / name
+
+
+def calls(data_dir: str | Path) -> list[str]:
+    log = Path(data_dir) / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+class GatedProvider:
+    id = "gated"
+    display_name = "Gated (tests)"
+    requires = Requires()
+    policy = Policy(path_keys="per-thread", retire_grace_ms=0)
+    inputs_type = None
+
+    def availability(self, ctx: ProjectContext) -> Availability:
+        return READY
+
+    def validate(self, ctx: ProjectContext) -> None:
+        pass
+
+    def planned_path(self, ctx: ProjectContext, path_key: str) -> str:
+        return str(Path(ctx.data_dir) / "workspaces" / path_key)
+
+    def create(self, ctx: CreateContext) -> CreateResult:
+        _record(ctx.data_dir, f"create {ctx.path_key} {ctx.attempt}")
+        if not _wait_for(gate(ctx.data_dir, "create"), ctx.cancelled):
+            return CreateFailed("terminal", "cancelled")
+        path = Path(self.planned_path(ctx, ctx.path_key))
+        path.mkdir(parents=True, exist_ok=True)
+        project = Path(ctx.project_path) if ctx.project_path else None
+        for hook in (".bb-env-setup.sh", ".bb-env-teardown.sh"):
+            if project and (project / hook).exists():
+                shutil.copy(project / hook, path / hook)
+        return Created(path=str(path), owns_path=True)
+
+    def remove(self, ctx: RemoveContext) -> RemoveResult:
+        _record(ctx.data_dir, f"remove {ctx.path_key} {ctx.attempt} {ctx.path}")
+        _wait_for(gate(ctx.data_dir, "remove"), ctx.cancelled)
+        shutil.rmtree(Path(ctx.data_dir) / "workspaces" / ctx.path_key, ignore_errors=True)
+        return Removed()
+
+
+def _record(data_dir: str, line: str) -> None:
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(data_dir) / "calls.log", "a") as log:
+        log.write(line + "\n")
+
+
+def _wait_for(path: Path, cancelled) -> bool:
+    while not path.exists():
+        if cancelled.is_set():
+            return False
+        time.sleep(0.01)
+    return True
