@@ -52,8 +52,14 @@ class CreateFailed(EnvironmentEvent, kw_only=True, tag="create_failed"):
     message: str
 
 
+class AttemptCleaned(EnvironmentEvent, kw_only=True, tag="attempt_cleaned"):
+    attempt: int
+
+
 class CreateRetried(EnvironmentEvent, kw_only=True, tag="create_retried"):
     attempt: int
+    path_key: str
+    claimed_path: str | None
 
 
 class SetupStarted(EnvironmentEvent, kw_only=True, tag="setup_started"):
@@ -130,7 +136,7 @@ class RemoveFailed(EnvironmentEvent, kw_only=True, tag="remove_failed"):
 
 
 ENVIRONMENT_EVENTS = (
-    Claimed, Created, CreateFailed, CreateRetried, SetupStarted, SetupSkipped, SetupSucceeded,
+    Claimed, Created, CreateFailed, AttemptCleaned, CreateRetried, SetupStarted, SetupSkipped, SetupSucceeded,
     SetupFailed, SetupRetried, Ready, ThreadAttached, ThreadDetached, RetireScheduled,
     RetireCancelled, Cancelled, RemovalStarted, TeardownStarted, TeardownSkipped,
     TeardownFinished, Removed, RemoveFailed,
@@ -195,7 +201,7 @@ THREAD_EVENTS = (ThreadRegistered, ThreadEnvironmentAssigned, ThreadEnvironmentL
                  ThreadArchived, ThreadUnarchived)
 CLAIM_EVENTS = (ClaimTaken, ClaimRetaken, ClaimReleased)
 LogDocument = (
-    Claimed | Created | CreateFailed | CreateRetried | SetupStarted | SetupSkipped | SetupSucceeded
+    Claimed | Created | CreateFailed | AttemptCleaned | CreateRetried | SetupStarted | SetupSkipped | SetupSucceeded
     | SetupFailed | SetupRetried | Ready | ThreadAttached | ThreadDetached | RetireScheduled
     | RetireCancelled | Cancelled | RemovalStarted | TeardownStarted | TeardownSkipped
     | TeardownFinished | Removed | RemoveFailed | ThreadRegistered | ThreadEnvironmentAssigned

@@ -228,8 +228,24 @@ class Environments(Application):
     ) -> Environment:
         return self._change(environment_id, lambda e: e.record_setup_outcome(operation_id, succeeded, message))[0]
 
-    def retry(self, environment_id: UUID) -> Environment:
-        return self._change(environment_id, lambda e: e.retry())[0]
+    def retry(self, environment_id: UUID, path_key: str, claimed_path: str | None) -> Environment:
+        """Retry a failed step; a new attempt on another path moves the claim in the same save."""
+        environment = self.environment(environment_id)
+        previous_claim = environment.claimed_path
+        environment.retry(path_key, claimed_path)
+        claims: list[PathClaim] = []
+        if environment.claimed_path != previous_claim:
+            if environment.claimed_path:
+                claims.append(self._take(environment.host_id, environment.claimed_path, environment.id))
+            old = self._claim(environment.host_id, previous_claim) if previous_claim else None
+            if old is not None:
+                old.release(environment.id)
+                claims.append(old)
+        self.save(environment, *claims)
+        return environment
+
+    def record_attempt_cleaned(self, environment_id: UUID, attempt: int) -> Environment:
+        return self._change(environment_id, lambda e: e.record_attempt_cleaned(attempt))[0]
 
     def request_deletion(self, environment_id: UUID) -> Environment:
         return self._change(environment_id, lambda e: e.request_deletion())[0]

@@ -40,6 +40,7 @@ class Environment(Aggregate):
         self.inputs = inputs
         self.path_key = path_key
         self.claimed_path = claimed_path
+        self.origin_thread_id = thread_id
         self.thread_ids: list[str] = [thread_id]
         self.status = "creating"
         self.status_message: str | None = None
@@ -55,6 +56,9 @@ class Environment(Aggregate):
         self.teardown_operation_id: str | None = None
         self.retire_at: datetime | None = None
         self.cancelled = False
+        self.failure: str | None = None
+        self.transient_failures = 0
+        self.cleaned_attempt = 0
         self.removal_attempt = 0
         self.remove_retry_at: datetime | None = None
 
@@ -123,6 +127,32 @@ class Environment(Aggregate):
     def _create_failed(self, attempt: int, failure: str, message: str) -> None:
         self.status = "error"
         self.status_message = message
+        self.failure = failure
+        if failure == "transient":
+            self.transient_failures += 1
+
+    @property
+    def needs_attempt_cleanup(self) -> bool:
+        """A failed create may have left something under its path key: remove it before a retry."""
+        return self.status == "error" and self.path is None and self.cleaned_attempt < self.attempt
+
+    def record_attempt_cleaned(self, attempt: int) -> bool:
+        if attempt != self.attempt or not self.needs_attempt_cleanup:
+            return False
+        self._attempt_cleaned(attempt)
+        return True
+
+    @event("AttemptCleaned")
+    def _attempt_cleaned(self, attempt: int) -> None:
+        self.cleaned_attempt = attempt
+
+    def retries_automatically(self, limit: int) -> bool:
+        """A transient create failure, cleaned up, with retries left, in a thread still waiting."""
+        return (
+            self.status == "error" and self.path is None and self.failure == "transient"
+            and self.transient_failures <= limit and self.cleaned_attempt == self.attempt
+            and not self.cancelled and bool(self.thread_ids)
+        )
 
     # -- the setup hook ------------------------------------------------------------------------
 
@@ -182,21 +212,27 @@ class Environment(Aggregate):
 
     # -- explicit retry ------------------------------------------------------------------------
 
-    def retry(self) -> None:
+    def retry(self, path_key: str, claimed_path: str | None) -> None:
+        """Start the next create attempt (on `path_key`), or re-run a failed setup in place."""
         if self.status != "error" or self.cancelled or self.retire_at is not None:
             raise IllegalTransition(
                 f"only an environment in error can be retried; this one is {self.public_status}"
             )
-        if self.path is None:
-            self._create_retried(self.attempt + 1)
-        else:
+        if self.path is not None:
             self._setup_retried()
+        elif self.needs_attempt_cleanup:
+            raise IllegalTransition("the failed attempt is still being cleaned up; retry in a moment")
+        else:
+            self._create_retried(self.attempt + 1, path_key, claimed_path)
 
     @event("CreateRetried")
-    def _create_retried(self, attempt: int) -> None:
+    def _create_retried(self, attempt: int, path_key: str, claimed_path: str | None) -> None:
         self.attempt = attempt
+        self.path_key = path_key
+        self.claimed_path = claimed_path
         self.status = "creating"
         self.status_message = None
+        self.failure = None
 
     @event("SetupRetried")
     def _setup_retried(self) -> None:

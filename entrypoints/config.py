@@ -27,6 +27,7 @@ class Settings:
     """(grace,) overrides every provider's grace, `(None,)` meaning never (tests use `(0,)`)."""
     hook_timeout_s: float
     sweep_interval_s: float
+    transient_retry_s: float
     extra_providers: tuple[str, ...]
     """`module:Class` providers loaded besides the installed ones (BB_EXTRA_PROVIDERS, comma-separated)."""
 
@@ -41,6 +42,7 @@ class Settings:
             retire_grace_override=_grace_override(os.environ.get("BB_RETIRE_GRACE_MS")),
             hook_timeout_s=_number("BB_HOOK_TIMEOUT_S", 900),
             sweep_interval_s=_number("BB_SWEEP_INTERVAL_S", 30),
+            transient_retry_s=_number("BB_TRANSIENT_RETRY_S", 30),
             extra_providers=tuple(p for p in os.environ.get("BB_EXTRA_PROVIDERS", "").split(",") if p),
         )
 

@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import signal
+from datetime import timedelta
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO
@@ -93,7 +94,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     placer = Placer(registry, settings.data_dir)
     hooks = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s)
     transcript = TranscriptPublisher(nc, loop)
-    provisioner = Provisioner(store, placer, hooks, transcript)
+    provisioner = Provisioner(store, placer, hooks, transcript, timedelta(seconds=settings.transient_retry_s))
     threads = ThreadHandlers(store, placer, settings.host_id)
     log_reader = LogReader(app)
     relay = OutboxRelay(js, lambda after: store.run(log_reader.page, after))

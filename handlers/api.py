@@ -114,7 +114,14 @@ class Api:
         return await self._command_on(request.environment_id, self._app.request_deletion)
 
     async def retry_environment(self, request: EnvironmentRef) -> Accepted:
-        return await self._command_on(request.environment_id, self._app.retry)
+        environment = await self._store.run(self._app.environment, check_environment_id(request.environment_id))
+        path_key, claimed_path = await self._placer.next_attempt(
+            environment.provider_id, environment.origin_thread_id, environment.attempt, environment.host_id,
+            environment.project_path, environment.inputs, environment.path_key,
+        )
+        return await self._command_on(
+            request.environment_id, lambda identity: self._app.retry(identity, path_key, claimed_path)
+        )
 
     async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Accepted:
         environment = await self._store.run(command, check_environment_id(environment_id))

@@ -113,6 +113,19 @@ class Placer:
         )
 
 
+    async def next_attempt(self, provider_id: str, thread_id: str, attempt: int, host_id: str,
+                           project_path: str | None, inputs: Any, path_key: str) -> tuple[str, str | None]:
+        """The path key and claimed path of the attempt after `attempt`."""
+        provider = self.provider(provider_id)
+        if provider.policy.path_keys == "per-thread":
+            next_key = path_key
+        else:
+            next_key = f"{thread_id}-{attempt + 1}"
+        context = self.context(provider, host_id, project_path, decode_inputs(provider, inputs))
+        planned = await asyncio.to_thread(provider.planned_path, context, next_key)
+        return next_key, os.path.realpath(planned) if planned else None
+
+
 def decode_inputs(provider: EnvironmentProvider, raw: Any) -> Any:
     if provider.inputs_type is None:
         if raw not in (None, {}):

@@ -45,6 +45,14 @@ log = logging.getLogger(__name__)
 
 REMOVE_RETRY = timedelta(seconds=60)
 CLEANUPS_AT_ONCE = 4
+TRANSIENT_RETRIES = 3
+
+
+PROVIDER_RECHECK = timedelta(seconds=30)
+
+
+class ProviderMissing(Exception):
+    """The environment's provider is not registered now; its cleanup waits for it to return."""
 
 
 class Transcript(Protocol):
@@ -78,7 +86,8 @@ class _Step:
 
 
 class Provisioner:
-    def __init__(self, store: Store, placer: Placer, hooks: HookRunner, transcript: Transcript) -> None:
+    def __init__(self, store: Store, placer: Placer, hooks: HookRunner, transcript: Transcript,
+                 transient_retry_delay: timedelta = timedelta(seconds=30)) -> None:
         self._store = store
         self._app = store.app
         self._placer = placer
@@ -88,6 +97,8 @@ class Provisioner:
         self._steps: dict[tuple[UUID, str], _Step] = {}
         self._timers: dict[UUID, asyncio.TimerHandle] = {}
         self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
+        self._host_slots: dict[str, asyncio.Semaphore] = {}
+        self._transient_retry_delay = transient_retry_delay
 
     async def drive(self, environment_id: UUID) -> None:
         lock = self._locks.setdefault(environment_id, asyncio.Lock())
@@ -106,9 +117,11 @@ class Provisioner:
     async def stop(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
-        tasks = [step.task for step in self._steps.values()]
-        for task in tasks:
-            task.cancel()
+        steps = list(self._steps.values())
+        for step in steps:
+            step.cancelled.set()  # provider calls on worker threads must return for the process to exit
+            step.task.cancel()
+        tasks = [step.task for step in steps]
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- deciding ------------------------------------------------------------------------------
@@ -124,6 +137,10 @@ class Provisioner:
             await self._advance_setup(env)
         elif env.status in ("ready", "error") and env.wants_removal(now):
             await self._record(self._app.start_removal, env.id, now)
+        elif env.needs_attempt_cleanup:
+            self._start(env, f"cleanup.{env.attempt}", self._clean_attempt, env)
+        elif env.retries_automatically(TRANSIENT_RETRIES):
+            await self._retry_transient(env, now)
         elif env.status in ("ready", "error") and env.retire_at is not None and not env.thread_ids:
             self._wake_at(env.id, env.retire_at)
         elif env.status == "removing":
@@ -182,6 +199,10 @@ class Provisioner:
             await work(cancelled, *args)
         except asyncio.CancelledError:
             raise
+        except ProviderMissing as missing:
+            log.warning("%s; environment %s waits for it", missing, step_key[0])
+            self._wake_at(step_key[0], _now() + PROVIDER_RECHECK)
+            return
         except Exception:
             log.exception("step %s of environment %s failed; the sweep will try again", step_key[1], step_key[0])
             return
@@ -198,6 +219,18 @@ class Provisioner:
             delay, lambda: loop.create_task(self.drive(environment_id))
         )
 
+    async def _retry_transient(self, env: Environment, now: datetime) -> None:
+        due = env.modified_on + self._transient_retry_delay
+        if due > now:
+            self._wake_at(env.id, due)
+            return
+        path_key, claimed_path = await self._placer.next_attempt(
+            env.provider_id, env.origin_thread_id, env.attempt, env.host_id, env.project_path, env.inputs,
+            env.path_key,
+        )
+        self._transcript.line(str(env.id), "step", "core", f"Retrying after a transient failure: {env.status_message}")
+        await self._record(self._app.retry, env.id, path_key, claimed_path)
+
     async def _stop_create(self, env: Environment) -> None:
         """Cancellation waits for a running create to settle before anything is removed."""
         running = self._steps.get((env.id, f"create.{env.attempt}"))
@@ -211,7 +244,9 @@ class Provisioner:
     async def _create(self, cancelled: threading.Event, env: Environment) -> None:
         provider = self._placer.registry.get(env.provider_id)
         if provider is None:
-            log.warning("provider %s is not registered; environment %s waits", env.provider_id, env.id)
+            # An unregistered provider cancels the creates it had pending; their cleanup waits for it.
+            message = f"the environment provider {env.provider_id!r} is not registered"
+            await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
             return
         self._transcript.line(str(env.id), "step", "core", f"Preparing {provider.display_name} (attempt {env.attempt})")
         context = self._placer.context(provider, env.host_id, env.project_path, _typed_inputs(provider, env.inputs))
@@ -261,24 +296,36 @@ class Provisioner:
         self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")
         return outcome
 
-    async def _remove(self, cancelled: threading.Event, env: Environment) -> None:
+    async def _call_provider_remove(self, env: Environment, cancelled: threading.Event, attempt: int) -> RemoveResult:
+        """At most CLEANUPS_AT_ONCE removals run, one per host, so a stuck host blocks only itself."""
         provider = self._placer.registry.get(env.provider_id)
         if provider is None:
-            log.warning("provider %s is not registered; removal of %s waits", env.provider_id, env.id)
-            return
-        async with self._cleanup_slots:
+            raise ProviderMissing(f"the environment provider {env.provider_id!r} is not registered")
+        host_slot = self._host_slots.setdefault(env.host_id, asyncio.Semaphore(1))
+        async with host_slot, self._cleanup_slots:
             context = RemoveContext(
                 host_id=env.host_id, data_dir=str(self._placer.provider_dir(provider.id)),
                 project_path=env.project_path, inputs=_typed_inputs(provider, env.inputs),
-                path=env.path, path_key=env.path_key, attempt=env.removal_attempt, resource=env.resource,
+                path=env.path, path_key=env.path_key, attempt=attempt, resource=env.resource,
                 report=_TranscriptReporter(self._transcript, str(env.id), provider.id), cancelled=cancelled,
             )
-            result = await asyncio.to_thread(_call_remove, provider, context)
+            return await asyncio.to_thread(_call_remove, provider, context)
+
+    async def _clean_attempt(self, cancelled: threading.Event, env: Environment) -> None:
+        result = await self._call_provider_remove(env, cancelled, env.attempt)
+        if isinstance(result, Removed):
+            await self._store.run(self._app.record_attempt_cleaned, env.id, env.attempt)
+        else:
+            self._transcript.line(str(env.id), "output", env.provider_id, f"cleanup failed: {result.message}")
+            self._wake_at(env.id, _now() + REMOVE_RETRY)
+
+    async def _remove(self, cancelled: threading.Event, env: Environment) -> None:
+        result = await self._call_provider_remove(env, cancelled, env.removal_attempt)
         crash_point("remove-returned")
         if isinstance(result, Removed):
             await self._store.run(self._app.record_removed, env.id, env.removal_attempt)
         else:
-            self._transcript.line(str(env.id), "output", provider.id, f"removal failed: {result.message}")
+            self._transcript.line(str(env.id), "output", env.provider_id, f"removal failed: {result.message}")
             await self._store.run(
                 self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY
             )

@@ -76,7 +76,7 @@ def apply_to_environment(view: EnvironmentView, event: d.EnvironmentEvent) -> No
             view.path, view.owns_path = event.path, event.owns_path
             view.merge_base_branch, view.attempt = event.merge_base_branch, event.attempt
         case d.CreateRetried():
-            view.attempt = event.attempt
+            view.attempt, view.path_key, view.claimed_path = event.attempt, event.path_key, event.claimed_path
         case d.SetupStarted() | d.SetupSucceeded():
             view.hooks.setup = HookView("running" if isinstance(event, d.SetupStarted) else "succeeded",
                                         event.operation_id)

@@ -82,3 +82,24 @@ def _wait_for(path: Path, cancelled) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+class FlakyProvider(GatedProvider):
+    """Fails its first creates (`<data_dir>/failures` holds "transient N" or "terminal N"), then works.
+
+    Its path keys are per attempt, so every retry claims a new path.
+    """
+
+    id = "flaky"
+    display_name = "Flaky (tests)"
+    policy = Policy(path_keys="per-attempt", retire_grace_ms=0)
+
+    def create(self, ctx: CreateContext) -> CreateResult:
+        plan = Path(ctx.data_dir) / "failures"
+        kind, left = plan.read_text().split() if plan.exists() else ("transient", "0")
+        if int(left) > 0:
+            plan.write_text(f"{kind} {int(left) - 1}")
+            _record(ctx.data_dir, f"create {ctx.path_key} {ctx.attempt} failed")
+            (Path(self.planned_path(ctx, ctx.path_key))).mkdir(parents=True, exist_ok=True)  # a leftover
+            return CreateFailed(kind, f"{kind} failure, {left} left")
+        return super().create(ctx)

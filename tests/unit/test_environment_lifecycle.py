@@ -87,7 +87,7 @@ def test_setup_failure_is_an_error_and_retry_reruns_only_setup(app):
     first = app.environment(env.id).setup_operation_id
     failed = app.record_setup_outcome(env.id, first, False, "setup failed with exit code 3")
     assert (failed.status, failed.status_message) == ("error", "setup failed with exit code 3")
-    app.retry(env.id)
+    app.retry(env.id, env.path_key, env.claimed_path)
     app.start_setup(env.id)
     retried = app.environment(env.id)
     assert retried.setup_operation_id != first
@@ -98,18 +98,46 @@ def test_setup_failure_is_an_error_and_retry_reruns_only_setup(app):
 def test_create_failure_retry_starts_the_next_attempt(app):
     env = spawn(app)
     app.record_create_failed(env.id, 1, "terminal", "no such branch")
-    retried = app.retry(env.id)
-    assert (retried.status, retried.attempt) == ("creating", 2)
+    with pytest.raises(IllegalTransition, match="cleaned up"):
+        app.retry(env.id, "t1-2", "/data/t1-2")
+    app.record_attempt_cleaned(env.id, 1)
+    retried = app.retry(env.id, "t1-2", "/data/t1-2")
+    assert (retried.status, retried.attempt, retried.path_key) == ("creating", 2, "t1-2")
+    app.register_thread("t2", "/repo", None, "local", None)
+    # the old attempt's path is free again, the new one is held
+    assert app.claim_environment("t2", "git-worktree", "local", "/repo", {}, "t2", env.claimed_path)
+    app.register_thread("t3", "/repo", None, "local", None)
+    with pytest.raises(PathAlreadyClaimed):
+        app.claim_environment("t3", "git-worktree", "local", "/repo", {}, "t3", "/data/t1-2")
+
+
+def test_transient_failures_retry_automatically_a_bounded_number_of_times(app):
+    env = spawn(app)
+    for attempt in (1, 2, 3, 4):
+        app.record_create_failed(env.id, attempt, "transient", "lock busy")
+        assert not app.environment(env.id).retries_automatically(3)  # not before cleanup
+        app.record_attempt_cleaned(env.id, attempt)
+        if attempt < 4:
+            assert app.environment(env.id).retries_automatically(3)
+            app.retry(env.id, env.path_key, env.claimed_path)
+    assert not app.environment(env.id).retries_automatically(3)
+
+
+def test_a_terminal_failure_is_never_retried_automatically(app):
+    env = spawn(app)
+    app.record_create_failed(env.id, 1, "terminal", "bad branch")
+    app.record_attempt_cleaned(env.id, 1)
+    assert not app.environment(env.id).retries_automatically(3)
 
 
 def test_retry_is_refused_unless_in_error(app):
     env = spawn(app)
     with pytest.raises(IllegalTransition):
-        app.retry(env.id)
+        app.retry(env.id, env.path_key, env.claimed_path)
     make_ready(app, env)
     version = app.environment(env.id).version
     with pytest.raises(IllegalTransition):
-        app.retry(env.id)
+        app.retry(env.id, env.path_key, env.claimed_path)
     assert app.environment(env.id).version == version
 
 
