@@ -39,6 +39,8 @@ class Environments(Application):
         super().__init__(env=env)
         self._grace_for = grace_for or (lambda provider_id: 300_000)
         self.on_saved: Callable[[], None] = lambda: None
+        self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
+        self._claims_position = 0
 
     def _notify(self, recordings: list[Any]) -> None:
         self.on_saved()
@@ -132,11 +134,38 @@ class Environments(Application):
         return environment
 
     def _take(self, host_id: str, path: str, environment_id: UUID) -> PathClaim:
+        """The claim on `path` for the environment; refused when it is held, or nested in a held path."""
+        self._refuse_nested(host_id, path, environment_id)
         claim = self._claim(host_id, path)
         if claim is None:
             return PathClaim(host_id=host_id, path=path, environment_id=environment_id)
         claim.retake(environment_id)
         return claim
+
+    def _refuse_nested(self, host_id: str, path: str, environment_id: UUID) -> None:
+        for held_host, held_path, holder in self._live_claims():
+            if held_host != host_id or holder in (None, environment_id) or held_path == path:
+                continue
+            if _inside(path, held_path) or _inside(held_path, path):
+                raise PathAlreadyClaimed(f"{path} overlaps {held_path}, held by environment {holder}")
+
+    def _live_claims(self) -> list[tuple[str, str, UUID | None]]:
+        """Every claim with its holder, folded incrementally from the log's claim events."""
+        topic = f"{PathClaim.__module__}:{PathClaim.__qualname__}"
+        notifications = self.recorder.select_notifications(
+            start=self._claims_position + 1, limit=10**9,
+            topics=(f"{topic}.Taken", f"{topic}.Retaken", f"{topic}.Released"),
+        )
+        for notification in notifications:
+            event = self.mapper.to_domain_event(notification)
+            if notification.topic.endswith(".Taken"):
+                self._claims[event.originator_id] = (event.host_id, event.path, event.environment_id)
+            else:
+                host_id, path, _ = self._claims[event.originator_id]
+                holder = event.environment_id if notification.topic.endswith(".Retaken") else None
+                self._claims[event.originator_id] = (host_id, path, holder)
+            self._claims_position = notification.id
+        return list(self._claims.values())
 
     def attach_thread(self, thread_id: str, environment_id: UUID) -> Environment:
         thread = self.thread(thread_id)
@@ -295,3 +324,7 @@ class Environments(Application):
             else:
                 started.append(notification.originator_id)
         return [i for i in started if i not in ended]
+
+
+def _inside(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")

@@ -83,10 +83,12 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
 
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
     def grace_for(provider_id: str) -> int | None:
-        if settings.retire_grace_override is not None:
-            return settings.retire_grace_override[0]
+        """The provider's grace; BB_RETIRE_GRACE_MS replaces it, except for providers that never retire."""
         provider = registry.get(provider_id)
-        return provider.policy.retire_grace_ms if provider else 300_000
+        grace = provider.policy.retire_grace_ms if provider else 300_000
+        if grace is None or settings.retire_grace_override is None:
+            return grace
+        return settings.retire_grace_override[0]
 
     app = Environments(env=event_store_environment(settings.event_store), grace_for=grace_for)
     store = Store(app)

@@ -88,7 +88,7 @@ class ThreadHandlers:
             return None
 
     async def _provide(self, thread: Thread, placement: Placement | None) -> Environment:
-        intent = await self._intent_of(thread)
+        intent, project_path = await self._intent_of(thread)
         if isinstance(intent, ExistingIntent):
             environment_id = check_environment_id(intent.environment_id)
             try:
@@ -96,7 +96,7 @@ class ThreadHandlers:
             except UnknownEnvironment:
                 raise NotFound(f"no environment {intent.environment_id}") from None
         if placement is None:
-            placement = await self._placer.place(thread.thread_id, intent, thread.project_path, thread.host_id)
+            placement = await self._placer.place(thread.thread_id, intent, project_path, thread.host_id)
         try:
             return await self._store.run(
                 self._app.claim_environment, thread.thread_id, placement.provider_id, placement.host_id,
@@ -105,17 +105,27 @@ class ThreadHandlers:
         except PathAlreadyClaimed as conflict:
             raise Refused(f"cannot claim the workspace path: {conflict}") from None
 
-    async def _intent_of(self, thread: Thread) -> ProviderIntent | ExistingIntent:
+    async def _intent_of(self, thread: Thread) -> tuple[ProviderIntent | ExistingIntent, str | None]:
+        """The thread's own intent, or what it inherits from its parent (with the parent's project).
+
+        A child without a project of its own joins its parent's environment when the parent's
+        provider shares with children; otherwise it gets a fresh one from the parent's intent.
+        """
         if thread.intent is not None:
-            return _intent_from_document(thread.intent)
+            return _intent_from_document(thread.intent), thread.project_path
         if thread.parent_thread_id is None:
             raise InvalidInput(f"thread {thread.thread_id} has no environment intent and no parent")
         try:
             parent = await self._store.run(self._app.thread, thread.parent_thread_id)
         except UnknownThread:
             raise NotFound(f"no parent thread {thread.parent_thread_id}") from None
+        if thread.project_path is None and parent.environment_id is not None:
+            environment = await self._environment(parent.environment_id)
+            provider = self._placer.registry.get(environment.provider_id)
+            if provider is not None and provider.policy.children == "share" and environment.is_live:
+                return ExistingIntent(str(environment.id)), None
         if parent.intent is not None:
-            return _intent_from_document(parent.intent)
+            return _intent_from_document(parent.intent), thread.project_path or parent.project_path
         raise InvalidInput(f"parent thread {thread.parent_thread_id} has no environment intent to inherit")
 
     async def _environment(self, environment_id: UUID) -> Environment:

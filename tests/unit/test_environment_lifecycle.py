@@ -59,6 +59,18 @@ def test_a_claimed_path_cannot_be_claimed_again_and_nothing_is_written(app):
     assert app.thread("t2").environment_id is None
 
 
+def test_a_path_inside_or_around_a_claimed_path_is_refused(app):
+    spawn(app, "t1", "/data/p")
+    for i, path in enumerate(["/data/p/sub", "/data", "/"]):
+        app.register_thread(f"x{i}", "/repo", None, "local", None)
+        with pytest.raises(PathAlreadyClaimed, match="overlaps"):
+            app.claim_environment(f"x{i}", "git-worktree", "local", "/repo", {}, f"x{i}", path)
+    app.register_thread("y", "/repo", None, "local", None)
+    assert app.claim_environment("y", "git-worktree", "local", "/repo", {}, "y", "/data/pp")
+    app.register_thread("z", "/repo", None, "other-host", None)
+    assert app.claim_environment("z", "git-worktree", "other-host", "/repo", {}, "z", "/data/p/sub")
+
+
 def test_the_claim_is_free_again_once_removed(app):
     env = spawn(app, "t1", "/data/p")
     make_ready(app, env)

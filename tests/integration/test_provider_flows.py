@@ -1,0 +1,99 @@
+"""Spawn, list, show and delete through the same CLI for each local provider."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+
+async def spawn(service, *args: str):
+    return await service.bb("thread", "spawn", "--json", *args)
+
+
+async def test_providers_are_listed_with_inputs_schema_and_availability(service):
+    listed = (await service.bb("environment", "providers", "--json")).json()["providers"]
+    by_id = {p["id"]: p for p in listed}
+    assert {"git-worktree", "project-checkout", "personal-workspace", "modal-sandbox"} <= set(by_id)
+    assert by_id["git-worktree"]["availability"] == {"status": "ready", "reason": None}
+    assert "branch" in by_id["project-checkout"]["inputs"]["$defs"]["ProjectCheckoutInputs"]["properties"]
+    assert by_id["personal-workspace"]["inputs"] is None
+    assert by_id["project-checkout"]["policy"]["retireGraceMs"] is None
+    assert by_id["modal-sandbox"]["availability"]["status"] in ("ready", "blocked")
+
+
+async def test_personal_workspace_is_shared_with_a_projectless_child_and_removed_after_the_last(service):
+    parent = await spawn(service, "--environment-provider", "personal-workspace", "--thread-id", "p1", "--wait")
+    assert parent.returncode == 0, parent.stderr
+    environment_id = parent.json()["environmentId"]
+    path = Path((await service.show(environment_id))["path"])
+    assert path.is_dir() and (await service.show(environment_id))["ownsPath"] is True
+
+    child = await spawn(service, "--parent", "p1", "--thread-id", "c1")
+    assert child.returncode == 0, child.stderr
+    assert child.json()["environmentId"] == environment_id
+
+    await service.bb("thread", "archive", "p1")
+    kept = await service.wait_for(environment_id, lambda e: e["threadIds"] == ["c1"])
+    assert kept["status"] == "ready"
+    await service.bb("thread", "archive", "c1")
+    await service.wait_for(environment_id, "removed")
+    assert not path.exists()
+
+
+async def test_personal_workspace_refuses_a_project(service, git_repo):
+    refused = await spawn(service, "--environment-provider", "personal-workspace", "--project", str(git_repo))
+    assert refused.returncode == 2 and "without a project" in refused.json()["error"]["message"]
+
+
+async def test_project_checkout_switches_branch_in_place_and_never_removes_the_checkout(service, git_repo, git):
+    git(git_repo, "branch", "feature")
+    spawned = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
+                          "--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}',
+                          "--thread-id", "t1", "--wait")
+    assert spawned.returncode == 0, spawned.stderr
+    environment = await service.show(spawned.json()["environmentId"])
+    assert environment["path"] == str(git_repo) and environment["ownsPath"] is False
+    assert git(git_repo, "branch", "--show-current") == "feature"
+
+    await service.bb("thread", "archive", "t1")
+    kept = await service.wait_for(environment["id"], lambda e: e["threadIds"] == [])
+    assert kept["status"] == "ready"  # never retires by itself
+    assert (await service.bb("environment", "delete", environment["id"])).returncode == 0
+    await service.wait_for(environment["id"], "removed")
+    assert (git_repo / "README.md").exists() and git(git_repo, "branch", "--show-current") == "feature"
+
+
+async def test_project_checkout_refuses_to_switch_a_dirty_checkout(service, git_repo, git):
+    git(git_repo, "branch", "feature")
+    (git_repo / "README.md").write_text("changed\n")
+    refused = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
+                          "--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}')
+    assert refused.returncode == 2
+    assert "uncommitted changes" in refused.json()["error"]["message"]
+    assert git(git_repo, "branch", "--show-current") == "main"
+
+
+async def test_concurrent_spawns_on_one_checkout_exactly_one_wins_and_aliases_lose_too(service, git_repo, tmp_path):
+    alias = tmp_path / "alias"
+    alias.symlink_to(git_repo)
+    attempts = await asyncio.gather(*(
+        spawn(service, "--environment-provider", "project-checkout", "--project", str(project), "--thread-id", f"t{i}")
+        for i, project in enumerate([git_repo, git_repo, alias, git_repo])
+    ))
+    winners = [a for a in attempts if a.returncode == 0]
+    losers = [a for a in attempts if a.returncode != 0]
+    assert len(winners) == 1, [a.stderr for a in attempts]
+    winner = winners[0].json()["environmentId"]
+    for loser in losers:
+        assert loser.returncode == 1 and winner in loser.json()["error"]["message"]
+    joined = await spawn(service, "--environment", winner, "--thread-id", "joiner")
+    assert joined.returncode == 0
+
+
+async def test_a_project_path_escaping_the_checkout_is_refused(service, git_repo, tmp_path):
+    (git_repo / "out").symlink_to(tmp_path)
+    for path in ("../", "out"):
+        refused = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
+                              "--environment-inputs", f'{{"path": "{path}"}}')
+        assert refused.returncode == 2 and "outside the project" in refused.json()["error"]["message"], refused.stdout
