@@ -100,6 +100,11 @@ class Provisioner:
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         self._transient_retry_delay = transient_retry_delay
 
+    @property
+    def busy(self) -> bool:
+        """Some long step is running (tests wait for this to settle)."""
+        return bool(self._steps)
+
     async def drive(self, environment_id: UUID) -> None:
         lock = self._locks.setdefault(environment_id, asyncio.Lock())
         async with lock:

@@ -199,3 +199,52 @@ async def test_delete_removes_an_environment_that_never_retires_by_itself(tmp_pa
         assert worktrees(git_repo) == [str(git_repo)]
     finally:
         await service.stop()
+
+
+async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git_repo):
+    publisher = await nats.connect(service.info["natsUrl"])
+    js = publisher.jetstream()
+
+    async def publish(kind: str, **extra) -> None:
+        body = {"type": kind, "occurredAt": "2026-11-30T12:00:00Z", "threadId": "dup", **extra}
+        await js.publish(subjects.thread_event("dup", kind), msgspec.json.encode(body))
+
+    intent = {"type": "provider", "environmentProviderId": "git-worktree", "inputs": None}
+    try:
+        for _ in range(2):
+            await publish("created", projectPath=str(git_repo), environment=intent)
+        for _ in range(2):
+            await publish("message")
+        threads = await _wait_for_thread(service, "dup", with_environment=True)
+        environment_id = threads["environmentId"]
+        ready = await service.wait_for(environment_id, "ready")
+        for _ in range(2):
+            await publish("archived")
+        await service.wait_for(environment_id, "removed")
+        await publish("message")  # late: the thread is archived
+        await publish("created", projectPath=str(git_repo), environment=intent)  # late and repeated
+        await publish("archived")
+        # The consumer handles thread events in order: once a later thread is known, these were handled.
+        probe = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "probe"}
+        await js.publish(subjects.thread_event("probe", "created"), msgspec.json.encode(probe))
+        await _wait_for_thread(service, "probe")
+        replies = (await service.bb("environment", "list", "--json")).json()["environments"]
+        assert [e["id"] for e in replies] == [environment_id]
+        events = await environment_events(service, environment_id)
+        assert [e["type"] for e in events].count("claimed") == 1
+        assert [e["version"] for e in events] == list(range(1, len(events) + 1)) and ready["version"] == 4
+        assert events[-1]["type"] == "removed"
+    finally:
+        await publisher.close()
+
+
+async def _wait_for_thread(service, thread_id: str, with_environment: bool = False) -> dict:
+    from bus.api_messages import ListThreads
+
+    for _ in range(300):
+        threads = (await service.api.call("threads", "list", ListThreads()))["threads"]
+        found = [t for t in threads if t["id"] == thread_id and (t["environmentId"] or not with_environment)]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"thread {thread_id} never showed up")

@@ -1,0 +1,155 @@
+"""Random interleavings of thread events always end consistent (hypothesis).
+
+The real thread handlers and provisioning driver run in process against an in-memory event store
+and a provider that creates and removes plain directories at once, so thousands of orderings of
+created / message / archived / unarchived / message_cancelled can be tried in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bus.documents import (
+    MessageCancelledMessage,
+    ProviderIntent,
+    ThreadArchivedMessage,
+    ThreadCreatedMessage,
+    ThreadMessageMessage,
+    ThreadUnarchivedMessage,
+)
+from domain.application import Environments
+from domain.errors import DomainError
+from handlers.errors import RequestError
+from handlers.placement import Placer
+from handlers.provisioning import Provisioner
+from handlers.store import Store
+from handlers.threads import ThreadHandlers
+from providers.contract import READY, Created, Policy, Removed, Requires
+from providers.host.hooks import HookRunner
+from providers.registry import ProviderRegistry
+
+THREADS = ("a", "b", "c")
+KINDS = ("created", "message", "archived", "unarchived", "message_cancelled", "pause")
+
+
+class InstantProvider:
+    id = "instant"
+    display_name = "Instant"
+    requires = Requires()
+    policy = Policy(retire_grace_ms=0)
+    inputs_type = None
+
+    def availability(self, ctx):
+        return READY
+
+    def validate(self, ctx):
+        pass
+
+    def planned_path(self, ctx, path_key):
+        return str(Path(ctx.data_dir) / "ws" / path_key)
+
+    def create(self, ctx):
+        path = Path(self.planned_path(ctx, ctx.path_key))
+        path.mkdir(parents=True, exist_ok=True)
+        return Created(path=str(path), owns_path=True)
+
+    def remove(self, ctx):
+        shutil.rmtree(Path(ctx.data_dir) / "ws" / ctx.path_key, ignore_errors=True)
+        return Removed()
+
+
+class Silent:
+    def line(self, *args) -> None:
+        pass
+
+
+def message(kind: str, thread_id: str):
+    intent = ProviderIntent(environment_provider_id="instant")
+    return {
+        "created": lambda: ThreadCreatedMessage(thread_id=thread_id, environment=intent),
+        "message": lambda: ThreadMessageMessage(thread_id=thread_id),
+        "archived": lambda: ThreadArchivedMessage(thread_id=thread_id),
+        "unarchived": lambda: ThreadUnarchivedMessage(thread_id=thread_id),
+        "message_cancelled": lambda: MessageCancelledMessage(thread_id=thread_id),
+    }[kind]()
+
+
+async def settle(provisioner: Provisioner, app: Environments) -> None:
+    for _ in range(2000):
+        await asyncio.sleep(0.001)
+        if provisioner.busy:
+            continue
+        head = app.head()
+        await provisioner.sweep()
+        if app.head() == head and not provisioner.busy:
+            return
+    raise AssertionError("the provisioning driver never settled")
+
+
+def check_consistent(app: Environments, root: Path) -> None:
+    claims = {path: holder for _, path, holder in app._live_claims()}
+    known_threads = [t for t in (app.find_thread(t) for t in THREADS) if t is not None]
+    for environment_id in {t.environment_id for t in known_threads if t.environment_id}:
+        environment = app.environment(environment_id)
+        for thread_id in environment.thread_ids:
+            assert app.thread(thread_id).status == "active"
+        if environment.status == "removed":
+            assert claims.get(environment.claimed_path) != environment.id
+        else:
+            assert claims[environment.claimed_path] == environment.id
+    for thread_id in THREADS:
+        thread = app.find_thread(thread_id)
+        if thread and thread.status == "active" and thread.environment_id:
+            environment = app.environment(thread.environment_id)
+            assert thread_id in environment.thread_ids and environment.is_live
+
+
+async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
+    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
+    store = Store(app)
+    placer = Placer(ProviderRegistry([InstantProvider()]), root)
+    provisioner = Provisioner(store, placer, HookRunner(root / "hooks", 60), Silent())
+    threads = ThreadHandlers(store, placer, "local")
+    try:
+        for kind, thread_id in steps:
+            if kind == "pause":
+                await settle(provisioner, app)
+                check_consistent(app, root)
+                continue
+            try:
+                environment = await threads.handle(message(kind, thread_id))
+            except (RequestError, DomainError):
+                continue
+            if environment is not None:
+                await provisioner.drive(environment.id)
+        await settle(provisioner, app)
+        check_consistent(app, root)
+        for thread_id in THREADS:
+            if app.find_thread(thread_id):
+                await threads.handle(message("archived", thread_id))
+        await settle(provisioner, app)
+        for environment_id in app.unfinished_environment_ids():
+            raise AssertionError(f"environment {environment_id} outlived all its threads: "
+                                 f"{app.environment(environment_id).status}")
+        assert all(holder is None for _, _, holder in app._live_claims())
+        workspaces = root / "providers" / "instant" / "ws"
+        assert not workspaces.exists() or list(workspaces.iterdir()) == []
+    finally:
+        await provisioner.stop()
+        store.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(KINDS), st.sampled_from(THREADS)), max_size=25))
+def test_any_interleaving_of_thread_events_ends_consistent(steps):
+    root = Path(tempfile.mkdtemp())
+    try:
+        asyncio.run(scenario(steps, root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
