@@ -161,6 +161,10 @@ class ThreadEnvironmentAssigned(ThreadEvent, kw_only=True, tag="thread_environme
     environment_id: str
 
 
+class ThreadEnvironmentRequested(ThreadEvent, kw_only=True, tag="thread_environment_requested"):
+    pass
+
+
 class ThreadEnvironmentLeft(ThreadEvent, kw_only=True, tag="thread_environment_left"):
     environment_id: str
 
@@ -197,7 +201,7 @@ class ClaimReleased(ClaimEvent, kw_only=True, tag="claim_released"):
     pass
 
 
-THREAD_EVENTS = (ThreadRegistered, ThreadEnvironmentAssigned, ThreadEnvironmentLeft, ThreadRefused,
+THREAD_EVENTS = (ThreadRegistered, ThreadEnvironmentAssigned, ThreadEnvironmentRequested, ThreadEnvironmentLeft, ThreadRefused,
                  ThreadArchived, ThreadUnarchived)
 CLAIM_EVENTS = (ClaimTaken, ClaimRetaken, ClaimReleased)
 LogDocument = (
@@ -205,7 +209,7 @@ LogDocument = (
     | SetupFailed | SetupRetried | Ready | ThreadAttached | ThreadDetached | RetireScheduled
     | RetireCancelled | Cancelled | RemovalStarted | TeardownStarted | TeardownSkipped
     | TeardownFinished | Removed | RemoveFailed | ThreadRegistered | ThreadEnvironmentAssigned
-    | ThreadEnvironmentLeft | ThreadRefused | ThreadArchived | ThreadUnarchived | ClaimTaken
+    | ThreadEnvironmentRequested | ThreadEnvironmentLeft | ThreadRefused | ThreadArchived | ThreadUnarchived | ClaimTaken
     | ClaimRetaken | ClaimReleased
 )
 log_decoder = msgspec.json.Decoder(LogDocument)

@@ -61,21 +61,25 @@ async def ensure_streams(js: JetStreamContext) -> None:
             await js.update_stream(config)
 
 
-async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filter_subject: str) -> None:
+async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filter_subject: str,
+                          in_order: bool) -> None:
+    """`in_order`: one unacknowledged message at a time, so a message that was delivered to a
+    process that died is redelivered (after the short ack wait) before any later one."""
     config = api.ConsumerConfig(
         durable_name=durable, filter_subject=filter_subject, ack_policy=api.AckPolicy.EXPLICIT,
-        deliver_policy=api.DeliverPolicy.ALL, ack_wait=30, max_ack_pending=1000,
+        deliver_policy=api.DeliverPolicy.ALL, ack_wait=5 if in_order else 30,
+        max_ack_pending=1 if in_order else 1000,
     )
-    await js.add_consumer(stream, config)
+    await js.add_consumer(stream, config)  # creates it, or updates one created with other settings
 
 
 Handler = Callable[[list[Msg]], Awaitable[None]]
 
 
 async def consume(js: JetStreamContext, stream: str, durable: str, filter_subject: str, handle: Handler,
-                  batch: int = 200) -> None:
+                  batch: int = 200, in_order: bool = False) -> None:
     """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered."""
-    await ensure_consumer(js, stream, durable, filter_subject)
+    await ensure_consumer(js, stream, durable, filter_subject, in_order)
     subscription = await js.pull_subscribe_bind(durable, stream)
     while True:
         try:

@@ -39,6 +39,11 @@ class LogReader:
         notifications = self._app.recorder.select_notifications(start=after + 1, limit=limit)
         return [self._document(n) for n in notifications]
 
+    def between(self, after: int, upto: int) -> list[tuple[int, Document]]:
+        """The documents after `after` up to and including `upto`, in order."""
+        notifications = self._app.recorder.select_notifications(start=after + 1, limit=upto - after, stop=upto)
+        return [(logged.notification_id, logged.document) for logged in map(self._document, notifications)]
+
     def _document(self, notification: Any) -> LoggedDocument:
         event = self._app.mapper.to_domain_event(notification)
         aggregate = self._state_after(event)

@@ -6,6 +6,8 @@ BB_ENVIRONMENTS); the stream re-publishes environment events once each, after th
 `bb.environments.<environmentId>.<event>` for plain subscribers.
 """
 
+import hashlib
+
 THREADS_STREAM = "BB_THREADS"
 THREAD_EVENTS = "bb.threads.>"
 THREAD_EVENT_KINDS = ("created", "message", "archived", "unarchived", "message_cancelled")
@@ -20,6 +22,8 @@ TRANSCRIPT_EVENTS = "bb.transcripts.>"
 
 API_SERVICE = "bb-environments"
 API_PREFIX = "bb.api"
+
+HOST_AGENT_SERVICE = "bb-host-agent"
 
 
 def thread_event(thread_id: str, kind: str) -> str:
@@ -40,3 +44,14 @@ def transcript(environment_id: str) -> str:
 
 def api(area: str, verb: str) -> str:
     return f"{API_PREFIX}.{area}.{verb}"
+
+
+def host_hooks(host_id: str, verb: str) -> str:
+    """The host agent's hook API: `bb.hosts.<hostId>.hooks.<start|status|cancel>`."""
+    return f"bb.hosts.{host_id}.hooks.{verb}"
+
+
+def hook_finished(host_id: str, operation_id: str) -> str:
+    # Operation ids contain dots; a digest keeps them one subject token.
+    token = hashlib.sha256(operation_id.encode()).hexdigest()[:32]
+    return f"bb.hosts.{host_id}.hooks.finished.{token}"

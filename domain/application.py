@@ -83,7 +83,10 @@ class Environments(Application):
         parent_thread_id: str | None,
         host_id: str,
         intent: dict[str, Any] | None,
+        request_environment: bool = False,
     ) -> Thread:
+        """Register the thread (once); a thread spawned with its first message also records the
+        request for an environment in the same save."""
         existing = self.find_thread(thread_id)
         if existing is not None:
             return existing
@@ -94,8 +97,23 @@ class Environments(Application):
             host_id=host_id,
             intent=intent,
         )
+        if request_environment:
+            thread.request_environment()
         self.save(thread)
         return thread
+
+    def request_environment(self, thread_id: str) -> Thread:
+        """Record that the thread's first message wants an environment, so a crash cannot lose it."""
+        thread = self.thread(thread_id)
+        thread.request_environment()
+        self.save(thread)
+        return thread
+
+    def threads_awaiting_environment(self) -> list[str]:
+        topic = f"{Thread.__module__}:{Thread.__qualname__}.EnvironmentRequested"
+        requested = {n.originator_id for n in self.recorder.select_notifications(start=1, limit=10**9, topics=(topic,))}
+        threads = (self.repository.get(identity) for identity in requested)
+        return [thread.thread_id for thread in threads if thread.awaits_environment]
 
     def refuse_thread(self, thread_id: str, message: str) -> None:
         thread = self.thread(thread_id)

@@ -33,11 +33,21 @@ class Thread(Aggregate):
         self.intent = intent
         self.status = "active"
         self.environment_id: UUID | None = None
+        self.environment_requested = False
         self.refusal: str | None = None
 
     @property
     def needs_environment(self) -> bool:
         return self.status == "active" and self.environment_id is None
+
+    @property
+    def awaits_environment(self) -> bool:
+        """Its first message asked for an environment that was neither given nor refused yet."""
+        return self.needs_environment and self.environment_requested and self.refusal is None
+
+    def request_environment(self) -> None:
+        if self.needs_environment and not self.environment_requested:
+            self._environment_requested()
 
     def assign_environment(self, environment_id: UUID) -> None:
         if self.environment_id != environment_id:
@@ -67,9 +77,15 @@ class Thread(Aggregate):
         self.environment_id = environment_id
         self.refusal = None
 
+    @event("EnvironmentRequested")
+    def _environment_requested(self) -> None:
+        self.environment_requested = True
+        self.refusal = None
+
     @event("EnvironmentLeft")
     def _environment_left(self, environment_id: UUID) -> None:
         self.environment_id = None
+        self.environment_requested = False
 
     @event("Refused")
     def _refused(self, message: str) -> None:

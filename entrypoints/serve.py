@@ -21,6 +21,7 @@ from bus import subjects
 from bus.api_service import start_api
 from bus.documents import TranscriptLine, inbound_decoder, log_decoder
 from bus.embedded_server import EmbeddedNats
+from bus.host_agent import HostAgent, HostAgentClient
 from bus.jetstream import connect, consume, ensure_streams
 from bus.log_reader import LogReader
 from bus.relay import NOTIFICATION_HEADER, OutboxRelay
@@ -94,9 +95,12 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     store = Store(app)
     read_model = await ReadModel.open(settings.data_dir / "read-models.sqlite")
     placer = Placer(registry, settings.data_dir)
-    hooks = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s)
     transcript = TranscriptPublisher(nc, loop)
-    provisioner = Provisioner(store, placer, hooks, transcript, timedelta(seconds=settings.transient_retry_s))
+    host_agent = HostAgent(nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s), settings.host_id,
+                           transcript)
+    agent_service = await host_agent.start()
+    provisioner = Provisioner(store, placer, HostAgentClient(nc), transcript,
+                              timedelta(seconds=settings.transient_retry_s))
     threads = ThreadHandlers(store, placer, settings.host_id)
     log_reader = LogReader(app)
     relay = OutboxRelay(js, lambda after: store.run(log_reader.page, after))
@@ -106,10 +110,16 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         for environment_id in dict.fromkeys(m.subject.split(".")[3] for m in messages):
             await provisioner.drive(UUID(environment_id))
 
+    gap_reader = LogReader(app)
+
+    async def fill_gap(after: int, upto: int) -> list:
+        return await store.run(gap_reader.between, after, upto)
+
     async def apply_to_read_model(messages: list[Msg]) -> None:
         await read_model.apply(
-            Applied(int(m.headers[NOTIFICATION_HEADER]), m.metadata.sequence.stream, log_decoder.decode(m.data))
-            for m in messages
+            [Applied(int(m.headers[NOTIFICATION_HEADER]), m.metadata.sequence.stream, log_decoder.decode(m.data))
+             for m in messages],
+            fill_gap,
         )
 
     async def store_transcript(messages: list[Msg]) -> None:
@@ -124,6 +134,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     async def sweep_forever() -> None:
         await relay.caught_up.wait()
         while True:
+            await threads.resume_waiting()
             await provisioner.sweep()
             await asyncio.sleep(settings.sweep_interval_s)
 
@@ -136,7 +147,8 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model),
         consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript),
         consume(js, subjects.ENVIRONMENTS_STREAM, "provisioner", subjects.LOG_ENVIRONMENT_EVENTS, drive_environments),
-        consume(js, subjects.THREADS_STREAM, "threads", subjects.THREAD_EVENTS, handle_thread_events),
+        # One thread event at a time: a thread's events must be handled in the order they were sent.
+        consume(js, subjects.THREADS_STREAM, "threads", subjects.THREAD_EVENTS, handle_thread_events, in_order=True),
         sweep_forever(),
     ]
     tasks = [asyncio.create_task(w) for w in workers]
@@ -159,6 +171,8 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         await _until_stopped_or_failed(stop, tasks)
     finally:
         await service.stop()
+        await agent_service.stop()
+        await host_agent.stop()
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=5)

@@ -140,7 +140,7 @@ class Api:
         await self._threads.created(ThreadCreatedMessage(
             thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
             parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
-        ))
+        ), with_first_message=True)
         environment = await self._threads.first_message(thread_id, raise_refusal=True, placement=placement)
         accepted = await self._accepted(environment)
         return Spawned(thread_id, accepted.environment_id, accepted.status or "creating", accepted.position)

@@ -25,6 +25,7 @@ import msgspec
 
 from domain.environment import Environment
 from bus.crash_points import crash_point
+from bus.host_agent import HostUnavailable
 from handlers.placement import Placer
 from handlers.store import Store
 from providers.contract import (
@@ -39,7 +40,7 @@ from providers.contract import (
     RemoveFailed,
     RemoveResult,
 )
-from providers.host.hooks import SCRIPT_NAMES, HookOutcome, HookRunner
+from providers.host.hooks import SCRIPT_NAMES, HookOutcome
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,15 @@ class ProviderMissing(Exception):
 
 class Transcript(Protocol):
     def line(self, environment_id: str, kind: str, source: str, text: str) -> None: ...
+
+
+class Hooks(Protocol):
+    """Runs hooks on the environment's host (the host agent), at most once per operation id."""
+
+    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: str,
+                  workspace: str) -> HookOutcome: ...
+
+    async def cancel(self, host_id: str, operation_id: str) -> str: ...
 
 
 def _now() -> datetime:
@@ -86,7 +96,7 @@ class _Step:
 
 
 class Provisioner:
-    def __init__(self, store: Store, placer: Placer, hooks: HookRunner, transcript: Transcript,
+    def __init__(self, store: Store, placer: Placer, hooks: Hooks, transcript: Transcript,
                  transient_retry_delay: timedelta = timedelta(seconds=30)) -> None:
         self._store = store
         self._app = store.app
@@ -155,7 +165,7 @@ class Provisioner:
         if env.setup_status == "running":
             self._start(env, env.setup_operation_id, self._run_setup, env)
             if env.cancelled:
-                await self._hooks.cancel(env.setup_operation_id)
+                await self._hooks.cancel(env.host_id, env.setup_operation_id)
         elif env.cancelled:
             await self._record(self._app.start_removal, env.id, _now())
         elif env.setup_status is None:
@@ -204,7 +214,7 @@ class Provisioner:
             await work(cancelled, *args)
         except asyncio.CancelledError:
             raise
-        except ProviderMissing as missing:
+        except (ProviderMissing, HostUnavailable) as missing:
             log.warning("%s; environment %s waits for it", missing, step_key[0])
             self._wake_at(step_key[0], _now() + PROVIDER_RECHECK)
             return
@@ -292,11 +302,7 @@ class Provisioner:
         environment_id = str(env.id)
         script = SCRIPT_NAMES[kind]
         self._transcript.line(environment_id, "step", kind, f"Running {script}")
-
-        async def output(text: str) -> None:
-            self._transcript.line(environment_id, "output", kind, text)
-
-        outcome = await self._hooks.run(operation_id, kind, Path(env.path), output)
+        outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path)
         verdict = "finished" if outcome.status == "succeeded" else f"{outcome.status}: {outcome.message}"
         self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")
         return outcome

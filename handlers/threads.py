@@ -60,12 +60,12 @@ class ThreadHandlers:
                 return await self._store.run(self._app.cancel_thread_message, message.thread_id)
         return None
 
-    async def created(self, message: ThreadCreatedMessage) -> Thread:
+    async def created(self, message: ThreadCreatedMessage, with_first_message: bool = False) -> Thread:
         host_id = check_host_id(message.host_id or self._default_host_id)
         intent = None if message.environment is None else _intent_document(message.environment)
         return await self._store.run(
             self._app.register_thread, message.thread_id, message.project_path, message.parent_thread_id,
-            host_id, intent,
+            host_id, intent, with_first_message,
         )
 
     async def first_message(self, thread_id: str, raise_refusal: bool = False,
@@ -78,6 +78,7 @@ class ThreadHandlers:
         thread = await self._store.run(self._app.find_thread, thread_id)
         if thread is None or not thread.needs_environment:
             return None if thread is None or thread.environment_id is None else await self._environment(thread.environment_id)
+        thread = await self._store.run(self._app.request_environment, thread_id)
         try:
             return await self._provide(thread, placement)
         except (RequestError, DomainError) as refusal:
@@ -86,6 +87,12 @@ class ThreadHandlers:
             if raise_refusal:
                 raise
             return None
+
+    async def resume_waiting(self) -> list[Environment]:
+        """Threads whose first message was recorded but not yet answered (a crash came between)."""
+        waiting = await self._store.run(self._app.threads_awaiting_environment)
+        environments = [await self.first_message(thread_id) for thread_id in waiting]
+        return [environment for environment in environments if environment is not None]
 
     async def _provide(self, thread: Thread, placement: Placement | None) -> Environment:
         intent, project_path = await self._intent_of(thread)

@@ -8,7 +8,7 @@ below the stored position is ignored.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,6 +40,9 @@ class Applied(NamedTuple):
     notification_id: int
     stream_sequence: int
     document: d.Document
+
+
+GapFiller = Callable[[int, int], Awaitable[list[tuple[int, d.Document]]]]
 
 
 class ReplayCounts(msgspec.Struct, rename="camel"):
@@ -76,21 +79,30 @@ class ReadModel:
 
     # -- writing -------------------------------------------------------------------------------
 
-    async def apply(self, batch: Iterable[Applied]) -> None:
+    async def apply(self, batch: Iterable[Applied], fill: GapFiller) -> None:
+        """Apply documents in log order, exactly once each.
+
+        A consumer may see the log out of order (a message delivered to a process that died is
+        redelivered only after its ack wait, behind later ones): a gap below a document is filled
+        from the log itself (`fill(after, upto)`) before the document is applied.
+        """
+        items = sorted(batch, key=lambda item: item.notification_id)
+        if not items:
+            return
         reached = self.position
-        stream_sequence = None
-        for item in batch:
-            stream_sequence = item.stream_sequence
+        for item in items:
             if item.notification_id <= reached:
                 continue
+            if item.notification_id > reached + 1:
+                for notification_id, document in await fill(reached, item.notification_id - 1):
+                    await self._apply_one(document)
+                    reached = notification_id
             await self._apply_one(item.document)
             reached = item.notification_id
-        if stream_sequence is None:
-            return
         await self._db.execute(
             "INSERT INTO positions VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
             "notification_id = excluded.notification_id, stream_sequence = excluded.stream_sequence",
-            (LOG, reached, stream_sequence),
+            (LOG, reached, max(item.stream_sequence for item in items)),
         )
         await self._db.commit()
         await self._advance(reached)

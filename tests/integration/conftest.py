@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bus.api_messages import EnvironmentRef
+from bus.api_messages import EnvironmentRef, ListThreads
 from bus.client import ApiClient
 from bus.embedded_server import pid_alive
 
@@ -117,6 +117,18 @@ class Service:
             if time.monotonic() > deadline:
                 raise AssertionError(f"environment {environment_id} never satisfied the condition: {environment}")
             await asyncio.sleep(0.1)
+
+
+    async def wait_for_thread(self, thread_id: str, with_environment: bool = False, timeout: float = 30) -> dict:
+        """The thread's document once the read model knows it (and its environment, if asked)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            threads = (await self.api.call("threads", "list", ListThreads()))["threads"]
+            found = [t for t in threads if t["id"] == thread_id and (t["environmentId"] or not with_environment)]
+            if found:
+                return found[0]
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"thread {thread_id} never showed up")
 
 
 def _read_json(path: Path) -> dict | None:

@@ -232,8 +232,10 @@ async def test_killed_between_store_and_bus_no_event_is_lost_or_doubled(tmp_path
                                    "--thread-id", "t1", "--json")
         await died(service)
         await restart(service)
-        environment_id = (spawned.json() if spawned.returncode == 0 else None) or (
-            (await service.bb("thread", "list", "--json")).json()["threads"][0]["environmentId"])
+        if spawned.returncode == 0:
+            environment_id = spawned.json()["environmentId"]
+        else:  # the spawn's reply died with the service; its recorded request was resumed
+            environment_id = (await service.wait_for_thread("t1", with_environment=True))["environmentId"]
         await finish_lifecycle(service, tmp_path, environment_id)
         exported = (await service.bb("events", "export")).stdout.splitlines()
         assert len(exported) == len(set(exported))

@@ -215,7 +215,7 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
             await publish("created", projectPath=str(git_repo), environment=intent)
         for _ in range(2):
             await publish("message")
-        threads = await _wait_for_thread(service, "dup", with_environment=True)
+        threads = await service.wait_for_thread("dup", with_environment=True)
         environment_id = threads["environmentId"]
         ready = await service.wait_for(environment_id, "ready")
         for _ in range(2):
@@ -227,7 +227,7 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
         # The consumer handles thread events in order: once a later thread is known, these were handled.
         probe = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "probe"}
         await js.publish(subjects.thread_event("probe", "created"), msgspec.json.encode(probe))
-        await _wait_for_thread(service, "probe")
+        await service.wait_for_thread("probe")
         replies = (await service.bb("environment", "list", "--json")).json()["environments"]
         assert [e["id"] for e in replies] == [environment_id]
         events = await environment_events(service, environment_id)
@@ -236,15 +236,3 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
         assert events[-1]["type"] == "removed"
     finally:
         await publisher.close()
-
-
-async def _wait_for_thread(service, thread_id: str, with_environment: bool = False) -> dict:
-    from bus.api_messages import ListThreads
-
-    for _ in range(300):
-        threads = (await service.api.call("threads", "list", ListThreads()))["threads"]
-        found = [t for t in threads if t["id"] == thread_id and (t["environmentId"] or not with_environment)]
-        if found:
-            return found[0]
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"thread {thread_id} never showed up")

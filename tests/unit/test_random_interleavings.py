@@ -31,7 +31,6 @@ from handlers.provisioning import Provisioner
 from handlers.store import Store
 from handlers.threads import ThreadHandlers
 from providers.contract import READY, Created, Policy, Removed, Requires
-from providers.host.hooks import HookRunner
 from providers.registry import ProviderRegistry
 
 THREADS = ("a", "b", "c")
@@ -67,6 +66,16 @@ class InstantProvider:
 class Silent:
     def line(self, *args) -> None:
         pass
+
+
+class NoHooks:
+    """The instant provider's workspaces have no hook scripts, so no hook may ever be asked for."""
+
+    async def run(self, *args):
+        raise AssertionError("no hook should run")
+
+    async def cancel(self, *args):
+        raise AssertionError("no hook should be cancelled")
 
 
 def message(kind: str, thread_id: str):
@@ -114,7 +123,7 @@ async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
     app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
     store = Store(app)
     placer = Placer(ProviderRegistry([InstantProvider()]), root)
-    provisioner = Provisioner(store, placer, HookRunner(root / "hooks", 60), Silent())
+    provisioner = Provisioner(store, placer, NoHooks(), Silent())
     threads = ThreadHandlers(store, placer, "local")
     try:
         for kind, thread_id in steps:
