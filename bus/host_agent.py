@@ -66,6 +66,7 @@ class HostAgent:
         self._running: dict[str, asyncio.Task[HookOutcome]] = {}
 
     async def start(self) -> Service:
+        await self._runner.prepare()  # the hook launcher is ready before the first hook
         service = await add_service(self._nc, name=subjects.HOST_AGENT_SERVICE, version="1.0.0",
                                     description=f"hooks on host {self._host_id}")
         for verb, handler in (("start", self._start), ("status", self._status), ("cancel", self._cancel)):
@@ -77,6 +78,7 @@ class HostAgent:
         for task in self._running.values():
             task.cancel()
         await asyncio.gather(*self._running.values(), return_exceptions=True)
+        self._runner.close()
 
     async def _start(self, data: bytes) -> HookState:
         request = msgspec.json.decode(data, type=StartHook)

@@ -5,8 +5,7 @@ One directory (mode 0700) holds, per operation, files named by sha256(operation_
 Records and tombstones are replaced atomically and fsynced, so a reader never sees half a file
 and a crash never loses a write that returned.
 
-Standard library only: the supervisor imports this module, and its start-up time is part of
-every hook's latency.
+Standard library only: the supervisor (and its launcher, see hook_supervisor) imports this module.
 
 A recorded process is identified by its pid together with its start time (field 22 of
 `/proc/<pid>/stat`, in clock ticks since boot). A pid whose current start time differs is a
@@ -19,6 +18,7 @@ import hashlib
 import json
 import os
 import signal
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -66,9 +66,12 @@ def now_iso() -> str:
 
 class HookRecords:
     def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
+        # Absolute: the supervisor changes into the workspace before it starts the script.
+        self.directory = Path(directory).absolute()
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)
+        # Only when needed: a chmod is a metadata write even when it changes nothing.
+        if stat.S_IMODE(os.stat(self.directory).st_mode) != 0o700:
+            os.chmod(self.directory, 0o700)
 
     def read(self, operation_id: str) -> HookRecord | None:
         try:
@@ -131,6 +134,15 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
     # The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
     return text[text.rindex(")") + 2 :].split()
+
+
+def start_ticks_of_child(pid: int) -> int | None:
+    """The start time of an unreaped child, even one that already exited (a zombie).
+
+    Only its parent can ask this safely: until the parent reaps it, the pid cannot be reused.
+    """
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def process_start_ticks(pid: int) -> int | None:

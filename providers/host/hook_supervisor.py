@@ -2,24 +2,36 @@
 
     python -m providers.host.hook_supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
 
-Standard library only, without argparse: its start-up time is part of every hook's latency.
+Standard library only, without argparse: its start-up time is part of a runner's first hook.
 
-The runner starts this in its own session, writes the fresh record, then records this process's
-pid and start time in it ("adoption"). Until adopted, the supervisor does nothing: a runner that
-died before adopting it leaves a record that a restarted runner closes as interrupted, and an
-unadopted supervisor must not start a script behind that verdict. Once adopted, the supervisor
-is the only writer of the record until it exits; its last act is writing the outcome.
+The runner does not start a Python interpreter per hook: it keeps one launcher (`serve_launcher`,
+below) that has imported all of this once, and asks it for a supervisor per hook. The launcher
+forks (no exec), and the child becomes the supervisor in its own session, so it outlives both the
+launcher and the service.
+
+The runner writes the operation's record naming this process, pid and start time, as its
+supervisor ("adoption"). Until adopted, the supervisor does nothing: a supervisor whose runner died
+before adopting it gives up after ADOPTION_WAIT_S, and an unadopted supervisor must not start a
+script behind a restarted runner's back. A record found without a supervisor is closed as
+interrupted by a restarted runner. Once adopted, the supervisor is the only writer of the record
+until it exits; its last act is writing the outcome. The runner sends ADOPTED_SIGNAL once it has
+written the record, so the supervisor need not wait for its next poll of the record.
 
 SIGTERM cancels: the script's process group is killed and the outcome is "cancelled".
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import select
 import signal
-import subprocess
+import socket
+import struct
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from providers.host.hook_records import (
@@ -29,18 +41,29 @@ from providers.host.hook_records import (
     kill_group_and_wait,
     now_iso,
     process_start_ticks,
+    start_ticks_of_child,
 )
 
 ADOPTION_WAIT_S = 10.0
 ADOPTION_POLL_S = 0.005
 HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
+# The runner's "the record now names you": only a wake-up, the record stays the truth.
+ADOPTED_SIGNAL = signal.SIGUSR1
+BLOCKED_SIGNALS = HANDLED_SIGNALS | {ADOPTED_SIGNAL}
+# Python ignores these; the script gets them back at their defaults, as subprocess would do.
+RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 WITHHELD_ENV_PREFIXES = ("BB_", "NATS_", "MODAL_TOKEN_")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, environment: dict[str, str] | None = None) -> None:
+    """Supervise one hook; the script's environment derives from `environment`, else os.environ."""
     records_dir, operation_id, timeout = sys.argv[1:] if argv is None else argv
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
-    signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+    # (A supervisor forked by the launcher is born with them blocked.)
+    signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
+    # Prepared while the runner writes the record; none of it touches the hook.
+    script_environment = _script_environment(os.environ if environment is None else environment)
+    executable = _find_executable("bash", script_environment)
     records = HookRecords(Path(records_dir))
     record = _wait_for_adoption(records, operation_id)
     if record is None:
@@ -48,88 +71,133 @@ def main(argv: list[str] | None = None) -> None:
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return
-    _supervise(records, record, float(timeout))
+    _supervise(records, record, float(timeout), executable, script_environment)
 
 
 def _wait_for_adoption(records: HookRecords, operation_id: str) -> HookRecord | None:
-    """The record once it names this process as its supervisor; None if that never happens."""
+    """The record once it names this process as its supervisor; None if that never happens.
+
+    No record yet is not a refusal: the runner writes the record only after this process exists.
+    """
     me, my_start = os.getpid(), process_start_ticks(os.getpid())
 
     def adopted(record: HookRecord | None) -> bool:
         return record is not None and record.supervisor_pid == me and record.supervisor_started_at == my_start
 
     deadline = time.monotonic() + ADOPTION_WAIT_S
-    while time.monotonic() < deadline and not _sigterm_pending():
+    while True:
         record = records.read(operation_id)
-        if record is None or record.finished_at is not None:
+        if record is not None and record.finished_at is not None:
             return None
         if adopted(record):
             return record
-        time.sleep(ADOPTION_POLL_S)
-    record = records.read(operation_id)
-    return record if adopted(record) and record.finished_at is None else None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or _sigterm_pending():
+            return None
+        signal.sigtimedwait({ADOPTED_SIGNAL}, min(ADOPTION_POLL_S, remaining))
 
 
 def _sigterm_pending() -> bool:
     return signal.SIGTERM in signal.sigpending()
 
 
-def _supervise(records: HookRecords, record: HookRecord, timeout_s: float) -> None:
+def _supervise(
+    records: HookRecords,
+    record: HookRecord,
+    timeout_s: float,
+    executable: str | OSError,
+    environment: dict[str, str],
+) -> None:
     script = Path(record.script)
-    log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        process = subprocess.Popen(
-            ["bash", str(script)],
-            cwd=record.workspace,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=_script_environment(),
-            start_new_session=True,
-            preexec_fn=_unblock_handled_signals,
-        )
+        pid = _spawn_script(records, record, executable, environment)
     except OSError as error:
         _finish(records, record, "failed", None, f"{script.name} could not start: {error}")
         return
-    finally:
-        os.close(log)
-    record.script_pid = process.pid
-    record.script_started_at = process_start_ticks(process.pid)
+    record.script_pid = pid
+    record.script_started_at = process_start_ticks(pid)
     records.write(record)
 
     deadline = time.monotonic() + timeout_s
-    while process.poll() is None:
+    while (status := _exit_status(pid)) is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            confirmed = _kill_script(process)
+            confirmed = _kill_script(pid)
             message = f"{script.name} timed out after {timeout_s:g}s" + _unconfirmed(confirmed)
             _finish(records, record, "timed_out", None, message)
             return
         received = signal.sigtimedwait(HANDLED_SIGNALS, remaining)
         if received is not None and received.si_signo == signal.SIGTERM:
-            confirmed = _kill_script(process)
+            confirmed = _kill_script(pid)
             _finish(records, record, "cancelled", None, f"{script.name} cancelled" + _unconfirmed(confirmed))
             return
-    _finish_with_exit_status(records, record, process.returncode)
+    _finish_with_exit_status(records, record, os.waitstatus_to_exitcode(status))
 
 
-def _unblock_handled_signals() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
+def _spawn_script(records: HookRecords, record: HookRecord, executable: str | OSError, environment: dict[str, str]) -> int:
+    """Start `bash SCRIPT` in the workspace, in its own session, with no signal blocked.
+
+    posix_spawn rather than subprocess: it can set the child's signal mask without a preexec_fn,
+    so the child is spawned with vfork instead of a full fork of this process. This process has
+    no other use for its working directory (the records directory is absolute), so it changes
+    into the workspace itself.
+    """
+    log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.chdir(record.workspace)
+        if isinstance(executable, OSError):
+            raise executable
+        return os.posix_spawn(
+            executable,
+            ["bash", record.script],
+            environment,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, log, 1),
+                (os.POSIX_SPAWN_DUP2, log, 2),
+            ],
+            setsid=True,
+            setsigmask=(),
+            setsigdef=RESTORED_SIGNALS,
+        )
+    finally:
+        os.close(log)
 
 
-def _script_environment() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if not name.startswith(WITHHELD_ENV_PREFIXES)}
+def _find_executable(name: str, environment: Mapping[str, str]) -> str | OSError:
+    """`name` looked up in the PATH of `environment`, as subprocess looks up its command.
+
+    The error, if none is found, is returned to be raised when the script would have started.
+    """
+    for directory in os.get_exec_path(environment):
+        path = os.path.join(directory, name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
 
 
-def _kill_script(process: subprocess.Popen[bytes]) -> bool:
+def _exit_status(pid: int) -> int | None:
+    """The script's wait status once it has exited (reaping it), else None."""
+    reaped, status = os.waitpid(pid, os.WNOHANG)
+    return status if reaped else None
+
+
+def _script_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    return {name: value for name, value in environment.items() if not name.startswith(WITHHELD_ENV_PREFIXES)}
+
+
+def _kill_script(pid: int) -> bool:
     """Kill the script's whole group; True once no member is left alive."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     # Reap the leader first: until then it is a zombie still counted in its group.
-    process.wait()
-    return kill_group_and_wait(process.pid)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    return kill_group_and_wait(pid)
 
 
 def _unconfirmed(confirmed: bool) -> str:
@@ -156,5 +224,200 @@ def _finish(
     records.write(record)
 
 
+# The launcher -------------------------------------------------------------------------------
+#
+# One per HookRunner, started with `python -I -S` and the channel (a Unix stream socket) as an
+# inherited descriptor. Single-threaded, so forking it is safe. Frames both ways are a 4-byte
+# big-endian length and a JSON document:
+#   request  {"records_dir", "operation_id", "timeout", "environment"}, with the write end of the
+#            runner's "done" pipe attached: the supervisor closes it right after its last write
+#   reply    {"pid", "started_at"} with a pidfd of the supervisor attached, or {"error"}
+#
+# To keep the fork (and the child's first page faults) out of a hook's latency, the launcher
+# keeps one child forked ahead of need, the spare: in its own session already, it waits on a
+# socket for its request and becomes that request's supervisor. A socket closed without a request
+# makes it exit. It is born with the supervisor's signals blocked, and discards a SIGTERM that is
+# pending when its request arrives: that one was meant for an idle spare, not a cancel, which only
+# signals an adopted supervisor and writes its tombstone first, before this process can be adopted
+# and look for the tombstone.
+#
+# The launcher reaps its children and exits at once when the channel reaches end of file, which
+# is what a closed, collected or dead runner leaves behind; supervisors live on, the spare exits.
+
+FRAME_HEADER = struct.Struct(">I")
+MAX_FDS_PER_RECEIVE = 16
+
+
+class _Spare:
+    __slots__ = ("pid", "pidfd", "started_at", "assignment")
+
+    def __init__(self, pid: int, pidfd: int, started_at: int | None, assignment: socket.socket) -> None:
+        self.pid, self.pidfd, self.started_at, self.assignment = pid, pidfd, started_at, assignment
+
+
+def serve_launcher(channel_fd: int) -> None:
+    try:
+        _serve(channel_fd)
+    finally:
+        # Whatever ended the loop, exit without the interpreter's clean-up: nothing to flush.
+        os._exit(0)
+
+
+def _serve(channel_fd: int) -> None:
+    channel = socket.socket(fileno=channel_fd)
+    poller = select.poll()
+    poller.register(channel_fd, select.POLLIN)
+    children: dict[int, int] = {}  # pidfd -> pid, until reaped
+    spare: _Spare | None = None
+    received = bytearray()
+    received_fds: list[int] = []  # each arrives with the first byte of its request
+    while True:
+        if spare is None:
+            try:
+                spare = _fork_spare(channel, children, poller)
+            except OSError:
+                pass  # tried again for the next request, which reports the error
+        for fd, _events in poller.poll():
+            if fd != channel_fd:
+                poller.unregister(fd)
+                os.waitpid(children.pop(fd), 0)
+                os.close(fd)
+                if spare is not None and spare.pidfd == fd:
+                    spare.assignment.close()
+                    spare = None
+                continue
+            chunk, fds, _flags, _address = socket.recv_fds(
+                channel, 1 << 16, MAX_FDS_PER_RECEIVE, socket.MSG_CMSG_CLOEXEC
+            )
+            received_fds += fds
+            if not chunk:
+                return
+            received += chunk
+            while (request := _take_frame(received)) is not None:
+                done = received_fds.pop(0) if received_fds else None
+                try:
+                    _hand_over(channel, request, done, spare, children, poller)
+                finally:
+                    if done is not None:
+                        os.close(done)
+                spare = None  # given away, or dead
+
+
+def _take_frame(received: bytearray) -> bytes | None:
+    if len(received) < FRAME_HEADER.size:
+        return None
+    end = FRAME_HEADER.size + FRAME_HEADER.unpack_from(received)[0]
+    if len(received) < end:
+        return None
+    frame = bytes(received[FRAME_HEADER.size : end])
+    del received[:end]
+    return frame
+
+
+def _hand_over(
+    channel: socket.socket,
+    request: bytes,
+    done: int | None,
+    spare: _Spare | None,
+    children: dict[int, int],
+    poller: select.poll,
+) -> None:
+    """Tell the runner which process supervises its request, then give that process the request.
+
+    The runner hears first: it has a record to write before the supervisor can do anything.
+    """
+    if spare is not None and _has_exited(spare.pidfd):
+        spare.assignment.close()  # the pidfd is the poller's, to reap it
+        spare = None
+    if spare is None:
+        try:
+            spare = _fork_spare(channel, children, poller)
+        except OSError as error:
+            _send_frame(channel, {"error": f"could not start a hook supervisor: {error}"})
+            return
+    _send_frame(channel, {"pid": spare.pid, "started_at": spare.started_at}, [spare.pidfd])
+    try:
+        sent = socket.send_fds(spare.assignment, [request], [] if done is None else [done])
+        spare.assignment.sendall(request[sent:])
+    except OSError:
+        pass  # it died just now: the runner sees it exit without an outcome, as any supervisor's death
+    finally:
+        spare.assignment.close()
+
+
+def _has_exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _fork_spare(channel: socket.socket, children: dict[int, int], poller: select.poll) -> _Spare:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Blocked from birth: no moment in which a SIGTERM kills the supervisor instead of cancelling.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        ours.close()
+        theirs.close()
+        raise
+    if pid == 0:
+        ours.detach()
+        _be_spare(channel, theirs)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    theirs.close()
+    # Until we reap it the pid is the child's, so the pidfd and the start time are its own.
+    pidfd = os.pidfd_open(pid)
+    children[pidfd] = pid
+    poller.register(pidfd, select.POLLIN)
+    return _Spare(pid, pidfd, start_ticks_of_child(pid), ours)
+
+
+def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
+    """In the forked child: wait for a request, supervise it, exit without the launcher's clean-up."""
+    status = 1
+    try:
+        channel.detach()
+        # The launcher's channel, its other children's pidfds and sockets are not the supervisor's.
+        keep = assignment.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        os.setsid()
+        request, fds = _receive_all(assignment)
+        assignment.close()
+        signal.sigtimedwait({signal.SIGTERM}, 0)  # see above: not a cancel
+        if request:
+            document = json.loads(request)
+            main([document["records_dir"], document["operation_id"], document["timeout"]], document["environment"])
+        # Right after the last record write: the runner learns it now, not once this process
+        # has been torn down.
+        for fd in fds:
+            os.close(fd)
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _receive_all(assignment: socket.socket) -> tuple[bytes, list[int]]:
+    chunks: list[bytes] = []
+    fds: list[int] = []
+    while True:
+        chunk, more_fds, _flags, _address = socket.recv_fds(
+            assignment, 1 << 16, MAX_FDS_PER_RECEIVE, socket.MSG_CMSG_CLOEXEC
+        )
+        fds += more_fds
+        if not chunk:
+            return b"".join(chunks), fds
+        chunks.append(chunk)
+
+
+def _send_frame(channel: socket.socket, document: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(document).encode()
+    frame = FRAME_HEADER.pack(len(data)) + data
+    sent = socket.send_fds(channel, [frame], fds) if fds else channel.send(frame)
+    channel.sendall(frame[sent:])
+
+
 if __name__ == "__main__":
+    # As subprocess's close_fds would: the script inherits nothing but its standard streams.
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     main()

@@ -5,6 +5,12 @@ this service and writes the script's outcome into the operation's durable record
 restart a hook still running is joined and its real outcome read back; only when the supervisor
 itself has died is the outcome unknown ("interrupted").
 
+Supervisors are forked by a launcher, one long-lived helper process per runner that has imported
+the supervisor once (a fresh interpreter per hook would cost about a hundred milliseconds). It is
+started on first use, restarted if it died, and exits when the runner closes, is collected or dies
+(see hook_supervisor). The runner learns that a supervisor it started is done from a pipe the
+supervisor closes right after its last record write, and that it died from its pidfd; no polling.
+
 This process assumes it is the only service using its records directory: a record whose
 supervisor was never adopted (see hook_supervisor) is only waited on while this process's own run
 of that operation is in flight.
@@ -18,10 +24,15 @@ restart.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,17 +48,18 @@ from providers.host.hook_records import (
     is_same_process,
     kill_recorded_group,
     now_iso,
-    process_start_ticks,
     signal_recorded_process,
 )
+from providers.host.hook_supervisor import ADOPTED_SIGNAL, FRAME_HEADER
 
 SCRIPT_NAMES: dict[str, str] = {"setup": ".bb-env-setup.sh", "teardown": ".bb-env-teardown.sh"}
 POLL_S = 0.02
 CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
-SUPERVISOR_BOOTSTRAP = (
+LAUNCHER_EXIT_WAIT_S = 2.0
+LAUNCHER_BOOTSTRAP = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from providers.host.hook_supervisor import main; main()"
+    "from providers.host.hook_supervisor import serve_launcher; serve_launcher(int(sys.argv[1]))"
 )
 # The directory that holds the `providers` package, so `-m` finds it whatever our cwd is.
 IMPORT_ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +92,16 @@ class HookRunner:
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
         self._finalize_locks: dict[str, asyncio.Lock] = {}
+        self._launcher = _Launcher()
+        weakref.finalize(self, self._launcher.close)
+
+    async def prepare(self) -> None:
+        """Start the launcher now rather than on the first hook, which would wait for its start-up."""
+        await asyncio.to_thread(self._launcher.ensure_started)
+
+    def close(self) -> None:
+        """Stop the launcher; running hooks are not affected, and a later run starts a new one."""
+        self._launcher.close()
 
     def status(self, operation_id: str) -> HookRecord | None:
         return self._records.read(operation_id)
@@ -113,18 +135,24 @@ class HookRunner:
     async def _run_once(
         self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink
     ) -> HookOutcome:
-        record = await asyncio.to_thread(self._records.read, operation_id)
+        record, tombstoned, supervisor = await asyncio.to_thread(self._begin, operation_id, kind, workspace)
+        if tombstoned:
+            return await self._settle_cancelled(record)
+        assert record is not None
+        return _outcome(await self._follow(record, on_output, supervisor))
+
+    def _begin(
+        self, operation_id: str, kind: str, workspace: Path
+    ) -> tuple[HookRecord | None, bool, _Supervisor | None]:
+        """The operation's record and tombstone; if it has neither, the hook is started. Blocking."""
+        record = self._records.read(operation_id)
         if record is not None:
             _check_identity(record, kind, workspace)
-        if await asyncio.to_thread(self._records.is_tombstoned, operation_id):
-            return await self._settle_cancelled(record)
-        if record is not None:
-            return _outcome(await self._follow(record, on_output))
-        record, supervisor = await self._start(operation_id, cast(HookKind, kind), workspace)
-        record = await self._follow(record, on_output, supervisor)
-        if supervisor is not None:
-            await asyncio.to_thread(supervisor.wait)
-        return _outcome(record)
+        tombstoned = self._records.is_tombstoned(operation_id)
+        if record is not None or tombstoned:
+            return record, tombstoned, None
+        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace)
+        return record, False, supervisor
 
     async def _settle_cancelled(self, record: HookRecord | None) -> HookOutcome:
         """A tombstoned operation: stop whatever a cancel interrupted by a crash left running."""
@@ -136,72 +164,100 @@ class HookRunner:
             return _outcome(settled)
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
-    async def _start(
-        self, operation_id: str, kind: HookKind, workspace: Path
-    ) -> tuple[HookRecord, subprocess.Popen[bytes] | None]:
-        """Write the fresh record and start its supervisor; a missing script is recorded as skipped."""
+    def _start(self, operation_id: str, kind: HookKind, workspace: Path) -> tuple[HookRecord, _Supervisor | None]:
+        """Start a supervisor and write the fresh record adopting it; a missing script is recorded as skipped.
+
+        Blocking: runs in a worker thread.
+        """
         script = workspace / SCRIPT_NAMES[kind]
         record = HookRecord(
             operation_id=operation_id, kind=kind, workspace=str(workspace), script=str(script), started_at=now_iso()
         )
-        if not await asyncio.to_thread(script.is_file):
+        if not script.is_file():
             record.finished_at = record.started_at
             record.outcome = "skipped"
             record.message = f"{script.name} not found"
-            await asyncio.to_thread(self._records.write, record)
+            self._records.write(record)
             return record, None
-        await asyncio.to_thread(self._records.write, record)
-        # Popen, not asyncio's subprocess: closing or collecting an asyncio subprocess transport
-        # kills a child still running, and the supervisor must outlive this service.
-        supervisor = await asyncio.to_thread(
-            subprocess.Popen,
-            self._supervisor_command(operation_id),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=IMPORT_ROOT,
-        )
-        # Adoption: the supervisor waits for its own identity in the record before it starts.
-        record.supervisor_pid = supervisor.pid
-        record.supervisor_started_at = process_start_ticks(supervisor.pid)
-        await asyncio.to_thread(self._records.write, record)
+        supervisor = self._launcher.start_supervisor(str(self._records.directory), operation_id, repr(self._timeout_s))
+        try:
+            # Adoption: the supervisor waits for its own identity in the record before it starts.
+            # The record is first written here: until then no script can have started, so a crash
+            # before this write leaves nothing that ran.
+            record.supervisor_pid = supervisor.pid
+            record.supervisor_started_at = supervisor.started_at
+            self._records.write(record)
+            try:
+                signal.pidfd_send_signal(supervisor.pidfd, ADOPTED_SIGNAL)
+            except ProcessLookupError:
+                pass
+        except BaseException:
+            supervisor.close()
+            raise
         return record, supervisor
 
-    def _supervisor_command(self, operation_id: str) -> list[str]:
-        # -I -S: no site-packages, no user paths; the supervisor needs only the standard library
-        # and starts in a few milliseconds instead of a hundred.
-        return [sys.executable, "-I", "-S", "-c", SUPERVISOR_BOOTSTRAP, str(IMPORT_ROOT),
-                str(self._records.directory), operation_id, repr(self._timeout_s)]
-
-    async def _follow(
-        self, record: HookRecord, on_output: OutputSink, supervisor: subprocess.Popen[bytes] | None = None
-    ) -> HookRecord:
+    async def _follow(self, record: HookRecord, on_output: OutputSink, supervisor: _Supervisor | None = None) -> HookRecord:
         """Deliver the log as it grows until the record is finished.
 
-        With the supervisor as our own child, its exit (which follows its last record write) ends
-        the wait at once; otherwise its liveness is polled.
+        `supervisor` (ours to close) is the one this process started; for a record found here it
+        is looked up. The supervisor's exit (or, for one we started, its notice that it wrote its
+        last record) ends the wait at once; only if no pidfd can be had for it is its liveness
+        polled.
         """
         operation_id = record.operation_id
-        while record.finished_at is None:
-            await self._deliver_log(operation_id, on_output, complete=False)
+        watch: _SupervisorWatch | None = None
+        try:
+            if supervisor is None and record.finished_at is None:
+                pidfd = await asyncio.to_thread(_open_supervisor_pidfd, record)
+                if pidfd is not None:
+                    supervisor = _Supervisor(record.supervisor_pid or 0, record.supervisor_started_at, pidfd)
             if supervisor is not None:
-                await asyncio.to_thread(_wait_for_exit, supervisor, POLL_S)
-            elif not await asyncio.to_thread(_supervisor_alive, record):
-                record = await self._close_orphaned(operation_id)
-                break
-            else:
-                await asyncio.sleep(POLL_S)
-            record = await self._read_existing(operation_id)
-            if record.finished_at is None and supervisor is not None and supervisor.poll() is not None:
-                record = await self._close_orphaned(operation_id)
+                watch, supervisor = _SupervisorWatch(supervisor), None
+                if record.finished_at is None and watch.fresh:
+                    # Just started: nothing to read before it has had a moment.
+                    await watch.wait(POLL_S)
+            while True:
+                exited = watch is not None and watch.exited
+                offset = self._delivered_offsets.get(operation_id, 0)
+                record, data = await asyncio.to_thread(self._snapshot, operation_id, offset)
+                finished = record.finished_at is not None
+                await self._deliver(operation_id, data, offset, on_output, complete=finished)
+                if finished:
+                    return record
+                if exited:
+                    break  # read after the supervisor exited, and unfinished: it died
+                if watch is not None:
+                    await watch.wait(POLL_S)
+                elif not await asyncio.to_thread(_supervisor_alive, record):
+                    break
+                else:
+                    await asyncio.sleep(POLL_S)
+        finally:
+            if watch is not None:
+                watch.close()
+            elif supervisor is not None:
+                supervisor.close()
+        record = await self._close_orphaned(operation_id)
         await self._deliver_log(operation_id, on_output, complete=True)
         return record
+
+    def _snapshot(self, operation_id: str, offset: int) -> tuple[HookRecord, bytes]:
+        """The record, then the log from `offset`: once the record is finished, that log is complete."""
+        record = self._records.read(operation_id)
+        if record is None:
+            raise FileNotFoundError(f"hook record for {operation_id!r} disappeared")
+        return record, _read_from(self._records.log_path(operation_id), offset)
 
     async def _deliver_log(self, operation_id: str, on_output: OutputSink, complete: bool) -> None:
         """Send the lines this process has not delivered yet; a partial last line only once complete."""
         offset = self._delivered_offsets.get(operation_id, 0)
         data = await asyncio.to_thread(_read_from, self._records.log_path(operation_id), offset)
+        await self._deliver(operation_id, data, offset, on_output, complete)
+
+    async def _deliver(
+        self, operation_id: str, data: bytes, offset: int, on_output: OutputSink, complete: bool
+    ) -> None:
+        """Send `data`, read from `offset` of the log; a partial last line only once complete."""
         if not complete:
             data = data[: data.rfind(b"\n") + 1]
         for line in data.splitlines(keepends=True):
@@ -286,11 +342,215 @@ def _supervisor_alive(record: HookRecord) -> bool:
     return is_same_process(record.supervisor_pid, record.supervisor_started_at)
 
 
-def _wait_for_exit(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _open_supervisor_pidfd(record: HookRecord) -> int | None:
+    """A pidfd of the record's supervisor if that very process still runs, else None."""
+    if record.supervisor_pid is None:
+        return None
     try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
+        pidfd = os.pidfd_open(record.supervisor_pid)
+    except OSError:
+        return None
+    # Checked after opening: the pidfd pins whichever process held the pid at that moment.
+    if is_same_process(record.supervisor_pid, record.supervisor_started_at):
+        return pidfd
+    os.close(pidfd)
+    return None
+
+
+@dataclass
+class _Supervisor:
+    """A supervisor process as this process holds it: pidfd, and for one we started, `done`."""
+
+    pid: int
+    started_at: int | None
+    pidfd: int
+    # The read end of a pipe whose only writer the supervisor closes right after writing its
+    # outcome (or dies): it tells us before its exit does, which waits for its memory to be freed.
+    done: int | None = None
+
+    def close(self) -> None:
+        os.close(self.pidfd)
+        if self.done is not None:
+            os.close(self.done)
+
+
+class _SupervisorWatch:
+    """A supervisor watched by the event loop: its pidfd turns readable when it has exited."""
+
+    def __init__(self, supervisor: _Supervisor) -> None:
+        self._supervisor = supervisor
+        self._loop = asyncio.get_running_loop()
+        self._exited = self._watch(supervisor.pidfd)
+        self._done = None if supervisor.done is None else self._watch(supervisor.done)
+
+    def _watch(self, fd: int) -> asyncio.Future[None]:
+        readable: asyncio.Future[None] = self._loop.create_future()
+
+        def on_readable() -> None:
+            self._loop.remove_reader(fd)
+            if not readable.done():
+                readable.set_result(None)
+
+        self._loop.add_reader(fd, on_readable)
+        return readable
+
+    @property
+    def fresh(self) -> bool:
+        """Started by this process and not yet done."""
+        return self._done is not None and not self._done.done()
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.done()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the supervisor is done or has exited, or the time is up."""
+        waiting = [self._exited] if self._done is None or self._done.done() else [self._exited, self._done]
+        await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._supervisor.pidfd)
+        if self._supervisor.done is not None:
+            self._loop.remove_reader(self._supervisor.done)
+        self._supervisor.close()
+
+
+class _LauncherGone(Exception):
+    pass
+
+
+class _Launcher:
+    """This runner's side of the supervisor launcher (see hook_supervisor.serve_launcher).
+
+    Thread-safe; started on first use and started again if it died. Its channel is the only
+    thing that keeps it running: closing it (or this process dying) makes it exit at once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channel: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return None if process is None else process.pid
+
+    def ensure_started(self) -> None:
+        with self._lock:
+            self._forget_if_forked()
+            if self._channel is None:
+                self._spawn()
+
+    def start_supervisor(self, records_dir: str, operation_id: str, timeout: str) -> _Supervisor:
+        """Have a supervisor forked for the operation; it waits for adoption."""
+        request = {
+            "records_dir": records_dir,
+            "operation_id": operation_id,
+            "timeout": timeout,
+            # The environment of this moment, as a freshly spawned supervisor would have had.
+            "environment": dict(os.environ),
+        }
+        data = json.dumps(request).encode()
+        frame = FRAME_HEADER.pack(len(data)) + data
+        with self._lock:
+            self._forget_if_forked()
+            for attempt in range(2):
+                if self._channel is None:
+                    self._spawn()
+                assert self._channel is not None
+                done, done_writer = os.pipe()
+                try:
+                    try:
+                        sent = socket.send_fds(self._channel, [frame], [done_writer], socket.MSG_NOSIGNAL)
+                    finally:
+                        os.close(done_writer)
+                    self._channel.sendall(frame[sent:], socket.MSG_NOSIGNAL)
+                    reply, fds = _receive_frame(self._channel)
+                except BaseException as error:
+                    # A request cut short leaves the channel out of step: never reuse it. A
+                    # launcher that died took its half-done request with it; a supervisor it
+                    # forked for us is never adopted and gives up on its own.
+                    os.close(done)
+                    self._stop()
+                    if attempt or not isinstance(error, (OSError, _LauncherGone)):
+                        raise
+                    continue
+                break
+        if "error" in reply or len(fds) != 1:
+            for fd in [done, *fds]:
+                os.close(fd)
+            raise OSError(reply.get("error", "the hook launcher sent no pidfd"))
+        return _Supervisor(reply["pid"], reply["started_at"], fds[0], done)
+
+    def _spawn(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # -I -S: no site-packages, no user paths; the launcher needs only the standard library.
+            # Popen, not asyncio's subprocess, whose transport kills a child still running when it
+            # is closed or collected.
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOTSTRAP, str(IMPORT_ROOT), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=IMPORT_ROOT,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._channel = ours
+
+    def close(self) -> None:
+        with self._lock:
+            self._forget_if_forked()
+            self._stop()
+
+    def _forget_if_forked(self) -> None:
+        """In a forked child of the process that started the launcher, that launcher is not ours."""
+        if self._owner != os.getpid():
+            if self._channel is not None:
+                self._channel.close()  # our copy only
+            self._channel = self._process = None
+            self._owner = os.getpid()
+
+    def _stop(self) -> None:
+        channel, process = self._channel, self._process
+        self._channel = self._process = None
+        if channel is not None:
+            channel.close()
+        if process is not None:
+            # It exits as soon as it sees the end of its channel.
+            try:
+                process.wait(LAUNCHER_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _receive_frame(channel: socket.socket) -> tuple[dict, list[int]]:
+    received = b""
+    fds: list[int] = []
+    try:
+        while True:
+            if len(received) >= FRAME_HEADER.size:
+                end = FRAME_HEADER.size + FRAME_HEADER.unpack_from(received)[0]
+                if len(received) >= end:
+                    return json.loads(received[FRAME_HEADER.size : end]), fds
+            data, more_fds, _flags, _address = socket.recv_fds(channel, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
+            fds += more_fds
+            if not data:
+                raise _LauncherGone("the hook launcher exited")
+            received += data
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _read_from(path: Path, offset: int) -> bytes:

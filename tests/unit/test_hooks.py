@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from providers.host.hook_records import HookIdentityMismatch, HookRecord, HookRecords, now_iso, process_start_ticks
+from providers.host.hook_records import (
+    HookIdentityMismatch,
+    HookRecord,
+    HookRecords,
+    now_iso,
+    process_start_ticks,
+    start_ticks_of_child,
+)
 from providers.host.hooks import HookOutcome, HookRunner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -307,3 +317,218 @@ async def test_recovery_never_signals_a_reused_pid(
 
     assert outcome.status == "interrupted"
     assert alive(bystander.pid)
+
+
+# The launcher: one long-lived helper per runner forks the supervisors.
+
+
+def children_of(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def gone(pid: int, started_at: int | None) -> bool:
+    """No process, not even a zombie, is that pid with that start time any more."""
+    return started_at is None or start_ticks_of_child(pid) != started_at
+
+
+def stopped(pid: int, started_at: int | None) -> bool:
+    """No live process is that pid with that start time (an unreaped orphan may linger as a zombie)."""
+    return started_at is None or process_start_ticks(pid) != started_at
+
+
+def identity(pid: int) -> tuple[int, int | None]:
+    return pid, start_ticks_of_child(pid)
+
+
+def launcher_of(runner: HookRunner) -> int:
+    pid = runner._launcher.pid
+    assert pid is not None
+    return pid
+
+
+async def idle_spare(runner: HookRunner, last_operation_id: str) -> tuple[int, int | None]:
+    """The launcher's only child once the last hook's supervisor is reaped: its spare."""
+    record = runner.status(last_operation_id)
+    assert record is not None and record.supervisor_pid is not None
+    await wait_until(lambda: gone(record.supervisor_pid, record.supervisor_started_at))
+    await wait_until(lambda: len(children_of(launcher_of(runner))) == 1)
+    [spare] = children_of(launcher_of(runner))
+    return identity(spare)
+
+
+async def test_supervisors_are_reaped_and_closing_the_runner_stops_its_launcher(
+    records_dir: Path, workspace: Path
+) -> None:
+    write_setup(workspace, "echo hi\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    assert (await runner.run("op", "setup", workspace, Output())).status == "succeeded"
+    launcher = identity(launcher_of(runner))
+    spares = [await idle_spare(runner, "op")]
+
+    runner.close()
+
+    assert gone(*launcher)
+    # Orphaned when the launcher exits: reaped by whoever adopts orphans here, maybe not at once.
+    await wait_until(lambda: all(stopped(*spare) for spare in spares))
+    # A closed runner starts a new launcher when it needs one.
+    assert (await runner.run("op2", "setup", workspace, Output())).status == "succeeded"
+    runner.close()
+
+
+async def test_prepare_starts_the_launcher_ahead_of_the_first_hook(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo hi\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+
+    await runner.prepare()
+    launcher = launcher_of(runner)
+
+    assert (await runner.run("op", "setup", workspace, Output())).status == "succeeded"
+    assert launcher_of(runner) == launcher
+    runner.close()
+
+
+async def test_a_collected_runner_leaves_no_launcher_behind(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo hi\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    assert (await runner.run("op", "setup", workspace, Output())).status == "succeeded"
+    launcher = identity(launcher_of(runner))
+    spares = [await idle_spare(runner, "op")]
+
+    del runner
+    gc.collect()
+
+    assert gone(*launcher)
+    # Orphaned when the launcher exits: reaped by whoever adopts orphans here, maybe not at once.
+    await wait_until(lambda: all(stopped(*spare) for spare in spares))
+
+
+async def test_a_dead_launcher_or_spare_is_replaced(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo hi\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    assert (await runner.run("op1", "setup", workspace, Output())).status == "succeeded"
+    first = identity(launcher_of(runner))
+    os.kill(first[0], signal.SIGKILL)
+    await wait_until(lambda: stopped(*first))
+
+    assert (await runner.run("op2", "setup", workspace, Output())).status == "succeeded"
+    second = launcher_of(runner)
+    assert second != first[0]
+    spare = await idle_spare(runner, "op2")
+    os.kill(spare[0], signal.SIGKILL)
+    await wait_until(lambda: stopped(*spare))
+
+    assert (await runner.run("op3", "setup", workspace, Output())).status == "succeeded"
+    assert launcher_of(runner) == second
+    runner.close()
+
+
+async def test_a_stray_sigterm_to_the_idle_spare_cancels_nothing(records_dir: Path, workspace: Path) -> None:
+    write_setup(workspace, "echo hi\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    assert (await runner.run("op1", "setup", workspace, Output())).status == "succeeded"
+    spare, _ = await idle_spare(runner, "op1")
+    os.kill(spare, signal.SIGTERM)
+
+    assert (await runner.run("op2", "setup", workspace, Output())).status == "succeeded"
+    record = runner.status("op2")
+    assert record is not None and record.supervisor_pid == spare
+    runner.close()
+
+
+async def test_scripts_get_the_environment_of_the_moment_they_run(
+    records_dir: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_setup(workspace, "echo \"[$LATE_VARIABLE][$BB_LATE_SECRET]\"\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    first, second = Output(), Output()
+    await runner.run("op1", "setup", workspace, first)
+    monkeypatch.setenv("LATE_VARIABLE", "late")
+    monkeypatch.setenv("BB_LATE_SECRET", "s")
+
+    await runner.run("op2", "setup", workspace, second)
+
+    assert first.lines == ["[][]"]
+    assert second.lines == ["[late][]"]
+    runner.close()
+
+
+RUN_AND_REPORT_LAUNCHER = """\
+import asyncio, sys
+from pathlib import Path
+from providers.host.hooks import HookRunner
+
+async def ignore(line):
+    pass
+
+async def main():
+    runner = HookRunner(Path(sys.argv[1]), timeout_s=30)
+    outcome = await runner.run(sys.argv[3], "setup", Path(sys.argv[2]), ignore)
+    print(outcome.status, runner._launcher.pid)
+
+asyncio.run(main())
+"""
+
+
+async def test_after_a_service_crash_its_launcher_is_gone_and_a_new_service_starts_its_own(
+    records_dir: Path, workspace: Path
+) -> None:
+    write_setup(
+        workspace,
+        """\
+        echo ran >> marker
+        while [ ! -e release ]; do sleep 0.02; done
+        echo after
+        """,
+    )
+    service = subprocess.Popen(
+        [sys.executable, "-c", SERVICE, str(records_dir), str(workspace)], cwd=REPO_ROOT, start_new_session=True
+    )
+    try:
+        await wait_until(lambda: executions(workspace) == 1)
+        [launcher_pid] = children_of(service.pid)
+        launcher = identity(launcher_pid)
+        # The running hook's supervisor and the spare.
+        await wait_until(lambda: len(children_of(launcher_pid)) == 2)
+        spares = [identity(pid) for pid in children_of(launcher_pid)]
+    finally:
+        service.kill()
+        await asyncio.to_thread(service.wait)
+    await wait_until(lambda: stopped(*launcher))
+    record = HookRecords(records_dir).read("op")
+    assert record is not None and record.supervisor_pid is not None
+    supervisor = (record.supervisor_pid, record.supervisor_started_at)
+    assert supervisor in spares
+    await wait_until(lambda: all(stopped(*spare) for spare in spares if spare != supervisor))
+    assert not stopped(*supervisor)
+
+    other_workspace = workspace.parent / "other-workspace"
+    other_workspace.mkdir()
+    write_setup(other_workspace, "echo ran >> marker\n")
+    second_service = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", RUN_AND_REPORT_LAUNCHER, str(records_dir), str(other_workspace), "op2"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    status, second_launcher = second_service.stdout.split()
+    assert status == "succeeded"
+    assert int(second_launcher) != launcher[0]
+    await wait_until(lambda: not alive(int(second_launcher)))
+    assert executions(other_workspace) == 1
+
+    (workspace / "release").touch()
+    joined = await HookRunner(records_dir, timeout_s=30).run("op", "setup", workspace, Output())
+    assert joined == HookOutcome("succeeded", 0, None)
+    assert executions(workspace) == 1
