@@ -4,69 +4,25 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from bus import subjects
 from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, SpawnThread, ThreadRef
-from bus.client import ApiClient, ServiceError, unreachable
+from bus.client import ApiClient, unreachable
+from entrypoints.cli_modal import machine, modal
+from entrypoints.cli_support import Failure, emit, fail, json_option, run_command, stderr, stdout
 from entrypoints.config import ConfigError, Settings, nats_credentials, read_server_file
-from handlers.errors import EXIT_CODES
 
 TERMINAL_FOR_WAIT = {"ready": 0, "error": 1, "removing": 1, "removed": 1, "retiring": 1}
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class Failure(Exception):
-    def __init__(self, code: str, message: str, document: dict | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.document = code, message, document
-
-
-def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., None]:
-    """Run an async command; turn its failures into a one-sentence error and the SPEC's exit code."""
-
-    @functools.wraps(body)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        as_json = kwargs.get("as_json", False)
-        try:
-            asyncio.run(body(*args, **kwargs))
-        except (Failure, ServiceError) as failure:
-            _fail(failure.code, failure.message, as_json, getattr(failure, "document", None))
-        except ConfigError as bad:
-            _fail("invalid_input", str(bad), as_json)
-
-    return wrapper
-
-
-def _fail(code: str, message: str, as_json: bool, document: dict | None = None) -> None:
-    stderr.print(f"bb: {message}", markup=False)
-    if as_json:
-        print(json.dumps(document if document is not None else {"error": {"code": code, "message": message}}))
-    sys.exit(EXIT_CODES.get(code, 1))
-
-
-def emit(document: Any, as_json: bool, human: Callable[[Any], None]) -> None:
-    if as_json:
-        print(json.dumps(document))
-    else:
-        human(document)
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 
 
 async def open_client(settings: Settings) -> ApiClient:
@@ -103,7 +59,7 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
     try:
         context.obj = Settings.load(data_dir, nats_url)
     except ConfigError as bad:
-        _fail("invalid_input", str(bad), False)
+        fail("invalid_input", str(bad), False)
 
 
 @cli.command()
@@ -124,7 +80,7 @@ def serve(settings: Settings, as_json: bool) -> None:
     try:
         asyncio.run(run_service(settings, announce))
     except AlreadyServing as busy:
-        _fail("failed", str(busy), as_json)
+        fail("failed", str(busy), as_json)
 
 
 # -- environments ----------------------------------------------------------------------------------
@@ -413,6 +369,10 @@ async def events_replay(settings: Settings, as_json: bool) -> None:
     counts = await call(settings, "events", "replay", Nothing())
     emit(counts, as_json, lambda c: stdout.print(
         f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
+
+
+cli.add_command(machine)
+cli.add_command(modal)
 
 
 def main() -> None:

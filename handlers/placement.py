@@ -40,6 +40,12 @@ def check_host_id(host_id: str) -> str:
     return host_id
 
 
+def canonical_path(path: str) -> str:
+    """A local path with symlinks and `..` resolved, so an alias claims the same path; a
+    provider's non-local path (`modal://...`) is its own identity."""
+    return os.path.realpath(path) if os.path.isabs(path) else path
+
+
 def check_environment_id(text: str) -> UUID:
     try:
         return UUID(text)
@@ -109,7 +115,7 @@ class Placer:
         return Placement(
             provider_id=provider.id, host_id=host_id, project_path=project,
             inputs=msgspec.to_builtins(inputs), path_key=path_key,
-            claimed_path=os.path.realpath(planned) if planned else None,
+            claimed_path=canonical_path(planned) if planned else None,
         )
 
 
@@ -123,7 +129,7 @@ class Placer:
             next_key = f"{thread_id}-{attempt + 1}"
         context = self.context(provider, host_id, project_path, decode_inputs(provider, inputs))
         planned = await asyncio.to_thread(provider.planned_path, context, next_key)
-        return next_key, os.path.realpath(planned) if planned else None
+        return next_key, canonical_path(planned) if planned else None
 
 
 def decode_inputs(provider: EnvironmentProvider, raw: Any) -> Any:

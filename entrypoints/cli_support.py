@@ -1,0 +1,59 @@
+"""What every `bb` command shares: output consoles, --json, errors as one sentence and an exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import click
+from rich.console import Console
+
+from bus.client import ServiceError
+from entrypoints.config import ConfigError
+from handlers.errors import EXIT_CODES
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class Failure(Exception):
+    def __init__(self, code: str, message: str, document: dict | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.document = code, message, document
+
+
+def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., None]:
+    """Run an async command; turn its failures into a one-sentence error and the SPEC's exit code."""
+
+    @functools.wraps(body)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        as_json = kwargs.get("as_json", False)
+        try:
+            asyncio.run(body(*args, **kwargs))
+        except (Failure, ServiceError) as failure:
+            fail(failure.code, failure.message, as_json, getattr(failure, "document", None))
+        except ConfigError as bad:
+            fail("invalid_input", str(bad), as_json)
+
+    return wrapper
+
+
+def fail(code: str, message: str, as_json: bool, document: dict | None = None) -> None:
+    stderr.print(f"bb: {message}", markup=False)
+    if as_json:
+        print(json.dumps(document if document is not None else {"error": {"code": code, "message": message}}))
+    sys.exit(EXIT_CODES.get(code, 1))
+
+
+def emit(document: Any, as_json: bool, human: Callable[[Any], None]) -> None:
+    if as_json:
+        print(json.dumps(document))
+    else:
+        human(document)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")

@@ -1,0 +1,627 @@
+"""The `modal-sandbox` provider: one Modal sandbox per environment, the project cloned inside.
+
+Image: built from the provider's Dockerfile (see `providers.modal_settings`) and published as
+`bb-standard:<sha256 of the Dockerfile text>`; looked up by that name first, built only when
+missing, shared by every sandbox and never removed with one.
+
+Create: the sandbox is tagged `bb-path-key=<path key>` in the same call that creates it, so a
+create interrupted in flight (Modal commits the sandbox before `Sandbox.create` returns) is found
+again by tag: a re-run create reuses it, remove terminates it. Inside, the project is cloned from
+its `origin` remote and `.bb-env-setup.sh` run; both steps are idempotent inside the sandbox
+(a lock plus a finished-marker), so a re-run create never clones or sets up twice. Credentials for
+private remotes are out of scope: only what the origin URL itself carries reaches the sandbox, and
+that URL travels on the process's stdin, never in argv, transcript or resource.
+
+Pause snapshots the filesystem, hands the snapshot id to `checkpoint`, then terminates; resume
+starts a sandbox from the snapshot with the same tags and skips setup. Superseded snapshots are
+deleted once a later resume or the removal can be sure the core recorded their successor.
+
+The Modal token (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET) is read from the environment for each call
+and goes only into `modal.Client.from_credentials`. Nothing in the sandbox needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+
+from providers.contract import (
+    READY,
+    Availability,
+    Created,
+    CreateContext,
+    CreateFailed,
+    CreateResult,
+    InvalidInputs,
+    Policy,
+    ProjectContext,
+    Removed,
+    RemoveContext,
+    RemoveFailed,
+    RemoveResult,
+    Reporter,
+    Requires,
+    SilentReporter,
+)
+from providers.git_commands import run_git_or_none
+from providers.git_worktree import repo_dir_name
+from providers.modal_settings import (
+    NO_CREDENTIALS,
+    PROVIDER_ID,
+    Dockerfile,
+    DockerfileError,
+    SettingsError,
+    credentials_from_env,
+    effective_dockerfile,
+    load_settings,
+)
+
+PATH_KEY_TAG = "bb-path-key"
+MACHINE_TAG = "bb-machine"
+WORKSPACE_ROOT = "/workspace"
+CLONE_TIMEOUT_S = 900
+SETUP_TIMEOUT_S = 900
+SNAPSHOT_TIMEOUT_S = 300
+POLL_INTERVAL_S = 1.0
+OUTPUT_LINE_LIMIT = 200
+# Modal tag values: at most 63 of [A-Za-z0-9._-].
+TAG_VALUE_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
+
+# $1 is the target directory; the clone URL arrives on stdin. The lock makes a re-run wait for a
+# clone an interrupted create left running; the rename makes a half-finished clone invisible.
+CLONE_SCRIPT = """set -euo pipefail
+exec 2>&1
+target=$1
+mkdir -p "$(dirname "$target")"
+exec 9>"$target.lock"
+flock 9
+if [ -d "$target/.git" ]; then echo "The project is already cloned"; exit 0; fi
+rm -rf "$target.partial"
+IFS= read -r url
+git clone --no-progress -- "$url" "$target.partial"
+mv "$target.partial" "$target"
+"""
+
+# $1 is the clone. The marker lives in .git so it never shows as an untracked file.
+SETUP_SCRIPT = """set -euo pipefail
+exec 2>&1
+cd "$1"
+exec 9>.git/bb-setup.lock
+flock 9
+if [ -e .git/bb-setup-done ]; then echo ".bb-env-setup.sh already ran"; exit 0; fi
+if [ ! -f .bb-env-setup.sh ]; then echo "No .bb-env-setup.sh"; exit 0; fi
+bash ./.bb-env-setup.sh </dev/null
+touch .git/bb-setup-done
+"""
+
+
+class ModalInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    cpu: float = 2.0
+    memory_mib: int = 4096
+    timeout_hours: int = 24
+    """The sandbox's lifetime; Modal stops a sandbox after 24 hours at most."""
+
+
+INPUT_BOUNDS: dict[str, tuple[float, float]] = {
+    "cpu": (0.25, 16.0),
+    "memoryMib": (512, 65_536),
+    "timeoutHours": (1, 24),
+}
+
+
+class ModalOperationFailed(Exception):
+    """A Modal call failed; the message is one sentence and carries no credential."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class AccountStatus(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    status: Literal["ok", "blocked"]
+    reason: str | None = None
+    token_id: str | None = None
+    """The first characters of the token id only."""
+    app_name: str | None = None
+    app_exists: bool | None = None
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class ModalSandboxProvider:
+    id = PROVIDER_ID
+    display_name = "Modal sandbox"
+    requires = Requires(git_checkout=True)
+    policy = Policy(path_keys="per-attempt", retire_grace_ms=300_000)
+    inputs_type = ModalInputs
+
+    def __init__(self, sdk: ModuleType | None = None, poll_interval_s: float = POLL_INTERVAL_S) -> None:
+        """`sdk` is the `modal` module (imported on first use) or a stand-in with the same API."""
+        self._sdk = sdk
+        self._poll_interval_s = poll_interval_s
+
+    # -- the contract ------------------------------------------------------------------------------
+
+    def availability(self, ctx: ProjectContext) -> Availability:
+        try:
+            effective_dockerfile(ctx.data_dir, load_settings(ctx.data_dir))
+        except (SettingsError, DockerfileError, OSError) as bad:
+            return Availability("blocked", str(bad))
+        if credentials_from_env() is None:
+            return Availability("blocked", NO_CREDENTIALS)
+        return READY
+
+    def validate(self, ctx: ProjectContext) -> None:
+        _check_bounds(_inputs(ctx))
+        project_origin(ctx.project_path)
+        try:
+            effective_dockerfile(ctx.data_dir, load_settings(ctx.data_dir))
+        except (SettingsError, DockerfileError) as bad:
+            raise InvalidInputs(f"Modal settings: {bad}") from None
+
+    def planned_path(self, ctx: ProjectContext, path_key: str) -> str | None:
+        return None  # nothing local to claim: the workspace lives in the sandbox
+
+    def create(self, ctx: CreateContext) -> CreateResult:
+        try:
+            return self._create(ctx)
+        except _Cancelled:
+            return CreateFailed("terminal", "cancelled")
+        except ModalOperationFailed as failure:
+            return CreateFailed("transient" if failure.transient else "terminal", str(failure))
+        except (InvalidInputs, SettingsError, DockerfileError) as refused:
+            return CreateFailed("terminal", str(refused))
+
+    def remove(self, ctx: RemoveContext) -> RemoveResult:
+        try:
+            self._remove(ctx)
+        except _Cancelled:
+            return RemoveFailed("cancelled")
+        except (ModalOperationFailed, SettingsError) as failure:
+            return RemoveFailed(str(failure))
+        return Removed()
+
+    # -- pause and resume (called by the core's idle tracking) ------------------------------------
+
+    def idle_pause_due(self, last_activity: datetime, now: datetime, data_dir: str) -> bool:
+        """True when the environment has been idle at least `idlePauseMinutes` (0 never pauses)."""
+        minutes = load_settings(data_dir).idle_pause_minutes
+        return minutes > 0 and now - last_activity >= timedelta(minutes=minutes)
+
+    def pause(self, resource: dict[str, Any], checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Snapshot the filesystem, checkpoint the snapshot, terminate; the returned resource is paused.
+
+        If the snapshot fails the sandbox keeps running and ModalOperationFailed is raised.
+        `checkpoint` receives the resource naming the new snapshot before the sandbox is terminated,
+        so a crash in between loses neither the sandbox nor the snapshot.
+        """
+        sandbox_id = resource.get("sandboxId")
+        if sandbox_id is None:
+            raise ModalOperationFailed("the sandbox is already paused")
+        with self._client() as (sdk, client):
+            sandbox = self._call("find the sandbox", lambda: sdk.Sandbox.from_id(sandbox_id, client=client))
+            if self._call("check the sandbox", sandbox.poll) is not None:
+                raise ModalOperationFailed(f"sandbox {sandbox_id} has already stopped, so there is nothing to snapshot")
+            snapshot = self._call(
+                "snapshot the sandbox (it keeps running)",
+                lambda: sandbox.snapshot_filesystem(SNAPSHOT_TIMEOUT_S, ttl=None),
+                transient=True,
+            )
+            superseded = [*resource.get("supersededSnapshotIds", []), *_present(resource.get("snapshotId"))]
+            snapshotted = {**resource, "snapshotId": snapshot.object_id, "supersededSnapshotIds": superseded}
+            if checkpoint is not None:
+                checkpoint(snapshotted)
+            self._call("terminate the sandbox", sandbox.terminate)
+        return {**snapshotted, "sandboxId": None}
+
+    def resume(self, resource: dict[str, Any]) -> dict[str, Any]:
+        """Start a sandbox from the snapshot with the same tags (setup does not run again).
+
+        A sandbox still running under the path key (a pause that never terminated, a resume that
+        crashed after starting one) is reused instead of starting a second.
+        """
+        snapshot_id = resource.get("snapshotId")
+        if snapshot_id is None:
+            raise ModalOperationFailed("the environment has no snapshot to resume from")
+        tags = environment_tags(resource["pathKey"])
+        with self._client() as (sdk, client):
+            app = self._app(sdk, client, resource["appName"], create_if_missing=True)
+            sandbox = self._adopt_running(sdk, client, app, tags, SilentReporter())
+            if sandbox is None:
+                image = self._call("find the snapshot", lambda: sdk.Image.from_id(snapshot_id, client=client))
+                sandbox = self._start_sandbox(sdk, client, app, image, tags, _resource_inputs(resource))
+            self._delete_images(sdk, client, resource.get("supersededSnapshotIds", []))
+        return {**resource, "sandboxId": sandbox.object_id, "supersededSnapshotIds": []}
+
+    # -- machines and account (the `bb machine` / `bb modal` commands) ----------------------------
+
+    def inspect_account(self, data_dir: str) -> AccountStatus:
+        """Check the credentials with an authenticated call; allocates nothing."""
+        credentials = credentials_from_env()
+        if credentials is None:
+            return AccountStatus("blocked", NO_CREDENTIALS)
+        try:
+            app_name = load_settings(data_dir).app_name
+            with self._client() as (sdk, client):
+                self._call("check the credentials", client.hello)
+                app_exists = self._app(sdk, client, app_name, create_if_missing=False) is not None
+        except (ModalOperationFailed, SettingsError) as failure:
+            return AccountStatus("blocked", str(failure), credentials.hint)
+        return AccountStatus("ok", None, credentials.hint, app_name, app_exists)
+
+    def create_machine(self, data_dir: str, inputs: ModalInputs, report: Reporter) -> dict[str, Any]:
+        """A bare sandbox from the standard image, tagged `bb-machine=1`."""
+        _check_bounds(inputs)
+        settings = load_settings(data_dir)
+        dockerfile = effective_dockerfile(data_dir, settings)
+        with self._client() as (sdk, client):
+            app = self._app(sdk, client, settings.app_name, create_if_missing=True)
+            image = self._ensure_image(sdk, client, app, dockerfile, Path(data_dir), report)
+            tags = {MACHINE_TAG: "1"}
+            sandbox = self._start_sandbox(sdk, client, app, image, tags, inputs)
+        return {"id": sandbox.object_id, "appName": settings.app_name, "imageId": image.object_id, "tags": tags}
+
+    def list_machines(self, data_dir: str) -> list[dict[str, Any]]:
+        app_name = load_settings(data_dir).app_name
+        with self._client() as (sdk, client):
+            app = self._app(sdk, client, app_name, create_if_missing=False)
+            if app is None:
+                return []
+            sandboxes = self._call(
+                "list sandboxes", lambda: list(sdk.Sandbox.list(app_id=app.app_id, tags={MACHINE_TAG: "1"}, client=client))
+            )
+            return [{"id": sandbox.object_id, "appName": app_name, "tags": sandbox.get_tags()} for sandbox in sandboxes]
+
+    def remove_machine(self, machine_id: str) -> bool:
+        """Terminate a machine; False when no such sandbox exists. Refuses sandboxes it did not make."""
+        with self._client() as (sdk, client):
+            try:
+                sandbox = sdk.Sandbox.from_id(machine_id, client=client)
+                tags = sandbox.get_tags()
+            except sdk.exception.NotFoundError:
+                return False
+            except sdk.Error as error:
+                raise _translated(error, "find the machine") from None
+            if tags.get(MACHINE_TAG) != "1":
+                raise ModalOperationFailed(f"sandbox {machine_id} is not a bb machine; it is left alone")
+            self._call("terminate the machine", sandbox.terminate)
+        return True
+
+    # -- create ------------------------------------------------------------------------------------
+
+    def _create(self, ctx: CreateContext) -> Created:
+        inputs = _inputs(ctx)
+        _check_bounds(inputs)
+        origin = project_origin(ctx.project_path)
+        workdir = f"{WORKSPACE_ROOT}/{repo_dir_name(_toplevel(ctx.project_path))}"
+        settings = load_settings(ctx.data_dir)
+        dockerfile = effective_dockerfile(ctx.data_dir, settings)
+        tags = environment_tags(ctx.path_key)
+        with self._client() as (sdk, client):
+            app = self._app(sdk, client, settings.app_name, create_if_missing=True)
+            image = self._ensure_image(sdk, client, app, dockerfile, Path(ctx.data_dir), ctx.report)
+            _stop_if_cancelled(ctx)
+            sandbox = self._adopt_running(sdk, client, app, tags, ctx.report)
+            if sandbox is None:
+                ctx.report.step("Starting a Modal sandbox")
+                sandbox = self._start_sandbox(sdk, client, app, image, tags, inputs)
+            ctx.report.log(f"Sandbox {sandbox.object_id} (tag {PATH_KEY_TAG}={tags[PATH_KEY_TAG]})")
+            try:
+                _stop_if_cancelled(ctx)
+                ctx.report.step(f"Cloning {redact_url(origin)} into {workdir}")
+                self._run_script(sdk, sandbox, CLONE_SCRIPT, workdir, ctx, CLONE_TIMEOUT_S, "git clone",
+                                 stdin=origin + "\n", secrets=url_secrets(origin))
+                _stop_if_cancelled(ctx)
+                ctx.report.step("Running .bb-env-setup.sh in the sandbox")
+                self._run_script(sdk, sandbox, SETUP_SCRIPT, workdir, ctx, SETUP_TIMEOUT_S, ".bb-env-setup.sh")
+                _stop_if_cancelled(ctx)
+            except BaseException:
+                # Whatever stopped the create, the sandbox must not run on, billed, with no owner.
+                ctx.report.step(f"Terminating sandbox {sandbox.object_id}")
+                self._terminate_quietly(sdk, sandbox, ctx.report)
+                raise
+        return Created(
+            path=sandbox_path(ctx.path_key, workdir),
+            owns_path=False,
+            resource={
+                "sandboxId": sandbox.object_id,
+                "imageId": image.object_id,
+                "snapshotId": None,
+                "supersededSnapshotIds": [],
+                "appName": settings.app_name,
+                "pathKey": ctx.path_key,
+                "workdir": workdir,
+                "cpu": inputs.cpu,
+                "memoryMib": inputs.memory_mib,
+                "timeoutHours": inputs.timeout_hours,
+            },
+        )
+
+    def _ensure_image(self, sdk: Any, client: Any, app: Any, dockerfile: Dockerfile, data_dir: Path, report: Reporter) -> Any:
+        name = dockerfile.image_name
+        try:
+            image = sdk.Image.from_name(name, client=client).build(app)
+            report.log(f"Reusing the {name} Modal image")
+            return image
+        except sdk.exception.NotFoundError:
+            pass
+        except sdk.Error as error:
+            raise _translated(error, f"look up the {name} image") from None
+        report.step(f"Building the {name} Modal image (first launch)")
+        # Build from a copy named by its hash, so the text built is exactly the text hashed.
+        frozen = data_dir / "images" / f"{dockerfile.sha256}.Dockerfile"
+        frozen.parent.mkdir(parents=True, exist_ok=True)
+        frozen.write_text(dockerfile.text)
+        image = self._call(
+            f"build the {name} image",
+            lambda: sdk.Image.from_dockerfile(frozen, context_dir=dockerfile.path.parent).build(app),
+        )
+        self._call(f"publish the {name} image", lambda: image.publish(name, client=client))
+        return image
+
+    def _adopt_running(self, sdk: Any, client: Any, app: Any, tags: dict[str, str], report: Reporter) -> Any | None:
+        """The running sandbox an earlier attempt left under these tags; any extra ones are terminated."""
+        running = self._call(
+            "list sandboxes", lambda: list(sdk.Sandbox.list(app_id=app.app_id, tags=tags, client=client))
+        )
+        if not running:
+            return None
+        adopted, *extra = running
+        report.step(f"Reusing sandbox {adopted.object_id}, left by an earlier attempt")
+        for sandbox in extra:
+            report.log(f"Terminating the duplicate sandbox {sandbox.object_id}")
+            self._call("terminate a duplicate sandbox", sandbox.terminate)
+        return adopted
+
+    def _start_sandbox(self, sdk: Any, client: Any, app: Any, image: Any, tags: dict[str, str], inputs: ModalInputs) -> Any:
+        return self._call(
+            "create the sandbox",
+            lambda: sdk.Sandbox.create(
+                app=app,
+                image=image,
+                tags=tags,
+                timeout=inputs.timeout_hours * 3600,
+                cpu=inputs.cpu,
+                memory=inputs.memory_mib,
+                client=client,
+            ),
+        )
+
+    def _run_script(
+        self, sdk: Any, sandbox: Any, script: str, argument: str, ctx: CreateContext, timeout_s: int,
+        label: str, stdin: str = "", secrets: tuple[str, ...] = (),
+    ) -> None:
+        """Run `bash -c script` with one argument; `stdin` is the only way secrets reach the process."""
+        process = self._call(label, lambda: sandbox.exec("bash", "-c", script, "bb", argument, timeout=timeout_s))
+        self._call(label, lambda: _send_stdin(process, stdin))
+        while self._call(label, process.poll) is None:
+            _stop_if_cancelled(ctx)
+            time.sleep(self._poll_interval_s)
+        output = redact(self._call(label, process.stdout.read), secrets)
+        for line in _capped_lines(output):
+            ctx.report.log(line)
+        if process.returncode != 0:
+            last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
+            raise ModalOperationFailed(f"{label} failed in the sandbox (exit {process.returncode}): {last.strip()}")
+
+    # -- remove ------------------------------------------------------------------------------------
+
+    def _remove(self, ctx: RemoveContext) -> None:
+        resource = ctx.resource or {}
+        app_name = resource.get("appName") or load_settings(ctx.data_dir).app_name
+        with self._client() as (sdk, client):
+            app = self._app(sdk, client, app_name, create_if_missing=False)
+            sandbox_ids = list(_present(resource.get("sandboxId")))
+            if app is not None:
+                tagged = self._call(
+                    "list sandboxes",
+                    lambda: list(sdk.Sandbox.list(app_id=app.app_id, tags=environment_tags(ctx.path_key), client=client)),
+                )
+                sandbox_ids += [s.object_id for s in tagged if s.object_id not in sandbox_ids]
+            for sandbox_id in sandbox_ids:
+                if ctx.cancelled.is_set():
+                    raise _Cancelled()
+                ctx.report.step(f"Terminating sandbox {sandbox_id}")
+                self._terminate_by_id(sdk, client, sandbox_id)
+            snapshots = [*_present(resource.get("snapshotId")), *resource.get("supersededSnapshotIds", [])]
+            if snapshots:
+                ctx.report.step(f"Deleting {len(snapshots)} snapshot(s); the shared image is kept")
+                self._delete_images(sdk, client, snapshots)
+
+    def _terminate_by_id(self, sdk: Any, client: Any, sandbox_id: str) -> None:
+        try:
+            sdk.Sandbox.from_id(sandbox_id, client=client).terminate()
+        except sdk.exception.NotFoundError:
+            pass  # already gone
+        except sdk.Error as error:
+            raise _translated(error, f"terminate sandbox {sandbox_id}") from None
+
+    def _terminate_quietly(self, sdk: Any, sandbox: Any, report: Reporter) -> None:
+        try:
+            sandbox.terminate()
+        except sdk.Error as error:
+            report.log(f"Could not terminate sandbox {sandbox.object_id} ({type(error).__name__}); removal will retry")
+
+    def _delete_images(self, sdk: Any, client: Any, image_ids: list[str]) -> None:
+        for image_id in image_ids:
+            try:
+                sdk.experimental.image_delete(image_id, client=client)
+            except sdk.exception.NotFoundError:
+                pass
+            except sdk.Error as error:
+                raise _translated(error, f"delete snapshot {image_id}") from None
+
+    # -- the Modal boundary ------------------------------------------------------------------------
+
+    def _modal(self) -> Any:
+        if self._sdk is None:
+            import modal
+            import modal.experimental  # noqa: F401  (image_delete lives there in modal 1.x)
+
+            self._sdk = modal
+        return self._sdk
+
+    @contextmanager
+    def _client(self) -> Iterator[tuple[Any, Any]]:
+        credentials = credentials_from_env()
+        if credentials is None:
+            raise ModalOperationFailed(NO_CREDENTIALS)
+        sdk = self._modal()
+        client = self._call(
+            "connect", lambda: sdk.Client.from_credentials(credentials.token_id, credentials.token_secret),
+            transient=True,
+        )
+        try:
+            yield sdk, client
+        finally:
+            client.close()
+
+    def _app(self, sdk: Any, client: Any, name: str, create_if_missing: bool) -> Any | None:
+        """The app, or None when it does not exist and may not be created."""
+        try:
+            return sdk.App.lookup(name, client=client, create_if_missing=create_if_missing)
+        except sdk.Error as error:
+            if isinstance(error, sdk.exception.NotFoundError) and not create_if_missing:
+                return None
+            raise _translated(error, f"look up the Modal app {name}") from None
+
+    def _call(self, action: str, call: Callable[[], Any], transient: bool | None = None) -> Any:
+        """Run one SDK call; Modal errors become ModalOperationFailed naming `action`."""
+        sdk = self._modal()
+        try:
+            return call()
+        except sdk.Error as error:
+            raise _translated(error, action, transient) from None
+        except OSError as error:
+            raise ModalOperationFailed(f"could not {action}: {error.strerror or error}", transient=True) from None
+
+
+def environment_tags(path_key: str) -> dict[str, str]:
+    return {PATH_KEY_TAG: tag_value(path_key)}
+
+
+def tag_value(text: str) -> str:
+    """`text` when Modal accepts it as a tag value, else a stable digest of it."""
+    if TAG_VALUE_PATTERN.fullmatch(text):
+        return text
+    return "sha256-" + hashlib.sha256(text.encode()).hexdigest()[:56]
+
+
+def sandbox_path(path_key: str, workdir: str) -> str:
+    """Stable across pause/resume (the sandbox id is not): the tag names the environment's sandbox."""
+    return f"modal://{tag_value(path_key)}{workdir}"
+
+
+def project_origin(project_path: str | None) -> str:
+    """The URL the sandbox clones from: the checkout's `origin` remote, reachable over the network."""
+    if project_path is None:
+        raise InvalidInputs("project path: a git checkout with an origin remote is required")
+    url = run_git_or_none(project_path, "remote", "get-url", "origin")
+    if url is None:
+        raise InvalidInputs(
+            f"project path: {project_path} has no origin remote; the sandbox clones the project from it"
+        )
+    if _is_local_url(url):
+        raise InvalidInputs(
+            f"project path: the origin remote of {project_path} is a local path, which a Modal sandbox cannot reach"
+        )
+    return url
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The parts of a clone URL that must not be shown: its user-info (a token, say)."""
+    userinfo = urlsplit(url).netloc.rpartition("@")[0] if "://" in url else ""
+    return (userinfo,) if userinfo else ()
+
+
+def redact_url(url: str) -> str:
+    return redact(url, url_secrets(url))
+
+
+def redact(text: str, secrets: tuple[str, ...] | list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _translated(error: Exception, action: str, transient: bool | None = None) -> ModalOperationFailed:
+    """One sentence naming the action; the token never appears, whatever Modal's message held."""
+    credentials = credentials_from_env()
+    name = type(error).__name__
+    detail = redact(str(error).strip().splitlines()[0] if str(error).strip() else name, credentials.secrets if credentials else ())
+    if name in ("AuthError", "PermissionDeniedError"):
+        hint = f" (token {credentials.hint})" if credentials else ""
+        return ModalOperationFailed(f"Modal refused the credentials{hint} while trying to {action}: {detail}")
+    terminal = name in ("InvalidError", "NotFoundError", "ImageBuildError", "AlreadyExistsError")
+    return ModalOperationFailed(
+        f"could not {action}: {detail}", transient=(not terminal) if transient is None else transient
+    )
+
+
+def _send_stdin(process: Any, text: str) -> None:
+    process.stdin.write(text)
+    process.stdin.write_eof()
+    process.stdin.drain()
+
+
+def _capped_lines(output: str) -> list[str]:
+    lines = output.splitlines()
+    if len(lines) <= OUTPUT_LINE_LIMIT:
+        return lines
+    return [f"({len(lines) - OUTPUT_LINE_LIMIT} earlier lines left out)", *lines[-OUTPUT_LINE_LIMIT:]]
+
+
+def _inputs(ctx: ProjectContext) -> ModalInputs:
+    if not isinstance(ctx.inputs, ModalInputs):
+        raise TypeError(f"expected ModalInputs, got {type(ctx.inputs).__name__}")
+    return ctx.inputs
+
+
+def _check_bounds(inputs: ModalInputs) -> None:
+    for name, value in msgspec.to_builtins(inputs).items():
+        low, high = INPUT_BOUNDS[name]
+        if not low <= value <= high:
+            raise InvalidInputs(f"{name}: must be between {low:g} and {high:g}, got {value:g}")
+
+
+def _resource_inputs(resource: dict[str, Any]) -> ModalInputs:
+    defaults = ModalInputs()
+    return ModalInputs(
+        cpu=resource.get("cpu", defaults.cpu),
+        memory_mib=resource.get("memoryMib", defaults.memory_mib),
+        timeout_hours=resource.get("timeoutHours", defaults.timeout_hours),
+    )
+
+
+def _present(value: str | None) -> list[str]:
+    return [value] if value else []
+
+
+def _stop_if_cancelled(ctx: CreateContext) -> None:
+    if ctx.cancelled.is_set():
+        raise _Cancelled()
+
+
+def _is_local_url(url: str) -> bool:
+    if "://" in url:
+        return url.lower().startswith("file://")
+    # scp-like `host:path` has a colon before any slash; a plain path has none.
+    head, colon, _ = url.partition(":")
+    return not colon or "/" in head
+
+
+def _toplevel(project_path: str | None) -> str:
+    return (run_git_or_none(project_path, "rev-parse", "--show-toplevel") if project_path else None) or project_path or "project"
