@@ -125,6 +125,18 @@ class TeardownFinished(EnvironmentEvent, kw_only=True, tag="teardown_finished"):
     message: str | None
 
 
+class ResourceRecorded(EnvironmentEvent, kw_only=True, tag="resource_recorded"):
+    pass
+
+
+class Paused(EnvironmentEvent, kw_only=True, tag="paused"):
+    paused_at: datetime
+
+
+class Resumed(EnvironmentEvent, kw_only=True, tag="resumed"):
+    pass
+
+
 class Removed(EnvironmentEvent, kw_only=True, tag="removed"):
     removal_attempt: int
 
@@ -139,7 +151,7 @@ ENVIRONMENT_EVENTS = (
     Claimed, Created, CreateFailed, AttemptCleaned, CreateRetried, SetupStarted, SetupSkipped, SetupSucceeded,
     SetupFailed, SetupRetried, Ready, ThreadAttached, ThreadDetached, RetireScheduled,
     RetireCancelled, Cancelled, RemovalStarted, TeardownStarted, TeardownSkipped,
-    TeardownFinished, Removed, RemoveFailed,
+    TeardownFinished, ResourceRecorded, Paused, Resumed, Removed, RemoveFailed,
 )
 
 
@@ -208,7 +220,7 @@ LogDocument = (
     Claimed | Created | CreateFailed | AttemptCleaned | CreateRetried | SetupStarted | SetupSkipped | SetupSucceeded
     | SetupFailed | SetupRetried | Ready | ThreadAttached | ThreadDetached | RetireScheduled
     | RetireCancelled | Cancelled | RemovalStarted | TeardownStarted | TeardownSkipped
-    | TeardownFinished | Removed | RemoveFailed | ThreadRegistered | ThreadEnvironmentAssigned
+    | TeardownFinished | ResourceRecorded | Paused | Resumed | Removed | RemoveFailed | ThreadRegistered | ThreadEnvironmentAssigned
     | ThreadEnvironmentRequested | ThreadEnvironmentLeft | ThreadRefused | ThreadArchived | ThreadUnarchived | ClaimTaken
     | ClaimRetaken | ClaimReleased
 )

@@ -275,6 +275,15 @@ class Environments(Application):
     ) -> Environment:
         return self._change(environment_id, lambda e: e.record_setup_outcome(operation_id, succeeded, message))[0]
 
+    def record_resource(self, environment_id: UUID, resource: dict[str, Any] | None) -> Environment:
+        return self._change(environment_id, lambda e: e.record_resource(resource))[0]
+
+    def record_paused(self, environment_id: UUID, resource: dict[str, Any] | None, now: datetime) -> Environment:
+        return self._change(environment_id, lambda e: e.record_paused(resource, now))[0]
+
+    def record_resumed(self, environment_id: UUID, resource: dict[str, Any] | None) -> Environment:
+        return self._change(environment_id, lambda e: e.record_resumed(resource))[0]
+
     def retry(self, environment_id: UUID, path_key: str, claimed_path: str | None) -> Environment:
         """Retry a failed step; a new attempt on another path moves the claim in the same save."""
         environment = self.environment(environment_id)

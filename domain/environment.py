@@ -61,6 +61,7 @@ class Environment(Aggregate):
         self.cleaned_attempt = 0
         self.removal_attempt = 0
         self.remove_retry_at: datetime | None = None
+        self.paused_at: datetime | None = None
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -209,6 +210,41 @@ class Environment(Aggregate):
     def _ready(self) -> None:
         self.status = "ready"
         self.status_message = None
+
+    # -- idle pause (providers that can suspend a resource, like a cloud sandbox) ---------------
+
+    def record_resource(self, resource: dict[str, Any] | None) -> bool:
+        """The provider's private handle changed (a pause checkpoint, say): keep the newest."""
+        if not self.is_live or resource == self.resource:
+            return False
+        self._resource_recorded(resource)
+        return True
+
+    def record_paused(self, resource: dict[str, Any] | None, now: datetime) -> bool:
+        if self.status != "ready" or self.paused_at is not None:
+            return False
+        self._paused(resource, now)
+        return True
+
+    def record_resumed(self, resource: dict[str, Any] | None) -> bool:
+        if self.paused_at is None or not self.is_live:
+            return False
+        self._resumed(resource)
+        return True
+
+    @event("ResourceRecorded")
+    def _resource_recorded(self, resource: dict[str, Any] | None) -> None:
+        self.resource = resource
+
+    @event("Paused")
+    def _paused(self, resource: dict[str, Any] | None, paused_at: datetime) -> None:
+        self.resource = resource
+        self.paused_at = paused_at
+
+    @event("Resumed")
+    def _resumed(self, resource: dict[str, Any] | None) -> None:
+        self.resource = resource
+        self.paused_at = None
 
     # -- explicit retry ------------------------------------------------------------------------
 

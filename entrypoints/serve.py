@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 
 from bus import subjects
 from bus.api_service import start_api
-from bus.documents import TranscriptLine, inbound_decoder, log_decoder
+from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, log_decoder
 from bus.embedded_server import EmbeddedNats
 from bus.host_agent import HostAgent, HostAgentClient
 from bus.jetstream import connect, consume, ensure_streams
@@ -212,6 +212,8 @@ async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner
         log.warning("thread event %s not applied: %s", message.subject, refused)
         return
     if environment is not None:
+        if isinstance(event, ThreadMessageMessage):
+            provisioner.note_activity(environment.id)
         await provisioner.drive(environment.id)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import msgspec
 from domain.environment import Environment
 from bus.crash_points import crash_point
 from bus.host_agent import HostUnavailable
-from handlers.placement import Placer
+from handlers.placement import Placer, canonical_path
 from handlers.store import Store
 from providers.contract import (
     CreateContext,
@@ -109,11 +108,16 @@ class Provisioner:
         self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         self._transient_retry_delay = transient_retry_delay
+        self._activity: dict[UUID, datetime] = {}
 
     @property
     def busy(self) -> bool:
         """Some long step is running (tests wait for this to settle)."""
         return bool(self._steps)
+
+    def note_activity(self, environment_id: UUID) -> None:
+        """A thread of the environment did something (a message): it is not idle; wake it if paused."""
+        self._activity[environment_id] = _now()
 
     async def drive(self, environment_id: UUID) -> None:
         lock = self._locks.setdefault(environment_id, asyncio.Lock())
@@ -158,6 +162,8 @@ class Provisioner:
             await self._retry_transient(env, now)
         elif env.status in ("ready", "error") and env.retire_at is not None and not env.thread_ids:
             self._wake_at(env.id, env.retire_at)
+        elif env.status == "ready":
+            await self._advance_idle(env, now)
         elif env.status == "removing":
             await self._advance_removal(env, now)
 
@@ -234,6 +240,46 @@ class Provisioner:
             delay, lambda: loop.create_task(self.drive(environment_id))
         )
 
+    async def _advance_idle(self, env: Environment, now: datetime) -> None:
+        """Pause an idle environment whose provider can suspend it; resume it on activity."""
+        provider = self._placer.registry.get(env.provider_id)
+        if provider is None or not all(hasattr(provider, m) for m in ("idle_pause_due", "pause", "resume")):
+            return
+        last_activity = self._activity.get(env.id)
+        if env.paused_at is not None:
+            if last_activity is not None and last_activity > env.paused_at:
+                self._start(env, "resume", self._resume, env, provider)
+            return
+        if last_activity is None:  # nothing seen since this process started: count from the last event
+            last_activity = env.modified_on
+        data_dir = str(self._placer.provider_dir(provider.id))
+        if await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir):
+            self._start(env, "pause", self._pause, env, provider)
+
+    async def _pause(self, cancelled: threading.Event, env: Environment, provider: EnvironmentProvider) -> None:
+        loop = asyncio.get_running_loop()
+
+        def checkpoint(resource: dict) -> None:
+            # Called by the provider mid-pause: its new handle is durable before it terminates anything.
+            asyncio.run_coroutine_threadsafe(self._store.run(self._app.record_resource, env.id, resource), loop).result()
+
+        self._transcript.line(str(env.id), "step", provider.id, "Pausing the idle environment")
+        try:
+            resource = await asyncio.to_thread(provider.pause, env.resource, checkpoint)
+        except Exception as error:
+            self._transcript.line(str(env.id), "output", provider.id, f"pause failed: {error}")
+            return
+        await self._store.run(self._app.record_paused, env.id, resource, _now())
+
+    async def _resume(self, cancelled: threading.Event, env: Environment, provider: EnvironmentProvider) -> None:
+        self._transcript.line(str(env.id), "step", provider.id, "Resuming the environment")
+        try:
+            resource = await asyncio.to_thread(provider.resume, env.resource)
+        except Exception as error:
+            self._transcript.line(str(env.id), "output", provider.id, f"resume failed: {error}")
+            return
+        await self._store.run(self._app.record_resumed, env.id, resource)
+
     async def _retry_transient(self, env: Environment, now: datetime) -> None:
         due = env.modified_on + self._transient_retry_delay
         if due > now:
@@ -277,7 +323,7 @@ class Provisioner:
         crash_point("create-returned")
         if isinstance(result, Created):
             await self._store.run(
-                self._app.record_created, env.id, env.attempt, os.path.realpath(result.path),
+                self._app.record_created, env.id, env.attempt, canonical_path(result.path),
                 result.owns_path, result.merge_base_branch, result.resource,
             )
             crash_point("created-recorded")

@@ -41,6 +41,7 @@ class EnvironmentView(msgspec.Struct, rename="camel", kw_only=True):
     claimed_path: str | None = None
     retire_at: datetime | None = None
     removal_attempt: int = 0
+    paused_at: datetime | None = None
     transcript: list[str] = msgspec.field(default_factory=list)
 
 
@@ -99,5 +100,7 @@ def apply_to_environment(view: EnvironmentView, event: d.EnvironmentEvent) -> No
             view.hooks.teardown = HookView(status, event.operation_id)
         case d.TeardownSkipped():
             view.hooks.teardown = HookView("skipped", None)
+        case d.Paused() | d.Resumed():
+            view.paused_at = event.paused_at if isinstance(event, d.Paused) else None
         case d.Removed():
             view.path = None

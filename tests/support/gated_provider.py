@@ -103,3 +103,29 @@ class FlakyProvider(GatedProvider):
             (Path(self.planned_path(ctx, ctx.path_key))).mkdir(parents=True, exist_ok=True)  # a leftover
             return CreateFailed(kind, f"{kind} failure, {left} left")
         return super().create(ctx)
+
+
+class PausableProvider(GatedProvider):
+    """Suspends its environments 0.3 s after their last activity, like a cloud sandbox would."""
+
+    id = "pausable"
+    display_name = "Pausable (tests)"
+
+    def create(self, ctx: CreateContext) -> CreateResult:
+        created = super().create(ctx)
+        if not isinstance(created, Created):
+            return created
+        return Created(path=created.path, owns_path=True, resource={"dataDir": ctx.data_dir, "snapshot": 0})
+
+    def idle_pause_due(self, last_activity, now, data_dir: str) -> bool:
+        return (now - last_activity).total_seconds() > 0.3
+
+    def pause(self, resource, checkpoint):
+        snapshot = resource["snapshot"] + 1
+        checkpoint({**resource, "snapshot": snapshot, "running": True})
+        _record(resource["dataDir"], f"pause {snapshot}")
+        return {**resource, "snapshot": snapshot, "running": False}
+
+    def resume(self, resource):
+        _record(resource["dataDir"], f"resume from {resource['snapshot']}")
+        return {**resource, "running": True}

@@ -194,7 +194,8 @@ def test_archiving_while_creating_cancels_and_removal_follows(app):
 
 def test_message_cancelled_stops_preparation_and_frees_the_thread(app):
     env = spawn(app)
-    assert app.cancel_thread_message("t1").cancelled
+    assert app.cancel_thread_message("t1").id == env.id
+    assert app.environment(env.id).cancelled
     assert app.thread("t1").environment_id is None
 
 
