@@ -91,7 +91,9 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
             return grace
         return settings.retire_grace_override[0]
 
-    app = Environments(env=event_store_environment(settings.event_store), grace_for=grace_for)
+    # One writer per store, so a cache of aggregates (fast-forwarded from the store) is safe.
+    app = Environments(env={**event_store_environment(settings.event_store), "AGGREGATE_CACHE_MAXSIZE": "10000"},
+                       grace_for=grace_for)
     store = Store(app)
     read_model = await ReadModel.open(settings.data_dir / "read-models.sqlite")
     placer = Placer(registry, settings.data_dir)

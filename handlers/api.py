@@ -142,6 +142,8 @@ class Api:
             parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
         ), with_first_message=True)
         environment = await self._threads.first_message(thread_id, raise_refusal=True, placement=placement)
+        if environment is not None:
+            await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
         accepted = await self._accepted(environment)
         return Spawned(thread_id, accepted.environment_id, accepted.status or "creating", accepted.position)
 

@@ -358,7 +358,25 @@ def _remove_worktree(repo: str | None, path: Path) -> None:
     if os.path.lexists(path):
         delete_tree(path)
     if has_repo:
-        run_git_or_none(repo, "worktree", "prune")
+        _unregister_worktree(repo, path)
+
+
+def _unregister_worktree(repo: str, path: Path) -> None:
+    """Drop git's record of the worktree at `path` if `worktree remove` left it behind.
+
+    Not `git worktree prune`: that sweeps every worktree whose directory is missing at that
+    instant, including one that the user's own `git worktree add` is creating right then.
+    """
+    common = run_git_or_none(repo, "rev-parse", "--path-format=absolute", "--git-common-dir")
+    if not common:
+        return
+    for admin in Path(common.strip(), "worktrees").glob("*"):
+        try:
+            recorded = Path((admin / "gitdir").read_text().strip()).parent
+        except OSError:
+            continue
+        if _same_path(recorded, path):
+            delete_tree(admin)
 
 
 def delete_tree(path: Path) -> None:

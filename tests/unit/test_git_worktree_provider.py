@@ -383,6 +383,21 @@ def test_remove_twice_succeeds_both_times(
     assert provider.remove(context) == Removed()
 
 
+def test_remove_unregisters_only_its_own_worktree_never_prunes_others(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git, tmp_path: Path
+) -> None:
+    created = create(provider, git_repo, data_dir)
+    # Someone else's worktree whose directory is missing right now (say, `git worktree add`
+    # is creating it): a global `git worktree prune` would delete its registration.
+    other = tmp_path / "someone-elses"
+    git(git_repo, "worktree", "add", "--quiet", "-b", "other", str(other))
+    subprocess.run(["rm", "-rf", str(other), created.path], check=True)  # ours went missing too
+
+    assert provider.remove(remove_context(git_repo, data_dir, created.path, created.resource)) == Removed()
+
+    assert worktree_paths(git, git_repo) == [str(git_repo), str(other)]
+
+
 def test_remove_refuses_a_path_outside_the_worktrees_root(
     provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, tmp_path: Path
 ) -> None:
