@@ -42,7 +42,7 @@ from handlers.provisioning import Provisioner
 from handlers.store import Store
 from handlers.threads import ThreadHandlers
 from projections.read_model import ReadModel, ReplayCounts
-from providers.contract import ProjectContext
+from providers.contract import EnvironmentProvider, ProjectContext
 
 
 class Providers(msgspec.Struct):
@@ -87,8 +87,10 @@ class Api:
     # -- queries -------------------------------------------------------------------------------
 
     async def providers(self, _: Nothing) -> Providers:
-        context = ProjectContext(host_id=self._host_id, project_path=None, inputs=None, data_dir="")
-        return Providers(await asyncio.to_thread(self._placer.registry.describe, context))
+        def context_for(provider: EnvironmentProvider) -> ProjectContext:
+            return self._placer.context(provider, self._host_id, None, None)
+
+        return Providers(await asyncio.to_thread(self._placer.registry.describe, context_for))
 
     async def list_environments(self, request: ListEnvironments) -> Environments:
         return Environments(await self._read_model.environments(request.status, request.provider))

@@ -353,7 +353,7 @@ class Provisioner:
         self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")
         return outcome
 
-    async def _call_provider_remove(self, env: Environment, cancelled: threading.Event, attempt: int) -> RemoveResult:
+    async def _call_provider_remove(self, env: Environment, cancelled: threading.Event) -> RemoveResult:
         """At most CLEANUPS_AT_ONCE removals run, one per host, so a stuck host blocks only itself."""
         provider = self._placer.registry.get(env.provider_id)
         if provider is None:
@@ -363,13 +363,13 @@ class Provisioner:
             context = RemoveContext(
                 host_id=env.host_id, data_dir=str(self._placer.provider_dir(provider.id)),
                 project_path=env.project_path, inputs=_typed_inputs(provider, env.inputs),
-                path=env.path, path_key=env.path_key, attempt=attempt, resource=env.resource,
+                path=env.path, path_key=env.path_key, attempt=env.attempt, resource=env.resource,
                 report=_TranscriptReporter(self._transcript, str(env.id), provider.id), cancelled=cancelled,
             )
             return await asyncio.to_thread(_call_remove, provider, context)
 
     async def _clean_attempt(self, cancelled: threading.Event, env: Environment) -> None:
-        result = await self._call_provider_remove(env, cancelled, env.attempt)
+        result = await self._call_provider_remove(env, cancelled)
         if isinstance(result, Removed):
             await self._store.run(self._app.record_attempt_cleaned, env.id, env.attempt)
         else:
@@ -377,7 +377,7 @@ class Provisioner:
             self._wake_at(env.id, _now() + REMOVE_RETRY)
 
     async def _remove(self, cancelled: threading.Event, env: Environment) -> None:
-        result = await self._call_provider_remove(env, cancelled, env.removal_attempt)
+        result = await self._call_provider_remove(env, cancelled)
         crash_point("remove-returned")
         if isinstance(result, Removed):
             await self._store.run(self._app.record_removed, env.id, env.removal_attempt)

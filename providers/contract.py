@@ -133,6 +133,7 @@ class RemoveContext:
     """None when create never returned a path: remove everything under `path_key`."""
     path_key: str
     attempt: int
+    """The create attempt whose resource is removed; retries of a removal keep it."""
     resource: dict[str, Any] | None
     report: Reporter = field(default_factory=SilentReporter)
     cancelled: threading.Event = field(default_factory=threading.Event)

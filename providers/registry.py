@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -51,11 +51,11 @@ class ProviderRegistry:
     def ids(self) -> list[str]:
         return sorted(self._providers)
 
-    def describe(self, context: ProjectContext) -> list[ProviderDescription]:
+    def describe(self, context_for: Callable[[EnvironmentProvider], ProjectContext]) -> list[ProviderDescription]:
         return [
             ProviderDescription(
                 id=p.id, display_name=p.display_name, requires=p.requires, inputs=inputs_schema(p),
-                policy=p.policy, availability=safe_availability(p, context),
+                policy=p.policy, availability=safe_availability(p, context_for(p)),
             )
             for p in (self._providers[i] for i in self.ids())
         ]

@@ -94,7 +94,12 @@ class Service:
             sys.executable, "-m", "entrypoints.cli", *args, env=self.environment,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(process.communicate(), timeout)
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            process.kill()
+            await process.wait()
+            raise
         return Result(process.returncode, out.decode(), err.decode())
 
     async def show(self, environment_id: str) -> dict[str, Any]:
