@@ -7,12 +7,9 @@ removal). User text reaches git only after validation and behind `--` / `--end-o
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shutil
-import stat
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,35 +31,24 @@ from providers.contract import (
     RemoveResult,
     Requires,
 )
+from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
 from providers.host.processes import kill_processes_with_cwd_under
+from providers.host.workspace_files import delete_tree, remove_if_empty, require_path_key
 from providers.refnames import validate_branch_name
 from providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 
 TRANSCRIPT_PATH_LIMIT = 20
-PATH_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_BRANCH_PREFIX = "bb/"
 
 
-class _BranchChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
-    pass
-
-
-class DefaultBranch(_BranchChoice, tag="default"):
+class DefaultBranch(BranchChoice, tag="default"):
     """A new branch `bb/<path key>` from the repo's default branch."""
 
 
-class ExistingBranch(_BranchChoice, tag="existing"):
-    name: str
-
-
-class NewBranch(_BranchChoice, tag="new"):
-    name: str
-    base: str | None = None
-    """Start point; None means the repo's default branch."""
-
-
 class GitWorktreeInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A `new` branch without `base` starts at the repository's default branch."""
+
     branch: DefaultBranch | ExistingBranch | NewBranch = DefaultBranch()
 
 
@@ -187,7 +173,7 @@ class GitWorktreeProvider:
                 if killed:
                     ctx.report.log(f"Stopped {killed} process(es) running in the worktree")
                 _remove_worktree(ctx.project_path, path)
-            _remove_if_empty(key_dir)
+            remove_if_empty(key_dir)
         except (OSError, ValueError) as error:
             return RemoveFailed(str(error))
         return Removed()
@@ -231,12 +217,6 @@ def _inputs(ctx: ProjectContext) -> GitWorktreeInputs:
     if not isinstance(ctx.inputs, GitWorktreeInputs):
         raise TypeError(f"expected GitWorktreeInputs, got {type(ctx.inputs).__name__}")
     return ctx.inputs
-
-
-def require_path_key(path_key: str) -> str:
-    if not PATH_KEY_PATTERN.fullmatch(path_key):
-        raise ValueError(f"path key {path_key!r} must be a single path segment of [A-Za-z0-9._-]")
-    return path_key
 
 
 def _require_repo(project_path: str | None) -> str:
@@ -379,23 +359,6 @@ def _unregister_worktree(repo: str, path: Path) -> None:
             delete_tree(admin)
 
 
-def delete_tree(path: Path) -> None:
-    if path.is_symlink() or not path.is_dir():
-        path.unlink()
-        return
-    shutil.rmtree(path, onerror=_retry_after_making_writable)
-
-
-def _retry_after_making_writable(
-    function: Callable[[str], object], failed_path: str, _exc_info: object
-) -> None:
-    """Read-only directories (a Go module cache, say) must not make removal fail."""
-    os.chmod(os.path.dirname(failed_path), stat.S_IRWXU)
-    if os.path.isdir(failed_path) and not os.path.islink(failed_path):
-        os.chmod(failed_path, stat.S_IRWXU)
-    function(failed_path)
-
-
 def _copy_includes(ctx: CreateContext, repo: str, target: Path) -> None:
     if not os.path.lexists(os.path.join(repo, INCLUDE_FILE_NAME)):
         return
@@ -427,16 +390,6 @@ def _require_inside(path: Path, root: Path) -> None:
     real_root = Path(os.path.realpath(root))
     if real_root not in real_path.parents:
         raise ValueError(f"refusing to remove {path}: it is not inside {root}")
-
-
-def _remove_if_empty(directory: Path) -> None:
-    try:
-        directory.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError as error:
-        if error.errno != errno.ENOTEMPTY:  # something else lives there: leave it
-            raise
 
 
 def _stop_if_cancelled(ctx: CreateContext) -> None:

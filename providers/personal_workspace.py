@@ -24,8 +24,8 @@ from providers.contract import (
     RemoveResult,
     Requires,
 )
-from providers.git_worktree import delete_tree, require_path_key
 from providers.host.processes import kill_processes_with_cwd_under
+from providers.host.workspace_files import delete_tree, require_path_key
 
 
 class PersonalWorkspaceProvider:

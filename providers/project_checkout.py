@@ -34,6 +34,7 @@ from providers.contract import (
     RemoveResult,
     Requires,
 )
+from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
 from providers.refnames import validate_branch_name
 
@@ -49,29 +50,16 @@ IN_PROGRESS_MARKERS = (
 )
 
 
-class _BranchChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
-    pass
-
-
-class CurrentBranch(_BranchChoice, tag="current"):
+class CurrentBranch(BranchChoice, tag="current"):
     """Run on whatever the checkout has now; never switches, works in any directory."""
 
 
-class ExistingBranch(_BranchChoice, tag="existing"):
-    name: str
-
-
-class NewBranch(_BranchChoice, tag="new"):
-    name: str
-    base: str | None = None
-    """Start point; None means the checkout's current HEAD."""
-
-
-BranchChoice = CurrentBranch | ExistingBranch | NewBranch
+CheckoutBranch = CurrentBranch | ExistingBranch | NewBranch
+"""A `new` branch without `base` starts at the checkout's current HEAD."""
 
 
 class ProjectCheckoutInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    branch: BranchChoice = CurrentBranch()
+    branch: CheckoutBranch = CurrentBranch()
     path: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     """A directory inside the project to run in: relative to the project root, or absolute."""
 

@@ -35,3 +35,25 @@ def git_repo(tmp_path: Path) -> Path:
 def git() -> Callable[..., str]:
     """`git(repo, *args)`: run git in a test repo (see `run_git`)."""
     return run_git
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """A provider's own data directory."""
+    directory = tmp_path / "data"
+    directory.mkdir()
+    return directory
+
+
+class RecordingReporter:
+    """A provider's `report` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.logs: list[str] = []
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+
+    def log(self, text: str) -> None:
+        self.logs.append(text)

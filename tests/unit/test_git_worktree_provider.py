@@ -7,6 +7,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from tests.conftest import RecordingReporter
+
 from providers.contract import (
     READY,
     Created,
@@ -33,28 +35,9 @@ Branch = DefaultBranch | ExistingBranch | NewBranch
 PATH_KEY = "thread-1"
 
 
-class RecordingReporter:
-    def __init__(self) -> None:
-        self.steps: list[str] = []
-        self.logs: list[str] = []
-
-    def step(self, text: str) -> None:
-        self.steps.append(text)
-
-    def log(self, text: str) -> None:
-        self.logs.append(text)
-
-
 @pytest.fixture
 def provider() -> GitWorktreeProvider:
     return GitWorktreeProvider()
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "data"
-    directory.mkdir()
-    return directory
 
 
 def project_context(repo: Path, data_dir: Path, branch: Branch = DefaultBranch()) -> ProjectContext:

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import RecordingReporter
+
 from providers.contract import (
     READY,
     Created,
@@ -20,28 +22,9 @@ from providers.personal_workspace import PersonalWorkspaceProvider
 PATH_KEY = "thread-1"
 
 
-class RecordingReporter:
-    def __init__(self) -> None:
-        self.steps: list[str] = []
-        self.logs: list[str] = []
-
-    def step(self, text: str) -> None:
-        self.steps.append(text)
-
-    def log(self, text: str) -> None:
-        self.logs.append(text)
-
-
 @pytest.fixture
 def provider() -> PersonalWorkspaceProvider:
     return PersonalWorkspaceProvider()
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "data"
-    directory.mkdir()
-    return directory
 
 
 def create_context(data_dir: Path, path_key: str = PATH_KEY) -> CreateContext:

@@ -9,6 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from tests.conftest import RecordingReporter
+
 from providers.contract import (
     READY,
     Created,
@@ -33,28 +35,9 @@ Branch = CurrentBranch | ExistingBranch | NewBranch
 DIRTY = "Checkout blocked by uncommitted changes"
 
 
-class RecordingReporter:
-    def __init__(self) -> None:
-        self.steps: list[str] = []
-        self.logs: list[str] = []
-
-    def step(self, text: str) -> None:
-        self.steps.append(text)
-
-    def log(self, text: str) -> None:
-        self.logs.append(text)
-
-
 @pytest.fixture
 def provider() -> ProjectCheckoutProvider:
     return ProjectCheckoutProvider()
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "data"
-    directory.mkdir()
-    return directory
 
 
 @pytest.fixture
