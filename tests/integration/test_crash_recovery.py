@@ -287,3 +287,32 @@ async def test_nats_server_killed_and_restarted_mid_flow_loses_and_doubles_nothi
         await assert_consistent_log(service, first)
     finally:
         await service.stop()
+
+
+async def test_archived_while_setup_runs_the_hook_is_stopped_before_anything_is_removed(tmp_path, project):
+    (tmp_path / "hold-setup").touch()
+    service = await start(tmp_path)
+    try:
+        await open_gates(service, "create", "remove")
+        environment_id = await spawn(service, project)
+        await wait_for_file(tmp_path / "markers" / "setup")
+        await service.bb("thread", "archive", "t1")
+        removed = await service.wait_for(environment_id, "removed")
+        assert removed["hooks"]["setup"]["status"] == "failed"
+        assert "setup done" not in removed["transcript"]  # stopped mid-script, never finished
+        assert ran(tmp_path, "setup") == 1
+        # The script loops while hold-setup exists (it still does): only a kill of its group ended it.
+        assert not [c for c in _command_lines() if str(provider_dir(service)) in c and ".bb-env-setup.sh" in c]
+        await assert_consistent_log(service, environment_id)
+    finally:
+        await service.stop()
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(path.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return lines
