@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import click
-from rich.table import Table
+from rich.table import Column, Table
 
 from bus import subjects
 from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, SpawnThread, ThreadRef
@@ -121,7 +121,8 @@ async def environment_list(settings: Settings, status: str | None, provider: str
     document = await call(settings, "environments", "list", ListEnvironments(status=status, provider=provider))
 
     def human(doc: dict) -> None:
-        table = Table("ID", "STATUS", "PROVIDER", "THREADS", "PATH")
+        # Ids are copied from here: never cut them.
+        table = Table(Column("ID", no_wrap=True, min_width=36), "STATUS", "PROVIDER", "THREADS", "PATH")
         for e in doc["environments"]:
             table.add_row(e["id"], e["status"], e["providerId"], ",".join(e["threadIds"]), e["path"] or "-")
         stdout.print(table)
@@ -283,7 +284,7 @@ async def thread_list(settings: Settings, environment_id: str | None, as_json: b
     request = ListThreads(environment_id=environment_id_argument(environment_id) if environment_id else None)
 
     def human(doc: dict) -> None:
-        table = Table("THREAD", "STATUS", "ENVIRONMENT", "PARENT")
+        table = Table("THREAD", "STATUS", Column("ENVIRONMENT", no_wrap=True, min_width=36), "PARENT")
         for t in doc["threads"]:
             table.add_row(t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-")
         stdout.print(table)
