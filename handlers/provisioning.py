@@ -155,7 +155,7 @@ class Provisioner:
         elif env.status == "provisioning":
             await self._advance_setup(env)
         elif env.status in ("ready", "error") and env.wants_removal(now):
-            await self._record(self._app.start_removal, env.id, now)
+            await self._record(env, self._app.start_removal, now)
         elif env.needs_attempt_cleanup:
             self._start(env, f"cleanup.{env.attempt}", self._clean_attempt, env)
         elif env.retries_automatically(TRANSIENT_RETRIES):
@@ -173,37 +173,38 @@ class Provisioner:
             if env.cancelled:
                 await self._hooks.cancel(env.host_id, env.setup_operation_id)
         elif env.cancelled:
-            await self._record(self._app.start_removal, env.id, _now())
+            await self._record(env, self._app.start_removal, _now())
         elif env.setup_status is None:
             if not env.owns_path:
-                await self._record(self._app.skip_setup, env.id, "the provider does not own the path")
+                await self._record(env, self._app.skip_setup, "the provider does not own the path")
             elif not _script(env.path, "setup").exists():
-                await self._record(self._app.skip_setup, env.id, f"no {SCRIPT_NAMES['setup']}")
+                await self._record(env, self._app.skip_setup, f"no {SCRIPT_NAMES['setup']}")
             else:
-                await self._record(self._app.start_setup, env.id)
+                await self._record(env, self._app.start_setup)
 
     async def _advance_removal(self, env: Environment, now: datetime) -> None:
         if env.teardown_status is None:
             if env.owns_path and env.path and _script(env.path, "teardown").exists():
-                await self._record(self._app.start_teardown, env.id)
+                await self._record(env, self._app.start_teardown)
             else:
-                await self._record(self._app.skip_teardown, env.id, "no teardown to run")
+                await self._record(env, self._app.skip_teardown, "no teardown to run")
         elif env.teardown_status == "running":
             self._start(env, env.teardown_operation_id, self._run_teardown, env)
         elif env.remove_retry_at is not None:
             if env.remove_retry_at <= now:
-                await self._record(self._app.start_removal, env.id, now)
+                await self._record(env, self._app.start_removal, now)
             else:
                 self._wake_at(env.id, env.remove_retry_at)
         else:
             self._start(env, f"remove.{env.removal_attempt}", self._remove, env)
 
-    async def _record(self, command: Callable[..., object], *args: object) -> None:
-        """Record a step, then drive on from the state it produced."""
-        outcome = await self._store.run(command, *args)
+    async def _record(self, env: Environment, command: Callable[..., object], *args: object) -> None:
+        """Record a step, then drive on from the state it produced (if it produced one)."""
+        outcome = await self._store.run(command, env.id, *args)
         environment = outcome[0] if isinstance(outcome, tuple) else outcome
         assert isinstance(environment, Environment)
-        await self._advance(environment)
+        if environment.version != env.version:
+            await self._advance(environment)
 
     def _start(self, env: Environment, key: str, work: Callable[..., Awaitable[None]], *args: object) -> None:
         """Run a long step once per process; when it ends, drive the environment again."""
@@ -290,7 +291,7 @@ class Provisioner:
             env.path_key,
         )
         self._transcript.line(str(env.id), "step", "core", f"Retrying after a transient failure: {env.status_message}")
-        await self._record(self._app.retry, env.id, path_key, claimed_path)
+        await self._record(env, self._app.retry, path_key, claimed_path)
 
     async def _stop_create(self, env: Environment) -> None:
         """Cancellation waits for a running create to settle before anything is removed."""
@@ -298,7 +299,7 @@ class Provisioner:
         if running is not None:
             running.cancelled.set()
             return
-        await self._record(self._app.start_removal, env.id, _now())
+        await self._record(env, self._app.start_removal, _now())
 
     # -- the long steps ------------------------------------------------------------------------
 
