@@ -236,3 +236,13 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
         assert events[-1]["type"] == "removed"
     finally:
         await publisher.close()
+
+
+async def test_a_failing_teardown_is_recorded_and_removal_proceeds(service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "hooks.log", teardown="echo cannot tear down >&2; exit 4")
+    spawned = await spawn(service, git_repo, "t1")
+    await service.bb("thread", "archive", "t1")
+    removed = await service.wait_for(spawned["environmentId"], "removed")
+    assert removed["hooks"]["teardown"]["status"] == "failed"
+    assert "cannot tear down" in removed["transcript"]
+    assert worktrees(git_repo) == [str(git_repo)]

@@ -96,3 +96,12 @@ async def test_a_project_path_escaping_the_checkout_is_refused(service, git_repo
         refused = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
                               "--environment-inputs", f'{{"path": "{path}"}}')
         assert refused.returncode == 2 and "outside the project" in refused.json()["error"]["message"], refused.stdout
+
+
+async def test_modal_without_credentials_is_blocked_with_a_clear_message(service, git_repo):
+    refused = await spawn(service, "--environment-provider", "modal-sandbox", "--project", str(git_repo))
+    assert refused.returncode == 1
+    message = refused.json()["error"]["message"]
+    assert "blocked" in message and "MODAL_TOKEN_ID" in message
+    assert "Traceback" not in refused.stderr
+    assert (await service.bb("environment", "list", "--json")).json()["environments"] == []
