@@ -63,11 +63,16 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
 
 
 @cli.command()
+@click.option("--data-dir", help="Same as `bb --data-dir`, accepted here too.")
+@click.option("--nats-url", help="Same as `bb --nats-url`, accepted here too.")
 @json_option
 @click.pass_obj
-def serve(settings: Settings, as_json: bool) -> None:
+def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_json: bool) -> None:
     """Run the service: embedded nats-server, event store, read models, host agent."""
     from entrypoints.serve import AlreadyServing, serve as run_service
+
+    if data_dir or nats_url:
+        settings = Settings.load(data_dir or str(settings.data_dir), nats_url or settings.nats_url)
 
     logging.basicConfig(level=os.environ.get("BB_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
