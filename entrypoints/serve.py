@@ -8,8 +8,8 @@ import fcntl
 import logging
 import os
 import signal
-from datetime import timedelta
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import IO
 from uuid import UUID
@@ -83,6 +83,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     await ensure_streams(js)
 
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
+
     def grace_for(provider_id: str) -> int | None:
         """The provider's grace; BB_RETIRE_GRACE_MS replaces it, except for providers that never retire."""
         provider = registry.get(provider_id)
