@@ -62,6 +62,12 @@ def nats_credentials() -> dict[str, Any]:
     return {}
 
 
+def url_without_credentials(url: str) -> str:
+    """What may be written down (server.json, logs): credentials stay in the environment."""
+    parts = urlparse(url)
+    return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
+
+
 def event_store_environment(url: str) -> dict[str, str]:
     """The eventsourcing library's settings for `sqlite:///path` or `postgresql://...`."""
     parsed = urlparse(url)

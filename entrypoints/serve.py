@@ -33,6 +33,7 @@ from entrypoints.config import (
     event_store_environment,
     nats_credentials,
     read_server_file,
+    url_without_credentials,
     write_server_file,
 )
 from handlers.api import Api, translate_error
@@ -160,7 +161,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
     server_info = {
-        "natsUrl": nats_url, "pid": os.getpid(), "hostId": settings.host_id, "dataDir": str(settings.data_dir),
+        "natsUrl": url_without_credentials(nats_url), "pid": os.getpid(), "hostId": settings.host_id, "dataDir": str(settings.data_dir),
         **({"natsPid": embedded.pid, "natsPort": embedded.port} if embedded else {}),
     }
     write_server_file(settings.server_file, server_info)

@@ -1,0 +1,26 @@
+"""Settings from the environment, and what of them may be written down."""
+
+import pytest
+
+from entrypoints.config import ConfigError, Settings, url_without_credentials
+
+
+def test_credentials_in_a_nats_url_are_never_written_down():
+    assert url_without_credentials("nats://user:secret@127.0.0.1:4222") == "nats://127.0.0.1:4222"
+    assert url_without_credentials("tls://token@nats.example:4443") == "tls://nats.example:4443"
+    assert url_without_credentials("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+
+
+@pytest.mark.parametrize("raw, expected", [(None, None), ("0", (0,)), ("250", (250,)), ("null", (None,))])
+def test_retire_grace_override(monkeypatch, raw, expected):
+    if raw is None:
+        monkeypatch.delenv("BB_RETIRE_GRACE_MS", raising=False)
+    else:
+        monkeypatch.setenv("BB_RETIRE_GRACE_MS", raw)
+    assert Settings.load("/tmp/bb-config-test").retire_grace_override == expected
+
+
+def test_a_malformed_setting_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("BB_RETIRE_GRACE_MS", "soon")
+    with pytest.raises(ConfigError, match="BB_RETIRE_GRACE_MS"):
+        Settings.load("/tmp/bb-config-test")
