@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -29,6 +30,7 @@ from bus.transcripts import TranscriptPublisher
 from providers.host.hooks import HookOutcome, HookRunner
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STATUS_POLL_S = 5.0
 
@@ -114,7 +116,7 @@ class HostAgent:
         return Cancelled(await self._runner.cancel(msgspec.json.decode(data, type=HookRef).operation_id))
 
 
-def _replying(handler):
+def _replying(handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Callable[[MicroRequest], Awaitable[None]]:
     async def reply(request: MicroRequest) -> None:
         try:
             answer = await handler(request.data)
@@ -160,7 +162,7 @@ class HostAgentClient:
     async def cancel(self, host_id: str, operation_id: str) -> str:
         return (await self._request(host_id, "cancel", HookRef(operation_id), Cancelled)).result
 
-    async def _request(self, host_id: str, verb: str, body: msgspec.Struct, answer: type):
+    async def _request(self, host_id: str, verb: str, body: msgspec.Struct, answer: type[T]) -> T:
         try:
             reply = await self._nc.request(subjects.host_hooks(host_id, verb), msgspec.json.encode(body), timeout=10)
         except (NoRespondersError, NatsTimeout) as error:

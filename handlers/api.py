@@ -42,19 +42,21 @@ from handlers.provisioning import Provisioner
 from handlers.store import Store
 from handlers.threads import ThreadHandlers
 from projections.read_model import ReadModel, ReplayCounts
+from projections.views import EnvironmentView, ThreadView
 from providers.contract import EnvironmentProvider, ProjectContext
+from providers.registry import ProviderDescription
 
 
-class Providers(msgspec.Struct):
-    providers: list
+class ProviderList(msgspec.Struct):
+    providers: list[ProviderDescription]
 
 
-class Environments(msgspec.Struct):
-    environments: list
+class EnvironmentList(msgspec.Struct):
+    environments: list[EnvironmentView]
 
 
-class Threads(msgspec.Struct):
-    threads: list
+class ThreadList(msgspec.Struct):
+    threads: list[ThreadView]
 
 
 class Api:
@@ -86,14 +88,14 @@ class Api:
 
     # -- queries -------------------------------------------------------------------------------
 
-    async def providers(self, _: Nothing) -> Providers:
+    async def providers(self, _: Nothing) -> ProviderList:
         def context_for(provider: EnvironmentProvider) -> ProjectContext:
             return self._placer.context(provider, self._host_id, None, None)
 
-        return Providers(await asyncio.to_thread(self._placer.registry.describe, context_for))
+        return ProviderList(await asyncio.to_thread(self._placer.registry.describe, context_for))
 
-    async def list_environments(self, request: ListEnvironments) -> Environments:
-        return Environments(await self._read_model.environments(request.status, request.provider))
+    async def list_environments(self, request: ListEnvironments) -> EnvironmentList:
+        return EnvironmentList(await self._read_model.environments(request.status, request.provider))
 
     async def show_environment(self, request: EnvironmentRef) -> msgspec.Struct:
         environment_id = str(check_environment_id(request.environment_id))
@@ -105,10 +107,10 @@ class Api:
         view.transcript = await self._read_model.transcript(environment_id)
         return view
 
-    async def list_threads(self, request: ListThreads) -> Threads:
+    async def list_threads(self, request: ListThreads) -> ThreadList:
         if request.environment_id:
             check_environment_id(request.environment_id)
-        return Threads(await self._read_model.threads(request.environment_id))
+        return ThreadList(await self._read_model.threads(request.environment_id))
 
     # -- commands ------------------------------------------------------------------------------
 
