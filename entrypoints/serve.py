@@ -111,8 +111,12 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 
     async def drive_environments(messages: list[Msg]) -> None:
-        for environment_id in dict.fromkeys(m.subject.split(".")[3] for m in messages):
-            await provisioner.drive(UUID(environment_id))
+        latest: dict[str, int] = {}
+        for message in messages:
+            event = log_decoder.decode(message.data)
+            latest[event.environment_id] = max(event.version, latest.get(event.environment_id, 0))
+        for environment_id, version in latest.items():
+            await provisioner.catch_up(UUID(environment_id), version)
 
     gap_reader = LogReader(app)
 

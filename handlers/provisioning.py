@@ -109,6 +109,7 @@ class Provisioner:
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         self._transient_retry_delay = transient_retry_delay
         self._activity: dict[UUID, datetime] = {}
+        self._advanced_from: dict[UUID, int] = {}
 
     @property
     def busy(self) -> bool:
@@ -124,6 +125,12 @@ class Provisioner:
         async with lock:
             environment = await self._store.run(self._app.environment, environment_id)
             await self._advance(environment)
+
+    async def catch_up(self, environment_id: UUID, version: int) -> None:
+        """Drive an environment for an event from the log, unless this process already advanced
+        from that version (it usually recorded the event itself a moment ago)."""
+        if self._advanced_from.get(environment_id, 0) < version:
+            await self.drive(environment_id)
 
     async def sweep(self) -> None:
         """Drive every environment whose log has not ended: recovery, deadlines, retries."""
@@ -146,6 +153,7 @@ class Provisioner:
     # -- deciding ------------------------------------------------------------------------------
 
     async def _advance(self, env: Environment) -> None:
+        self._advanced_from[env.id] = max(env.version, self._advanced_from.get(env.id, 0))
         now = _now()
         if env.status == "creating":
             if env.cancelled:

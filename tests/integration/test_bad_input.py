@@ -31,8 +31,9 @@ async def assert_refused(service, repo, args: tuple[str, ...], exit_code: int, *
 
 
 async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, tmp_path):
-    await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                     "--thread-id", "good")  # something in the log to compare against
+    good = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+                            "--thread-id", "good", "--wait")  # a quiet log with something in it to compare
+    assert good.returncode == 0, good.stderr
     length, before = await log_length(service), branches(git_repo)
     worktrees_root = service.data_dir / "providers" / "git-worktree" / "worktrees"
     existing = sorted(p.name for p in worktrees_root.iterdir())
