@@ -98,7 +98,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
                        grace_for=grace_for)
     store = Store(app)
     read_model = await ReadModel.open(settings.data_dir / "read-models.sqlite")
-    placer = Placer(registry, settings.data_dir)
+    placer = Placer(registry, settings.data_dir, settings.host_id)
     transcript = TranscriptPublisher(nc, loop)
     host_agent = HostAgent(nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s), settings.host_id,
                            transcript)

@@ -75,9 +75,10 @@ class Placement:
 
 
 class Placer:
-    def __init__(self, registry: ProviderRegistry, data_dir: Path) -> None:
+    def __init__(self, registry: ProviderRegistry, data_dir: Path, host_id: str = "local") -> None:
         self.registry = registry
         self.data_dir = data_dir
+        self.host_id = host_id
 
     def provider_dir(self, provider_id: str) -> Path:
         return self.data_dir / "providers" / provider_id
@@ -96,6 +97,10 @@ class Placer:
 
     async def place(self, thread_id: str, intent: ProviderIntent, project_path: str | None, host_id: str) -> Placement:
         provider = self.provider(intent.environment_provider_id)
+        if host_id != self.host_id:
+            # Provider calls run where this service runs; only hooks travel to a host's agent.
+            raise InvalidInput(f"host {host_id!r} is not served here: this service places environments on host "
+                               f"{self.host_id!r} only")
         project = canonical_project(project_path)
         if provider.requires.projectless and project is not None:
             raise InvalidInput(f"provider {provider.id!r} serves only threads without a project")

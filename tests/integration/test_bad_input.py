@@ -52,6 +52,8 @@ async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, t
         (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "existing", "name": "ghost"}}'),
          "ghost"),
         (("--environment-provider", "git-worktree", "--thread-id", "../escape"), "thread id"),
+        (("--environment-provider", "git-worktree", "--host", "elsewhere"), "'elsewhere' is not served here"),
+        (("--environment-provider", "git-worktree", "--host", "--evil"), "host id"),
         (("--environment", "not-a-uuid"), "not a valid id"),
         (("--environment-provider", "git-worktree", "--environment", str(uuid.uuid4())), "either"),
     ]
