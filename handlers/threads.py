@@ -110,7 +110,8 @@ class ThreadHandlers:
                 placement.project_path, placement.inputs, placement.path_key, placement.claimed_path,
             )
         except PathAlreadyClaimed as conflict:
-            raise Refused(f"cannot claim the workspace path: {conflict}") from None
+            raise Refused(f"cannot claim the workspace path: {conflict}; "
+                          "to share that workspace, spawn with --environment and its id") from None
 
     async def _intent_of(self, thread: Thread) -> tuple[ProviderIntent | ExistingIntent, str | None]:
         """The thread's own intent, or what it inherits from its parent (with the parent's project).
