@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -135,15 +136,15 @@ async def environment_list(settings: Settings, status: str | None, provider: str
     emit(document, as_json, human)
 
 
-@environment.command("show")
-@click.argument("environment_id")
-@json_option
-@click.pass_obj
-@run_command
-async def environment_show(settings: Settings, environment_id: str, as_json: bool) -> None:
-    """Show one environment, with the tail of its transcript."""
-    request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
-    emit(await call(settings, "environments", "show", request), as_json, _print_environment)
+def _environment_command(verb: str, help_text: str, printer: Callable[[dict], None]) -> None:
+    @environment.command(verb, help=help_text)
+    @click.argument("environment_id")
+    @json_option
+    @click.pass_obj
+    @run_command
+    async def command(settings: Settings, environment_id: str, as_json: bool) -> None:
+        request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
+        emit(await call(settings, "environments", verb, request), as_json, printer)
 
 
 def _print_environment(e: dict) -> None:
@@ -156,30 +157,13 @@ def _print_environment(e: dict) -> None:
         stdout.print(f"  │ {line}", markup=False)
 
 
-@environment.command("delete")
-@click.argument("environment_id")
-@json_option
-@click.pass_obj
-@run_command
-async def environment_delete(settings: Settings, environment_id: str, as_json: bool) -> None:
-    """Retire now: cancel an in-flight create, tear down, remove."""
-    request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
-    emit(await call(settings, "environments", "delete", request), as_json, _print_accepted)
-
-
-@environment.command("retry")
-@click.argument("environment_id")
-@json_option
-@click.pass_obj
-@run_command
-async def environment_retry(settings: Settings, environment_id: str, as_json: bool) -> None:
-    """Retry a failed create, or re-run a failed setup in the same workspace."""
-    request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
-    emit(await call(settings, "environments", "retry", request), as_json, _print_accepted)
-
-
 def _print_accepted(doc: dict) -> None:
     stdout.print(f"{doc.get('environmentId') or '-'}  {doc.get('status') or ''}", markup=False)
+
+
+_environment_command("show", "Show one environment, with the tail of its transcript.", _print_environment)
+_environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", _print_accepted)
+_environment_command("retry", "Retry a failed create, or re-run a failed setup in the same workspace.", _print_accepted)
 
 
 # -- threads ---------------------------------------------------------------------------------------

@@ -102,6 +102,20 @@ async def wait_for_file(path: Path) -> None:
     raise AssertionError(f"{path} never appeared")
 
 
+async def start_with_setup_held(tmp_path: Path, project: Path) -> tuple[Service, str]:
+    """A service whose environment's setup hook has started and is held running."""
+    (tmp_path / "hold-setup").touch()
+    service = await start(tmp_path)
+    try:
+        await open_gates(service, "create", "remove")
+        environment_id = await spawn(service, project)
+        await wait_for_file(tmp_path / "markers" / "setup")
+    except BaseException:
+        await service.stop()
+        raise
+    return service, environment_id
+
+
 async def assert_consistent_log(service: Service, environment_id: str) -> None:
     exported = await service.bb("events", "export")
     events = [json.loads(line) for line in exported.stdout.splitlines()]
@@ -152,12 +166,8 @@ async def test_killed_around_created_the_environment_goes_on(tmp_path, project, 
 
 
 async def test_killed_during_setup_the_running_hook_is_joined_not_run_again(tmp_path, project):
-    (tmp_path / "hold-setup").touch()
-    service = await start(tmp_path)
+    service, environment_id = await start_with_setup_held(tmp_path, project)
     try:
-        await open_gates(service, "create", "remove")
-        environment_id = await spawn(service, project)
-        await wait_for_file(tmp_path / "markers" / "setup")
         service.kill()
         (tmp_path / "hold-setup").unlink()  # the hook finishes while the service is down
         await restart(service)
@@ -290,12 +300,8 @@ async def test_nats_server_killed_and_restarted_mid_flow_loses_and_doubles_nothi
 
 
 async def test_archived_while_setup_runs_the_hook_is_stopped_before_anything_is_removed(tmp_path, project):
-    (tmp_path / "hold-setup").touch()
-    service = await start(tmp_path)
+    service, environment_id = await start_with_setup_held(tmp_path, project)
     try:
-        await open_gates(service, "create", "remove")
-        environment_id = await spawn(service, project)
-        await wait_for_file(tmp_path / "markers" / "setup")
         await service.bb("thread", "archive", "t1")
         removed = await service.wait_for(environment_id, "removed")
         assert removed["hooks"]["setup"]["status"] == "failed"

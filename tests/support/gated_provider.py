@@ -7,7 +7,6 @@ exists, `remove` until `<data_dir>/gates/remove` exists (tests usually open them
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 from providers.contract import (
@@ -77,10 +76,10 @@ def _record(data_dir: str, line: str) -> None:
 
 
 def _wait_for(path: Path, cancelled) -> bool:
+    """Hold the call until the test opens the gate (another process, so a file); a cancel ends it at once."""
     while not path.exists():
-        if cancelled.is_set():
+        if cancelled.wait(0.01):
             return False
-        time.sleep(0.01)
     return True
 
 
