@@ -10,7 +10,6 @@ import hashlib
 
 THREADS_STREAM = "BB_THREADS"
 THREAD_EVENTS = "bb.threads.>"
-THREAD_EVENT_KINDS = ("created", "message", "archived", "unarchived", "message_cancelled")
 
 ENVIRONMENTS_STREAM = "BB_ENVIRONMENTS"
 LOG_EVENTS = "bb.log.>"

@@ -39,8 +39,15 @@ class Environments(Application):
         super().__init__(env=env)
         self._grace_for = grace_for or (lambda provider_id: 300_000)
         self.on_saved: Callable[[], None] = lambda: None
+        # Indexes folded from the log, each read on from where it left off (by the one writer).
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
-        self._claims_position = 0
+        self._unfinished: dict[UUID, None] = {}
+        self._requested: set[UUID] = set()
+        self._claims_index = _LogIndex(self, PathClaim, ("Taken", "Retaken", "Released"), self._fold_claim)
+        self._unfinished_index = _LogIndex(self, Environment, ("Claimed", "Removed"), self._fold_unfinished)
+        self._requested_index = _LogIndex(
+            self, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold_requested
+        )
 
     def _notify(self, recordings: list[Any]) -> None:
         self.on_saved()
@@ -110,10 +117,15 @@ class Environments(Application):
         return thread
 
     def threads_awaiting_environment(self) -> list[str]:
-        topic = f"{Thread.__module__}:{Thread.__qualname__}.EnvironmentRequested"
-        requested = {n.originator_id for n in self.recorder.select_notifications(start=1, limit=10**9, topics=(topic,))}
-        threads = (self.repository.get(identity) for identity in requested)
+        self._requested_index.catch_up()
+        threads = (self.repository.get(identity) for identity in self._requested)
         return [thread.thread_id for thread in threads if thread.awaits_environment]
+
+    def _fold_requested(self, notification: Any) -> None:
+        if notification.topic.endswith(".EnvironmentRequested"):
+            self._requested.add(notification.originator_id)
+        else:
+            self._requested.discard(notification.originator_id)
 
     def refuse_thread(self, thread_id: str, message: str) -> None:
         thread = self.thread(thread_id)
@@ -168,22 +180,18 @@ class Environments(Application):
                 raise PathAlreadyClaimed(f"{path} overlaps {held_path}, held by environment {holder}")
 
     def _live_claims(self) -> list[tuple[str, str, UUID | None]]:
-        """Every claim with its holder, folded incrementally from the log's claim events."""
-        topic = f"{PathClaim.__module__}:{PathClaim.__qualname__}"
-        notifications = self.recorder.select_notifications(
-            start=self._claims_position + 1, limit=10**9,
-            topics=(f"{topic}.Taken", f"{topic}.Retaken", f"{topic}.Released"),
-        )
-        for notification in notifications:
-            event = self.mapper.to_domain_event(notification)
-            if notification.topic.endswith(".Taken"):
-                self._claims[event.originator_id] = (event.host_id, event.path, event.environment_id)
-            else:
-                host_id, path, _ = self._claims[event.originator_id]
-                holder = event.environment_id if notification.topic.endswith(".Retaken") else None
-                self._claims[event.originator_id] = (host_id, path, holder)
-            self._claims_position = notification.id
+        """Every claim with its host, path and holder (None once released)."""
+        self._claims_index.catch_up()
         return list(self._claims.values())
+
+    def _fold_claim(self, notification: Any) -> None:
+        event = self.mapper.to_domain_event(notification)
+        if notification.topic.endswith(".Taken"):
+            self._claims[event.originator_id] = (event.host_id, event.path, event.environment_id)
+        else:
+            host_id, path, _ = self._claims[event.originator_id]
+            holder = event.environment_id if notification.topic.endswith(".Retaken") else None
+            self._claims[event.originator_id] = (host_id, path, holder)
 
     def attach_thread(self, thread_id: str, environment_id: UUID) -> Environment:
         thread = self.thread(thread_id)
@@ -339,18 +347,32 @@ class Environments(Application):
 
     def unfinished_environment_ids(self) -> list[UUID]:
         """Every environment whose log does not end in Removed: what recovery must drive on."""
-        topic = f"{Environment.__module__}:{Environment.__qualname__}"
-        ended: set[UUID] = set()
-        started: list[UUID] = []
-        notifications = self.recorder.select_notifications(
-            start=1, limit=10**9, topics=(f"{topic}.Claimed", f"{topic}.Removed")
-        )
-        for notification in notifications:
-            if notification.topic.endswith(".Removed"):
-                ended.add(notification.originator_id)
-            else:
-                started.append(notification.originator_id)
-        return [i for i in started if i not in ended]
+        self._unfinished_index.catch_up()
+        return list(self._unfinished)
+
+    def _fold_unfinished(self, notification: Any) -> None:
+        if notification.topic.endswith(".Claimed"):
+            self._unfinished[notification.originator_id] = None
+        else:
+            self._unfinished.pop(notification.originator_id, None)
+
+
+class _LogIndex:
+    """Keeps some state up to date from the log's events of a few types, reading only what is new."""
+
+    def __init__(self, app: Application, aggregate: type, event_names: tuple[str, ...],
+                 fold: Callable[[Any], None]) -> None:
+        prefix = f"{aggregate.__module__}:{aggregate.__qualname__}."
+        self._app = app
+        self._topics = tuple(prefix + name for name in event_names)
+        self._fold = fold
+        self._position = 0
+
+    def catch_up(self) -> None:
+        new = self._app.recorder.select_notifications(start=self._position + 1, limit=10**9, topics=self._topics)
+        for notification in new:
+            self._fold(notification)
+            self._position = notification.id
 
 
 def _inside(path: str, root: str) -> bool:
