@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
+
+
+T = TypeVar("T")
 
 
 class Requires(msgspec.Struct, frozen=True, rename="camel"):
@@ -102,6 +105,13 @@ class ProjectContext:
     inputs: Any
     data_dir: str
     """A directory that belongs to this provider alone (created by the core)."""
+
+
+def inputs_as(ctx: ProjectContext, inputs_type: type[T]) -> T:
+    """The context's inputs, which the core has already converted to the provider's `inputs_type`."""
+    if not isinstance(ctx.inputs, inputs_type):
+        raise TypeError(f"expected {inputs_type.__name__}, got {type(ctx.inputs).__name__}")
+    return ctx.inputs
 
 
 @dataclass(frozen=True)

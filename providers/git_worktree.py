@@ -30,6 +30,7 @@ from providers.contract import (
     RemoveFailed,
     RemoveResult,
     Requires,
+    inputs_as,
 )
 from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
@@ -87,7 +88,7 @@ class GitWorktreeProvider:
 
     def validate(self, ctx: ProjectContext) -> None:
         repo = _require_repo(ctx.project_path)
-        branch = _inputs(ctx).branch
+        branch = inputs_as(ctx, GitWorktreeInputs).branch
         if isinstance(branch, ExistingBranch):
             _require_existing_branch(repo, branch.name)
             _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=None)
@@ -105,7 +106,7 @@ class GitWorktreeProvider:
     def planned_path(self, ctx: ProjectContext, path_key: str) -> str | None:
         repo = _require_repo(ctx.project_path)
         target = managed_worktree_path(ctx.data_dir, path_key, repo)
-        branch = _inputs(ctx).branch
+        branch = inputs_as(ctx, GitWorktreeInputs).branch
         if isinstance(branch, ExistingBranch):
             adopted = _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=target)
             if adopted is not None:
@@ -125,7 +126,7 @@ class GitWorktreeProvider:
     def _create(self, ctx: CreateContext) -> CreateResult:
         repo = _require_repo(ctx.project_path)
         target = managed_worktree_path(ctx.data_dir, ctx.path_key, repo)
-        branch = _inputs(ctx).branch
+        branch = inputs_as(ctx, GitWorktreeInputs).branch
         worktrees = list_worktrees(repo)
         if isinstance(branch, ExistingBranch):
             adopted = _adoptable_worktree(repo, worktrees, branch.name, own_target=target)
@@ -211,12 +212,6 @@ def list_worktrees(repo: str) -> list[WorktreeEntry]:
             )
         )
     return entries
-
-
-def _inputs(ctx: ProjectContext) -> GitWorktreeInputs:
-    if not isinstance(ctx.inputs, GitWorktreeInputs):
-        raise TypeError(f"expected GitWorktreeInputs, got {type(ctx.inputs).__name__}")
-    return ctx.inputs
 
 
 def _require_repo(project_path: str | None) -> str:

@@ -52,6 +52,7 @@ from providers.contract import (
     Reporter,
     Requires,
     SilentReporter,
+    inputs_as,
 )
 from providers.git_commands import run_git_or_none
 from providers.git_worktree import repo_dir_name
@@ -164,7 +165,7 @@ class ModalSandboxProvider:
         return READY
 
     def validate(self, ctx: ProjectContext) -> None:
-        _check_bounds(_inputs(ctx))
+        _check_bounds(inputs_as(ctx, ModalInputs))
         project_origin(ctx.project_path)
         try:
             effective_dockerfile(ctx.data_dir, load_settings(ctx.data_dir))
@@ -302,7 +303,7 @@ class ModalSandboxProvider:
     # -- create ------------------------------------------------------------------------------------
 
     def _create(self, ctx: CreateContext) -> Created:
-        inputs = _inputs(ctx)
+        inputs = inputs_as(ctx, ModalInputs)
         _check_bounds(inputs)
         origin = project_origin(ctx.project_path)
         workdir = f"{WORKSPACE_ROOT}/{repo_dir_name(_toplevel(ctx.project_path))}"
@@ -582,12 +583,6 @@ def _capped_lines(output: str) -> list[str]:
     if len(lines) <= OUTPUT_LINE_LIMIT:
         return lines
     return [f"({len(lines) - OUTPUT_LINE_LIMIT} earlier lines left out)", *lines[-OUTPUT_LINE_LIMIT:]]
-
-
-def _inputs(ctx: ProjectContext) -> ModalInputs:
-    if not isinstance(ctx.inputs, ModalInputs):
-        raise TypeError(f"expected ModalInputs, got {type(ctx.inputs).__name__}")
-    return ctx.inputs
 
 
 def _check_bounds(inputs: ModalInputs) -> None:

@@ -33,6 +33,7 @@ from providers.contract import (
     RemoveContext,
     RemoveResult,
     Requires,
+    inputs_as,
 )
 from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
@@ -80,7 +81,7 @@ class ProjectCheckoutProvider:
 
     def validate(self, ctx: ProjectContext) -> None:
         directory = run_directory(ctx)
-        branch = _inputs(ctx).branch
+        branch = inputs_as(ctx, ProjectCheckoutInputs).branch
         if not isinstance(branch, CurrentBranch):
             _needs_switch(_require_checkout(directory), branch)
 
@@ -99,7 +100,7 @@ class ProjectCheckoutProvider:
 
     def _create(self, ctx: CreateContext) -> CreateResult:
         directory = run_directory(ctx)
-        branch = _inputs(ctx).branch
+        branch = inputs_as(ctx, ProjectCheckoutInputs).branch
         if isinstance(branch, CurrentBranch):
             current = _current_branch_if_any(directory)
             return Created(path=directory, owns_path=False, merge_base_branch=current, resource={"branch": current})
@@ -127,7 +128,7 @@ class ProjectCheckoutProvider:
 def run_directory(ctx: ProjectContext) -> str:
     """The real path the thread runs in: the project root, or `inputs.path` inside it."""
     project = _require_project(ctx.project_path)
-    requested = _inputs(ctx).path
+    requested = inputs_as(ctx, ProjectCheckoutInputs).path
     if requested is None:
         return project
     if "\0" in requested:
@@ -138,12 +139,6 @@ def run_directory(ctx: ProjectContext) -> str:
     if not os.path.isdir(directory):
         raise InvalidInputs(f"path: {requested!r} is not a directory in the project")
     return directory
-
-
-def _inputs(ctx: ProjectContext) -> ProjectCheckoutInputs:
-    if not isinstance(ctx.inputs, ProjectCheckoutInputs):
-        raise TypeError(f"expected ProjectCheckoutInputs, got {type(ctx.inputs).__name__}")
-    return ctx.inputs
 
 
 def _require_project(project_path: str | None) -> str:
