@@ -156,8 +156,8 @@ async def test_killed_during_create_the_create_is_asked_again_and_hooks_run_once
 async def test_killed_around_created_the_environment_goes_on(tmp_path, project, crash_at):
     service = await start(tmp_path, crash_at)
     try:
-        await open_gates(service, "create", "remove")
         environment_id = await spawn(service, project)
+        await open_gates(service, "create", "remove")  # only now: the crash must not swallow the reply
         await died(service)
         await restart(service)
         await finish_lifecycle(service, tmp_path, environment_id)
@@ -180,8 +180,8 @@ async def test_killed_during_setup_the_running_hook_is_joined_not_run_again(tmp_
 async def test_killed_after_a_step_finished_its_outcome_is_recorded_once(tmp_path, project, crash_at):
     service = await start(tmp_path, crash_at)
     try:
-        await open_gates(service, "create", "remove")
         environment_id = await spawn(service, project)
+        await open_gates(service, "create", "remove")  # only now: the crash must not swallow the reply
         if crash_at != "setup-finished":
             await service.wait_for(environment_id, "ready")
             await service.bb("thread", "archive", "t1")
