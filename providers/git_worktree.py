@@ -41,6 +41,7 @@ from providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 
 TRANSCRIPT_PATH_LIMIT = 20
 DEFAULT_BRANCH_PREFIX = "bb/"
+DEFAULT_BRANCH_REFS = ("refs/remotes/origin/HEAD", "refs/heads/main", "refs/heads/master")
 
 
 class DefaultBranch(BranchChoice, tag="default"):
@@ -220,6 +221,10 @@ def _require_repo(project_path: str | None) -> str:
         raise InvalidInputs("project path: a git checkout is required for a worktree")
     if not os.path.isdir(project_path):
         raise InvalidInputs(f"project path: {project_path} does not exist")
+    # One git process in the usual case (HEAD is a commit); the slower checks only name what is wrong.
+    top_and_head = run_git_or_none(project_path, "rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD")
+    if top_and_head is not None:
+        return top_and_head.splitlines()[0]
     try:
         repo = run_git(project_path, "rev-parse", "--show-toplevel")
     except GitFailed:
@@ -251,11 +256,17 @@ def _require_default_branch(repo: str) -> str:
 
 def _default_branch(repo: str) -> str | None:
     """origin/HEAD's target, else local main, else master, else the checked-out branch."""
-    origin_head = run_git_or_none(repo, "symbolic-ref", "--quiet", "refs/remotes/origin/HEAD")
-    if origin_head is not None and is_commit(repo, origin_head):
-        return origin_head.removeprefix("refs/remotes/")
+    # One for-each-ref answers the first three; it skips a dangling origin/HEAD by itself.
+    listed = run_git(repo, "for-each-ref", "--format=%(refname)%00%(symref)%00%(objecttype)", *DEFAULT_BRANCH_REFS)
+    commits = {}
+    for line in listed.splitlines():
+        name, target, kind = line.split("\0")
+        if kind == "commit":
+            commits[name] = target
+    if commits.get("refs/remotes/origin/HEAD"):
+        return commits["refs/remotes/origin/HEAD"].removeprefix("refs/remotes/")
     for name in ("main", "master"):
-        if branch_exists(repo, name):
+        if f"refs/heads/{name}" in commits:
             return name
     head = run_git_or_none(repo, "symbolic-ref", "--quiet", "HEAD")
     if head is not None and head.startswith("refs/heads/") and is_commit(repo, head):

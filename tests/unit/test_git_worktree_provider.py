@@ -211,6 +211,32 @@ def test_create_default_prefers_origin_head(
     assert tracking.returncode == 1  # no upstream: the thread's branch must not push to main
 
 
+@pytest.mark.parametrize(
+    ("branches_to_keep", "checked_out", "expected"),
+    [(["master", "trunk"], "trunk", "master"), (["trunk", "other"], "trunk", "trunk")],
+)
+def test_create_default_without_origin_takes_master_else_the_checked_out_branch(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git,
+    branches_to_keep: list[str], checked_out: str, expected: str,
+) -> None:
+    for name in branches_to_keep:
+        git(git_repo, "branch", name)
+    git(git_repo, "checkout", "--quiet", checked_out)
+    git(git_repo, "branch", "-D", "main")
+
+    assert create(provider, git_repo, data_dir).merge_base_branch == expected
+
+
+def test_create_default_passes_over_an_origin_head_that_points_nowhere(
+    provider: GitWorktreeProvider, git_repo: Path, tmp_path: Path, data_dir: Path, git: Git
+) -> None:
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "--quiet", str(git_repo), str(clone))
+    git(clone, "symbolic-ref", "refs/remotes/origin/HEAD", "refs/remotes/origin/gone")
+
+    assert create(provider, clone, data_dir).merge_base_branch == "main"
+
+
 def test_create_new_branches_from_the_given_base(
     provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
 ) -> None:
