@@ -1,7 +1,7 @@
 """Turns the event store's notification log into the documents the bus carries.
 
 One mapping serves both the relay (live) and `bb events replay` (rebuild), so a rebuilt read
-model equals the live one by construction. Runs on the store's writer thread.
+model equals the live one by construction. Runs on the store's log-reader thread.
 """
 
 from __future__ import annotations

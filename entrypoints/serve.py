@@ -107,7 +107,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
                               timedelta(seconds=settings.transient_retry_s))
     threads = ThreadHandlers(store, placer, settings.host_id)
     log_reader = LogReader(app)
-    relay = OutboxRelay(js, lambda after: store.run(log_reader.page, after))
+    relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after))
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 
     async def drive_environments(messages: list[Msg]) -> None:
@@ -121,7 +121,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     gap_reader = LogReader(app)
 
     async def fill_gap(after: int, upto: int) -> list:
-        return await store.run(gap_reader.between, after, upto)
+        return await store.read_log(gap_reader.between, after, upto)
 
     async def apply_to_read_model(messages: list[Msg]) -> None:
         await read_model.apply(

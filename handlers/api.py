@@ -193,11 +193,11 @@ class Api:
                 position = page[-1].notification_id
             return documents
 
-        documents = await self._store.run(whole_log)
+        documents = await self._store.read_log(whole_log)
         return await self._read_model.rebuild(documents, await self._stream_position())
 
     async def _accepted(self, environment: Environment | None) -> Accepted:
-        position = await self._store.run(self._app.head)
+        position = await self._store.read_log(self._app.head)
         if environment is None:
             return Accepted(None, None, position)
         return Accepted(str(environment.id), environment.public_status, position)

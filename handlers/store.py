@@ -1,4 +1,9 @@
-"""The asyncio face of the event store: every call runs on one writer thread, off the loop."""
+"""The asyncio face of the event store: every command runs on one writer thread, off the loop.
+
+Reads of the notification log (the relay's pages, gap fills, the log's head) run on a reader
+thread of their own, on another connection: they see only committed events, and a command never
+waits behind a page of them.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +21,16 @@ class Store:
     def __init__(self, app: Environments) -> None:
         self.app = app
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-store")
+        self._log_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-log-reader")
 
     async def run(self, call: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
 
+    async def read_log(self, call: Callable[..., T], *args: object) -> T:
+        """Run a read of the notification log (never a command) on the reader thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._log_reader, call, *args)
+
     def close(self) -> None:
+        self._log_reader.shutdown(wait=True)
         self._writer.shutdown(wait=True)
         self.app.close()
