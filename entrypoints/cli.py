@@ -182,7 +182,7 @@ def thread() -> None:
 @click.option("--thread-id")
 @click.option("--parent")
 @click.option("--host")
-@click.option("--prompt")
+@click.option("--prompt", help="The thread's first message, published on bb.threads.<T>.message for the agent that runs it.")
 @click.option("--wait", is_flag=True, help="Stream progress to stderr until the environment is ready or failed.")
 @click.option("--timeout", type=float, default=900.0, show_default=True)
 @json_option

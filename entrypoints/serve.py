@@ -160,7 +160,13 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         sweep_forever(),
     ]
     tasks = [asyncio.create_task(w) for w in workers]
-    api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position)
+    async def publish_thread_message(message: ThreadMessageMessage) -> None:
+        # One first message per thread, even when a spawn's publish is retried.
+        await js.publish(subjects.thread_event(message.thread_id, "message"), msgspec.json.encode(message),
+                         headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
+
+    api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position,
+              publish_thread_message)
     service = await start_api(nc, api.endpoints(), translate_error)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 

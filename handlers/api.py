@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from uuid import UUID, uuid4
 
 import msgspec
@@ -30,6 +31,7 @@ from bus.documents import (
     ProviderIntent,
     ThreadArchivedMessage,
     ThreadCreatedMessage,
+    ThreadMessageMessage,
     ThreadUnarchivedMessage,
 )
 from bus.log_reader import LogReader
@@ -61,7 +63,8 @@ class ThreadList(msgspec.Struct):
 
 class Api:
     def __init__(self, store: Store, read_model: ReadModel, placer: Placer, threads: ThreadHandlers,
-                 provisioner: Provisioner, host_id: str, stream_position: Callable[[], Awaitable[int]]) -> None:
+                 provisioner: Provisioner, host_id: str, stream_position: Callable[[], Awaitable[int]],
+                 publish_thread_message: Callable[[ThreadMessageMessage], Awaitable[None]]) -> None:
         self._store = store
         self._app = store.app
         self._read_model = read_model
@@ -70,6 +73,7 @@ class Api:
         self._provisioner = provisioner
         self._host_id = host_id
         self._stream_position = stream_position
+        self._publish_thread_message = publish_thread_message
 
     def endpoints(self) -> list[Endpoint]:
         return [
@@ -148,6 +152,11 @@ class Api:
         environment = await self._threads.first_message(thread_id, raise_refusal=True, placement=placement)
         if environment is not None:
             await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
+        if request.prompt is not None:
+            # The prompt is the thread's first message, for whoever runs the thread's agent; it is
+            # published where any service's thread messages go, not kept in the environment log.
+            await self._publish_thread_message(ThreadMessageMessage(
+                thread_id=thread_id, text=request.prompt, occurred_at=datetime.now(timezone.utc)))
         accepted = await self._accepted(environment)
         return Spawned(thread_id, accepted.environment_id, accepted.status or "creating", accepted.position)
 

@@ -60,6 +60,19 @@ async def test_spawn_ready_archive_removed_runs_each_hook_once_in_order(service,
                      "retire_scheduled", "removal_started", "teardown_started", "teardown_finished", "removed"]
 
 
+async def test_spawn_prompt_is_the_thread_first_message_on_the_bus(service, git_repo):
+    await spawn(service, git_repo, "t1", "--prompt", "fix the flaky test")
+
+    listener = await nats.connect(service.info["natsUrl"])
+    try:
+        stored = await listener.jetstream().get_last_msg(subjects.THREADS_STREAM, subjects.thread_event("t1", "message"))
+    finally:
+        await listener.close()
+    message = json.loads(stored.data)
+    assert (message["type"], message["threadId"], message["text"]) == ("message", "t1", "fix the flaky test")
+    assert message["occurredAt"]
+
+
 async def test_event_versions_are_gap_free_per_environment(service, git_repo):
     spawned = await spawn(service, git_repo, "t1")
     await service.bb("thread", "archive", "t1")
