@@ -89,8 +89,11 @@ class HostAgent:
         return HookState(state="running")
 
     async def _run(self, request: StartHook) -> HookOutcome:
-        async def output(text: str) -> None:
-            self._transcript.line(request.environment_id, "output", request.kind, text)
+        async def output(text: str, offset: int) -> None:
+            # Named by its place in the hook's log: a restarted agent replays the log from its
+            # start, and the transcripts stream drops the lines it already has.
+            self._transcript.line(request.environment_id, "output", request.kind, text,
+                                  message_id=f"{request.operation_id}@{offset}")
 
         try:
             outcome = await self._runner.run(request.operation_id, request.kind, Path(request.workspace), output)

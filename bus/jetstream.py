@@ -22,6 +22,9 @@ from bus import subjects
 log = logging.getLogger(__name__)
 
 TRANSCRIPT_LINES_PER_ENVIRONMENT = 2000
+# How long the transcripts stream remembers a hook output line's id: a service restarted within
+# it replays a running hook's log without doubling the lines already stored.
+TRANSCRIPT_DUPLICATE_WINDOW_S = 3600
 
 
 async def _report_error(error: Exception) -> None:
@@ -49,6 +52,7 @@ STREAMS = (
     api.StreamConfig(
         name=subjects.TRANSCRIPTS_STREAM, subjects=[subjects.TRANSCRIPT_EVENTS],
         storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
+        duplicate_window=TRANSCRIPT_DUPLICATE_WINDOW_S,
     ),
 )
 

@@ -15,10 +15,10 @@ This process assumes it is the only service using its records directory: a recor
 supervisor was never adopted (see hook_supervisor) is only waited on while this process's own run
 of that operation is in flight.
 
-Output lines are delivered through `on_output` at most once per process: each process remembers
-how far into an operation's log it has delivered. A process that replays or joins an operation
-it has not seen before delivers the log from its start, so a consumer may see lines again after a
-restart.
+Output lines are delivered through `on_output` at most once per process, each with its byte
+offset in the operation's log: each process remembers how far into an operation's log it has
+delivered. A process that replays or joins an operation it has not seen before delivers the log
+from its start, so a consumer sees lines again after a restart and can tell them by their offset.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ IMPORT_ROOT = Path(__file__).resolve().parents[2]
 
 HookStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "skipped", "interrupted"]
 CancelResult = Literal["never-started", "finished", "terminated"]
-OutputSink = Callable[[str], Awaitable[None]]
+OutputSink = Callable[[str, int], Awaitable[None]]
+"""Receives a line of output (without its newline) and the byte offset in the log where it starts."""
 
 
 class HookOutcome(msgspec.Struct, frozen=True):
@@ -261,8 +262,9 @@ class HookRunner:
         if not complete:
             data = data[: data.rfind(b"\n") + 1]
         for line in data.splitlines(keepends=True):
-            self._delivered_offsets[operation_id] = offset = offset + len(line)
-            await on_output(line.rstrip(b"\r\n").decode("utf-8", errors="replace"))
+            start, offset = offset, offset + len(line)
+            self._delivered_offsets[operation_id] = offset
+            await on_output(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), start)
 
     async def _record_once_adopted(self, operation_id: str) -> HookRecord | None:
         """The record, after this process's own in-flight run has recorded its supervisor."""

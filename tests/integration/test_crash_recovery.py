@@ -30,6 +30,7 @@ def project(tmp_path: Path) -> Path:
     for kind in ("setup", "teardown"):
         (project / f".bb-env-{kind}.sh").write_text(
             f"echo {kind} >> {markers}/{kind}\n"
+            f"echo {kind} started\n"
             f"while [ -e {tmp_path}/hold-{kind} ]; do sleep 0.02; done\n"
             f"echo {kind} done\n"
         )
@@ -168,9 +169,13 @@ async def test_killed_around_created_the_environment_goes_on(tmp_path, project, 
 async def test_killed_during_setup_the_running_hook_is_joined_not_run_again(tmp_path, project):
     service, environment_id = await start_with_setup_held(tmp_path, project)
     try:
+        await service.wait_for(environment_id, lambda e: "setup started" in e["transcript"])
         service.kill()
         (tmp_path / "hold-setup").unlink()  # the hook finishes while the service is down
         await restart(service)
+        # The restarted service replays the hook's log; the line stored before the crash stays single.
+        finished = await service.wait_for(environment_id, lambda e: "setup done" in e["transcript"])
+        assert finished["transcript"].count("setup started") == 1
         await finish_lifecycle(service, tmp_path, environment_id)
     finally:
         await service.stop()

@@ -49,9 +49,11 @@ def pid_in(path: Path) -> int:
 class Output:
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.offsets: list[int] = []
 
-    async def __call__(self, line: str) -> None:
+    async def __call__(self, line: str, offset: int) -> None:
         self.lines.append(line)
+        self.offsets.append(offset)
 
 
 @pytest.fixture
@@ -83,6 +85,7 @@ async def test_success_delivers_output_lines_in_order(records_dir: Path, workspa
 
     assert outcome == HookOutcome("succeeded", 0, None)
     assert output.lines == ["one", "two", f"cwd={workspace}", "no newline"]
+    assert output.offsets == [0, 4, 8, 13 + len(str(workspace))]  # where each starts in the log
 
 
 async def test_script_environment_drops_service_secrets(
@@ -194,6 +197,7 @@ async def test_repeated_run_replays_the_outcome(records_dir: Path, workspace: Pa
     assert first_output.lines == ["hello"]
     assert again_output.lines == []
     assert restarted_output.lines == ["hello"]
+    assert restarted_output.offsets == first_output.offsets  # the same line, known as the same
 
 
 async def test_concurrent_runs_coalesce(records_dir: Path, workspace: Path) -> None:
@@ -229,7 +233,7 @@ import asyncio, sys
 from pathlib import Path
 from providers.host.hooks import HookRunner
 
-async def ignore(line):
+async def ignore(line, offset):
     pass
 
 asyncio.run(HookRunner(Path(sys.argv[1]), timeout_s=30).run("op", "setup", Path(sys.argv[2]), ignore))
@@ -467,7 +471,7 @@ import asyncio, sys
 from pathlib import Path
 from providers.host.hooks import HookRunner
 
-async def ignore(line):
+async def ignore(line, offset):
     pass
 
 async def main():
