@@ -186,10 +186,13 @@ async def test_killed_after_a_step_finished_its_outcome_is_recorded_once(tmp_pat
     service = await start(tmp_path, crash_at)
     try:
         environment_id = await spawn(service, project)
-        await open_gates(service, "create", "remove")  # only now: the crash must not swallow the reply
+        await open_gates(service, "create")  # only now: the crash must not swallow the reply
         if crash_at != "setup-finished":
             await service.wait_for(environment_id, "ready")
-            await service.bb("thread", "archive", "t1")
+            (tmp_path / "hold-teardown").touch()  # nor the archive's
+            assert (await service.bb("thread", "archive", "t1")).returncode == 0
+            (tmp_path / "hold-teardown").unlink()
+        await open_gates(service, "remove")
         await died(service)
         await restart(service)
         if crash_at == "setup-finished":
