@@ -142,13 +142,22 @@ class Environments(Application):
         inputs: Any,
         path_key: str,
         claimed_path: str | None,
+        share_held_path: bool = False,
     ) -> Environment:
-        """Reserve a new environment for the thread and claim its path, all or nothing."""
+        """Reserve a new environment for the thread and claim its path, all or nothing.
+
+        With `share_held_path`, a path held by a live environment of the same provider is no
+        conflict: the thread joins that environment instead.
+        """
         thread = self.thread(thread_id)
         if thread.environment_id is not None:
             return self.environment(thread.environment_id)
         if thread.status != "active":
             raise IllegalTransition(f"thread {thread_id} is archived")
+        if share_held_path and claimed_path:
+            holder = self._live_holder(host_id, claimed_path, provider_id)
+            if holder is not None:
+                return self.attach_thread(thread_id, holder)
         environment = Environment(
             provider_id=provider_id,
             host_id=host_id,
@@ -162,6 +171,18 @@ class Environments(Application):
         claims = [self._take(host_id, claimed_path, environment.id)] if claimed_path else []
         self.save(environment, thread, *claims)
         return environment
+
+    def _live_holder(self, host_id: str, path: str, provider_id: str) -> UUID | None:
+        """The environment of `provider_id` holding exactly `path`, if it can take a thread now.
+
+        One in `error` cannot: it waits for a retry or a delete.
+        """
+        claim = self._claim(host_id, path)
+        if claim is None or claim.holder is None:
+            return None
+        holder = self.environment(claim.holder)
+        joinable = holder.is_live and holder.status != "error" and not holder.cancelled
+        return holder.id if joinable and holder.provider_id == provider_id else None
 
     def _take(self, host_id: str, path: str, environment_id: UUID) -> PathClaim:
         """The claim on `path` for the environment; refused when it is held, or nested in a held path."""

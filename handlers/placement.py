@@ -19,7 +19,7 @@ import msgspec
 
 from bus.documents import ProviderIntent
 from handlers.errors import InvalidInput, Refused
-from providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext
+from providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path
 from providers.registry import ProviderRegistry, safe_availability
 
 THREAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -72,6 +72,8 @@ class Placement:
     inputs: Any
     path_key: str
     claimed_path: str | None
+    shares_claimed_path: bool = False
+    """A live environment of the same provider holding the path takes the thread (see the contract)."""
 
 
 class Placer:
@@ -121,6 +123,7 @@ class Placer:
             provider_id=provider.id, host_id=host_id, project_path=project,
             inputs=msgspec.to_builtins(inputs), path_key=path_key,
             claimed_path=canonical_path(planned) if planned else None,
+            shares_claimed_path=shares_planned_path(provider, context),
         )
 
 

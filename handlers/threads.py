@@ -108,6 +108,7 @@ class ThreadHandlers:
             return await self._store.run(
                 self._app.claim_environment, thread.thread_id, placement.provider_id, placement.host_id,
                 placement.project_path, placement.inputs, placement.path_key, placement.claimed_path,
+                placement.shares_claimed_path,
             )
         except PathAlreadyClaimed as conflict:
             raise Refused(f"cannot claim the workspace path: {conflict}; "

@@ -169,3 +169,14 @@ class EnvironmentProvider(Protocol):
     def create(self, ctx: CreateContext) -> CreateResult: ...
 
     def remove(self, ctx: RemoveContext) -> RemoveResult: ...
+
+
+def shares_planned_path(provider: EnvironmentProvider, ctx: ProjectContext) -> bool:
+    """Whether a thread asking for `ctx` joins a live environment of this provider that already
+    holds the planned path, instead of being refused for the conflict.
+
+    Optional for providers (`shares_planned_path(ctx) -> bool`); without it, never. Meant for a
+    path used as it is, which a second create would not change (a checkout on its current branch).
+    """
+    decide = getattr(provider, "shares_planned_path", None)
+    return bool(decide(ctx)) if decide is not None else False

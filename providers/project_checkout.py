@@ -2,7 +2,8 @@
 
 Nothing is created or deleted (`owns_path` False); at most the checkout's branch is switched, and
 only when the switch cannot lose or tangle work: HEAD on a branch, no conflicts, no operation in
-progress, no uncommitted changes. Switches of one checkout are serialized by a file lock so two
+progress, no uncommitted changes. Threads that keep the current branch share one environment per
+directory; a switch is refused while another environment holds the directory. Switches of one checkout are serialized by a file lock so two
 processes sharing the data dir cannot interleave them.
 """
 
@@ -87,6 +88,10 @@ class ProjectCheckoutProvider:
 
     def planned_path(self, ctx: ProjectContext, path_key: str) -> str | None:
         return run_directory(ctx)
+
+    def shares_planned_path(self, ctx: ProjectContext) -> bool:
+        """A thread that leaves the branch as it is joins whoever already runs in the directory."""
+        return isinstance(inputs_as(ctx, ProjectCheckoutInputs).branch, CurrentBranch)
 
     def create(self, ctx: CreateContext) -> CreateResult:
         try:

@@ -73,21 +73,37 @@ async def test_project_checkout_refuses_to_switch_a_dirty_checkout(service, git_
     assert git(git_repo, "branch", "--show-current") == "main"
 
 
-async def test_concurrent_spawns_on_one_checkout_exactly_one_wins_and_aliases_lose_too(service, git_repo, tmp_path):
+async def test_concurrent_spawns_on_one_checkout_share_one_environment_whatever_the_alias(service, git_repo, tmp_path):
     alias = tmp_path / "alias"
     alias.symlink_to(git_repo)
     attempts = await asyncio.gather(*(
         spawn(service, "--environment-provider", "project-checkout", "--project", str(project), "--thread-id", f"t{i}")
         for i, project in enumerate([git_repo, git_repo, alias, git_repo])
     ))
-    winners = [a for a in attempts if a.returncode == 0]
-    losers = [a for a in attempts if a.returncode != 0]
-    assert len(winners) == 1, [a.stderr for a in attempts]
-    winner = winners[0].json()["environmentId"]
-    for loser in losers:
-        assert loser.returncode == 1 and winner in loser.json()["error"]["message"]
-    joined = await spawn(service, "--environment", winner, "--thread-id", "joiner")
-    assert joined.returncode == 0
+    assert all(a.returncode == 0 for a in attempts), [a.stderr for a in attempts]
+    environment_ids = {a.json()["environmentId"] for a in attempts}
+    assert len(environment_ids) == 1
+    shared = await service.wait_for(environment_ids.pop(), "ready")
+    assert sorted(shared["threadIds"]) == ["t0", "t1", "t2", "t3"]
+    assert len((await service.bb("environment", "list", "--json")).json()["environments"]) == 1
+
+
+async def test_a_branch_switch_is_refused_while_another_environment_holds_the_checkout(service, git_repo, git):
+    git(git_repo, "branch", "feature")
+    first = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
+                        "--thread-id", "t1", "--wait")
+    assert first.returncode == 0, first.stderr
+    refused = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
+                          "--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}',
+                          "--thread-id", "t2")
+    assert refused.returncode == 1 and first.json()["environmentId"] in refused.json()["error"]["message"]
+    assert git(git_repo, "branch", "--show-current") == "main"
+
+    await service.bb("thread", "archive", "t1")
+    idle = await service.wait_for(first.json()["environmentId"], lambda e: e["threadIds"] == [])
+    rejoined = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
+                           "--thread-id", "t3")
+    assert rejoined.json()["environmentId"] == idle["id"]  # the checkout's idle environment takes the thread
 
 
 async def test_a_project_path_escaping_the_checkout_is_refused(service, git_repo, tmp_path):

@@ -59,6 +59,30 @@ def test_a_claimed_path_cannot_be_claimed_again_and_nothing_is_written(app):
     assert app.thread("t2").environment_id is None
 
 
+def share(app, thread_id, provider_id="project-checkout", path="/repo"):
+    app.register_thread(thread_id, "/repo", None, "local", None)
+    return app.claim_environment(thread_id, provider_id, "local", "/repo", {}, thread_id, path, True)
+
+
+def test_a_sharing_request_joins_the_live_holder_of_its_path_and_only_that(app):
+    first = share(app, "t1")
+    assert share(app, "t2").id == first.id
+    assert app.environment(first.id).thread_ids == ["t1", "t2"]
+    assert app.thread("t2").environment_id == first.id
+    with pytest.raises(PathAlreadyClaimed):  # another provider's environment is never joined
+        share(app, "t3", provider_id="git-worktree")
+
+
+def test_a_sharing_request_does_not_join_a_holder_in_error(app):
+    first = share(app, "t1")
+    app.record_create_failed(first.id, 1, "terminal", "boom")
+    head = app.head()
+    with pytest.raises(PathAlreadyClaimed):
+        share(app, "t2")
+    assert app.thread("t2").environment_id is None
+    assert app.head() == head + 1  # only t2's registration
+
+
 def test_a_path_inside_or_around_a_claimed_path_is_refused(app):
     spawn(app, "t1", "/data/p")
     for i, path in enumerate(["/data/p/sub", "/data", "/"]):
