@@ -155,7 +155,7 @@ class Environments(Application):
         if thread.status != "active":
             raise IllegalTransition(f"thread {thread_id} is archived")
         if share_held_path and claimed_path:
-            holder = self._live_holder(host_id, claimed_path, provider_id)
+            holder = self._joinable_holder(host_id, claimed_path, provider_id)
             if holder is not None:
                 return self.attach_thread(thread_id, holder)
         environment = Environment(
@@ -172,7 +172,7 @@ class Environments(Application):
         self.save(environment, thread, *claims)
         return environment
 
-    def _live_holder(self, host_id: str, path: str, provider_id: str) -> UUID | None:
+    def _joinable_holder(self, host_id: str, path: str, provider_id: str) -> UUID | None:
         """The environment of `provider_id` holding exactly `path`, if it can take a thread now.
 
         One in `error` cannot: it waits for a retry or a delete.

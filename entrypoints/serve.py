@@ -160,6 +160,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         sweep_forever(),
     ]
     tasks = [asyncio.create_task(w) for w in workers]
+
     async def publish_thread_message(message: ThreadMessageMessage) -> None:
         # One first message per thread, even when a spawn's publish is retried.
         await js.publish(subjects.thread_event(message.thread_id, "message"), msgspec.json.encode(message),
