@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 
 import msgspec
 
+from bus import subjects
 from bus.api_messages import (
     Accepted,
     EnvironmentRef,
@@ -155,8 +156,14 @@ class Api:
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.
-            await self._publish_thread_message(ThreadMessageMessage(
-                thread_id=thread_id, text=request.prompt, occurred_at=datetime.now(timezone.utc)))
+            message = ThreadMessageMessage(thread_id=thread_id, text=request.prompt, occurred_at=datetime.now(timezone.utc))
+            try:
+                await self._publish_thread_message(message)
+            except Exception as error:
+                raise RequestError(
+                    f"thread {thread_id} was created, but its prompt could not be published ({error}); "
+                    f"publish it on {subjects.thread_event(thread_id, 'message')}"
+                ) from None
         accepted = await self._accepted(environment)
         return Spawned(thread_id, accepted.environment_id, accepted.status or "creating", accepted.position)
 
