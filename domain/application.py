@@ -146,18 +146,19 @@ class Environments(Application):
     ) -> Environment:
         """Reserve a new environment for the thread and claim its path, all or nothing.
 
-        With `share_held_path`, a path held by a live environment of the same provider is no
-        conflict: the thread joins that environment instead.
+        A path held by an environment of the same provider is no conflict in two cases. With
+        `share_held_path`, the thread joins that environment if it takes threads. Otherwise, an
+        idle holder that does not own the path gives it up: its removal starts in the same save.
         """
         thread = self.thread(thread_id)
         if thread.environment_id is not None:
             return self.environment(thread.environment_id)
         if thread.status != "active":
             raise IllegalTransition(f"thread {thread_id} is archived")
-        if share_held_path and claimed_path:
-            holder = self._joinable_holder(host_id, claimed_path, provider_id)
-            if holder is not None:
-                return self.attach_thread(thread_id, holder)
+        holder = self._holder(host_id, claimed_path, provider_id) if claimed_path else None
+        if share_held_path and holder is not None and holder.takes_threads:
+            return self.attach_thread(thread_id, holder.id)
+        replaced = holder if holder is not None and holder.can_give_up_path else None
         environment = Environment(
             provider_id=provider_id,
             host_id=host_id,
@@ -168,28 +169,29 @@ class Environments(Application):
             thread_id=thread_id,
         )
         thread.assign_environment(environment.id)
-        claims = [self._take(host_id, claimed_path, environment.id)] if claimed_path else []
-        self.save(environment, thread, *claims)
+        if replaced is not None:
+            replaced.give_up_path()
+        claims = [self._take(host_id, claimed_path, environment.id, replaced)] if claimed_path else []
+        self.save(environment, thread, *([replaced] if replaced else []), *claims)
         return environment
 
-    def _joinable_holder(self, host_id: str, path: str, provider_id: str) -> UUID | None:
-        """The environment of `provider_id` holding exactly `path`, if it can take a thread now.
-
-        One in `error` cannot: it waits for a retry or a delete.
-        """
+    def _holder(self, host_id: str, path: str, provider_id: str) -> Environment | None:
+        """The environment of `provider_id` that holds exactly `path`, if one does."""
         claim = self._claim(host_id, path)
         if claim is None or claim.holder is None:
             return None
         holder = self.environment(claim.holder)
-        joinable = holder.is_live and holder.status != "error" and not holder.cancelled
-        return holder.id if joinable and holder.provider_id == provider_id else None
+        return holder if holder.provider_id == provider_id else None
 
-    def _take(self, host_id: str, path: str, environment_id: UUID) -> PathClaim:
-        """The claim on `path` for the environment; refused when it is held, or nested in a held path."""
+    def _take(self, host_id: str, path: str, environment_id: UUID, replaced: Environment | None = None) -> PathClaim:
+        """The claim on `path` for the environment; refused when it is held (unless by `replaced`),
+        or nested in a held path."""
         self._refuse_nested(host_id, path, environment_id)
         claim = self._claim(host_id, path)
         if claim is None:
             return PathClaim(host_id=host_id, path=path, environment_id=environment_id)
+        if replaced is not None:
+            claim.release(replaced.id)
         claim.retake(environment_id)
         return claim
 

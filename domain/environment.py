@@ -75,6 +75,16 @@ class Environment(Aggregate):
     def is_live(self) -> bool:
         return self.status in LIVE_STATUSES
 
+    @property
+    def takes_threads(self) -> bool:
+        """A thread joining now gets a workspace: live, not failed, not cancelled."""
+        return self.is_live and self.status != "error" and not self.cancelled
+
+    @property
+    def can_give_up_path(self) -> bool:
+        """Ready, idle and standing on a path it does not own: nothing is lost if it goes at once."""
+        return self.status == "ready" and not self.thread_ids and not self.owns_path and not self.cancelled
+
     def setup_operation(self) -> str:
         return f"{self.id}.setup.{self.attempt}.{self.setup_attempt + 1}"
 
@@ -309,6 +319,12 @@ class Environment(Aggregate):
         self._thread_detached(thread_id)
         self._cancelled("the thread's message was cancelled while the environment was being prepared")
         return True
+
+    def give_up_path(self) -> None:
+        """Start removal now, so a new environment can take the path (see `can_give_up_path`)."""
+        if not self.can_give_up_path:
+            raise IllegalTransition(f"environment {self.id} is {self.public_status} and cannot give up its path")
+        self._removal_started(self.removal_attempt + 1)
 
     def request_deletion(self) -> None:
         if self.thread_ids:

@@ -88,22 +88,35 @@ async def test_concurrent_spawns_on_one_checkout_share_one_environment_whatever_
     assert len((await service.bb("environment", "list", "--json")).json()["environments"]) == 1
 
 
-async def test_a_branch_switch_is_refused_while_another_environment_holds_the_checkout(service, git_repo, git):
+async def test_a_branch_switch_is_refused_while_a_thread_uses_the_checkout_and_replaces_it_once_idle(
+        service, git_repo, git):
     git(git_repo, "branch", "feature")
-    first = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
-                        "--thread-id", "t1", "--wait")
+
+    async def on_checkout(thread_id: str, *inputs: str):
+        return await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
+                           "--thread-id", thread_id, *inputs)
+
+    switch_to_feature = ("--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}')
+    first = await on_checkout("t1", "--wait")
     assert first.returncode == 0, first.stderr
-    refused = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
-                          "--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}',
-                          "--thread-id", "t2")
-    assert refused.returncode == 1 and first.json()["environmentId"] in refused.json()["error"]["message"]
+    held = first.json()["environmentId"]
+    refused = await on_checkout("t2", *switch_to_feature)
+    assert refused.returncode == 1 and held in refused.json()["error"]["message"]
     assert git(git_repo, "branch", "--show-current") == "main"
 
     await service.bb("thread", "archive", "t1")
-    idle = await service.wait_for(first.json()["environmentId"], lambda e: e["threadIds"] == [])
-    rejoined = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
-                           "--thread-id", "t3")
-    assert rejoined.json()["environmentId"] == idle["id"]  # the checkout's idle environment takes the thread
+    await service.wait_for(held, lambda e: e["threadIds"] == [])
+    rejoined = await on_checkout("t3")
+    assert rejoined.json()["environmentId"] == held  # the checkout's idle environment takes the thread
+    await service.bb("thread", "archive", "t3")
+    await service.wait_for(held, lambda e: e["threadIds"] == [])
+
+    switched = await on_checkout("t4", *switch_to_feature, "--wait")
+    assert switched.returncode == 0, switched.stderr
+    assert switched.json()["environmentId"] != held
+    await service.wait_for(held, "removed")  # the idle one gave the checkout up
+    assert git(git_repo, "branch", "--show-current") == "feature"
+    assert (git_repo / "README.md").exists()
 
 
 async def test_a_project_path_escaping_the_checkout_is_refused(service, git_repo, tmp_path):

@@ -83,6 +83,41 @@ def test_a_sharing_request_does_not_join_a_holder_in_error(app):
     assert app.head() == head + 1  # only t2's registration
 
 
+def switch(app, thread_id, path="/repo"):
+    app.register_thread(thread_id, "/repo", None, "local", None)
+    return app.claim_environment(thread_id, "project-checkout", "local", "/repo", {}, thread_id, path)
+
+
+def test_an_idle_holder_that_does_not_own_the_path_gives_it_up_to_a_new_environment(app):
+    idle = share(app, "t1")
+    app.record_created(idle.id, 1, "/repo", False, "main", None)
+    app.skip_setup(idle.id, "the provider does not own the path")
+    app.archive_thread("t1", NOW)
+
+    replacing = switch(app, "t2")
+
+    assert replacing.id != idle.id
+    assert app.environment(idle.id).status == "removing"
+    app.skip_teardown(idle.id, "not owned")
+    app.record_removed(idle.id, 1)
+    with pytest.raises(PathAlreadyClaimed, match=str(replacing.id)):  # the new one holds it, even now
+        switch(app, "t3")
+
+
+def test_a_holder_with_threads_or_its_own_path_keeps_it(app):
+    busy = share(app, "t1")
+    app.record_created(busy.id, 1, "/repo", False, "main", None)
+    app.skip_setup(busy.id, "the provider does not own the path")
+    with pytest.raises(PathAlreadyClaimed):
+        switch(app, "t2")
+    owner = share(app, "o1", path="/elsewhere")
+    make_ready(app, app.record_created(owner.id, 1, "/elsewhere", True, "main", None))
+    app.archive_thread("o1", NOW)
+    with pytest.raises(PathAlreadyClaimed):
+        switch(app, "o2", path="/elsewhere")
+    assert app.environment(busy.id).status == app.environment(owner.id).status == "ready"
+
+
 def test_a_path_inside_or_around_a_claimed_path_is_refused(app):
     spawn(app, "t1", "/data/p")
     for i, path in enumerate(["/data/p/sub", "/data", "/"]):
