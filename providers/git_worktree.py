@@ -34,8 +34,13 @@ from providers.contract import (
 )
 from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
-from providers.host.processes import kill_processes_with_cwd_under
-from providers.host.workspace_files import delete_tree, remove_if_empty, require_path_key
+from providers.host.workspace_files import (
+    delete_tree,
+    is_strictly_inside,
+    remove_if_empty,
+    require_path_key,
+    stop_processes_in,
+)
 from providers.refnames import validate_branch_name
 from providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 
@@ -169,11 +174,10 @@ class GitWorktreeProvider:
             for path in paths:
                 if ctx.cancelled.is_set():
                     return RemoveFailed("cancelled")
-                _require_inside(path, root)
+                if not is_strictly_inside(path, root):
+                    return RemoveFailed(f"refusing to remove {path}: it is not inside {root}")
                 ctx.report.step(f"Removing worktree {path}")
-                killed = kill_processes_with_cwd_under(str(path))
-                if killed:
-                    ctx.report.log(f"Stopped {killed} process(es) running in the worktree")
+                stop_processes_in(path, ctx.report, "worktree")
                 _remove_worktree(ctx.project_path, path)
             remove_if_empty(key_dir)
         except (OSError, ValueError) as error:
@@ -389,13 +393,6 @@ def _summarize(verb: str, items: list[str]) -> list[str]:
 
 def _entries(directory: Path) -> list[Path]:
     return sorted(directory.iterdir()) if directory.is_dir() else []
-
-
-def _require_inside(path: Path, root: Path) -> None:
-    real_path = Path(os.path.realpath(path))
-    real_root = Path(os.path.realpath(root))
-    if real_root not in real_path.parents:
-        raise ValueError(f"refusing to remove {path}: it is not inside {root}")
 
 
 def _stop_if_cancelled(ctx: CreateContext) -> None:

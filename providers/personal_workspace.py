@@ -24,8 +24,7 @@ from providers.contract import (
     RemoveResult,
     Requires,
 )
-from providers.host.processes import kill_processes_with_cwd_under
-from providers.host.workspace_files import delete_tree, require_path_key
+from providers.host.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
 
 
 class PersonalWorkspaceProvider:
@@ -57,16 +56,14 @@ class PersonalWorkspaceProvider:
         try:
             root = workspaces_root(ctx.data_dir)
             path = Path(ctx.path) if ctx.path is not None else root / require_path_key(ctx.path_key)
-            if not _is_strictly_inside(path, root):
+            if not is_strictly_inside(path, root):
                 return RemoveFailed(f"refusing to remove {path}: it is outside the personal workspace root")
             if not os.path.lexists(path):
                 return Removed()
             if ctx.cancelled.is_set():
                 return RemoveFailed("cancelled")
             ctx.report.step(f"Removing personal workspace {path}")
-            killed = kill_processes_with_cwd_under(str(path))
-            if killed:
-                ctx.report.log(f"Stopped {killed} process(es) running in the workspace")
+            stop_processes_in(path, ctx.report, "workspace")
             delete_tree(path)
         except (OSError, ValueError) as error:
             return RemoveFailed(str(error))
@@ -79,7 +76,3 @@ def workspaces_root(data_dir: str) -> Path:
 
 def workspace_path(data_dir: str, path_key: str) -> Path:
     return workspaces_root(data_dir) / require_path_key(path_key)
-
-
-def _is_strictly_inside(path: Path, root: Path) -> bool:
-    return Path(os.path.realpath(root)) in Path(os.path.realpath(path)).parents

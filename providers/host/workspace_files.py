@@ -1,4 +1,5 @@
-"""Deleting workspaces on the host: path keys that stay one segment, trees that always go."""
+"""Deleting workspaces on the host: path keys that stay one segment, removals that never leave
+their root, processes that are stopped first, trees that always go."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from providers.contract import Reporter
+from providers.host.processes import kill_processes_with_cwd_under
+
 PATH_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -18,6 +22,18 @@ def require_path_key(path_key: str) -> str:
     if not PATH_KEY_PATTERN.fullmatch(path_key):
         raise ValueError(f"path key {path_key!r} must be a single path segment of [A-Za-z0-9._-]")
     return path_key
+
+
+def is_strictly_inside(path: Path, root: Path) -> bool:
+    """`path` lies below `root` once symlinks and `..` are resolved: what a removal may touch."""
+    return Path(os.path.realpath(root)) in Path(os.path.realpath(path)).parents
+
+
+def stop_processes_in(path: Path, report: Reporter, place: str) -> None:
+    """End what still runs in `path` before it is deleted, and say so in the transcript."""
+    killed = kill_processes_with_cwd_under(str(path))
+    if killed:
+        report.log(f"Stopped {killed} process(es) running in the {place}")
 
 
 def delete_tree(path: Path) -> None:
