@@ -240,6 +240,13 @@ asyncio.run(HookRunner(Path(sys.argv[1]), timeout_s=30).run("op", "setup", Path(
 """
 
 
+def start_service(records_dir: Path, workspace: Path) -> subprocess.Popen:
+    """A service process running the workspace's setup hook as operation "op", to be killed as a crash."""
+    return subprocess.Popen(
+        [sys.executable, "-c", SERVICE, str(records_dir), str(workspace)], cwd=REPO_ROOT, start_new_session=True
+    )
+
+
 async def test_after_a_service_crash_the_running_hook_is_joined(records_dir: Path, workspace: Path) -> None:
     write_setup(
         workspace,
@@ -250,9 +257,7 @@ async def test_after_a_service_crash_the_running_hook_is_joined(records_dir: Pat
         echo after
         """,
     )
-    service = subprocess.Popen(
-        [sys.executable, "-c", SERVICE, str(records_dir), str(workspace)], cwd=REPO_ROOT, start_new_session=True
-    )
+    service = start_service(records_dir, workspace)
     try:
         await wait_until(lambda: executions(workspace) == 1)
     finally:
@@ -494,9 +499,7 @@ async def test_after_a_service_crash_its_launcher_is_gone_and_a_new_service_star
         echo after
         """,
     )
-    service = subprocess.Popen(
-        [sys.executable, "-c", SERVICE, str(records_dir), str(workspace)], cwd=REPO_ROOT, start_new_session=True
-    )
+    service = start_service(records_dir, workspace)
     try:
         await wait_until(lambda: executions(workspace) == 1)
         [launcher_pid] = children_of(service.pid)
