@@ -177,10 +177,11 @@ class Environments(Application):
 
     def _holder(self, host_id: str, path: str, provider_id: str) -> Environment | None:
         """The environment of `provider_id` that holds exactly `path`, if one does."""
-        claim = self._claim(host_id, path)
-        if claim is None or claim.holder is None:
+        self._claims_index.catch_up()  # the usual answer, "nobody", without loading the claim
+        _, _, holder_id = self._claims.get(claim_id(host_id, path), (None, None, None))
+        if holder_id is None:
             return None
-        holder = self.environment(claim.holder)
+        holder = self.environment(holder_id)
         return holder if holder.provider_id == provider_id else None
 
     def _take(self, host_id: str, path: str, environment_id: UUID, replaced: Environment | None = None) -> PathClaim:
