@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
+import nats.aio.client
 import pytest
 
 from bus.api_messages import EnvironmentRef, ListThreads
@@ -62,7 +64,16 @@ class Service:
             await asyncio.sleep(0.05)
         self.info = info
         if self.api is None:
-            self.api = await ApiClient.connect(info["natsUrl"])
+            self.api = await ApiClient.connect(info["natsUrl"], **self.credentials("operator"))
+
+    def credentials(self, role: str) -> dict[str, str]:
+        """nats-py connect options for one of the roles of SPEC section 6 (operator, publisher, subscriber)."""
+        seeds = self.info.get("credentials") or {}
+        return {"nkeys_seed": seeds[role]} if role in seeds else {}
+
+    async def connect(self, role: str) -> nats.aio.client.Client:
+        """A plain NATS connection as `role`, the way a service publishing thread events would connect."""
+        return await nats.connect(self.info["natsUrl"], **self.credentials(role))
 
     def log_tail(self) -> str:
         path = self.data_dir.parent / "serve.log"
@@ -104,7 +115,7 @@ class Service:
 
     async def show(self, environment_id: str) -> dict[str, Any]:
         if self.api.nc.is_closed:  # the nats-server was restarted under us
-            self.api = await ApiClient.connect(self.info["natsUrl"])
+            self.api = await ApiClient.connect(self.info["natsUrl"], **self.credentials("operator"))
         return await self.api.call("environments", "show", EnvironmentRef(environment_id=environment_id))
 
     async def wait_for(self, environment_id: str, condition: Callable[[dict], bool] | str,

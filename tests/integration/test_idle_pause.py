@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import msgspec
-import nats
 
 from bus import subjects
 from tests.integration.conftest import Service, service_environment
@@ -21,7 +20,7 @@ async def test_an_idle_environment_is_paused_and_a_message_resumes_it_without_se
     service = Service(tmp_path / "data", service_environment(
         tmp_path / "data", BB_EXTRA_PROVIDERS=PAUSABLE, BB_SWEEP_INTERVAL_S="0.2"))
     await service.start()
-    publisher = await nats.connect(service.info["natsUrl"])
+    publisher = await service.connect("publisher")
     try:
         directory = service.data_dir / "providers" / "pausable"
         for gate in ("create", "remove"):

@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import msgspec
-import nats
 
 from bus import subjects
 from tests.integration.conftest import write_hooks
@@ -63,7 +62,7 @@ async def test_spawn_ready_archive_removed_runs_each_hook_once_in_order(service,
 async def test_spawn_prompt_is_the_thread_first_message_on_the_bus(service, git_repo):
     await spawn(service, git_repo, "t1", "--prompt", "fix the flaky test")
 
-    listener = await nats.connect(service.info["natsUrl"])
+    listener = await service.connect("subscriber")
     try:
         stored = await listener.jetstream().get_last_msg(subjects.THREADS_STREAM, subjects.thread_event("t1", "message"))
     finally:
@@ -100,7 +99,7 @@ async def test_replay_rebuilds_read_models_equal_to_the_live_ones(service, git_r
 
 async def test_a_subscriber_hears_each_ready_once_even_when_the_relay_publishes_again(service, git_repo):
     heard: list[str] = []
-    listener = await nats.connect(service.info["natsUrl"])
+    listener = await service.connect("subscriber")
 
     async def hear(message) -> None:
         heard.append(json.loads(message.data)["environmentId"])
@@ -126,7 +125,7 @@ async def test_a_subscriber_hears_each_ready_once_even_when_the_relay_publishes_
 
 
 async def test_a_service_publishing_raw_thread_events_gets_an_environment(service, git_repo):
-    publisher = await nats.connect(service.info["natsUrl"])
+    publisher = await service.connect("publisher")
     js = publisher.jetstream()
     ready = asyncio.get_running_loop().create_future()
 
@@ -215,7 +214,7 @@ async def test_delete_removes_an_environment_that_never_retires_by_itself(tmp_pa
 
 
 async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git_repo):
-    publisher = await nats.connect(service.info["natsUrl"])
+    publisher = await service.connect("publisher")
     js = publisher.jetstream()
 
     async def publish(kind: str, **extra) -> None:
