@@ -336,7 +336,8 @@ class Environment(Aggregate):
         if self.status in ("creating", "provisioning"):
             if not self.cancelled:
                 self._cancelled("deleted while being prepared")
-        elif self.retire_at is None:
+        elif self.retire_at != self._origin_of_time():
+            # Also when it is retiring already: a deletion does not wait out the grace (SPEC §3).
             self._retire_scheduled(self._origin_of_time())
 
     def _origin_of_time(self) -> datetime:

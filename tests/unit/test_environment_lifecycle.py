@@ -242,6 +242,22 @@ def test_deletion_is_refused_while_threads_live_and_skips_grace_otherwise(app):
     assert app.start_removal(env.id, NOW)[1]
 
 
+def test_deleting_a_retiring_environment_skips_the_rest_of_its_grace(app):
+    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 600_000)
+    env = spawn(app)
+    make_ready(app, env)
+    assert app.archive_thread("t1", NOW).public_status == "retiring"
+    assert not app.start_removal(env.id, NOW)[1]  # the grace has not passed
+
+    app.request_deletion(env.id)
+    head = app.head()
+    app.request_deletion(env.id)  # a second delete changes nothing more
+
+    assert app.head() == head
+    assert app.start_removal(env.id, NOW)[1]
+    assert app.environment(env.id).status == "removing"
+
+
 def test_archiving_while_creating_cancels_and_removal_follows(app):
     env = spawn(app)
     cancelled = app.archive_thread("t1", NOW)
