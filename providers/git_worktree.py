@@ -41,7 +41,7 @@ from providers.host.workspace_files import (
     require_path_key,
     stop_processes_in,
 )
-from providers.refnames import validate_branch_name
+from providers.refnames import validate_branch_name, validate_revision
 from providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 
 TRANSCRIPT_PATH_LIMIT = 20
@@ -245,7 +245,7 @@ def _require_existing_branch(repo: str, name: str) -> None:
 
 
 def _require_base(repo: str, base: str) -> str:
-    validate_branch_name(base, "branch.base")
+    validate_revision(base)
     if not is_commit(repo, base):
         raise InvalidInputs(f"branch.base: {base!r} is not a commit in {repo}")
     return base

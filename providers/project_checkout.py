@@ -38,7 +38,7 @@ from providers.contract import (
 )
 from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
-from providers.refnames import validate_branch_name
+from providers.refnames import validate_branch_name, validate_revision
 
 LOCK_POLL_SECONDS = 0.05
 # Marker in the git dir → the operation it means; HEAD may be detached while one runs.
@@ -168,7 +168,7 @@ def _needs_switch(checkout: str, branch: ExistingBranch | NewBranch) -> bool:
     """False when the checkout is already on `branch`; raise InvalidInputs when it cannot switch."""
     validate_branch_name(branch.name)
     if isinstance(branch, NewBranch) and branch.base is not None:
-        validate_branch_name(branch.base, "branch.base")
+        validate_revision(branch.base)
     current = _current_branch(checkout)
     if current == branch.name:
         return False

@@ -251,6 +251,35 @@ def test_create_new_branches_from_the_given_base(
     assert git(git_repo, "rev-parse", "feature") == base_commit
 
 
+@pytest.mark.parametrize("base", ["main~1", "HEAD^", "{sha}", "{short_sha}"])
+def test_a_new_branch_starts_at_any_commit_ish(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git, base: str
+) -> None:
+    first = git(git_repo, "rev-parse", "HEAD")
+    git(git_repo, "commit", "--quiet", "--allow-empty", "-m", "second")
+    branch = NewBranch("feature", base=base.format(sha=first, short_sha=first[:9]))
+
+    provider.validate(project_context(git_repo, data_dir, branch))
+    create(provider, git_repo, data_dir, branch)
+
+    assert git(git_repo, "rev-parse", "feature") == first
+
+
+def test_a_full_branch_ref_names_the_branch_itself_and_other_refs_are_refused(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    git(git_repo, "branch", "existing")
+    for raw, expected in [({"kind": "existing", "name": "refs/heads/existing"}, "existing"),
+                          ({"kind": "new", "name": "refs/heads/fresh"}, "fresh")]:
+        branch = msgspec.convert({"branch": raw}, GitWorktreeInputs).branch
+        provider.validate(project_context(git_repo, data_dir, branch))
+        created = provider.create(create_context(git_repo, data_dir, branch, path_key=expected))
+        assert isinstance(created, Created) and current_branch(git, created.path) == expected
+    assert sorted(branches(git, git_repo)) == ["existing", "fresh", "main"]
+    with pytest.raises(InvalidInputs, match="branch.name: 'refs/tags/v1' is not a valid branch name: it starts with 'refs/'"):
+        provider.validate(project_context(git_repo, data_dir, NewBranch("refs/tags/v1")))
+
+
 def test_create_existing_checks_out_the_branch(
     provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
 ) -> None:

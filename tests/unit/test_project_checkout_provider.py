@@ -309,6 +309,25 @@ def test_refuses_branch_names_that_git_could_read_as_options(
     assert refusal(provider, git_repo, data_dir, NewBranch("ok", base="-f")).startswith("branch.base: '-f'")
 
 
+def test_a_new_branch_starts_at_any_commit_ish_and_a_full_branch_ref_names_the_branch(
+    provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path, git: Git
+) -> None:
+    main = git(feature_repo, "rev-parse", "main")
+    new = msgspec.convert({"branch": {"kind": "new", "name": "refs/heads/topic", "base": "feature~1"}}, ProjectCheckoutInputs)
+    assert new.branch == NewBranch("topic", base="feature~1")
+
+    provider.validate(project_context(feature_repo, data_dir, new.branch))
+    assert isinstance(provider.create(create_context(feature_repo, data_dir, new.branch)), Created)
+    assert (current_branch(git, feature_repo), git(feature_repo, "rev-parse", "topic")) == ("topic", main)
+
+    existing = msgspec.convert({"branch": {"kind": "existing", "name": "refs/heads/feature"}}, ProjectCheckoutInputs)
+    assert isinstance(provider.create(create_context(feature_repo, data_dir, existing.branch)), Created)
+    assert current_branch(git, feature_repo) == "feature"
+    assert "refs/heads/topic" not in git(feature_repo, "branch", "--list")
+    refused = refusal(provider, feature_repo, data_dir, ExistingBranch("refs/remotes/origin/main"))
+    assert refused.startswith("branch.name: 'refs/remotes/origin/main' is not a valid branch name: it starts with 'refs/'")
+
+
 def test_refuses_a_switch_outside_git(provider: ProjectCheckoutProvider, tmp_path: Path, data_dir: Path) -> None:
     project = tmp_path / "plain"
     project.mkdir()

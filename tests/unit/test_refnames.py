@@ -1,10 +1,12 @@
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from providers.branch_inputs import ExistingBranch, NewBranch
 from providers.contract import InvalidInputs
-from providers.refnames import validate_branch_name
+from providers.refnames import validate_branch_name, validate_revision
 
 HOSTILE_NAMES = [
     "--upload-pack=x",
@@ -67,3 +69,30 @@ def test_agrees_with_git_check_ref_format(name: str, tmp_path: Path) -> None:
     except InvalidInputs:
         we_accept = False
     assert we_accept == git_accepts
+
+
+@pytest.mark.parametrize("name", ["refs/tags/v1", "refs/remotes/origin/main", "refs/heads"])
+def test_full_ref_names_other_than_a_branch_are_refused_with_a_hint(name: str) -> None:
+    with pytest.raises(InvalidInputs) as refused:
+        validate_branch_name(name)
+    assert str(refused.value) == (f"branch.name: {name!r} is not a valid branch name: it starts with 'refs/'; "
+                                  "give the branch's own name, as in 'x' for refs/heads/x.")
+
+
+def test_a_full_branch_ref_in_the_inputs_means_the_branch_itself() -> None:
+    raw = [{"kind": "existing", "name": "refs/heads/x"}, {"kind": "new", "name": "refs/heads/x", "base": "refs/heads/main"}]
+    decoded = msgspec.convert(raw, list[ExistingBranch | NewBranch])
+    assert decoded == [ExistingBranch("x"), NewBranch("x", base="refs/heads/main")]  # a base is any commit-ish
+    assert msgspec.to_builtins(decoded)[0] == {"kind": "existing", "name": "x"}  # what the log records
+
+
+@pytest.mark.parametrize("revision", ["main", "main~0", "HEAD^", "v1.0^{commit}", "a1b2c3d", "refs/heads/main", "@{-1}"])
+def test_any_commit_ish_passes_the_revision_check(revision: str) -> None:
+    validate_revision(revision)
+
+
+@pytest.mark.parametrize("revision", ["", "-f", "--upload-pack=x", "main\nx", "tab\there", "nul\0byte"])
+def test_revisions_git_could_read_as_options_or_that_carry_control_characters_are_refused(revision: str) -> None:
+    with pytest.raises(InvalidInputs) as refused:
+        validate_revision(revision, field="branch.base")
+    assert str(refused.value).startswith(f"branch.base: {revision!r} is not a commit-ish (a branch, tag, commit id or")
