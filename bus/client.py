@@ -36,13 +36,22 @@ class ApiClient:
 
     @classmethod
     async def connect(cls, url: str, data_dir: Path | None = None, **options: Any) -> ApiClient:
+        errors: list[Exception] = []
+
+        async def remember(error: Exception) -> None:
+            errors.append(error)
+
         try:
             nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,
-                                    error_cb=_quiet, **options)
-        except (NoServersError, OSError, NatsTimeout) as error:
+                                    error_cb=remember, **options)
+        except (NoServersError, OSError, NatsTimeout, NatsError) as error:
+            # A refusal of our credentials ('Authorization Violation') reaches only the error callback
+            # once the client has given up on the server: name it rather than the giving up.
+            refused = next((e for e in errors if "violation" in str(e).lower()), None)
+            if refused is not None or (isinstance(error, NatsError) and "violation" in str(error).lower()):
+                reason = str(refused or error).removeprefix("nats: ").strip("'")
+                raise unreachable(f"{url} refused the connection: {reason}", data_dir) from None
             raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
-        except NatsError as refused:  # e.g. 'Authorization Violation': the server refused our credentials
-            raise unreachable(f"{url} refused the connection: {str(refused).removeprefix('nats: ')}", data_dir) from None
         return cls(nc)
 
     async def call(self, area: str, verb: str, body: Request, timeout: float = 60) -> dict[str, Any]:
@@ -60,6 +69,3 @@ class ApiClient:
     async def close(self) -> None:
         await self.nc.close()
 
-
-async def _quiet(error: Exception) -> None:
-    pass

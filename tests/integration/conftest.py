@@ -43,12 +43,14 @@ class Service:
     process: subprocess.Popen | None = None
     info: dict[str, Any] = field(default_factory=dict)
     api: ApiClient | None = None
+    external_credentials: dict[str, Any] = field(default_factory=dict)
+    """Connect options for a service on an external NATS, whose server.json names no seeds."""
 
     async def start(self) -> None:
         previous_pid = self.info.get("pid")
         log = open(self.data_dir.parent / "serve.log", "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "entrypoints.cli", "serve"], env=self.environment,
+            [*self.cli(), "serve"], env=self.environment,
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
         )
         log.close()
@@ -66,10 +68,14 @@ class Service:
         if self.api is None:
             self.api = await ApiClient.connect(info["natsUrl"], **self.credentials("operator"))
 
+    @staticmethod
+    def cli() -> list[str]:
+        return [sys.executable, "-m", "entrypoints.cli"]
+
     def credentials(self, role: str) -> dict[str, str]:
         """nats-py connect options for one of the roles of SPEC section 6 (operator, publisher, subscriber)."""
         seeds = self.info.get("credentials") or {}
-        return {"nkeys_seed": seeds[role]} if role in seeds else {}
+        return {"nkeys_seed": seeds[role]} if role in seeds else self.external_credentials
 
     async def connect(self, role: str) -> nats.aio.client.Client:
         """A plain NATS connection as `role`, the way a service publishing thread events would connect."""
@@ -102,7 +108,7 @@ class Service:
 
     async def bb(self, *args: str, timeout: float = 120) -> Result:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "entrypoints.cli", *args, env=self.environment,
+            *self.cli(), *args, env=self.environment,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         try:
@@ -164,8 +170,9 @@ def service_environment(data_dir: Path, **overrides: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def service(tmp_path: Path) -> AsyncIterator[Service]:
-    running = Service(tmp_path / "data", service_environment(tmp_path / "data"))
+async def service(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Service]:
+    """Parametrize it indirectly with a dict to add variables to the service's environment."""
+    running = Service(tmp_path / "data", service_environment(tmp_path / "data", **getattr(request, "param", {})))
     await running.start()
     try:
         yield running

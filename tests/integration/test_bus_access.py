@@ -1,0 +1,173 @@
+"""SPEC section 6 against a real `bb serve`: who may connect, publish, subscribe and touch the streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+import time
+from pathlib import Path
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js import api
+from nats.js.errors import APIError
+
+from bus import subjects
+from tests.integration.conftest import write_hooks
+
+FORBIDDEN_PUBLISH = [
+    "bb.log.environment.00000000-0000-0000-0000-000000000000.ready",
+    "bb.environments.00000000-0000-0000-0000-000000000000.ready",
+    "bb.transcripts.00000000-0000-0000-0000-000000000000",
+    "bb.hosts.local.hooks.start",
+    "bb.hosts.local.hooks.cancel",
+    "$JS.API.STREAM.PURGE.BB_ENVIRONMENTS",
+    "$JS.API.STREAM.DELETE.BB_ENVIRONMENTS",
+    "$JS.API.STREAM.MSG.DELETE.BB_ENVIRONMENTS",
+    "$JS.API.STREAM.UPDATE.BB_THREADS",
+    "$JS.API.CONSUMER.DELETE.BB_ENVIRONMENTS.projections",
+    "$JS.API.CONSUMER.MSG.NEXT.BB_ENVIRONMENTS.provisioner",
+]
+
+
+class Violations:
+    """A connection's permission errors, which the server reports asynchronously."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def record(self, error: Exception) -> None:
+        self.seen.append(str(error))
+
+    async def wait_for(self, fragment: str, timeout: float = 5) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(fragment.lower() in seen.lower() for seen in self.seen):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no permissions violation for {fragment!r}; saw {self.seen}")
+            await asyncio.sleep(0.02)
+
+
+async def connect_as(service, role: str) -> tuple[Client, Violations]:
+    violations = Violations()
+    nc = await nats.connect(service.info["natsUrl"], error_cb=violations.record, **service.credentials(role))
+    return nc, violations
+
+
+async def stream_state(service, stream: str) -> tuple[int, int]:
+    internal = await nats.connect(service.info["natsUrl"],
+                                  nkeys_seed=str(service.data_dir / "credentials" / "service.nk"))
+    try:
+        state = (await internal.jetstream().stream_info(stream)).state
+        return state.messages, state.last_seq
+    finally:
+        await internal.close()
+
+
+async def test_a_connection_without_credentials_is_refused(service):
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(service.info["natsUrl"], allow_reconnect=False, connect_timeout=2,
+                           error_cb=Violations().record)
+    wrong_seed = service.data_dir.parent / "stranger.nk"
+    wrong_seed.write_bytes(b"SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU")
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(service.info["natsUrl"], allow_reconnect=False, connect_timeout=2,
+                           nkeys_seed=str(wrong_seed), error_cb=Violations().record)
+
+
+async def test_seeds_and_state_are_readable_by_their_owner_only(service):
+    data_dir: Path = service.data_dir
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    for private in [data_dir / "server.json", data_dir / "events.sqlite", *(data_dir / "credentials").iterdir()]:
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
+    named = service.info["credentials"]
+    assert set(named) == {"operator", "publisher", "subscriber"}
+    seeds = [Path(path).read_text().strip() for path in named.values()]
+    written = (data_dir / "server.json").read_text() + service.log_tail()
+    assert all(seed.startswith("SU") and seed not in written for seed in seeds)
+
+
+@pytest.mark.parametrize("role", ["operator", "publisher", "subscriber"])
+async def test_no_client_role_can_forge_the_log_run_hooks_or_touch_the_streams(service, role):
+    before = await stream_state(service, subjects.ENVIRONMENTS_STREAM)
+    nc, violations = await connect_as(service, role)
+    try:
+        for subject in FORBIDDEN_PUBLISH:
+            await nc.publish(subject, b"{}")
+            await violations.wait_for(f'publish to "{subject}"')
+        await nc.subscribe("bb.hosts.>")
+        await violations.wait_for('subscription to "bb.hosts.>"')
+        if role != "publisher":
+            await nc.publish("bb.threads.t-forged.created", b"{}")
+            await violations.wait_for('publish to "bb.threads.t-forged.created"')
+        if role != "operator":
+            await nc.publish("bb.api.threads.archive", b"{}")
+            await violations.wait_for('publish to "bb.api.threads.archive"')
+    finally:
+        await nc.close()
+    assert await stream_state(service, subjects.ENVIRONMENTS_STREAM) == before
+
+
+async def test_a_publisher_spawns_by_thread_events_and_hears_readiness(service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "hooks.log")
+    publisher, violations = await connect_as(service, "publisher")
+    ready = asyncio.get_running_loop().create_future()
+    lines: list[str] = []
+
+    async def on_ready(message) -> None:
+        if not ready.done():
+            ready.set_result(json.loads(message.data))
+
+    async def on_line(message) -> None:
+        lines.append(json.loads(message.data)["text"])
+
+    await publisher.subscribe("bb.environments.*.ready", cb=on_ready)
+    await publisher.subscribe(subjects.TRANSCRIPT_EVENTS, cb=on_line)
+    try:
+        js = publisher.jetstream()
+        created = {"type": "created", "occurredAt": "2026-12-01T12:00:00Z", "threadId": "pub1",
+                   "projectPath": str(git_repo),
+                   "environment": {"type": "provider", "environmentProviderId": "git-worktree",
+                                   "machine": {"type": "existing", "hostId": "local"}, "inputs": None}}
+        ack = await js.publish(subjects.thread_event("pub1", "created"), msgspec.json.encode(created))
+        assert ack.stream == subjects.THREADS_STREAM
+        await js.publish(subjects.thread_event("pub1", "message"),
+                         b'{"type": "message", "occurredAt": "2026-12-01T12:00:01Z", "threadId": "pub1"}')
+        event = await asyncio.wait_for(ready, 30)
+        assert event["threadIds"] == ["pub1"]
+        assert "preparing the workspace" in lines
+    finally:
+        await publisher.close()
+    assert violations.seen == []
+
+
+async def test_a_subscriber_has_its_own_durable_consumer_but_never_the_services(service):
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--wait", "--json")
+    assert spawned.returncode == 0, spawned.stderr
+    subscriber, violations = await connect_as(service, "subscriber")
+    try:
+        js = subscriber.jetstream()
+        mine = await js.pull_subscribe(subjects.LOG_ENVIRONMENT_EVENTS, durable="audit",
+                                       stream=subjects.ENVIRONMENTS_STREAM)
+        first = (await mine.fetch(1, timeout=5))[0]
+        await first.ack()
+        assert json.loads(first.data)["type"] == "claimed"
+
+        for service_consumer in ("projections", "provisioner"):
+            with pytest.raises((APIError, nats.errors.TimeoutError)):
+                await js.delete_consumer(subjects.ENVIRONMENTS_STREAM, service_consumer)
+            with pytest.raises((APIError, nats.errors.TimeoutError)):
+                await js.add_consumer(subjects.ENVIRONMENTS_STREAM,
+                                      api.ConsumerConfig(durable_name=service_consumer, deliver_policy=api.DeliverPolicy.NEW))
+        with pytest.raises((APIError, nats.errors.TimeoutError)):
+            await js.purge_stream(subjects.ENVIRONMENTS_STREAM)
+    finally:
+        await subscriber.close()
+    # The service's own consumers still feed it: a new spawn still becomes ready and is listed.
+    again = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--wait", "--json")
+    assert again.returncode == 0 and again.json()["status"] == "ready", again.stderr
+    listed = (await service.bb("environment", "list", "--json")).json()["environments"]
+    assert {e["id"] for e in listed} >= {spawned.json()["environmentId"], again.json()["environmentId"]}
+    assert any("CONSUMER.DELETE" in seen.upper() for seen in violations.seen)
