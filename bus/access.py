@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -135,10 +136,18 @@ class Credentials:
 
 def server_configuration(credentials: Credentials, host_id: str) -> str:
     """The nats-server configuration (JSON is valid nats-server syntax) that admits only our users."""
+    return _authorization(lambda user: credentials.public_key(user), host_id)
+
+
+def deployment_configuration(host_id: str = "HOST_ID") -> str:
+    """The same block for an external NATS, with a placeholder for each user's public key (docs/security.md)."""
+    return _authorization(lambda user: f"<public NKEY of {user}>", host_id)
+
+
+def _authorization(public_key: Callable[[str], str], host_id: str) -> str:
     users = [(role, role_permissions(role)) for role in CLIENT_ROLES]
     users += [(SERVICE_USER, SERVICE_PERMISSIONS), (host_agent_user(host_id), host_agent_permissions(host_id))]
-    entries = [{"nkey": credentials.public_key(user), "permissions": msgspec.to_builtins(permissions)}
-               for user, permissions in users]
+    entries = [{"nkey": public_key(user), "permissions": msgspec.to_builtins(permissions)} for user, permissions in users]
     return json.dumps({"authorization": {"users": entries}}, indent=2)
 
 
