@@ -78,8 +78,8 @@ async def main(runs: int) -> None:
         while not server_file.exists():
             await asyncio.sleep(0.05)
         info = json.loads(server_file.read_text())
-        api = await ApiClient.connect(info["natsUrl"])
-        listener = await nats.connect(info["natsUrl"])
+        api = await ApiClient.connect(info["natsUrl"], nkeys_seed=info["credentials"]["operator"])
+        listener = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["subscriber"])
         readiness: dict[str, asyncio.Future] = {}
 
         async def on_ready(message) -> None:
