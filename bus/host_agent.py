@@ -4,9 +4,15 @@ The agent (a micro service per host, `bb.hosts.<hostId>.hooks.*`) wraps the dura
 `start` begins or joins an operation and answers at once; the outcome is published on the
 operation's `finished` subject, and `status` answers it again for a caller that missed it.
 `cancel` writes the operation's tombstone first, so a cancelled hook can never start later, and
-answers "never-started" for an operation it does not know, so cleanup is never blocked by it.
+answers "never-started" for an operation that never ran here, so cleanup is never blocked by it.
 Output lines go straight to the environment's transcript. In the embedded default the agent for
 host `local` runs inside `bb serve`.
+
+Whoever can publish on the agent's subjects is not trusted with what a request says: the agent
+acts only on what the log recorded for the operation id (its `HookLedger`). It starts or joins a
+hook only while the log awaits that operation's outcome, only for an environment of its own host,
+and only in the workspace the log recorded; it stops one only when the log no longer waits for
+it (a cancelled environment's setup, say). Anything else is refused and logged.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -27,6 +33,7 @@ from nats.micro.service import Service
 
 from bus import subjects
 from bus.transcripts import TranscriptPublisher
+from domain.application import RecordedHook
 from providers.host.hooks import HookOutcome, HookRunner
 
 log = logging.getLogger(__name__)
@@ -56,15 +63,33 @@ class Cancelled(msgspec.Struct, rename="camel"):
 
 
 class HostUnavailable(Exception):
-    """No agent answers for the host: the hook step waits and is asked again later."""
+    """No agent answers for the host (or it refused): the hook step waits and is asked again later."""
+
+
+class HookLedger(Protocol):
+    """What the log recorded for a hook operation id. In `bb serve` it is the event store itself;
+    an agent on another machine would ask the core for the same answer."""
+
+    async def recorded_hook(self, operation_id: str) -> RecordedHook | None: ...
+
+
+class HookRefused(Exception):
+    """A request the log does not back: answered `refused`, logged, and nothing runs or stops."""
+
+    def __init__(self, operation_id: str | None, reason: str) -> None:
+        super().__init__(reason)
+        self.operation_id = operation_id
+        self.reason = reason
 
 
 class HostAgent:
-    def __init__(self, nc: Client, runner: HookRunner, host_id: str, transcript: TranscriptPublisher) -> None:
+    def __init__(self, nc: Client, runner: HookRunner, host_id: str, transcript: TranscriptPublisher,
+                 ledger: HookLedger) -> None:
         self._nc = nc
         self._runner = runner
         self._host_id = host_id
         self._transcript = transcript
+        self._ledger = ledger
         self._running: dict[str, asyncio.Task[HookOutcome]] = {}
 
     async def start(self) -> Service:
@@ -83,29 +108,50 @@ class HostAgent:
         self._runner.close()
 
     async def _start(self, data: bytes) -> HookState:
-        request = msgspec.json.decode(data, type=StartHook)
+        request = _decode(data, StartHook)
+        recorded = await self._recorded(request.operation_id)
+        if not recorded.awaited:
+            raise HookRefused(request.operation_id,
+                              "the log awaits no outcome of it: it finished, or its environment moved on")
+        asked = (request.kind, request.environment_id, request.workspace)
+        if asked != (recorded.kind, recorded.environment_id, recorded.workspace):
+            raise HookRefused(request.operation_id, (
+                f"the log recorded the {recorded.kind} hook of environment {recorded.environment_id} in "
+                f"{recorded.workspace!r}, not the {request.kind!r} hook of {request.environment_id!r} "
+                f"in {request.workspace!r}"
+            ))
         if request.operation_id not in self._running:
-            self._running[request.operation_id] = asyncio.create_task(self._run(request))
+            self._running[request.operation_id] = asyncio.create_task(self._run(recorded))
         return HookState(state="running")
 
-    async def _run(self, request: StartHook) -> HookOutcome:
+    async def _recorded(self, operation_id: str) -> RecordedHook:
+        recorded = await self._ledger.recorded_hook(operation_id)
+        if recorded is None:
+            raise HookRefused(operation_id, "the log recorded no such hook operation")
+        if recorded.host_id != self._host_id:
+            raise HookRefused(operation_id, f"it belongs to host {recorded.host_id!r}, not {self._host_id!r}")
+        return recorded
+
+    async def _run(self, hook: RecordedHook) -> HookOutcome:
         async def output(text: str, offset: int) -> None:
             # Named by its place in the hook's log: a restarted agent replays the log from its
             # start, and the transcripts stream drops the lines it already has.
-            self._transcript.line(request.environment_id, "output", request.kind, text,
-                                  message_id=f"{request.operation_id}@{offset}")
+            self._transcript.line(hook.environment_id, "output", hook.kind, text,
+                                  message_id=f"{hook.operation_id}@{offset}")
 
+        assert hook.workspace is not None  # an awaited hook's environment has its path
         try:
-            outcome = await self._runner.run(request.operation_id, request.kind, Path(request.workspace), output)
+            outcome = await self._runner.run(hook.operation_id, hook.kind, Path(hook.workspace), output)
             finished = HookState(state="finished", outcome=outcome)
-            await self._nc.publish(subjects.hook_finished(self._host_id, request.operation_id),
+            await self._nc.publish(subjects.hook_finished(self._host_id, hook.operation_id),
                                    msgspec.json.encode(finished))
             return outcome
         finally:
-            self._running.pop(request.operation_id, None)
+            self._running.pop(hook.operation_id, None)
 
     async def _status(self, data: bytes) -> HookState:
-        operation_id = msgspec.json.decode(data, type=HookRef).operation_id
+        operation_id = _decode(data, HookRef).operation_id
+        await self._recorded(operation_id)
         if operation_id in self._running:
             return HookState(state="running")
         record = await asyncio.to_thread(self._runner.status, operation_id)
@@ -116,13 +162,28 @@ class HostAgent:
         return HookState(state="finished", outcome=HookOutcome(record.outcome, record.exit_code, record.message))
 
     async def _cancel(self, data: bytes) -> Cancelled:
-        return Cancelled(await self._runner.cancel(msgspec.json.decode(data, type=HookRef).operation_id))
+        recorded = await self._recorded(_decode(data, HookRef).operation_id)
+        if not recorded.stoppable:
+            raise HookRefused(recorded.operation_id, "its environment still waits for its outcome")
+        return Cancelled(await self._runner.cancel(recorded.operation_id))
+
+
+def _decode(data: bytes, request_type: type[T]) -> T:
+    try:
+        return msgspec.json.decode(data, type=request_type)
+    except (msgspec.DecodeError, RecursionError) as malformed:
+        raise HookRefused(None, f"malformed request: {malformed}") from None
 
 
 def _replying(handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Callable[[MicroRequest], Awaitable[None]]:
     async def reply(request: MicroRequest) -> None:
         try:
             answer = await handler(request.data)
+        except HookRefused as refused:
+            # %r: ids and paths come from whoever sent the request; they must not forge log lines.
+            log.warning("refused %s for operation %r: %s", request.subject, refused.operation_id, refused.reason)
+            await request.respond_error("refused", refused.reason.replace("\n", " ")[:500])
+            return
         except Exception as error:
             log.exception("host agent request on %s failed", request.subject)
             await request.respond_error("failed", str(error)[:500])
@@ -170,6 +231,9 @@ class HostAgentClient:
             reply = await self._nc.request(subjects.host_hooks(host_id, verb), msgspec.json.encode(body), timeout=10)
         except (NoRespondersError, NatsTimeout) as error:
             raise HostUnavailable(f"no host agent answers for host {host_id!r} ({type(error).__name__})") from None
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise HostUnavailable(f"the host agent of {host_id!r} failed: {reply.headers.get('Nats-Service-Error')}")
+        if reply.headers and (code := reply.headers.get("Nats-Service-Error-Code")):
+            # A refusal too: the agent's ledger may not have caught up with the log yet.
+            raise HostUnavailable(
+                f"the host agent of {host_id!r} answered {code}: {reply.headers.get('Nats-Service-Error')}"
+            )
         return msgspec.json.decode(reply.data, type=answer)

@@ -8,6 +8,7 @@ records nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -31,6 +32,21 @@ class UnknownThread(DomainError):
     pass
 
 
+@dataclass(frozen=True)
+class RecordedHook:
+    """What the log recorded for one hook operation id: all a host agent may act on."""
+
+    operation_id: str
+    environment_id: str
+    kind: str
+    host_id: str
+    workspace: str | None
+    awaited: bool
+    """Started and its outcome not recorded: the hook may run (or be joined) now."""
+    stoppable: bool
+    """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
+
+
 class Environments(Application):
     name = "Environments"
     log_section_size = 500
@@ -43,11 +59,13 @@ class Environments(Application):
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
         self._unfinished: dict[UUID, None] = {}
         self._requested: set[UUID] = set()
+        self._hook_operations: dict[str, tuple[UUID, str]] = {}
         self._claims_index = _LogIndex(self, PathClaim, ("Taken", "Retaken", "Released"), self._fold_claim)
         self._unfinished_index = _LogIndex(self, Environment, ("Claimed", "Removed"), self._fold_unfinished)
         self._requested_index = _LogIndex(
             self, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold_requested
         )
+        self._hooks_index = _LogIndex(self, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
 
     def _notify(self, recordings: list[Any]) -> None:
         self.on_saved()
@@ -368,6 +386,26 @@ class Environments(Application):
         self, environment_id: UUID, removal_attempt: int, message: str, retry_at: datetime
     ) -> Environment:
         return self._change(environment_id, lambda e: e.record_remove_failed(removal_attempt, message, retry_at))[0]
+
+    def recorded_hook(self, operation_id: str) -> RecordedHook | None:
+        """Whose hook the log started under this operation id, where, and whether it may run or be
+        stopped now; None when the log never started one (whatever the id looks like)."""
+        self._hooks_index.catch_up()
+        started = self._hook_operations.get(operation_id)
+        if started is None:
+            return None
+        environment_id, kind = started
+        environment = self.environment(environment_id)
+        return RecordedHook(
+            operation_id=operation_id, environment_id=str(environment.id), kind=kind, host_id=environment.host_id,
+            workspace=environment.path, awaited=environment.awaits_hook(operation_id),
+            stoppable=environment.may_stop_hook(operation_id),
+        )
+
+    def _fold_hook(self, notification: Any) -> None:
+        event = self.mapper.to_domain_event(notification)
+        kind = "setup" if notification.topic.endswith(".SetupStarted") else "teardown"
+        self._hook_operations[event.operation_id] = (event.originator_id, kind)
 
     def unfinished_environment_ids(self) -> list[UUID]:
         """Every environment whose log does not end in Removed: what recovery must drive on."""

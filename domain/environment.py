@@ -91,6 +91,20 @@ class Environment(Aggregate):
     def teardown_operation(self) -> str:
         return f"{self.id}.teardown"
 
+    def awaits_hook(self, operation_id: str) -> bool:
+        """The log started this hook operation and has not recorded its outcome: it may run."""
+        return (operation_id, "running") in (
+            (self.setup_operation_id, self.setup_status), (self.teardown_operation_id, self.teardown_status)
+        )
+
+    def may_stop_hook(self, operation_id: str) -> bool:
+        """Stopping the hook loses nothing the log still waits for: the environment was cancelled
+        while its setup ran, or the outcome is already recorded. A teardown, once started, runs
+        to its end (removal never waits on its success anyway)."""
+        if not self.awaits_hook(operation_id):
+            return True
+        return operation_id == self.setup_operation_id and self.cancelled
+
     def wants_removal(self, now: datetime) -> bool:
         """The environment should start removal now (cancelled, or its retire deadline passed)."""
         if self.status not in LIVE_STATUSES or self.thread_ids:

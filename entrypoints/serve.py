@@ -40,7 +40,7 @@ from handlers.api import Api, translate_error
 from handlers.errors import RequestError
 from handlers.placement import Placer
 from handlers.provisioning import Provisioner
-from handlers.store import Store
+from handlers.store import Store, StoreLedger
 from handlers.threads import ThreadHandlers
 from projections.read_model import Applied, ReadModel
 from providers.host.hooks import HookRunner
@@ -101,7 +101,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     placer = Placer(registry, settings.data_dir, settings.host_id)
     transcript = TranscriptPublisher(nc, loop)
     host_agent = HostAgent(nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s), settings.host_id,
-                           transcript)
+                           transcript, StoreLedger(store))
     agent_service = await host_agent.start()
     provisioner = Provisioner(store, placer, HostAgentClient(nc), transcript,
                               timedelta(seconds=settings.transient_retry_s))

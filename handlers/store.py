@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from domain.application import Environments
+from domain.application import Environments, RecordedHook
 
 T = TypeVar("T")
 
@@ -34,3 +34,15 @@ class Store:
         self._log_reader.shutdown(wait=True)
         self._writer.shutdown(wait=True)
         self.app.close()
+
+
+class StoreLedger:
+    """The host agent's account of hook operations when it runs beside the store (`bb serve`)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def recorded_hook(self, operation_id: str) -> RecordedHook | None:
+        # On the writer thread: the application's indexes and aggregate cache are the writer's alone,
+        # and a step the core recorded before asking the agent is already there.
+        return await self._store.run(self._store.app.recorded_hook, operation_id)

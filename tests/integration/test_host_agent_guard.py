@@ -1,0 +1,122 @@
+"""The host agent acts only on what the log recorded, whoever reaches its subjects.
+
+The service runs on a nats-server without authentication: every request here gets past the
+permissions (as a client with too many rights, or one the deployment misconfigured, would), so
+what these tests see is the agent's own check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats.aio.client
+import pytest
+
+from bus import subjects
+from bus.embedded_server import EmbeddedNats
+from tests.integration.conftest import Service, service_environment, write_hooks
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    server = EmbeddedNats.start(tmp_path / "plain-nats")
+    running = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_NATS_URL=server.url))
+    try:
+        await running.start()
+        yield running
+    finally:
+        await running.stop()
+        server.stop()
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> Path:
+    """A directory whose setup script would leave a file behind if anything ran it."""
+    directory = tmp_path / "planted"
+    directory.mkdir()
+    (directory / ".bb-env-setup.sh").write_text(f"touch {tmp_path / 'pwned'}\n")
+    return directory
+
+
+async def ask(nc: nats.aio.client.Client, verb: str, body: dict | bytes) -> tuple[str | None, bytes]:
+    """The agent's error code (None for an answer) and its reply."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = await nc.request(subjects.host_hooks("local", verb), data, timeout=10)
+    return (reply.headers or {}).get("Nats-Service-Error-Code"), reply.data
+
+
+def service_log(service: Service) -> str:
+    return (service.data_dir.parent / "serve.log").read_text()
+
+
+async def until(condition, timeout: float = 30) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition never held")
+
+
+async def test_an_operation_the_log_never_recorded_is_refused_and_logged(service, planted, tmp_path):
+    nc = await service.connect("operator")
+    try:
+        start = {"operationId": "forged.1", "kind": "setup", "workspace": str(planted),
+                 "environmentId": str(uuid.uuid4())}
+        assert (await ask(nc, "start", start))[0] == "refused"
+        assert (await ask(nc, "status", {"operationId": "forged.1"}))[0] == "refused"
+        assert (await ask(nc, "cancel", {"operationId": "forged.1"}))[0] == "refused"
+        assert (await ask(nc, "start", b"{not json"))[0] == "refused"
+    finally:
+        await nc.close()
+
+    await asyncio.sleep(0.5)  # time enough for a script that was started to have run
+    assert not (tmp_path / "pwned").exists()
+    log = service_log(service)
+    for verb in ("start", "status", "cancel"):
+        assert f"refused bb.hosts.local.hooks.{verb} for operation 'forged.1': the log recorded no such" in log
+    assert "refused bb.hosts.local.hooks.start for operation None: malformed request" in log
+    assert "Traceback" not in log
+
+
+async def test_a_recorded_operation_runs_only_where_recorded_and_is_stopped_only_when_the_log_says(
+    service, git_repo, planted, tmp_path
+):
+    hold, marker = tmp_path / "hold-setup", tmp_path / "hooks.log"
+    hold.touch()
+    write_hooks(git_repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                               str(git_repo), "--thread-id", "t1", "--json")
+    assert spawned.returncode == 0, spawned.stderr
+    environment_id = spawned.json()["environmentId"]
+    await until(marker.exists)
+    shown = await service.wait_for(environment_id, lambda e: e["hooks"]["setup"]["status"] == "running")
+    operation, workspace = shown["hooks"]["setup"]["operationId"], shown["path"]
+    recorded = {"operationId": operation, "kind": "setup", "workspace": workspace, "environmentId": environment_id}
+
+    nc = await service.connect("operator")
+    try:
+        for forged in ({"workspace": str(planted)}, {"kind": "teardown"}, {"environmentId": str(uuid.uuid4())}):
+            assert (await ask(nc, "start", {**recorded, **forged}))[0] == "refused", forged
+        assert (await ask(nc, "cancel", {"operationId": "forged.1"}))[0] == "refused"
+        assert (await ask(nc, "cancel", {"operationId": operation}))[0] == "refused"  # the log still waits for it
+
+        status, answer = await ask(nc, "status", {"operationId": operation})
+        assert status is None and json.loads(answer)["state"] == "running"
+        status, answer = await ask(nc, "start", recorded)  # exactly as recorded: joins the running hook
+        assert status is None and json.loads(answer)["state"] == "running"
+    finally:
+        await nc.close()
+
+    hold.unlink()
+    ready = await service.wait_for(environment_id, "ready")
+    assert ready["hooks"]["setup"] == {"status": "succeeded", "operationId": operation}
+    assert marker.read_text().split() == ["setup"]
+    assert not (tmp_path / "pwned").exists()
+    log = service_log(service)
+    assert f"refused bb.hosts.local.hooks.start for operation {operation!r}: the log recorded the setup hook" in log
+    assert f"refused bb.hosts.local.hooks.cancel for operation {operation!r}: its environment still waits" in log
+    assert "Traceback" not in log
