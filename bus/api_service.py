@@ -2,7 +2,9 @@
 
 Each endpoint decodes its request struct, calls its handler and encodes the reply; an error
 comes back as `{"error": {"code", "message"}}` (plus the micro-service error headers) with the
-same codes the CLI turns into exit statuses.
+same codes the CLI turns into exit statuses. A request larger than MAX_REQUEST_BYTES, not JSON,
+nested too deeply, or carrying a field its struct does not declare is `invalid_input` before its
+handler runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from bus.api_messages import ErrorBody, ErrorReply, Request
 log = logging.getLogger(__name__)
 
 API_VERSION = "1.0.0"
+MAX_REQUEST_BYTES = 64 * 1024
+"""Ample for any request (inputs and a prompt included); far below the NATS maximum payload."""
 
 
 class ApiError(Exception):
@@ -58,10 +62,12 @@ async def start_api(nc: Client, endpoints: list[Endpoint], translate: ErrorTrans
 def _serve(endpoint: Endpoint, translate: ErrorTranslator) -> Callable[[MicroRequest], Awaitable[None]]:
     async def serve(request: MicroRequest) -> None:
         try:
-            body = msgspec.json.decode(request.data or b"{}", type=endpoint.request_type)
+            body = _decode(request.data, endpoint.request_type)
+        except ApiError as refused:
+            await _respond_error(request, refused)
+            return
+        try:
             reply = await endpoint.handler(body)
-        except msgspec.ValidationError as malformed:
-            await _respond_error(request, ApiError("invalid_input", f"malformed request: {malformed}"))
         except Exception as error:
             known = translate(error)
             if known is None:
@@ -72,6 +78,17 @@ def _serve(endpoint: Endpoint, translate: ErrorTranslator) -> Callable[[MicroReq
             await request.respond(msgspec.json.encode(reply))
 
     return serve
+
+
+def _decode(data: bytes | None, request_type: type[Request]) -> Request:
+    if data and len(data) > MAX_REQUEST_BYTES:
+        raise ApiError("invalid_input", f"the request has {len(data)} bytes; at most {MAX_REQUEST_BYTES} are accepted")
+    try:
+        return msgspec.json.decode(data or b"{}", type=request_type)
+    except msgspec.DecodeError as malformed:
+        raise ApiError("invalid_input", f"malformed request: {malformed}") from None
+    except RecursionError:  # 64 KiB of brackets nest deeper than the decoder may recurse
+        raise ApiError("invalid_input", "malformed request: it nests too deeply") from None
 
 
 async def _respond_error(request: MicroRequest, error: ApiError) -> None:

@@ -2,6 +2,9 @@
 
 Command replies carry `position`, the log position of their last event; a query may pass it as
 `minPosition` and is answered only once the read model has caught up (read-your-writes).
+
+Every id a request names is checked for its format before the store is asked anything, so a
+malformed one is `invalid_input` (exit 2), never `not_found` or a write.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
+from typing import Any
 from uuid import UUID, uuid4
 
 import msgspec
@@ -48,6 +52,11 @@ from projections.read_model import ReadModel, ReplayCounts
 from projections.views import EnvironmentView, ThreadView
 from providers.contract import EnvironmentProvider, ProjectContext
 from providers.registry import ProviderDescription
+
+
+MAX_INPUTS_NESTING = 32
+"""Inputs are kept in the log and decoded again whenever their thread is loaded, by decoders that
+recurse; no provider's inputs come near this."""
 
 
 class ProviderList(msgspec.Struct):
@@ -140,6 +149,8 @@ class Api:
     async def spawn_thread(self, request: SpawnThread) -> Spawned:
         thread_id = check_thread_id(request.thread_id or f"t-{uuid4().hex[:16]}")
         host_id = check_host_id(request.host_id or self._host_id)
+        if request.parent_thread_id is not None:
+            check_thread_id(request.parent_thread_id)
         intent = await self._intent(request, host_id)
         if await self._store.run(self._app.find_thread, thread_id) is not None:
             raise InvalidInput(f"thread {thread_id} already exists; pick another --thread-id")
@@ -173,13 +184,14 @@ class Api:
         if request.environment_provider and request.environment_id:
             raise InvalidInput("give either an environment provider or an existing environment, not both")
         if request.environment_provider:
+            _check_nesting(request.environment_inputs)
             return ProviderIntent(request.environment_provider, Machine(host_id), request.environment_inputs)
         if request.environment_id:
             environment_id = check_environment_id(request.environment_id)
             await self._store.run(self._app.environment, environment_id)
             return ExistingIntent(str(environment_id))
         if request.parent_thread_id:
-            await self._store.run(self._app.thread, check_thread_id(request.parent_thread_id))
+            await self._store.run(self._app.thread, request.parent_thread_id)
             return None
         raise InvalidInput("say where the thread runs: --environment-provider P, --environment ENV_ID or --parent T")
 
@@ -217,6 +229,17 @@ class Api:
         if environment is None:
             return Accepted(None, None, position)
         return Accepted(str(environment.id), environment.public_status, position)
+
+
+def _check_nesting(inputs: Any) -> None:
+    # Level by level rather than recursively: deep input is what this refuses.
+    level = [inputs]
+    for _ in range(MAX_INPUTS_NESTING + 1):
+        level = [child for value in level
+                 for child in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())]
+        if not level:
+            return
+    raise InvalidInput(f"environment inputs nest deeper than {MAX_INPUTS_NESTING} levels")
 
 
 def translate_error(error: Exception) -> ApiError | None:
