@@ -6,8 +6,9 @@ so renaming a Python class never breaks a subscriber or an old log.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from eventsourcing.domain import Aggregate
@@ -280,39 +281,51 @@ def _camel(name: str) -> str:
 
 
 # -- inbound thread events (bb.threads.<threadId>.<kind>) ------------------------------------------
+#
+# Anything a publisher sends that is not declared here, or is out of shape, is refused before a
+# command runs, so it never reaches the log. Sizes are bounded here; `inputs` are checked against
+# their provider's type before a thread is registered (handlers/threads.py).
+
+# (?!\n): Python's `$` also matches before a trailing newline; JSON Schema's does not.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(?!\n)$"
+"""Thread and host ids: one subject token and part of a file name."""
+Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+PathText = Annotated[str, msgspec.Meta(max_length=4096)]  # PATH_MAX
+EnvironmentId = Annotated[str, msgspec.Meta(max_length=64)]  # any form uuid.UUID reads
 
 
-class Machine(msgspec.Struct, rename="camel", tag_field="type", tag="existing"):
-    host_id: str = "local"
+class Machine(msgspec.Struct, rename="camel", tag_field="type", tag="existing", forbid_unknown_fields=True):
+    host_id: Id = "local"
 
 
-class ProviderIntent(msgspec.Struct, rename="camel", tag_field="type", tag="provider"):
-    environment_provider_id: str
+class ProviderIntent(msgspec.Struct, rename="camel", tag_field="type", tag="provider", forbid_unknown_fields=True):
+    environment_provider_id: Annotated[str, msgspec.Meta(max_length=128)]
     machine: Machine | None = None
     inputs: Any = None
 
 
-class ExistingIntent(msgspec.Struct, rename="camel", tag_field="type", tag="existing"):
-    environment_id: str
+class ExistingIntent(msgspec.Struct, rename="camel", tag_field="type", tag="existing", forbid_unknown_fields=True):
+    environment_id: EnvironmentId
 
 
 EnvironmentIntent = ProviderIntent | ExistingIntent
 
 
-class InboundThreadEvent(msgspec.Struct, rename="camel", kw_only=True, tag_field="type"):
-    thread_id: str
+class InboundThreadEvent(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", forbid_unknown_fields=True):
+    thread_id: Id
     occurred_at: datetime | None = None
 
 
 class ThreadCreatedMessage(InboundThreadEvent, kw_only=True, tag="created"):
-    project_path: str | None = None
-    parent_thread_id: str | None = None
-    host_id: str | None = None
+    project_path: PathText | None = None
+    parent_thread_id: Id | None = None
+    host_id: Id | None = None
     environment: EnvironmentIntent | None = None
 
 
 class ThreadMessageMessage(InboundThreadEvent, kw_only=True, tag="message"):
     text: str | None = None
+    """For whoever runs the thread's agent; this service reads only that a message came."""
 
 
 class ThreadArchivedMessage(InboundThreadEvent, kw_only=True, tag="archived"):
@@ -332,6 +345,12 @@ InboundThreadMessage = (
     | MessageCancelledMessage
 )
 inbound_decoder = msgspec.json.Decoder(InboundThreadMessage)
+
+
+def refusal_reason(error: msgspec.DecodeError | RecursionError) -> str:
+    """Why a payload was refused, without its content: msgspec quotes an offending value (an
+    unknown `type`, say), which may be a prompt or a secret; where it was is enough."""
+    return re.sub(r"^(Invalid (?:enum )?value) .*?((?: - at `[^`]*`)?)$", r"\1 <withheld>\2", str(error), flags=re.S)
 
 
 # -- transcript lines (bb.transcripts.<environmentId>) ---------------------------------------------

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 
 from bus import subjects
 from bus.api_service import start_api
-from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, log_decoder
+from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, log_decoder, refusal_reason
 from bus.embedded_server import EmbeddedNats
 from bus.host_agent import HostAgent, HostAgentClient
 from bus.jetstream import connect, consume, ensure_streams
@@ -212,19 +212,21 @@ async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task
 
 
 async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner, message: Msg) -> None:
+    """A refused event is logged by subject and reason, never its content (a prompt, a secret),
+    and returns normally, so it is acknowledged: sending it again would not make it valid."""
     try:
         event = inbound_decoder.decode(message.data)
-    except Exception as malformed:
-        log.warning("ignored a malformed thread event on %s: %s", message.subject, malformed)
+    except (msgspec.DecodeError, RecursionError) as malformed:  # RecursionError: nested too deep
+        log.warning("refused a thread event on %s: %s", message.subject, refusal_reason(malformed))
         return
     subject_thread = message.subject.split(".")[2]
     if subject_thread != event.thread_id:
-        log.warning("ignored a thread event on %s naming thread %s", message.subject, event.thread_id)
+        log.warning("refused a thread event on %s: it names thread %s", message.subject, event.thread_id)
         return
     try:
         environment = await threads.handle(event)
     except (RequestError, DomainError) as refused:
-        log.warning("thread event %s not applied: %s", message.subject, refused)
+        log.warning("refused a thread event on %s: %s", message.subject, refused)
         return
     if environment is not None:
         if isinstance(event, ThreadMessageMessage):

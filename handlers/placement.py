@@ -17,12 +17,12 @@ from uuid import UUID
 
 import msgspec
 
-from bus.documents import ProviderIntent
+from bus.documents import ID_PATTERN, ProviderIntent
 from handlers.errors import InvalidInput, Refused
 from providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path
 from providers.registry import ProviderRegistry, safe_availability
 
-THREAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+THREAD_ID = re.compile(ID_PATTERN)
 HOST_ID = THREAD_ID
 
 

@@ -27,7 +27,7 @@ from domain.environment import Environment
 from domain.errors import DomainError, PathAlreadyClaimed
 from domain.thread import Thread
 from handlers.errors import InvalidInput, NotFound, Refused, RequestError
-from handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id
+from handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id, decode_inputs
 from handlers.store import Store
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,22 @@ class ThreadHandlers:
 
     async def created(self, message: ThreadCreatedMessage, with_first_message: bool = False) -> Thread:
         host_id = check_host_id(message.host_id or self._default_host_id)
-        intent = None if message.environment is None else _intent_document(message.environment)
+        if message.parent_thread_id is not None:
+            check_thread_id(message.parent_thread_id)
+        intent = None if message.environment is None else self._checked_intent(message.environment)
         return await self._store.run(
             self._app.register_thread, message.thread_id, message.project_path, message.parent_thread_id,
             host_id, intent, with_first_message,
         )
+
+    def _checked_intent(self, intent: ProviderIntent | ExistingIntent) -> dict:
+        """The intent as the thread keeps it in the log: inputs as their provider's type reads them,
+        so nothing a publisher adds beside them is stored; what fails that is refused here."""
+        if isinstance(intent, ExistingIntent):
+            return _intent_document(ExistingIntent(str(check_environment_id(intent.environment_id))))
+        provider = self._placer.provider(intent.environment_provider_id)
+        inputs = msgspec.to_builtins(decode_inputs(provider, intent.inputs))
+        return _intent_document(ProviderIntent(provider.id, intent.machine, inputs))
 
     async def first_message(self, thread_id: str, raise_refusal: bool = False,
                             placement: Placement | None = None) -> Environment | None:
