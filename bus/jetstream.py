@@ -39,26 +39,31 @@ async def connect(url: str, name: str, **options: object) -> Client:
     )
 
 
-STREAMS = (
-    api.StreamConfig(
-        name=subjects.THREADS_STREAM, subjects=[subjects.THREAD_EVENTS],
-        storage=api.StorageType.FILE, duplicate_window=120,
-    ),
-    api.StreamConfig(
-        name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS],
-        storage=api.StorageType.FILE, duplicate_window=120,
-        republish=api.RePublish(src=subjects.LOG_ENVIRONMENT_EVENTS, dest=subjects.ENVIRONMENT_EVENTS),
-    ),
-    api.StreamConfig(
-        name=subjects.TRANSCRIPTS_STREAM, subjects=[subjects.TRANSCRIPT_EVENTS],
-        storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
-        duplicate_window=TRANSCRIPT_DUPLICATE_WINDOW_S,
-    ),
-)
+def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.StreamConfig, ...]:
+    return (
+        # Thread events carry prompts: kept only within these limits. (The server refuses a
+        # duplicate window longer than the age limit.)
+        api.StreamConfig(
+            name=subjects.THREADS_STREAM, subjects=[subjects.THREAD_EVENTS],
+            storage=api.StorageType.FILE, duplicate_window=min(120, threads_max_age_s),
+            max_age=threads_max_age_s, max_bytes=threads_max_bytes,
+        ),
+        api.StreamConfig(
+            name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS],
+            storage=api.StorageType.FILE, duplicate_window=120,
+            republish=api.RePublish(src=subjects.LOG_ENVIRONMENT_EVENTS, dest=subjects.ENVIRONMENT_EVENTS),
+        ),
+        api.StreamConfig(
+            name=subjects.TRANSCRIPTS_STREAM, subjects=[subjects.TRANSCRIPT_EVENTS],
+            storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
+            duplicate_window=TRANSCRIPT_DUPLICATE_WINDOW_S,
+        ),
+    )
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    for config in STREAMS:
+async def ensure_streams(js: JetStreamContext, threads_max_age_s: float, threads_max_bytes: int) -> None:
+    """Create the streams, or give existing ones today's settings (a changed retention, say)."""
+    for config in _streams(threads_max_age_s, threads_max_bytes):
         try:
             await js.add_stream(config)
         except BadRequestError:

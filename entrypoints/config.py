@@ -11,6 +11,8 @@ from urllib.parse import unquote, urlparse
 
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "bb"
 SERVER_FILE = "server.json"
+THREADS_MAX_AGE_S = 7 * 24 * 3600
+THREADS_MAX_BYTES = 1 << 30
 
 
 class ConfigError(ValueError):
@@ -30,6 +32,9 @@ class Settings:
     transient_retry_s: float
     extra_providers: tuple[str, ...]
     """`module:Class` providers loaded besides the installed ones (BB_EXTRA_PROVIDERS, comma-separated)."""
+    threads_max_age_s: float
+    threads_max_bytes: int
+    """Retention of stream BB_THREADS, whose messages carry prompts (BB_THREADS_MAX_AGE_S / _MAX_BYTES)."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> Settings:
@@ -44,6 +49,8 @@ class Settings:
             sweep_interval_s=_number("BB_SWEEP_INTERVAL_S", 30),
             transient_retry_s=_number("BB_TRANSIENT_RETRY_S", 30),
             extra_providers=tuple(p for p in os.environ.get("BB_EXTRA_PROVIDERS", "").split(",") if p),
+            threads_max_age_s=_positive("BB_THREADS_MAX_AGE_S", THREADS_MAX_AGE_S, "a number of seconds"),
+            threads_max_bytes=int(_positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
         )
 
     @property
@@ -104,6 +111,18 @@ def _number(name: str, default: float) -> float:
         return float(raw) if raw else default
     except ValueError:
         raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+
+
+def _positive(name: str, default: float, what: str) -> float:
+    """A finite limit: zero or less would mean none to JetStream."""
+    raw = os.environ.get(name)
+    try:
+        value = float(raw) if raw else default
+        if 0 < value < float("inf"):
+            return value
+    except ValueError:
+        pass
+    raise ConfigError(f"{name} must be {what} greater than 0, got {raw!r}")
 
 
 def read_server_file(path: Path) -> dict[str, Any] | None:

@@ -81,7 +81,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     loop = asyncio.get_running_loop()
     nc = await connect(nats_url, name=f"bb-serve-{settings.host_id}", **nats_credentials())
     js = nc.jetstream()
-    await ensure_streams(js)
+    await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
 
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
 

@@ -24,3 +24,22 @@ def test_a_malformed_setting_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("BB_RETIRE_GRACE_MS", "soon")
     with pytest.raises(ConfigError, match="BB_RETIRE_GRACE_MS"):
         Settings.load("/tmp/bb-config-test")
+
+
+def test_thread_events_are_kept_a_week_and_a_gibibyte_unless_configured(monkeypatch):
+    monkeypatch.delenv("BB_THREADS_MAX_AGE_S", raising=False)
+    monkeypatch.delenv("BB_THREADS_MAX_BYTES", raising=False)
+    defaults = Settings.load("/tmp/bb-config-test")
+    assert (defaults.threads_max_age_s, defaults.threads_max_bytes) == (7 * 24 * 3600, 1 << 30)
+
+    monkeypatch.setenv("BB_THREADS_MAX_AGE_S", "3600")
+    monkeypatch.setenv("BB_THREADS_MAX_BYTES", "1048576")
+    configured = Settings.load("/tmp/bb-config-test")
+    assert (configured.threads_max_age_s, configured.threads_max_bytes) == (3600, 1048576)
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "inf", "a week"])
+def test_a_retention_limit_must_be_one(monkeypatch, raw):
+    monkeypatch.setenv("BB_THREADS_MAX_AGE_S", raw)
+    with pytest.raises(ConfigError, match="BB_THREADS_MAX_AGE_S"):
+        Settings.load("/tmp/bb-config-test")
