@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from providers.host.hook_supervisor import without_secrets
+
 GIT_TIMEOUT_SECONDS = 900
 # Variables that would point git at another repository than the one we pass with -C.
 REPO_LOCATION_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
@@ -56,7 +58,8 @@ def is_commit(repo: str, revision: str) -> bool:
 
 
 def _git_environment() -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if k not in REPO_LOCATION_VARIABLES}
+    # Without secrets: git runs the repository's own hooks (post-checkout on `worktree add`).
+    environment = {k: v for k, v in without_secrets(os.environ).items() if k not in REPO_LOCATION_VARIABLES}
     # C locale: the lock-contention check below reads git's English messages.
     return environment | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 

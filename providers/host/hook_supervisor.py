@@ -52,6 +52,8 @@ ADOPTED_SIGNAL = signal.SIGUSR1
 BLOCKED_SIGNALS = HANDLED_SIGNALS | {ADOPTED_SIGNAL}
 # Python ignores these; the script gets them back at their defaults, as subprocess would do.
 RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+# The service's own settings and credentials (BB_NATS_PASSWORD, BB_NATS_NKEY, ...): a hook is the
+# repository's code, run by whoever can write to it.
 WITHHELD_ENV_PREFIXES = ("BB_", "NATS_", "MODAL_TOKEN_")
 
 
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
     # (A supervisor forked by the launcher is born with them blocked.)
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
     # Prepared while the runner writes the record; none of it touches the hook.
-    script_environment = _script_environment(os.environ if environment is None else environment)
+    script_environment = without_secrets(os.environ if environment is None else environment)
     executable = _find_executable("bash", script_environment)
     records = HookRecords(Path(records_dir))
     record = _wait_for_adoption(records, operation_id)
@@ -182,7 +184,8 @@ def _exit_status(pid: int) -> int | None:
     return status if reaped else None
 
 
-def _script_environment(environment: Mapping[str, str]) -> dict[str, str]:
+def without_secrets(environment: Mapping[str, str]) -> dict[str, str]:
+    """`environment` without what the service withholds from hooks (and from whatever runs them)."""
     return {name: value for name, value in environment.items() if not name.startswith(WITHHELD_ENV_PREFIXES)}
 
 

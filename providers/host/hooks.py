@@ -50,7 +50,7 @@ from providers.host.hook_records import (
     now_iso,
     signal_recorded_process,
 )
-from providers.host.hook_supervisor import ADOPTED_SIGNAL, FRAME_HEADER
+from providers.host.hook_supervisor import ADOPTED_SIGNAL, FRAME_HEADER, without_secrets
 
 SCRIPT_NAMES: dict[str, str] = {"setup": ".bb-env-setup.sh", "teardown": ".bb-env-teardown.sh"}
 POLL_S = 0.02
@@ -452,7 +452,7 @@ class _Launcher:
             "operation_id": operation_id,
             "timeout": timeout,
             # The environment of this moment, as a freshly spawned supervisor would have had.
-            "environment": dict(os.environ),
+            "environment": without_secrets(os.environ),
         }
         data = json.dumps(request).encode()
         frame = FRAME_HEADER.pack(len(data)) + data
@@ -500,6 +500,9 @@ class _Launcher:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=IMPORT_ROOT,
+                # Its supervisors are forked from it, and a hook can read its parent's environment
+                # (/proc/PPID/environ): none of theirs may hold a secret either.
+                env=without_secrets(os.environ),
             )
         except BaseException:
             ours.close()

@@ -480,3 +480,18 @@ def test_a_locked_ref_is_a_transient_failure(
 
     assert isinstance(result, CreateFailed) and result.failure == "transient", result
     assert "\n" not in result.message
+
+
+def test_the_repository_git_hooks_never_see_the_service_credentials(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BB_NATS_PASSWORD", "planted-password")
+    dump = tmp_path / "hook-environment"
+    hook = git_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text(f"#!/bin/sh\nenv > {dump}\n")
+    hook.chmod(0o755)
+
+    create(provider, git_repo, data_dir)
+
+    assert "PATH=" in dump.read_text()
+    assert "planted-password" not in dump.read_text()

@@ -103,6 +103,28 @@ async def test_script_environment_drops_service_secrets(
     assert output.lines == ["[][][][kept]"]
 
 
+NATS_CREDENTIAL_VARIABLES = ("BB_NATS_CREDS", "BB_NATS_NKEY", "BB_NATS_USER", "BB_NATS_PASSWORD", "BB_NATS_TOKEN",
+                             "BB_NATS_CA")
+
+
+async def test_neither_a_hook_nor_the_process_it_runs_under_holds_the_service_credentials(
+    records_dir: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in NATS_CREDENTIAL_VARIABLES:
+        monkeypatch.setenv(name, f"planted-{name}")
+    # The supervisor, the hook's parent, is forked from the launcher: it holds the launcher's environment.
+    write_setup(workspace, "env\ntr '\\0' '\\n' < /proc/$PPID/environ\n")
+    output = Output()
+    runner = HookRunner(records_dir, timeout_s=10)
+
+    outcome = await runner.run("op", "setup", workspace, output)
+    runner.close()
+
+    assert outcome.status == "succeeded"
+    assert len([line for line in output.lines if line.startswith("PATH=")]) == 2  # both were dumped
+    assert [line for line in output.lines if "planted-" in line] == []
+
+
 async def test_failure_reports_exit_code(records_dir: Path, workspace: Path) -> None:
     write_setup(workspace, "echo broken\nexit 3\n")
 
