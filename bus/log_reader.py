@@ -6,7 +6,9 @@ model equals the live one by construction. Runs on the store's log-reader thread
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -26,6 +28,10 @@ class LoggedDocument(NamedTuple):
     def payload(self) -> bytes:
         return msgspec.json.encode(self.document)
 
+    def matches(self, subject: str, payload: bytes | None) -> bool:
+        """Whether a stream message is this document as the relay publishes it, byte for byte."""
+        return subject == self.subject and (payload or b"") == self.payload()
+
 
 class LogReader:
     def __init__(self, app: Application) -> None:
@@ -43,6 +49,19 @@ class LogReader:
         """The documents after `after` up to and including `upto`, in order."""
         notifications = self._app.recorder.select_notifications(start=after + 1, limit=upto - after, stop=upto)
         return [(logged.notification_id, logged.document) for logged in map(self._document, notifications)]
+
+    def at(self, notification_ids: Iterable[int]) -> dict[int, LoggedDocument]:
+        """The documents of those of these notification ids that the store holds.
+
+        Ids that a stream message merely claims can be anything: ids past the head are never read,
+        and the rest one run of consecutive ids at a time, not as one range that could span the log.
+        """
+        head = self.head()
+        found: dict[int, LoggedDocument] = {}
+        for first, last in _runs(sorted({n for n in notification_ids if 0 < n <= head})):
+            notifications = self._app.recorder.select_notifications(start=first, limit=last - first + 1, stop=last)
+            found.update((logged.notification_id, logged) for logged in map(self._document, notifications))
+        return found
 
     def _document(self, notification: Any) -> LoggedDocument:
         event = self._app.mapper.to_domain_event(notification)
@@ -63,3 +82,10 @@ class LogReader:
         if len(self._states) > _CACHED_AGGREGATES:
             self._states.popitem(last=False)
         return state
+
+
+def _runs(ids: list[int]) -> Iterator[tuple[int, int]]:
+    """Sorted distinct ids as the (first, last) of each run of consecutive numbers."""
+    for _, run in itertools.groupby(enumerate(ids), key=lambda indexed: indexed[1] - indexed[0]):
+        numbers = [n for _, n in run]
+        yield numbers[0], numbers[-1]

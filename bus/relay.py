@@ -1,82 +1,174 @@
 """The outbox relay: copies the event store's notification log into JetStream, in order, once.
 
-The stream itself is the cursor: on start (and after any ambiguous publish) the relay reads the
-notification id of the stream's last message and continues after it. Each message carries
-`Nats-Msg-Id` = its notification id, and `Nats-Expected-Last-Msg-Id` = the previous one, so a
-retry is deduplicated and a second relay with a stale view is refused instead of reordering.
+The stream is the cursor and the store is the truth. The relay goes on after the stream's last
+message that is, byte for byte (subject and payload), what the store wrote under the notification
+id the message claims, and deletes every message after that one: anyone who can publish on a
+stored log subject can add a message to the stream, and such a message must neither stop the
+relay nor move its position. This heal runs on start, when a publish is refused or ambiguous, and
+when the stream grew while the relay was idle; each heal that deletes logs one warning line.
+
+Each publish carries `Nats-Expected-Last-Sequence` = the stream's last sequence as the relay last
+checked it, so a second relay with a stale view, or a retry of a publish that did land, is refused
+instead of reordering or doubling the log. `Nats-Msg-Id` is `bb:<notification id>:<random token>`:
+nobody can take an id before the relay uses it, and a stored message sent again within the
+duplicate window is dropped (so the stream's RePublish does not emit it twice).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js import JetStreamContext
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from bus import subjects
-from bus.log_reader import LoggedDocument
 from bus.crash_points import crash_point
+from bus.log_reader import LoggedDocument
 
 log = logging.getLogger(__name__)
 
 NOTIFICATION_HEADER = "Bb-Notification-Id"
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when Nats-Expected-Last-Sequence does not hold
+
 PageReader = Callable[[int], Awaitable[list[LoggedDocument]]]
+NotificationReader = Callable[[Iterable[int]], Awaitable[dict[int, LoggedDocument]]]
 
 
-def message_id(notification_id: int) -> str:
-    return f"bb:{notification_id}"
+def claimed_notification_id(headers: Mapping[str, str] | None) -> int | None:
+    """The notification id a log stream message says it carries, if it says one."""
+    try:
+        claimed = int((headers or {}).get(NOTIFICATION_HEADER, ""))
+    except ValueError:
+        return None
+    return claimed if claimed > 0 else None
+
+
+class StreamMoved(Exception):
+    """The stream holds something the relay did not check: heal before publishing again."""
 
 
 class OutboxRelay:
-    def __init__(self, js: JetStreamContext, read_page: PageReader, poll_seconds: float = 1.0) -> None:
+    def __init__(self, js: JetStreamContext, read_page: PageReader, read_notifications: NotificationReader,
+                 poll_seconds: float = 1.0) -> None:
         self._js = js
         self._read_page = read_page
+        self._read_notifications = read_notifications
         self._poll_seconds = poll_seconds
         self._wakeup = asyncio.Event()
-        self.position = 0
+        self.position = 0  # the notification id of the stream's last message the store wrote
+        # The stream's last sequence when the relay last looked, and how many messages it held up to
+        # there: all of them the store's, in order, ending with `position`.
+        self._sequence = 0
+        self._held = 0
         self.caught_up = asyncio.Event()
 
     def wake(self) -> None:
         self._wakeup.set()
 
     async def run(self) -> None:
-        self.position = await self.stream_position()
+        while True:
+            try:
+                await self._heal()
+                await self._relay()
+            except StreamMoved:
+                continue
+            except (NatsError, asyncio.TimeoutError) as ambiguous:
+                # Stored or not, we cannot tell: the stream knows, and the next heal reads it.
+                log.warning("relay lost sight of the stream (%r); reading it again", ambiguous)
+                await asyncio.sleep(0.2)
+
+    async def _relay(self) -> None:
         while True:
             self._wakeup.clear()
             page = await self._read_page(self.position)
+            for logged in page:
+                await self._publish(logged)
             if not page:
                 self.caught_up.set()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), self._poll_seconds)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            try:
-                for logged in page:
-                    await self._publish(logged)
-            except (APIError, NatsTimeout, asyncio.TimeoutError) as ambiguous:
-                # Stored or not, we cannot tell: the stream knows. Re-read it and go on from there.
-                log.warning("relay publish was ambiguous (%s); re-reading the stream position", ambiguous)
-                await asyncio.sleep(0.2)
-                self.position = await self.stream_position()
+                await self._idle()
+
+    async def _idle(self) -> None:
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), self._poll_seconds)
+        except asyncio.TimeoutError:
+            # A message someone else stored would otherwise sit at the tail until the next event.
+            if (await self._stream_state()).last_seq != self._sequence:
+                raise StreamMoved from None
 
     async def _publish(self, logged: LoggedDocument) -> None:
-        headers = {"Nats-Msg-Id": message_id(logged.notification_id), NOTIFICATION_HEADER: str(logged.notification_id)}
-        if self.position:
-            headers["Nats-Expected-Last-Msg-Id"] = message_id(self.position)
-        await self._js.publish(logged.subject, logged.payload(), headers=headers, timeout=5)
-        crash_point("relay-published")
-        self.position = logged.notification_id
-
-    async def stream_position(self) -> int:
-        info = await self._js.stream_info(subjects.ENVIRONMENTS_STREAM)
-        if info.state.messages == 0:
-            return 0
+        headers = {
+            "Nats-Msg-Id": f"bb:{logged.notification_id}:{secrets.token_hex(8)}",
+            NOTIFICATION_HEADER: str(logged.notification_id),
+            "Nats-Expected-Last-Sequence": str(self._sequence),
+        }
         try:
-            last = await self._js.get_msg(subjects.ENVIRONMENTS_STREAM, info.state.last_seq)
+            ack = await self._js.publish(logged.subject, logged.payload(), headers=headers, timeout=5)
+        except APIError as refused:
+            if refused.err_code == WRONG_LAST_SEQUENCE:
+                raise StreamMoved from None
+            raise
+        if ack.duplicate:  # the id was taken: the stream kept another message, not this one
+            raise StreamMoved
+        crash_point("relay-published")
+        self.position, self._sequence, self._held = logged.notification_id, ack.seq, self._held + 1
+
+    async def _heal(self) -> None:
+        """Make the stream end with its last message the store wrote, and go on from there."""
+        state = await self._stream_state()
+        position, held, foreign = await self._last_written(state)
+        for sequence in foreign:
+            try:
+                await self._js.delete_msg(subjects.ENVIRONMENTS_STREAM, sequence)
+            except NotFoundError:
+                pass
+        if foreign:
+            log.warning("relay deleted %d stream message(s) the event store did not write (%s); "
+                        "the stream goes on after notification %d", len(foreign), _span(foreign), position)
+        # Deleting does not lower the stream's last sequence: the next publish expects the snapshot's.
+        self.position, self._sequence, self._held = position, state.last_seq, held
+
+    async def _last_written(self, state: api.StreamState) -> tuple[int, int, list[int]]:
+        """Walking back from the tail: the notification id of the last message the store wrote, how
+        many messages the stream holds up to it, and the sequences of the messages after it."""
+        sequence, held, foreign = state.last_seq, state.messages, []
+        while held and sequence:
+            if sequence == self._sequence and held == self._held:
+                return self.position, held, foreign  # what the relay checked, untouched since
+            message = await self._message_at(sequence)
+            sequence -= 1
+            if message is None:
+                continue
+            written = await self._written(message, held)
+            if written is not None:
+                return written, held, foreign
+            foreign.append(message.seq)
+            held -= 1
+        return 0, 0, foreign
+
+    async def _written(self, message: api.RawStreamMsg, held: int) -> int | None:
+        """The notification id of `message` if the store wrote exactly it, as the stream's `held`th message."""
+        claimed = claimed_notification_id(message.headers)
+        # Ids start at 1 and never repeat, so notification n is at most the stream's nth message:
+        # a copy of an older message, sent again later, gives itself away by its place.
+        if claimed is None or claimed < held:
+            return None
+        logged = (await self._read_notifications([claimed])).get(claimed)
+        return claimed if logged is not None and logged.matches(message.subject, message.data) else None
+
+    async def _message_at(self, sequence: int) -> api.RawStreamMsg | None:
+        try:
+            return await self._js.get_msg(subjects.ENVIRONMENTS_STREAM, sequence)
         except NotFoundError:
-            return 0
-        return int((last.headers or {}).get(NOTIFICATION_HEADER, "0"))
+            return None
+
+    async def _stream_state(self) -> api.StreamState:
+        return (await self._js.stream_info(subjects.ENVIRONMENTS_STREAM)).state
+
+
+def _span(sequences: list[int]) -> str:
+    first, last = min(sequences), max(sequences)
+    return f"sequence {first}" if first == last else f"sequences {first} to {last}"

@@ -107,7 +107,8 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
                               timedelta(seconds=settings.transient_retry_s))
     threads = ThreadHandlers(store, placer, settings.host_id)
     log_reader = LogReader(app)
-    relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after))
+    relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after),
+                        lambda ids: store.read_log(log_reader.at, ids))
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 
     async def drive_environments(messages: list[Msg]) -> None:
