@@ -19,12 +19,13 @@ from nats.aio.msg import Msg
 
 from bus import subjects
 from bus.api_service import start_api
-from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, log_decoder, refusal_reason
+from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason
 from bus.embedded_server import EmbeddedNats
 from bus.host_agent import HostAgent, HostAgentClient
 from bus.jetstream import connect, consume, ensure_streams
 from bus.log_reader import LogReader
-from bus.relay import NOTIFICATION_HEADER, OutboxRelay
+from bus.relay import OutboxRelay
+from bus.trusted_log import TrustedLog
 from bus.transcripts import TranscriptPublisher
 from domain.application import Environments
 from domain.errors import DomainError
@@ -111,23 +112,29 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
                         lambda ids: store.read_log(log_reader.at, ids))
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 
+    consumer_reader = LogReader(app)
+
+    def trusted_log(consumer: str) -> TrustedLog:
+        return TrustedLog(lambda ids: store.read_log(consumer_reader.at, ids), consumer)
+
+    provisioning_log, projections_log = trusted_log("provisioner"), trusted_log("projections")
+
     async def drive_environments(messages: list[Msg]) -> None:
         latest: dict[str, int] = {}
-        for message in messages:
-            event = log_decoder.decode(message.data)
+        for admitted in await provisioning_log.admit(messages):
+            event = admitted.logged.document
             latest[event.environment_id] = max(event.version, latest.get(event.environment_id, 0))
         for environment_id, version in latest.items():
             await provisioner.catch_up(UUID(environment_id), version)
 
-    gap_reader = LogReader(app)
-
     async def fill_gap(after: int, upto: int) -> list:
-        return await store.read_log(gap_reader.between, after, upto)
+        return await store.read_log(consumer_reader.between, after, upto)
 
     async def apply_to_read_model(messages: list[Msg]) -> None:
         await read_model.apply(
-            [Applied(int(m.headers[NOTIFICATION_HEADER]), m.metadata.sequence.stream, log_decoder.decode(m.data))
-             for m in messages],
+            [Applied(admitted.logged.notification_id, admitted.message.metadata.sequence.stream,
+                     admitted.logged.document)
+             for admitted in await projections_log.admit(messages)],
             fill_gap,
         )
 
