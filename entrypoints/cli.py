@@ -349,7 +349,8 @@ async def events_export(settings: Settings, as_json: bool) -> None:
         while True:
             message = await subscription.next_msg(timeout=10)
             sys.stdout.write(message.data.decode() + "\n")
-            if message.metadata.sequence.stream >= info.state.last_seq:
+            # The last sequence may be a message the relay deleted (one the store did not write).
+            if message.metadata.sequence.stream >= info.state.last_seq or message.metadata.num_pending == 0:
                 break
         await subscription.unsubscribe()
     finally:
