@@ -2,7 +2,8 @@
 
 Layout: `<data_dir>/worktrees/<path_key>/<repo-dir-name>`. An `existing` branch that is already
 checked out in another worktree of the repo is adopted instead (`owns_path` False, kept on
-removal). User text reaches git only after validation and behind `--` / `--end-of-options`.
+removal); when a live environment of this provider works in that worktree, the thread joins it.
+User text reaches git only after validation and behind `--` / `--end-of-options`.
 """
 
 from __future__ import annotations
@@ -118,6 +119,15 @@ class GitWorktreeProvider:
             if adopted is not None:
                 return adopted
         return str(target)
+
+    def shares_planned_path(self, ctx: ProjectContext) -> bool:
+        """An adopted worktree is used as it is, so a thread asking for its branch joins the
+        environment already working there (another thread's worktree) instead of being refused."""
+        branch = inputs_as(ctx, GitWorktreeInputs).branch
+        if not isinstance(branch, ExistingBranch):
+            return False
+        repo = _require_repo(ctx.project_path)
+        return _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=None) is not None
 
     def create(self, ctx: CreateContext) -> CreateResult:
         try:

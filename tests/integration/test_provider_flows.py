@@ -134,3 +134,20 @@ async def test_modal_without_credentials_is_blocked_with_a_clear_message(service
     assert "blocked" in message and "MODAL_TOKEN_ID" in message
     assert "Traceback" not in refused.stderr
     assert (await service.bb("environment", "list", "--json")).json()["environments"] == []
+
+
+async def test_a_thread_asking_for_the_branch_of_another_threads_worktree_joins_its_environment(service, git_repo):
+    first = await spawn(service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id", "t1",
+                        "--environment-inputs", '{"branch": {"kind": "new", "name": "feat"}}', "--wait")
+    assert first.returncode == 0, first.stderr
+    environment_id = first.json()["environmentId"]
+
+    second = await spawn(service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id",
+                         "t2", "--environment-inputs", '{"branch": {"kind": "existing", "name": "feat"}}', "--wait")
+
+    assert second.returncode == 0, second.stderr
+    assert second.json()["environmentId"] == environment_id
+    await service.bb("thread", "archive", "t1")
+    kept = await service.wait_for(environment_id, lambda e: e["threadIds"] == ["t2"])
+    assert kept["status"] == "ready" and Path(kept["path"]).is_dir()
+

@@ -310,6 +310,19 @@ def test_existing_branch_in_another_worktree_is_adopted_and_kept_on_remove(
     assert "shared" in branches(git, git_repo)
 
 
+def test_a_thread_asking_for_a_branch_another_worktree_has_joins_whoever_works_there(
+    provider: GitWorktreeProvider, git_repo: Path, tmp_path: Path, data_dir: Path, git: Git
+) -> None:
+    git(git_repo, "worktree", "add", "--quiet", "-b", "shared", str(tmp_path / "elsewhere"))
+    git(git_repo, "branch", "free")
+
+    def shares(branch: Branch) -> bool:
+        return provider.shares_planned_path(project_context(git_repo, data_dir, branch))
+
+    assert shares(ExistingBranch("shared"))
+    assert not any(map(shares, [ExistingBranch("free"), NewBranch("fresh"), DefaultBranch()]))
+
+
 def test_create_is_idempotent(provider: GitWorktreeProvider, git_repo: Path, data_dir: Path) -> None:
     first = create(provider, git_repo, data_dir, NewBranch("feature"))
     (Path(first.path) / "work-in-progress.txt").write_text("keep me")
