@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 
@@ -151,3 +152,20 @@ async def test_a_thread_asking_for_the_branch_of_another_threads_worktree_joins_
     kept = await service.wait_for(environment_id, lambda e: e["threadIds"] == ["t2"])
     assert kept["status"] == "ready" and Path(kept["path"]).is_dir()
 
+
+async def test_branch_names_may_be_full_refs_and_a_base_any_commit_ish(service, git_repo, git):
+    first_commit = git(git_repo, "rev-parse", "HEAD")
+    git(git_repo, "commit", "--quiet", "--allow-empty", "-m", "second")
+    git(git_repo, "branch", "existing")
+    for thread_id, branch in [("t1", {"kind": "existing", "name": "refs/heads/existing"}),
+                              ("t2", {"kind": "new", "name": "refs/heads/from-tilde", "base": "main~1"}),
+                              ("t3", {"kind": "new", "name": "from-caret", "base": "HEAD^"}),
+                              ("t4", {"kind": "new", "name": "from-sha", "base": first_commit[:10]})]:
+        spawned = await spawn(service, "--environment-provider", "git-worktree", "--project", str(git_repo),
+                              "--thread-id", thread_id, "--environment-inputs", json.dumps({"branch": branch}), "--wait")
+        assert spawned.returncode == 0, (branch, spawned.stderr)
+        shown = await service.show(spawned.json()["environmentId"])
+        assert git(Path(shown["path"]), "branch", "--show-current") == branch["name"].removeprefix("refs/heads/")
+        assert shown["inputs"]["branch"]["name"] == branch["name"].removeprefix("refs/heads/")
+    assert {git(git_repo, "rev-parse", name) for name in ("from-tilde", "from-caret", "from-sha")} == {first_commit}
+    assert "refs/heads" not in git(git_repo, "branch", "--list")
