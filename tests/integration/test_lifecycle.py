@@ -213,6 +213,25 @@ async def test_delete_removes_an_environment_that_never_retires_by_itself(tmp_pa
         await service.stop()
 
 
+async def test_delete_removes_a_retiring_environment_now_instead_of_after_the_grace(tmp_path, git_repo):
+    from tests.integration.conftest import Service, service_environment
+
+    data = tmp_path / "data"
+    service = Service(data, service_environment(data, BB_RETIRE_GRACE_MS="600000"))
+    await service.start()
+    try:
+        spawned = await spawn(service, git_repo, "t1")
+        await service.bb("thread", "archive", "t1")
+        retiring = await service.wait_for(spawned["environmentId"], "retiring")
+        assert retiring["threadIds"] == []
+        deleted = await service.bb("environment", "delete", spawned["environmentId"], "--json")
+        assert deleted.returncode == 0, deleted.stderr
+        await service.wait_for(spawned["environmentId"], "removed", timeout=30)  # not 600 s
+        assert worktrees(git_repo) == [str(git_repo)]
+    finally:
+        await service.stop()
+
+
 async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git_repo):
     publisher = await service.connect("publisher")
     js = publisher.jetstream()
