@@ -104,6 +104,9 @@ class Placer:
             raise InvalidInput(f"host {host_id!r} is not served here: this service places environments on host "
                                f"{self.host_id!r} only")
         project = canonical_project(project_path)
+        data_dir = os.path.realpath(self.data_dir)
+        if project is not None:
+            _check_project(project, data_dir)
         if provider.requires.projectless and project is not None:
             raise InvalidInput(f"provider {provider.id!r} serves only threads without a project")
         if (provider.requires.git_checkout or provider.requires.project_checkout) and project is None:
@@ -119,10 +122,12 @@ class Placer:
             raise InvalidInput(str(refused)) from None
         path_key = thread_id if provider.policy.path_keys == "per-thread" else f"{thread_id}-1"
         planned = await asyncio.to_thread(provider.planned_path, context, path_key)
+        claimed_path = canonical_path(planned) if planned else None
+        if claimed_path is not None and os.path.isabs(claimed_path):
+            _check_workspace(claimed_path, data_dir)
         return Placement(
             provider_id=provider.id, host_id=host_id, project_path=project,
-            inputs=msgspec.to_builtins(inputs), path_key=path_key,
-            claimed_path=canonical_path(planned) if planned else None,
+            inputs=msgspec.to_builtins(inputs), path_key=path_key, claimed_path=claimed_path,
             shares_claimed_path=shares_planned_path(provider, context),
         )
 
@@ -138,6 +143,31 @@ class Placer:
         context = self.context(provider, host_id, project_path, decode_inputs(provider, inputs))
         planned = await asyncio.to_thread(provider.planned_path, context, next_key)
         return next_key, canonical_path(planned) if planned else None
+
+
+def _check_project(project: str, data_dir: str) -> None:
+    """Refuse bb's data dir (its own state and workspaces, which come and go) and a .git directory
+    (git's alone) as a project, for every provider."""
+    if Path(project).is_relative_to(data_dir):
+        where = "is" if project == data_dir else "is inside"
+        raise InvalidInput(f"project path {project!r} {where} bb's data dir {data_dir!r}, which holds bb's own state "
+                           "and workspaces; pass a project directory outside it")
+    _refuse_git_directory("project path", project)
+
+
+def _check_workspace(path: str, data_dir: str) -> None:
+    """Refuse a workspace around the data dir: its claim would overlap every workspace made there,
+    so no other environment could be created until it is deleted (`/`, say)."""
+    if Path(data_dir).is_relative_to(path):
+        raise InvalidInput(f"workspace path {path!r} contains bb's data dir {data_dir!r}, so claiming it would block "
+                           "every other environment; choose a directory that does not contain the data dir")
+    _refuse_git_directory("workspace path", path)
+
+
+def _refuse_git_directory(label: str, path: str) -> None:
+    if ".git" in Path(path).parts:
+        raise InvalidInput(f"{label} {path!r} is inside a .git directory, which only git may change; "
+                           "choose a directory of the checkout itself")
 
 
 def decode_inputs(provider: EnvironmentProvider, raw: Any) -> Any:

@@ -13,6 +13,13 @@ async def log_length(service) -> int:
     return len((await service.bb("events", "export")).stdout.splitlines())
 
 
+async def log_and_threads(service) -> tuple[str, list[dict]]:
+    """The whole event log and the thread list: a refusal must leave both as they were."""
+    exported, listed = await service.bb("events", "export"), await service.bb("thread", "list", "--json")
+    assert exported.returncode == listed.returncode == 0, (exported.stderr, listed.stderr)
+    return exported.stdout, listed.json()["threads"]
+
+
 def branches(repo) -> str:
     return subprocess.run(["git", "-C", str(repo), "branch", "--list"], capture_output=True, text=True).stdout
 
@@ -101,3 +108,33 @@ async def test_an_unreachable_service_exits_4_with_a_hint(tmp_path):
     (tmp_path / "empty" / "server.json").write_text('{"natsUrl": "nats://127.0.0.1:1", "pid": 1}')
     stale = await nobody.bb("environment", "list")
     assert stale.returncode == 4 and "bb serve" in stale.stderr
+
+
+async def test_workspaces_in_bb_or_git_internals_are_refused_and_block_nothing(service, git_repo, tmp_path):
+    data_dir = service.data_dir
+    good = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+                            "--thread-id", "good", "--wait")
+    assert good.returncode == 0, good.stderr
+    before = await log_and_threads(service)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a project\n")
+
+    checkout = ("--environment-provider", "project-checkout")
+    cases = [
+        ("/", checkout, "workspace path '/' contains bb's data dir", "does not contain the data dir"),
+        (data_dir, checkout, f"project path '{data_dir}' is bb's data dir", "outside it"),
+        (data_dir / "providers", checkout, "is inside bb's data dir", "outside it"),
+        (git_repo / ".git", checkout, "is inside a .git directory", "directory of the checkout itself"),
+        (git_repo / ".git" / "refs", checkout, "is inside a .git directory"),
+        (git_repo, (*checkout, "--environment-inputs", '{"path": ".git"}'), "workspace path", "inside a .git directory"),
+        (data_dir, ("--environment-provider", "git-worktree"), "is bb's data dir"),
+        (git_repo / ".git", ("--environment-provider", "git-worktree"), "is inside a .git directory"),
+        (a_file, checkout, f"project path '{a_file}' is not a directory"),
+    ]
+    for project, args, *mentions in cases:
+        await assert_refused(service, project, args, 2, *mentions)
+
+    assert await log_and_threads(service) == before
+    # Nothing was claimed, so the checkout is free for the provider that asked for it.
+    spawned = await service.bb("thread", "spawn", *checkout, "--project", str(git_repo), "--wait")
+    assert spawned.returncode == 0, spawned.stderr
