@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ from bus import subjects
 from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, SpawnThread, ThreadRef
 from bus.client import ApiClient, unreachable
 from entrypoints.cli_modal import machine, modal
-from entrypoints.cli_support import Failure, emit, fail, json_option, run_command, stderr, stdout
+from entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
 from entrypoints.config import ConfigError, Settings, nats_credentials, read_server_file
 
 TERMINAL_FOR_WAIT = {"ready": 0, "error": 1, "removing": 1, "removed": 1, "retiring": 1}
@@ -184,7 +185,7 @@ def thread() -> None:
 @click.option("--environment-provider", "provider")
 @click.option("--environment-inputs", "inputs_text")
 @click.option("--environment", "environment_id")
-@click.option("--project", type=click.Path(file_okay=False))
+@click.option("--project")
 @click.option("--thread-id")
 @click.option("--parent")
 @click.option("--host")
@@ -227,9 +228,27 @@ def _parse_inputs(text: str | None) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_number)
     except json.JSONDecodeError as bad:
         raise Failure("invalid_input", f"--environment-inputs is not valid JSON: {bad}") from None
+    except RecursionError:
+        # The service refuses inputs nested deeper than a few dozen levels; these cannot even be read.
+        raise Failure("invalid_input", "--environment-inputs nests objects and arrays too deeply to be read; "
+                                       "provider inputs need a few levels at most") from None
+
+
+def _refuse_constant(name: str) -> float:
+    # Python's json reads NaN and Infinity, which JSON has not: the bus would carry them as null.
+    raise Failure("invalid_input", f"--environment-inputs contains {name}, which is not a JSON number; "
+                                   "use a finite number or a string")
+
+
+def _finite_number(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise Failure("invalid_input", f"--environment-inputs contains the number {text}, which is too large "
+                                       "for a JSON number; use a finite number or a string")
+    return number
 
 
 async def _wait_until_settled(client: ApiClient, environment_id: str, position: int, timeout: float) -> dict:
@@ -373,7 +392,7 @@ cli.add_command(modal)
 
 
 def main() -> None:
-    cli()
+    run_cli(cli, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -40,6 +41,29 @@ def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., 
             fail("invalid_input", str(bad), as_json)
 
     return wrapper
+
+
+def run_cli(group: click.Group, args: list[str]) -> None:
+    """Run the command line; click's own usage errors (an unknown option, a missing argument, a bad
+    value) end like every other error: one sentence, exit 2, and the error document with --json."""
+    try:
+        exit_code = group.main(args, prog_name="bb", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as asked_for_help:  # `bb environment` alone: the help is the answer
+        asked_for_help.show()
+        sys.exit(asked_for_help.exit_code)
+    except click.UsageError as error:
+        # Parsing stopped at the error, so whether --json was given can only be read off the words.
+        usage = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
+        fail("invalid_input", error.format_message().removesuffix(".") + usage, "--json" in args)
+    except click.ClickException as error:
+        fail("failed", error.format_message(), "--json" in args)
+    except click.Abort:
+        fail("failed", "aborted", "--json" in args)
+    except BrokenPipeError:
+        # The reader left (`bb events export | head`): end quietly, as click does, not with a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
 
 def fail(code: str, message: str, as_json: bool, document: dict | None = None) -> None:

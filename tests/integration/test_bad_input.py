@@ -64,6 +64,13 @@ async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, t
         (("--environment", "not-a-uuid"), "not a valid id"),
         (("--environment-provider", "git-worktree", "--environment", str(uuid.uuid4())), "either"),
     ]
+    for malformed, mentions in [("[" * 5000 + "]" * 5000, ("too deeply", "a few levels")),
+                                ('{"branch": {"kind": "new", "name": "x"}, "n": NaN}', ("NaN", "not a JSON number")),
+                                ('{"n": -Infinity}', ("-Infinity", "not a JSON number")),
+                                ('{"n": 1e999}', ("1e999", "too large"))]:
+        cases.append((("--environment-provider", "git-worktree", "--environment-inputs", malformed), *mentions))
+    cases.append((("--environment-provider", "git-worktree", "--environment-inputs",
+                   '{"branch": {"kind": "new", "name": "refs/tags/v1"}}'), "branch.name", "starts with 'refs/'"))
     for hostile in ["--upload-pack=touch /tmp/pwned", "../x", "a..b", "has space", "x.lock", "", "a//b", "x@{1}"]:
         inputs = json.dumps({"branch": {"kind": "new", "name": hostile}})
         cases.append((("--environment-provider", "git-worktree", "--environment-inputs", inputs), "branch.name"))
@@ -138,3 +145,25 @@ async def test_workspaces_in_bb_or_git_internals_are_refused_and_block_nothing(s
     # Nothing was claimed, so the checkout is free for the provider that asked for it.
     spawned = await service.bb("thread", "spawn", *checkout, "--project", str(git_repo), "--wait")
     assert spawned.returncode == 0, spawned.stderr
+
+
+async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with_json(tmp_path):
+    # Refused before any connection: no service is needed to answer them.
+    nobody = Service(tmp_path / "data", service_environment(tmp_path / "data"))
+    cases = [
+        (("thread", "spawn", "--colour", "red"), "No such option '--colour'", "bb thread spawn --help"),
+        (("environment", "show"), "Missing argument 'ENVIRONMENT_ID'", "bb environment show --help"),
+        (("thread", "spawn", "--timeout", "soon"), "Invalid value for '--timeout'", "'soon' is not a valid float"),
+        (("events", "nonsense"), "No such command 'nonsense'", "bb events --help"),
+    ]
+    for args, *mentions in cases:
+        for as_json in (False, True):
+            result = await nobody.bb(*args, *(["--json"] if as_json else []))
+            assert result.returncode == 2, (args, result.stdout, result.stderr)
+            assert result.stderr.startswith("bb: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+            assert all(mention in result.stderr for mention in mentions), (mentions, result.stderr)
+            if as_json:
+                error = result.json()["error"]
+                assert error["code"] == "invalid_input" and result.stderr == f"bb: {error['message']}\n"
+            else:
+                assert result.stdout == ""
