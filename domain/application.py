@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.domain import Aggregate
 
 from domain.environment import Environment
 from domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
@@ -45,6 +46,20 @@ class RecordedHook:
     """Started and its outcome not recorded: the hook may run (or be joined) now."""
     stoppable: bool
     """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a thread's new environment will live, decided before anything is written."""
+
+    provider_id: str
+    host_id: str
+    project_path: str | None
+    inputs: Any
+    path_key: str
+    claimed_path: str | None
+    shares_claimed_path: bool = False
+    """A live environment of the same provider holding the path takes the thread (see the contract)."""
 
 
 class Environments(Application):
@@ -108,10 +123,8 @@ class Environments(Application):
         parent_thread_id: str | None,
         host_id: str,
         intent: dict[str, Any] | None,
-        request_environment: bool = False,
     ) -> Thread:
-        """Register the thread (once); a thread spawned with its first message also records the
-        request for an environment in the same save."""
+        """Register the thread (once)."""
         existing = self.find_thread(thread_id)
         if existing is not None:
             return existing
@@ -122,10 +135,18 @@ class Environments(Application):
             host_id=host_id,
             intent=intent,
         )
-        if request_environment:
-            thread.request_environment()
         self.save(thread)
         return thread
+
+    def spawn_thread(self, thread: Thread, target: UUID | Placement) -> Environment:
+        """Register a new thread, its first message's request and the environment it gets (`target`
+        joined, or placed new) in one save: a refused spawn leaves no thread behind."""
+        if self.find_thread(thread.thread_id) is not None:
+            raise IllegalTransition(f"thread {thread.thread_id} already exists")
+        thread.request_environment()
+        environment, changed = self._provide(thread, target)
+        self.save(*changed)
+        return environment
 
     def request_environment(self, thread_id: str) -> Thread:
         """Record that the thread's first message wants an environment, so a crash cannot lose it."""
@@ -151,6 +172,13 @@ class Environments(Application):
             thread.refuse(message)
             self.save(thread)
 
+    def provide_environment(self, thread_id: str, target: UUID | Placement) -> Environment:
+        """Give the thread the environment its first message asked for: join `target`, or claim
+        the placed new one."""
+        environment, changed = self._provide(self.thread(thread_id), target)
+        self.save(*changed)
+        return environment
+
     def claim_environment(
         self,
         thread_id: str,
@@ -162,36 +190,48 @@ class Environments(Application):
         claimed_path: str | None,
         share_held_path: bool = False,
     ) -> Environment:
+        placement = Placement(provider_id, host_id, project_path, inputs, path_key, claimed_path, share_held_path)
+        return self.provide_environment(thread_id, placement)
+
+    def attach_thread(self, thread_id: str, environment_id: UUID) -> Environment:
+        return self.provide_environment(thread_id, environment_id)
+
+    def _provide(self, thread: Thread, target: UUID | Placement) -> tuple[Environment, list[Aggregate]]:
+        """The thread's environment and every aggregate changed to give it, not saved yet."""
+        if isinstance(target, UUID):
+            return self._attach(thread, target)
+        return self._new_environment(thread, target)
+
+    def _new_environment(self, thread: Thread, placement: Placement) -> tuple[Environment, list[Aggregate]]:
         """Reserve a new environment for the thread and claim its path, all or nothing.
 
         A path held by an environment of the same provider is no conflict in two cases. With
-        `share_held_path`, the thread joins that environment if it takes threads. Otherwise, an
-        idle holder that does not own the path gives it up: its removal starts in the same save.
+        `shares_claimed_path`, the thread joins that environment if it takes threads. Otherwise,
+        an idle holder that does not own the path gives it up: its removal starts in the same save.
         """
-        thread = self.thread(thread_id)
         if thread.environment_id is not None:
-            return self.environment(thread.environment_id)
+            return self.environment(thread.environment_id), []
         if thread.status != "active":
-            raise IllegalTransition(f"thread {thread_id} is archived")
-        holder = self._holder(host_id, claimed_path, provider_id) if claimed_path else None
-        if share_held_path and holder is not None and holder.takes_threads:
-            return self.attach_thread(thread_id, holder.id)
+            raise IllegalTransition(f"thread {thread.thread_id} is archived")
+        host_id, claimed_path = placement.host_id, placement.claimed_path
+        holder = self._holder(host_id, claimed_path, placement.provider_id) if claimed_path else None
+        if placement.shares_claimed_path and holder is not None and holder.takes_threads:
+            return self._attach(thread, holder.id)
         replaced = holder if holder is not None and holder.can_give_up_path else None
         environment = Environment(
-            provider_id=provider_id,
+            provider_id=placement.provider_id,
             host_id=host_id,
-            project_path=project_path,
-            inputs=inputs,
-            path_key=path_key,
+            project_path=placement.project_path,
+            inputs=placement.inputs,
+            path_key=placement.path_key,
             claimed_path=claimed_path,
-            thread_id=thread_id,
+            thread_id=thread.thread_id,
         )
         thread.assign_environment(environment.id)
         if replaced is not None:
             replaced.give_up_path()
         claims = [self._take(host_id, claimed_path, environment.id, replaced)] if claimed_path else []
-        self.save(environment, thread, *([replaced] if replaced else []), *claims)
-        return environment
+        return environment, [environment, thread, *([replaced] if replaced else []), *claims]
 
     def _holder(self, host_id: str, path: str, provider_id: str) -> Environment | None:
         """The environment of `provider_id` that holds exactly `path`, if one does."""
@@ -235,15 +275,13 @@ class Environments(Application):
             holder = event.environment_id if notification.topic.endswith(".Retaken") else None
             self._claims[event.originator_id] = (host_id, path, holder)
 
-    def attach_thread(self, thread_id: str, environment_id: UUID) -> Environment:
-        thread = self.thread(thread_id)
+    def _attach(self, thread: Thread, environment_id: UUID) -> tuple[Environment, list[Aggregate]]:
         environment = self.environment(environment_id)
         if thread.environment_id not in (None, environment_id):
-            raise IllegalTransition(f"thread {thread_id} already uses environment {thread.environment_id}")
-        environment.attach_thread(thread_id)
+            raise IllegalTransition(f"thread {thread.thread_id} already uses environment {thread.environment_id}")
+        environment.attach_thread(thread.thread_id)
         thread.assign_environment(environment_id)
-        self.save(environment, thread)
-        return environment
+        return environment, [environment, thread]
 
     def archive_thread(self, thread_id: str, now: datetime) -> Environment | None:
         thread = self.thread(thread_id)

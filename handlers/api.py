@@ -157,13 +157,11 @@ class Api:
         placement = None
         if isinstance(intent, ProviderIntent):
             placement = await self._placer.place(thread_id, intent, request.project_path, host_id)
-        await self._threads.created(ThreadCreatedMessage(
+        environment = await self._threads.spawn(ThreadCreatedMessage(
             thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
             parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
-        ), with_first_message=True)
-        environment = await self._threads.first_message(thread_id, raise_refusal=True, placement=placement)
-        if environment is not None:
-            await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
+        ), placement)
+        await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.

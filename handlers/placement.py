@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -18,6 +17,7 @@ from uuid import UUID
 import msgspec
 
 from bus.documents import ID_PATTERN, ProviderIntent
+from domain.application import Placement
 from handlers.errors import InvalidInput, Refused
 from providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path
 from providers.registry import ProviderRegistry, safe_availability
@@ -62,18 +62,6 @@ def canonical_project(project_path: str | None) -> str | None:
     if not os.path.isdir(canonical):
         raise InvalidInput(f"project path {project_path!r} is not a directory")
     return canonical
-
-
-@dataclass(frozen=True)
-class Placement:
-    provider_id: str
-    host_id: str
-    project_path: str | None
-    inputs: Any
-    path_key: str
-    claimed_path: str | None
-    shares_claimed_path: bool = False
-    """A live environment of the same provider holding the path takes the thread (see the contract)."""
 
 
 class Placer:

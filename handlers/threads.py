@@ -1,12 +1,15 @@
 """Thread events become commands: one handler per message, each safe to receive twice.
 
 The same handlers serve the JetStream consumer of `bb.threads.>` and the CLI's `thread spawn`
-request, so a raw NATS publisher and the CLI take exactly one path.
+request, so a raw NATS publisher and the CLI take the same checks and placement. Only where a
+refusal goes differs: on the thread for a publisher, back to the caller (with no thread kept)
+for a spawn.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from uuid import UUID
 
@@ -22,7 +25,7 @@ from bus.documents import (
     ThreadMessageMessage,
     ThreadUnarchivedMessage,
 )
-from domain.application import UnknownEnvironment, UnknownThread
+from domain.application import UnknownThread
 from domain.environment import Environment
 from domain.errors import DomainError, PathAlreadyClaimed
 from domain.thread import Thread
@@ -60,15 +63,23 @@ class ThreadHandlers:
                 return await self._store.run(self._app.cancel_thread_message, message.thread_id)
         return None
 
-    async def created(self, message: ThreadCreatedMessage, with_first_message: bool = False) -> Thread:
+    async def created(self, message: ThreadCreatedMessage) -> Thread:
+        return await self._store.run(self._app.register_thread, *self._registration(message))
+
+    async def spawn(self, message: ThreadCreatedMessage, placement: Placement | None) -> Environment:
+        """A thread with its first message (`bb thread spawn`), saved with the environment it gets
+        or not at all: a refused spawn leaves no thread behind. `placement` is the new environment's,
+        when the request named a provider (and was placed already)."""
+        thread = Thread(*self._registration(message))
+        return await self._given(self._app.spawn_thread, thread, await self._target(thread, placement))
+
+    def _registration(self, message: ThreadCreatedMessage) -> tuple[str, str | None, str | None, str, dict | None]:
+        """The thread as the log registers it (id, project, parent, host, intent), each checked."""
         host_id = check_host_id(message.host_id or self._default_host_id)
         if message.parent_thread_id is not None:
             check_thread_id(message.parent_thread_id)
         intent = None if message.environment is None else self._checked_intent(message.environment)
-        return await self._store.run(
-            self._app.register_thread, message.thread_id, message.project_path, message.parent_thread_id,
-            host_id, intent, with_first_message,
-        )
+        return message.thread_id, message.project_path, message.parent_thread_id, host_id, intent
 
     def _checked_intent(self, intent: ProviderIntent | ExistingIntent) -> dict:
         """The intent as the thread keeps it in the log: inputs as their provider's type reads them,
@@ -79,24 +90,20 @@ class ThreadHandlers:
         inputs = msgspec.to_builtins(decode_inputs(provider, intent.inputs))
         return _intent_document(ProviderIntent(provider.id, intent.machine, inputs))
 
-    async def first_message(self, thread_id: str, raise_refusal: bool = False,
-                            placement: Placement | None = None) -> Environment | None:
+    async def first_message(self, thread_id: str) -> Environment | None:
         """Give the thread its environment, unless it has one already.
 
-        A refusal is recorded on the thread, so a raw NATS publisher can see why; the CLI's
-        request (`raise_refusal`) gets it back as an error too.
+        A refusal is recorded on the thread, so a raw NATS publisher can see why.
         """
         thread = await self._store.run(self._app.find_thread, thread_id)
         if thread is None or not thread.needs_environment:
             return None if thread is None or thread.environment_id is None else await self._environment(thread.environment_id)
         thread = await self._store.run(self._app.request_environment, thread_id)
         try:
-            return await self._provide(thread, placement)
+            return await self._given(self._app.provide_environment, thread_id, await self._target(thread, None))
         except (RequestError, DomainError) as refusal:
             log.info("thread %s refused: %s", thread_id, refusal)
             await self._store.run(self._app.refuse_thread, thread_id, str(refusal))
-            if raise_refusal:
-                raise
             return None
 
     async def resume_waiting(self) -> list[Environment]:
@@ -105,22 +112,17 @@ class ThreadHandlers:
         environments = [await self.first_message(thread_id) for thread_id in waiting]
         return [environment for environment in environments if environment is not None]
 
-    async def _provide(self, thread: Thread, placement: Placement | None) -> Environment:
+    async def _target(self, thread: Thread, placement: Placement | None) -> UUID | Placement:
+        """The environment the thread joins, or where its new one will live."""
         intent, project_path = await self._intent_of(thread)
         if isinstance(intent, ExistingIntent):
-            environment_id = check_environment_id(intent.environment_id)
-            try:
-                return await self._store.run(self._app.attach_thread, thread.thread_id, environment_id)
-            except UnknownEnvironment:
-                raise NotFound(f"no environment {intent.environment_id}") from None
-        if placement is None:
-            placement = await self._placer.place(thread.thread_id, intent, project_path, thread.host_id)
+            return check_environment_id(intent.environment_id)
+        return placement or await self._placer.place(thread.thread_id, intent, project_path, thread.host_id)
+
+    async def _given(self, command: Callable[..., Environment], *args: object) -> Environment:
+        """Run the store command that gives a thread its environment; a path conflict says what to do."""
         try:
-            return await self._store.run(
-                self._app.claim_environment, thread.thread_id, placement.provider_id, placement.host_id,
-                placement.project_path, placement.inputs, placement.path_key, placement.claimed_path,
-                placement.shares_claimed_path,
-            )
+            return await self._store.run(command, *args)
         except PathAlreadyClaimed as conflict:
             raise Refused(f"cannot claim the workspace path: {conflict}; "
                           "to share that workspace, spawn with --environment and its id") from None

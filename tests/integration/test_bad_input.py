@@ -147,6 +147,29 @@ async def test_workspaces_in_bb_or_git_internals_are_refused_and_block_nothing(s
     assert spawned.returncode == 0, spawned.stderr
 
 
+async def test_a_refused_spawn_leaves_no_thread_behind(service, git_repo, git):
+    git(git_repo, "branch", "feature")
+    holder = await service.bb("thread", "spawn", "--environment-provider", "project-checkout", "--project",
+                              str(git_repo), "--thread-id", "holder", "--wait", "--json")
+    assert holder.returncode == 0, holder.stderr
+    gone = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "gone",
+                            "--wait", "--json")
+    await service.bb("thread", "archive", "gone")
+    await service.wait_for(gone.json()["environmentId"], "removed")
+    before = await log_and_threads(service)
+
+    switch = '{"branch": {"kind": "existing", "name": "feature"}}'
+    await assert_refused(service, git_repo, ("--environment-provider", "project-checkout", "--environment-inputs",
+                                             switch, "--thread-id", "t2"), 1, holder.json()["environmentId"])
+    await assert_refused(service, git_repo, ("--environment", gone.json()["environmentId"], "--thread-id", "t3"), 1,
+                         "removed", "takes no new threads")
+
+    assert await log_and_threads(service) == before
+    assert git(git_repo, "branch", "--show-current") == "main"
+    again = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t2")
+    assert again.returncode == 0, again.stderr  # the refused spawn did not take the thread id either
+
+
 async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with_json(tmp_path):
     # Refused before any connection: no service is needed to answer them.
     nobody = Service(tmp_path / "data", service_environment(tmp_path / "data"))

@@ -4,8 +4,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from domain.application import Environments
+from domain.application import Environments, Placement
 from domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
+from domain.thread import Thread
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
@@ -57,6 +58,30 @@ def test_a_claimed_path_cannot_be_claimed_again_and_nothing_is_written(app):
         app.claim_environment("t2", "git-worktree", "local", "/repo", {}, "t2", "/data/p")
     assert app.head() == head
     assert app.thread("t2").environment_id is None
+
+
+def new_thread(thread_id):
+    return Thread(thread_id, "/repo", None, "local", None)
+
+
+def test_a_spawned_thread_is_saved_with_its_environment_or_not_at_all(app):
+    held = spawn(app, "t1", "/data/p")
+    cancelled = spawn(app, "t0", "/data/c")
+    app.archive_thread("t0", NOW)
+    head = app.head()
+    with pytest.raises(PathAlreadyClaimed):
+        app.spawn_thread(new_thread("t2"), Placement("git-worktree", "local", "/repo", {}, "t2", "/data/p/sub"))
+    with pytest.raises(IllegalTransition, match="takes no new threads"):
+        app.spawn_thread(new_thread("t2"), cancelled.id)
+    assert app.head() == head and app.find_thread("t2") is None
+
+    placed = app.spawn_thread(new_thread("t2"), Placement("git-worktree", "local", "/repo", {}, "t2", "/data/q"))
+    joined = app.spawn_thread(new_thread("t3"), held.id)
+
+    assert app.thread("t2").environment_id == placed.id and placed.claimed_path == "/data/q"
+    assert joined.id == held.id and app.environment(held.id).thread_ids == ["t1", "t3"]
+    with pytest.raises(IllegalTransition, match="already exists"):
+        app.spawn_thread(new_thread("t3"), held.id)
 
 
 def share(app, thread_id, provider_id="project-checkout", path="/repo"):
