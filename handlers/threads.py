@@ -96,8 +96,12 @@ class ThreadHandlers:
         A refusal is recorded on the thread, so a raw NATS publisher can see why.
         """
         thread = await self._store.run(self._app.find_thread, thread_id)
-        if thread is None or not thread.needs_environment:
-            return None if thread is None or thread.environment_id is None else await self._environment(thread.environment_id)
+        if thread is None:
+            # There is no thread to record this on: only the service's log can show a publisher's mistake.
+            log.warning("ignored a message for unknown thread %s", thread_id)
+            return None
+        if not thread.needs_environment:
+            return None if thread.environment_id is None else await self._environment(thread.environment_id)
         thread = await self._store.run(self._app.request_environment, thread_id)
         try:
             return await self._given(self._app.provide_environment, thread_id, await self._target(thread, None))

@@ -6,6 +6,9 @@ import json
 import subprocess
 import uuid
 
+import msgspec
+
+from bus import subjects
 from tests.integration.conftest import Service, service_environment
 
 
@@ -168,6 +171,26 @@ async def test_a_refused_spawn_leaves_no_thread_behind(service, git_repo, git):
     assert git(git_repo, "branch", "--show-current") == "main"
     again = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t2")
     assert again.returncode == 0, again.stderr  # the refused spawn did not take the thread id either
+
+
+async def test_a_message_for_an_unknown_thread_is_logged_once_and_changes_nothing(service):
+    publisher = await service.connect("publisher")
+    try:
+        js = publisher.jetstream()
+        message = {"type": "message", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "ghost", "text": "hello"}
+        await js.publish(subjects.thread_event("ghost", "message"), msgspec.json.encode(message))
+        # Thread events are handled in order: once a later thread is known, the message was handled.
+        probe = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "probe"}
+        await js.publish(subjects.thread_event("probe", "created"), msgspec.json.encode(probe))
+        await service.wait_for_thread("probe")
+    finally:
+        await publisher.close()
+
+    ghost_lines = [line for line in (service.data_dir.parent / "serve.log").read_text().splitlines() if "ghost" in line]
+    assert len(ghost_lines) == 1 and "WARNING" in ghost_lines[0], ghost_lines
+    assert "ignored a message for unknown thread ghost" in ghost_lines[0]
+    exported, threads = await log_and_threads(service)
+    assert [t["id"] for t in threads] == ["probe"] and "ghost" not in exported
 
 
 async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with_json(tmp_path):
