@@ -210,23 +210,28 @@ class Api:
         return await self._accepted(environment)
 
     async def replay(self, _: Nothing) -> ReplayCounts:
-        reader = LogReader(self._app)
-
-        def whole_log() -> list:
-            documents, position = [], 0
-            while page := reader.page(position):
-                documents.extend((logged.notification_id, logged.document) for logged in page)
-                position = page[-1].notification_id
-            return documents
-
-        documents = await self._store.read_log(whole_log)
-        return await self._read_model.rebuild(documents, await self._stream_position())
+        return await replay_log(self._store, self._read_model, self._stream_position)
 
     async def _accepted(self, environment: Environment | None) -> Accepted:
         position = await self._store.read_log(self._app.head)
         if environment is None:
             return Accepted(None, None, position)
         return Accepted(str(environment.id), environment.public_status, position)
+
+
+async def replay_log(store: Store, read_model: ReadModel, stream_position: Callable[[], Awaitable[int]]) -> ReplayCounts:
+    """Rebuild the read models from the whole log (`bb events replay`, or a start that lost them)."""
+    reader = LogReader(store.app)
+
+    def whole_log() -> list:
+        documents, position = [], 0
+        while page := reader.page(position):
+            documents.extend((logged.notification_id, logged.document) for logged in page)
+            position = page[-1].notification_id
+        return documents
+
+    documents = await store.read_log(whole_log)
+    return await read_model.rebuild(documents, await stream_position())
 
 
 def _check_nesting(inputs: Any) -> None:

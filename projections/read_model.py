@@ -8,7 +8,10 @@ below the stored position is ignored.
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
@@ -51,6 +54,10 @@ class ReplayCounts(msgspec.Struct, rename="camel"):
     threads: int
 
 
+class DamagedReadModel(Exception):
+    pass
+
+
 class ReadModel:
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
@@ -59,16 +66,42 @@ class ReadModel:
 
     @classmethod
     async def open(cls, path: Path) -> ReadModel:
+        """Raises DamagedReadModel when the file is not a database or fails SQLite's quick check."""
         db = await aiosqlite.connect(path)
-        await db.execute("PRAGMA journal_mode=WAL")
-        # Disposable and rebuilt from the log: no fsync per commit. A commit lost to a power cut
-        # leaves a gap below the next document, which `apply` fills from the log.
-        await db.execute("PRAGMA synchronous=NORMAL")
-        await db.executescript(SCHEMA)
-        await db.commit()
-        model = cls(db)
-        model.position = (await model.stored_position(LOG))[0]
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            async with db.execute("PRAGMA quick_check") as rows:
+                problems = [row[0] for row in await rows.fetchall() if row[0] != "ok"]
+            if problems:
+                raise DamagedReadModel(problems[0])
+            # Disposable and rebuilt from the log: no fsync per commit. A commit lost to a power cut
+            # leaves a gap below the next document, which `apply` fills from the log.
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.executescript(SCHEMA)
+            await db.commit()
+            model = cls(db)
+            model.position = (await model.stored_position(LOG))[0]
+        except sqlite3.DatabaseError as unreadable:
+            await db.close()  # its thread would keep the process alive
+            raise DamagedReadModel(str(unreadable)) from unreadable
+        except BaseException:
+            await db.close()
+            raise
         return model
+
+    @classmethod
+    async def open_or_set_aside(cls, path: Path) -> tuple[ReadModel, str | None]:
+        """The read models, or new empty ones in place of a damaged file, which is moved aside as
+        `<name>.corrupt-<UTC time>` and named in the second value (why, and where it went)."""
+        try:
+            return await cls.open(path), None
+        except DamagedReadModel as damaged:
+            aside = path.with_name(f"{path.name}.corrupt-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
+            # Its WAL and shared-memory files too: SQLite would apply that WAL to the new file.
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.lexists(f"{path}{suffix}"):
+                    os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+            return await cls.open(path), f"{path.name} could not be read ({damaged}); moved it to {aside.name}"
 
     async def close(self) -> None:
         await self._db.close()
