@@ -73,7 +73,9 @@ class Service:
         return [sys.executable, "-m", "entrypoints.cli"]
 
     def credentials(self, role: str) -> dict[str, str]:
-        """nats-py connect options for one of the roles of SPEC section 6 (operator, publisher, subscriber)."""
+        """nats-py connect options for a role of SPEC section 6 (operator, publisher, subscriber), or the service."""
+        if role == "service":  # the service's own identity: for tests that act as its relay
+            return {"nkeys_seed": str(self.data_dir / "credentials" / "service.nk")}
         seeds = self.info.get("credentials") or {}
         return {"nkeys_seed": seeds[role]} if role in seeds else self.external_credentials
 
@@ -84,6 +86,14 @@ class Service:
     def log_tail(self) -> str:
         path = self.data_dir.parent / "serve.log"
         return path.read_text()[-3000:] if path.exists() else ""
+
+    def refresh(self) -> dict[str, Any]:
+        """server.json as the running service last wrote it: it names a new natsPid after the
+        service restarted its nats-server."""
+        current = _read_json(self.data_dir / "server.json")
+        if current and self.process is not None and current.get("pid") == self.process.pid:
+            self.info = current
+        return self.info
 
     def kill(self) -> None:
         """SIGKILL the service process alone, as a crash would; its nats-server lives on."""
@@ -96,6 +106,7 @@ class Service:
             await self.api.close()
             self.api = None
         if self.process is not None and self.process.poll() is None:
+            self.refresh()
             self.process.terminate()
             try:
                 self.process.wait(timeout=15)
@@ -155,9 +166,10 @@ class Service:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        content = json.loads(path.read_text())
+    except (OSError, ValueError):  # missing or damaged (tests damage it on purpose)
         return None
+    return content if isinstance(content, dict) else None
 
 
 def service_environment(data_dir: Path, **overrides: str) -> dict[str, str]:

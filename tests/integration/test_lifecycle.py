@@ -62,7 +62,8 @@ async def test_spawn_ready_archive_removed_runs_each_hook_once_in_order(service,
 async def test_spawn_prompt_is_the_thread_first_message_on_the_bus(service, git_repo):
     await spawn(service, git_repo, "t1", "--prompt", "fix the flaky test")
 
-    listener = await service.connect("subscriber")
+    # Only the service reads BB_THREADS back; the agent's runner gets the message as it is published.
+    listener = await service.connect("service")
     try:
         stored = await listener.jetstream().get_last_msg(subjects.THREADS_STREAM, subjects.thread_event("t1", "message"))
     finally:
@@ -108,7 +109,8 @@ async def test_a_subscriber_hears_each_ready_once_even_when_the_relay_publishes_
     try:
         ids = [(await spawn(service, git_repo, f"t{i}"))["environmentId"] for i in range(3)]
         # A relay retry re-sends stored messages with the same Nats-Msg-Id: the stream drops them.
-        js = listener.jetstream()
+        relay = await service.connect("service")
+        js = relay.jetstream()
         info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
         for sequence in range(1, info.state.last_seq + 1):
             stored = await js.get_msg(subjects.ENVIRONMENTS_STREAM, sequence)
@@ -120,6 +122,7 @@ async def test_a_subscriber_hears_each_ready_once_even_when_the_relay_publishes_
         while sorted(heard) != sorted(ids) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert sorted(heard) == sorted(ids)
+        await relay.close()
     finally:
         await listener.close()
 
