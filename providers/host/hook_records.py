@@ -10,15 +10,25 @@ Standard library only: the supervisor (and its launcher, see hook_supervisor) im
 A recorded process is identified by its pid together with its start time (field 22 of
 `/proc/<pid>/stat`, in clock ticks since boot). A pid whose current start time differs is a
 different process and is never signalled.
+
+A supervisor whose outcome the disk refuses for lack of space holds it instead (`HeldOutcome`):
+it listens on the operation's outcome address, a Unix socket in the abstract namespace (no file,
+so no disk space needed), and hands the finished record to whoever connects until its write goes
+through. Anyone can bind an abstract address, so a reader (`HookRecords.held_outcome`) believes
+only the recorded supervisor itself, known by the socket's peer credentials, pid and start time.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import select
 import signal
+import socket
 import stat
+import struct
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +41,10 @@ RecordedOutcome = Literal["succeeded", "failed", "timed_out", "cancelled", "inte
 
 GROUP_EXIT_POLL_S = 0.025
 GROUP_EXIT_WAIT_S = 4.0
+# Refusals that time cures (space freed on the disk, or under the quota): worth retrying forever.
+OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+HELD_OUTCOME_TIMEOUT_S = 1.0
+PEER_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class HookIdentityMismatch(Exception):
@@ -98,6 +112,30 @@ class HookRecords:
     def log_path(self, operation_id: str) -> Path:
         return self._file(operation_id, ".log")
 
+    def outcome_address(self, operation_id: str) -> bytes:
+        """Where a supervisor holding the operation's unwritten outcome listens (see the module)."""
+        # The directory is part of it: two services on one host may use the same operation ids.
+        digest = hashlib.sha256(f"{self.directory}\0{operation_id}".encode()).hexdigest()
+        return b"\0bb-hook-outcome/" + digest.encode()
+
+    def held_outcome(self, record: HookRecord) -> HookRecord | None:
+        """The finished record that `record`'s supervisor holds because it could not write it yet."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as connection:
+            connection.settimeout(HELD_OUTCOME_TIMEOUT_S)
+            try:
+                connection.connect(self.outcome_address(record.operation_id))
+                credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER_CREDENTIALS.size)
+                peer_pid = PEER_CREDENTIALS.unpack(credentials)[0]
+                if peer_pid != record.supervisor_pid or not is_same_process(peer_pid, record.supervisor_started_at):
+                    return None
+                data = _receive_until_closed(connection)
+            except OSError:  # nobody holds it (the usual answer), or the holder just wrote it and left
+                return None
+        held = HookRecord(**json.loads(data))
+        if held.operation_id != record.operation_id or held.finished_at is None:
+            return None
+        return held
+
     def _record_path(self, operation_id: str) -> Path:
         return self._file(operation_id, ".json")
 
@@ -124,6 +162,58 @@ class HookRecords:
 
 def _encode(document: HookRecord | Tombstone) -> bytes:
     return json.dumps(asdict(document)).encode()
+
+
+def _receive_until_closed(connection: socket.socket) -> bytes:
+    chunks = []
+    while chunk := connection.recv(1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class HeldOutcome:
+    """A supervisor's finished record that the disk refused, handed to whoever asks for it.
+
+    If another process has bound the outcome address, nobody can be answered: the outcome then
+    reaches its readers only once its write goes through.
+    """
+
+    def __init__(self, records: HookRecords, record: HookRecord) -> None:
+        self._answer = _encode(record)
+        self._listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._listener.bind(records.outcome_address(record.operation_id))
+            self._listener.listen()
+        except OSError:
+            self._listener.close()
+            self._listener = None
+
+    def hand_out_for(self, seconds: float) -> None:
+        """Answer whoever connects within the next `seconds`."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self._listener is None:
+                time.sleep(remaining)
+                return
+            if select.select([self._listener], [], [], remaining)[0]:
+                self._answer_one(self._listener)
+
+    def _answer_one(self, listener: socket.socket) -> None:
+        try:
+            connection, _address = listener.accept()
+        except OSError:
+            return
+        with connection:
+            # A reader that stops reading must not keep the supervisor from its retries.
+            connection.settimeout(HELD_OUTCOME_TIMEOUT_S)
+            try:
+                connection.sendall(self._answer)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -17,6 +17,11 @@ interrupted by a restarted runner. Once adopted, the supervisor is the only writ
 until it exits; its last act is writing the outcome. The runner sends ADOPTED_SIGNAL once it has
 written the record, so the supervisor need not wait for its next poll of the record.
 
+A disk that refuses the outcome for lack of space does not lose it: the supervisor retries the
+write, with backoff, for as long as it takes, and meanwhile hands the outcome to whoever asks
+(see hook_records.HeldOutcome). Exiting without it would leave the script "interrupted", and its
+environment in error, although the script ran to its end.
+
 SIGTERM cancels: the script's process group is killed and the outcome is "cancelled".
 """
 
@@ -35,6 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from providers.host.hook_records import (
+    OUT_OF_SPACE,
+    HeldOutcome,
     HookRecord,
     HookRecords,
     RecordedOutcome,
@@ -55,6 +62,9 @@ RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 # The service's own settings and credentials (BB_NATS_PASSWORD, BB_NATS_NKEY, ...): a hook is the
 # repository's code, run by whoever can write to it.
 WITHHELD_ENV_PREFIXES = ("BB_", "NATS_", "MODAL_TOKEN_")
+# Between attempts to write an outcome the disk refused: doubling from the first to the last.
+RECORD_RETRY_FIRST_S = 0.05
+RECORD_RETRY_MAX_S = 5.0
 
 
 def main(argv: list[str] | None = None, environment: dict[str, str] | None = None) -> None:
@@ -118,7 +128,13 @@ def _supervise(
         return
     record.script_pid = pid
     record.script_started_at = process_start_ticks(pid)
-    records.write(record)
+    try:
+        records.write(record)
+    except OSError as error:
+        # Not worth the script's life: this process knows the pid, and the outcome's write
+        # records it. Only a restarted runner that finds this process killed will lack it.
+        if error.errno not in OUT_OF_SPACE:
+            raise
 
     deadline = time.monotonic() + timeout_s
     while (status := _exit_status(pid)) is None:
@@ -224,7 +240,27 @@ def _finish(
     record.exit_code = exit_code
     record.message = message
     record.finished_at = now_iso()
-    records.write(record)
+    _write_outcome(records, record)
+
+
+def _write_outcome(records: HookRecords, record: HookRecord) -> None:
+    """Write the finished record, however long the disk refuses it for lack of space."""
+    delay, held = RECORD_RETRY_FIRST_S, None
+    try:
+        while True:
+            try:
+                records.write(record)
+                return
+            except OSError as error:
+                if error.errno not in OUT_OF_SPACE:
+                    raise
+            if held is None:
+                held = HeldOutcome(records, record)
+            held.hand_out_for(delay)
+            delay = min(2 * delay, RECORD_RETRY_MAX_S)
+    finally:
+        if held is not None:
+            held.close()
 
 
 # The launcher -------------------------------------------------------------------------------

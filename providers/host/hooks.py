@@ -11,6 +11,13 @@ started on first use, restarted if it died, and exits when the runner closes, is
 (see hook_supervisor). The runner learns that a supervisor it started is done from a pipe the
 supervisor closes right after its last record write, and that it died from its pidfd; no polling.
 
+A disk that refuses a record write for lack of space delays a hook, never loses or repeats it.
+The supervisor holds an outcome it cannot write and hands it over when asked (see
+hook_supervisor), so a finished hook's outcome reaches the caller while the disk is still full;
+a write of this process's own (the adopting record, an orphan's "interrupted") that the disk
+refuses is retried, with backoff, by running the operation again: the records make that
+repeated run join or replay the first.
+
 This process assumes it is the only service using its records directory: a record whose
 supervisor was never adopted (see hook_supervisor) is only waited on while this process's own run
 of that operation is in flight.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -40,7 +48,9 @@ from typing import Literal, cast
 
 import msgspec
 
+from providers.host.backoff import Backoff
 from providers.host.hook_records import (
+    OUT_OF_SPACE,
     HookIdentityMismatch,
     HookKind,
     HookRecord,
@@ -51,6 +61,8 @@ from providers.host.hook_records import (
     signal_recorded_process,
 )
 from providers.host.hook_supervisor import ADOPTED_SIGNAL, FRAME_HEADER, without_secrets
+
+log = logging.getLogger(__name__)
 
 SCRIPT_NAMES: dict[str, str] = {"setup": ".bb-env-setup.sh", "teardown": ".bb-env-teardown.sh"}
 POLL_S = 0.02
@@ -105,7 +117,11 @@ class HookRunner:
         self._launcher.close()
 
     def status(self, operation_id: str) -> HookRecord | None:
-        return self._records.read(operation_id)
+        """The operation's record; finished, if its supervisor holds an outcome it could not write."""
+        record = self._records.read(operation_id)
+        if record is not None and record.finished_at is None:
+            return self._records.held_outcome(record) or record
+        return record
 
     async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
@@ -118,7 +134,7 @@ class HookRunner:
         workspace = Path(workspace)
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            task = asyncio.ensure_future(self._run_once(operation_id, kind, workspace, on_output))
+            task = asyncio.ensure_future(self._run_until_recorded(operation_id, kind, workspace, on_output))
             in_flight = _InFlight(task=task, kind=kind, workspace=str(workspace))
             self._in_flight[operation_id] = in_flight
             task.add_done_callback(lambda _: self._in_flight.pop(operation_id, None))
@@ -132,6 +148,21 @@ class HookRunner:
         await asyncio.to_thread(self._records.tombstone, operation_id)
         record = await self._record_once_adopted(operation_id)
         return await self._stop(record)
+
+    async def _run_until_recorded(
+        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink
+    ) -> HookOutcome:
+        backoff = Backoff(log, f"recording hook operation {operation_id!r}")
+        while True:
+            try:
+                outcome = await self._run_once(operation_id, kind, workspace, on_output)
+            except OSError as error:
+                if error.errno not in OUT_OF_SPACE:
+                    raise
+                await asyncio.sleep(backoff.failed(error))
+                continue
+            backoff.succeeded()
+            return outcome
 
     async def _run_once(
         self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink
@@ -247,6 +278,8 @@ class HookRunner:
         record = self._records.read(operation_id)
         if record is None:
             raise FileNotFoundError(f"hook record for {operation_id!r} disappeared")
+        if record.finished_at is None:
+            record = self._records.held_outcome(record) or record
         return record, _read_from(self._records.log_path(operation_id), offset)
 
     async def _deliver_log(self, operation_id: str, on_output: OutputSink, complete: bool) -> None:

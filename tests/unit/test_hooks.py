@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import hashlib
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from providers.host.hook_records import (
+    HeldOutcome,
     HookIdentityMismatch,
     HookRecord,
     HookRecords,
@@ -25,6 +27,7 @@ from providers.host.hook_records import (
     start_ticks_of_child,
 )
 from providers.host.hooks import HookOutcome, HookRunner
+from tests.support.small_disk import small_disk
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0
@@ -561,3 +564,59 @@ async def test_after_a_service_crash_its_launcher_is_gone_and_a_new_service_star
     joined = await HookRunner(records_dir, timeout_s=30).run("op", "setup", workspace, Output())
     assert joined == HookOutcome("succeeded", 0, None)
     assert executions(workspace) == 1
+
+
+async def test_an_outcome_the_full_disk_refuses_is_held_by_its_supervisor_until_written(
+    tmp_path: Path, workspace: Path
+) -> None:
+    write_setup(
+        workspace,
+        """\
+        echo ran >> marker
+        while [ ! -e release ]; do sleep 0.02; done
+        """,
+    )
+    with small_disk(tmp_path / "disk") as disk:
+        records_dir = disk.path / "hook-records"
+        runner = HookRunner(records_dir, timeout_s=30)
+        running = asyncio.ensure_future(runner.run("op", "setup", workspace, Output()))
+        await wait_until(lambda: executions(workspace) == 1)
+        disk.fill()
+        (workspace / "release").touch()
+
+        assert await asyncio.wait_for(running, DEADLINE_S) == HookOutcome("succeeded", 0, None)
+        records = HookRecords(records_dir)
+        written = records.read("op")
+        assert written is not None and written.finished_at is None  # the disk refused the outcome
+        assert alive(written.supervisor_pid)
+        # So does a runner that starts afresh, as after a service restart: it asks the supervisor.
+        restarted = HookRunner(records_dir, timeout_s=30)
+        rejoined = restarted.run("op", "setup", workspace, Output())
+        assert await asyncio.wait_for(rejoined, DEADLINE_S) == HookOutcome("succeeded", 0, None)
+        status = restarted.status("op")
+        assert status is not None and status.outcome == "succeeded"
+
+        disk.free()
+        await wait_until(lambda: not alive(written.supervisor_pid))  # it wrote the outcome, then left
+        runner.close()
+        restarted.close()
+        recorded = records.read("op")
+
+    assert recorded is not None and recorded.outcome == "succeeded"
+    assert executions(workspace) == 1
+
+
+async def test_an_outcome_offered_by_another_process_than_the_supervisor_is_not_believed(
+    records_dir: Path, workspace: Path, bystander: subprocess.Popen[bytes]
+) -> None:
+    real_start = process_start_ticks(bystander.pid)
+    assert real_start is not None
+    forge_running_record(records_dir, workspace, bystander.pid, real_start)
+    records = HookRecords(records_dir)
+    impostor = HeldOutcome(records, dataclasses.replace(records.read("op"), outcome="succeeded", finished_at=now_iso()))
+    try:
+        status = HookRunner(records_dir, timeout_s=10).status("op")
+    finally:
+        impostor.close()
+
+    assert status is not None and status.finished_at is None
