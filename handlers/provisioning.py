@@ -21,6 +21,7 @@ from typing import Protocol
 from uuid import UUID
 
 import msgspec
+from eventsourcing.persistence import OperationalError
 
 from domain.environment import Environment
 from bus.crash_points import crash_point
@@ -39,6 +40,7 @@ from providers.contract import (
     RemoveFailed,
     RemoveResult,
 )
+from providers.host.backoff import Backoff
 from providers.host.hooks import SCRIPT_NAMES, HookOutcome
 
 log = logging.getLogger(__name__)
@@ -238,7 +240,14 @@ class Provisioner:
             return
         finally:
             self._steps.pop(step_key, None)
-        await self.drive(step_key[0])
+        await self._drive_or_leave_to_sweep(step_key[0])
+
+    async def _drive_or_leave_to_sweep(self, environment_id: UUID) -> None:
+        """Drive from a task of our own, which nobody awaits: a failure is logged here or nowhere."""
+        try:
+            await self.drive(environment_id)
+        except Exception:
+            log.exception("could not drive environment %s; the sweep will try again", environment_id)
 
     def _wake_at(self, environment_id: UUID, when: datetime) -> None:
         if environment_id in self._timers:
@@ -246,7 +255,7 @@ class Provisioner:
         delay = max(0.0, (when - _now()).total_seconds())
         loop = asyncio.get_running_loop()
         self._timers[environment_id] = loop.call_later(
-            delay, lambda: loop.create_task(self.drive(environment_id))
+            delay, lambda: loop.create_task(self._drive_or_leave_to_sweep(environment_id))
         )
 
     async def _advance_idle(self, env: Environment, now: datetime) -> None:
@@ -344,14 +353,32 @@ class Provisioner:
         outcome = await self._run_hook(env, env.setup_operation_id, "setup")
         crash_point("setup-finished")
         succeeded = outcome.status in ("succeeded", "skipped")
-        await self._store.run(self._app.record_setup_outcome, env.id, env.setup_operation_id, succeeded, outcome.message)
+        await self._save_outcome(f"recording the setup outcome of environment {env.id}",
+                                 self._app.record_setup_outcome, env.id, env.setup_operation_id, succeeded,
+                                 outcome.message)
 
     async def _run_teardown(self, cancelled: threading.Event, env: Environment) -> None:
         outcome = await self._run_hook(env, env.teardown_operation_id, "teardown")
         crash_point("teardown-finished")
-        await self._store.run(
-            self._app.record_teardown_outcome, env.id, env.teardown_operation_id, outcome.status, outcome.message
-        )
+        await self._save_outcome(f"recording the teardown outcome of environment {env.id}",
+                                 self._app.record_teardown_outcome, env.id, env.teardown_operation_id,
+                                 outcome.status, outcome.message)
+
+    async def _save_outcome(self, what: str, command: Callable[..., object], *args: object) -> None:
+        """Save a hook's outcome however long the store refuses it (a full disk, a lost database).
+
+        The hook has run: given up on, the outcome would be asked for again only at the next
+        sweep, with a traceback for each try.
+        """
+        backoff = Backoff(log, what)
+        while True:
+            try:
+                await self._store.run(command, *args)
+            except (OperationalError, OSError) as error:
+                await asyncio.sleep(backoff.failed(error))
+                continue
+            backoff.succeeded()
+            return
 
     async def _run_hook(self, env: Environment, operation_id: str, kind: str) -> HookOutcome:
         environment_id = str(env.id)
