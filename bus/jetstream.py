@@ -18,6 +18,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError
 
 from bus import subjects
+from providers.host.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,14 @@ Handler = Callable[[list[Msg]], Awaitable[None]]
 
 async def consume(js: JetStreamContext, stream: str, durable: str, filter_subject: str, handle: Handler,
                   batch: int = 200, in_order: bool = False) -> None:
-    """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered."""
+    """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered.
+
+    A handler that keeps failing (its database on a full disk, say) is given the batch again after
+    a growing delay, and the log one line when that starts and one when it ends.
+    """
     await ensure_consumer(js, stream, durable, filter_subject, in_order)
     subscription = await js.pull_subscribe_bind(durable, stream)
+    backoff = Backoff(log, f"consumer {durable} handling a batch")
     while True:
         try:
             messages = await subscription.fetch(batch, timeout=1)
@@ -102,10 +108,12 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
             await handle(messages)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("consumer %s failed on a batch; it will be redelivered", durable)
+        except Exception as error:
+            delay = backoff.failed(error)
             for message in messages:
-                await message.nak(delay=1)
+                await message.nak(delay=delay)
+            await asyncio.sleep(delay)
             continue
+        backoff.succeeded()
         for message in messages:
             await message.ack()
