@@ -25,9 +25,10 @@ class ServiceError(Exception):
         self.message = message
 
 
-def unreachable(detail: str, data_dir: Path | None = None) -> ServiceError:
+def unreachable(detail: str, data_dir: Path | None = None, hint: str | None = None) -> ServiceError:
     where = f" for data dir {data_dir}" if data_dir else ""
-    return ServiceError("unreachable", f"the bb service{where} is unreachable ({detail}); start it with `bb serve`")
+    return ServiceError("unreachable",
+                        f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}")
 
 
 class ApiClient:
