@@ -56,6 +56,8 @@ def check_environment_id(text: str) -> UUID:
 def canonical_project(project_path: str | None) -> str | None:
     if project_path is None:
         return None
+    if "\0" in project_path:  # the OS reads no such path: os.path would raise ValueError, not say why
+        raise InvalidInput(f"project path {project_path!r} contains a NUL character, which no path may contain")
     if not os.path.isabs(project_path):
         raise InvalidInput(f"project path {project_path!r} must be absolute")
     canonical = os.path.realpath(project_path)
