@@ -21,6 +21,7 @@ from nats.micro.service import Service
 
 from bus import subjects
 from bus.api_messages import ErrorBody, ErrorReply, Request
+from bus.documents import refusal_reason
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,8 @@ def _decode(data: bytes | None, request_type: type[Request]) -> Request:
         raise ApiError("invalid_input", f"the request has {len(data)} bytes; at most {MAX_REQUEST_BYTES} are accepted")
     try:
         return msgspec.json.decode(data or b"{}", type=request_type)
-    except msgspec.DecodeError as malformed:
-        raise ApiError("invalid_input", f"malformed request: {malformed}") from None
+    except msgspec.DecodeError as malformed:  # named as a thread event's refusal is: one line, whatever was sent
+        raise ApiError("invalid_input", f"malformed request: {refusal_reason(malformed)}") from None
     except RecursionError:  # 64 KiB of brackets nest deeper than the decoder may recurse
         raise ApiError("invalid_input", "malformed request: it nests too deeply") from None
 
