@@ -114,6 +114,10 @@ class Api:
     async def show_environment(self, request: EnvironmentRef) -> msgspec.Struct:
         environment_id = str(check_environment_id(request.environment_id))
         if request.min_position:
+            # A position the log has not reached would be waited for in vain, then blamed on the bus.
+            head = await self._store.read_log(self._app.head)
+            if not 0 < request.min_position <= head:
+                raise InvalidInput(f"minPosition {request.min_position} is not a position of the log (1 to {head})")
             await self._read_model.wait_for(request.min_position)
         view = await self._read_model.environment(environment_id)
         if view is None:
