@@ -17,7 +17,6 @@ from uuid import UUID, uuid4
 
 import msgspec
 
-from bus import subjects
 from bus.api_messages import (
     Accepted,
     EnvironmentRef,
@@ -43,8 +42,9 @@ from bus.log_reader import LogReader
 from domain.application import UnknownEnvironment, UnknownThread
 from domain.environment import Environment
 from domain.errors import DomainError
+from domain.thread import Thread
 from handlers.errors import InvalidInput, NotFound, RequestError
-from handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
+from handlers.placement import Placer, canonical_project, check_environment_id, check_host_id, check_thread_id
 from handlers.provisioning import Provisioner
 from handlers.store import Store
 from handlers.threads import ThreadHandlers
@@ -156,16 +156,18 @@ class Api:
         if request.parent_thread_id is not None:
             check_thread_id(request.parent_thread_id)
         intent = await self._intent(request, host_id)
-        if await self._store.run(self._app.find_thread, thread_id) is not None:
-            raise InvalidInput(f"thread {thread_id} already exists; pick another --thread-id")
-        placement = None
-        if isinstance(intent, ProviderIntent):
-            placement = await self._placer.place(thread_id, intent, request.project_path, host_id)
-        environment = await self._threads.spawn(ThreadCreatedMessage(
-            thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
-            parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
-        ), placement)
-        await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
+        existing = await self._store.run(self._app.find_thread, thread_id)
+        if existing is not None:
+            environment = await self._spawned_before(existing, request, intent, host_id)
+        else:
+            placement = None
+            if isinstance(intent, ProviderIntent):
+                placement = await self._placer.place(thread_id, intent, request.project_path, host_id)
+            environment = await self._threads.spawn(ThreadCreatedMessage(
+                thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
+                parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
+            ), placement)
+            await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.
@@ -175,10 +177,23 @@ class Api:
             except Exception as error:
                 raise RequestError(
                     f"thread {thread_id} was created, but its prompt could not be published ({error}); "
-                    f"publish it on {subjects.thread_event(thread_id, 'message')}"
+                    f"the same spawn sent again publishes it"
                 ) from None
         accepted = await self._accepted(environment)
         return Spawned(thread_id, accepted.environment_id, accepted.status or "creating", accepted.position)
+
+    async def _spawned_before(self, thread: Thread, request: SpawnThread, intent: ProviderIntent | ExistingIntent | None,
+                              host_id: str) -> Environment:
+        """The environment of a spawn sent again (its answer was lost with a connection, say): the
+        same request is answered as the first was, never spawned twice; another one is refused."""
+        asked = ThreadCreatedMessage(
+            thread_id=thread.thread_id, parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
+            project_path=canonical_project(request.project_path) if isinstance(intent, ProviderIntent)
+            else request.project_path,
+        )
+        if thread.environment_id is None or not self._threads.registers_as(thread, asked):
+            raise InvalidInput(f"thread {thread.thread_id} already exists; pick another --thread-id")
+        return await self._store.run(self._app.environment, thread.environment_id)
 
     async def _intent(self, request: SpawnThread, host_id: str) -> ProviderIntent | ExistingIntent | None:
         if request.environment_inputs is not None and request.environment_provider is None:

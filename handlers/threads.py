@@ -73,6 +73,11 @@ class ThreadHandlers:
         thread = Thread(*self._registration(message))
         return await self._given(self._app.spawn_thread, thread, await self._target(thread, placement))
 
+    def registers_as(self, thread: Thread, message: ThreadCreatedMessage) -> bool:
+        """Whether `message` would register `thread` exactly as the log has it."""
+        registered = (thread.thread_id, thread.project_path, thread.parent_thread_id, thread.host_id, thread.intent)
+        return self._registration(message) == registered
+
     def _registration(self, message: ThreadCreatedMessage) -> tuple[str, str | None, str | None, str, dict | None]:
         """The thread as the log registers it (id, project, parent, host, intent), each checked."""
         host_id = check_host_id(message.host_id or self._default_host_id)
