@@ -5,10 +5,18 @@ from __future__ import annotations
 EXIT_CODES = {"failed": 1, "refused": 1, "invalid_input": 2, "not_found": 3, "unreachable": 4}
 
 
+def one_line(text: str) -> str:
+    """`text` as one line of plain text, each character that would break the line or drive a
+    terminal shown escaped, as repr shows it: a refusal quotes what it was sent (a directory's
+    name, a field's, a provider's message about either), and it still has to read as one sentence."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
 class RequestError(Exception):
     code = "failed"
 
     def __init__(self, message: str) -> None:
+        message = one_line(message)
         super().__init__(message)
         self.message = message
 
