@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -15,10 +16,12 @@ from typing import Any
 from uuid import UUID
 
 import click
+import msgspec
 from rich.table import Column, Table
 
 from bus import subjects
-from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, SpawnThread, ThreadRef
+from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
+from bus.documents import ID_PATTERN
 from bus.client import ApiClient, unreachable
 from entrypoints.cli_modal import machine, modal
 from entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
@@ -44,6 +47,7 @@ async def open_client(settings: Settings) -> ApiClient:
 
 
 async def call(settings: Settings, area: str, verb: str, body: Any) -> dict[str, Any]:
+    sendable(body)
     client = await open_client(settings)
     try:
         return await client.call(area, verb, body)
@@ -56,6 +60,26 @@ def environment_id_argument(value: str) -> str:
         return str(UUID(value))
     except ValueError:
         raise Failure("invalid_input", f"environment id {value!r} is not a valid id (expected a UUID)") from None
+
+
+def id_argument(what: str, value: str) -> str:
+    """A thread or host id, checked as the service checks it: a malformed one is the caller's to
+    fix (exit 2) whether the service is up or not, as a malformed environment id is."""
+    if not re.match(ID_PATTERN, value):
+        raise Failure("invalid_input", f"{what} {value!r} is not allowed: use 1-128 letters, digits, '-' or '_', "
+                                       "starting with a letter or digit")
+    return value
+
+
+def sendable(request: Request) -> Request:
+    """The request, if JSON can carry it: an argument that is not UTF-8 (bytes of a file name, say)
+    is refused naming it, rather than failing the encoding on the way out."""
+    for name in request.__struct_fields__:
+        try:
+            msgspec.json.encode(getattr(request, name))
+        except UnicodeEncodeError:
+            raise Failure("invalid_input", f"the {name.replace('_', ' ')} is not UTF-8 text; pass it as UTF-8") from None
+    return request
 
 
 @click.group()
@@ -202,12 +226,16 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
     if inputs_text is not None and provider is None:
         raise Failure("invalid_input", "--environment-inputs needs --environment-provider")
     inputs = _parse_inputs(inputs_text)
+    for what, value in (("thread id", thread_id), ("parent thread id", parent), ("host id", host)):
+        if value is not None:  # an empty one too: `--thread-id "$UNSET"` is a mistake, not "pick one"
+            id_argument(what, value)
     request = SpawnThread(
         thread_id=thread_id, environment_provider=provider, environment_inputs=inputs,
-        environment_id=environment_id_argument(environment_id) if environment_id else None,
+        environment_id=environment_id_argument(environment_id) if environment_id is not None else None,
         project_path=os.path.abspath(project) if project else None, host_id=host,
         parent_thread_id=parent, prompt=prompt,
     )
+    sendable(request)
     client = await open_client(settings)
     try:
         spawned = await client.call("threads", "spawn", request)
@@ -313,7 +341,8 @@ def _thread_command(verb: str, help_text: str) -> None:
     @click.pass_obj
     @run_command
     async def command(settings: Settings, thread_id: str, as_json: bool) -> None:
-        emit(await call(settings, "threads", verb, ThreadRef(thread_id=thread_id)), as_json, _print_accepted)
+        request = ThreadRef(thread_id=id_argument("thread id", thread_id))
+        emit(await call(settings, "threads", verb, request), as_json, _print_accepted)
 
 
 _thread_command("archive", "Archive a thread; its environment retires after its last thread leaves.")

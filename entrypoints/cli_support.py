@@ -15,7 +15,7 @@ from rich.console import Console
 
 from bus.client import ServiceError
 from entrypoints.config import ConfigError
-from handlers.errors import EXIT_CODES
+from handlers.errors import EXIT_CODES, one_line
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -67,6 +67,7 @@ def run_cli(group: click.Group, args: list[str]) -> None:
 
 
 def fail(code: str, message: str, as_json: bool, document: dict | None = None) -> None:
+    message = one_line(message)  # click quotes a stray argument as it was given, line breaks and all
     stderr.print(f"bb: {message}", markup=False)
     if as_json:
         print(json.dumps(document if document is not None else {"error": {"code": code, "message": message}}))
