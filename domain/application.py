@@ -19,6 +19,7 @@ from eventsourcing.domain import Aggregate
 from domain.environment import Environment
 from domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
 from domain.path_claim import PathClaim, claim_id
+from domain.status import ThreadStatus
 from domain.thread import Thread, thread_aggregate_id
 
 T = TypeVar("T")
@@ -211,7 +212,7 @@ class Environments(Application):
         """
         if thread.environment_id is not None:
             return self.environment(thread.environment_id), []
-        if thread.status != "active":
+        if thread.status != ThreadStatus.ACTIVE:
             raise IllegalTransition(f"thread {thread.thread_id} is archived")
         host_id, claimed_path = placement.host_id, placement.claimed_path
         holder = self._holder(host_id, claimed_path, placement.provider_id) if claimed_path else None

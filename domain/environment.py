@@ -18,8 +18,7 @@ from typing import Any
 from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, ThreadsStillLive
-
-LIVE_STATUSES = ("creating", "provisioning", "ready", "error")
+from domain.status import LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, EnvironmentStatus, HookStatus
 
 
 class Environment(Aggregate):
@@ -42,17 +41,17 @@ class Environment(Aggregate):
         self.claimed_path = claimed_path
         self.origin_thread_id = thread_id
         self.thread_ids: list[str] = [thread_id]
-        self.status = "creating"
+        self.status = EnvironmentStatus.CREATING
         self.status_message: str | None = None
         self.attempt = 1
         self.path: str | None = None
         self.owns_path = False
         self.merge_base_branch: str | None = None
         self.resource: dict[str, Any] | None = None
-        self.setup_status: str | None = None
+        self.setup_status: HookStatus | None = None
         self.setup_operation_id: str | None = None
         self.setup_attempt = 0
-        self.teardown_status: str | None = None
+        self.teardown_status: HookStatus | None = None
         self.teardown_operation_id: str | None = None
         self.retire_at: datetime | None = None
         self.cancelled = False
@@ -66,9 +65,9 @@ class Environment(Aggregate):
     # -- queries -------------------------------------------------------------------------------
 
     @property
-    def public_status(self) -> str:
-        if self.retire_at is not None and self.status in ("ready", "error"):
-            return "retiring"
+    def public_status(self) -> EnvironmentStatus:
+        if self.retire_at is not None and self.status in SETTLED_STATUSES:
+            return EnvironmentStatus.RETIRING
         return self.status
 
     @property
@@ -78,12 +77,13 @@ class Environment(Aggregate):
     @property
     def takes_threads(self) -> bool:
         """A thread joining now gets a workspace: live, not failed, not cancelled."""
-        return self.is_live and self.status != "error" and not self.cancelled
+        return self.is_live and self.status != EnvironmentStatus.ERROR and not self.cancelled
 
     @property
     def can_give_up_path(self) -> bool:
         """Ready, idle and standing on a path it does not own: nothing is lost if it goes at once."""
-        return self.status == "ready" and not self.thread_ids and not self.owns_path and not self.cancelled
+        return (self.status == EnvironmentStatus.READY and not self.thread_ids and not self.owns_path
+                and not self.cancelled)
 
     def setup_operation(self) -> str:
         return f"{self.id}.setup.{self.attempt}.{self.setup_attempt + 1}"
@@ -93,7 +93,7 @@ class Environment(Aggregate):
 
     def awaits_hook(self, operation_id: str) -> bool:
         """The log started this hook operation and has not recorded its outcome: it may run."""
-        return (operation_id, "running") in (
+        return (operation_id, HookStatus.RUNNING) in (
             (self.setup_operation_id, self.setup_status), (self.teardown_operation_id, self.teardown_status)
         )
 
@@ -121,13 +121,13 @@ class Environment(Aggregate):
         merge_base_branch: str | None,
         resource: dict[str, Any] | None,
     ) -> bool:
-        if attempt != self.attempt or self.status != "creating":
+        if attempt != self.attempt or self.status != EnvironmentStatus.CREATING:
             return False
         self._created(attempt, path, owns_path, merge_base_branch, resource)
         return True
 
     def record_create_failed(self, attempt: int, failure: str, message: str) -> bool:
-        if attempt != self.attempt or self.status != "creating":
+        if attempt != self.attempt or self.status != EnvironmentStatus.CREATING:
             return False
         self._create_failed(attempt, failure, message)
         return True
@@ -141,7 +141,7 @@ class Environment(Aggregate):
         merge_base_branch: str | None,
         resource: dict[str, Any] | None,
     ) -> None:
-        self.status = "provisioning"
+        self.status = EnvironmentStatus.PROVISIONING
         self.status_message = None
         self.path = path
         self.owns_path = owns_path
@@ -150,7 +150,7 @@ class Environment(Aggregate):
 
     @event("CreateFailed")
     def _create_failed(self, attempt: int, failure: str, message: str) -> None:
-        self.status = "error"
+        self.status = EnvironmentStatus.ERROR
         self.status_message = message
         self.failure = failure
         if failure == "transient":
@@ -159,7 +159,7 @@ class Environment(Aggregate):
     @property
     def needs_attempt_cleanup(self) -> bool:
         """A failed create may have left something under its path key: remove it before a retry."""
-        return self.status == "error" and self.path is None and self.cleaned_attempt < self.attempt
+        return self.status == EnvironmentStatus.ERROR and self.path is None and self.cleaned_attempt < self.attempt
 
     def record_attempt_cleaned(self, attempt: int) -> bool:
         if attempt != self.attempt or not self.needs_attempt_cleanup:
@@ -174,7 +174,7 @@ class Environment(Aggregate):
     def retries_automatically(self, limit: int) -> bool:
         """A transient create failure, cleaned up, with retries left, in a thread still waiting."""
         return (
-            self.status == "error" and self.path is None and self.failure == "transient"
+            self.status == EnvironmentStatus.ERROR and self.path is None and self.failure == "transient"
             and self.transient_failures <= limit and self.cleaned_attempt == self.attempt
             and not self.cancelled and bool(self.thread_ids)
         )
@@ -182,7 +182,7 @@ class Environment(Aggregate):
     # -- the setup hook ------------------------------------------------------------------------
 
     def start_setup(self, operation_id: str) -> bool:
-        if self.status != "provisioning" or self.setup_status is not None or self.cancelled:
+        if self.status != EnvironmentStatus.PROVISIONING or self.setup_status is not None or self.cancelled:
             return False
         if not self.owns_path:
             raise IllegalTransition("setup runs only in a workspace the provider owns")
@@ -191,14 +191,14 @@ class Environment(Aggregate):
 
     def skip_setup(self, reason: str) -> bool:
         """No setup to run (not an owned path, or no script): the environment is ready at once."""
-        if self.status != "provisioning" or self.setup_status is not None or self.cancelled:
+        if self.status != EnvironmentStatus.PROVISIONING or self.setup_status is not None or self.cancelled:
             return False
         self._setup_skipped(reason)
         self._ready()
         return True
 
     def record_setup_outcome(self, operation_id: str, succeeded: bool, message: str | None) -> bool:
-        if operation_id != self.setup_operation_id or self.setup_status != "running":
+        if operation_id != self.setup_operation_id or self.setup_status != HookStatus.RUNNING:
             return False
         if succeeded:
             self._setup_succeeded(operation_id)
@@ -210,29 +210,29 @@ class Environment(Aggregate):
 
     @event("SetupStarted")
     def _setup_started(self, operation_id: str) -> None:
-        self.setup_status = "running"
+        self.setup_status = HookStatus.RUNNING
         self.setup_operation_id = operation_id
         self.setup_attempt += 1
         self.status_message = "Running .bb-env-setup.sh"
 
     @event("SetupSkipped")
     def _setup_skipped(self, reason: str) -> None:
-        self.setup_status = "skipped"
+        self.setup_status = HookStatus.SKIPPED
 
     @event("SetupSucceeded")
     def _setup_succeeded(self, operation_id: str) -> None:
-        self.setup_status = "succeeded"
+        self.setup_status = HookStatus.SUCCEEDED
         self.status_message = None
 
     @event("SetupFailed")
     def _setup_failed(self, operation_id: str, message: str) -> None:
-        self.setup_status = "failed"
-        self.status = "error"
+        self.setup_status = HookStatus.FAILED
+        self.status = EnvironmentStatus.ERROR
         self.status_message = message
 
     @event("Ready")
     def _ready(self) -> None:
-        self.status = "ready"
+        self.status = EnvironmentStatus.READY
         self.status_message = None
 
     # -- idle pause (providers that can suspend a resource, like a cloud sandbox) ---------------
@@ -245,7 +245,7 @@ class Environment(Aggregate):
         return True
 
     def record_paused(self, resource: dict[str, Any] | None, now: datetime) -> bool:
-        if self.status != "ready" or self.paused_at is not None:
+        if self.status != EnvironmentStatus.READY or self.paused_at is not None:
             return False
         self._paused(resource, now)
         return True
@@ -274,7 +274,7 @@ class Environment(Aggregate):
 
     def retry(self, path_key: str, claimed_path: str | None) -> None:
         """Start the next create attempt (on `path_key`), or re-run a failed setup in place."""
-        if self.status != "error" or self.cancelled or self.retire_at is not None:
+        if self.status != EnvironmentStatus.ERROR or self.cancelled or self.retire_at is not None:
             raise IllegalTransition(
                 f"only an environment in error can be retried; this one is {self.public_status}"
             )
@@ -290,13 +290,13 @@ class Environment(Aggregate):
         self.attempt = attempt
         self.path_key = path_key
         self.claimed_path = claimed_path
-        self.status = "creating"
+        self.status = EnvironmentStatus.CREATING
         self.status_message = None
         self.failure = None
 
     @event("SetupRetried")
     def _setup_retried(self) -> None:
-        self.status = "provisioning"
+        self.status = EnvironmentStatus.PROVISIONING
         self.setup_status = None
         self.status_message = None
 
@@ -318,7 +318,7 @@ class Environment(Aggregate):
         self._thread_detached(thread_id)
         if self.thread_ids or not self.is_live:
             return True
-        if self.status in ("creating", "provisioning"):
+        if self.status in PREPARING_STATUSES:
             self._cancelled("the last thread left while the environment was being prepared")
         elif retire_grace_ms is not None:
             self._retire_scheduled(now + timedelta(milliseconds=retire_grace_ms))
@@ -326,7 +326,7 @@ class Environment(Aggregate):
 
     def cancel_for_thread(self, thread_id: str) -> bool:
         """A thread's message was cancelled: stop preparing if nobody else waits for it."""
-        if thread_id not in self.thread_ids or self.status not in ("creating", "provisioning"):
+        if thread_id not in self.thread_ids or self.status not in PREPARING_STATUSES:
             return False
         if self.cancelled or len(self.thread_ids) > 1:
             return False
@@ -347,7 +347,7 @@ class Environment(Aggregate):
             )
         if not self.is_live:
             raise IllegalTransition(f"environment {self.id} is already {self.public_status}")
-        if self.status in ("creating", "provisioning"):
+        if self.status in PREPARING_STATUSES:
             if not self.cancelled:
                 self._cancelled("deleted while being prepared")
         elif self.retire_at != self._origin_of_time():
@@ -388,7 +388,7 @@ class Environment(Aggregate):
         return True
 
     def start_teardown(self, operation_id: str) -> bool:
-        if self.status != "removing" or self.teardown_status is not None:
+        if self.status != EnvironmentStatus.REMOVING or self.teardown_status is not None:
             return False
         if not (self.owns_path and self.path):
             raise IllegalTransition("teardown runs only in a workspace the provider owns")
@@ -396,31 +396,31 @@ class Environment(Aggregate):
         return True
 
     def skip_teardown(self, reason: str) -> bool:
-        if self.status != "removing" or self.teardown_status is not None:
+        if self.status != EnvironmentStatus.REMOVING or self.teardown_status is not None:
             return False
         self._teardown_skipped(reason)
         return True
 
     def record_teardown_outcome(self, operation_id: str, outcome: str, message: str | None) -> bool:
-        if operation_id != self.teardown_operation_id or self.teardown_status != "running":
+        if operation_id != self.teardown_operation_id or self.teardown_status != HookStatus.RUNNING:
             return False
         self._teardown_finished(operation_id, outcome, message)
         return True
 
     def record_removed(self, removal_attempt: int) -> bool:
-        if removal_attempt != self.removal_attempt or self.status != "removing":
+        if removal_attempt != self.removal_attempt or self.status != EnvironmentStatus.REMOVING:
             return False
         self._removed(removal_attempt)
         return True
 
     def record_remove_failed(self, removal_attempt: int, message: str, retry_at: datetime) -> bool:
-        if removal_attempt != self.removal_attempt or self.status != "removing":
+        if removal_attempt != self.removal_attempt or self.status != EnvironmentStatus.REMOVING:
             return False
         self._remove_failed(removal_attempt, message, retry_at)
         return True
 
     def retry_removal(self, now: datetime) -> bool:
-        if self.status != "removing" or self.remove_retry_at is None or self.remove_retry_at > now:
+        if self.status != EnvironmentStatus.REMOVING or self.remove_retry_at is None or self.remove_retry_at > now:
             return False
         self._removal_started(self.removal_attempt + 1)
         return True
@@ -428,29 +428,29 @@ class Environment(Aggregate):
     @event("RemovalStarted")
     def _removal_started(self, removal_attempt: int) -> None:
         self.removal_attempt = removal_attempt
-        self.status = "removing"
+        self.status = EnvironmentStatus.REMOVING
         self.retire_at = None
         self.remove_retry_at = None
         self.status_message = None
 
     @event("TeardownStarted")
     def _teardown_started(self, operation_id: str) -> None:
-        self.teardown_status = "running"
+        self.teardown_status = HookStatus.RUNNING
         self.teardown_operation_id = operation_id
 
     @event("TeardownSkipped")
     def _teardown_skipped(self, reason: str) -> None:
-        self.teardown_status = "skipped"
+        self.teardown_status = HookStatus.SKIPPED
 
     @event("TeardownFinished")
     def _teardown_finished(self, operation_id: str, outcome: str, message: str | None) -> None:
-        self.teardown_status = "succeeded" if outcome == "succeeded" else "failed"
-        if message and outcome != "succeeded":
+        self.teardown_status = HookStatus.SUCCEEDED if outcome == HookStatus.SUCCEEDED else HookStatus.FAILED
+        if message and outcome != HookStatus.SUCCEEDED:
             self.status_message = f"teardown: {message}"
 
     @event("Removed")
     def _removed(self, removal_attempt: int) -> None:
-        self.status = "removed"
+        self.status = EnvironmentStatus.REMOVED
         self.path = None
         self.resource = None
 

@@ -7,6 +7,8 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.status import ThreadStatus
+
 
 def thread_aggregate_id(thread_id: str) -> UUID:
     return uuid5(NAMESPACE_URL, f"bb-thread:{thread_id}")
@@ -31,14 +33,14 @@ class Thread(Aggregate):
         self.parent_thread_id = parent_thread_id
         self.host_id = host_id
         self.intent = intent
-        self.status = "active"
+        self.status = ThreadStatus.ACTIVE
         self.environment_id: UUID | None = None
         self.environment_requested = False
         self.refusal: str | None = None
 
     @property
     def needs_environment(self) -> bool:
-        return self.status == "active" and self.environment_id is None
+        return self.status == ThreadStatus.ACTIVE and self.environment_id is None
 
     @property
     def awaits_environment(self) -> bool:
@@ -61,13 +63,13 @@ class Thread(Aggregate):
         self._refused(message)
 
     def archive(self) -> bool:
-        if self.status == "archived":
+        if self.status == ThreadStatus.ARCHIVED:
             return False
         self._archived()
         return True
 
     def unarchive(self) -> bool:
-        if self.status == "active":
+        if self.status == ThreadStatus.ACTIVE:
             return False
         self._unarchived()
         return True
@@ -93,8 +95,8 @@ class Thread(Aggregate):
 
     @event("Archived")
     def _archived(self) -> None:
-        self.status = "archived"
+        self.status = ThreadStatus.ARCHIVED
 
     @event("Unarchived")
     def _unarchived(self) -> None:
-        self.status = "active"
+        self.status = ThreadStatus.ACTIVE

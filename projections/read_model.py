@@ -19,6 +19,7 @@ import aiosqlite
 import msgspec
 
 from bus import documents as d
+from domain.status import ThreadStatus
 from projections.views import EnvironmentView, ThreadView, apply_to_environment, new_environment
 
 TRANSCRIPT_LINES_KEPT = 500
@@ -167,7 +168,7 @@ class ReadModel:
 
     async def _apply_thread(self, event: d.ThreadEvent) -> None:
         if isinstance(event, d.ThreadRegistered):
-            view = ThreadView(id=event.thread_id, environment_id=None, status="active",
+            view = ThreadView(id=event.thread_id, environment_id=None, status=ThreadStatus.ACTIVE,
                               parent_thread_id=event.parent_thread_id, project_path=event.project_path)
         else:
             view = await self.thread(event.thread_id)
@@ -181,7 +182,7 @@ class ReadModel:
                 case d.ThreadRefused():
                     view.refusal = event.message
                 case d.ThreadArchived() | d.ThreadUnarchived():
-                    view.status = "archived" if isinstance(event, d.ThreadArchived) else "active"
+                    view.status = ThreadStatus.ARCHIVED if isinstance(event, d.ThreadArchived) else ThreadStatus.ACTIVE
         await self._db.execute(
             "INSERT OR REPLACE INTO threads VALUES (?, ?, ?)",
             (view.id, view.environment_id, msgspec.json.encode(view)),

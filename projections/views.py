@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from bus import documents as d
+from domain.status import HookStatus
 
 
 class HookView(msgspec.Struct, rename="camel"):
@@ -79,12 +80,12 @@ def apply_to_environment(view: EnvironmentView, event: d.EnvironmentEvent) -> No
         case d.CreateRetried():
             view.attempt, view.path_key, view.claimed_path = event.attempt, event.path_key, event.claimed_path
         case d.SetupStarted() | d.SetupSucceeded():
-            view.hooks.setup = HookView("running" if isinstance(event, d.SetupStarted) else "succeeded",
-                                        event.operation_id)
+            status = HookStatus.RUNNING if isinstance(event, d.SetupStarted) else HookStatus.SUCCEEDED
+            view.hooks.setup = HookView(status, event.operation_id)
         case d.SetupFailed():
-            view.hooks.setup = HookView("failed", event.operation_id)
+            view.hooks.setup = HookView(HookStatus.FAILED, event.operation_id)
         case d.SetupSkipped():
-            view.hooks.setup = HookView("skipped", None)
+            view.hooks.setup = HookView(HookStatus.SKIPPED, None)
         case d.SetupRetried():
             view.hooks.setup = HookView(None, view.hooks.setup.operation_id)
         case d.RetireScheduled():
@@ -94,12 +95,12 @@ def apply_to_environment(view: EnvironmentView, event: d.EnvironmentEvent) -> No
             if isinstance(event, d.RemovalStarted):
                 view.removal_attempt = event.removal_attempt
         case d.TeardownStarted():
-            view.hooks.teardown = HookView("running", event.operation_id)
+            view.hooks.teardown = HookView(HookStatus.RUNNING, event.operation_id)
         case d.TeardownFinished():
-            status = "succeeded" if event.outcome == "succeeded" else "failed"
+            status = HookStatus.SUCCEEDED if event.outcome == HookStatus.SUCCEEDED else HookStatus.FAILED
             view.hooks.teardown = HookView(status, event.operation_id)
         case d.TeardownSkipped():
-            view.hooks.teardown = HookView("skipped", None)
+            view.hooks.teardown = HookView(HookStatus.SKIPPED, None)
         case d.Paused() | d.Resumed():
             view.paused_at = event.paused_at if isinstance(event, d.Paused) else None
         case d.Removed():
