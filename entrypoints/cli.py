@@ -23,11 +23,16 @@ from bus import subjects
 from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
 from bus.documents import ID_PATTERN
 from bus.client import ApiClient, unreachable
+from domain.status import EnvironmentStatus
 from entrypoints.cli_modal import machine, modal
 from entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
 from entrypoints.config import ConfigError, Settings, nats_credentials, read_server_file
 
-TERMINAL_FOR_WAIT = {"ready": 0, "error": 1, "removing": 1, "removed": 1, "retiring": 1}
+TERMINAL_FOR_WAIT = {
+    EnvironmentStatus.READY: 0, EnvironmentStatus.ERROR: 1, EnvironmentStatus.REMOVING: 1, EnvironmentStatus.REMOVED: 1,
+    EnvironmentStatus.RETIRING: 1,
+}
+"""The statuses `thread spawn --wait` stops at, with its exit code for each."""
 
 
 async def open_client(settings: Settings) -> ApiClient:

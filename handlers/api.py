@@ -42,6 +42,7 @@ from bus.log_reader import LogReader
 from domain.application import UnknownEnvironment, UnknownThread
 from domain.environment import Environment
 from domain.errors import DomainError
+from domain.status import EnvironmentStatus
 from domain.thread import Thread
 from handlers.errors import InvalidInput, NotFound, RequestError
 from handlers.placement import Placer, canonical_project, check_environment_id, check_host_id, check_thread_id
@@ -180,7 +181,7 @@ class Api:
                     f"the same spawn sent again publishes it"
                 ) from None
         accepted = await self._accepted(environment)
-        return Spawned(thread_id, accepted.environment_id, accepted.status or "creating", accepted.position)
+        return Spawned(thread_id, accepted.environment_id, accepted.status or EnvironmentStatus.CREATING, accepted.position)
 
     async def _spawned_before(self, thread: Thread, request: SpawnThread, intent: ProviderIntent | ExistingIntent | None,
                               host_id: str) -> Environment:
