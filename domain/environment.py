@@ -19,6 +19,31 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, ThreadsStillLive
 from domain.status import LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, EnvironmentStatus, HookStatus
+from domain.steps import (
+    CancelSetup,
+    CleanAttempt,
+    PauseWhenIdle,
+    Remove,
+    ResumeOnActivity,
+    RetryRemoval,
+    RetryTransient,
+    RunCreate,
+    RunSetup,
+    RunTeardown,
+    Settled,
+    SkipSetup,
+    SkipTeardown,
+    StartRemoval,
+    StartSetup,
+    StartTeardown,
+    Step,
+    StopCreate,
+    WakeAt,
+)
+
+TRANSIENT_RETRIES = 3
+"""A transient create failure is retried by itself this many times."""
+TRANSIENT_RETRY_DELAY = timedelta(seconds=30)
 
 
 class Environment(Aggregate):
@@ -110,6 +135,56 @@ class Environment(Aggregate):
         if self.status not in LIVE_STATUSES or self.thread_ids:
             return False
         return self.cancelled or (self.retire_at is not None and self.retire_at <= now)
+
+    # -- what comes next ----------------------------------------------------------------------
+
+    def next_step(self, now: datetime, transient_retry_delay: timedelta = TRANSIENT_RETRY_DELAY) -> Step:
+        """The one thing to do next for this environment at `now` (see domain.steps)."""
+        match self.status:
+            case EnvironmentStatus.CREATING:
+                return StopCreate(self.attempt) if self.cancelled else RunCreate(self.attempt)
+            case EnvironmentStatus.PROVISIONING:
+                return self._next_setup_step()
+            case EnvironmentStatus.READY | EnvironmentStatus.ERROR:
+                return self._next_settled_step(now, transient_retry_delay)
+            case EnvironmentStatus.REMOVING:
+                return self._next_removal_step(now)
+        return Settled()
+
+    def _next_setup_step(self) -> Step:
+        if self.setup_status == HookStatus.RUNNING:
+            assert self.setup_operation_id is not None
+            return CancelSetup(self.setup_operation_id) if self.cancelled else RunSetup(self.setup_operation_id)
+        if self.cancelled:
+            return StartRemoval()
+        if self.setup_status is None:
+            # Whether a script exists is for the host to tell, where the workspace is.
+            return StartSetup() if self.owns_path else SkipSetup("the provider does not own the path")
+        return Settled()
+
+    def _next_settled_step(self, now: datetime, transient_retry_delay: timedelta) -> Step:
+        if self.wants_removal(now):
+            return StartRemoval()
+        if self.needs_attempt_cleanup:
+            return CleanAttempt(self.attempt)
+        if self.retries_automatically(TRANSIENT_RETRIES):
+            due = self.modified_on + transient_retry_delay
+            return WakeAt(due) if due > now else RetryTransient(self.attempt)
+        if self.retire_at is not None and not self.thread_ids:
+            return WakeAt(self.retire_at)
+        if self.status == EnvironmentStatus.READY:
+            return ResumeOnActivity(self.paused_at) if self.paused_at is not None else PauseWhenIdle(self.modified_on)
+        return Settled()
+
+    def _next_removal_step(self, now: datetime) -> Step:
+        if self.teardown_status is None:
+            return StartTeardown() if self.owns_path and self.path else SkipTeardown("no teardown to run")
+        if self.teardown_status == HookStatus.RUNNING:
+            assert self.teardown_operation_id is not None
+            return RunTeardown(self.teardown_operation_id)
+        if self.remove_retry_at is not None:
+            return RetryRemoval(self.removal_attempt) if self.remove_retry_at <= now else WakeAt(self.remove_retry_at)
+        return Remove(self.removal_attempt)
 
     # -- the create step -----------------------------------------------------------------------
 
