@@ -4,11 +4,16 @@ A provider only creates and removes its resource. The core owns the lifecycle ar
 hooks, retries, cancellation, retirement, recovery). Provider methods are plain synchronous
 functions: the core runs them on worker threads, hands them a `Reporter` for progress and a
 `threading.Event` that is set when the core wants the call to stop.
+
+`ctx.raise_if_cancelled()` turns that event into the `Cancelled` exception, and `translate_errors`
+turns it, and the exceptions a provider expects, into `CreateFailed` / `RemoveFailed`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -80,6 +85,13 @@ class InvalidInputs(ValueError):
     """Raised by `validate` for input the provider refuses; the message names field and rule."""
 
 
+class Cancelled(Exception):
+    """The core asked the call to stop (`ctx.raise_if_cancelled()`); reported as "cancelled"."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled")
+
+
 class Reporter(Protocol):
     def step(self, text: str) -> None:
         """A new step started (becomes the transcript's current step)."""
@@ -123,8 +135,17 @@ class Previous:
     resource: dict[str, Any] | None
 
 
+class _Cancellable:
+    cancelled: threading.Event
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `Cancelled` when the core has set `cancelled`: call it between steps."""
+        if self.cancelled.is_set():
+            raise Cancelled()
+
+
 @dataclass(frozen=True)
-class CreateContext(ProjectContext):
+class CreateContext(ProjectContext, _Cancellable):
     thread_id: str = ""
     path_key: str = ""
     attempt: int = 1
@@ -134,7 +155,7 @@ class CreateContext(ProjectContext):
 
 
 @dataclass(frozen=True)
-class RemoveContext:
+class RemoveContext(_Cancellable):
     host_id: str
     data_dir: str
     project_path: str | None
@@ -147,6 +168,48 @@ class RemoveContext:
     resource: dict[str, Any] | None
     report: Reporter = field(default_factory=SilentReporter)
     cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Failure:
+    """What `translate_errors` caught, as the result `create` or `remove` returns for it."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def create_failed(self) -> CreateFailed:
+        """`Cancelled` is a terminal "cancelled"; an error whose `transient` attribute is true is transient."""
+        error = self._caught()
+        return CreateFailed("transient" if getattr(error, "transient", False) else "terminal", str(error))
+
+    def remove_failed(self) -> RemoveFailed:
+        return RemoveFailed(str(self._caught()))
+
+    def _caught(self) -> Exception:
+        if self.error is None:
+            raise RuntimeError("the translate_errors block ended without returning a result")
+        return self.error
+
+
+@contextmanager
+def translate_errors(*expected: type[Exception]) -> Iterator[Failure]:
+    """Catch `Cancelled` and the `expected` exceptions raised in the block, for a failed result.
+
+    The block returns the result; when it raises one of those instead, the code after the block
+    returns the failure:
+
+        with translate_errors(OSError, ValueError) as failed:
+            ctx.raise_if_cancelled()
+            ...
+            return Created(path)
+        return failed.create_failed()
+
+    Any other exception propagates (the core records it as a terminal failure of the provider).
+    """
+    failure = Failure()
+    try:
+        yield failure
+    except (Cancelled, *expected) as error:
+        failure.error = error
 
 
 @runtime_checkable

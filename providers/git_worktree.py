@@ -21,7 +21,6 @@ from providers.contract import (
     Availability,
     Created,
     CreateContext,
-    CreateFailed,
     CreateResult,
     InvalidInputs,
     Policy,
@@ -32,6 +31,7 @@ from providers.contract import (
     RemoveResult,
     Requires,
     inputs_as,
+    translate_errors,
 )
 from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
@@ -58,10 +58,6 @@ class GitWorktreeInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """A `new` branch without `base` starts at the repository's default branch."""
 
     branch: DefaultBranch | ExistingBranch | NewBranch = DefaultBranch()
-
-
-class _Cancelled(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -130,14 +126,9 @@ class GitWorktreeProvider:
         return _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=None) is not None
 
     def create(self, ctx: CreateContext) -> CreateResult:
-        try:
+        with translate_errors(GitFailed, ValueError) as failed:
             return self._create(ctx)
-        except _Cancelled:
-            return CreateFailed("terminal", "cancelled")
-        except GitFailed as failure:
-            return CreateFailed("transient" if failure.transient else "terminal", str(failure))
-        except ValueError as refused:
-            return CreateFailed("terminal", str(refused))
+        return failed.create_failed()
 
     def _create(self, ctx: CreateContext) -> CreateResult:
         repo = _require_repo(ctx.project_path)
@@ -155,18 +146,18 @@ class GitWorktreeProvider:
                     resource={"adopted": True},
                 )
         plan = _plan_branch(repo, branch, ctx.path_key)
-        _stop_if_cancelled(ctx)
+        ctx.raise_if_cancelled()
         if not _is_worktree_on_branch(worktrees, target, plan.branch):
             if os.path.lexists(target) or _find_worktree(worktrees, target) is not None:
                 ctx.report.step("Removing the worktree an earlier attempt left behind")
                 _remove_worktree(repo, target)
-                _stop_if_cancelled(ctx)
+                ctx.raise_if_cancelled()
             ctx.report.step("Creating worktree")
             _add_worktree(repo, target, plan)
             ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
-        _stop_if_cancelled(ctx)
+        ctx.raise_if_cancelled()
         _copy_includes(ctx, repo, target)
-        _stop_if_cancelled(ctx)
+        ctx.raise_if_cancelled()
         return Created(
             path=str(target),
             owns_path=True,
@@ -177,22 +168,20 @@ class GitWorktreeProvider:
     def remove(self, ctx: RemoveContext) -> RemoveResult:
         if (ctx.resource or {}).get("adopted") is True:
             return Removed()
-        try:
+        with translate_errors(OSError, ValueError) as failed:
             root = worktrees_root(ctx.data_dir)
             key_dir = root / require_path_key(ctx.path_key)
             paths = [Path(ctx.path)] if ctx.path is not None else _entries(key_dir)
             for path in paths:
-                if ctx.cancelled.is_set():
-                    return RemoveFailed("cancelled")
+                ctx.raise_if_cancelled()
                 if not is_strictly_inside(path, root):
                     return RemoveFailed(f"refusing to remove {path}: it is not inside {root}")
                 ctx.report.step(f"Removing worktree {path}")
                 stop_processes_in(path, ctx.report, "worktree")
                 _remove_worktree(ctx.project_path, path)
             remove_if_empty(key_dir)
-        except (OSError, ValueError) as error:
-            return RemoveFailed(str(error))
-        return Removed()
+            return Removed()
+        return failed.remove_failed()
 
 
 def worktrees_root(data_dir: str) -> Path:
@@ -403,11 +392,6 @@ def _summarize(verb: str, items: list[str]) -> list[str]:
 
 def _entries(directory: Path) -> list[Path]:
     return sorted(directory.iterdir()) if directory.is_dir() else []
-
-
-def _stop_if_cancelled(ctx: CreateContext) -> None:
-    if ctx.cancelled.is_set():
-        raise _Cancelled()
 
 
 def _same_path(a: str | Path, b: str | Path) -> bool:

@@ -40,19 +40,18 @@ from providers.contract import (
     Availability,
     Created,
     CreateContext,
-    CreateFailed,
     CreateResult,
     InvalidInputs,
     Policy,
     ProjectContext,
     Removed,
     RemoveContext,
-    RemoveFailed,
     RemoveResult,
     Reporter,
     Requires,
     SilentReporter,
     inputs_as,
+    translate_errors,
 )
 from providers.git_commands import run_git_or_none
 from providers.git_worktree import repo_dir_name
@@ -137,10 +136,6 @@ class AccountStatus(msgspec.Struct, frozen=True, rename="camel", omit_defaults=T
     app_exists: bool | None = None
 
 
-class _Cancelled(Exception):
-    pass
-
-
 class ModalSandboxProvider:
     id = PROVIDER_ID
     display_name = "Modal sandbox"
@@ -176,23 +171,15 @@ class ModalSandboxProvider:
         return None  # nothing local to claim: the workspace lives in the sandbox
 
     def create(self, ctx: CreateContext) -> CreateResult:
-        try:
+        with translate_errors(ModalOperationFailed, InvalidInputs, SettingsError, DockerfileError) as failed:
             return self._create(ctx)
-        except _Cancelled:
-            return CreateFailed("terminal", "cancelled")
-        except ModalOperationFailed as failure:
-            return CreateFailed("transient" if failure.transient else "terminal", str(failure))
-        except (InvalidInputs, SettingsError, DockerfileError) as refused:
-            return CreateFailed("terminal", str(refused))
+        return failed.create_failed()
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:
-        try:
+        with translate_errors(ModalOperationFailed, SettingsError) as failed:
             self._remove(ctx)
-        except _Cancelled:
-            return RemoveFailed("cancelled")
-        except (ModalOperationFailed, SettingsError) as failure:
-            return RemoveFailed(str(failure))
-        return Removed()
+            return Removed()
+        return failed.remove_failed()
 
     # -- pause and resume (called by the core's idle tracking) ------------------------------------
 
@@ -313,21 +300,21 @@ class ModalSandboxProvider:
         with self._client() as (sdk, client):
             app = self._app(sdk, client, settings.app_name, create_if_missing=True)
             image = self._ensure_image(sdk, client, app, dockerfile, Path(ctx.data_dir), ctx.report)
-            _stop_if_cancelled(ctx)
+            ctx.raise_if_cancelled()
             sandbox = self._adopt_running(sdk, client, app, tags, ctx.report)
             if sandbox is None:
                 ctx.report.step("Starting a Modal sandbox")
                 sandbox = self._start_sandbox(sdk, client, app, image, tags, inputs)
             ctx.report.log(f"Sandbox {sandbox.object_id} (tag {PATH_KEY_TAG}={tags[PATH_KEY_TAG]})")
             try:
-                _stop_if_cancelled(ctx)
+                ctx.raise_if_cancelled()
                 ctx.report.step(f"Cloning {redact_url(origin)} into {workdir}")
                 self._run_script(sdk, sandbox, CLONE_SCRIPT, workdir, ctx, CLONE_TIMEOUT_S, "git clone",
                                  stdin=origin + "\n", secrets=url_secrets(origin))
-                _stop_if_cancelled(ctx)
+                ctx.raise_if_cancelled()
                 ctx.report.step("Running .bb-env-setup.sh in the sandbox")
                 self._run_script(sdk, sandbox, SETUP_SCRIPT, workdir, ctx, SETUP_TIMEOUT_S, ".bb-env-setup.sh")
-                _stop_if_cancelled(ctx)
+                ctx.raise_if_cancelled()
             except BaseException:
                 # Whatever stopped the create, the sandbox must not run on, billed, with no owner.
                 ctx.report.step(f"Terminating sandbox {sandbox.object_id}")
@@ -408,7 +395,7 @@ class ModalSandboxProvider:
         process = self._call(label, lambda: sandbox.exec("bash", "-c", script, "bb", argument, timeout=timeout_s))
         self._call(label, lambda: _send_stdin(process, stdin))
         while self._call(label, process.poll) is None:
-            _stop_if_cancelled(ctx)
+            ctx.raise_if_cancelled()
             time.sleep(self._poll_interval_s)
         output = redact(self._call(label, process.stdout.read), secrets)
         for line in _capped_lines(output):
@@ -432,8 +419,7 @@ class ModalSandboxProvider:
                 )
                 sandbox_ids += [s.object_id for s in tagged if s.object_id not in sandbox_ids]
             for sandbox_id in sandbox_ids:
-                if ctx.cancelled.is_set():
-                    raise _Cancelled()
+                ctx.raise_if_cancelled()
                 ctx.report.step(f"Terminating sandbox {sandbox_id}")
                 self._terminate_by_id(sdk, client, sandbox_id)
             snapshots = [*_present(resource.get("snapshotId")), *resource.get("supersededSnapshotIds", [])]
@@ -603,11 +589,6 @@ def _resource_inputs(resource: dict[str, Any]) -> ModalInputs:
 
 def _present(value: str | None) -> list[str]:
     return [value] if value else []
-
-
-def _stop_if_cancelled(ctx: CreateContext) -> None:
-    if ctx.cancelled.is_set():
-        raise _Cancelled()
 
 
 def _is_local_url(url: str) -> bool:

@@ -14,7 +14,6 @@ from providers.contract import (
     Availability,
     Created,
     CreateContext,
-    CreateFailed,
     CreateResult,
     Policy,
     ProjectContext,
@@ -23,6 +22,7 @@ from providers.contract import (
     RemoveFailed,
     RemoveResult,
     Requires,
+    translate_errors,
 )
 from providers.host.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
 
@@ -44,30 +44,27 @@ class PersonalWorkspaceProvider:
         return str(workspace_path(ctx.data_dir, path_key))
 
     def create(self, ctx: CreateContext) -> CreateResult:
-        try:
+        with translate_errors(OSError, ValueError) as failed:
             path = workspace_path(ctx.data_dir, ctx.path_key)
             ctx.report.step("Preparing personal workspace")
             path.mkdir(parents=True, exist_ok=True)
-        except (OSError, ValueError) as error:
-            return CreateFailed("terminal", str(error))
-        return Created(path=str(path), owns_path=True)
+            return Created(path=str(path), owns_path=True)
+        return failed.create_failed()
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:
-        try:
+        with translate_errors(OSError, ValueError) as failed:
             root = workspaces_root(ctx.data_dir)
             path = Path(ctx.path) if ctx.path is not None else root / require_path_key(ctx.path_key)
             if not is_strictly_inside(path, root):
                 return RemoveFailed(f"refusing to remove {path}: it is outside the personal workspace root")
             if not os.path.lexists(path):
                 return Removed()
-            if ctx.cancelled.is_set():
-                return RemoveFailed("cancelled")
+            ctx.raise_if_cancelled()
             ctx.report.step(f"Removing personal workspace {path}")
             stop_processes_in(path, ctx.report, "workspace")
             delete_tree(path)
-        except (OSError, ValueError) as error:
-            return RemoveFailed(str(error))
-        return Removed()
+            return Removed()
+        return failed.remove_failed()
 
 
 def workspaces_root(data_dir: str) -> Path:

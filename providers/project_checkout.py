@@ -25,7 +25,6 @@ from providers.contract import (
     Availability,
     Created,
     CreateContext,
-    CreateFailed,
     CreateResult,
     InvalidInputs,
     Policy,
@@ -35,6 +34,7 @@ from providers.contract import (
     RemoveResult,
     Requires,
     inputs_as,
+    translate_errors,
 )
 from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
@@ -66,10 +66,6 @@ class ProjectCheckoutInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=T
     """A directory inside the project to run in: relative to the project root, or absolute."""
 
 
-class _Cancelled(Exception):
-    pass
-
-
 class ProjectCheckoutProvider:
     id = "project-checkout"
     display_name = "Project checkout"
@@ -94,14 +90,9 @@ class ProjectCheckoutProvider:
         return isinstance(inputs_as(ctx, ProjectCheckoutInputs).branch, CurrentBranch)
 
     def create(self, ctx: CreateContext) -> CreateResult:
-        try:
+        with translate_errors(GitFailed, ValueError) as failed:
             return self._create(ctx)
-        except _Cancelled:
-            return CreateFailed("terminal", "cancelled")
-        except GitFailed as failure:
-            return CreateFailed("transient" if failure.transient else "terminal", str(failure))
-        except ValueError as refused:
-            return CreateFailed("terminal", str(refused))
+        return failed.create_failed()
 
     def _create(self, ctx: CreateContext) -> CreateResult:
         directory = run_directory(ctx)
@@ -114,7 +105,7 @@ class ProjectCheckoutProvider:
             # Validation ran earlier; the checkout may have changed since.
             switched_from = _current_branch(checkout)
             if _needs_switch(checkout, branch):
-                _stop_if_cancelled(ctx)
+                ctx.raise_if_cancelled()
                 _switch(ctx, checkout, branch)
             else:
                 ctx.report.step(f"Already on branch {branch.name}")
@@ -241,8 +232,8 @@ def _checkout_lock(ctx: CreateContext, checkout: str) -> Iterator[None]:
         if not _try_lock(lock_file):
             ctx.report.step("Waiting for another branch switch in this checkout to finish")
             while not _try_lock(lock_file):
-                if ctx.cancelled.wait(LOCK_POLL_SECONDS):
-                    raise _Cancelled()
+                ctx.cancelled.wait(LOCK_POLL_SECONDS)
+                ctx.raise_if_cancelled()
         yield
 
 
@@ -252,8 +243,3 @@ def _try_lock(lock_file: IO[str]) -> bool:
     except BlockingIOError:
         return False
     return True
-
-
-def _stop_if_cancelled(ctx: CreateContext) -> None:
-    if ctx.cancelled.is_set():
-        raise _Cancelled()
