@@ -364,6 +364,9 @@ class Environments(Application):
     ) -> Environment:
         return self._change(environment_id, lambda e: e.record_setup_outcome(operation_id, succeeded, message))[0]
 
+    def record_setup_skipped(self, environment_id: UUID, operation_id: str, reason: str) -> Environment:
+        return self._change(environment_id, lambda e: e.record_setup_skipped(operation_id, reason))[0]
+
     def record_resource(self, environment_id: UUID, resource: dict[str, Any] | None) -> Environment:
         return self._change(environment_id, lambda e: e.record_resource(resource))[0]
 
@@ -408,6 +411,9 @@ class Environments(Application):
         self, environment_id: UUID, operation_id: str, outcome: str, message: str | None
     ) -> Environment:
         return self._change(environment_id, lambda e: e.record_teardown_outcome(operation_id, outcome, message))[0]
+
+    def record_teardown_skipped(self, environment_id: UUID, operation_id: str, reason: str) -> Environment:
+        return self._change(environment_id, lambda e: e.record_teardown_skipped(operation_id, reason))[0]
 
     def record_removed(self, environment_id: UUID, removal_attempt: int) -> Environment:
         """Removal succeeded: the environment ends and its path claims are released in the same save."""

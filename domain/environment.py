@@ -283,6 +283,16 @@ class Environment(Aggregate):
             self._setup_failed(operation_id, message or "setup failed")
         return True
 
+    def record_setup_skipped(self, operation_id: str, reason: str) -> bool:
+        """The host found no setup script for the started operation: the environment is ready,
+        unless it was cancelled meanwhile."""
+        if operation_id != self.setup_operation_id or self.setup_status != HookStatus.RUNNING:
+            return False
+        self._setup_skipped(reason)
+        if not self.cancelled:
+            self._ready()
+        return True
+
     @event("SetupStarted")
     def _setup_started(self, operation_id: str) -> None:
         self.setup_status = HookStatus.RUNNING
@@ -480,6 +490,13 @@ class Environment(Aggregate):
         if operation_id != self.teardown_operation_id or self.teardown_status != HookStatus.RUNNING:
             return False
         self._teardown_finished(operation_id, outcome, message)
+        return True
+
+    def record_teardown_skipped(self, operation_id: str, reason: str) -> bool:
+        """The host found no teardown script for the started operation."""
+        if operation_id != self.teardown_operation_id or self.teardown_status != HookStatus.RUNNING:
+            return False
+        self._teardown_skipped(reason)
         return True
 
     def record_removed(self, removal_attempt: int) -> bool:

@@ -352,17 +352,24 @@ class Provisioner:
     async def _run_setup(self, cancelled: threading.Event, env: Environment) -> None:
         outcome = await self._run_hook(env, env.setup_operation_id, "setup")
         crash_point("setup-finished")
-        succeeded = outcome.status in ("succeeded", "skipped")
-        await self._save_outcome(f"recording the setup outcome of environment {env.id}",
-                                 self._app.record_setup_outcome, env.id, env.setup_operation_id, succeeded,
-                                 outcome.message)
+        what = f"recording the setup outcome of environment {env.id}"
+        if outcome.status == "skipped":  # the host found no script in the workspace
+            await self._save_outcome(what, self._app.record_setup_skipped, env.id, env.setup_operation_id,
+                                     outcome.message or f"no {SCRIPT_NAMES['setup']}")
+        else:
+            await self._save_outcome(what, self._app.record_setup_outcome, env.id, env.setup_operation_id,
+                                     outcome.status == "succeeded", outcome.message)
 
     async def _run_teardown(self, cancelled: threading.Event, env: Environment) -> None:
         outcome = await self._run_hook(env, env.teardown_operation_id, "teardown")
         crash_point("teardown-finished")
-        await self._save_outcome(f"recording the teardown outcome of environment {env.id}",
-                                 self._app.record_teardown_outcome, env.id, env.teardown_operation_id,
-                                 outcome.status, outcome.message)
+        what = f"recording the teardown outcome of environment {env.id}"
+        if outcome.status == "skipped":  # the host found no script in the workspace
+            await self._save_outcome(what, self._app.record_teardown_skipped, env.id, env.teardown_operation_id,
+                                     outcome.message or f"no {SCRIPT_NAMES['teardown']}")
+        else:
+            await self._save_outcome(what, self._app.record_teardown_outcome, env.id, env.teardown_operation_id,
+                                     outcome.status, outcome.message)
 
     async def _save_outcome(self, what: str, command: Callable[..., object], *args: object) -> None:
         """Save a hook's outcome however long the store refuses it (a full disk, a lost database).
@@ -385,7 +392,8 @@ class Provisioner:
         script = SCRIPT_NAMES[kind]
         self._transcript.line(environment_id, "step", kind, f"Running {script}")
         outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path)
-        verdict = "finished" if outcome.status == "succeeded" else f"{outcome.status}: {outcome.message}"
+        verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
+            outcome.status, f"{outcome.status}: {outcome.message}")
         self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")
         return outcome
 

@@ -208,7 +208,7 @@ class HookRunner:
         if not script.is_file():
             record.finished_at = record.started_at
             record.outcome = "skipped"
-            record.message = f"{script.name} not found"
+            record.message = f"no {script.name}"
             self._records.write(record)
             return record, None
         supervisor = self._launcher.start_supervisor(str(self._records.directory), operation_id, repr(self._timeout_s))

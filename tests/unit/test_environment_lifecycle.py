@@ -245,6 +245,37 @@ def test_setup_is_skipped_for_paths_the_provider_does_not_own(app):
     assert app.skip_setup(env.id, "not owned").status == "ready"
 
 
+def test_a_started_hook_the_host_skips_is_recorded_as_skipped(app):
+    env = spawn(app)
+    app.record_created(env.id, 1, env.claimed_path, True, None, None)
+    app.start_setup(env.id)
+    operation = app.environment(env.id).setup_operation_id
+    version = app.environment(env.id).version
+    assert app.record_setup_skipped(env.id, f"{operation}-stale", "no .bb-env-setup.sh").version == version
+    skipped = app.record_setup_skipped(env.id, operation, "no .bb-env-setup.sh")
+    assert (skipped.status, skipped.setup_status) == ("ready", "skipped")
+    app.archive_thread("t1", NOW)
+    app.start_removal(env.id, NOW)
+    app.start_teardown(env.id)
+    teardown = app.environment(env.id).teardown_operation_id
+    assert app.record_teardown_skipped(env.id, teardown, "no .bb-env-teardown.sh").teardown_status == "skipped"
+    assert app.record_teardown_skipped(env.id, teardown, "again").version == app.environment(env.id).version
+    assert names(app, env.id) == [
+        "Claimed", "Created", "SetupStarted", "SetupSkipped", "Ready", "ThreadDetached",
+        "RetireScheduled", "RemovalStarted", "TeardownStarted", "TeardownSkipped",
+    ]
+
+
+def test_a_setup_skipped_after_a_cancel_does_not_make_it_ready(app):
+    env = spawn(app)
+    app.record_created(env.id, 1, env.claimed_path, True, None, None)
+    app.start_setup(env.id)
+    app.cancel_thread_message("t1")
+    skipped = app.record_setup_skipped(env.id, app.environment(env.id).setup_operation_id, "no .bb-env-setup.sh")
+    assert (skipped.status, skipped.setup_status, skipped.cancelled) == ("provisioning", "skipped", True)
+    assert app.start_removal(env.id, NOW)[1]
+
+
 def test_a_shared_environment_retires_only_after_its_last_thread(app):
     env = spawn(app)
     make_ready(app, env)

@@ -153,7 +153,7 @@ async def test_missing_script_is_skipped_and_stays_skipped(records_dir: Path, wo
     (workspace / ".bb-env-teardown.sh").write_text("echo ran >> marker\n")
     second = await runner.run("op", "teardown", workspace, Output())
 
-    assert first.status == second.status == "skipped"
+    assert first == second == HookOutcome("skipped", None, "no .bb-env-teardown.sh")
     assert executions(workspace) == 0
 
 
