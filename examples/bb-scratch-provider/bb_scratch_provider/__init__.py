@@ -15,8 +15,8 @@ from typing import Annotated
 import msgspec
 
 from providers.contract import (
-    READY, Availability, Created, CreateContext, CreateFailed, CreateResult, InvalidInputs, Policy,
-    ProjectContext, Removed, RemoveContext, RemoveFailed, RemoveResult, Requires,
+    READY, Availability, Created, CreateContext, CreateResult, InvalidInputs, Policy, ProjectContext,
+    Removed, RemoveContext, RemoveResult, Requires, translate_errors,
 )
 
 TEMPLATES = ("empty", "readme")
@@ -54,25 +54,24 @@ class ScratchProvider:
     def create(self, ctx: CreateContext) -> CreateResult:
         # The core may ask again with the same path key after a crash: every step must be
         # safe to repeat (mkdir exist_ok, README overwritten with the same text).
-        if ctx.cancelled.is_set():
-            return CreateFailed("terminal", "cancelled")
-        try:
+        # translate_errors: a cancel, or one of these errors, ends the block; the failure is returned
+        # after it (terminal: retrying would not fix a bad key or disk).
+        with translate_errors(OSError, ValueError) as failed:
+            ctx.raise_if_cancelled()
             path = _scratch_dir(ctx.data_dir, ctx.path_key)
             ctx.report.step(f"Preparing scratch directory ({ctx.inputs.template})")
             path.mkdir(parents=True, exist_ok=True)
             if ctx.inputs.template == "readme":
                 (path / "README.md").write_text(f"# Scratch space for {ctx.thread_id or 'a thread'}\n")
-        except (OSError, ValueError) as error:
-            return CreateFailed("terminal", str(error))  # retrying would not fix a bad key or disk
-        # owns_path: the directory is ours alone, so the core may run the setup/teardown hooks in it.
-        return Created(path=str(path), owns_path=True)
+            # owns_path: the directory is ours alone, so the core may run the setup/teardown hooks in it.
+            return Created(path=str(path), owns_path=True)
+        return failed.create_failed()
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:
         # Called for every attempt, also when create never returned (ctx.path is None), and maybe
         # more than once: derive the directory from the path key alone and treat "gone" as done.
-        if ctx.cancelled.is_set():
-            return RemoveFailed("cancelled")
-        try:
+        with translate_errors(OSError, ValueError) as failed:
+            ctx.raise_if_cancelled()
             path = _scratch_dir(ctx.data_dir, ctx.path_key)
             if os.path.lexists(path):
                 ctx.report.step(f"Removing scratch directory {path}")
@@ -80,9 +79,8 @@ class ScratchProvider:
                     shutil.rmtree(path)
                 else:
                     path.unlink()
-        except (OSError, ValueError) as error:
-            return RemoveFailed(str(error))  # the core records it and tries again later
-        return Removed()
+            return Removed()
+        return failed.remove_failed()  # the core records it and tries again later
 
 
 def _scratch_dir(data_dir: str, path_key: str) -> Path:
