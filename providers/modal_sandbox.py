@@ -7,10 +7,11 @@ missing, shared by every sandbox and never removed with one.
 Create: the sandbox is tagged `bb-path-key=<path key>` in the same call that creates it, so a
 create interrupted in flight (Modal commits the sandbox before `Sandbox.create` returns) is found
 again by tag: a re-run create reuses it, remove terminates it. Inside, the project is cloned from
-its `origin` remote and `.bb-env-setup.sh` run; both steps are idempotent inside the sandbox
-(a lock plus a finished-marker), so a re-run create never clones or sets up twice. Credentials for
-private remotes are out of scope: only what the origin URL itself carries reaches the sandbox, and
-that URL travels on the process's stdin, never in argv, transcript or resource.
+its `origin` remote and `.bb-env-setup.sh` run (the scripts in `providers.modal_scripts`); both
+steps are idempotent inside the sandbox (a lock plus a finished-marker), so a re-run create never
+clones or sets up twice. Credentials for private remotes are out of scope: only what the origin
+URL itself carries reaches the sandbox, and that URL travels on the process's stdin, never in
+argv, transcript or resource.
 
 Pause snapshots the filesystem, hands the snapshot id to `checkpoint`, then terminates; resume
 starts a sandbox from the snapshot with the same tags and skips setup. Superseded snapshots are
@@ -55,6 +56,7 @@ from providers.contract import (
 )
 from providers.git_commands import run_git_or_none
 from providers.git_worktree import repo_dir_name
+from providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
 from providers.modal_settings import (
     NO_CREDENTIALS,
     PROVIDER_ID,
@@ -76,33 +78,6 @@ POLL_INTERVAL_S = 1.0
 OUTPUT_LINE_LIMIT = 200
 # Modal tag values: at most 63 of [A-Za-z0-9._-].
 TAG_VALUE_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
-
-# $1 is the target directory; the clone URL arrives on stdin. The lock makes a re-run wait for a
-# clone an interrupted create left running; the rename makes a half-finished clone invisible.
-CLONE_SCRIPT = """set -euo pipefail
-exec 2>&1
-target=$1
-mkdir -p "$(dirname "$target")"
-exec 9>"$target.lock"
-flock 9
-if [ -d "$target/.git" ]; then echo "The project is already cloned"; exit 0; fi
-rm -rf "$target.partial"
-IFS= read -r url
-git clone --no-progress -- "$url" "$target.partial"
-mv "$target.partial" "$target"
-"""
-
-# $1 is the clone. The marker lives in .git so it never shows as an untracked file.
-SETUP_SCRIPT = """set -euo pipefail
-exec 2>&1
-cd "$1"
-exec 9>.git/bb-setup.lock
-flock 9
-if [ -e .git/bb-setup-done ]; then echo ".bb-env-setup.sh already ran"; exit 0; fi
-if [ ! -f .bb-env-setup.sh ]; then echo "No .bb-env-setup.sh"; exit 0; fi
-bash ./.bb-env-setup.sh </dev/null
-touch .git/bb-setup-done
-"""
 
 
 class ModalInputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):

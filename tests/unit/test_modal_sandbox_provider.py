@@ -35,10 +35,8 @@ from providers.contract import (
     RemoveFailed,
 )
 from providers.modal_sandbox import (
-    CLONE_SCRIPT,
     MACHINE_TAG,
     PATH_KEY_TAG,
-    SETUP_SCRIPT,
     ModalInputs,
     ModalOperationFailed,
     ModalSandboxProvider,
@@ -46,6 +44,7 @@ from providers.modal_sandbox import (
     sandbox_path,
     tag_value,
 )
+from providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
 from providers.modal_settings import (
     NO_CREDENTIALS,
     SHIPPED_DOCKERFILE,
