@@ -9,7 +9,9 @@ def one_line(text: str) -> str:
     """`text` as one line of plain text, each character that would break the line or drive a
     terminal shown escaped, as repr shows it: a refusal quotes what it was sent (a directory's
     name, a field's, a provider's message about either), and it still has to read as one sentence."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    if text.isprintable():  # nearly always, and long texts are where the loop below is slow
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class RequestError(Exception):
