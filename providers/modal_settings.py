@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -25,7 +26,9 @@ PROVIDER_ID = "modal-sandbox"
 DEFAULT_APP_NAME = "bb-environments"
 SETTINGS_FILE = "settings.json"
 STORED_DOCKERFILE = "Dockerfile"
-SHIPPED_DOCKERFILE = Path(__file__).resolve().parent / "modal_image" / "Dockerfile"
+# Package data (pyproject's [tool.setuptools.package-data]): found where the package is installed.
+# A real file, since its directory is the build context of COPY and ADD.
+SHIPPED_DOCKERFILE = Path(str(resources.files("providers") / "modal_image" / "Dockerfile"))
 IMAGE_NAME_PREFIX = "bb-standard"
 MAX_IDLE_PAUSE_MINUTES = 1440
 MAX_DOCKERFILE_CHARS = 65_536
