@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
@@ -22,6 +23,7 @@ from nats.micro.service import Service
 from bus import subjects
 from bus.api_messages import ErrorBody, ErrorReply, Request
 from bus.documents import refusal_reason
+from bus.health import describe, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,10 @@ def _serve(endpoint: Endpoint, translate: ErrorTranslator) -> Callable[[MicroReq
             reply = await endpoint.handler(body)
         except Exception as error:
             known = translate(error)
+            if known is None and isinstance(error, NatsError) and unavailable(error):
+                # Not the request's fault nor a bug: the service's own way to JetStream is away.
+                known = ApiError("unreachable", f"the service cannot reach NATS JetStream just now "
+                                                f"({describe(error)}); try again shortly")
             if known is None:
                 log.exception("%s.%s failed", endpoint.area, endpoint.verb)
                 known = ApiError("failed", f"{type(error).__name__}: {error}")

@@ -25,13 +25,13 @@ from typing import Literal, Protocol, TypeVar
 
 import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
+from nats.aio.msg import Msg
 from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
 from bus import subjects
+from bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
 from bus.transcripts import TranscriptPublisher
 from domain.application import RecordedHook
 from providers.host.hooks import HookOutcome, HookRunner
@@ -84,8 +84,9 @@ class HookRefused(Exception):
 
 class HostAgent:
     def __init__(self, nc: Client, runner: HookRunner, host_id: str, transcript: TranscriptPublisher,
-                 ledger: HookLedger) -> None:
+                 ledger: HookLedger, *, health: BusHealth | None = None) -> None:
         self._nc = nc
+        self._health = health or BusHealth()
         self._runner = runner
         self._host_id = host_id
         self._transcript = transcript
@@ -143,8 +144,11 @@ class HostAgent:
         try:
             outcome = await self._runner.run(hook.operation_id, hook.kind, Path(hook.workspace), output)
             finished = HookState(state="finished", outcome=outcome)
-            await self._nc.publish(subjects.hook_finished(self._host_id, hook.operation_id),
-                                   msgspec.json.encode(finished))
+            try:
+                await self._nc.publish(subjects.hook_finished(self._host_id, hook.operation_id),
+                                       msgspec.json.encode(finished))
+            except BUS_UNAVAILABLE as error:  # the core's next `status` request learns the outcome instead
+                self._health.noticed(f"announcing the end of hook operation {hook.operation_id}", error)
             return outcome
         finally:
             self._running.pop(hook.operation_id, None)
@@ -194,12 +198,15 @@ def _replying(handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Callable
 
 
 class HostAgentClient:
-    """The core's side: run a hook on a host and wait for its outcome, however long it takes."""
+    """The core's side: run a hook on a host and wait for its outcome, however long it takes, and
+    however long the bus between them is away meanwhile."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, *, health: BusHealth | None = None) -> None:
         self._nc = nc
+        self._health = health or BusHealth()
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: str, workspace: str) -> HookOutcome:
+        bus = self._health.retry(f"the {kind} hook {operation_id} on host {host_id!r}")
         finished = asyncio.get_running_loop().create_future()
 
         async def on_finished(message) -> None:
@@ -209,31 +216,47 @@ class HostAgentClient:
         subscription = await self._nc.subscribe(subjects.hook_finished(host_id, operation_id), cb=on_finished)
         try:
             start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
-            state = await self._request(host_id, "start", start, HookState)
+            state = await self._until_answered(bus, host_id, "start", start, HookState)
             while state.state != "finished":
                 try:
                     state = await asyncio.wait_for(asyncio.shield(finished), STATUS_POLL_S)
                 except asyncio.TimeoutError:
                     # The finished message may have been lost (a reconnect): ask for the state again.
-                    state = await self._request(host_id, "status", HookRef(operation_id), HookState)
+                    state = await self._until_answered(bus, host_id, "status", HookRef(operation_id), HookState)
                     if state.state == "unknown":
-                        state = await self._request(host_id, "start", start, HookState)
+                        state = await self._until_answered(bus, host_id, "start", start, HookState)
             assert state.outcome is not None
             return state.outcome
         finally:
             await subscription.unsubscribe()
 
     async def cancel(self, host_id: str, operation_id: str) -> str:
-        return (await self._request(host_id, "cancel", HookRef(operation_id), Cancelled)).result
-
-    async def _request(self, host_id: str, verb: str, body: msgspec.Struct, answer: type[T]) -> T:
         try:
-            reply = await self._nc.request(subjects.host_hooks(host_id, verb), msgspec.json.encode(body), timeout=10)
-        except (NoRespondersError, NatsTimeout) as error:
-            raise HostUnavailable(f"no host agent answers for host {host_id!r} ({type(error).__name__})") from None
-        if reply.headers and (code := reply.headers.get("Nats-Service-Error-Code")):
-            # A refusal too: the agent's ledger may not have caught up with the log yet.
-            raise HostUnavailable(
-                f"the host agent of {host_id!r} answered {code}: {reply.headers.get('Nats-Service-Error')}"
-            )
-        return msgspec.json.decode(reply.data, type=answer)
+            reply = await self._ask(host_id, "cancel", HookRef(operation_id))
+        except BUS_UNAVAILABLE as error:
+            raise HostUnavailable(f"no host agent answers for host {host_id!r} ({describe(error)})") from None
+        return _answer(reply, host_id, Cancelled).result
+
+    async def _until_answered(self, bus: Retry, host_id: str, verb: str, body: msgspec.Struct, answer: type[T]) -> T:
+        """Asked again after a growing pause for as long as the bus, or the agent on it, is away:
+        the hook runs on meanwhile, and is joined afterwards, not started again."""
+        while True:
+            try:
+                reply = await self._ask(host_id, verb, body)
+            except BUS_UNAVAILABLE as error:
+                await bus.pause(error)
+                continue
+            bus.succeeded()
+            return _answer(reply, host_id, answer)
+
+    async def _ask(self, host_id: str, verb: str, body: msgspec.Struct) -> Msg:
+        return await self._nc.request(subjects.host_hooks(host_id, verb), msgspec.json.encode(body), timeout=10)
+
+
+def _answer(reply: Msg, host_id: str, answer: type[T]) -> T:
+    if reply.headers and (code := reply.headers.get("Nats-Service-Error-Code")):
+        # A refusal too: the agent's ledger may not have caught up with the log yet.
+        raise HostUnavailable(
+            f"the host agent of {host_id!r} answered {code}: {reply.headers.get('Nats-Service-Error')}"
+        )
+    return msgspec.json.decode(reply.data, type=answer)

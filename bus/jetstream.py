@@ -10,14 +10,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError
 
 from bus import subjects
+from bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
 from providers.host.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -28,16 +29,13 @@ TRANSCRIPT_LINES_PER_ENVIRONMENT = 2000
 TRANSCRIPT_DUPLICATE_WINDOW_S = 3600
 
 
-async def _report_error(error: Exception) -> None:
-    log.warning("nats: %s", error)
-
-
-async def connect(url: str, name: str, **options: object) -> Client:
-    """Reconnect forever: the embedded server may be restarted under a running service."""
-    return await nats.connect(
-        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-        error_cb=_report_error, **options,
-    )
+async def connect(url: str, name: str, health: BusHealth, **options: object) -> Client:
+    """Reconnect forever: the embedded server may be restarted under a running service, and its
+    absence meanwhile is `health`'s to report, once."""
+    nc = Client()
+    await nc.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                     **health.watch(nc, name), **options)
+    return nc
 
 
 def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.StreamConfig, ...]:
@@ -87,13 +85,21 @@ Handler = Callable[[list[Msg]], Awaitable[None]]
 
 
 async def consume(js: JetStreamContext, stream: str, durable: str, filter_subject: str, handle: Handler,
-                  batch: int = 200, in_order: bool = False) -> None:
+                  health: BusHealth, batch: int = 200, in_order: bool = False) -> None:
     """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered.
 
     A handler that keeps failing (its database on a full disk, say) is given the batch again after
-    a growing delay, and the log one line when that starts and one when it ends.
+    a growing delay, and the log one line when that starts and one when it ends. While the bus is
+    away (its server, the stream's leader) the consumer waits for it the same way, and `health`
+    says so once for every loop.
     """
-    await ensure_consumer(js, stream, durable, filter_subject, in_order)
+    bus = health.retry(f"consumer {durable}")
+    while True:
+        try:
+            await ensure_consumer(js, stream, durable, filter_subject, in_order)
+            break
+        except BUS_UNAVAILABLE as error:
+            await bus.pause(error)
     subscription = await js.pull_subscribe_bind(durable, stream)
     backoff = Backoff(log, f"consumer {durable} handling a batch")
     while True:
@@ -103,17 +109,32 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
             # nats-py turns a cancellation inside fetch into a timeout; do not swallow it.
             if asyncio.current_task().cancelling():
                 raise asyncio.CancelledError from None
+            bus.succeeded()  # nothing new; while the connection is down, its own report stands
+            continue
+        except NatsError as error:  # a 503 while a stream has no leader, a closed connection...
+            await bus.pause(error)
             continue
         try:
             await handle(messages)
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            delay = backoff.failed(error)
-            for message in messages:
-                await message.nak(delay=delay)
+            # A handler that could not reach the bus waits for it like the fetch does; any other
+            # failure is the handler's own.
+            delay = bus.failed(error) if unavailable(error) else backoff.failed(error)
+            await _settle(messages, lambda message: message.nak(delay=delay), bus)
             await asyncio.sleep(delay)
             continue
         backoff.succeeded()
+        bus.succeeded()
+        await _settle(messages, lambda message: message.ack(), bus)
+
+
+async def _settle(messages: list[Msg], settle: Callable[[Msg], Awaitable[None]], bus: Retry) -> None:
+    """Ack or nak a batch. With no bus to say it on, the server redelivers the batch after its ack
+    wait instead, and the handlers take it again as the no-op it then is."""
+    try:
         for message in messages:
-            await message.ack()
+            await settle(message)
+    except BUS_UNAVAILABLE as error:
+        await bus.pause(error)

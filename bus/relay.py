@@ -27,6 +27,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from bus import subjects
 from bus.crash_points import crash_point
+from bus.health import BusHealth
 from bus.log_reader import LoggedDocument
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,10 @@ class StreamMoved(Exception):
 
 class OutboxRelay:
     def __init__(self, js: JetStreamContext, read_page: PageReader, read_notifications: NotificationReader,
-                 poll_seconds: float = 1.0) -> None:
+                 poll_seconds: float = 1.0, *, health: BusHealth | None = None) -> None:
+        """`health`: where the relay reports the bus away and back, shared with the service's other loops."""
         self._js = js
+        self._bus = (health or BusHealth()).retry("relay")
         self._read_page = read_page
         self._read_notifications = read_notifications
         self._poll_seconds = poll_seconds
@@ -78,8 +81,7 @@ class OutboxRelay:
                 continue
             except (NatsError, asyncio.TimeoutError) as ambiguous:
                 # Stored or not, we cannot tell: the stream knows, and the next heal reads it.
-                log.warning("relay lost sight of the stream (%r); reading it again", ambiguous)
-                await asyncio.sleep(0.2)
+                await self._bus.pause(ambiguous)
 
     async def _relay(self) -> None:
         while True:
@@ -87,6 +89,7 @@ class OutboxRelay:
             page = await self._read_page(self.position)
             for logged in page:
                 await self._publish(logged)
+            self._bus.succeeded()  # only now: a stream that is read but refuses every publish is no success
             if not page:
                 self.caught_up.set()
                 await self._idle()

@@ -1,12 +1,15 @@
 """Transcript lines (provider steps, hook output) go to their own size-limited stream.
 
-Publishing is fire-and-forget from any thread: progress must never block or fail a step.
+Publishing is fire-and-forget from any thread: progress must never block or fail a step. Lines
+are sent in order; while the bus is away they wait (the oldest dropped beyond MAX_WAITING_LINES)
+and go out once it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from datetime import datetime, timezone
 
 import msgspec
@@ -14,14 +17,23 @@ from nats.aio.client import Client
 
 from bus import subjects
 from bus.documents import TranscriptLine
+from bus.health import BUS_UNAVAILABLE, BusHealth
 
 log = logging.getLogger(__name__)
 
+MAX_WAITING_LINES = 10_000
+
+Line = tuple[str, bytes, dict[str, str] | None]  # subject, payload, headers
+
 
 class TranscriptPublisher:
-    def __init__(self, nc: Client, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, nc: Client, loop: asyncio.AbstractEventLoop, *, health: BusHealth | None = None) -> None:
         self._nc = nc
         self._loop = loop
+        self._bus = (health or BusHealth()).retry("publishing transcript lines")
+        self._waiting: deque[Line] = deque()
+        self._dropped = 0
+        self._sending: asyncio.Task[None] | None = None
 
     def line(self, environment_id: str, kind: str, source: str, text: str, message_id: str | None = None) -> None:
         """`message_id` names a line that may be published again (see the stream's duplicate window)."""
@@ -29,13 +41,30 @@ class TranscriptPublisher:
                               kind=kind, source=source, text=text.rstrip("\n"))
         payload = msgspec.json.encode(line)
         headers = None if message_id is None else {"Nats-Msg-Id": message_id}
-        self._loop.call_soon_threadsafe(self._send, subjects.transcript(environment_id), payload, headers)
+        self._loop.call_soon_threadsafe(self._queue, (subjects.transcript(environment_id), payload, headers))
 
-    def _send(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> None:
-        self._loop.create_task(self._publish(subject, payload, headers))
+    def _queue(self, line: Line) -> None:
+        if len(self._waiting) == MAX_WAITING_LINES:
+            self._waiting.popleft()
+            self._dropped += 1
+        self._waiting.append(line)
+        if self._sending is None or self._sending.done():
+            self._sending = self._loop.create_task(self._send_waiting())
 
-    async def _publish(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> None:
-        try:
-            await self._nc.publish(subject, payload, headers=headers)
-        except Exception as error:
-            log.warning("transcript line dropped: %s", error)
+    async def _send_waiting(self) -> None:
+        while self._waiting:
+            subject, payload, headers = self._waiting.popleft()
+            while True:
+                try:
+                    await self._nc.publish(subject, payload, headers=headers)
+                except BUS_UNAVAILABLE as error:
+                    await self._bus.pause(error)
+                    continue
+                except Exception as error:
+                    log.warning("transcript line dropped: %s", error)
+                    break
+                self._bus.succeeded()
+                break
+            if self._dropped:
+                log.warning("%d transcript line(s) were dropped while the bus was away", self._dropped)
+                self._dropped = 0

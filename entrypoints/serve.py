@@ -21,6 +21,7 @@ from bus import subjects
 from bus.api_service import start_api
 from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason
 from bus.embedded_server import EmbeddedNats
+from bus.health import BusHealth
 from bus.host_agent import HostAgent, HostAgentClient
 from bus.jetstream import connect, consume, ensure_streams
 from bus.log_reader import LogReader
@@ -80,7 +81,8 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     embedded = None if settings.nats_url else embedded_nats(settings)
     nats_url = settings.nats_url or embedded.url
     loop = asyncio.get_running_loop()
-    nc = await connect(nats_url, name=f"bb-serve-{settings.host_id}", **nats_credentials())
+    health = BusHealth()  # one report of an outage for every connection and loop below
+    nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, **nats_credentials())
     js = nc.jetstream()
     await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
 
@@ -100,16 +102,16 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     store = Store(app)
     read_model = await ReadModel.open(settings.data_dir / "read-models.sqlite")
     placer = Placer(registry, settings.data_dir, settings.host_id)
-    transcript = TranscriptPublisher(nc, loop)
+    transcript = TranscriptPublisher(nc, loop, health=health)
     host_agent = HostAgent(nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s), settings.host_id,
-                           transcript, StoreLedger(store))
+                           transcript, StoreLedger(store), health=health)
     agent_service = await host_agent.start()
-    provisioner = Provisioner(store, placer, HostAgentClient(nc), transcript,
+    provisioner = Provisioner(store, placer, HostAgentClient(nc, health=health), transcript,
                               timedelta(seconds=settings.transient_retry_s))
     threads = ThreadHandlers(store, placer, settings.host_id)
     log_reader = LogReader(app)
     relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after),
-                        lambda ids: store.read_log(log_reader.at, ids))
+                        lambda ids: store.read_log(log_reader.at, ids), health=health)
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 
     consumer_reader = LogReader(app)
@@ -160,11 +162,13 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
 
     workers: list[Awaitable[None]] = [
         relay.run(),
-        consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model),
-        consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript),
-        consume(js, subjects.ENVIRONMENTS_STREAM, "provisioner", subjects.LOG_ENVIRONMENT_EVENTS, drive_environments),
+        consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model, health),
+        consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript, health),
+        consume(js, subjects.ENVIRONMENTS_STREAM, "provisioner", subjects.LOG_ENVIRONMENT_EVENTS, drive_environments,
+                health),
         # One thread event at a time: a thread's events must be handled in the order they were sent.
-        consume(js, subjects.THREADS_STREAM, "threads", subjects.THREAD_EVENTS, handle_thread_events, in_order=True),
+        consume(js, subjects.THREADS_STREAM, "threads", subjects.THREAD_EVENTS, handle_thread_events, health,
+                in_order=True),
         sweep_forever(),
     ]
     tasks = [asyncio.create_task(w) for w in workers]

@@ -181,7 +181,12 @@ class Provisioner:
         if env.setup_status == "running":
             self._start(env, env.setup_operation_id, self._run_setup, env)
             if env.cancelled:
-                await self._hooks.cancel(env.host_id, env.setup_operation_id)
+                try:
+                    await self._hooks.cancel(env.host_id, env.setup_operation_id)
+                except HostUnavailable as unavailable:
+                    # Asked again at the next drive (the sweep's at the latest); an outage of the
+                    # bus is reported once, by the bus's health, not here at every sweep.
+                    log.debug("could not stop the setup of environment %s yet: %s", env.id, unavailable)
         elif env.cancelled:
             await self._record(env, self._app.start_removal, _now())
         elif env.setup_status is None:
