@@ -44,7 +44,7 @@ from domain.environment import Environment
 from domain.errors import DomainError
 from domain.status import EnvironmentStatus
 from domain.thread import Thread
-from handlers.errors import InvalidInput, NotFound, RequestError
+from handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
 from handlers.placement import Placer, canonical_project, check_environment_id, check_host_id, check_thread_id
 from handlers.provisioning import Provisioner
 from handlers.store import Store
@@ -119,7 +119,12 @@ class Api:
             head = await self._store.read_log(self._app.head)
             if not 0 < request.min_position <= head:
                 raise InvalidInput(f"minPosition {request.min_position} is not a position of the log (1 to {head})")
-            await self._read_model.wait_for(request.min_position)
+            try:
+                await self._read_model.wait_for(request.min_position)
+            except asyncio.TimeoutError:
+                # Its consumer waits for the bus (or for disk space) to come back.
+                raise Unavailable(f"the read model has not reached log position {request.min_position} yet; "
+                                  "ask again shortly") from None
         view = await self._read_model.environment(environment_id)
         if view is None:
             raise NotFound(f"no environment {request.environment_id}")

@@ -33,3 +33,9 @@ class NotFound(RequestError):
 
 class Refused(RequestError):
     code = "refused"
+
+
+class Unavailable(RequestError):
+    """The service cannot answer now (its read model waits for the bus, say); asked again, it will."""
+
+    code = "unreachable"
