@@ -16,6 +16,7 @@ from uuid import UUID
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from bus import subjects
 from bus.api_service import start_api
@@ -174,9 +175,15 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     tasks = [asyncio.create_task(w) for w in workers]
 
     async def publish_thread_message(message: ThreadMessageMessage) -> None:
-        # One first message per thread, even when a spawn's publish is retried.
-        await js.publish(subjects.thread_event(message.thread_id, "message"), msgspec.json.encode(message),
-                         headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
+        # One first message per thread, even when a spawn is sent again: within the duplicate
+        # window the stream drops the copy, and after it the stream still holds the first.
+        subject = subjects.thread_event(message.thread_id, "message")
+        try:
+            await js.get_last_msg(subjects.THREADS_STREAM, subject)
+            return
+        except NotFoundError:
+            pass
+        await js.publish(subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
 
     api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position,
               publish_thread_message)
