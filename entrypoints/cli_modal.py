@@ -18,7 +18,8 @@ import msgspec
 from entrypoints.cli_support import Failure, emit, json_option, run_command, stderr, stdout
 from entrypoints.config import Settings
 from providers.contract import InvalidInputs
-from providers.modal_sandbox import ModalInputs, ModalOperationFailed, ModalSandboxProvider
+from providers.modal_sandbox import ModalInputs, ModalSandboxProvider
+from providers.modal_sdk import ModalOperationFailed
 from providers.modal_settings import (
     PROVIDER_ID,
     Dockerfile,

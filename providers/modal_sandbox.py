@@ -17,17 +17,17 @@ Pause snapshots the filesystem, hands the snapshot id to `checkpoint`, then term
 starts a sandbox from the snapshot with the same tags and skips setup. Superseded snapshots are
 deleted once a later resume or the removal can be sure the core recorded their successor.
 
-The Modal token (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET) is read from the environment for each call
-and goes only into `modal.Client.from_credentials`. Nothing in the sandbox needs it.
+Every call into Modal goes through `providers.modal_sdk`, which turns Modal's errors into
+`ModalOperationFailed`. The Modal token (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET) is read from the
+environment for each call and goes only into `modal.Client.from_credentials`. Nothing in the
+sandbox needs it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -57,10 +57,10 @@ from providers.contract import (
 from providers.git_commands import run_git_or_none
 from providers.git_worktree import repo_dir_name
 from providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
+from providers.modal_sdk import POLL_INTERVAL_S, ModalOperationFailed, ModalSdk, ModalSession, redact
 from providers.modal_settings import (
     NO_CREDENTIALS,
     PROVIDER_ID,
-    Dockerfile,
     DockerfileError,
     SettingsError,
     credentials_from_env,
@@ -74,7 +74,6 @@ WORKSPACE_ROOT = "/workspace"
 CLONE_TIMEOUT_S = 900
 SETUP_TIMEOUT_S = 900
 SNAPSHOT_TIMEOUT_S = 300
-POLL_INTERVAL_S = 1.0
 OUTPUT_LINE_LIMIT = 200
 # Modal tag values: at most 63 of [A-Za-z0-9._-].
 TAG_VALUE_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
@@ -92,14 +91,6 @@ INPUT_BOUNDS: dict[str, tuple[float, float]] = {
     "memoryMib": (512, 65_536),
     "timeoutHours": (1, 24),
 }
-
-
-class ModalOperationFailed(Exception):
-    """A Modal call failed; the message is one sentence and carries no credential."""
-
-    def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(message)
-        self.transient = transient
 
 
 class AccountStatus(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
@@ -120,8 +111,7 @@ class ModalSandboxProvider:
 
     def __init__(self, sdk: ModuleType | None = None, poll_interval_s: float = POLL_INTERVAL_S) -> None:
         """`sdk` is the `modal` module (imported on first use) or a stand-in with the same API."""
-        self._sdk = sdk
-        self._poll_interval_s = poll_interval_s
+        self._modal = ModalSdk(sdk, poll_interval_s)
 
     # -- the contract ------------------------------------------------------------------------------
 
@@ -173,20 +163,16 @@ class ModalSandboxProvider:
         sandbox_id = resource.get("sandboxId")
         if sandbox_id is None:
             raise ModalOperationFailed("the sandbox is already paused")
-        with self._client() as (sdk, client):
-            sandbox = self._call("find the sandbox", lambda: sdk.Sandbox.from_id(sandbox_id, client=client))
-            if self._call("check the sandbox", sandbox.poll) is not None:
+        with self._modal.connect() as session:
+            sandbox = session.sandbox(sandbox_id)
+            if session.has_stopped(sandbox):
                 raise ModalOperationFailed(f"sandbox {sandbox_id} has already stopped, so there is nothing to snapshot")
-            snapshot = self._call(
-                "snapshot the sandbox (it keeps running)",
-                lambda: sandbox.snapshot_filesystem(SNAPSHOT_TIMEOUT_S, ttl=None),
-                transient=True,
-            )
+            snapshot = session.snapshot(sandbox, SNAPSHOT_TIMEOUT_S)
             superseded = [*resource.get("supersededSnapshotIds", []), *_present(resource.get("snapshotId"))]
             snapshotted = {**resource, "snapshotId": snapshot.object_id, "supersededSnapshotIds": superseded}
             if checkpoint is not None:
                 checkpoint(snapshotted)
-            self._call("terminate the sandbox", sandbox.terminate)
+            session.terminate(sandbox, "terminate the sandbox")
         return {**snapshotted, "sandboxId": None}
 
     def resume(self, resource: dict[str, Any]) -> dict[str, Any]:
@@ -199,13 +185,13 @@ class ModalSandboxProvider:
         if snapshot_id is None:
             raise ModalOperationFailed("the environment has no snapshot to resume from")
         tags = environment_tags(resource["pathKey"])
-        with self._client() as (sdk, client):
-            app = self._app(sdk, client, resource["appName"], create_if_missing=True)
-            sandbox = self._adopt_running(sdk, client, app, tags, SilentReporter())
+        with self._modal.connect() as session:
+            app = session.app(resource["appName"], create_if_missing=True)
+            sandbox = _adopt_running(session, app, tags, SilentReporter())
             if sandbox is None:
-                image = self._call("find the snapshot", lambda: sdk.Image.from_id(snapshot_id, client=client))
-                sandbox = self._start_sandbox(sdk, client, app, image, tags, _resource_inputs(resource))
-            self._delete_images(sdk, client, resource.get("supersededSnapshotIds", []))
+                image = session.snapshot_image(snapshot_id)
+                sandbox = session.start_sandbox(app, image, tags, _resource_inputs(resource))
+            session.delete_images(resource.get("supersededSnapshotIds", []))
         return {**resource, "sandboxId": sandbox.object_id, "supersededSnapshotIds": []}
 
     # -- machines and account (the `bb machine` / `bb modal` commands) ----------------------------
@@ -217,9 +203,9 @@ class ModalSandboxProvider:
             return AccountStatus("blocked", NO_CREDENTIALS)
         try:
             app_name = load_settings(data_dir).app_name
-            with self._client() as (sdk, client):
-                self._call("check the credentials", client.hello)
-                app_exists = self._app(sdk, client, app_name, create_if_missing=False) is not None
+            with self._modal.connect() as session:
+                session.check_credentials()
+                app_exists = session.app(app_name, create_if_missing=False) is not None
         except (ModalOperationFailed, SettingsError) as failure:
             return AccountStatus("blocked", str(failure), credentials.hint)
         return AccountStatus("ok", None, credentials.hint, app_name, app_exists)
@@ -229,37 +215,32 @@ class ModalSandboxProvider:
         _check_bounds(inputs)
         settings = load_settings(data_dir)
         dockerfile = effective_dockerfile(data_dir, settings)
-        with self._client() as (sdk, client):
-            app = self._app(sdk, client, settings.app_name, create_if_missing=True)
-            image = self._ensure_image(sdk, client, app, dockerfile, Path(data_dir), report)
+        with self._modal.connect() as session:
+            app = session.app(settings.app_name, create_if_missing=True)
+            image = session.ensure_image(app, dockerfile, Path(data_dir), report)
             tags = {MACHINE_TAG: "1"}
-            sandbox = self._start_sandbox(sdk, client, app, image, tags, inputs)
+            sandbox = session.start_sandbox(app, image, tags, inputs)
         return {"id": sandbox.object_id, "appName": settings.app_name, "imageId": image.object_id, "tags": tags}
 
     def list_machines(self, data_dir: str) -> list[dict[str, Any]]:
         app_name = load_settings(data_dir).app_name
-        with self._client() as (sdk, client):
-            app = self._app(sdk, client, app_name, create_if_missing=False)
+        with self._modal.connect() as session:
+            app = session.app(app_name, create_if_missing=False)
             if app is None:
                 return []
-            sandboxes = self._call(
-                "list sandboxes", lambda: list(sdk.Sandbox.list(app_id=app.app_id, tags={MACHINE_TAG: "1"}, client=client))
-            )
-            return [{"id": sandbox.object_id, "appName": app_name, "tags": sandbox.get_tags()} for sandbox in sandboxes]
+            sandboxes = session.running_sandboxes(app, {MACHINE_TAG: "1"})
+            return [{"id": sandbox.object_id, "appName": app_name, "tags": session.tags(sandbox)} for sandbox in sandboxes]
 
     def remove_machine(self, machine_id: str) -> bool:
         """Terminate a machine; False when no such sandbox exists. Refuses sandboxes it did not make."""
-        with self._client() as (sdk, client):
-            try:
-                sandbox = sdk.Sandbox.from_id(machine_id, client=client)
-                tags = sandbox.get_tags()
-            except sdk.exception.NotFoundError:
+        with self._modal.connect() as session:
+            found = session.sandbox_and_tags(machine_id, "find the machine")
+            if found is None:
                 return False
-            except sdk.Error as error:
-                raise _translated(error, "find the machine") from None
+            sandbox, tags = found
             if tags.get(MACHINE_TAG) != "1":
                 raise ModalOperationFailed(f"sandbox {machine_id} is not a bb machine; it is left alone")
-            self._call("terminate the machine", sandbox.terminate)
+            session.terminate(sandbox, "terminate the machine")
         return True
 
     # -- create ------------------------------------------------------------------------------------
@@ -272,28 +253,28 @@ class ModalSandboxProvider:
         settings = load_settings(ctx.data_dir)
         dockerfile = effective_dockerfile(ctx.data_dir, settings)
         tags = environment_tags(ctx.path_key)
-        with self._client() as (sdk, client):
-            app = self._app(sdk, client, settings.app_name, create_if_missing=True)
-            image = self._ensure_image(sdk, client, app, dockerfile, Path(ctx.data_dir), ctx.report)
+        with self._modal.connect() as session:
+            app = session.app(settings.app_name, create_if_missing=True)
+            image = session.ensure_image(app, dockerfile, Path(ctx.data_dir), ctx.report)
             ctx.raise_if_cancelled()
-            sandbox = self._adopt_running(sdk, client, app, tags, ctx.report)
+            sandbox = _adopt_running(session, app, tags, ctx.report)
             if sandbox is None:
                 ctx.report.step("Starting a Modal sandbox")
-                sandbox = self._start_sandbox(sdk, client, app, image, tags, inputs)
+                sandbox = session.start_sandbox(app, image, tags, inputs)
             ctx.report.log(f"Sandbox {sandbox.object_id} (tag {PATH_KEY_TAG}={tags[PATH_KEY_TAG]})")
             try:
                 ctx.raise_if_cancelled()
                 ctx.report.step(f"Cloning {redact_url(origin)} into {workdir}")
-                self._run_script(sdk, sandbox, CLONE_SCRIPT, workdir, ctx, CLONE_TIMEOUT_S, "git clone",
-                                 stdin=origin + "\n", secrets=url_secrets(origin))
+                _run_script(session, sandbox, CLONE_SCRIPT, workdir, ctx, CLONE_TIMEOUT_S, "git clone",
+                            stdin=origin + "\n", secrets=url_secrets(origin))
                 ctx.raise_if_cancelled()
                 ctx.report.step("Running .bb-env-setup.sh in the sandbox")
-                self._run_script(sdk, sandbox, SETUP_SCRIPT, workdir, ctx, SETUP_TIMEOUT_S, ".bb-env-setup.sh")
+                _run_script(session, sandbox, SETUP_SCRIPT, workdir, ctx, SETUP_TIMEOUT_S, ".bb-env-setup.sh")
                 ctx.raise_if_cancelled()
             except BaseException:
                 # Whatever stopped the create, the sandbox must not run on, billed, with no owner.
                 ctx.report.step(f"Terminating sandbox {sandbox.object_id}")
-                self._terminate_quietly(sdk, sandbox, ctx.report)
+                session.terminate_quietly(sandbox, ctx.report)
                 raise
         return Created(
             path=sandbox_path(ctx.path_key, workdir),
@@ -312,162 +293,52 @@ class ModalSandboxProvider:
             },
         )
 
-    def _ensure_image(self, sdk: Any, client: Any, app: Any, dockerfile: Dockerfile, data_dir: Path, report: Reporter) -> Any:
-        name = dockerfile.image_name
-        try:
-            image = sdk.Image.from_name(name, client=client).build(app)
-            report.log(f"Reusing the {name} Modal image")
-            return image
-        except sdk.exception.NotFoundError:
-            pass
-        except sdk.Error as error:
-            raise _translated(error, f"look up the {name} image") from None
-        report.step(f"Building the {name} Modal image (first launch)")
-        # Build from a copy named by its hash, so the text built is exactly the text hashed.
-        frozen = data_dir / "images" / f"{dockerfile.sha256}.Dockerfile"
-        frozen.parent.mkdir(parents=True, exist_ok=True)
-        frozen.write_text(dockerfile.text)
-        image = self._call(
-            f"build the {name} image",
-            lambda: sdk.Image.from_dockerfile(frozen, context_dir=dockerfile.path.parent).build(app),
-        )
-        self._call(f"publish the {name} image", lambda: image.publish(name, client=client))
-        return image
-
-    def _adopt_running(self, sdk: Any, client: Any, app: Any, tags: dict[str, str], report: Reporter) -> Any | None:
-        """The running sandbox an earlier attempt left under these tags; any extra ones are terminated."""
-        running = self._call(
-            "list sandboxes", lambda: list(sdk.Sandbox.list(app_id=app.app_id, tags=tags, client=client))
-        )
-        if not running:
-            return None
-        adopted, *extra = running
-        report.step(f"Reusing sandbox {adopted.object_id}, left by an earlier attempt")
-        for sandbox in extra:
-            report.log(f"Terminating the duplicate sandbox {sandbox.object_id}")
-            self._call("terminate a duplicate sandbox", sandbox.terminate)
-        return adopted
-
-    def _start_sandbox(self, sdk: Any, client: Any, app: Any, image: Any, tags: dict[str, str], inputs: ModalInputs) -> Any:
-        return self._call(
-            "create the sandbox",
-            lambda: sdk.Sandbox.create(
-                app=app,
-                image=image,
-                tags=tags,
-                timeout=inputs.timeout_hours * 3600,
-                cpu=inputs.cpu,
-                memory=inputs.memory_mib,
-                client=client,
-            ),
-        )
-
-    def _run_script(
-        self, sdk: Any, sandbox: Any, script: str, argument: str, ctx: CreateContext, timeout_s: int,
-        label: str, stdin: str = "", secrets: tuple[str, ...] = (),
-    ) -> None:
-        """Run `bash -c script` with one argument; `stdin` is the only way secrets reach the process."""
-        process = self._call(label, lambda: sandbox.exec("bash", "-c", script, "bb", argument, timeout=timeout_s))
-        self._call(label, lambda: _send_stdin(process, stdin))
-        while self._call(label, process.poll) is None:
-            ctx.raise_if_cancelled()
-            time.sleep(self._poll_interval_s)
-        output = redact(self._call(label, process.stdout.read), secrets)
-        for line in _capped_lines(output):
-            ctx.report.log(line)
-        if process.returncode != 0:
-            last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
-            raise ModalOperationFailed(f"{label} failed in the sandbox (exit {process.returncode}): {last.strip()}")
-
     # -- remove ------------------------------------------------------------------------------------
 
     def _remove(self, ctx: RemoveContext) -> None:
         resource = ctx.resource or {}
         app_name = resource.get("appName") or load_settings(ctx.data_dir).app_name
-        with self._client() as (sdk, client):
-            app = self._app(sdk, client, app_name, create_if_missing=False)
+        with self._modal.connect() as session:
+            app = session.app(app_name, create_if_missing=False)
             sandbox_ids = list(_present(resource.get("sandboxId")))
             if app is not None:
-                tagged = self._call(
-                    "list sandboxes",
-                    lambda: list(sdk.Sandbox.list(app_id=app.app_id, tags=environment_tags(ctx.path_key), client=client)),
-                )
+                tagged = session.running_sandboxes(app, environment_tags(ctx.path_key))
                 sandbox_ids += [s.object_id for s in tagged if s.object_id not in sandbox_ids]
             for sandbox_id in sandbox_ids:
                 ctx.raise_if_cancelled()
                 ctx.report.step(f"Terminating sandbox {sandbox_id}")
-                self._terminate_by_id(sdk, client, sandbox_id)
+                session.terminate_by_id(sandbox_id)
             snapshots = [*_present(resource.get("snapshotId")), *resource.get("supersededSnapshotIds", [])]
             if snapshots:
                 ctx.report.step(f"Deleting {len(snapshots)} snapshot(s); the shared image is kept")
-                self._delete_images(sdk, client, snapshots)
+                session.delete_images(snapshots)
 
-    def _terminate_by_id(self, sdk: Any, client: Any, sandbox_id: str) -> None:
-        try:
-            sdk.Sandbox.from_id(sandbox_id, client=client).terminate()
-        except sdk.exception.NotFoundError:
-            pass  # already gone
-        except sdk.Error as error:
-            raise _translated(error, f"terminate sandbox {sandbox_id}") from None
 
-    def _terminate_quietly(self, sdk: Any, sandbox: Any, report: Reporter) -> None:
-        try:
-            sandbox.terminate()
-        except sdk.Error as error:
-            report.log(f"Could not terminate sandbox {sandbox.object_id} ({type(error).__name__}); removal will retry")
+def _adopt_running(session: ModalSession, app: Any, tags: dict[str, str], report: Reporter) -> Any | None:
+    """The running sandbox an earlier attempt left under these tags; any extra ones are terminated."""
+    running = session.running_sandboxes(app, tags)
+    if not running:
+        return None
+    adopted, *extra = running
+    report.step(f"Reusing sandbox {adopted.object_id}, left by an earlier attempt")
+    for sandbox in extra:
+        report.log(f"Terminating the duplicate sandbox {sandbox.object_id}")
+        session.terminate(sandbox, "terminate a duplicate sandbox")
+    return adopted
 
-    def _delete_images(self, sdk: Any, client: Any, image_ids: list[str]) -> None:
-        for image_id in image_ids:
-            try:
-                sdk.experimental.image_delete(image_id, client=client)
-            except sdk.exception.NotFoundError:
-                pass
-            except sdk.Error as error:
-                raise _translated(error, f"delete snapshot {image_id}") from None
 
-    # -- the Modal boundary ------------------------------------------------------------------------
-
-    def _modal(self) -> Any:
-        if self._sdk is None:
-            import modal
-            import modal.experimental  # noqa: F401  (image_delete lives there in modal 1.x)
-
-            self._sdk = modal
-        return self._sdk
-
-    @contextmanager
-    def _client(self) -> Iterator[tuple[Any, Any]]:
-        credentials = credentials_from_env()
-        if credentials is None:
-            raise ModalOperationFailed(NO_CREDENTIALS)
-        sdk = self._modal()
-        client = self._call(
-            "connect", lambda: sdk.Client.from_credentials(credentials.token_id, credentials.token_secret),
-            transient=True,
-        )
-        try:
-            yield sdk, client
-        finally:
-            client.close()
-
-    def _app(self, sdk: Any, client: Any, name: str, create_if_missing: bool) -> Any | None:
-        """The app, or None when it does not exist and may not be created."""
-        try:
-            return sdk.App.lookup(name, client=client, create_if_missing=create_if_missing)
-        except sdk.Error as error:
-            if isinstance(error, sdk.exception.NotFoundError) and not create_if_missing:
-                return None
-            raise _translated(error, f"look up the Modal app {name}") from None
-
-    def _call(self, action: str, call: Callable[[], Any], transient: bool | None = None) -> Any:
-        """Run one SDK call; Modal errors become ModalOperationFailed naming `action`."""
-        sdk = self._modal()
-        try:
-            return call()
-        except sdk.Error as error:
-            raise _translated(error, action, transient) from None
-        except OSError as error:
-            raise ModalOperationFailed(f"could not {action}: {error.strerror or error}", transient=True) from None
+def _run_script(
+    session: ModalSession, sandbox: Any, script: str, argument: str, ctx: CreateContext, timeout_s: int,
+    label: str, stdin: str = "", secrets: tuple[str, ...] = (),
+) -> None:
+    """Run `bash -c script` with one argument; `stdin` is the only way secrets reach the process."""
+    returncode, output = session.run_script(sandbox, script, argument, timeout_s, label, stdin, ctx.raise_if_cancelled)
+    output = redact(output, secrets)
+    for line in _capped_lines(output):
+        ctx.report.log(line)
+    if returncode != 0:
+        last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
+        raise ModalOperationFailed(f"{label} failed in the sandbox (exit {returncode}): {last.strip()}")
 
 
 def environment_tags(path_key: str) -> dict[str, str]:
@@ -510,33 +381,6 @@ def url_secrets(url: str) -> tuple[str, ...]:
 
 def redact_url(url: str) -> str:
     return redact(url, url_secrets(url))
-
-
-def redact(text: str, secrets: tuple[str, ...] | list[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
-def _translated(error: Exception, action: str, transient: bool | None = None) -> ModalOperationFailed:
-    """One sentence naming the action; the token never appears, whatever Modal's message held."""
-    credentials = credentials_from_env()
-    name = type(error).__name__
-    detail = redact(str(error).strip().splitlines()[0] if str(error).strip() else name, credentials.secrets if credentials else ())
-    if name in ("AuthError", "PermissionDeniedError"):
-        hint = f" (token {credentials.hint})" if credentials else ""
-        return ModalOperationFailed(f"Modal refused the credentials{hint} while trying to {action}: {detail}")
-    terminal = name in ("InvalidError", "NotFoundError", "ImageBuildError", "AlreadyExistsError")
-    return ModalOperationFailed(
-        f"could not {action}: {detail}", transient=(not terminal) if transient is None else transient
-    )
-
-
-def _send_stdin(process: Any, text: str) -> None:
-    process.stdin.write(text)
-    process.stdin.write_eof()
-    process.stdin.drain()
 
 
 def _capped_lines(output: str) -> list[str]:

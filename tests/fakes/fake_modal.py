@@ -1,4 +1,4 @@
-"""A stand-in for the `modal` module (1.x): exactly the calls `providers.modal_sandbox` makes.
+"""A stand-in for the `modal` module (1.x): exactly the calls `providers.modal_sdk` makes.
 
 Names, parameters and defaults mirror modal 1.6.4's blocking API (`tests/unit/
 test_modal_sandbox_provider.py` checks them against the installed package with

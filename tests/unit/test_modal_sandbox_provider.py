@@ -38,13 +38,13 @@ from providers.modal_sandbox import (
     MACHINE_TAG,
     PATH_KEY_TAG,
     ModalInputs,
-    ModalOperationFailed,
     ModalSandboxProvider,
     project_origin,
     sandbox_path,
     tag_value,
 )
 from providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
+from providers.modal_sdk import ModalOperationFailed
 from providers.modal_settings import (
     NO_CREDENTIALS,
     SHIPPED_DOCKERFILE,
