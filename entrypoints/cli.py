@@ -26,7 +26,7 @@ from bus.client import ApiClient, unreachable
 from domain.status import EnvironmentStatus
 from entrypoints.cli_modal import machine, modal
 from entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
-from entrypoints.config import ConfigError, Settings, nats_credentials, read_server_file
+from entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
 
 TERMINAL_FOR_WAIT = {
     EnvironmentStatus.READY: 0, EnvironmentStatus.ERROR: 1, EnvironmentStatus.REMOVING: 1, EnvironmentStatus.REMOVED: 1,
@@ -40,15 +40,15 @@ async def open_client(settings: Settings) -> ApiClient:
     deployment's credentials from the environment (an external NATS)."""
     if settings.nats_url is not None:
         return await ApiClient.connect(settings.nats_url, settings.data_dir, **nats_credentials(settings.nats_url))
-    server = read_server_file(settings.server_file)
-    if server is None:
-        raise unreachable("no server.json", settings.data_dir)
-    url, seeds = server.get("natsUrl"), server.get("credentials")
-    if not isinstance(url, str) or not isinstance(seeds, (dict, type(None))):
-        raise unreachable(f"{settings.server_file} is damaged", settings.data_dir)
-    if seeds is None:
-        return await ApiClient.connect(url, settings.data_dir, **nats_credentials(url))
-    return await ApiClient.connect(url, settings.data_dir, nkeys_seed=str(seeds.get("operator")))
+    try:
+        server = read_server_file(settings.server_file)
+    except ServerFileError as unusable:
+        running = serving(settings.data_dir)
+        hint = f"`bb serve` (pid {running.pid}) writes it again within seconds" if running else None
+        raise unreachable(str(unusable), settings.data_dir, hint) from None
+    if server.credentials is None:
+        return await ApiClient.connect(server.nats_url, settings.data_dir, **nats_credentials(server.nats_url))
+    return await ApiClient.connect(server.nats_url, settings.data_dir, nkeys_seed=server.credentials.operator)
 
 
 async def call(settings: Settings, area: str, verb: str, body: Any) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
 @click.pass_obj
 def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_json: bool) -> None:
     """Run the service: embedded nats-server, event store, read models, host agent."""
-    from entrypoints.serve import AlreadyServing, serve as run_service
+    from entrypoints.serve import ServeError, serve as run_service
 
     if data_dir or nats_url:
         settings = Settings.load(data_dir or str(settings.data_dir), nats_url or settings.nats_url)
@@ -121,8 +121,8 @@ def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_jso
 
     try:
         asyncio.run(run_service(settings, announce))
-    except AlreadyServing as busy:
-        fail("failed", str(busy), as_json)
+    except ServeError as failed:
+        fail("failed", str(failed), as_json)
 
 
 # -- environments ----------------------------------------------------------------------------------

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
+import logging
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import msgspec
+
+from bus.access import check_host_id
+from bus.embedded_server import pid_alive
+from providers.host.file_lock import read_holder
+
+log = logging.getLogger(__name__)
+
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "bb"
 SERVER_FILE = "server.json"
+SERVE_LOCK = "serve.lock"
 THREADS_MAX_AGE_S = 7 * 24 * 3600
 THREADS_MAX_BYTES = 1 << 30
 
@@ -43,7 +54,7 @@ class Settings:
             data_dir=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
             event_store=os.environ.get("BB_EVENT_STORE") or f"sqlite:///{root / 'events.sqlite'}",
-            host_id=os.environ.get("BB_HOST_ID", "local"),
+            host_id=_host_id(os.environ.get("BB_HOST_ID", "local")),
             retire_grace_override=_grace_override(os.environ.get("BB_RETIRE_GRACE_MS")),
             hook_timeout_s=_number("BB_HOOK_TIMEOUT_S", 900),
             sweep_interval_s=_number("BB_SWEEP_INTERVAL_S", 30),
@@ -58,15 +69,21 @@ class Settings:
         return self.data_dir / SERVER_FILE
 
 
-def nats_credentials() -> dict[str, Any]:
-    """Credentials come from the environment only, so they never appear in argv or logs."""
+def nats_credentials(url: str | None = None) -> dict[str, Any]:
+    """nats-py connect options for an external NATS, from the environment only, so that credentials
+    never appear in argv or logs; a `tls://` URL also gets a TLS context (CA from BB_NATS_CA)."""
+    options: dict[str, Any] = {}
+    if url is not None and urlparse(url).scheme == "tls":
+        options["tls"] = ssl.create_default_context(cafile=os.environ.get("BB_NATS_CA") or None)
     if creds := os.environ.get("BB_NATS_CREDS"):
-        return {"user_credentials": creds}
+        return {**options, "user_credentials": creds}
+    if nkey := os.environ.get("BB_NATS_NKEY"):
+        return {**options, "nkeys_seed": nkey}
     if token := os.environ.get("BB_NATS_TOKEN"):
-        return {"token": token}
+        return {**options, "token": token}
     if user := os.environ.get("BB_NATS_USER"):
-        return {"user": user, "password": os.environ.get("BB_NATS_PASSWORD", "")}
-    return {}
+        return {**options, "user": user, "password": os.environ.get("BB_NATS_PASSWORD", "")}
+    return options
 
 
 def url_without_credentials(url: str) -> str:
@@ -81,6 +98,9 @@ def event_store_environment(url: str) -> dict[str, str]:
     if parsed.scheme == "sqlite":
         path = Path(unquote(parsed.path))
         path.parent.mkdir(parents=True, exist_ok=True)
+        # The log holds environment inputs and thread ids: its owner's only, wherever it lives.
+        path.touch(mode=0o600, exist_ok=True)
+        os.chmod(path, 0o600)
         return {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(path)}
     if parsed.scheme in ("postgres", "postgresql"):
         return {
@@ -92,6 +112,20 @@ def event_store_environment(url: str) -> dict[str, str]:
             "POSTGRES_PASSWORD": unquote(parsed.password or ""),
         }
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
+
+
+def event_store_file(url: str) -> Path | None:
+    """The SQLite event store's file, symlinks resolved, so that every alias of it names one file;
+    None for PostgreSQL."""
+    parsed = urlparse(url)
+    return Path(unquote(parsed.path)).resolve() if parsed.scheme == "sqlite" else None
+
+
+def _host_id(raw: str) -> str:
+    try:
+        return check_host_id(raw)
+    except ValueError as bad:
+        raise ConfigError(f"BB_HOST_ID: {bad}") from None
 
 
 def _grace_override(raw: str | None) -> tuple[int | None] | None:
@@ -125,14 +159,105 @@ def _positive(name: str, default: float, what: str) -> float:
     raise ConfigError(f"{name} must be {what} greater than 0, got {raw!r}")
 
 
-def read_server_file(path: Path) -> dict[str, Any] | None:
+class ClientSeeds(msgspec.Struct, frozen=True):
+    operator: str
+    publisher: str
+    subscriber: str
+
+
+class ServerInfo(msgspec.Struct, rename="camel", omit_defaults=True, frozen=True):
+    """server.json: how every other `bb` command finds the running service (SPEC section 2). The
+    service writes every field it has; a reader needs only the first two."""
+    nats_url: str
+    pid: int
+    host_id: str | None = None
+    data_dir: str | None = None
+    nats_pid: int | None = None
+    nats_port: int | None = None
+    credentials: ClientSeeds | None = None
+
+
+class ServerFileError(Exception):
+    """server.json is missing or cannot be used; the message says which, in a few words."""
+
+
+def read_server_file(path: Path) -> ServerInfo:
+    """The running service's server.json, checked for its shape, or ServerFileError."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+        content = path.read_bytes()
+    except FileNotFoundError:
+        raise ServerFileError(f"no {path.name}") from None
+    except OSError as unreadable:
+        raise ServerFileError(f"{path.name} cannot be read: {unreadable.strerror}") from None
+    try:
+        return msgspec.json.decode(content, type=ServerInfo)
+    except msgspec.DecodeError as damaged:
+        raise ServerFileError(f"{path.name} is damaged: {damaged}") from None
 
 
-def write_server_file(path: Path, content: dict[str, Any]) -> None:
+class Holder(msgspec.Struct, rename="camel"):
+    """Who holds one of the service's locks: a data dir's, or an event store's writer lock."""
+    pid: int
+    data_dir: str
+
+
+def serving(data_dir: Path) -> Holder | None:
+    """The `bb serve` holding `data_dir`, as its lock recorded it, while that pid lives."""
+    holder = read_holder(data_dir / SERVE_LOCK, Holder)
+    return holder if holder is not None and pid_alive(holder.pid) else None
+
+
+class ServerFile:
+    """server.json as the running service keeps it: written at start, again when what it says
+    changes (a restarted nats-server), and whenever it goes missing or someone else changes it,
+    since no client can reach the service without it."""
+
+    def __init__(self, path: Path, info: ServerInfo) -> None:
+        self.path, self.info = path, info
+        self._written = b""
+
+    def write(self) -> None:
+        self._written = msgspec.json.format(msgspec.json.encode(self.info), indent=2)
+        write_private_file(self.path, self._written.decode())
+
+    def update(self, **changes: Any) -> None:
+        self.info = msgspec.structs.replace(self.info, **changes)
+        try:
+            self.write()
+        except OSError as failed:  # not a reason to stop serving: `keep` tries again
+            log.warning("%s could not be written: %s", self.path, failed.strerror)
+
+    async def keep(self, interval: float) -> None:
+        unwritable = None
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if self.path.read_bytes() == self._written:
+                    continue
+                problem = "was changed"
+            except FileNotFoundError:
+                problem = "was missing"
+            except OSError as unreadable:
+                problem = f"could not be read ({unreadable.strerror})"
+            try:
+                self.write()
+            except OSError as failed:
+                if failed.strerror != unwritable:  # said once, not at every check
+                    log.warning("%s %s and cannot be written again: %s", self.path, problem, failed.strerror)
+                unwritable = failed.strerror
+                continue
+            unwritable = None
+            log.warning("%s %s; wrote it again", self.path, problem)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Atomically, readable by its owner only (server.json names where the operator's seed is)."""
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(content, indent=2))
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
     os.replace(temporary, path)

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import IO
+from typing import Any
 from uuid import UUID
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from bus import subjects
+from bus.access import SERVICE_USER, Credentials, all_users, host_agent_user, server_configuration
 from bus.api_service import start_api
 from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason
-from bus.embedded_server import EmbeddedNats
+from bus.embedded_server import NatsServerUnavailable, SupervisedNats
 from bus.health import BusHealth
 from bus.host_agent import HostAgent, HostAgentClient
 from bus.jetstream import connect, consume, ensure_streams
@@ -32,58 +33,135 @@ from bus.transcripts import TranscriptPublisher
 from domain.application import Environments
 from domain.errors import DomainError
 from entrypoints.config import (
+    SERVE_LOCK,
+    SERVER_FILE,
+    ClientSeeds,
+    Holder,
+    ServerFile,
+    ServerFileError,
+    ServerInfo,
     Settings,
     event_store_environment,
+    event_store_file,
     nats_credentials,
     read_server_file,
     url_without_credentials,
-    write_server_file,
+    write_private_file,
 )
-from handlers.api import Api, translate_error
+from handlers.api import Api, replay_log, translate_error
 from handlers.errors import RequestError
 from handlers.placement import Placer
 from handlers.provisioning import Provisioner
 from handlers.store import Store, StoreLedger
 from handlers.threads import ThreadHandlers
 from projections.read_model import Applied, ReadModel
+from providers.host.file_lock import FileLock
 from providers.host.hooks import HookRunner
 from providers.registry import ProviderRegistry
 
 log = logging.getLogger("bb.serve")
 
+SERVER_FILE_CHECK_S = 2.0
 
-class AlreadyServing(RuntimeError):
+
+class ServeError(RuntimeError):
+    """`bb serve` cannot start or carry on; the message is the one line it ends with."""
+
+
+class AlreadyServing(ServeError):
     pass
 
 
-def hold_data_dir(data_dir: Path) -> IO[str]:
+def hold_data_dir(data_dir: Path) -> FileLock:
     """One service per data dir; the lock dies with the process, even on SIGKILL."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(data_dir / "serve.lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise AlreadyServing(f"another `bb serve` is running on {data_dir}") from None
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)  # seeds, the event store and prompts live here: its owner's only
+    lock = FileLock(data_dir / SERVE_LOCK)
+    if not lock.acquire():
+        holder = lock.holder(Holder)
+        lock.close()
+        who = f"another `bb serve` (pid {holder.pid})" if holder else "another `bb serve`"
+        raise AlreadyServing(f"{who} is running on data dir {data_dir}{_reached_at(data_dir, holder)}")
+    lock.record(Holder(os.getpid(), str(data_dir)))
     return lock
 
 
-def embedded_nats(settings: Settings) -> EmbeddedNats:
-    previous = read_server_file(settings.server_file) or {}
-    if previous.get("natsPid") and previous.get("natsPort"):
-        reused = EmbeddedNats.reuse(previous["natsPid"], "127.0.0.1", previous["natsPort"])
-        if reused is not None:
-            log.info("reusing the embedded nats-server (pid %s)", reused.pid)
-            return reused
-    return EmbeddedNats.start(settings.data_dir / "nats")
+def _reached_at(data_dir: Path, holder: Holder | None) -> str:
+    try:
+        info = read_server_file(data_dir / SERVER_FILE)
+    except ServerFileError:
+        return " (it is starting, or rewrites its server.json within seconds)"
+    return f", reachable at {info.nats_url}" if holder is None or info.pid == holder.pid else ""
+
+
+def hold_event_store(settings: Settings) -> FileLock | None:
+    """One writer per event store, whatever data dir names it: the store's consistency (one writer
+    thread, aggregates cached from it, path claims) assumes it. The lock lives beside an SQLite store;
+    a PostgreSQL store is not guarded (README)."""
+    store = event_store_file(settings.event_store)
+    if store is None:
+        return None
+    store.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(store.with_name(store.name + ".lock"))
+    if not lock.acquire():
+        holder = lock.holder(Holder)
+        lock.close()
+        who = f"`bb serve` pid {holder.pid} (data dir {holder.data_dir})" if holder else "another `bb serve`"
+        raise AlreadyServing(f"the event store {store} is in use by {who}; one service writes to a store")
+    lock.record(Holder(os.getpid(), str(settings.data_dir)))
+    return lock
+
+
+def embedded_nats(settings: Settings, credentials: Credentials) -> SupervisedNats:
+    """Our own nats-server, admitting only the users whose seeds are in `credentials`."""
+    store_dir, configuration = settings.data_dir / "nats", settings.data_dir / "nats-server.conf"
+    credentials.ensure(all_users(settings.host_id))
+    write_private_file(configuration, server_configuration(credentials, settings.host_id))
+    return SupervisedNats.open(store_dir, configuration)
+
+
+def connect_options(settings: Settings, credentials: Credentials | None, user: str) -> dict[str, Any]:
+    """The embedded server knows each of our users by its seed; an external one gets the deployment's."""
+    if credentials is None:
+        return nats_credentials(settings.nats_url)
+    return {"nkeys_seed": str(credentials.seed_file(user))}
 
 
 async def serve(settings: Settings, ready: Callable[[dict], None] | None = None) -> None:
-    lock = hold_data_dir(settings.data_dir)
-    embedded = None if settings.nats_url else embedded_nats(settings)
+    """Run until SIGTERM or SIGINT. Whatever ends it, everything it started is stopped first (the
+    nats-server included, and every thread that would keep the process alive); a failure ends it
+    with ServeError. Only a SIGKILL leaves the nats-server running, for the next start to reuse."""
+    try:
+        async with contextlib.AsyncExitStack() as started:
+            await _serve(settings, ready, started)
+    except ServeError:
+        raise
+    except NatsServerUnavailable as failed:
+        raise ServeError(str(failed)) from None
+    except Exception as failed:
+        # One line for the operator; where it failed is for whoever debugs it.
+        log.debug("bb serve failed", exc_info=True)
+        raise ServeError(f"bb serve failed: {failed} ({type(failed).__name__}; "
+                         "BB_LOG_LEVEL=DEBUG shows where)") from None
+
+
+async def _serve(settings: Settings, ready: Callable[[dict], None] | None, started: contextlib.AsyncExitStack) -> None:
+    started.callback(hold_data_dir(settings.data_dir).close)
+    if store_lock := hold_event_store(settings):
+        started.callback(store_lock.close)
+    credentials = None if settings.nats_url else Credentials(settings.data_dir / "credentials")
+    embedded = None if credentials is None else embedded_nats(settings, credentials)
+    if embedded:
+        started.callback(embedded.stop)
     nats_url = settings.nats_url or embedded.url
     loop = asyncio.get_running_loop()
     health = BusHealth()  # one report of an outage for every connection and loop below
-    nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, **nats_credentials())
+    nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health,
+                       **connect_options(settings, credentials, SERVICE_USER))
+    started.push_async_callback(_close, nc)
+    agent_nc = await connect(nats_url, f"bb-host-agent-{settings.host_id}", health,
+                             **connect_options(settings, credentials, host_agent_user(settings.host_id)))
+    started.push_async_callback(_close, agent_nc)
     js = nc.jetstream()
     await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
 
@@ -98,17 +176,27 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         return settings.retire_grace_override[0]
 
     # One writer per store, so a cache of aggregates (fast-forwarded from the store) is safe.
-    app = Environments(env={**event_store_environment(settings.event_store), "AGGREGATE_CACHE_MAXSIZE": "10000"},
-                       grace_for=grace_for)
+    try:
+        app = Environments(env={**event_store_environment(settings.event_store), "AGGREGATE_CACHE_MAXSIZE": "10000"},
+                           grace_for=grace_for)
+    except Exception as unusable:
+        store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
+        raise ServeError(f"the event store {store_name} cannot be opened: {unusable}") from None
     store = Store(app)
-    read_model = await ReadModel.open(settings.data_dir / "read-models.sqlite")
+    started.callback(store.close)
+    read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
+    started.push_async_callback(read_model.close)
     placer = Placer(registry, settings.data_dir, settings.host_id)
     transcript = TranscriptPublisher(nc, loop, health=health)
-    host_agent = HostAgent(nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s), settings.host_id,
-                           transcript, StoreLedger(store), health=health)
+    host_agent = HostAgent(agent_nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s),
+                           settings.host_id, TranscriptPublisher(agent_nc, loop, health=health), StoreLedger(store),
+                           health=health)
     agent_service = await host_agent.start()
+    started.push_async_callback(host_agent.stop)
+    started.push_async_callback(agent_service.stop)
     provisioner = Provisioner(store, placer, HostAgentClient(nc, health=health), transcript,
                               timedelta(seconds=settings.transient_retry_s))
+    started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, settings.host_id)
     log_reader = LogReader(app)
     relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after),
@@ -161,6 +249,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
         return info.state.last_seq
 
+    await _restore_read_models(store, read_model, js, stream_position, damage)
     workers: list[Awaitable[None]] = [
         relay.run(),
         consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model, health),
@@ -173,6 +262,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
         sweep_forever(),
     ]
     tasks = [asyncio.create_task(w) for w in workers]
+    started.push_async_callback(_cancel, tasks)
 
     async def publish_thread_message(message: ThreadMessageMessage) -> None:
         # One first message per thread, even when a spawn is sent again: within the duplicate
@@ -188,37 +278,55 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
     api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position,
               publish_thread_message)
     service = await start_api(nc, api.endpoints(), translate_error)
+    started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
-    server_info = {
-        "natsUrl": url_without_credentials(nats_url), "pid": os.getpid(), "hostId": settings.host_id, "dataDir": str(settings.data_dir),
-        **({"natsPid": embedded.pid, "natsPort": embedded.port} if embedded else {}),
-    }
-    write_server_file(settings.server_file, server_info)
+    server_file = ServerFile(settings.server_file, ServerInfo(
+        nats_url=url_without_credentials(nats_url), pid=os.getpid(), host_id=settings.host_id,
+        data_dir=str(settings.data_dir),
+        nats_pid=embedded.server.pid if embedded else None, nats_port=embedded.server.port if embedded else None,
+        credentials=ClientSeeds(**credentials.client_files()) if credentials else None,
+    ))
+    server_file.write()
+    started.callback(server_file.remove)
+    kept = [server_file.keep(SERVER_FILE_CHECK_S)]
+    if embedded:
+        kept.append(embedded.watch(lambda server: server_file.update(nats_pid=server.pid)))
+    tasks.extend(asyncio.create_task(k) for k in kept)
     if ready:
-        ready(server_info)
+        ready(msgspec.to_builtins(server_file.info))
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    try:
-        await _until_stopped_or_failed(stop, tasks)
-    finally:
-        await service.stop()
-        await agent_service.stop()
-        await host_agent.stop()
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks, timeout=5)
-        await provisioner.stop()
-        with contextlib.suppress(Exception):
-            await nc.close()
-        store.close()
-        await read_model.close()
-        if embedded:
-            embedded.stop()
-        settings.server_file.unlink(missing_ok=True)
-        lock.close()
+    await _until_stopped_or_failed(stop, tasks)
+
+
+async def _close(nc: Any) -> None:
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(tasks, timeout=5)
+
+
+async def _restore_read_models(store: Store, read_model: ReadModel, js: JetStreamContext,
+                               stream_position: Callable[[], Awaitable[int]], damage: str | None) -> None:
+    """Read models lost, emptied or set aside as damaged are rebuilt from the log before anything
+    reads them, in one line of the log."""
+    if read_model.position > 0 or not await store.read_log(store.app.head):
+        if damage:
+            log.warning("%s; the event log is empty, so the read models start empty", damage)
+        return
+    counts = await replay_log(store, read_model, stream_position)
+    # The transcript tails are not in the log: their consumer starts over from the stream's start.
+    with contextlib.suppress(NotFoundError):
+        await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, "transcripts")
+    log.warning("%s; rebuilt them from the log: %d events, %d environments, %d threads",
+                damage or "the read models were empty", counts.events, counts.environments, counts.threads)
 
 
 async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task]) -> None:
