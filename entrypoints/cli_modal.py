@@ -1,4 +1,5 @@
-"""`bb machine` and `bb modal`: Modal sandboxes and settings, handled by the provider module directly.
+"""`bb machine` and `bb modal`: Modal sandboxes and settings, handled by `providers.modal_machine` and
+`providers.modal_settings` directly.
 
 These commands do not go through the service: they use MODAL_TOKEN_ID / MODAL_TOKEN_SECRET from
 this process's environment and the provider's data dir under `--data-dir`. Machines are bare
@@ -18,7 +19,8 @@ import msgspec
 from entrypoints.cli_support import Failure, emit, json_option, run_command, stderr, stdout
 from entrypoints.config import Settings
 from providers.contract import InvalidInputs
-from providers.modal_sandbox import ModalInputs, ModalSandboxProvider
+from providers.modal_machine import ModalMachines
+from providers.modal_sandbox import ModalInputs
 from providers.modal_sdk import ModalOperationFailed
 from providers.modal_settings import (
     PROVIDER_ID,
@@ -74,7 +76,7 @@ async def machine_create(settings: Settings, provider_id: str, as_json: bool) ->
     """Start a sandbox from the standard image (built on first use)."""
     data_dir = str(_data_dir(settings))
     created = await _provider_call(
-        lambda: ModalSandboxProvider().create_machine(data_dir, ModalInputs(), _StderrReporter())
+        lambda: ModalMachines().create_machine(data_dir, ModalInputs(), _StderrReporter())
     )
     emit({"machine": created}, as_json, lambda d: stdout.print(d["machine"]["id"], markup=False))
 
@@ -86,7 +88,7 @@ async def machine_create(settings: Settings, provider_id: str, as_json: bool) ->
 async def machine_list(settings: Settings, as_json: bool) -> None:
     """List running machines."""
     data_dir = str(_data_dir(settings))
-    machines = await _provider_call(lambda: ModalSandboxProvider().list_machines(data_dir))
+    machines = await _provider_call(lambda: ModalMachines().list_machines(data_dir))
 
     def human(d: dict[str, Any]) -> None:
         for listed in d["machines"]:
@@ -104,7 +106,7 @@ async def machine_remove(machine_id: str, yes: bool, as_json: bool) -> None:
     """Terminate a machine."""
     if not yes:
         raise Failure("invalid_input", f"removing {machine_id} terminates it and loses its files: pass --yes to confirm")
-    if not await _provider_call(lambda: ModalSandboxProvider().remove_machine(machine_id)):
+    if not await _provider_call(lambda: ModalMachines().remove_machine(machine_id)):
         raise Failure("not_found", f"no Modal sandbox {machine_id}")
     emit({"machineId": machine_id, "status": "removed"}, as_json,
          lambda d: stdout.print(f"{d['machineId']}  removed", markup=False))
@@ -130,7 +132,7 @@ def account() -> None:
 async def account_inspect(settings: Settings, as_json: bool) -> None:
     """Check the credentials against Modal; allocates nothing."""
     data_dir = str(_data_dir(settings))
-    status = await _provider_call(lambda: ModalSandboxProvider().inspect_account(data_dir))
+    status = await _provider_call(lambda: ModalMachines().inspect_account(data_dir))
     document = msgspec.to_builtins(status)
     if status.status != "ok":
         raise Failure("refused", status.reason or "Modal credentials are not usable", document)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -69,7 +69,6 @@ from providers.modal_settings import (
 )
 
 PATH_KEY_TAG = "bb-path-key"
-MACHINE_TAG = "bb-machine"
 WORKSPACE_ROOT = "/workspace"
 CLONE_TIMEOUT_S = 900
 SETUP_TIMEOUT_S = 900
@@ -91,15 +90,6 @@ INPUT_BOUNDS: dict[str, tuple[float, float]] = {
     "memoryMib": (512, 65_536),
     "timeoutHours": (1, 24),
 }
-
-
-class AccountStatus(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
-    status: Literal["ok", "blocked"]
-    reason: str | None = None
-    token_id: str | None = None
-    """The first characters of the token id only."""
-    app_name: str | None = None
-    app_exists: bool | None = None
 
 
 class ModalSandboxProvider:
@@ -125,7 +115,7 @@ class ModalSandboxProvider:
         return READY
 
     def validate(self, ctx: ProjectContext) -> None:
-        _check_bounds(inputs_as(ctx, ModalInputs))
+        check_bounds(inputs_as(ctx, ModalInputs))
         project_origin(ctx.project_path)
         try:
             effective_dockerfile(ctx.data_dir, load_settings(ctx.data_dir))
@@ -194,60 +184,11 @@ class ModalSandboxProvider:
             session.delete_images(resource.get("supersededSnapshotIds", []))
         return {**resource, "sandboxId": sandbox.object_id, "supersededSnapshotIds": []}
 
-    # -- machines and account (the `bb machine` / `bb modal` commands) ----------------------------
-
-    def inspect_account(self, data_dir: str) -> AccountStatus:
-        """Check the credentials with an authenticated call; allocates nothing."""
-        credentials = credentials_from_env()
-        if credentials is None:
-            return AccountStatus("blocked", NO_CREDENTIALS)
-        try:
-            app_name = load_settings(data_dir).app_name
-            with self._modal.connect() as session:
-                session.check_credentials()
-                app_exists = session.app(app_name, create_if_missing=False) is not None
-        except (ModalOperationFailed, SettingsError) as failure:
-            return AccountStatus("blocked", str(failure), credentials.hint)
-        return AccountStatus("ok", None, credentials.hint, app_name, app_exists)
-
-    def create_machine(self, data_dir: str, inputs: ModalInputs, report: Reporter) -> dict[str, Any]:
-        """A bare sandbox from the standard image, tagged `bb-machine=1`."""
-        _check_bounds(inputs)
-        settings = load_settings(data_dir)
-        dockerfile = effective_dockerfile(data_dir, settings)
-        with self._modal.connect() as session:
-            app = session.app(settings.app_name, create_if_missing=True)
-            image = session.ensure_image(app, dockerfile, Path(data_dir), report)
-            tags = {MACHINE_TAG: "1"}
-            sandbox = session.start_sandbox(app, image, tags, inputs)
-        return {"id": sandbox.object_id, "appName": settings.app_name, "imageId": image.object_id, "tags": tags}
-
-    def list_machines(self, data_dir: str) -> list[dict[str, Any]]:
-        app_name = load_settings(data_dir).app_name
-        with self._modal.connect() as session:
-            app = session.app(app_name, create_if_missing=False)
-            if app is None:
-                return []
-            sandboxes = session.running_sandboxes(app, {MACHINE_TAG: "1"})
-            return [{"id": sandbox.object_id, "appName": app_name, "tags": session.tags(sandbox)} for sandbox in sandboxes]
-
-    def remove_machine(self, machine_id: str) -> bool:
-        """Terminate a machine; False when no such sandbox exists. Refuses sandboxes it did not make."""
-        with self._modal.connect() as session:
-            found = session.sandbox_and_tags(machine_id, "find the machine")
-            if found is None:
-                return False
-            sandbox, tags = found
-            if tags.get(MACHINE_TAG) != "1":
-                raise ModalOperationFailed(f"sandbox {machine_id} is not a bb machine; it is left alone")
-            session.terminate(sandbox, "terminate the machine")
-        return True
-
     # -- create ------------------------------------------------------------------------------------
 
     def _create(self, ctx: CreateContext) -> Created:
         inputs = inputs_as(ctx, ModalInputs)
-        _check_bounds(inputs)
+        check_bounds(inputs)
         origin = project_origin(ctx.project_path)
         workdir = f"{WORKSPACE_ROOT}/{repo_dir_name(_toplevel(ctx.project_path))}"
         settings = load_settings(ctx.data_dir)
@@ -390,7 +331,7 @@ def _capped_lines(output: str) -> list[str]:
     return [f"({len(lines) - OUTPUT_LINE_LIMIT} earlier lines left out)", *lines[-OUTPUT_LINE_LIMIT:]]
 
 
-def _check_bounds(inputs: ModalInputs) -> None:
+def check_bounds(inputs: ModalInputs) -> None:
     for name, value in msgspec.to_builtins(inputs).items():
         low, high = INPUT_BOUNDS[name]
         if not low <= value <= high:

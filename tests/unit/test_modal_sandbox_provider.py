@@ -34,8 +34,8 @@ from providers.contract import (
     RemoveContext,
     RemoveFailed,
 )
+from providers.modal_machine import MACHINE_TAG, ModalMachines
 from providers.modal_sandbox import (
-    MACHINE_TAG,
     PATH_KEY_TAG,
     ModalInputs,
     ModalSandboxProvider,
@@ -96,6 +96,11 @@ def cloud() -> FakeModalCloud:
 @pytest.fixture
 def provider(cloud: FakeModalCloud) -> ModalSandboxProvider:
     return ModalSandboxProvider(sdk=cloud.module, poll_interval_s=0)
+
+
+@pytest.fixture
+def machines(cloud: FakeModalCloud) -> ModalMachines:
+    return ModalMachines(sdk=cloud.module)
 
 
 @pytest.fixture
@@ -571,38 +576,38 @@ def test_remove_is_idempotent(
 
 @pytest.mark.usefixtures("credentials")
 def test_machines_are_created_listed_and_removed(
-    provider: ModalSandboxProvider, cloud: FakeModalCloud, data_dir: Path
+    machines: ModalMachines, cloud: FakeModalCloud, data_dir: Path
 ) -> None:
-    machine_info = provider.create_machine(str(data_dir), ModalInputs(), RecordingReporter())
+    machine_info = machines.create_machine(str(data_dir), ModalInputs(), RecordingReporter())
     assert machine_info["tags"][MACHINE_TAG] == "1"
-    assert [m["id"] for m in provider.list_machines(str(data_dir))] == [machine_info["id"]]
-    assert provider.remove_machine(machine_info["id"])
-    assert provider.list_machines(str(data_dir)) == []
-    assert not provider.remove_machine("sb-missing")
+    assert [m["id"] for m in machines.list_machines(str(data_dir))] == [machine_info["id"]]
+    assert machines.remove_machine(machine_info["id"])
+    assert machines.list_machines(str(data_dir)) == []
+    assert not machines.remove_machine("sb-missing")
 
 
 def test_remove_machine_leaves_environment_sandboxes_alone(
-    provider: ModalSandboxProvider, environment: dict[str, Any]
+    machines: ModalMachines, environment: dict[str, Any]
 ) -> None:
     with pytest.raises(ModalOperationFailed, match="is not a bb machine"):
-        provider.remove_machine(environment["sandboxId"])
+        machines.remove_machine(environment["sandboxId"])
 
 
 @pytest.mark.usefixtures("credentials")
 def test_inspect_account_checks_credentials_without_allocating(
-    provider: ModalSandboxProvider, cloud: FakeModalCloud, data_dir: Path
+    machines: ModalMachines, cloud: FakeModalCloud, data_dir: Path
 ) -> None:
-    status = provider.inspect_account(str(data_dir))
+    status = machines.inspect_account(str(data_dir))
     assert (status.status, status.token_id, status.app_exists) == ("ok", "ak-f…", False)
     assert cloud.apps == {} and cloud.sandboxes == {}
 
 
 def test_inspect_account_blocked_by_a_wrong_token(
-    provider: ModalSandboxProvider, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    machines: ModalMachines, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-wrong")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-wrong")
-    status = provider.inspect_account(str(data_dir))
+    status = machines.inspect_account(str(data_dir))
     assert status.status == "blocked" and status.reason.startswith("Modal refused the credentials")
 
 
