@@ -1,7 +1,8 @@
 """Drives each environment on from whatever state its log says it is in.
 
-`drive(environment_id)` re-reads the aggregate and starts the one step that state asks for:
-create, setup hook, removal, teardown hook, provider remove. Long steps run as supervised tasks
+`drive(environment_id)` re-reads the aggregate, asks it for its next step
+(`Environment.next_step`: create, setup hook, removal, teardown hook, provider remove, a timer...)
+and executes that step; what comes next is never decided here. Long steps run as supervised tasks
 off the handler: the step is recorded first (an event naming its attempt or operation), the
 task runs, and its outcome is recorded as the next event, after which the environment is driven
 again. Because the decision depends only on recorded state, the same call serves a fresh event,
@@ -17,13 +18,33 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, assert_never
 from uuid import UUID
 
 import msgspec
 from eventsourcing.persistence import OperationalError
 
 from domain.environment import Environment
+from domain.steps import (
+    CancelSetup,
+    CleanAttempt,
+    PauseWhenIdle,
+    Remove,
+    ResumeOnActivity,
+    RetryRemoval,
+    RetryTransient,
+    RunCreate,
+    RunSetup,
+    RunTeardown,
+    Settled,
+    SkipSetup,
+    SkipTeardown,
+    StartRemoval,
+    StartSetup,
+    StartTeardown,
+    StopCreate,
+    WakeAt,
+)
 from bus.crash_points import crash_point
 from bus.host_agent import HostUnavailable
 from handlers.placement import Placer, canonical_path
@@ -47,7 +68,6 @@ log = logging.getLogger(__name__)
 
 REMOVE_RETRY = timedelta(seconds=60)
 CLEANUPS_AT_ONCE = 4
-TRANSIENT_RETRIES = 3
 
 
 PROVIDER_RECHECK = timedelta(seconds=30)
@@ -152,66 +172,55 @@ class Provisioner:
         tasks = [step.task for step in steps]
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    # -- deciding ------------------------------------------------------------------------------
+    # -- executing the aggregate's next step ---------------------------------------------------
 
     async def _advance(self, env: Environment) -> None:
+        """Execute the step the aggregate asks for now: record it, start its long work, or wait."""
         self._advanced_from[env.id] = max(env.version, self._advanced_from.get(env.id, 0))
         now = _now()
-        if env.status == "creating":
-            if env.cancelled:
-                await self._stop_create(env)
-            else:
-                self._start(env, f"create.{env.attempt}", self._create, env)
-        elif env.status == "provisioning":
-            await self._advance_setup(env)
-        elif env.status in ("ready", "error") and env.wants_removal(now):
-            await self._record(env, self._app.start_removal, now)
-        elif env.needs_attempt_cleanup:
-            self._start(env, f"cleanup.{env.attempt}", self._clean_attempt, env)
-        elif env.retries_automatically(TRANSIENT_RETRIES):
-            await self._retry_transient(env, now)
-        elif env.status in ("ready", "error") and env.retire_at is not None and not env.thread_ids:
-            self._wake_at(env.id, env.retire_at)
-        elif env.status == "ready":
-            await self._advance_idle(env, now)
-        elif env.status == "removing":
-            await self._advance_removal(env, now)
-
-    async def _advance_setup(self, env: Environment) -> None:
-        if env.setup_status == "running":
-            self._start(env, env.setup_operation_id, self._run_setup, env)
-            if env.cancelled:
+        match env.next_step(now, self._transient_retry_delay):
+            case RunCreate(attempt):
+                self._start(env, f"create.{attempt}", self._create, env)
+            case StopCreate(attempt):
+                await self._stop_create(env, attempt, now)
+            case StartSetup():
+                await self._record(env, self._app.start_setup)
+            case SkipSetup(reason):
+                await self._record(env, self._app.skip_setup, reason)
+            case RunSetup(operation_id):
+                self._start(env, operation_id, self._run_setup, env)
+            case CancelSetup(operation_id):
+                self._start(env, operation_id, self._run_setup, env)  # its outcome is still recorded
                 try:
-                    await self._hooks.cancel(env.host_id, env.setup_operation_id)
+                    await self._hooks.cancel(env.host_id, operation_id)
                 except HostUnavailable as unavailable:
                     # Asked again at the next drive (the sweep's at the latest); an outage of the
                     # bus is reported once, by the bus's health, not here at every sweep.
                     log.debug("could not stop the setup of environment %s yet: %s", env.id, unavailable)
-        elif env.cancelled:
-            await self._record(env, self._app.start_removal, _now())
-        elif env.setup_status is None:
-            if not env.owns_path:
-                await self._record(env, self._app.skip_setup, "the provider does not own the path")
-            elif not _script(env.path, "setup").exists():
-                await self._record(env, self._app.skip_setup, f"no {SCRIPT_NAMES['setup']}")
-            else:
-                await self._record(env, self._app.start_setup)
-
-    async def _advance_removal(self, env: Environment, now: datetime) -> None:
-        if env.teardown_status is None:
-            if env.owns_path and env.path and _script(env.path, "teardown").exists():
-                await self._record(env, self._app.start_teardown)
-            else:
-                await self._record(env, self._app.skip_teardown, "no teardown to run")
-        elif env.teardown_status == "running":
-            self._start(env, env.teardown_operation_id, self._run_teardown, env)
-        elif env.remove_retry_at is not None:
-            if env.remove_retry_at <= now:
+            case StartRemoval() | RetryRemoval():
                 await self._record(env, self._app.start_removal, now)
-            else:
-                self._wake_at(env.id, env.remove_retry_at)
-        else:
-            self._start(env, f"remove.{env.removal_attempt}", self._remove, env)
+            case CleanAttempt(attempt):
+                self._start(env, f"cleanup.{attempt}", self._clean_attempt, env)
+            case RetryTransient():
+                await self._retry_transient(env)
+            case WakeAt(when):
+                self._wake_at(env.id, when)
+            case PauseWhenIdle(quiet_since):
+                await self._pause_if_idle(env, quiet_since, now)
+            case ResumeOnActivity(paused_at):
+                self._resume_on_activity(env, paused_at)
+            case StartTeardown():
+                await self._record(env, self._app.start_teardown)
+            case SkipTeardown(reason):
+                await self._record(env, self._app.skip_teardown, reason)
+            case RunTeardown(operation_id):
+                self._start(env, operation_id, self._run_teardown, env)
+            case Remove(removal_attempt):
+                self._start(env, f"remove.{removal_attempt}", self._remove, env)
+            case Settled():
+                pass
+            case unexpected:
+                assert_never(unexpected)
 
     async def _record(self, env: Environment, command: Callable[..., object], *args: object) -> None:
         """Record a step, then drive on from the state it produced (if it produced one)."""
@@ -263,21 +272,29 @@ class Provisioner:
             delay, lambda: loop.create_task(self._drive_or_leave_to_sweep(environment_id))
         )
 
-    async def _advance_idle(self, env: Environment, now: datetime) -> None:
-        """Pause an idle environment whose provider can suspend it; resume it on activity."""
+    def _pausable(self, env: Environment) -> EnvironmentProvider | None:
+        """The environment's provider, if it can suspend an idle resource."""
         provider = self._placer.registry.get(env.provider_id)
         if provider is None or not all(hasattr(provider, m) for m in ("idle_pause_due", "pause", "resume")):
+            return None
+        return provider
+
+    async def _pause_if_idle(self, env: Environment, quiet_since: datetime, now: datetime) -> None:
+        """Pause the environment if its provider says it has been idle long enough."""
+        provider = self._pausable(env)
+        if provider is None:
             return
-        last_activity = self._activity.get(env.id)
-        if env.paused_at is not None:
-            if last_activity is not None and last_activity > env.paused_at:
-                self._start(env, "resume", self._resume, env, provider)
-            return
-        if last_activity is None:  # nothing seen since this process started: count from the last event
-            last_activity = env.modified_on
+        # Nothing seen since this process started: count from the last event.
+        last_activity = self._activity.get(env.id, quiet_since)
         data_dir = str(self._placer.provider_dir(provider.id))
         if await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir):
             self._start(env, "pause", self._pause, env, provider)
+
+    def _resume_on_activity(self, env: Environment, paused_at: datetime) -> None:
+        provider = self._pausable(env)
+        last_activity = self._activity.get(env.id)
+        if provider is not None and last_activity is not None and last_activity > paused_at:
+            self._start(env, "resume", self._resume, env, provider)
 
     async def _pause(self, cancelled: threading.Event, env: Environment, provider: EnvironmentProvider) -> None:
         loop = asyncio.get_running_loop()
@@ -303,11 +320,7 @@ class Provisioner:
             return
         await self._store.run(self._app.record_resumed, env.id, resource)
 
-    async def _retry_transient(self, env: Environment, now: datetime) -> None:
-        due = env.modified_on + self._transient_retry_delay
-        if due > now:
-            self._wake_at(env.id, due)
-            return
+    async def _retry_transient(self, env: Environment) -> None:
         path_key, claimed_path = await self._placer.next_attempt(
             env.provider_id, env.origin_thread_id, env.attempt, env.host_id, env.project_path, env.inputs,
             env.path_key,
@@ -315,13 +328,13 @@ class Provisioner:
         self._transcript.line(str(env.id), "step", "core", f"Retrying after a transient failure: {env.status_message}")
         await self._record(env, self._app.retry, path_key, claimed_path)
 
-    async def _stop_create(self, env: Environment) -> None:
+    async def _stop_create(self, env: Environment, attempt: int, now: datetime) -> None:
         """Cancellation waits for a running create to settle before anything is removed."""
-        running = self._steps.get((env.id, f"create.{env.attempt}"))
+        running = self._steps.get((env.id, f"create.{attempt}"))
         if running is not None:
             running.cancelled.set()
             return
-        await self._record(env, self._app.start_removal, _now())
+        await self._record(env, self._app.start_removal, now)
 
     # -- the long steps ------------------------------------------------------------------------
 
@@ -435,10 +448,6 @@ class Provisioner:
             await self._store.run(
                 self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY
             )
-
-
-def _script(path: str | None, kind: str) -> Path:
-    return Path(path or "/nonexistent") / SCRIPT_NAMES[kind]
 
 
 def _typed_inputs(provider: EnvironmentProvider, inputs: object) -> object:

@@ -31,6 +31,7 @@ from handlers.provisioning import Provisioner
 from handlers.store import Store
 from handlers.threads import ThreadHandlers
 from providers.contract import READY, Created, Policy, Removed, Requires
+from providers.host.hooks import CANCELLED_BEFORE_START, SCRIPT_NAMES, HookOutcome
 from providers.registry import ProviderRegistry
 
 THREADS = ("a", "b", "c")
@@ -68,14 +69,27 @@ class Silent:
         pass
 
 
-class NoHooks:
-    """The instant provider's workspaces have no hook scripts, so no hook may ever be asked for."""
+class HostWithoutScripts:
+    """The host side of the hooks, for the instant provider's workspaces, which hold no scripts:
+    like the real runner it answers that a hook was skipped, or cancelled if its cancel came
+    first. The driver asks for each recorded operation at most once."""
 
-    async def run(self, *args):
-        raise AssertionError("no hook should run")
+    def __init__(self) -> None:
+        self.asked: set[str] = set()
+        self.tombstoned: set[str] = set()
 
-    async def cancel(self, *args):
-        raise AssertionError("no hook should be cancelled")
+    async def run(self, host_id, environment_id, operation_id, kind, workspace):
+        assert not (Path(workspace) / SCRIPT_NAMES[kind]).exists()
+        assert operation_id not in self.asked, f"hook operation {operation_id} was asked for twice"
+        self.asked.add(operation_id)
+        await asyncio.sleep(0)  # the answer comes from another process
+        if operation_id in self.tombstoned:
+            return CANCELLED_BEFORE_START
+        return HookOutcome("skipped", None, f"no {SCRIPT_NAMES[kind]}")
+
+    async def cancel(self, host_id, operation_id):
+        self.tombstoned.add(operation_id)
+        return "finished" if operation_id in self.asked else "never-started"
 
 
 def message(kind: str, thread_id: str):
@@ -123,7 +137,7 @@ async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
     app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
     store = Store(app)
     placer = Placer(ProviderRegistry([InstantProvider()]), root)
-    provisioner = Provisioner(store, placer, NoHooks(), Silent())
+    provisioner = Provisioner(store, placer, HostWithoutScripts(), Silent())
     threads = ThreadHandlers(store, placer, "local")
     try:
         for kind, thread_id in steps:
