@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
-import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
@@ -14,8 +15,12 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from bus import subjects
 from bus.api_messages import ErrorReply, Request
+from bus.embedded_server import pid_alive
+from bus.health import describe
 
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
+SERVICE_CHECK_S = 0.5
+T = TypeVar("T")
 
 
 class ServiceError(Exception):
@@ -31,20 +36,35 @@ def unreachable(detail: str, data_dir: Path | None = None, hint: str | None = No
                         f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}")
 
 
+class AnswerLost(ServiceError):
+    """The request may have reached the service, but its answer cannot come: whether it was done is
+    not known (a spawn, say, may have been recorded)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("unreachable", message)
+
+
 class ApiClient:
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, service_pid: int | None = None) -> None:
+        """`service_pid`: the service's process, when it runs on this machine (the embedded default)."""
         self.nc = nc
+        self._service_pid = service_pid
+        self._next_drop = asyncio.Event()
+        self._closed = asyncio.Event()
 
     @classmethod
-    async def connect(cls, url: str, data_dir: Path | None = None, **options: Any) -> ApiClient:
+    async def connect(cls, url: str, data_dir: Path | None = None, service_pid: int | None = None,
+                      **options: Any) -> ApiClient:
         errors: list[Exception] = []
 
         async def remember(error: Exception) -> None:
             errors.append(error)
 
+        client = cls(Client(), service_pid)
         try:
-            nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,
-                                    error_cb=remember, **options)
+            await client.nc.connect(url, connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,
+                                    error_cb=remember, disconnected_cb=client._dropped, closed_cb=client._ended,
+                                    **options)
         except (NoServersError, OSError, NatsTimeout, NatsError) as error:
             # A refusal of our credentials ('Authorization Violation') reaches only the error callback
             # once the client has given up on the server: name it rather than the giving up.
@@ -53,20 +73,61 @@ class ApiClient:
                 reason = str(refused or error).removeprefix("nats: ").strip("'")
                 raise unreachable(f"{url} refused the connection: {reason}", data_dir) from None
             raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
-        return cls(nc)
+        return client
 
     async def call(self, area: str, verb: str, body: Request, timeout: float = 60) -> dict[str, Any]:
+        what = f"{area} {verb}"
+        request = self.nc.request(subjects.api(area, verb), msgspec.json.encode(body), timeout=timeout)
         try:
-            reply = await self.nc.request(subjects.api(area, verb), msgspec.json.encode(body), timeout=timeout)
+            reply = await self._unless_lost(request, what)
         except NoRespondersError:
             raise unreachable("nothing answers the API") from None
         except NatsTimeout:
-            raise ServiceError("failed", f"the service did not answer {area} {verb} within {timeout:.0f} s") from None
+            raise AnswerLost(f"the bb service did not answer {what} within {timeout:.0f} s") from None
+        except NatsError as error:  # the connection is closed or its buffer full: the request never left
+            raise unreachable(f"the connection to it failed: {describe(error)}") from None
         if reply.headers and ERROR_CODE_HEADER in reply.headers:
             error = msgspec.json.decode(reply.data, type=ErrorReply).error
             raise ServiceError(error.code, error.message)
         return msgspec.json.decode(reply.data)
 
+    async def until_closed(self) -> None:
+        """Return once the connection is gone for good (it tries once to reconnect)."""
+        await self._closed.wait()
+
     async def close(self) -> None:
         await self.nc.close()
 
+    async def _unless_lost(self, request: Awaitable[T], what: str) -> T:
+        """`request`'s result, unless its answer can no longer come: a dropped connection took it
+        along, or the service's process ended. Waiting out the timeout would only end in the same
+        doubt, a minute later."""
+        answer = asyncio.ensure_future(request)
+        lost = asyncio.ensure_future(self._answer_lost())
+        try:
+            done, _ = await asyncio.wait({answer, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if answer in done:
+                return answer.result()
+            raise AnswerLost(f"{lost.result()} before it answered {what}")
+        finally:
+            answer.cancel()
+            lost.cancel()
+
+    async def _answer_lost(self) -> str:
+        drop = self._next_drop
+        while True:
+            try:
+                await asyncio.wait_for(drop.wait(), SERVICE_CHECK_S)
+                return "the connection to the bb service dropped"
+            except asyncio.TimeoutError:
+                if self._service_pid is not None and not pid_alive(self._service_pid):
+                    return f"the bb service (pid {self._service_pid}) ended"
+
+    async def _dropped(self) -> None:
+        # One event per drop: a request waits for a drop after it was sent, not for one the
+        # connection recovered from before.
+        self._next_drop.set()
+        self._next_drop = asyncio.Event()
+
+    async def _ended(self) -> None:
+        self._closed.set()

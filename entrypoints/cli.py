@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -13,16 +14,17 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import click
 import msgspec
+from nats.errors import Error as NatsError
 from rich.table import Column, Table
 
 from bus import subjects
 from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
 from bus.documents import ID_PATTERN
-from bus.client import ApiClient, unreachable
+from bus.client import AnswerLost, ApiClient, ServiceError, unreachable
 from domain.status import EnvironmentStatus
 from entrypoints.cli_modal import machine, modal
 from entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
@@ -48,14 +50,22 @@ async def open_client(settings: Settings) -> ApiClient:
         raise unreachable(str(unusable), settings.data_dir, hint) from None
     if server.credentials is None:
         return await ApiClient.connect(server.nats_url, settings.data_dir, **nats_credentials(server.nats_url))
-    return await ApiClient.connect(server.nats_url, settings.data_dir, nkeys_seed=server.credentials.operator)
+    # The embedded server's service runs on this machine: a request it can no longer answer (its
+    # process ended) fails at once, not after the timeout.
+    return await ApiClient.connect(server.nats_url, settings.data_dir, service_pid=server.pid,
+                                   nkeys_seed=server.credentials.operator)
 
 
-async def call(settings: Settings, area: str, verb: str, body: Any) -> dict[str, Any]:
+async def call(settings: Settings, area: str, verb: str, body: Any, changes: bool = False) -> dict[str, Any]:
+    """`changes`: the request changes something, which may have happened if its answer was lost."""
     sendable(body)
     client = await open_client(settings)
     try:
         return await client.call(area, verb, body)
+    except AnswerLost as lost:
+        if not changes:
+            raise
+        raise AnswerLost(f"{lost.message}; it may have taken effect all the same") from None
     finally:
         await client.close()
 
@@ -180,7 +190,7 @@ def _environment_command(verb: str, help_text: str, printer: Callable[[dict], No
     @run_command
     async def command(settings: Settings, environment_id: str, as_json: bool) -> None:
         request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
-        emit(await call(settings, "environments", verb, request), as_json, printer)
+        emit(await call(settings, "environments", verb, request, changes=verb != "show"), as_json, printer)
 
 
 def _print_environment(e: dict) -> None:
@@ -234,6 +244,9 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
     for what, value in (("thread id", thread_id), ("parent thread id", parent), ("host id", host)):
         if value is not None:  # an empty one too: `--thread-id "$UNSET"` is a mistake, not "pick one"
             id_argument(what, value)
+    # Named here rather than by the service, so that a spawn whose answer was lost can be looked up,
+    # and sent again as it is: the service answers a repeated spawn as it answered the first.
+    thread_id = thread_id or f"t-{uuid4().hex[:16]}"
     request = SpawnThread(
         thread_id=thread_id, environment_provider=provider, environment_inputs=inputs,
         environment_id=environment_id_argument(environment_id) if environment_id is not None else None,
@@ -243,10 +256,23 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
     sendable(request)
     client = await open_client(settings)
     try:
-        spawned = await client.call("threads", "spawn", request)
+        try:
+            spawned = await client.call("threads", "spawn", request)
+        except AnswerLost as lost:
+            raise _lost(f"{lost.message}; thread {thread_id} may have been spawned all the same: `bb thread list` "
+                        f"shows it once the service is back, and the same spawn with --thread-id {thread_id} is "
+                        "answered for it rather than spawned twice", threadId=thread_id) from None
         document = {"threadId": spawned["threadId"], "environmentId": spawned["environmentId"], "status": spawned["status"]}
         if wait and spawned["environmentId"]:
-            final = await _wait_until_settled(client, spawned["environmentId"], spawned["position"], timeout)
+            try:
+                final = await _wait_until_settled(client, spawned["environmentId"], spawned["position"], timeout)
+            except (ServiceError, NatsError) as lost:
+                if isinstance(lost, ServiceError) and lost.code != "unreachable":
+                    raise
+                raise _lost(f"lost the bb service while waiting for environment {spawned['environmentId']} of "
+                            f"thread {thread_id}; the environment goes on without this command: "
+                            f"`bb environment show {spawned['environmentId']}` follows it once the service is back",
+                            threadId=thread_id, environmentId=spawned["environmentId"]) from None
             document["status"] = final["status"]
             document["statusMessage"] = final.get("statusMessage")
     finally:
@@ -255,6 +281,11 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
         raise Failure("failed", f"environment {document['environmentId']} ended {document['status']}: "
                                 f"{document.get('statusMessage') or 'no message'}", document)
     emit(document, as_json, lambda d: stdout.print(f"{d['threadId']}  {d['environmentId']}  {d['status']}", markup=False))
+
+
+def _lost(message: str, **ids: str) -> Failure:
+    """Unreachable, with what the caller needs to find the spawn again in the error document too."""
+    return Failure("unreachable", message, {"error": {"code": "unreachable", "message": message, **ids}})
 
 
 def _parse_inputs(text: str | None) -> Any:
@@ -317,8 +348,9 @@ async def _wait_until_settled(client: ApiClient, environment_id: str, position: 
             current = await client.call("environments", "show", EnvironmentRef(environment_id=environment_id))
         return current
     finally:
-        await transcript.unsubscribe()
-        await events.unsubscribe()
+        with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
+            await transcript.unsubscribe()
+            await events.unsubscribe()
 
 
 @thread.command("list")
@@ -347,7 +379,8 @@ def _thread_command(verb: str, help_text: str) -> None:
     @run_command
     async def command(settings: Settings, thread_id: str, as_json: bool) -> None:
         request = ThreadRef(thread_id=id_argument("thread id", thread_id))
-        emit(await call(settings, "threads", verb, request), as_json, _print_accepted)
+        emit(await call(settings, "threads", verb, request, changes=True), as_json,
+             _print_accepted)
 
 
 _thread_command("archive", "Archive a thread; its environment retires after its last thread leaves.")
@@ -381,9 +414,11 @@ async def events_tail(settings: Settings, subject_filter: str, as_json: bool) ->
 
     await client.nc.subscribe(subject_filter, cb=show)
     try:
-        await asyncio.Event().wait()
+        await client.until_closed()
     finally:
         await client.close()
+    raise Failure("unreachable", "the connection to the bb service dropped and did not come back; "
+                                 "tail again once the service is back")
 
 
 @events.command("export")
@@ -416,7 +451,7 @@ async def events_export(settings: Settings, as_json: bool) -> None:
 @run_command
 async def events_replay(settings: Settings, as_json: bool) -> None:
     """Rebuild every read model from the event log; print the counts."""
-    counts = await call(settings, "events", "replay", Nothing())
+    counts = await call(settings, "events", "replay", Nothing(), changes=True)
     emit(counts, as_json, lambda c: stdout.print(
         f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
 

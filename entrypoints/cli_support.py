@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -14,6 +15,7 @@ import click
 from rich.console import Console
 
 from bus.client import ServiceError
+from bus.health import describe, unavailable
 from entrypoints.config import ConfigError
 from handlers.errors import EXIT_CODES, one_line
 
@@ -39,6 +41,15 @@ def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., 
             fail(failure.code, failure.message, as_json, getattr(failure, "document", None))
         except ConfigError as bad:
             fail("invalid_input", str(bad), as_json)
+        except Exception as error:
+            # Still one sentence: the bus went away under the command, or (a bug) anything else;
+            # the traceback is for whoever asks for it.
+            if unavailable(error):
+                fail("unreachable", f"lost the connection to the bb service ({describe(error)})", as_json)
+            if os.environ.get("BB_LOG_LEVEL", "").upper() == "DEBUG":
+                traceback.print_exc()
+            fail("failed", f"the command failed unexpectedly ({describe(error)}; BB_LOG_LEVEL=DEBUG shows where)",
+                 as_json)
 
     return wrapper
 
