@@ -1,283 +1,454 @@
 """The messages on the wire, as msgspec structs (camelCase JSON; each has `type` and `occurredAt`).
 
-Stored event classes are not public: `document_for` maps each stored event to a stable document,
-so renaming a Python class never breaks a subscriber or an old log.
+Stored event classes are not public. Each one is mapped to a stable document by `@publishes`, one
+registry keyed by the domain event class: renaming a Python class never breaks a subscriber or an
+old log, and an event without a document is found by a unit test, not by the relay. A document's
+docstring says when it happens; `python -m bus.catalog --write` makes docs/events.md, the JSON
+Schemas and the AsyncAPI document from these structs.
+
+The bytes of a document are part of the log's identity on the bus (the relay compares stream
+messages to the store byte for byte): a field is never renamed or moved, and a new one is added
+last, knowing that every stored event then reads differently once (the relay rewrites the stream).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, Union
+from uuid import UUID
 
 import msgspec
 from eventsourcing.domain import Aggregate
 
 from bus import subjects
+from domain.environment import Environment
+from domain.path_claim import PathClaim
+from domain.thread import Thread
 
 
 class Document(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", omit_defaults=False):
-    occurred_at: datetime
+    occurred_at: Annotated[datetime, msgspec.Meta(description="When the event was recorded (UTC).")]
+
+
+# -- the registry: one public document per domain event class ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Publication:
+    """How one domain event class is published."""
+
+    event: type[Aggregate.Event]
+    document: type[Document]
+    aggregate: type[Aggregate]
+    kind: str
+    """The aggregate's token in the log subject `bb.log.<kind>.<id>.<event>`."""
+    from_aggregate: tuple[str, ...] = ()
+    """Fields the document takes from the aggregate just after the event, not from the event."""
+
+    @property
+    def type(self) -> str:
+        return self.document.__struct_config__.tag
+
+
+@dataclass(frozen=True)
+class _Owner:
+    """What the documents of one aggregate's events share."""
+
+    kind: str
+    key: Callable[[Any, Any], str]
+    common: Callable[[Any, Any], dict[str, Any]]
+
+
+PUBLICATIONS: dict[type[Aggregate.Event], Publication] = {}
+"""Every domain event class that is recorded, and its document (see `publishes`)."""
+
+D = TypeVar("D", bound=type[Document])
+
+
+def publishes(event: type[Aggregate.Event], *, from_aggregate: tuple[str, ...] = ()) -> Callable[[D], D]:
+    """Declare the decorated struct the public document of the domain event class `event`."""
+
+    def register(document: D) -> D:
+        aggregate = next((a for a in _OWNERS if issubclass(event, a.Event)), None)
+        if aggregate is None or event in PUBLICATIONS:
+            raise TypeError(f"{event.__qualname__} is not an event of a published aggregate, or has a document already")
+        PUBLICATIONS[event] = Publication(event, document, aggregate, _OWNERS[aggregate].kind, from_aggregate)
+        return document
+
+    return register
+
+
+def document_for(event: Aggregate.Event, aggregate: Any) -> tuple[str, Document]:
+    """The public document and log subject of a stored event, given its aggregate just after it."""
+    publication = PUBLICATIONS.get(type(event))
+    if publication is None:
+        raise LookupError(f"{type(event).__qualname__} has no public document: declare one with @publishes "
+                          f"in bus/documents.py")
+    owner = _OWNERS[publication.aggregate]
+    # What the event recorded, as far as the document declares it (msgspec drops the rest: a
+    # provider's private `resource`, a thread's `intent`).
+    fields = {_camel(k): (str(v) if isinstance(v, UUID) else v) for k, v in vars(event).items()
+              if k not in ("originator_id", "originator_version", "timestamp")}
+    fields |= {_camel(name): getattr(aggregate, name) for name in publication.from_aggregate}
+    common = {"occurredAt": event.timestamp, "version": event.originator_version} | owner.common(event, aggregate)
+    document = msgspec.convert(fields | common, publication.document, strict=False)
+    key = owner.key(event, aggregate)
+    return subjects.log_event(owner.kind, key, publication.type), document
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _claim_holder(event: Any, claim: PathClaim) -> str | None:
+    holder = getattr(event, "environment_id", claim.holder)
+    return str(holder) if holder else None
+
+
+_OWNERS: dict[type[Aggregate], _Owner] = {
+    Environment: _Owner(
+        "environment", key=lambda event, _: str(event.originator_id),
+        common=lambda event, environment: {
+            "environmentId": str(event.originator_id), "threadIds": list(environment.thread_ids),
+            "status": environment.public_status, "statusMessage": environment.status_message,
+        },
+    ),
+    Thread: _Owner("thread", key=lambda _, thread: thread.thread_id,
+                   common=lambda _, thread: {"threadId": thread.thread_id}),
+    PathClaim: _Owner(
+        "claim", key=lambda event, _: str(event.originator_id),
+        common=lambda event, claim: {"claimId": str(event.originator_id), "hostId": claim.host_id,
+                                     "path": claim.path, "environmentId": _claim_holder(event, claim)},
+    ),
+}
+
+
+def _said(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
+# Fields that several documents share, each described once.
+Attempt = Annotated[int, _said("The create attempt: 1, then one more per retry.")]
+RemovalAttempt = Annotated[int, _said("The removal attempt: 1, then one more per retry.")]
+OperationId = Annotated[str, _said("The hook operation: unique per run, and run at most once.")]
+PathKey = Annotated[str, _said("The key under which the provider places this attempt's workspace.")]
+ClaimedPath = Annotated[str | None, _said(
+    "The path claimed (canonical form) before the provider runs, or null when none is claimed in advance.")]
+Reason = Annotated[str, _said("Why, in one sentence.")]
+Message = Annotated[str, _said("What went wrong, in one sentence.")]
+ThreadId = Annotated[str, _said("The thread's id.")]
 
 
 # -- environment events (bb.environments.<id>.<type>) ----------------------------------------------
 
 
 class EnvironmentEvent(Document, kw_only=True):
-    environment_id: str
-    version: int
-    thread_ids: list[str]
-    status: str
-    status_message: str | None = None
+    environment_id: Annotated[str, msgspec.Meta(description="The environment's id (a UUID).")]
+    version: Annotated[int, msgspec.Meta(description=(
+        "The environment's version after this event: 1 for `claimed`, then one more per event, gap-free."))]
+    thread_ids: Annotated[list[str], msgspec.Meta(description="The live threads using the environment after this event.")]
+    status: Annotated[str, msgspec.Meta(description=(
+        "The environment's status after this event: creating, provisioning, ready, error, retiring, removing or removed."))]
+    status_message: Annotated[str | None, msgspec.Meta(description=(
+        "What to know about that status (an error, a running hook, a cancellation), or null."))] = None
 
 
+@publishes(Environment.Claimed)
 class Claimed(EnvironmentEvent, kw_only=True, tag="claimed"):
-    provider_id: str
-    host_id: str
-    project_path: str | None
-    inputs: Any
-    path_key: str
-    claimed_path: str | None
+    """A thread's first message got a new environment: it is recorded together with the claim on its
+    path (one transaction), before any provider touches the path. Status `creating`."""
+
+    provider_id: Annotated[str, _said("The provider that creates the workspace (`git-worktree`, ...).")]
+    host_id: Annotated[str, _said("The host the workspace is on.")]
+    project_path: Annotated[str | None, _said("The project (a repository's root), or null.")]
+    inputs: Annotated[Any, _said("The provider's inputs, as its inputs type reads them.")]
+    path_key: PathKey
+    claimed_path: ClaimedPath
 
 
+@publishes(Environment.Created)
 class Created(EnvironmentEvent, kw_only=True, tag="created"):
-    attempt: int
-    path: str
-    owns_path: bool
-    merge_base_branch: str | None
+    """The provider created the workspace (create attempt `attempt`); `ownsPath` says whether the
+    setup and teardown hooks run in it. Status `provisioning`."""
+
+    attempt: Attempt
+    path: Annotated[str, _said("The workspace's path.")]
+    owns_path: Annotated[bool, _said("Whether the provider made the workspace and removes it; only then do hooks run.")]
+    merge_base_branch: Annotated[str | None, _said("The branch the work merges back into, if the provider says.")]
 
 
+@publishes(Environment.CreateFailed)
 class CreateFailed(EnvironmentEvent, kw_only=True, tag="create_failed"):
-    attempt: int
-    failure: str
-    message: str
+    """The provider's create attempt `attempt` failed. A `transient` failure is retried by itself (3
+    times, after `attempt_cleaned`); a `terminal` one waits for `bb environment retry`. Status `error`."""
+
+    attempt: Attempt
+    failure: Annotated[str, _said("`transient` (retried by itself) or `terminal`.")]
+    message: Message
 
 
+@publishes(Environment.AttemptCleaned)
 class AttemptCleaned(EnvironmentEvent, kw_only=True, tag="attempt_cleaned"):
-    attempt: int
+    """What a failed create attempt may have left under its path key was removed; a retry may start."""
+
+    attempt: Attempt
 
 
+@publishes(Environment.CreateRetried)
 class CreateRetried(EnvironmentEvent, kw_only=True, tag="create_retried"):
-    attempt: int
-    path_key: str
-    claimed_path: str | None
+    """A failed create is tried again as attempt `attempt` on `pathKey` (`bb environment retry`, or
+    by itself after a transient failure). Status `creating`."""
+
+    attempt: Attempt
+    path_key: PathKey
+    claimed_path: ClaimedPath
 
 
+@publishes(Environment.SetupStarted)
 class SetupStarted(EnvironmentEvent, kw_only=True, tag="setup_started"):
-    operation_id: str
+    """The repository's `.bb-env-setup.sh` started in the workspace as hook operation `operationId`."""
+
+    operation_id: OperationId
 
 
+@publishes(Environment.SetupSkipped)
 class SetupSkipped(EnvironmentEvent, kw_only=True, tag="setup_skipped"):
-    reason: str
+    """No setup runs (the provider does not own the workspace, or the repository has no
+    `.bb-env-setup.sh`); `ready` follows in the same transaction."""
+
+    reason: Reason
 
 
+@publishes(Environment.SetupSucceeded)
 class SetupSucceeded(EnvironmentEvent, kw_only=True, tag="setup_succeeded"):
-    operation_id: str
+    """The setup hook `operationId` succeeded; `ready` follows in the same transaction unless the
+    environment was cancelled meanwhile."""
+
+    operation_id: OperationId
 
 
+@publishes(Environment.SetupFailed)
 class SetupFailed(EnvironmentEvent, kw_only=True, tag="setup_failed"):
-    operation_id: str
-    message: str
+    """The setup hook `operationId` failed (`message` says how). Status `error`; `bb environment retry`
+    runs the setup again in the same workspace."""
+
+    operation_id: OperationId
+    message: Message
 
 
+@publishes(Environment.SetupRetried)
 class SetupRetried(EnvironmentEvent, kw_only=True, tag="setup_retried"):
-    pass
+    """A failed setup will run again in the same workspace (`bb environment retry`). Status
+    `provisioning`."""
 
 
+@publishes(Environment.Ready, from_aggregate=("path",))
 class Ready(EnvironmentEvent, kw_only=True, tag="ready"):
-    path: str | None
+    """The environment is ready for its threads, at `path`. Status `ready`. A subscriber to
+    `bb.environments.*.ready` hears each readiness once."""
+
+    path: Annotated[str | None, _said("The workspace's path.")]
 
 
+@publishes(Environment.ThreadAttached)
 class ThreadAttached(EnvironmentEvent, kw_only=True, tag="thread_attached"):
-    thread_id: str
+    """Thread `threadId` joined the environment (sharing it, or unarchived); a retirement under way is
+    cancelled (`retire_cancelled` follows)."""
+
+    thread_id: ThreadId
 
 
+@publishes(Environment.ThreadDetached)
 class ThreadDetached(EnvironmentEvent, kw_only=True, tag="thread_detached"):
-    thread_id: str
+    """Thread `threadId` left the environment (archived, or its message cancelled)."""
+
+    thread_id: ThreadId
 
 
+@publishes(Environment.RetireScheduled)
 class RetireScheduled(EnvironmentEvent, kw_only=True, tag="retire_scheduled"):
-    retire_at: datetime
+    """The environment's last live thread left: it is removed at `retireAt` unless a thread comes back
+    (a deletion schedules a deadline that has passed). Status `retiring`."""
+
+    retire_at: Annotated[datetime, _said("When removal starts unless a thread comes back.")]
 
 
+@publishes(Environment.RetireCancelled)
 class RetireCancelled(EnvironmentEvent, kw_only=True, tag="retire_cancelled"):
-    pass
+    """A thread came back before the retire deadline: the environment stays."""
 
 
+@publishes(Environment.Cancelled)
 class Cancelled(EnvironmentEvent, kw_only=True, tag="cancelled"):
-    reason: str
+    """The environment was cancelled while being prepared (`reason`: its last thread left, its
+    thread's message was cancelled, or it was deleted); removal follows once no create runs."""
+
+    reason: Reason
 
 
+@publishes(Environment.RemovalStarted)
 class RemovalStarted(EnvironmentEvent, kw_only=True, tag="removal_started"):
-    removal_attempt: int
+    """Removal attempt `removalAttempt` started (the retire deadline passed, a deletion, a
+    cancellation, a retry after `remove_failed`, or an idle environment giving up its path).
+    Status `removing`."""
+
+    removal_attempt: RemovalAttempt
 
 
+@publishes(Environment.TeardownStarted)
 class TeardownStarted(EnvironmentEvent, kw_only=True, tag="teardown_started"):
-    operation_id: str
+    """The repository's `.bb-env-teardown.sh` started in the workspace as hook operation
+    `operationId`."""
+
+    operation_id: OperationId
 
 
+@publishes(Environment.TeardownSkipped)
 class TeardownSkipped(EnvironmentEvent, kw_only=True, tag="teardown_skipped"):
-    reason: str
+    """No teardown runs (the provider does not own the workspace, or the repository has no
+    `.bb-env-teardown.sh`)."""
+
+    reason: Reason
 
 
+@publishes(Environment.TeardownFinished)
 class TeardownFinished(EnvironmentEvent, kw_only=True, tag="teardown_finished"):
-    operation_id: str
-    outcome: str
-    message: str | None
+    """The teardown hook `operationId` ended with `outcome`; a failure is reported in `statusMessage`
+    and does not block removal."""
+
+    operation_id: OperationId
+    outcome: Annotated[str, _said("`succeeded`, `failed`, `timed_out`, `cancelled` or `interrupted`.")]
+    message: Annotated[str | None, _said("What went wrong, or null.")]
 
 
+@publishes(Environment.ResourceRecorded)
 class ResourceRecorded(EnvironmentEvent, kw_only=True, tag="resource_recorded"):
-    pass
+    """The provider's private handle of the workspace changed (kept in the log; the document does not
+    carry it)."""
 
 
+@publishes(Environment.Paused)
 class Paused(EnvironmentEvent, kw_only=True, tag="paused"):
-    paused_at: datetime
+    """An idle environment of a provider that can suspend it (modal-sandbox) was paused at
+    `pausedAt`; its status stays `ready`."""
+
+    paused_at: Annotated[datetime, _said("When it was paused.")]
 
 
+@publishes(Environment.Resumed)
 class Resumed(EnvironmentEvent, kw_only=True, tag="resumed"):
-    pass
+    """A paused environment was resumed (a thread's message came)."""
 
 
+@publishes(Environment.Removed)
 class Removed(EnvironmentEvent, kw_only=True, tag="removed"):
-    removal_attempt: int
+    """The provider removed the workspace (removal attempt `removalAttempt`); the path claim is
+    released in the same transaction. Status `removed`."""
+
+    removal_attempt: RemovalAttempt
 
 
+@publishes(Environment.RemoveFailed)
 class RemoveFailed(EnvironmentEvent, kw_only=True, tag="remove_failed"):
-    removal_attempt: int
-    message: str
-    retry_at: datetime
+    """Removal attempt `removalAttempt` failed (`message`); removal starts again at `retryAt` (60 s
+    later), until it succeeds. Status `removing`."""
 
+    removal_attempt: RemovalAttempt
+    message: Message
+    retry_at: Annotated[datetime, _said("When removal starts again.")]
 
-ENVIRONMENT_EVENTS = (
-    Claimed, Created, CreateFailed, AttemptCleaned, CreateRetried, SetupStarted, SetupSkipped, SetupSucceeded,
-    SetupFailed, SetupRetried, Ready, ThreadAttached, ThreadDetached, RetireScheduled,
-    RetireCancelled, Cancelled, RemovalStarted, TeardownStarted, TeardownSkipped,
-    TeardownFinished, ResourceRecorded, Paused, Resumed, Removed, RemoveFailed,
-)
 
 
 # -- thread and claim facts (stored in the log; not re-published) ----------------------------------
 
 
 class ThreadEvent(Document):
-    thread_id: str
-    version: int
+    thread_id: Annotated[str, msgspec.Meta(description="The thread's id, as its publisher named it.")]
+    version: Annotated[int, msgspec.Meta(description="The thread's version after this event (gap-free).")]
 
 
+@publishes(Thread.Registered)
 class ThreadRegistered(ThreadEvent, kw_only=True, tag="thread_registered"):
-    project_path: str | None
-    parent_thread_id: str | None
-    host_id: str
+    """A thread became known to the service (its `created` event, or `bb thread spawn`), with its
+    project, parent and host."""
+
+    project_path: Annotated[str | None, _said("The thread's project, or null.")]
+    parent_thread_id: Annotated[str | None, _said("The thread's parent, or null.")]
+    host_id: Annotated[str, _said("The host its environment runs on.")]
 
 
+@publishes(Thread.EnvironmentAssigned)
 class ThreadEnvironmentAssigned(ThreadEvent, kw_only=True, tag="thread_environment_assigned"):
-    environment_id: str
+    """The thread got environment `environmentId` (a new one, or one it joined)."""
+
+    environment_id: Annotated[str, _said("The environment the thread uses now.")]
 
 
+@publishes(Thread.EnvironmentRequested)
 class ThreadEnvironmentRequested(ThreadEvent, kw_only=True, tag="thread_environment_requested"):
-    pass
+    """The thread's first message asked for an environment; recorded before one is given, so a crash
+    cannot lose the request."""
 
 
+@publishes(Thread.EnvironmentLeft)
 class ThreadEnvironmentLeft(ThreadEvent, kw_only=True, tag="thread_environment_left"):
-    environment_id: str
+    """The thread no longer uses environment `environmentId` (its message was cancelled, or it was
+    unarchived after the environment ended)."""
+
+    environment_id: Annotated[str, _said("The environment the thread left.")]
 
 
+@publishes(Thread.Refused)
 class ThreadRefused(ThreadEvent, kw_only=True, tag="thread_refused"):
-    message: str
+    """The thread's request for an environment was refused (`message`: a blocked provider, a claimed
+    path, ...); `bb thread list` shows it as `refusal`."""
+
+    message: Annotated[str, _said("Why the thread got no environment, in one sentence.")]
 
 
+@publishes(Thread.Archived)
 class ThreadArchived(ThreadEvent, kw_only=True, tag="thread_archived"):
-    pass
+    """The thread was archived; its environment retires once no live thread uses it."""
 
 
+@publishes(Thread.Unarchived)
 class ThreadUnarchived(ThreadEvent, kw_only=True, tag="thread_unarchived"):
-    pass
+    """The thread was unarchived; it rejoins its environment if that is still live."""
 
 
 class ClaimEvent(Document):
-    claim_id: str
-    version: int
-    host_id: str
-    path: str
-    environment_id: str | None
+    claim_id: Annotated[str, msgspec.Meta(description="The claim's id (a UUID derived from the host and the path).")]
+    version: Annotated[int, msgspec.Meta(description="The claim's version after this event (gap-free).")]
+    host_id: Annotated[str, msgspec.Meta(description="The host the path is on.")]
+    path: Annotated[str, msgspec.Meta(description="The claimed path, in canonical form (symlinks resolved).")]
+    environment_id: Annotated[str | None, msgspec.Meta(description="The environment taking or giving up the path.")]
 
 
+@publishes(PathClaim.Taken)
 class ClaimTaken(ClaimEvent, kw_only=True, tag="claim_taken"):
-    pass
+    """A path (its canonical form) on a host was claimed for environment `environmentId`, in the
+    transaction of that environment's `claimed` (or of a retry on a new path)."""
 
 
+@publishes(PathClaim.Retaken)
 class ClaimRetaken(ClaimEvent, kw_only=True, tag="claim_retaken"):
-    pass
+    """A released path was claimed again, by environment `environmentId`."""
 
 
+@publishes(PathClaim.Released)
 class ClaimReleased(ClaimEvent, kw_only=True, tag="claim_released"):
-    pass
+    """Environment `environmentId` gave the path up: in the transaction of its `removed`, or of
+    handing the path to the environment that replaces it."""
 
 
-THREAD_EVENTS = (ThreadRegistered, ThreadEnvironmentAssigned, ThreadEnvironmentRequested, ThreadEnvironmentLeft, ThreadRefused,
-                 ThreadArchived, ThreadUnarchived)
-CLAIM_EVENTS = (ClaimTaken, ClaimRetaken, ClaimReleased)
-LogDocument = (
-    Claimed | Created | CreateFailed | AttemptCleaned | CreateRetried | SetupStarted | SetupSkipped | SetupSucceeded
-    | SetupFailed | SetupRetried | Ready | ThreadAttached | ThreadDetached | RetireScheduled
-    | RetireCancelled | Cancelled | RemovalStarted | TeardownStarted | TeardownSkipped
-    | TeardownFinished | ResourceRecorded | Paused | Resumed | Removed | RemoveFailed | ThreadRegistered | ThreadEnvironmentAssigned
-    | ThreadEnvironmentRequested | ThreadEnvironmentLeft | ThreadRefused | ThreadArchived | ThreadUnarchived | ClaimTaken
-    | ClaimRetaken | ClaimReleased
-)
+
+LogDocument = Union[tuple(dict.fromkeys(p.document for p in PUBLICATIONS.values()))]  # type: ignore[valid-type]
+"""Any document of the log (`bb.log.>`, `bb events export`)."""
 log_decoder = msgspec.json.Decoder(LogDocument)
-
-
-def _tag(document_type: type[Document]) -> str:
-    return document_type.__struct_config__.tag
-
-
-_BY_STORED_NAME: dict[tuple[str, str], type[Document]] = {
-    **{("Environment", t.__name__): t for t in ENVIRONMENT_EVENTS},
-    **{("Thread", t.__name__.removeprefix("Thread")): t for t in THREAD_EVENTS},
-    **{("PathClaim", t.__name__.removeprefix("Claim")): t for t in CLAIM_EVENTS},
-}
-
-
-def document_for(event: Aggregate.Event, aggregate: Any) -> tuple[str, Document]:
-    """The public document and log subject of a stored event, given its aggregate just after it."""
-    owner = type(event).__qualname__.split(".")[0]
-    document_type = _BY_STORED_NAME[(owner, type(event).__name__)]
-    fields = {k: v for k, v in vars(event).items() if k not in ("originator_id", "originator_version", "timestamp")}
-    common: dict[str, Any] = {"occurredAt": event.timestamp, "version": event.originator_version}
-    if owner == "Environment":
-        aggregate_key = "environment"
-        common |= {
-            "environmentId": str(event.originator_id),
-            "threadIds": list(aggregate.thread_ids),
-            "status": aggregate.public_status,
-            "statusMessage": aggregate.status_message,
-        }
-        if document_type is Ready:
-            fields["path"] = aggregate.path
-        if document_type is Claimed:
-            fields.pop("thread_id", None)
-        fields.pop("resource", None)
-        key = str(event.originator_id)
-    elif owner == "Thread":
-        aggregate_key, key = "thread", aggregate.thread_id
-        common["threadId"] = aggregate.thread_id
-        fields.pop("thread_id", None)
-        fields.pop("intent", None)
-    else:
-        aggregate_key, key = "claim", str(event.originator_id)
-        holder = fields.get("environment_id", aggregate.holder)
-        common |= {"claimId": key, "hostId": aggregate.host_id, "path": aggregate.path,
-                   "environmentId": str(holder) if holder else None}
-        fields = {}
-    camel = {_camel(k): (str(v) if k == "environment_id" else v) for k, v in fields.items()}
-    document = msgspec.convert(camel | common, document_type, strict=False)
-    return subjects.log_event(aggregate_key, key, _tag(document_type)), document
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
 
 
 # -- inbound thread events (bb.threads.<threadId>.<kind>) ------------------------------------------
@@ -312,32 +483,41 @@ EnvironmentIntent = ProviderIntent | ExistingIntent
 
 
 class InboundThreadEvent(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", forbid_unknown_fields=True):
-    thread_id: Id
-    occurred_at: datetime | None = None
+    thread_id: Annotated[Id, _said("The thread: the same as the subject's `<threadId>`.")]
+    occurred_at: Annotated[datetime | None, _said("When it happened, as the publisher says.")] = None
 
 
 class ThreadCreatedMessage(InboundThreadEvent, kw_only=True, tag="created"):
-    project_path: PathText | None = None
-    parent_thread_id: Id | None = None
-    host_id: Id | None = None
-    environment: EnvironmentIntent | None = None
+    """A thread was created. `environment` says where it runs once its first message comes: a new
+    environment of a provider (`{"type": "provider", "environmentProviderId", "machine"?, "inputs"?}`)
+    or an existing one (`{"type": "existing", "environmentId"}`). Without it, a child thread
+    (`parentThreadId`) joins its parent's environment where the parent's provider shares with
+    children, and otherwise gets a new one as its parent's intent asks."""
+
+    project_path: Annotated[PathText | None, _said("The project the thread works on, on its host.")] = None
+    parent_thread_id: Annotated[Id | None, _said("The thread's parent, for a child thread.")] = None
+    host_id: Annotated[Id | None, _said("The host its environment runs on; default: the service's.")] = None
+    environment: Annotated[EnvironmentIntent | None, _said("Where the thread runs (see above).")] = None
 
 
 class ThreadMessageMessage(InboundThreadEvent, kw_only=True, tag="message"):
-    text: str | None = None
-    """For whoever runs the thread's agent; this service reads only that a message came."""
+    """A message in the thread; the first one makes the service provide the thread's environment."""
+
+    text: Annotated[str | None, msgspec.Meta(description=(
+        "For whoever runs the thread's agent; this service reads only that a message came."))] = None
 
 
 class ThreadArchivedMessage(InboundThreadEvent, kw_only=True, tag="archived"):
-    pass
+    """The thread was archived: it leaves its environment, which retires once no live thread uses it."""
 
 
 class ThreadUnarchivedMessage(InboundThreadEvent, kw_only=True, tag="unarchived"):
-    pass
+    """The thread was unarchived: it rejoins its environment if that is still live."""
 
 
 class MessageCancelledMessage(InboundThreadEvent, kw_only=True, tag="message_cancelled"):
-    pass
+    """The thread's message was cancelled: an environment still being prepared for it alone is
+    cancelled."""
 
 
 InboundThreadMessage = (
@@ -365,9 +545,12 @@ _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 
 
 class TranscriptLine(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", tag="transcript"):
-    occurred_at: datetime
-    environment_id: str
-    kind: Literal["step", "output"]
-    source: str
-    text: str
+    """A line of an environment's transcript: a step of its preparation or removal (`kind: step`), or
+    a line a provider or hook printed (`kind: output`); `source` names the provider or hook."""
+
+    occurred_at: Annotated[datetime, _said("When the line was written (UTC).")]
+    environment_id: Annotated[str, _said("The environment.")]
+    kind: Annotated[Literal["step", "output"], _said("`step`: a step of the work; `output`: a line printed.")]
+    source: Annotated[str, _said("Who wrote the line: the core, a provider, or a hook (`setup`, `teardown`).")]
+    text: Annotated[str, _said("The line.")]
 

@@ -1,0 +1,158 @@
+"""One schema per event: every domain event has one public document, read back as it was published,
+and a stored log keeps its bytes.
+
+The registry (`bus.documents.PUBLICATIONS`) is keyed by the domain event class, so the events are
+found by walking the aggregates, not by a list kept beside them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate, CommandMethodDecorator
+from eventsourcing.persistence import StoredEvent
+
+import domain
+from bus.documents import PUBLICATIONS, log_decoder
+from bus.log_reader import LogReader
+from domain.environment import Environment
+from domain.path_claim import PathClaim
+from domain.thread import Thread
+
+STORED_LOG = Path(__file__).parent / "data" / "stored_log.jsonl"
+"""A log that `record_every_event` wrote before documents came from the registry (commit 584270d):
+each stored event, and the subject and payload the relay published for it then."""
+
+
+def aggregates() -> list[type[Aggregate]]:
+    """Every aggregate class of the domain package."""
+    for module in pkgutil.iter_modules(domain.__path__):
+        importlib.import_module(f"domain.{module.name}")
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    return sorted({c for c in subclasses(Aggregate) if c.__module__.startswith("domain.")}, key=lambda c: c.__name__)
+
+
+def recorded_event_classes(aggregate: type[Aggregate]) -> set[type[Aggregate.Event]]:
+    """The aggregate's nested event classes. eventsourcing gives every aggregate a default `Created`
+    class too; one whose `__init__` records another event never records it, so it is left out."""
+    nested = {v for v in vars(aggregate).values()
+              if isinstance(v, type) and issubclass(v, aggregate.Event) and v is not aggregate.Event}
+    named = {getattr(aggregate, m.given_event_cls.__name__ if m.given_event_cls else m.event_cls_name)
+             for m in vars(aggregate).values() if isinstance(m, CommandMethodDecorator)}
+    return {c for c in nested if c in named or not issubclass(c, Aggregate.Created)}
+
+
+ALL_EVENTS = {event for aggregate in aggregates() for event in recorded_event_classes(aggregate)}
+
+
+def record_every_event(app: Application) -> None:
+    """Save a history in which each event of each aggregate happens at least once."""
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    intent = {"type": "provider", "environmentProviderId": "git-worktree",
+              "machine": {"type": "existing", "hostId": "local"}, "inputs": {"branch": {"kind": "default"}}}
+    thread = Thread(thread_id="t-1", project_path="/src/p", parent_thread_id=None, host_id="local", intent=intent)
+    thread.request_environment()
+    thread.refuse("the path /src/p is held by another environment")
+    env = Environment(provider_id="git-worktree", host_id="local", project_path="/src/p",
+                      inputs={"branch": {"kind": "default"}}, path_key="t-1-1", claimed_path="/data/wt/t-1-1",
+                      thread_id="t-1")
+    claim = PathClaim(host_id="local", path="/data/wt/t-1-1", environment_id=env.id)
+    thread.assign_environment(env.id)
+    app.save(thread, env, claim)
+    env.record_create_failed(1, "transient", "git is busy")
+    env.record_attempt_cleaned(1)
+    env.retry("t-1-2", "/data/wt/t-1-2")
+    env.record_created(2, "/data/wt/t-1-2", True, "main", {"worktree": "/data/wt/t-1-2"})
+    operation = env.setup_operation()
+    env.start_setup(operation)
+    env.record_setup_outcome(operation, False, "exit status 3")
+    env.retry("t-1-2", "/data/wt/t-1-2")
+    operation = env.setup_operation()
+    env.start_setup(operation)
+    env.record_setup_outcome(operation, True, None)
+    env.record_resource({"snapshot": "im-1"})
+    env.record_paused({"snapshot": "im-2"}, now)
+    env.record_resumed({"sandbox": "sb-2"})
+    env.attach_thread("t-2")
+    env.detach_thread("t-2", now, 60_000)
+    env.detach_thread("t-1", now, 60_000)
+    env.attach_thread("t-3")
+    env.detach_thread("t-3", now, 0)
+    env.start_removal(now + timedelta(seconds=1))
+    env.start_teardown(env.teardown_operation())
+    env.record_teardown_outcome(env.teardown_operation(), "failed", "exit status 2")
+    env.record_remove_failed(1, "the worktree is locked", now + timedelta(seconds=60))
+    env.retry_removal(now + timedelta(seconds=61))
+    env.record_removed(2)
+    claim.release(env.id)
+    thread.leave_environment()
+    thread.archive()
+    thread.unarchive()
+    app.save(thread, env, claim)
+    other = Environment(provider_id="project-checkout", host_id="local", project_path="/src/p", inputs=None,
+                        path_key="t-1-3", claimed_path="/data/wt/t-1-1", thread_id="t-1")
+    claim.retake(other.id)
+    thread.assign_environment(other.id)
+    other.record_created(1, "/data/wt/t-1-1", False, None, None)
+    other.skip_setup("the workspace is not the provider's")
+    app.save(thread, other, claim)
+    third = Environment(provider_id="personal-workspace", host_id="local", project_path=None, inputs=None,
+                        path_key="t-4-1", claimed_path=None, thread_id="t-4")
+    third.cancel_for_thread("t-4")
+    third.start_removal(now)
+    third.skip_teardown("nothing was created")
+    third.record_removed(1)
+    app.save(third)
+
+
+@pytest.fixture
+def app():
+    application = Application(env={"PERSISTENCE_MODULE": "eventsourcing.popo"})
+    yield application
+    application.close()
+
+
+def test_every_event_of_every_aggregate_has_a_document():
+    assert {Environment, Thread, PathClaim} <= set(aggregates())
+    missing = sorted(e.__qualname__ for e in ALL_EVENTS - set(PUBLICATIONS))
+    assert not missing, f"no public document for {missing}: declare one with @publishes in bus/documents.py"
+    assert set(PUBLICATIONS) == ALL_EVENTS
+    types = [p.type for p in PUBLICATIONS.values()]
+    assert len(set(types)) == len(types), "two documents of the log share a `type`: the log decoder cannot tell them apart"
+
+
+def test_every_logged_event_round_trips_through_the_log_decoder(app):
+    record_every_event(app)
+    notifications = app.recorder.select_notifications(start=1, limit=1000)
+    recorded = {type(app.mapper.to_domain_event(n)) for n in notifications}
+    assert recorded == ALL_EVENTS, (
+        f"record_every_event does not record {sorted(e.__qualname__ for e in ALL_EVENTS - recorded)}: add them to it")
+    logged = LogReader(app).page(0, 1000)
+    assert [n.id for n in notifications] == [entry.notification_id for entry in logged]
+    for notification, entry in zip(notifications, logged):
+        publication = PUBLICATIONS[type(app.mapper.to_domain_event(notification))]
+        assert type(entry.document) is publication.document
+        assert log_decoder.decode(entry.payload()) == entry.document
+        assert entry.subject.startswith(f"bb.log.{publication.kind}.") and entry.subject.endswith(f".{publication.type}")
+
+
+def test_a_log_stored_before_keeps_its_subjects_and_bytes(app):
+    """The relay finds its place in the stream by comparing bytes with the store: a document that
+    read differently for an old event would make every restart rewrite the stream."""
+    rows = [json.loads(line) for line in STORED_LOG.read_text().splitlines()]
+    app.recorder.insert_events([StoredEvent(UUID(row["originatorId"]), row["originatorVersion"], row["topic"],
+                                            row["state"].encode()) for row in rows])
+    logged = LogReader(app).page(0, 1000)
+    assert [(entry.subject, entry.payload().decode()) for entry in logged] == [(r["subject"], r["payload"]) for r in rows]
+
+
