@@ -1,6 +1,8 @@
 """Turns the event store's notification log into the documents the bus carries.
 
-One mapping serves both the relay (live) and `bb events replay` (rebuild), so a rebuilt read
+Each notification becomes its public document (`bus.documents`) and, for the read model, the
+public view of its aggregate just after it (`projections.views`). One mapping serves the relay,
+the consumers that check the stream against the store, and `bb events replay`, so a rebuilt read
 model equals the live one by construction. Runs on the store's log-reader thread.
 """
 
@@ -16,6 +18,7 @@ import msgspec
 from eventsourcing.application import Application
 
 from bus.documents import Document, document_for
+from projections.views import EnvironmentView, ThreadView, public_view
 
 _CACHED_AGGREGATES = 4096
 
@@ -24,6 +27,8 @@ class LoggedDocument(NamedTuple):
     notification_id: int
     subject: str
     document: Document
+    view: EnvironmentView | ThreadView | None = None
+    """What the read model keeps of the aggregate just after this event; not published."""
 
     def payload(self) -> bytes:
         return msgspec.json.encode(self.document)
@@ -45,10 +50,10 @@ class LogReader:
         notifications = self._app.recorder.select_notifications(start=after + 1, limit=limit)
         return [self._document(n) for n in notifications]
 
-    def between(self, after: int, upto: int) -> list[tuple[int, Document]]:
-        """The documents after `after` up to and including `upto`, in order."""
+    def between(self, after: int, upto: int) -> list[tuple[int, EnvironmentView | ThreadView | None]]:
+        """The read model's views of the notifications after `after` up to and including `upto`, in order."""
         notifications = self._app.recorder.select_notifications(start=after + 1, limit=upto - after, stop=upto)
-        return [(logged.notification_id, logged.document) for logged in map(self._document, notifications)]
+        return [(logged.notification_id, logged.view) for logged in map(self._document, notifications)]
 
     def at(self, notification_ids: Iterable[int]) -> dict[int, LoggedDocument]:
         """The documents of those of these notification ids that the store holds.
@@ -67,7 +72,7 @@ class LogReader:
         event = self._app.mapper.to_domain_event(notification)
         aggregate = self._state_after(event)
         subject, document = document_for(event, aggregate)
-        return LoggedDocument(notification.id, subject, document)
+        return LoggedDocument(notification.id, subject, document, public_view(aggregate))
 
     def _state_after(self, event: Any) -> Any:
         # Folding events onto a cached state is far cheaper than replaying each aggregate again.

@@ -224,7 +224,7 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
     async def apply_to_read_model(messages: list[Msg]) -> None:
         await read_model.apply(
             [Applied(admitted.logged.notification_id, admitted.message.metadata.sequence.stream,
-                     admitted.logged.document)
+                     admitted.logged.view)
              for admitted in await projections_log.admit(messages)],
             fill_gap,
         )

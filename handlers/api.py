@@ -249,14 +249,14 @@ async def replay_log(store: Store, read_model: ReadModel, stream_position: Calla
     reader = LogReader(store.app)
 
     def whole_log() -> list:
-        documents, position = [], 0
+        views, position = [], 0
         while page := reader.page(position):
-            documents.extend((logged.notification_id, logged.document) for logged in page)
+            views.extend((logged.notification_id, logged.view) for logged in page)
             position = page[-1].notification_id
-        return documents
+        return views
 
-    documents = await store.read_log(whole_log)
-    return await read_model.rebuild(documents, await stream_position())
+    views = await store.read_log(whole_log)
+    return await read_model.rebuild(views, await stream_position())
 
 
 def _check_nesting(inputs: Any) -> None:

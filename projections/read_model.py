@@ -1,8 +1,10 @@
 """The SQLite read models (environments, threads, transcript) and the queries over them.
 
-Every batch of log documents is applied in one transaction together with the notification id
-and stream sequence it reached, so a restart neither skips nor double-applies; a document at or
-below the stored position is ignored.
+The log's notifications come with the public view of their aggregate just after them (see
+bus.log_reader); the read model stores that view as it is, and folds nothing itself. Every batch
+is applied in one transaction together with the notification id and stream sequence it reached,
+so a restart neither skips nor double-applies; a notification at or below the stored position is
+ignored.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import aiosqlite
 import msgspec
 
 from bus import documents as d
-from domain.status import ThreadStatus
-from projections.views import EnvironmentView, ThreadView, apply_to_environment, new_environment
+from projections.views import EnvironmentView, ThreadView
 
 TRANSCRIPT_LINES_KEPT = 500
 
@@ -40,13 +41,17 @@ LOG = "log"
 TRANSCRIPT = "transcript"
 
 
+View = EnvironmentView | ThreadView | None
+"""An aggregate's public view just after a notification (None: the read model keeps nothing of it)."""
+
+
 class Applied(NamedTuple):
     notification_id: int
     stream_sequence: int
-    document: d.Document
+    view: View
 
 
-GapFiller = Callable[[int, int], Awaitable[list[tuple[int, d.Document]]]]
+GapFiller = Callable[[int, int], Awaitable[list[tuple[int, View]]]]
 
 
 class ReplayCounts(msgspec.Struct, rename="camel"):
@@ -117,7 +122,7 @@ class ReadModel:
     # -- writing -------------------------------------------------------------------------------
 
     async def apply(self, batch: Iterable[Applied], fill: GapFiller) -> None:
-        """Apply documents in log order, exactly once each.
+        """Apply views in log order, exactly once each.
 
         A consumer may see the log out of order (a message delivered to a process that died is
         redelivered only after its ack wait, behind later ones): a gap below a document is filled
@@ -131,10 +136,10 @@ class ReadModel:
             if item.notification_id <= reached:
                 continue
             if item.notification_id > reached + 1:
-                for notification_id, document in await fill(reached, item.notification_id - 1):
-                    await self._apply_one(document)
+                for notification_id, view in await fill(reached, item.notification_id - 1):
+                    await self._apply_one(view)
                     reached = notification_id
-            await self._apply_one(item.document)
+            await self._apply_one(item.view)
             reached = item.notification_id
         await self._db.execute(
             "INSERT INTO positions VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
@@ -149,44 +154,17 @@ class ReadModel:
             self.position = reached
             self._advanced.notify_all()
 
-    async def _apply_one(self, document: d.Document) -> None:
-        if isinstance(document, d.Claimed):
-            await self._put_environment(new_environment(document))
-        elif isinstance(document, d.EnvironmentEvent):
-            view = await self.environment(document.environment_id)
-            if view is not None:
-                apply_to_environment(view, document)
-                await self._put_environment(view)
-        elif isinstance(document, d.ThreadEvent):
-            await self._apply_thread(document)
-
-    async def _put_environment(self, view: EnvironmentView) -> None:
-        await self._db.execute(
-            "INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)",
-            (view.id, view.status, view.provider_id, msgspec.json.encode(view)),
-        )
-
-    async def _apply_thread(self, event: d.ThreadEvent) -> None:
-        if isinstance(event, d.ThreadRegistered):
-            view = ThreadView(id=event.thread_id, environment_id=None, status=ThreadStatus.ACTIVE,
-                              parent_thread_id=event.parent_thread_id, project_path=event.project_path)
-        else:
-            view = await self.thread(event.thread_id)
-            if view is None:
-                return
-            match event:
-                case d.ThreadEnvironmentAssigned():
-                    view.environment_id, view.refusal = event.environment_id, None
-                case d.ThreadEnvironmentLeft():
-                    view.environment_id = None
-                case d.ThreadRefused():
-                    view.refusal = event.message
-                case d.ThreadArchived() | d.ThreadUnarchived():
-                    view.status = ThreadStatus.ARCHIVED if isinstance(event, d.ThreadArchived) else ThreadStatus.ACTIVE
-        await self._db.execute(
-            "INSERT OR REPLACE INTO threads VALUES (?, ?, ?)",
-            (view.id, view.environment_id, msgspec.json.encode(view)),
-        )
+    async def _apply_one(self, view: View) -> None:
+        if isinstance(view, EnvironmentView):
+            await self._db.execute(
+                "INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)",
+                (view.id, view.status, view.provider_id, msgspec.json.encode(view)),
+            )
+        elif isinstance(view, ThreadView):
+            await self._db.execute(
+                "INSERT OR REPLACE INTO threads VALUES (?, ?, ?)",
+                (view.id, view.environment_id, msgspec.json.encode(view)),
+            )
 
     async def add_transcript(self, lines: list[tuple[int, d.TranscriptLine]]) -> None:
         """Store transcript lines (stream sequence, line), keeping the newest per environment."""
@@ -210,14 +188,14 @@ class ReadModel:
         )
         await self._db.commit()
 
-    async def rebuild(self, documents: Iterable[tuple[int, d.Document]], stream_sequence: int) -> ReplayCounts:
-        """Drop the log-derived read models and fold the whole log into them again."""
+    async def rebuild(self, views: Iterable[tuple[int, View]], stream_sequence: int) -> ReplayCounts:
+        """Drop the log-derived read models and apply the whole log's views again."""
         await self._db.execute("DELETE FROM environments")
         await self._db.execute("DELETE FROM threads")
         await self._db.execute("DELETE FROM positions WHERE name = ?", (LOG,))
         events = reached = 0
-        for notification_id, document in documents:
-            await self._apply_one(document)
+        for notification_id, view in views:
+            await self._apply_one(view)
             events, reached = events + 1, notification_id
         await self._db.execute("INSERT INTO positions VALUES (?, ?, ?)", (LOG, reached, stream_sequence))
         await self._db.commit()

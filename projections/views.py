@@ -1,4 +1,9 @@
-"""The read side's documents: what `show`, `list` and `thread list` answer (SPEC §3)."""
+"""The read side's documents: what `show`, `list` and `thread list` answer (SPEC §3).
+
+Each is the public view of an aggregate's state, taken from the aggregate just after each event
+(`public_view`), never folded from the events a second time: the aggregate is the one place
+that says what an event changes.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ from typing import Any
 
 import msgspec
 
-from bus import documents as d
+from domain.environment import Environment
 from domain.status import HookStatus
+from domain.thread import Thread
 
 
 class HookView(msgspec.Struct, rename="camel"):
@@ -55,53 +61,38 @@ class ThreadView(msgspec.Struct, rename="camel", kw_only=True):
     refusal: str | None = None
 
 
-def new_environment(event: d.Claimed) -> EnvironmentView:
+def public_view(aggregate: Any) -> EnvironmentView | ThreadView | None:
+    """What the read model keeps of an aggregate just after one of its events (None: nothing)."""
+    if isinstance(aggregate, Environment):
+        return environment_view(aggregate)
+    if isinstance(aggregate, Thread):
+        return thread_view(aggregate)
+    return None
+
+
+def environment_view(environment: Environment) -> EnvironmentView:
     return EnvironmentView(
-        id=event.environment_id, status=event.status, status_message=event.status_message,
-        provider_id=event.provider_id, host_id=event.host_id, project_path=event.project_path,
-        path=None, owns_path=False, path_key=event.path_key, inputs=event.inputs,
-        thread_ids=event.thread_ids, merge_base_branch=None, hooks=HooksView(),
-        created_at=event.occurred_at, updated_at=event.occurred_at, version=event.version,
-        claimed_path=event.claimed_path,
+        id=str(environment.id), status=environment.public_status, status_message=environment.status_message,
+        provider_id=environment.provider_id, host_id=environment.host_id, project_path=environment.project_path,
+        path=environment.path, owns_path=environment.owns_path, path_key=environment.path_key,
+        inputs=environment.inputs, thread_ids=list(environment.thread_ids),
+        merge_base_branch=environment.merge_base_branch,
+        hooks=HooksView(_hook(environment.setup_status, environment.setup_operation_id),
+                        _hook(environment.teardown_status, environment.teardown_operation_id)),
+        created_at=environment.created_on, updated_at=environment.modified_on, version=environment.version,
+        attempt=environment.attempt, claimed_path=environment.claimed_path, retire_at=environment.retire_at,
+        removal_attempt=environment.removal_attempt, paused_at=environment.paused_at,
     )
 
 
-def apply_to_environment(view: EnvironmentView, event: d.EnvironmentEvent) -> None:
-    """Fold one environment event into its view (every event carries status and threads)."""
-    view.status = event.status
-    view.status_message = event.status_message
-    view.thread_ids = event.thread_ids
-    view.version = event.version
-    view.updated_at = event.occurred_at
-    match event:
-        case d.Created():
-            view.path, view.owns_path = event.path, event.owns_path
-            view.merge_base_branch, view.attempt = event.merge_base_branch, event.attempt
-        case d.CreateRetried():
-            view.attempt, view.path_key, view.claimed_path = event.attempt, event.path_key, event.claimed_path
-        case d.SetupStarted() | d.SetupSucceeded():
-            status = HookStatus.RUNNING if isinstance(event, d.SetupStarted) else HookStatus.SUCCEEDED
-            view.hooks.setup = HookView(status, event.operation_id)
-        case d.SetupFailed():
-            view.hooks.setup = HookView(HookStatus.FAILED, event.operation_id)
-        case d.SetupSkipped():
-            view.hooks.setup = HookView(HookStatus.SKIPPED, None)
-        case d.SetupRetried():
-            view.hooks.setup = HookView(None, view.hooks.setup.operation_id)
-        case d.RetireScheduled():
-            view.retire_at = event.retire_at
-        case d.RetireCancelled() | d.RemovalStarted():
-            view.retire_at = None
-            if isinstance(event, d.RemovalStarted):
-                view.removal_attempt = event.removal_attempt
-        case d.TeardownStarted():
-            view.hooks.teardown = HookView(HookStatus.RUNNING, event.operation_id)
-        case d.TeardownFinished():
-            status = HookStatus.SUCCEEDED if event.outcome == HookStatus.SUCCEEDED else HookStatus.FAILED
-            view.hooks.teardown = HookView(status, event.operation_id)
-        case d.TeardownSkipped():
-            view.hooks.teardown = HookView(HookStatus.SKIPPED, None)
-        case d.Paused() | d.Resumed():
-            view.paused_at = event.paused_at if isinstance(event, d.Paused) else None
-        case d.Removed():
-            view.path = None
+def _hook(status: HookStatus | None, operation_id: str | None) -> HookView:
+    # A skipped hook ran no operation (one recorded before, by a setup that failed, is history).
+    return HookView(status, None if status == HookStatus.SKIPPED else operation_id)
+
+
+def thread_view(thread: Thread) -> ThreadView:
+    return ThreadView(
+        id=thread.thread_id, environment_id=str(thread.environment_id) if thread.environment_id else None,
+        status=thread.status, parent_thread_id=thread.parent_thread_id, project_path=thread.project_path,
+        refusal=thread.refusal,
+    )

@@ -1,5 +1,5 @@
-"""One schema per event: every domain event has one public document, read back as it was published,
-and a stored log keeps its bytes.
+"""One schema per event: every domain event has one public document, read back as it was published;
+a stored log keeps its bytes; the read model's views are the aggregate's state.
 
 The registry (`bus.documents.PUBLICATIONS`) is keyed by the domain event class, so the events are
 found by walking the aggregates, not by a list kept beside them.
@@ -14,17 +14,20 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from uuid import UUID
 
+import msgspec
 import pytest
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, CommandMethodDecorator
 from eventsourcing.persistence import StoredEvent
 
 import domain
-from bus.documents import PUBLICATIONS, log_decoder
+from bus.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
 from bus.log_reader import LogReader
 from domain.environment import Environment
 from domain.path_claim import PathClaim
+from domain.status import HookStatus
 from domain.thread import Thread
+from projections.views import EnvironmentView, ThreadView, environment_view
 
 STORED_LOG = Path(__file__).parent / "data" / "stored_log.jsonl"
 """A log that `record_every_event` wrote before documents came from the registry (commit 584270d):
@@ -154,5 +157,31 @@ def test_a_log_stored_before_keeps_its_subjects_and_bytes(app):
                                             row["state"].encode()) for row in rows])
     logged = LogReader(app).page(0, 1000)
     assert [(entry.subject, entry.payload().decode()) for entry in logged] == [(r["subject"], r["payload"]) for r in rows]
+
+
+def test_each_view_is_its_aggregate_just_after_the_event(app):
+    record_every_event(app)
+    for entry in LogReader(app).page(0, 1000):
+        document, view = entry.document, entry.view
+        if isinstance(document, EnvironmentEvent):
+            assert isinstance(view, EnvironmentView)
+            assert (view.id, view.version, view.status, view.status_message, view.thread_ids, view.updated_at) == (
+                document.environment_id, document.version, document.status, document.status_message,
+                document.thread_ids, document.occurred_at)
+        elif isinstance(document, ThreadEvent):
+            assert isinstance(view, ThreadView) and view.id == document.thread_id
+        else:
+            assert isinstance(document, ClaimEvent) and view is None
+
+
+def test_a_hook_the_host_skipped_after_it_started_shows_no_operation():
+    env = Environment(provider_id="git-worktree", host_id="local", project_path="/src/p", inputs=None,
+                      path_key="t-1-1", claimed_path="/data/wt/t-1-1", thread_id="t-1")
+    env.record_created(1, "/data/wt/t-1-1", True, None, None)
+    env.start_setup(env.setup_operation())
+    assert env.record_setup_skipped(env.setup_operation_id, "no .bb-env-setup.sh")
+    view = msgspec.to_builtins(environment_view(env))
+    assert view["hooks"]["setup"] == {"status": HookStatus.SKIPPED, "operationId": None}
+    assert view["status"] == "ready" and view["version"] == 5
 
 
