@@ -1,5 +1,6 @@
-"""One schema per event: every domain event has one public document, read back as it was published;
-a stored log keeps its bytes; the read model's views are the aggregate's state.
+"""One schema per event: every domain event has one public document, read back as it was published,
+described in the generated catalog; a stored log keeps its bytes; the read model's views are the
+aggregate's state.
 
 The registry (`bus.documents.PUBLICATIONS`) is keyed by the domain event class, so the events are
 found by walking the aggregates, not by a list kept beside them.
@@ -21,6 +22,7 @@ from eventsourcing.domain import Aggregate, CommandMethodDecorator
 from eventsourcing.persistence import StoredEvent
 
 import domain
+from bus import catalog
 from bus.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
 from bus.log_reader import LogReader
 from domain.environment import Environment
@@ -185,3 +187,15 @@ def test_a_hook_the_host_skipped_after_it_started_shows_no_operation():
     assert view["status"] == "ready" and view["version"] == 5
 
 
+def test_every_event_is_in_the_catalog():
+    generated = catalog.artifacts()
+    for publication in PUBLICATIONS.values():
+        assert f"### `{publication.type}`" in generated["events.md"], publication.type
+        family = "environments" if publication.kind == "environment" else "log"
+        assert f"schemas/{family}/{publication.type}.json" in generated
+        if family == "environments":
+            assert f"environments.{publication.type}" in json.loads(generated["asyncapi.json"])["channels"]
+
+
+def test_the_committed_catalog_is_the_generated_one():
+    assert catalog.differences() == [], "run `python -m bus.catalog --write` and commit docs/"
