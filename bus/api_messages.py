@@ -6,14 +6,18 @@ from typing import Any
 
 import msgspec
 
+from domain.status import EnvironmentStatus
+
 
 class Request(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
     pass
 
 
 class ListEnvironments(Request):
-    status: str | None = None
+    status: EnvironmentStatus | None = None
     provider: str | None = None
+    include_removed: bool = False
+    """Removed environments are history: listed only when asked for (`--all`) or by `--status removed`."""
 
 
 class EnvironmentRef(Request):

@@ -163,14 +163,18 @@ async def environment_providers(settings: Settings, as_json: bool) -> None:
 
 
 @environment.command("list")
-@click.option("--status")
+@click.option("--status", type=click.Choice([s.value for s in EnvironmentStatus]))
 @click.option("--provider")
+@click.option("--all", "include_removed", is_flag=True, help="Also list removed environments.")
 @json_option
 @click.pass_obj
 @run_command
-async def environment_list(settings: Settings, status: str | None, provider: str | None, as_json: bool) -> None:
-    """List environments."""
-    document = await call(settings, "environments", "list", ListEnvironments(status=status, provider=provider))
+async def environment_list(settings: Settings, status: str | None, provider: str | None, include_removed: bool,
+                           as_json: bool) -> None:
+    """List environments that are not removed (with --all, removed ones too)."""
+    request = ListEnvironments(status=EnvironmentStatus(status) if status else None, provider=provider,
+                               include_removed=include_removed)
+    document = await call(settings, "environments", "list", request)
 
     def human(doc: dict) -> None:
         # Ids are copied from here: never cut them.
@@ -461,6 +465,8 @@ cli.add_command(modal)
 
 
 def main() -> None:
+    # asyncio warns on stderr when a TLS server closes a refused connection; the command says why itself.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     run_cli(cli, sys.argv[1:])
 
 

@@ -110,7 +110,8 @@ class Api:
         return ProviderList(await asyncio.to_thread(self._placer.registry.describe, context_for))
 
     async def list_environments(self, request: ListEnvironments) -> EnvironmentList:
-        return EnvironmentList(await self._read_model.environments(request.status, request.provider))
+        include_removed = request.include_removed or request.status == EnvironmentStatus.REMOVED
+        return EnvironmentList(await self._read_model.environments(request.status, request.provider, include_removed))
 
     async def show_environment(self, request: EnvironmentRef) -> msgspec.Struct:
         environment_id = str(check_environment_id(request.environment_id))

@@ -21,6 +21,7 @@ import aiosqlite
 import msgspec
 
 from bus import documents as d
+from domain.status import EnvironmentStatus
 from projections.views import EnvironmentView, ThreadView
 
 TRANSCRIPT_LINES_KEPT = 500
@@ -219,8 +220,11 @@ class ReadModel:
             row = await rows.fetchone()
         return msgspec.json.decode(row[0], type=EnvironmentView) if row else None
 
-    async def environments(self, status: str | None = None, provider_id: str | None = None) -> list[EnvironmentView]:
+    async def environments(self, status: str | None = None, provider_id: str | None = None,
+                           include_removed: bool = True) -> list[EnvironmentView]:
         query, args = "SELECT document FROM environments WHERE 1=1", []
+        if not include_removed:
+            query, args = query + " AND status != ?", [*args, EnvironmentStatus.REMOVED]
         if status:
             query, args = query + " AND status = ?", [*args, status]
         if provider_id:

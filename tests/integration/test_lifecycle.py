@@ -283,3 +283,21 @@ async def test_a_failing_teardown_is_recorded_and_removal_proceeds(service, git_
     assert removed["hooks"]["teardown"]["status"] == "failed"
     assert "cannot tear down" in removed["transcript"]
     assert worktrees(git_repo) == [str(git_repo)]
+
+
+async def test_list_hides_removed_environments_unless_asked_for(service, git_repo):
+    gone = await spawn(service, git_repo, "t1")
+    kept = await spawn(service, git_repo, "t2")
+    await service.bb("thread", "archive", "t1")
+    await service.wait_for(gone["environmentId"], "removed")
+
+    async def listed(*options: str) -> set[str]:
+        result = await service.bb("environment", "list", "--json", *options)
+        assert result.returncode == 0, result.stderr
+        return {e["id"] for e in result.json()["environments"]}
+
+    assert await listed() == {kept["environmentId"]}
+    assert await listed("--all") == {gone["environmentId"], kept["environmentId"]}
+    assert await listed("--status", "removed") == {gone["environmentId"]}
+    refused = await service.bb("environment", "list", "--status", "gone", "--json")
+    assert refused.returncode == 2 and "removed" in refused.json()["error"]["message"]
