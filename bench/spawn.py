@@ -27,8 +27,8 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bus.api_messages import SpawnThread, ThreadRef  # noqa: E402
-from bus.client import ApiClient  # noqa: E402
+from bb_environments.bus.api_messages import SpawnThread, ThreadRef  # noqa: E402
+from bb_environments.bus.client import ApiClient  # noqa: E402
 
 
 def make_repository(root: Path) -> Path:
@@ -71,7 +71,7 @@ async def main(runs: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-"))
     repo = make_repository(root)
     environment = {**os.environ, "BB_DATA_DIR": str(root / "data"), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"}
-    service = subprocess.Popen([sys.executable, "-m", "entrypoints.cli", "serve"], env=environment,
+    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.cli", "serve"], env=environment,
                                cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
     try:
         server_file = root / "data" / "server.json"

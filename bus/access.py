@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import nkeys
 
-from bus import subjects
+from bb_environments.bus import subjects
 
 CLIENT_ROLES = ("operator", "publisher", "subscriber")
 SERVICE_USER = "service"

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from domain.status import EnvironmentStatus
+from bb_environments.domain.status import EnvironmentStatus
 
 
 class Request(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):

@@ -20,10 +20,10 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
-from bus import subjects
-from bus.api_messages import ErrorBody, ErrorReply, Request
-from bus.documents import refusal_reason
-from bus.health import describe, unavailable
+from bb_environments.bus import subjects
+from bb_environments.bus.api_messages import ErrorBody, ErrorReply, Request
+from bb_environments.bus.documents import refusal_reason
+from bb_environments.bus.health import describe, unavailable
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from bus import subjects
-from bus.api_messages import ErrorReply, Request
-from bus.embedded_server import pid_alive
-from bus.health import describe
+from bb_environments.bus import subjects
+from bb_environments.bus.api_messages import ErrorReply, Request
+from bb_environments.bus.embedded_server import pid_alive
+from bb_environments.bus.health import describe
 
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 SERVICE_CHECK_S = 0.5

@@ -3,7 +3,7 @@
 Stored event classes are not public. Each one is mapped to a stable document by `@publishes`, one
 registry keyed by the domain event class: renaming a Python class never breaks a subscriber or an
 old log, and an event without a document is found by a unit test, not by the relay. A document's
-docstring says when it happens; `python -m bus.catalog --write` makes docs/events.md, the JSON
+docstring says when it happens; `python -m bb_environments.bus.catalog --write` makes docs/events.md, the JSON
 Schemas and the AsyncAPI document from these structs.
 
 The bytes of a document are part of the log's identity on the bus (the relay compares stream
@@ -23,10 +23,10 @@ from uuid import UUID
 import msgspec
 from eventsourcing.domain import Aggregate
 
-from bus import subjects
-from domain.environment import Environment
-from domain.path_claim import PathClaim
-from domain.thread import Thread
+from bb_environments.bus import subjects
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.thread import Thread
 
 
 class Document(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", omit_defaults=False):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from providers.host.file_lock import FileLock
+from bb_environments.providers.host.file_lock import FileLock
 
 log = logging.getLogger(__name__)
 

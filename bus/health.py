@@ -29,7 +29,7 @@ from nats.errors import (
 )
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
-from providers.host.backoff import Backoff
+from bb_environments.providers.host.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
-from bus import subjects
-from bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
-from bus.transcripts import TranscriptPublisher
-from domain.application import RecordedHook
-from providers.host.hooks import HookOutcome, HookRunner
+from bb_environments.bus import subjects
+from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
+from bb_environments.bus.transcripts import TranscriptPublisher
+from bb_environments.domain.application import RecordedHook
+from bb_environments.providers.host.hooks import HookOutcome, HookRunner
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

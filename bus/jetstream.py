@@ -17,9 +17,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError
 
-from bus import subjects
-from bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
-from providers.host.backoff import Backoff
+from bb_environments.bus import subjects
+from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
+from bb_environments.providers.host.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

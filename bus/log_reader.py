@@ -17,8 +17,8 @@ from uuid import UUID
 import msgspec
 from eventsourcing.application import Application
 
-from bus.documents import Document, document_for
-from projections.views import EnvironmentView, ThreadView, public_view
+from bb_environments.bus.documents import Document, document_for
+from bb_environments.projections.views import EnvironmentView, ThreadView, public_view
 
 _CACHED_AGGREGATES = 4096
 

@@ -25,10 +25,10 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
-from bus import subjects
-from bus.crash_points import crash_point
-from bus.health import BusHealth
-from bus.log_reader import LoggedDocument
+from bb_environments.bus import subjects
+from bb_environments.bus.crash_points import crash_point
+from bb_environments.bus.health import BusHealth
+from bb_environments.bus.log_reader import LoggedDocument
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 import msgspec
 from nats.aio.client import Client
 
-from bus import subjects
-from bus.documents import TranscriptLine
-from bus.health import BUS_UNAVAILABLE, BusHealth
+from bb_environments.bus import subjects
+from bb_environments.bus.documents import TranscriptLine
+from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 
 log = logging.getLogger(__name__)
 

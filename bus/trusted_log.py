@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 from nats.aio.msg import Msg
 
-from bus.log_reader import LoggedDocument
-from bus.relay import NotificationReader, claimed_notification_id
+from bb_environments.bus.log_reader import LoggedDocument
+from bb_environments.bus.relay import NotificationReader, claimed_notification_id
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,12 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
 
-from domain.environment import Environment
-from domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
-from domain.path_claim import PathClaim, claim_id
-from domain.status import ThreadStatus
-from domain.thread import Thread, thread_aggregate_id
+from bb_environments.domain import topic_prefixes
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
+from bb_environments.domain.path_claim import PathClaim, claim_id
+from bb_environments.domain.status import ThreadStatus
+from bb_environments.domain.thread import Thread, thread_aggregate_id
 
 T = TypeVar("T")
 GraceLookup = Callable[[str], "int | None"]
@@ -469,9 +470,8 @@ class _LogIndex:
 
     def __init__(self, app: Application, aggregate: type, event_names: tuple[str, ...],
                  fold: Callable[[Any], None]) -> None:
-        prefix = f"{aggregate.__module__}:{aggregate.__qualname__}."
         self._app = app
-        self._topics = tuple(prefix + name for name in event_names)
+        self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
         self._fold = fold
         self._position = 0
 

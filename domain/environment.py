@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 from typing import Any
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import IllegalTransition, ThreadsStillLive
-from domain.status import LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, EnvironmentStatus, HookStatus
-from domain.steps import (
+from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
+from bb_environments.domain.status import LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, EnvironmentStatus, HookStatus
+from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
     PauseWhenIdle,

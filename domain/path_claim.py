@@ -11,7 +11,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import PathAlreadyClaimed
+from bb_environments.domain.errors import PathAlreadyClaimed
 
 
 def claim_id(host_id: str, canonical_path: str) -> UUID:

@@ -7,7 +7,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.status import ThreadStatus
+from bb_environments.domain.status import ThreadStatus
 
 
 def thread_aggregate_id(thread_id: str) -> UUID:

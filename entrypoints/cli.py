@@ -21,14 +21,14 @@ import msgspec
 from nats.errors import Error as NatsError
 from rich.table import Column, Table
 
-from bus import subjects
-from bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
-from bus.documents import ID_PATTERN
-from bus.client import AnswerLost, ApiClient, ServiceError, unreachable
-from domain.status import EnvironmentStatus
-from entrypoints.cli_modal import machine, modal
-from entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
-from entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
+from bb_environments.bus import subjects
+from bb_environments.bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
+from bb_environments.bus.documents import ID_PATTERN
+from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
+from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.entrypoints.cli_modal import machine, modal
+from bb_environments.entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
+from bb_environments.entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
 
 TERMINAL_FOR_WAIT = {
     EnvironmentStatus.READY: 0, EnvironmentStatus.ERROR: 1, EnvironmentStatus.REMOVING: 1, EnvironmentStatus.REMOVED: 1,
@@ -116,7 +116,7 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
 @click.pass_obj
 def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_json: bool) -> None:
     """Run the service: embedded nats-server, event store, read models, host agent."""
-    from entrypoints.serve import ServeError, serve as run_service
+    from bb_environments.entrypoints.serve import ServeError, serve as run_service
 
     if data_dir or nats_url:
         settings = Settings.load(data_dir or str(settings.data_dir), nats_url or settings.nats_url)

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from entrypoints.cli_support import Failure, emit, json_option, run_command, stderr, stdout
-from entrypoints.config import Settings
-from providers.contract import InvalidInputs
-from providers.modal_machine import ModalMachines
-from providers.modal_sandbox import ModalInputs
-from providers.modal_sdk import ModalOperationFailed
-from providers.modal_settings import (
+from bb_environments.entrypoints.cli_support import Failure, emit, json_option, run_command, stderr, stdout
+from bb_environments.entrypoints.config import Settings
+from bb_environments.providers.contract import InvalidInputs
+from bb_environments.providers.modal_machine import ModalMachines
+from bb_environments.providers.modal_sandbox import ModalInputs
+from bb_environments.providers.modal_sdk import ModalOperationFailed
+from bb_environments.providers.modal_settings import (
     PROVIDER_ID,
     Dockerfile,
     DockerfileError,

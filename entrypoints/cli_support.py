@@ -14,10 +14,10 @@ from typing import Any
 import click
 from rich.console import Console
 
-from bus.client import ServiceError
-from bus.health import describe, unavailable
-from entrypoints.config import ConfigError
-from handlers.errors import EXIT_CODES, one_line
+from bb_environments.bus.client import ServiceError
+from bb_environments.bus.health import describe, unavailable
+from bb_environments.entrypoints.config import ConfigError
+from bb_environments.handlers.errors import EXIT_CODES, one_line
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -13,9 +13,9 @@ from urllib.parse import unquote, urlparse
 
 import msgspec
 
-from bus.access import check_host_id
-from bus.embedded_server import pid_alive
-from providers.host.file_lock import read_holder
+from bb_environments.bus.access import check_host_id
+from bb_environments.bus.embedded_server import pid_alive
+from bb_environments.providers.host.file_lock import read_holder
 
 log = logging.getLogger(__name__)
 

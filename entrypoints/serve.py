@@ -18,21 +18,21 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from bus import subjects
-from bus.access import SERVICE_USER, Credentials, all_users, host_agent_user, server_configuration
-from bus.api_service import start_api
-from bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason
-from bus.embedded_server import NatsServerUnavailable, SupervisedNats
-from bus.health import BusHealth
-from bus.host_agent import HostAgent, HostAgentClient
-from bus.jetstream import connect, consume, ensure_streams
-from bus.log_reader import LogReader
-from bus.relay import OutboxRelay
-from bus.trusted_log import TrustedLog
-from bus.transcripts import TranscriptPublisher
-from domain.application import Environments
-from domain.errors import DomainError
-from entrypoints.config import (
+from bb_environments.bus import subjects
+from bb_environments.bus.access import SERVICE_USER, Credentials, all_users, host_agent_user, server_configuration
+from bb_environments.bus.api_service import start_api
+from bb_environments.bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason
+from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
+from bb_environments.bus.health import BusHealth
+from bb_environments.bus.host_agent import HostAgent, HostAgentClient
+from bb_environments.bus.jetstream import connect, consume, ensure_streams
+from bb_environments.bus.log_reader import LogReader
+from bb_environments.bus.relay import OutboxRelay
+from bb_environments.bus.trusted_log import TrustedLog
+from bb_environments.bus.transcripts import TranscriptPublisher
+from bb_environments.domain.application import Environments
+from bb_environments.domain.errors import DomainError
+from bb_environments.entrypoints.config import (
     SERVE_LOCK,
     SERVER_FILE,
     ClientSeeds,
@@ -48,16 +48,16 @@ from entrypoints.config import (
     url_without_credentials,
     write_private_file,
 )
-from handlers.api import Api, replay_log, translate_error
-from handlers.errors import RequestError
-from handlers.placement import Placer
-from handlers.provisioning import Provisioner
-from handlers.store import Store, StoreLedger
-from handlers.threads import ThreadHandlers
-from projections.read_model import Applied, ReadModel
-from providers.host.file_lock import FileLock
-from providers.host.hooks import HookRunner
-from providers.registry import ProviderRegistry
+from bb_environments.handlers.api import Api, replay_log, translate_error
+from bb_environments.handlers.errors import RequestError
+from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.store import Store, StoreLedger
+from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.projections.read_model import Applied, ReadModel
+from bb_environments.providers.host.file_lock import FileLock
+from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.providers.registry import ProviderRegistry
 
 log = logging.getLogger("bb.serve")
 

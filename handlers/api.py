@@ -17,7 +17,7 @@ from uuid import UUID, uuid4
 
 import msgspec
 
-from bus.api_messages import (
+from bb_environments.bus.api_messages import (
     Accepted,
     EnvironmentRef,
     ListEnvironments,
@@ -27,8 +27,8 @@ from bus.api_messages import (
     SpawnThread,
     ThreadRef,
 )
-from bus.api_service import ApiError, Endpoint
-from bus.documents import (
+from bb_environments.bus.api_service import ApiError, Endpoint
+from bb_environments.bus.documents import (
     ExistingIntent,
     Machine,
     MessageCancelledMessage,
@@ -38,21 +38,21 @@ from bus.documents import (
     ThreadMessageMessage,
     ThreadUnarchivedMessage,
 )
-from bus.log_reader import LogReader
-from domain.application import UnknownEnvironment, UnknownThread
-from domain.environment import Environment
-from domain.errors import DomainError
-from domain.status import EnvironmentStatus
-from domain.thread import Thread
-from handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
-from handlers.placement import Placer, canonical_project, check_environment_id, check_host_id, check_thread_id
-from handlers.provisioning import Provisioner
-from handlers.store import Store
-from handlers.threads import ThreadHandlers
-from projections.read_model import ReadModel, ReplayCounts
-from projections.views import EnvironmentView, ThreadView
-from providers.contract import EnvironmentProvider, ProjectContext
-from providers.registry import ProviderDescription
+from bb_environments.bus.log_reader import LogReader
+from bb_environments.domain.application import UnknownEnvironment, UnknownThread
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import DomainError
+from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.domain.thread import Thread
+from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
+from bb_environments.handlers.placement import Placer, canonical_project, check_environment_id, check_host_id, check_thread_id
+from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.store import Store
+from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.projections.read_model import ReadModel, ReplayCounts
+from bb_environments.projections.views import EnvironmentView, ThreadView
+from bb_environments.providers.contract import EnvironmentProvider, ProjectContext
+from bb_environments.providers.registry import ProviderDescription
 
 
 MAX_INPUTS_NESTING = 32

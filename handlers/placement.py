@@ -16,11 +16,11 @@ from uuid import UUID
 
 import msgspec
 
-from bus.documents import ID_PATTERN, ProviderIntent
-from domain.application import Placement
-from handlers.errors import InvalidInput, Refused
-from providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path
-from providers.registry import ProviderRegistry, safe_availability
+from bb_environments.bus.documents import ID_PATTERN, ProviderIntent
+from bb_environments.domain.application import Placement
+from bb_environments.handlers.errors import InvalidInput, Refused
+from bb_environments.providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path
+from bb_environments.providers.registry import ProviderRegistry, safe_availability
 
 THREAD_ID = re.compile(ID_PATTERN)
 HOST_ID = THREAD_ID

@@ -24,8 +24,8 @@ from uuid import UUID
 import msgspec
 from eventsourcing.persistence import OperationalError
 
-from domain.environment import Environment
-from domain.steps import (
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
     PauseWhenIdle,
@@ -45,11 +45,11 @@ from domain.steps import (
     StopCreate,
     WakeAt,
 )
-from bus.crash_points import crash_point
-from bus.host_agent import HostUnavailable
-from handlers.placement import Placer, canonical_path
-from handlers.store import Store
-from providers.contract import (
+from bb_environments.bus.crash_points import crash_point
+from bb_environments.bus.host_agent import HostUnavailable
+from bb_environments.handlers.placement import Placer, canonical_path
+from bb_environments.handlers.store import Store
+from bb_environments.providers.contract import (
     CreateContext,
     Created,
     CreateFailed,
@@ -61,8 +61,8 @@ from providers.contract import (
     RemoveFailed,
     RemoveResult,
 )
-from providers.host.backoff import Backoff
-from providers.host.hooks import SCRIPT_NAMES, HookOutcome
+from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.hooks import SCRIPT_NAMES, HookOutcome
 
 log = logging.getLogger(__name__)
 

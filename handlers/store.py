@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from domain.application import Environments, RecordedHook
+from bb_environments.domain.application import Environments, RecordedHook
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from uuid import UUID
 
 import msgspec
 
-from bus.documents import (
+from bb_environments.bus.documents import (
     ExistingIntent,
     InboundThreadMessage,
     MessageCancelledMessage,
@@ -25,13 +25,13 @@ from bus.documents import (
     ThreadMessageMessage,
     ThreadUnarchivedMessage,
 )
-from domain.application import UnknownThread
-from domain.environment import Environment
-from domain.errors import DomainError, PathAlreadyClaimed
-from domain.thread import Thread
-from handlers.errors import InvalidInput, NotFound, Refused, RequestError
-from handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id, decode_inputs
-from handlers.store import Store
+from bb_environments.domain.application import UnknownThread
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import DomainError, PathAlreadyClaimed
+from bb_environments.domain.thread import Thread
+from bb_environments.handlers.errors import InvalidInput, NotFound, Refused, RequestError
+from bb_environments.handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id, decode_inputs
+from bb_environments.handlers.store import Store
 
 log = logging.getLogger(__name__)
 

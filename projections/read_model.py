@@ -20,9 +20,9 @@ from typing import NamedTuple
 import aiosqlite
 import msgspec
 
-from bus import documents as d
-from domain.status import EnvironmentStatus
-from projections.views import EnvironmentView, ThreadView
+from bb_environments.bus import documents as d
+from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.projections.views import EnvironmentView, ThreadView
 
 TRANSCRIPT_LINES_KEPT = 500
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from domain.environment import Environment
-from domain.status import HookStatus
-from domain.thread import Thread
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.status import HookStatus
+from bb_environments.domain.thread import Thread
 
 
 class HookView(msgspec.Struct, rename="camel"):

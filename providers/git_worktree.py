@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Availability,
     Created,
@@ -33,17 +33,17 @@ from providers.contract import (
     inputs_as,
     translate_errors,
 )
-from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
-from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
-from providers.host.workspace_files import (
+from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
+from bb_environments.providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
+from bb_environments.providers.host.workspace_files import (
     delete_tree,
     is_strictly_inside,
     remove_if_empty,
     require_path_key,
     stop_processes_in,
 )
-from providers.refnames import validate_branch_name, validate_revision
-from providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
+from bb_environments.providers.refnames import validate_branch_name, validate_revision
+from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 
 TRANSCRIPT_PATH_LIMIT = 20
 DEFAULT_BRANCH_PREFIX = "bb/"

@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from providers.contract import Reporter
-from providers.modal_sandbox import ModalInputs, check_bounds
-from providers.modal_sdk import ModalOperationFailed, ModalSdk
-from providers.modal_settings import (
+from bb_environments.providers.contract import Reporter
+from bb_environments.providers.modal_sandbox import ModalInputs, check_bounds
+from bb_environments.providers.modal_sdk import ModalOperationFailed, ModalSdk
+from bb_environments.providers.modal_settings import (
     NO_CREDENTIALS,
     SettingsError,
     credentials_from_env,

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Availability,
     Created,
@@ -54,11 +54,11 @@ from providers.contract import (
     inputs_as,
     translate_errors,
 )
-from providers.git_commands import run_git_or_none
-from providers.git_worktree import repo_dir_name
-from providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
-from providers.modal_sdk import POLL_INTERVAL_S, ModalOperationFailed, ModalSdk, ModalSession, redact
-from providers.modal_settings import (
+from bb_environments.providers.git_commands import run_git_or_none
+from bb_environments.providers.git_worktree import repo_dir_name
+from bb_environments.providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
+from bb_environments.providers.modal_sdk import POLL_INTERVAL_S, ModalOperationFailed, ModalSdk, ModalSession, redact
+from bb_environments.providers.modal_settings import (
     NO_CREDENTIALS,
     PROVIDER_ID,
     DockerfileError,

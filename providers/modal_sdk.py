@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from providers.contract import Reporter
-from providers.modal_settings import NO_CREDENTIALS, Dockerfile, credentials_from_env
+from bb_environments.providers.contract import Reporter
+from bb_environments.providers.modal_settings import NO_CREDENTIALS, Dockerfile, credentials_from_env
 
 POLL_INTERVAL_S = 1.0
 

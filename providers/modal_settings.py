@@ -28,7 +28,7 @@ SETTINGS_FILE = "settings.json"
 STORED_DOCKERFILE = "Dockerfile"
 # Package data (pyproject's [tool.setuptools.package-data]): found where the package is installed.
 # A real file, since its directory is the build context of COPY and ADD.
-SHIPPED_DOCKERFILE = Path(str(resources.files("providers") / "modal_image" / "Dockerfile"))
+SHIPPED_DOCKERFILE = Path(str(resources.files(__package__) / "modal_image" / "Dockerfile"))
 IMAGE_NAME_PREFIX = "bb-standard"
 MAX_IDLE_PAUSE_MINUTES = 1440
 MAX_DOCKERFILE_CHARS = 65_536

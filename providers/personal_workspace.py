@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Availability,
     Created,
@@ -24,7 +24,7 @@ from providers.contract import (
     Requires,
     translate_errors,
 )
-from providers.host.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
+from bb_environments.providers.host.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
 
 
 class PersonalWorkspaceProvider:

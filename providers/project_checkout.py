@@ -20,7 +20,7 @@ from typing import IO, Annotated
 
 import msgspec
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Availability,
     Created,
@@ -36,9 +36,9 @@ from providers.contract import (
     inputs_as,
     translate_errors,
 )
-from providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
-from providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
-from providers.refnames import validate_branch_name, validate_revision
+from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
+from bb_environments.providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
+from bb_environments.providers.refnames import validate_branch_name, validate_revision
 
 LOCK_POLL_SECONDS = 0.05
 # Marker in the git dir → the operation it means; HEAD may be detached while one runs.

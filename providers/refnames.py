@@ -7,7 +7,7 @@ as an option or a path.
 
 from __future__ import annotations
 
-from providers.contract import InvalidInputs
+from bb_environments.providers.contract import InvalidInputs
 
 MAX_BRANCH_NAME_LENGTH = 200
 FORBIDDEN_CHARACTERS = frozenset(" ~^:?*[\\")

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from providers.contract import Availability, EnvironmentProvider, Policy, ProjectContext, Requires
+from bb_environments.providers.contract import Availability, EnvironmentProvider, Policy, ProjectContext, Requires
 
 ENTRY_POINT_GROUP = "bb.environment_providers"
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Runs one hook script and records its outcome, outliving the service that started it.
 
-    python -m providers.host.hook_supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
+    python -m bb_environments.providers.host.hook_supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
 
 Standard library only, without argparse: its start-up time is part of a runner's first hook.
 
@@ -39,7 +39,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from providers.host.hook_records import (
+from bb_environments.providers.host.hook_records import (
     OUT_OF_SPACE,
     HeldOutcome,
     HookRecord,

@@ -48,8 +48,8 @@ from typing import Literal, cast
 
 import msgspec
 
-from providers.host.backoff import Backoff
-from providers.host.hook_records import (
+from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.hook_records import (
     OUT_OF_SPACE,
     HookIdentityMismatch,
     HookKind,
@@ -60,7 +60,7 @@ from providers.host.hook_records import (
     now_iso,
     signal_recorded_process,
 )
-from providers.host.hook_supervisor import ADOPTED_SIGNAL, FRAME_HEADER, without_secrets
+from bb_environments.providers.host.hook_supervisor import ADOPTED_SIGNAL, FRAME_HEADER, without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +69,14 @@ POLL_S = 0.02
 CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
 LAUNCHER_EXIT_WAIT_S = 2.0
+# Without site-packages (-S) the installed package is not importable as such: the bootstrap makes
+# the directory holding `providers` the one directory of the `bb_environments` namespace, which is
+# the source tree in a development install and site-packages/bb_environments in a wheel install.
 LAUNCHER_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from providers.host.hook_supervisor import serve_launcher; serve_launcher(int(sys.argv[1]))"
+    "import sys, types; package = types.ModuleType('bb_environments'); package.__path__ = [sys.argv.pop(1)]; "
+    "sys.modules['bb_environments'] = package; "
+    "from bb_environments.providers.host.hook_supervisor import serve_launcher; serve_launcher(int(sys.argv[1]))"
 )
-# The directory that holds the `providers` package, so `-m` finds it whatever our cwd is.
 IMPORT_ROOT = Path(__file__).resolve().parents[2]
 
 HookStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "skipped", "interrupted"]

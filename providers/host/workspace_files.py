@@ -11,8 +11,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from providers.contract import Reporter
-from providers.host.processes import kill_processes_with_cwd_under
+from bb_environments.providers.contract import Reporter
+from bb_environments.providers.host.processes import kill_processes_with_cwd_under
 
 PATH_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

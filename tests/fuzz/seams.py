@@ -30,22 +30,22 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.micro.request import Request
 
-from bus.api_messages import ErrorReply
-from bus.api_service import start_api
-from bus.client import ERROR_CODE_HEADER
-from bus.host_agent import HostAgent, HostAgentClient
-from bus.transcripts import TranscriptPublisher
-from domain.application import Environments, RecordedHook
-from domain.environment import Environment
-from entrypoints.config import event_store_environment
-from handlers.api import Api, replay_log, translate_error
-from handlers.placement import Placer
-from handlers.provisioning import Provisioner
-from handlers.store import Store, StoreLedger
-from handlers.threads import ThreadHandlers
-from projections.read_model import ReadModel
-from providers.host.hooks import HookRunner
-from providers.registry import ProviderRegistry
+from bb_environments.bus.api_messages import ErrorReply
+from bb_environments.bus.api_service import start_api
+from bb_environments.bus.client import ERROR_CODE_HEADER
+from bb_environments.bus.host_agent import HostAgent, HostAgentClient
+from bb_environments.bus.transcripts import TranscriptPublisher
+from bb_environments.domain.application import Environments, RecordedHook
+from bb_environments.domain.environment import Environment
+from bb_environments.entrypoints.config import event_store_environment
+from bb_environments.handlers.api import Api, replay_log, translate_error
+from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.store import Store, StoreLedger
+from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.projections.read_model import ReadModel
+from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.providers.registry import ProviderRegistry
 
 T = TypeVar("T")
 HOST = "local"

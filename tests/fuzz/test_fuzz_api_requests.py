@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 from hypothesis import example, given
 
-from providers.registry import ProviderRegistry
+from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.seams import LogLines, ServiceWorld, fuzz_settings, one_sentence, working_directory
 from tests.fuzz.strategies import CANARY, api_requests
 

@@ -22,9 +22,9 @@ import msgspec
 from click.testing import CliRunner
 from hypothesis import example, given
 
-from bus.documents import ID_PATTERN
-from entrypoints.cli import cli
-from entrypoints.cli_support import run_cli
+from bb_environments.bus.documents import ID_PATTERN
+from bb_environments.entrypoints.cli import cli
+from bb_environments.entrypoints.cli_support import run_cli
 from tests.fuzz.seams import files_under, fuzz_settings, one_sentence, working_directory
 from tests.fuzz.strategies import Invocation, cli_invocations
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import msgspec
 from hypothesis import example, given
 
-from bus.documents import inbound_decoder
-from entrypoints.serve import _handle_thread_event
-from providers.registry import ProviderRegistry
+from bb_environments.bus.documents import inbound_decoder
+from bb_environments.entrypoints.serve import _handle_thread_event
+from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.seams import LogLines, ServiceWorld, fuzz_settings, one_sentence, working_directory
 from tests.fuzz.strategies import CANARY, thread_events
 

@@ -18,9 +18,9 @@ import nats
 import nats.aio.client
 import pytest
 
-from bus.api_messages import EnvironmentRef, ListThreads
-from bus.client import ApiClient
-from bus.embedded_server import pid_alive
+from bb_environments.bus.api_messages import EnvironmentRef, ListThreads
+from bb_environments.bus.client import ApiClient
+from bb_environments.bus.embedded_server import pid_alive
 
 STARTUP_SECONDS = 30
 SETTLED = {"ready", "error", "removed"}
@@ -70,7 +70,7 @@ class Service:
 
     @staticmethod
     def cli() -> list[str]:
-        return [sys.executable, "-m", "entrypoints.cli"]
+        return [sys.executable, "-m", "bb_environments.entrypoints.cli"]
 
     def credentials(self, role: str) -> dict[str, str]:
         """nats-py connect options for a role of SPEC section 6 (operator, publisher, subscriber), or the service."""

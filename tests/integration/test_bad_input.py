@@ -8,7 +8,7 @@ import uuid
 
 import msgspec
 
-from bus import subjects
+from bb_environments.bus import subjects
 from tests.integration.conftest import Service, service_environment
 
 

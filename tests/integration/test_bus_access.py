@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.js import api
 from nats.js.errors import APIError
 
-from bus import subjects
+from bb_environments.bus import subjects
 from tests.integration.conftest import write_hooks
 
 FORBIDDEN_PUBLISH = [

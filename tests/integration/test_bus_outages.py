@@ -20,8 +20,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from bus.api_messages import SpawnThread
-from bus.embedded_server import EmbeddedNats, accepts_connections, free_port, nats_server_binary
+from bb_environments.bus.api_messages import SpawnThread
+from bb_environments.bus.embedded_server import EmbeddedNats, accepts_connections, free_port, nats_server_binary
 from tests.integration.conftest import Result, Service, service_environment
 
 SPAWNS = 3

@@ -12,7 +12,7 @@ from pathlib import Path
 import nkeys
 import pytest
 
-from bus.embedded_server import EmbeddedNats
+from bb_environments.bus.embedded_server import EmbeddedNats
 from tests.integration.conftest import Service, service_environment
 
 PASSWORD = "s3cret-password-for-the-test"

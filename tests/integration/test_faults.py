@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bus.api_messages import SpawnThread
-from bus.embedded_server import pid_alive
+from bb_environments.bus.api_messages import SpawnThread
+from bb_environments.bus.embedded_server import pid_alive
 from tests.integration.conftest import Service, service_environment
 
 SPAWNS = 4

@@ -16,8 +16,8 @@ from pathlib import Path
 import nats.aio.client
 import pytest
 
-from bus import subjects
-from bus.embedded_server import EmbeddedNats
+from bb_environments.bus import subjects
+from bb_environments.bus.embedded_server import EmbeddedNats
 from tests.integration.conftest import Service, service_environment, write_hooks
 
 

@@ -9,7 +9,7 @@ import time
 
 import msgspec
 
-from bus import subjects
+from bb_environments.bus import subjects
 from tests.integration.conftest import write_hooks
 
 
@@ -262,7 +262,7 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
         probe = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "probe"}
         await js.publish(subjects.thread_event("probe", "created"), msgspec.json.encode(probe))
         await service.wait_for_thread("probe")
-        replies = (await service.bb("environment", "list", "--json")).json()["environments"]
+        replies = (await service.bb("environment", "list", "--all", "--json")).json()["environments"]
         assert [e["id"] for e in replies] == [environment_id]
         events = await environment_events(service, environment_id)
         assert [e["type"] for e in events].count("claimed") == 1

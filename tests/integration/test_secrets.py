@@ -19,8 +19,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bus import subjects
-from entrypoints.config import THREADS_MAX_AGE_S, THREADS_MAX_BYTES
+from bb_environments.bus import subjects
+from bb_environments.entrypoints.config import THREADS_MAX_AGE_S, THREADS_MAX_BYTES
 from tests.integration.conftest import Service, write_hooks
 
 PASSWORD = f"SECRET-password-{uuid.uuid4()}"

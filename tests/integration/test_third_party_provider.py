@@ -85,7 +85,7 @@ async def test_an_installed_package_provider_is_listed_created_validated_and_rem
 
 
 BROKEN_PROVIDERS = '''
-from providers.contract import READY, Policy, Removed, Requires
+from bb_environments.providers.contract import READY, Policy, Removed, Requires
 
 
 class _Broken:

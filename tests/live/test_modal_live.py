@@ -15,8 +15,8 @@ from pathlib import Path
 import modal
 import pytest
 
-from providers.contract import Created, CreateContext, Removed, RemoveContext
-from providers.modal_sandbox import PATH_KEY_TAG, ModalInputs, ModalSandboxProvider
+from bb_environments.providers.contract import Created, CreateContext, Removed, RemoveContext
+from bb_environments.providers.modal_sandbox import PATH_KEY_TAG, ModalInputs, ModalSandboxProvider
 
 pytestmark = pytest.mark.skipif(
     not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Availability,
     Created,

@@ -17,11 +17,11 @@ from nats.errors import ConnectionClosedError, NoRespondersError, UnexpectedEOF
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
-from bus import health as health_module
-from bus.health import BusHealth
-from bus.jetstream import consume
-from bus.log_reader import LoggedDocument
-from bus.relay import NOTIFICATION_HEADER, OutboxRelay
+from bb_environments.bus import health as health_module
+from bb_environments.bus.health import BusHealth
+from bb_environments.bus.jetstream import consume
+from bb_environments.bus.log_reader import LoggedDocument
+from bb_environments.bus.relay import NOTIFICATION_HEADER, OutboxRelay
 
 LOST, BACK = "lost the NATS bus", "the NATS bus is back"
 

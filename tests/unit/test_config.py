@@ -2,7 +2,7 @@
 
 import pytest
 
-from entrypoints.config import ConfigError, Settings, url_without_credentials
+from bb_environments.entrypoints.config import ConfigError, Settings, url_without_credentials
 
 
 def test_credentials_in_a_nats_url_are_never_written_down():

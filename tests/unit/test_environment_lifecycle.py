@@ -4,9 +4,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from domain.application import Environments, Placement
-from domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
-from domain.thread import Thread
+from bb_environments.domain.application import Environments, Placement
+from bb_environments.domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
+from bb_environments.domain.thread import Thread
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 

@@ -21,15 +21,15 @@ from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, CommandMethodDecorator
 from eventsourcing.persistence import StoredEvent
 
-import domain
-from bus import catalog
-from bus.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
-from bus.log_reader import LogReader
-from domain.environment import Environment
-from domain.path_claim import PathClaim
-from domain.status import HookStatus
-from domain.thread import Thread
-from projections.views import EnvironmentView, ThreadView, environment_view
+import bb_environments.domain as domain
+from bb_environments.bus import catalog
+from bb_environments.bus.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
+from bb_environments.bus.log_reader import LogReader
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.status import HookStatus
+from bb_environments.domain.thread import Thread
+from bb_environments.projections.views import EnvironmentView, ThreadView, environment_view
 
 STORED_LOG = Path(__file__).parent / "data" / "stored_log.jsonl"
 """A log that `record_every_event` wrote before documents came from the registry (commit 584270d):
@@ -39,12 +39,12 @@ each stored event, and the subject and payload the relay published for it then."
 def aggregates() -> list[type[Aggregate]]:
     """Every aggregate class of the domain package."""
     for module in pkgutil.iter_modules(domain.__path__):
-        importlib.import_module(f"domain.{module.name}")
+        importlib.import_module(f"{domain.__name__}.{module.name}")
 
     def subclasses(cls: type) -> list[type]:
         return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
 
-    return sorted({c for c in subclasses(Aggregate) if c.__module__.startswith("domain.")}, key=lambda c: c.__name__)
+    return sorted({c for c in subclasses(Aggregate) if c.__module__.startswith(f"{domain.__name__}.")}, key=lambda c: c.__name__)
 
 
 def recorded_event_classes(aggregate: type[Aggregate]) -> set[type[Aggregate.Event]]:
@@ -198,4 +198,4 @@ def test_every_event_is_in_the_catalog():
 
 
 def test_the_committed_catalog_is_the_generated_one():
-    assert catalog.differences() == [], "run `python -m bus.catalog --write` and commit docs/"
+    assert catalog.differences() == [], "run `python -m bb_environments.bus.catalog --write` and commit docs/"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import RecordingReporter
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Created,
     CreateContext,
@@ -21,7 +21,7 @@ from providers.contract import (
     RemoveContext,
     RemoveFailed,
 )
-from providers.git_worktree import (
+from bb_environments.providers.git_worktree import (
     DefaultBranch,
     ExistingBranch,
     GitWorktreeInputs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from bus.documents import ThreadCreatedMessage, inbound_decoder, refusal_reason
+from bb_environments.bus.documents import ThreadCreatedMessage, inbound_decoder, refusal_reason
 
 
 def created(**fields: object) -> bytes:

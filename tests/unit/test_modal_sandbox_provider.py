@@ -19,9 +19,9 @@ import modal.io_streams
 import pytest
 from click.testing import CliRunner
 
-from entrypoints.cli_modal import machine, modal as modal_commands
-from entrypoints.config import Settings
-from providers.contract import (
+from bb_environments.entrypoints.cli_modal import machine, modal as modal_commands
+from bb_environments.entrypoints.config import Settings
+from bb_environments.providers.contract import (
     READY,
     Created,
     CreateContext,
@@ -34,8 +34,8 @@ from providers.contract import (
     RemoveContext,
     RemoveFailed,
 )
-from providers.modal_machine import MACHINE_TAG, ModalMachines
-from providers.modal_sandbox import (
+from bb_environments.providers.modal_machine import MACHINE_TAG, ModalMachines
+from bb_environments.providers.modal_sandbox import (
     PATH_KEY_TAG,
     ModalInputs,
     ModalSandboxProvider,
@@ -43,9 +43,9 @@ from providers.modal_sandbox import (
     sandbox_path,
     tag_value,
 )
-from providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
-from providers.modal_sdk import ModalOperationFailed
-from providers.modal_settings import (
+from bb_environments.providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
+from bb_environments.providers.modal_sdk import ModalOperationFailed
+from bb_environments.providers.modal_settings import (
     NO_CREDENTIALS,
     SHIPPED_DOCKERFILE,
     DockerfileError,

@@ -12,9 +12,9 @@ from typing import get_args
 
 import pytest
 
-from domain.environment import TRANSIENT_RETRIES, Environment
-from domain.status import EnvironmentStatus
-from domain.steps import (
+from bb_environments.domain.environment import TRANSIENT_RETRIES, Environment
+from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
     PauseWhenIdle,

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import RecordingReporter
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Created,
     CreateContext,
@@ -17,7 +17,7 @@ from providers.contract import (
     RemoveContext,
     RemoveFailed,
 )
-from providers.personal_workspace import PersonalWorkspaceProvider
+from bb_environments.providers.personal_workspace import PersonalWorkspaceProvider
 
 PATH_KEY = "thread-1"
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import RecordingReporter
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY,
     Created,
     CreateContext,
@@ -22,7 +22,7 @@ from providers.contract import (
     Removed,
     RemoveContext,
 )
-from providers.project_checkout import (
+from bb_environments.providers.project_checkout import (
     CurrentBranch,
     ExistingBranch,
     NewBranch,

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     Cancelled,
     CreateContext,
     CreateFailed,

@@ -15,7 +15,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bus.documents import (
+from bb_environments.bus.documents import (
     MessageCancelledMessage,
     ProviderIntent,
     ThreadArchivedMessage,
@@ -23,16 +23,16 @@ from bus.documents import (
     ThreadMessageMessage,
     ThreadUnarchivedMessage,
 )
-from domain.application import Environments
-from domain.errors import DomainError
-from handlers.errors import RequestError
-from handlers.placement import Placer
-from handlers.provisioning import Provisioner
-from handlers.store import Store
-from handlers.threads import ThreadHandlers
-from providers.contract import READY, Created, Policy, Removed, Requires
-from providers.host.hooks import CANCELLED_BEFORE_START, SCRIPT_NAMES, HookOutcome
-from providers.registry import ProviderRegistry
+from bb_environments.domain.application import Environments
+from bb_environments.domain.errors import DomainError
+from bb_environments.handlers.errors import RequestError
+from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.store import Store
+from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.providers.contract import READY, Created, Policy, Removed, Requires
+from bb_environments.providers.host.hooks import CANCELLED_BEFORE_START, SCRIPT_NAMES, HookOutcome
+from bb_environments.providers.registry import ProviderRegistry
 
 THREADS = ("a", "b", "c")
 KINDS = ("created", "message", "archived", "unarchived", "message_cancelled", "pause")

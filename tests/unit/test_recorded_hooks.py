@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from domain.application import Environments, RecordedHook
+from bb_environments.domain.application import Environments, RecordedHook
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 PATH = "/data/worktrees/t1/repo"

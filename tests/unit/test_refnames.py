@@ -4,9 +4,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from providers.branch_inputs import ExistingBranch, NewBranch
-from providers.contract import InvalidInputs
-from providers.refnames import validate_branch_name, validate_revision
+from bb_environments.providers.branch_inputs import ExistingBranch, NewBranch
+from bb_environments.providers.contract import InvalidInputs
+from bb_environments.providers.refnames import validate_branch_name, validate_revision
 
 HOSTILE_NAMES = [
     "--upload-pack=x",

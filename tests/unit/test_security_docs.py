@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bus.access import deployment_configuration
+from bb_environments.bus.access import deployment_configuration
 
 
 def test_the_documented_nats_configuration_is_the_one_the_code_enforces():

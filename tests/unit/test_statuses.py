@@ -5,10 +5,10 @@ from datetime import datetime, timezone
 import msgspec
 import pytest
 
-from bus.log_reader import LogReader
-from domain.application import Environments
-from domain.status import EnvironmentStatus, HookStatus, ThreadStatus
-from projections.views import HookView
+from bb_environments.bus.log_reader import LogReader
+from bb_environments.domain.application import Environments
+from bb_environments.domain.status import EnvironmentStatus, HookStatus, ThreadStatus
+from bb_environments.projections.views import HookView
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.worktree_include import copy_worktree_includes
+from bb_environments.providers.worktree_include import copy_worktree_includes
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import msgspec
 
-from providers.contract import (
+from bb_environments.providers.contract import (
     READY, Availability, Created, CreateContext, CreateResult, InvalidInputs, Policy, ProjectContext,
     Removed, RemoveContext, RemoveResult, Requires, translate_errors,
 )
