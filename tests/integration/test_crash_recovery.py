@@ -294,7 +294,7 @@ async def test_nats_server_killed_and_restarted_mid_flow_loses_and_doubles_nothi
         await service.wait_for(second, "ready")
         exported = (await service.bb("events", "export")).stdout.splitlines()
         assert len(exported) == len(set(exported))
-        environments = (await service.bb("environment", "list", "--json")).json()["environments"]
+        environments = (await service.bb("environment", "list", "--all", "--json")).json()["environments"]
         assert sorted(e["status"] for e in environments) == ["ready", "removed"]
         await assert_consistent_log(service, first)
     finally:
