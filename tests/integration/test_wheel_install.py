@@ -1,0 +1,66 @@
+"""The built wheel installs like a library: one `bb_environments` package, package data included,
+and a `bb` that serves and spawns from site-packages rather than from this source tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*command: str | Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(part) for part in command], env=env, cwd="/", capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_spawn_from_the_installed_wheel(tmp_path):
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(REPO)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = wheels.glob("bb_environments-*.whl")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # The dependencies come from this test's environment (a plain path entry, so its editable
+    # finder for this source tree is not loaded); bb-environments itself only from the wheel.
+    venv_site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                         env=os.environ.copy()).stdout.strip())
+    (venv_site / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("BB_") and k != "PYTHONPATH"}
+    environment.update(PATH=f"{venv / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                       BB_DATA_DIR=str(tmp_path / "data"), BB_RETIRE_GRACE_MS="0")
+    installed = run(python, "-m", "pip", "install", "--quiet", "--no-deps", wheel, env=environment, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+
+    where = run(python, "-c", "import bb_environments.domain as d, bb_environments.providers.modal_settings as m; "
+                "print(d.__file__); print(m.SHIPPED_DOCKERFILE.is_file())", env=environment)
+    location, dockerfile_shipped = where.stdout.split()
+    assert location.startswith(str(venv_site)) and dockerfile_shipped == "True", where.stderr
+    for generic in ("domain", "bus", "handlers", "providers", "projections", "entrypoints"):
+        assert run(python, "-c", f"import {generic}", env=environment).returncode != 0, generic
+
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as output:
+        service = subprocess.Popen([venv / "bin" / "bb", "serve"], env=environment, cwd="/",
+                                   stdout=subprocess.DEVNULL, stderr=output)
+    try:
+        server_file = tmp_path / "data" / "server.json"
+        deadline = time.monotonic() + 60
+        while not server_file.exists():
+            assert service.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        spawned = run(venv / "bin" / "bb", "thread", "spawn", "--environment-provider", "personal-workspace",
+                      "--wait", "--json", env=environment)
+        assert spawned.returncode == 0, spawned.stderr
+        assert json.loads(spawned.stdout)["status"] == "ready"
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
