@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Protocol, assert_never
+from typing import Concatenate, ParamSpec, Protocol, assert_never
 from uuid import UUID
 
 import msgspec
@@ -65,6 +65,8 @@ from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.hooks import SCRIPT_NAMES, HookOutcome
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
 
 REMOVE_RETRY = timedelta(seconds=60)
 CLEANUPS_AT_ONCE = 4
@@ -188,9 +190,9 @@ class Provisioner:
             case SkipSetup(reason):
                 await self._record(env, self._app.skip_setup, reason)
             case RunSetup(operation_id):
-                self._start(env, operation_id, self._run_setup, env)
+                self._start(env, operation_id, self._run_setup, env, operation_id)
             case CancelSetup(operation_id):
-                self._start(env, operation_id, self._run_setup, env)  # its outcome is still recorded
+                self._start(env, operation_id, self._run_setup, env, operation_id)  # its outcome is still recorded
                 try:
                     await self._hooks.cancel(env.host_id, operation_id)
                 except HostUnavailable as unavailable:
@@ -214,7 +216,7 @@ class Provisioner:
             case SkipTeardown(reason):
                 await self._record(env, self._app.skip_teardown, reason)
             case RunTeardown(operation_id):
-                self._start(env, operation_id, self._run_teardown, env)
+                self._start(env, operation_id, self._run_teardown, env, operation_id)
             case Remove(removal_attempt):
                 self._start(env, f"remove.{removal_attempt}", self._remove, env)
             case Settled():
@@ -222,27 +224,29 @@ class Provisioner:
             case unexpected:
                 assert_never(unexpected)
 
-    async def _record(self, env: Environment, command: Callable[..., object], *args: object) -> None:
+    async def _record(self, env: Environment, command: Callable[Concatenate[UUID, P], object],
+                      *args: P.args, **kwargs: P.kwargs) -> None:
         """Record a step, then drive on from the state it produced (if it produced one)."""
-        outcome = await self._store.run(command, env.id, *args)
+        outcome = await self._store.run(command, env.id, *args, **kwargs)
         environment = outcome[0] if isinstance(outcome, tuple) else outcome
         assert isinstance(environment, Environment)
         if environment.version != env.version:
             await self._advance(environment)
 
-    def _start(self, env: Environment, key: str, work: Callable[..., Awaitable[None]], *args: object) -> None:
+    def _start(self, env: Environment, key: str, work: Callable[Concatenate[threading.Event, P], Awaitable[None]],
+               *args: P.args, **kwargs: P.kwargs) -> None:
         """Run a long step once per process; when it ends, drive the environment again."""
         step_key = (env.id, key)
         if step_key in self._steps:
             return
         cancelled = threading.Event()
-        task = asyncio.create_task(self._supervise(step_key, work, cancelled, *args))
+        task = asyncio.create_task(self._supervise(step_key, work, cancelled, *args, **kwargs))
         self._steps[step_key] = _Step(task, cancelled)
 
-    async def _supervise(self, step_key: tuple[UUID, str], work: Callable[..., Awaitable[None]],
-                         cancelled: threading.Event, *args: object) -> None:
+    async def _supervise(self, step_key: tuple[UUID, str], work: Callable[Concatenate[threading.Event, P], Awaitable[None]],
+                         cancelled: threading.Event, *args: P.args, **kwargs: P.kwargs) -> None:
         try:
-            await work(cancelled, *args)
+            await work(cancelled, *args, **kwargs)
         except asyncio.CancelledError:
             raise
         except (ProviderMissing, HostUnavailable) as missing:
@@ -367,29 +371,31 @@ class Provisioner:
             self._transcript.line(str(env.id), "output", provider.id, result.message)
             await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
 
-    async def _run_setup(self, cancelled: threading.Event, env: Environment) -> None:
-        outcome = await self._run_hook(env, env.setup_operation_id, "setup")
+    async def _run_setup(self, cancelled: threading.Event, env: Environment, operation_id: str) -> None:
+        """`operation_id` is the step's: the setup operation `env` recorded."""
+        outcome = await self._run_hook(env, operation_id, "setup")
         crash_point("setup-finished")
         what = f"recording the setup outcome of environment {env.id}"
         if outcome.status == "skipped":  # the host found no script in the workspace
-            await self._save_outcome(what, self._app.record_setup_skipped, env.id, env.setup_operation_id,
+            await self._save_outcome(what, self._app.record_setup_skipped, env.id, operation_id,
                                      outcome.message or f"no {SCRIPT_NAMES['setup']}")
         else:
-            await self._save_outcome(what, self._app.record_setup_outcome, env.id, env.setup_operation_id,
+            await self._save_outcome(what, self._app.record_setup_outcome, env.id, operation_id,
                                      outcome.status == "succeeded", outcome.message)
 
-    async def _run_teardown(self, cancelled: threading.Event, env: Environment) -> None:
-        outcome = await self._run_hook(env, env.teardown_operation_id, "teardown")
+    async def _run_teardown(self, cancelled: threading.Event, env: Environment, operation_id: str) -> None:
+        """`operation_id` is the step's: the teardown operation `env` recorded."""
+        outcome = await self._run_hook(env, operation_id, "teardown")
         crash_point("teardown-finished")
         what = f"recording the teardown outcome of environment {env.id}"
         if outcome.status == "skipped":  # the host found no script in the workspace
-            await self._save_outcome(what, self._app.record_teardown_skipped, env.id, env.teardown_operation_id,
+            await self._save_outcome(what, self._app.record_teardown_skipped, env.id, operation_id,
                                      outcome.message or f"no {SCRIPT_NAMES['teardown']}")
         else:
-            await self._save_outcome(what, self._app.record_teardown_outcome, env.id, env.teardown_operation_id,
+            await self._save_outcome(what, self._app.record_teardown_outcome, env.id, operation_id,
                                      outcome.status, outcome.message)
 
-    async def _save_outcome(self, what: str, command: Callable[..., object], *args: object) -> None:
+    async def _save_outcome(self, what: str, command: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
         """Save a hook's outcome however long the store refuses it (a full disk, a lost database).
 
         The hook has run: given up on, the outcome would be asked for again only at the next
@@ -398,7 +404,7 @@ class Provisioner:
         backoff = Backoff(log, what)
         while True:
             try:
-                await self._store.run(command, *args)
+                await self._store.run(command, *args, **kwargs)
             except (OperationalError, OSError) as error:
                 await asyncio.sleep(backoff.failed(error))
                 continue

@@ -8,13 +8,15 @@ waits behind a page of them.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 from bb_environments.domain.application import Environments, RecordedHook
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Store:
@@ -23,17 +25,23 @@ class Store:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-store")
         self._log_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-log-reader")
 
-    async def run(self, call: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
+    async def run(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a command on the writer thread; its arguments are checked against `call`'s signature."""
+        return await _in(self._writer, call, *args, **kwargs)
 
-    async def read_log(self, call: Callable[..., T], *args: object) -> T:
+    async def read_log(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a read of the notification log (never a command) on the reader thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._log_reader, call, *args)
+        return await _in(self._log_reader, call, *args, **kwargs)
 
     def close(self) -> None:
         self._log_reader.shutdown(wait=True)
         self._writer.shutdown(wait=True)
         self.app.close()
+
+
+async def _in(executor: ThreadPoolExecutor, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    # run_in_executor passes positional arguments only; a partial carries keywords too.
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(call, *args, **kwargs))
 
 
 class StoreLedger:

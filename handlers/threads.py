@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import ParamSpec
 from uuid import UUID
 
 import msgspec
@@ -34,6 +35,8 @@ from bb_environments.handlers.placement import Placement, Placer, check_environm
 from bb_environments.handlers.store import Store
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
 
 
 def _now() -> datetime:
@@ -128,10 +131,10 @@ class ThreadHandlers:
             return check_environment_id(intent.environment_id)
         return placement or await self._placer.place(thread.thread_id, intent, project_path, thread.host_id)
 
-    async def _given(self, command: Callable[..., Environment], *args: object) -> Environment:
+    async def _given(self, command: Callable[P, Environment], *args: P.args, **kwargs: P.kwargs) -> Environment:
         """Run the store command that gives a thread its environment; a path conflict says what to do."""
         try:
-            return await self._store.run(command, *args)
+            return await self._store.run(command, *args, **kwargs)
         except PathAlreadyClaimed as conflict:
             raise Refused(f"cannot claim the workspace path: {conflict}; "
                           "to share that workspace, spawn with --environment and its id") from None
