@@ -102,6 +102,10 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
             await bus.pause(error)
     subscription = await js.pull_subscribe_bind(durable, stream)
     backoff = Backoff(log, f"consumer {durable} handling a batch")
+    # An in-order consumer is handed one message at a time (max_ack_pending=1): a fetch of more
+    # would wait out its whole timeout for a batch the server cannot fill before this one is acked.
+    # nats-py's fetch(1) returns as soon as the message arrives.
+    batch = 1 if in_order else batch
     while True:
         try:
             messages = await subscription.fetch(batch, timeout=1)

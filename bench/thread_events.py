@@ -1,0 +1,117 @@
+"""Thread events on NATS to ready, against a bare `git worktree add` + setup script.
+
+The route an agent platform takes: as the `publisher` role, publish `created` (a git-worktree
+intent) and a first `message` on `bb.threads.<T>.…`, then wait for `bb.environments.<id>.ready`
+naming the thread. Two measurements, each beside the bare baseline measured in the same run:
+
+- one thread at a time, N runs: p50/p99 of publish → ready, against one bare worktree add + setup;
+- a burst: `--burst` threads published at once, time until the last is ready, against the same
+  number of bare worktree adds + setups run one after another.
+
+    python bench/thread_events.py [--runs 20] [--burst 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from spawn import baseline_once, make_repository, percentile  # noqa: E402
+
+
+async def publish_thread(js, repo: Path, thread_id: str) -> None:
+    intent = {"type": "provider", "environmentProviderId": "git-worktree"}
+    for kind, extra in (("created", {"projectPath": str(repo), "environment": intent}), ("message", {})):
+        body = {"type": kind, "threadId": thread_id, **extra}
+        await js.publish(f"bb.threads.{thread_id}.{kind}", json.dumps(body).encode())
+
+
+async def main(runs: int, burst: int) -> None:
+    root = Path(tempfile.mkdtemp(prefix="bb-bench-"))
+    repo = make_repository(root)
+    environment = {**os.environ, "BB_DATA_DIR": str(root / "data"), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"}
+    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.cli", "serve"], env=environment,
+                               cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    try:
+        server_file = root / "data" / "server.json"
+        while not server_file.exists():
+            await asyncio.sleep(0.05)
+        info = json.loads(server_file.read_text())
+        publisher = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"])
+        js = publisher.jetstream()
+        ready_at: dict[str, float] = {}
+        waiting: dict[str, asyncio.Future] = {}
+
+        async def on_ready(message) -> None:
+            for thread_id in json.loads(message.data)["threadIds"]:
+                ready_at.setdefault(thread_id, time.perf_counter())
+                if thread_id in waiting and not waiting[thread_id].done():
+                    waiting[thread_id].set_result(None)
+
+        await publisher.subscribe("bb.environments.*.ready", cb=on_ready)
+
+        async def until_ready(thread_ids: list[str]) -> None:
+            loop = asyncio.get_running_loop()
+            for thread_id in thread_ids:
+                waiting[thread_id] = loop.create_future()
+                if thread_id in ready_at:
+                    waiting[thread_id].set_result(None)
+            await asyncio.wait_for(asyncio.gather(*(waiting[t] for t in thread_ids)), 300)
+
+        async def one(thread_id: str) -> float:
+            started = time.perf_counter()
+            await publish_thread(js, repo, thread_id)
+            await until_ready([thread_id])
+            return ready_at[thread_id] - started
+
+        await one("warmup")
+        ours, bare = [], []
+        for i in range(runs):
+            ours.append(await one(f"single{i}"))
+            bare.append(baseline_once(repo, root / "bare" / f"s{i}", f"bare/s{i}"))
+
+        burst_ids = [f"burst{i}" for i in range(burst)]
+        started = time.perf_counter()
+        await asyncio.gather(*(publish_thread(js, repo, t) for t in burst_ids))
+        await until_ready(burst_ids)
+        burst_times = sorted(ready_at[t] - started for t in burst_ids)
+        bare_started = time.perf_counter()
+        for i in range(burst):
+            baseline_once(repo, root / "bare" / f"b{i}", f"bare/b{i}")
+        bare_burst = time.perf_counter() - bare_started
+        await publisher.close()
+    finally:
+        service.terminate()
+        service.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+    p50_ours, p99_ours = percentile(ours, 0.5) * 1000, percentile(ours, 0.99) * 1000
+    p50_bare, p99_bare = percentile(bare, 0.5) * 1000, percentile(bare, 0.99) * 1000
+    print(f"one thread at a time, runs: {runs}")
+    print(f"  bare git worktree add + setup:      p50 {p50_bare:7.1f} ms  p99 {p99_bare:7.1f} ms")
+    print(f"  thread events (created+message) -> ready: p50 {p50_ours:7.1f} ms  p99 {p99_ours:7.1f} ms")
+    print(f"  ratio: p50 {p50_ours / p50_bare:.2f}x  p99 {p99_ours / p99_bare:.2f}x")
+    print(f"burst of {burst} threads published at once")
+    print(f"  bare: {burst} worktree adds + setups one after another: {bare_burst * 1000:7.1f} ms")
+    print(f"  thread events: first ready {burst_times[0] * 1000:7.1f} ms, last ready {burst_times[-1] * 1000:7.1f} ms")
+    print(f"  ratio (last ready / bare total): {burst_times[-1] / bare_burst:.2f}x")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--burst", type=int, default=20)
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.runs, arguments.burst))
