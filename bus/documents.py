@@ -26,7 +26,8 @@ from eventsourcing.domain import Aggregate
 from bb_environments.bus import subjects
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.path_claim import PathClaim
-from bb_environments.domain.thread import Thread
+from bb_environments.domain.thread import ID_PATTERN, Thread
+from bb_environments.handlers import commands
 
 
 class Document(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", omit_defaults=False):
@@ -457,9 +458,6 @@ log_decoder = msgspec.json.Decoder(LogDocument)
 # command runs, so it never reaches the log. Sizes are bounded here; `inputs` are checked against
 # their provider's type before a thread is registered (handlers/threads.py).
 
-# (?!\n): Python's `$` also matches before a trailing newline; JSON Schema's does not.
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(?!\n)$"
-"""Thread and host ids: one subject token and part of a file name."""
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
 PathText = Annotated[str, msgspec.Meta(max_length=4096)]  # PATH_MAX
 EnvironmentId = Annotated[str, msgspec.Meta(max_length=64)]  # any form uuid.UUID reads
@@ -525,6 +523,35 @@ InboundThreadMessage = (
     | MessageCancelledMessage
 )
 inbound_decoder = msgspec.json.Decoder(InboundThreadMessage)
+
+
+def intent_command(intent: EnvironmentIntent) -> commands.Intent:
+    """A thread event's intent, as the handlers take it."""
+    if isinstance(intent, ExistingIntent):
+        return commands.ExistingEnvironment(intent.environment_id)
+    host = None if intent.machine is None else intent.machine.host_id
+    return commands.NewEnvironment(intent.environment_provider_id, host, intent.inputs)
+
+
+def thread_command(message: InboundThreadMessage) -> commands.ThreadCommand:
+    """A decoded thread event, as the command the handlers take (the bus's edge: no handler
+    sees a wire struct)."""
+    match message:
+        case ThreadCreatedMessage():
+            return commands.RegisterThread(
+                thread_id=message.thread_id, project_path=message.project_path,
+                parent_thread_id=message.parent_thread_id, host_id=message.host_id,
+                environment=None if message.environment is None else intent_command(message.environment),
+            )
+        case ThreadMessageMessage():
+            return commands.ProvideEnvironment(message.thread_id)
+        case ThreadArchivedMessage():
+            return commands.ArchiveThread(message.thread_id)
+        case ThreadUnarchivedMessage():
+            return commands.UnarchiveThread(message.thread_id)
+        case MessageCancelledMessage():
+            return commands.CancelThreadMessage(message.thread_id)
+    raise TypeError(f"not a thread event: {type(message).__name__}")
 
 
 def refusal_reason(error: msgspec.DecodeError | RecursionError) -> str:

@@ -21,7 +21,7 @@ from nats.js.errors import NotFoundError
 from bb_environments.bus import subjects
 from bb_environments.bus.access import SERVICE_USER, Credentials, all_users, host_agent_user, server_configuration
 from bb_environments.bus.api_service import start_api
-from bb_environments.bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason
+from bb_environments.bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
 from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
@@ -351,7 +351,7 @@ async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner
         log.warning("refused a thread event on %s: it names thread %s", message.subject, event.thread_id)
         return
     try:
-        environment = await threads.handle(event)
+        environment = await threads.handle(thread_command(event))
     except (RequestError, DomainError) as refused:
         log.warning("refused a thread event on %s: %s", message.subject, refused)
         return

@@ -28,22 +28,22 @@ from bb_environments.bus.api_messages import (
     ThreadRef,
 )
 from bb_environments.bus.api_service import ApiError, Endpoint
-from bb_environments.bus.documents import (
-    ExistingIntent,
-    Machine,
-    MessageCancelledMessage,
-    ProviderIntent,
-    ThreadArchivedMessage,
-    ThreadCreatedMessage,
-    ThreadMessageMessage,
-    ThreadUnarchivedMessage,
-)
+from bb_environments.bus.documents import ThreadMessageMessage
 from bb_environments.bus.log_reader import LogReader
 from bb_environments.domain.application import UnknownEnvironment, UnknownThread
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import Thread
+from bb_environments.handlers.commands import (
+    ArchiveThread,
+    CancelThreadMessage,
+    ExistingEnvironment,
+    Intent,
+    NewEnvironment,
+    RegisterThread,
+    UnarchiveThread,
+)
 from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, canonical_project, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.provisioning import Provisioner
@@ -168,9 +168,9 @@ class Api:
             environment = await self._spawned_before(existing, request, intent, host_id)
         else:
             placement = None
-            if isinstance(intent, ProviderIntent):
+            if isinstance(intent, NewEnvironment):
                 placement = await self._placer.place(thread_id, intent, request.project_path, host_id)
-            environment = await self._threads.spawn(ThreadCreatedMessage(
+            environment = await self._threads.spawn(RegisterThread(
                 thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
                 parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
             ), placement)
@@ -189,46 +189,46 @@ class Api:
         accepted = await self._accepted(environment)
         return Spawned(thread_id, accepted.environment_id, accepted.status or EnvironmentStatus.CREATING, accepted.position)
 
-    async def _spawned_before(self, thread: Thread, request: SpawnThread, intent: ProviderIntent | ExistingIntent | None,
+    async def _spawned_before(self, thread: Thread, request: SpawnThread, intent: Intent | None,
                               host_id: str) -> Environment:
         """The environment of a spawn sent again (its answer was lost with a connection, say): the
         same request is answered as the first was, never spawned twice; another one is refused."""
-        asked = ThreadCreatedMessage(
+        asked = RegisterThread(
             thread_id=thread.thread_id, parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
-            project_path=canonical_project(request.project_path) if isinstance(intent, ProviderIntent)
+            project_path=canonical_project(request.project_path) if isinstance(intent, NewEnvironment)
             else request.project_path,
         )
         if thread.environment_id is None or not self._threads.registers_as(thread, asked):
             raise InvalidInput(f"thread {thread.thread_id} already exists; pick another --thread-id")
         return await self._store.run(self._app.environment, thread.environment_id)
 
-    async def _intent(self, request: SpawnThread, host_id: str) -> ProviderIntent | ExistingIntent | None:
+    async def _intent(self, request: SpawnThread, host_id: str) -> Intent | None:
         if request.environment_inputs is not None and request.environment_provider is None:
             raise InvalidInput("environment inputs were given without an environment provider; add --environment-provider")
         if request.environment_provider and request.environment_id:
             raise InvalidInput("give either an environment provider or an existing environment, not both")
         if request.environment_provider:
             _check_nesting(request.environment_inputs)
-            return ProviderIntent(request.environment_provider, Machine(host_id), request.environment_inputs)
+            return NewEnvironment(request.environment_provider, host_id, request.environment_inputs)
         if request.environment_id:
             environment_id = check_environment_id(request.environment_id)
             await self._store.run(self._app.environment, environment_id)
-            return ExistingIntent(str(environment_id))
+            return ExistingEnvironment(str(environment_id))
         if request.parent_thread_id:
             await self._store.run(self._app.thread, request.parent_thread_id)
             return None
         raise InvalidInput("say where the thread runs: --environment-provider P, --environment ENV_ID or --parent T")
 
     async def archive_thread(self, request: ThreadRef) -> Accepted:
-        return await self._thread_command(ThreadArchivedMessage(thread_id=request.thread_id))
+        return await self._thread_command(ArchiveThread(request.thread_id))
 
     async def unarchive_thread(self, request: ThreadRef) -> Accepted:
-        return await self._thread_command(ThreadUnarchivedMessage(thread_id=request.thread_id))
+        return await self._thread_command(UnarchiveThread(request.thread_id))
 
     async def cancel_thread(self, request: ThreadRef) -> Accepted:
-        return await self._thread_command(MessageCancelledMessage(thread_id=request.thread_id))
+        return await self._thread_command(CancelThreadMessage(request.thread_id))
 
-    async def _thread_command(self, message: ThreadArchivedMessage | ThreadUnarchivedMessage | MessageCancelledMessage) -> Accepted:
+    async def _thread_command(self, message: ArchiveThread | UnarchiveThread | CancelThreadMessage) -> Accepted:
         await self._store.run(self._app.thread, check_thread_id(message.thread_id))
         environment = await self._threads.handle(message)
         if environment is not None:

@@ -16,8 +16,9 @@ from uuid import UUID
 
 import msgspec
 
-from bb_environments.bus.documents import ID_PATTERN, ProviderIntent
 from bb_environments.domain.application import Placement
+from bb_environments.domain.thread import ID_PATTERN
+from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.errors import InvalidInput, Refused
 from bb_environments.providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path
 from bb_environments.providers.registry import ProviderRegistry, safe_availability
@@ -87,8 +88,8 @@ class Placer:
         data_dir = self.provider_dir(provider.id)
         return ProjectContext(host_id=host_id, project_path=project_path, inputs=inputs, data_dir=str(data_dir))
 
-    async def place(self, thread_id: str, intent: ProviderIntent, project_path: str | None, host_id: str) -> Placement:
-        provider = self.provider(intent.environment_provider_id)
+    async def place(self, thread_id: str, intent: NewEnvironment, project_path: str | None, host_id: str) -> Placement:
+        provider = self.provider(intent.provider_id)
         if host_id != self.host_id:
             # Provider calls run where this service runs; only hooks travel to a host's agent.
             raise InvalidInput(f"host {host_id!r} is not served here: this service places environments on host "

@@ -16,20 +16,23 @@ from uuid import UUID
 
 import msgspec
 
-from bb_environments.bus.documents import (
-    ExistingIntent,
-    InboundThreadMessage,
-    MessageCancelledMessage,
-    ProviderIntent,
-    ThreadArchivedMessage,
-    ThreadCreatedMessage,
-    ThreadMessageMessage,
-    ThreadUnarchivedMessage,
-)
 from bb_environments.domain.application import UnknownThread
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, PathAlreadyClaimed
 from bb_environments.domain.thread import Thread
+from bb_environments.handlers.commands import (
+    ArchiveThread,
+    CancelThreadMessage,
+    ExistingEnvironment,
+    Intent,
+    NewEnvironment,
+    ProvideEnvironment,
+    RegisterThread,
+    ThreadCommand,
+    UnarchiveThread,
+    intent_document,
+    intent_from_document,
+)
 from bb_environments.handlers.errors import InvalidInput, NotFound, Refused, RequestError
 from bb_environments.handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id, decode_inputs
 from bb_environments.handlers.store import Store
@@ -50,38 +53,38 @@ class ThreadHandlers:
         self._placer = placer
         self._default_host_id = default_host_id
 
-    async def handle(self, message: InboundThreadMessage) -> Environment | None:
+    async def handle(self, message: ThreadCommand) -> Environment | None:
         """Dispatch from the consumer; a refusal is recorded on the thread rather than raised."""
         check_thread_id(message.thread_id)
         match message:
-            case ThreadCreatedMessage():
+            case RegisterThread():
                 await self.created(message)
-            case ThreadMessageMessage():
+            case ProvideEnvironment():
                 return await self.first_message(message.thread_id)
-            case ThreadArchivedMessage():
+            case ArchiveThread():
                 return await self._store.run(self._app.archive_thread, message.thread_id, _now())
-            case ThreadUnarchivedMessage():
+            case UnarchiveThread():
                 return await self._store.run(self._app.unarchive_thread, message.thread_id)
-            case MessageCancelledMessage():
+            case CancelThreadMessage():
                 return await self._store.run(self._app.cancel_thread_message, message.thread_id)
         return None
 
-    async def created(self, message: ThreadCreatedMessage) -> Thread:
+    async def created(self, message: RegisterThread) -> Thread:
         return await self._store.run(self._app.register_thread, *self._registration(message))
 
-    async def spawn(self, message: ThreadCreatedMessage, placement: Placement | None) -> Environment:
+    async def spawn(self, message: RegisterThread, placement: Placement | None) -> Environment:
         """A thread with its first message (`bb thread spawn`), saved with the environment it gets
         or not at all: a refused spawn leaves no thread behind. `placement` is the new environment's,
         when the request named a provider (and was placed already)."""
         thread = Thread(*self._registration(message))
         return await self._given(self._app.spawn_thread, thread, await self._target(thread, placement))
 
-    def registers_as(self, thread: Thread, message: ThreadCreatedMessage) -> bool:
+    def registers_as(self, thread: Thread, message: RegisterThread) -> bool:
         """Whether `message` would register `thread` exactly as the log has it."""
         registered = (thread.thread_id, thread.project_path, thread.parent_thread_id, thread.host_id, thread.intent)
         return self._registration(message) == registered
 
-    def _registration(self, message: ThreadCreatedMessage) -> tuple[str, str | None, str | None, str, dict | None]:
+    def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict | None]:
         """The thread as the log registers it (id, project, parent, host, intent), each checked."""
         host_id = check_host_id(message.host_id or self._default_host_id)
         if message.parent_thread_id is not None:
@@ -89,14 +92,14 @@ class ThreadHandlers:
         intent = None if message.environment is None else self._checked_intent(message.environment)
         return message.thread_id, message.project_path, message.parent_thread_id, host_id, intent
 
-    def _checked_intent(self, intent: ProviderIntent | ExistingIntent) -> dict:
+    def _checked_intent(self, intent: Intent) -> dict:
         """The intent as the thread keeps it in the log: inputs as their provider's type reads them,
         so nothing a publisher adds beside them is stored; what fails that is refused here."""
-        if isinstance(intent, ExistingIntent):
-            return _intent_document(ExistingIntent(str(check_environment_id(intent.environment_id))))
-        provider = self._placer.provider(intent.environment_provider_id)
+        if isinstance(intent, ExistingEnvironment):
+            return intent_document(ExistingEnvironment(str(check_environment_id(intent.environment_id))))
+        provider = self._placer.provider(intent.provider_id)
         inputs = msgspec.to_builtins(decode_inputs(provider, intent.inputs))
-        return _intent_document(ProviderIntent(provider.id, intent.machine, inputs))
+        return intent_document(NewEnvironment(provider.id, intent.machine_host_id, inputs))
 
     async def first_message(self, thread_id: str) -> Environment | None:
         """Give the thread its environment, unless it has one already.
@@ -127,7 +130,7 @@ class ThreadHandlers:
     async def _target(self, thread: Thread, placement: Placement | None) -> UUID | Placement:
         """The environment the thread joins, or where its new one will live."""
         intent, project_path = await self._intent_of(thread)
-        if isinstance(intent, ExistingIntent):
+        if isinstance(intent, ExistingEnvironment):
             return check_environment_id(intent.environment_id)
         return placement or await self._placer.place(thread.thread_id, intent, project_path, thread.host_id)
 
@@ -139,14 +142,14 @@ class ThreadHandlers:
             raise Refused(f"cannot claim the workspace path: {conflict}; "
                           "to share that workspace, spawn with --environment and its id") from None
 
-    async def _intent_of(self, thread: Thread) -> tuple[ProviderIntent | ExistingIntent, str | None]:
+    async def _intent_of(self, thread: Thread) -> tuple[Intent, str | None]:
         """The thread's own intent, or what it inherits from its parent (with the parent's project).
 
         A child without a project of its own joins its parent's environment when the parent's
         provider shares with children; otherwise it gets a fresh one from the parent's intent.
         """
         if thread.intent is not None:
-            return _intent_from_document(thread.intent), thread.project_path
+            return intent_from_document(thread.intent), thread.project_path
         if thread.parent_thread_id is None:
             raise InvalidInput(f"thread {thread.thread_id} has no environment intent and no parent")
         try:
@@ -157,18 +160,10 @@ class ThreadHandlers:
             environment = await self._environment(parent.environment_id)
             provider = self._placer.registry.get(environment.provider_id)
             if provider is not None and provider.policy.children == "share" and environment.is_live:
-                return ExistingIntent(str(environment.id)), None
+                return ExistingEnvironment(str(environment.id)), None
         if parent.intent is not None:
-            return _intent_from_document(parent.intent), thread.project_path or parent.project_path
+            return intent_from_document(parent.intent), thread.project_path or parent.project_path
         raise InvalidInput(f"parent thread {thread.parent_thread_id} has no environment intent to inherit")
 
     async def _environment(self, environment_id: UUID) -> Environment:
         return await self._store.run(self._app.environment, environment_id)
-
-
-def _intent_document(intent: ProviderIntent | ExistingIntent) -> dict:
-    return msgspec.to_builtins(intent)
-
-
-def _intent_from_document(document: dict) -> ProviderIntent | ExistingIntent:
-    return msgspec.convert(document, ProviderIntent | ExistingIntent)

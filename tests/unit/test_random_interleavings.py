@@ -22,6 +22,7 @@ from bb_environments.bus.documents import (
     ThreadCreatedMessage,
     ThreadMessageMessage,
     ThreadUnarchivedMessage,
+    thread_command,
 )
 from bb_environments.domain.application import Environments
 from bb_environments.domain.errors import DomainError
@@ -93,14 +94,15 @@ class HostWithoutScripts:
 
 
 def message(kind: str, thread_id: str):
+    """The command a thread event of `kind` becomes at the bus's edge."""
     intent = ProviderIntent(environment_provider_id="instant")
-    return {
+    return thread_command({
         "created": lambda: ThreadCreatedMessage(thread_id=thread_id, environment=intent),
         "message": lambda: ThreadMessageMessage(thread_id=thread_id),
         "archived": lambda: ThreadArchivedMessage(thread_id=thread_id),
         "unarchived": lambda: ThreadUnarchivedMessage(thread_id=thread_id),
         "message_cancelled": lambda: MessageCancelledMessage(thread_id=thread_id),
-    }[kind]()
+    }[kind]())
 
 
 async def settle(provisioner: Provisioner, app: Environments) -> None:
