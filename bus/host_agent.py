@@ -34,7 +34,7 @@ from bb_environments.bus import subjects
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import RecordedHook
-from bb_environments.providers.host.hooks import HookOutcome, HookRunner
+from bb_environments.providers.host.hooks import HookOutcome, HookRunner, HostUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,10 +60,6 @@ class HookState(msgspec.Struct, rename="camel", kw_only=True):
 
 class Cancelled(msgspec.Struct, rename="camel"):
     result: str
-
-
-class HostUnavailable(Exception):
-    """No agent answers for the host (or it refused): the hook step waits and is asked again later."""
 
 
 class HookLedger(Protocol):

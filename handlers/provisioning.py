@@ -46,7 +46,6 @@ from bb_environments.domain.steps import (
     WakeAt,
 )
 from bb_environments.bus.crash_points import crash_point
-from bb_environments.bus.host_agent import HostUnavailable
 from bb_environments.handlers.placement import Placer, canonical_path
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import (
@@ -62,7 +61,7 @@ from bb_environments.providers.contract import (
     RemoveResult,
 )
 from bb_environments.providers.host.backoff import Backoff
-from bb_environments.providers.host.hooks import SCRIPT_NAMES, HookOutcome
+from bb_environments.providers.host.hooks import SCRIPT_NAMES, HookOutcome, HostUnavailable
 
 log = logging.getLogger(__name__)
 

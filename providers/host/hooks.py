@@ -85,6 +85,13 @@ OutputSink = Callable[[str, int], Awaitable[None]]
 """Receives a line of output (without its newline) and the byte offset in the log where it starts."""
 
 
+class HostUnavailable(Exception):
+    """No agent answers for the host (or it refused): the hook step waits and is asked again later.
+
+    What a hook runner that reaches its host over a network (the host agent's client) raises; the
+    provisioning driver waits on it without knowing how hooks travel."""
+
+
 class HookOutcome(msgspec.Struct, frozen=True):
     status: HookStatus
     exit_code: int | None = None
