@@ -24,6 +24,7 @@ from rich.table import Column, Table
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
 from bb_environments.bus.documents import ID_PATTERN
+from bb_environments.bus.relay import claimed_notification_id
 from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli_modal import machine, modal
@@ -259,7 +260,10 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
     )
     sendable(request)
     client = await open_client(settings)
+    watch = _SettleWatch()
     try:
+        if wait:
+            await watch.start(client)
         try:
             spawned = await client.call("threads", "spawn", request)
         except AnswerLost as lost:
@@ -269,7 +273,8 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
         document = {"threadId": spawned["threadId"], "environmentId": spawned["environmentId"], "status": spawned["status"]}
         if wait and spawned["environmentId"]:
             try:
-                final = await _wait_until_settled(client, spawned["environmentId"], spawned["position"], timeout)
+                final = await _wait_until_settled(client, watch, spawned["environmentId"], spawned["position"],
+                                                  timeout)
             except (ServiceError, NatsError) as lost:
                 if isinstance(lost, ServiceError) and lost.code != "unreachable":
                     raise
@@ -280,6 +285,7 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
             document["status"] = final["status"]
             document["statusMessage"] = final.get("statusMessage")
     finally:
+        await watch.stop()
         await client.close()
     if wait and TERMINAL_FOR_WAIT.get(document["status"], 1):
         raise Failure("failed", f"environment {document['environmentId']} ended {document['status']}: "
@@ -319,42 +325,77 @@ def _finite_number(text: str) -> float:
     return number
 
 
-async def _wait_until_settled(client: ApiClient, environment_id: str, position: int, timeout: float) -> dict:
-    """Stream the transcript to stderr until the environment is ready, failed or gone."""
-    settled = asyncio.Event()
+WAIT_FALLBACK_POLL_S = 5.0
+"""`thread spawn --wait` asks again this often only in case an environment event never reaches it."""
+
+
+class _SettleWatch:
+    """The environment events that say an environment settled, subscribed to before the spawn is
+    sent (its environment's id is not known yet): a `ready` that comes before the spawn's answer,
+    or while a look is under way, is counted and kept, never cleared unseen."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, int] = {}  # environment id -> settling events seen
+        self.settled_at: dict[str, int] = {}  # environment id -> the latest one's log position
+        self.news = asyncio.Event()
+        self._subscription: Any = None
+
+    async def start(self, client: ApiClient) -> None:
+        self._subscription = await client.nc.subscribe(subjects.environment_event("*", "*"), cb=self._on_event)
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
+                await self._subscription.unsubscribe()
+
+    async def _on_event(self, message: Any) -> None:
+        environment_id = message.subject.split(".")[2]
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            if json.loads(message.data)["status"] in TERMINAL_FOR_WAIT:
+                self.arrived[environment_id] = self.arrived.get(environment_id, 0) + 1
+                # The stream re-publishes the log's headers, the event's log position among them.
+                self.settled_at[environment_id] = max(self.settled_at.get(environment_id, 0),
+                                                      claimed_notification_id(message.headers) or 0)
+                self.news.set()
+
+
+async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environment_id: str, position: int,
+                              timeout: float) -> dict:
+    """Stream the transcript to stderr until the environment is ready, failed or gone.
+
+    Returns as soon as an event says so (`watch` has followed the events since before the spawn);
+    the look after such an event waits for the read model to reach that event's log position. The
+    slow poll is only a safety net.
+    """
 
     async def on_transcript(message: Any) -> None:
         line = json.loads(message.data)
         stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
-
-    async def on_event(message: Any) -> None:
-        if json.loads(message.data)["status"] in TERMINAL_FOR_WAIT:
-            settled.set()
 
     # An ordered consumer replays the transcript from its start, then follows it: each line once.
     transcript = await client.nc.jetstream().subscribe(
         subjects.transcript(environment_id), stream=subjects.TRANSCRIPTS_STREAM, ordered_consumer=True,
         cb=on_transcript,
     )
-    events = await client.nc.subscribe(subjects.environment_event(environment_id, "*"), cb=on_event)
     deadline = time.monotonic() + timeout
     try:
+        looked = 0  # the settling events that had arrived before the last look
         current = await client.call("environments", "show", EnvironmentRef(environment_id=environment_id, min_position=position))
         while current["status"] not in TERMINAL_FOR_WAIT:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Failure("failed", f"environment {environment_id} was still {current['status']} after {timeout:.0f} s")
-            settled.clear()
-            try:
-                await asyncio.wait_for(settled.wait(), min(remaining, 2.0))
-            except asyncio.TimeoutError:
-                pass
-            current = await client.call("environments", "show", EnvironmentRef(environment_id=environment_id))
+            if watch.arrived.get(environment_id, 0) == looked:  # none since the last look (no await between)
+                watch.news.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(watch.news.wait(), min(remaining, WAIT_FALLBACK_POLL_S))
+            looked = watch.arrived.get(environment_id, 0)
+            current = await client.call("environments", "show", EnvironmentRef(
+                environment_id=environment_id, min_position=max(position, watch.settled_at.get(environment_id, 0))))
         return current
     finally:
         with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
             await transcript.unsubscribe()
-            await events.unsubscribe()
 
 
 @thread.command("list")
