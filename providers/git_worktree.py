@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,8 @@ class GitWorktreeProvider:
 
     def create(self, ctx: CreateContext) -> CreateResult:
         with translate_errors(GitFailed, ValueError) as failed:
-            return self._create(ctx)
+            with _repository_lock(ctx.project_path):
+                return self._create(ctx)
         return failed.create_failed()
 
     def _create(self, ctx: CreateContext) -> CreateResult:
@@ -178,10 +180,25 @@ class GitWorktreeProvider:
                     return RemoveFailed(f"refusing to remove {path}: it is not inside {root}")
                 ctx.report.step(f"Removing worktree {path}")
                 stop_processes_in(path, ctx.report, "worktree")
-                _remove_worktree(ctx.project_path, path)
+                with _repository_lock(ctx.project_path):
+                    _remove_worktree(ctx.project_path, path)
             remove_if_empty(key_dir)
             return Removed()
         return failed.remove_failed()
+
+
+_repository_locks: dict[str, threading.RLock] = {}
+_repository_locks_guard = threading.Lock()
+
+
+def _repository_lock(project_path: str | None) -> threading.RLock:
+    """One worktree change at a time per repository in this process: git reads every worktree's
+    admin dir while it adds one, and fails ("failed to read .git/worktrees/<x>/commondir") on one
+    that a concurrent `worktree add` has created but not yet filled, as twenty threads spawned
+    at once showed."""
+    key = os.path.realpath(project_path) if project_path else ""
+    with _repository_locks_guard:
+        return _repository_locks.setdefault(key, threading.RLock())
 
 
 def worktrees_root(data_dir: str) -> Path:

@@ -275,6 +275,43 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
         await publisher.close()
 
 
+async def test_twenty_threads_published_at_once_all_become_ready_each_in_its_own_order(service, git_repo):
+    """Thread events are handled one at a time, each as soon as it arrives (not on a fetch
+    timeout): twenty threads sent together all get their environment, and each thread's
+    `created`, `message` and `archived` take effect in the order it sent them."""
+    publisher = await service.connect("publisher")
+    js = publisher.jetstream()
+    intent = {"type": "provider", "environmentProviderId": "git-worktree"}
+    thread_ids = [f"many{i}" for i in range(20)]
+
+    async def publish(thread_id: str, kind: str, **extra) -> None:
+        body = {"type": kind, "threadId": thread_id, **extra}
+        await js.publish(subjects.thread_event(thread_id, kind), msgspec.json.encode(body))
+
+    async def send_thread(thread_id: str) -> None:
+        # A message before its thread's `created` would be refused: no environment would come.
+        await publish(thread_id, "created", projectPath=str(git_repo), environment=intent)
+        await publish(thread_id, "message")
+
+    try:
+        await asyncio.gather(*(send_thread(t) for t in thread_ids))
+        threads = [await service.wait_for_thread(t, with_environment=True, timeout=120) for t in thread_ids]
+        environment_ids = [t["environmentId"] for t in threads]
+        assert len(set(environment_ids)) == 20
+        for environment_id in environment_ids:
+            await service.wait_for(environment_id, "ready", timeout=120)
+        await asyncio.gather(*(publish(t, "archived") for t in thread_ids))
+        for environment_id in environment_ids:
+            await service.wait_for(environment_id, "removed", timeout=120)
+            events = await environment_events(service, environment_id)
+            assert [e["version"] for e in events] == list(range(1, len(events) + 1))
+            types = [e["type"] for e in events]
+            assert types[0] == "claimed" and types.count("ready") == 1 and types[-1] == "removed"
+            assert types.index("ready") < types.index("removed")
+    finally:
+        await publisher.close()
+
+
 async def test_a_failing_teardown_is_recorded_and_removal_proceeds(service, git_repo, tmp_path):
     write_hooks(git_repo, tmp_path / "hooks.log", teardown="echo cannot tear down >&2; exit 4")
     spawned = await spawn(service, git_repo, "t1")
