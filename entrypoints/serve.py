@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -264,7 +264,8 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
     tasks = [asyncio.create_task(w) for w in workers]
     started.push_async_callback(_cancel, tasks)
 
-    async def publish_thread_message(message: ThreadMessageMessage) -> None:
+    async def publish_thread_message(thread_id: str, text: str, occurred_at: datetime) -> None:
+        message = ThreadMessageMessage(thread_id=thread_id, text=text, occurred_at=occurred_at)
         # One first message per thread, even when a spawn is sent again: within the duplicate
         # window the stream drops the copy, and after it the stream still holds the first.
         subject = subjects.thread_event(message.thread_id, "message")

@@ -28,7 +28,6 @@ from bb_environments.bus.api_messages import (
     ThreadRef,
 )
 from bb_environments.bus.api_service import ApiError, Endpoint
-from bb_environments.bus.documents import ThreadMessageMessage
 from bb_environments.bus.log_reader import LogReader
 from bb_environments.domain.application import UnknownEnvironment, UnknownThread
 from bb_environments.domain.environment import Environment
@@ -75,7 +74,7 @@ class ThreadList(msgspec.Struct):
 class Api:
     def __init__(self, store: Store, read_model: ReadModel, placer: Placer, threads: ThreadHandlers,
                  provisioner: Provisioner, host_id: str, stream_position: Callable[[], Awaitable[int]],
-                 publish_thread_message: Callable[[ThreadMessageMessage], Awaitable[None]]) -> None:
+                 publish_thread_message: Callable[[str, str, datetime], Awaitable[None]]) -> None:
         self._store = store
         self._app = store.app
         self._read_model = read_model
@@ -178,9 +177,8 @@ class Api:
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.
-            message = ThreadMessageMessage(thread_id=thread_id, text=request.prompt, occurred_at=datetime.now(timezone.utc))
             try:
-                await self._publish_thread_message(message)
+                await self._publish_thread_message(thread_id, request.prompt, datetime.now(timezone.utc))
             except Exception as error:
                 raise RequestError(
                     f"thread {thread_id} was created, but its prompt could not be published ({error}); "

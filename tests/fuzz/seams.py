@@ -33,6 +33,7 @@ from nats.micro.request import Request
 from bb_environments.bus.api_messages import ErrorReply
 from bb_environments.bus.api_service import start_api
 from bb_environments.bus.client import ERROR_CODE_HEADER
+from bb_environments.bus.documents import ThreadMessageMessage
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import Environments, RecordedHook
@@ -273,7 +274,8 @@ class ServiceWorld(Loop):
     async def _stream_position(self) -> int:
         return 0
 
-    async def _publish_thread_message(self, message: Any) -> None:
+    async def _publish_thread_message(self, thread_id: str, text: str, occurred_at: Any) -> None:
+        message = ThreadMessageMessage(thread_id=thread_id, text=text, occurred_at=occurred_at)
         await self.nats.publish(f"bb.threads.{message.thread_id}.message", msgspec.json.encode(message))
 
     def _close(self) -> None:
