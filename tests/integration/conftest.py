@@ -164,6 +164,15 @@ class Service:
         raise AssertionError(f"thread {thread_id} never showed up")
 
 
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    """Wait until `condition()` holds, or fail naming `what` did not happen."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         content = json.loads(path.read_text())

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Service, write_hooks
+from tests.integration.conftest import Service, eventually, write_hooks
 from tests.support.small_disk import SmallDisk, small_disk
 
 # Long enough for a retry loop without backoff to fill the log (the issue saw 8 tracebacks a second).
@@ -49,14 +48,6 @@ def serve_log(service: Service) -> list[str]:
     return (service.data_dir.parent / "serve.log").read_text().splitlines()
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {DEADLINE_S:.0f} s")
-        await asyncio.sleep(0.05)
-
-
 def logged(service: Service, text: str) -> int:
     return sum(text in line for line in serve_log(service))
 
@@ -76,11 +67,11 @@ async def setup_finished_on_a_full_disk(service: Service, disk: SmallDisk, git_r
                                str(git_repo), "--thread-id", "t1", "--json")
     assert spawned.returncode == 0, spawned.stderr
     environment_id = spawned.json()["environmentId"]
-    await until(marker.exists, "the setup hook's start")
+    await eventually(marker.exists, "the setup hook's start")
 
     disk.fill()
     hold.unlink()
-    await until(lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed"),
+    await eventually(lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed"),
                 "a refused save of the setup outcome")
     [record] = hook_records(service)
     assert record["finished_at"] is None  # the supervisor could not write it either
@@ -93,7 +84,7 @@ async def assert_ready_once(service: Service, environment_id: str, tmp_path: Pat
     assert ready["hooks"]["setup"]["status"] == "succeeded"
     assert (tmp_path / "hooks.log").read_text().split() == ["setup"]
     # The supervisor wrote its record once there was room again.
-    await until(lambda: hook_records(service)[0]["finished_at"] is not None, "the hook record's outcome")
+    await eventually(lambda: hook_records(service)[0]["finished_at"] is not None, "the hook record's outcome")
     assert hook_records(service)[0]["outcome"] == "succeeded"
     exported = await service.bb("events", "export")
     types = [json.loads(line)["type"] for line in exported.stdout.splitlines()]
@@ -139,7 +130,7 @@ async def test_a_restart_while_the_outcome_waits_for_space_still_ends_ready_once
     service.kill()
     await service.start()
     # The restarted service gets the outcome from the hook's supervisor, and cannot save it either.
-    await until(lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed") == 2,
+    await eventually(lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed") == 2,
                 "the restarted service's refused save")
     disk.free()
 

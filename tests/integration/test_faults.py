@@ -10,15 +10,13 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from bb_environments.bus.api_messages import SpawnThread
 from bb_environments.bus.embedded_server import pid_alive
-from tests.integration.conftest import Service, service_environment
+from tests.integration.conftest import Service, eventually, service_environment
 
 SPAWNS = 4
 
@@ -42,14 +40,6 @@ def zombie(pid: int) -> bool:
     except OSError:
         return False
     return "State:\tZ" in status
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
-        await asyncio.sleep(0.05)
 
 
 def serve_log(service: Service) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 from bb_environments.bus import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
-from tests.integration.conftest import Service, service_environment, write_hooks
+from tests.integration.conftest import Service, eventually, service_environment, write_hooks
 
 
 @pytest.fixture
@@ -53,14 +53,6 @@ def service_log(service: Service) -> str:
     return (service.data_dir.parent / "serve.log").read_text()
 
 
-async def until(condition, timeout: float = 30) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition never held")
-
-
 async def test_an_operation_the_log_never_recorded_is_refused_and_logged(service, planted, tmp_path):
     nc = await service.connect("operator")
     try:
@@ -92,7 +84,7 @@ async def test_a_recorded_operation_runs_only_where_recorded_and_is_stopped_only
                                str(git_repo), "--thread-id", "t1", "--json")
     assert spawned.returncode == 0, spawned.stderr
     environment_id = spawned.json()["environmentId"]
-    await until(marker.exists)
+    await eventually(marker.exists, "the setup hook's start")
     shown = await service.wait_for(environment_id, lambda e: e["hooks"]["setup"]["status"] == "running")
     operation, workspace = shown["hooks"]["setup"]["operationId"], shown["path"]
     recorded = {"operationId": operation, "kind": "setup", "workspace": workspace, "environmentId": environment_id}
