@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -20,8 +21,13 @@ def run(*command: str | Path, env: dict[str, str], timeout: float = 120) -> subp
 
 
 def test_a_spawn_from_the_installed_wheel(tmp_path):
+    # Built from a copy: an in-tree build would leave build/ in the checkout, whose stale files
+    # (of modules since moved or deleted) a later build would ship.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache", ".mypy_cache"))
     wheels = tmp_path / "wheels"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(REPO)],
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(source)],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     (wheel,) = wheels.glob("bb_environments-*.whl")
