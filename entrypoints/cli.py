@@ -390,12 +390,25 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(watch.news.wait(), min(remaining, WAIT_FALLBACK_POLL_S))
             looked = watch.arrived.get(environment_id, 0)
-            current = await client.call("environments", "show", EnvironmentRef(
-                environment_id=environment_id, min_position=max(position, watch.settled_at.get(environment_id, 0))))
+            current = await _look(client, environment_id, max(position, watch.settled_at.get(environment_id, 0)), position)
         return current
     finally:
         with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
             await transcript.unsubscribe()
+
+
+async def _look(client: ApiClient, environment_id: str, claimed: int, known: int) -> dict:
+    """`show` once the read model reached the position an event claimed; a message the log never
+    wrote (a forgery, were the bus's permissions off) may claim one past the log's end, which the
+    service refuses: then the position the service itself gave this spawn is what counts."""
+    try:
+        return await client.call("environments", "show", EnvironmentRef(environment_id=environment_id,
+                                                                          min_position=claimed))
+    except ServiceError as refused:
+        if refused.code != "invalid_input" or claimed == known:
+            raise
+        return await client.call("environments", "show", EnvironmentRef(environment_id=environment_id,
+                                                                          min_position=known))
 
 
 @thread.command("list")
