@@ -62,6 +62,23 @@ async def ours_once(api: ApiClient, readiness: dict[str, asyncio.Future], repo: 
     return elapsed
 
 
+async def start_service(root: Path) -> tuple[subprocess.Popen[bytes], dict]:
+    """`bb serve` on a data dir under `root`; its server.json once it serves."""
+    environment = {**os.environ, "BB_DATA_DIR": str(root / "data"), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"}
+    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.cli", "serve"], env=environment,
+                               cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    server_file = root / "data" / "server.json"
+    while not server_file.exists():
+        await asyncio.sleep(0.05)
+    return service, json.loads(server_file.read_text())
+
+
+def stop_service(service: subprocess.Popen[bytes], root: Path) -> None:
+    service.terminate()
+    service.wait()
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def percentile(samples: list[float], fraction: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
@@ -70,14 +87,8 @@ def percentile(samples: list[float], fraction: float) -> float:
 async def main(runs: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-"))
     repo = make_repository(root)
-    environment = {**os.environ, "BB_DATA_DIR": str(root / "data"), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"}
-    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.cli", "serve"], env=environment,
-                               cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    service, info = await start_service(root)
     try:
-        server_file = root / "data" / "server.json"
-        while not server_file.exists():
-            await asyncio.sleep(0.05)
-        info = json.loads(server_file.read_text())
         api = await ApiClient.connect(info["natsUrl"], nkeys_seed=info["credentials"]["operator"])
         listener = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["subscriber"])
         readiness: dict[str, asyncio.Future] = {}
@@ -96,9 +107,7 @@ async def main(runs: int) -> None:
         await listener.close()
         await api.close()
     finally:
-        service.terminate()
-        service.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        stop_service(service, root)
 
     p50_ours, p99_ours = percentile(ours, 0.5) * 1000, percentile(ours, 0.99) * 1000
     p50_bare, p99_bare = percentile(bare, 0.5) * 1000, percentile(bare, 0.99) * 1000

@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +25,7 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spawn import baseline_once, make_repository, percentile  # noqa: E402
+from spawn import baseline_once, make_repository, percentile, start_service, stop_service  # noqa: E402
 
 
 async def publish_thread(js, repo: Path, thread_id: str) -> None:
@@ -41,14 +38,8 @@ async def publish_thread(js, repo: Path, thread_id: str) -> None:
 async def main(runs: int, burst: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-"))
     repo = make_repository(root)
-    environment = {**os.environ, "BB_DATA_DIR": str(root / "data"), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"}
-    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.cli", "serve"], env=environment,
-                               cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    service, info = await start_service(root)
     try:
-        server_file = root / "data" / "server.json"
-        while not server_file.exists():
-            await asyncio.sleep(0.05)
-        info = json.loads(server_file.read_text())
         publisher = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"])
         js = publisher.jetstream()
         ready_at: dict[str, float] = {}
@@ -93,9 +84,7 @@ async def main(runs: int, burst: int) -> None:
         bare_burst = time.perf_counter() - bare_started
         await publisher.close()
     finally:
-        service.terminate()
-        service.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        stop_service(service, root)
 
     p50_ours, p99_ours = percentile(ours, 0.5) * 1000, percentile(ours, 0.99) * 1000
     p50_bare, p99_bare = percentile(bare, 0.5) * 1000, percentile(bare, 0.99) * 1000
