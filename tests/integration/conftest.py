@@ -173,6 +173,18 @@ async def eventually(condition: Callable[[], bool], what: str, timeout: float = 
         await asyncio.sleep(0.05)
 
 
+async def spawn_with_setup_held(service: Service, repo: Path, hold: Path, marker: Path) -> str:
+    """Spawn thread t1 on a git worktree whose setup hook has started and runs until `hold` is
+    removed (its last command writes nothing); the environment's id."""
+    hold.touch()
+    write_hooks(repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                               str(repo), "--thread-id", "t1", "--json")
+    assert spawned.returncode == 0, spawned.stderr
+    await eventually(marker.exists, "the setup hook's start")
+    return spawned.json()["environmentId"]
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         content = json.loads(path.read_text())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Service, eventually, write_hooks
+from tests.integration.conftest import Service, eventually, spawn_with_setup_held
 from tests.support.small_disk import SmallDisk, small_disk
 
 # Long enough for a retry loop without backoff to fill the log (the issue saw 8 tracebacks a second).
@@ -59,15 +59,9 @@ def hook_records(service: Service) -> list[dict]:
 async def setup_finished_on_a_full_disk(service: Service, disk: SmallDisk, git_repo: Path,
                                         tmp_path: Path) -> str:
     """An environment whose setup hook finished after the disk filled up, its outcome refused."""
-    hold, marker = tmp_path / "hold-setup", tmp_path / "hooks.log"
-    hold.touch()
+    hold = tmp_path / "hold-setup"
     # The script's last command must not write to its log on the full disk: that would fail it.
-    write_hooks(git_repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                               str(git_repo), "--thread-id", "t1", "--json")
-    assert spawned.returncode == 0, spawned.stderr
-    environment_id = spawned.json()["environmentId"]
-    await eventually(marker.exists, "the setup hook's start")
+    environment_id = await spawn_with_setup_held(service, git_repo, hold, tmp_path / "hooks.log")
 
     disk.fill()
     hold.unlink()

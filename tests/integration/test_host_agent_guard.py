@@ -18,7 +18,7 @@ import pytest
 
 from bb_environments.bus import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
-from tests.integration.conftest import Service, eventually, service_environment, write_hooks
+from tests.integration.conftest import Service, service_environment, spawn_with_setup_held
 
 
 @pytest.fixture
@@ -78,13 +78,7 @@ async def test_a_recorded_operation_runs_only_where_recorded_and_is_stopped_only
     service, git_repo, planted, tmp_path
 ):
     hold, marker = tmp_path / "hold-setup", tmp_path / "hooks.log"
-    hold.touch()
-    write_hooks(git_repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                               str(git_repo), "--thread-id", "t1", "--json")
-    assert spawned.returncode == 0, spawned.stderr
-    environment_id = spawned.json()["environmentId"]
-    await eventually(marker.exists, "the setup hook's start")
+    environment_id = await spawn_with_setup_held(service, git_repo, hold, marker)
     shown = await service.wait_for(environment_id, lambda e: e["hooks"]["setup"]["status"] == "running")
     operation, workspace = shown["hooks"]["setup"]["operationId"], shown["path"]
     recorded = {"operationId": operation, "kind": "setup", "workspace": workspace, "environmentId": environment_id}
