@@ -47,6 +47,7 @@ from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.host.hooks import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
+from tests.fuzz.strategies import CANARY
 
 T = TypeVar("T")
 HOST = "local"
@@ -313,6 +314,15 @@ class ServiceWorld(Loop):
 
     def files(self) -> set[str]:
         return files_under(self.root, store_file, prune=(self._pristine,))
+
+    def check_what_was_kept(self, head: int, seeded_files: set[str]) -> None:
+        """After one example: with nothing written no file changed; with something written, no
+        canary (a prompt, an undeclared field) is in the store; then start again from the seed."""
+        if self.head() == head:
+            assert self.files() == seeded_files, "a file appeared, or went, with nothing written"
+        else:
+            assert CANARY.encode() not in self.store_bytes(), "a prompt, a message's text or an undeclared field was stored"
+            self.reset()
 
     def store_bytes(self) -> bytes:
         """The event store as it lies on disk, write-ahead log included: what it keeps, whatever its form."""

@@ -17,7 +17,7 @@ from hypothesis import example, given
 
 from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.seams import LogLines, ServiceWorld, fuzz_settings, one_sentence, working_directory
-from tests.fuzz.strategies import CANARY, api_requests
+from tests.fuzz.strategies import api_requests
 
 REFUSALS = {"invalid_input", "not_found", "refused"}
 """`refused`: a well-formed request the state says no to (a blocked provider, a live environment)."""
@@ -59,11 +59,7 @@ def test_no_api_request_fails_unexplained_or_is_written_when_refused(tmp_path: P
             assert world.head() == head, "a refused request was written"
         else:
             msgspec.json.decode(reply.data)
-        if world.head() == head:
-            assert world.files() == seeded_files, "a file appeared, or went, with nothing written"
-        else:
-            assert CANARY.encode() not in world.store_bytes(), "a prompt or an undeclared field was stored"
-            world.reset()
+        world.check_what_was_kept(head, seeded_files)
 
     try:
         check()
