@@ -26,7 +26,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from bb_environments.bus import subjects
-from bb_environments.bus.crash_points import crash_point
+from bb_environments.handlers.crash_points import crash_point
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.log_reader import LoggedDocument
 

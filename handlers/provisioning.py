@@ -45,7 +45,7 @@ from bb_environments.domain.steps import (
     StopCreate,
     WakeAt,
 )
-from bb_environments.bus.crash_points import crash_point
+from bb_environments.handlers.crash_points import crash_point
 from bb_environments.handlers.placement import Placer, canonical_path
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import (
