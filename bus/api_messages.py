@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.projections.views import EnvironmentView, ThreadView
+from bb_environments.providers.registry import ProviderDescription
+
+DEFAULT_PAGE = 200
+MAX_PAGE = 1000
+"""The most items a listing page holds; fewer come when more would not fit in one NATS message."""
+
+PageLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE, description=(
+    "At most this many items (1 to 1000, default 200); a page also ends before it would exceed the NATS "
+    "maximum payload."))]
+Cursor = Annotated[str | None, msgspec.Meta(description=(
+    "The `next` of the page before: this page starts after that item (absent or null: at the first)."))]
+Next = Annotated[str | None, msgspec.Meta(description=(
+    "Null on the last page; otherwise send it as `after` for the next page."))]
 
 
 class Request(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
@@ -18,6 +32,8 @@ class ListEnvironments(Request):
     provider: str | None = None
     include_removed: bool = False
     """Removed environments are history: listed only when asked for (`--all`) or by `--status removed`."""
+    after: Cursor = None
+    limit: PageLimit = DEFAULT_PAGE
 
 
 class EnvironmentRef(Request):
@@ -38,6 +54,8 @@ class SpawnThread(Request):
 
 class ListThreads(Request):
     environment_id: str | None = None
+    after: Cursor = None
+    limit: PageLimit = DEFAULT_PAGE
 
 
 class ThreadRef(Request):
@@ -46,6 +64,24 @@ class ThreadRef(Request):
 
 class Nothing(Request):
     pass
+
+
+class ProviderList(msgspec.Struct):
+    providers: list[ProviderDescription]
+
+
+class EnvironmentList(msgspec.Struct):
+    """One page of environments, in id order."""
+
+    environments: list[EnvironmentView]
+    next: Next = None
+
+
+class ThreadList(msgspec.Struct):
+    """One page of threads, in id order."""
+
+    threads: list[ThreadView]
+    next: Next = None
 
 
 class Spawned(msgspec.Struct, rename="camel"):

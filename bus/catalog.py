@@ -101,6 +101,9 @@ def events_markdown() -> str:
         f"The NATS micro service `{subjects.API_SERVICE}` answers on `bb.api.<area>.<verb>` (role `operator`).",
         "Requests refuse fields they do not declare; an error comes back as",
         '`{"error": {"code", "message"}}`, with the codes the CLI turns into exit statuses.', "",
+        "The listings page, in id order: a request may give `limit` (1 to 1000, default 200) and `after`, the",
+        "`next` of the page before; a reply's `next` is null on the last page. A page also ends early rather",
+        "than exceed the NATS maximum payload, so ask again while `next` is not null.", "",
         "| subject | request | reply |", "| --- | --- | --- |",
         *(f"| `{subject}` | `{_shape(request)}` | `{_shape(reply)}` |" for subject, request, reply in api_endpoints()),
         "",
@@ -180,14 +183,11 @@ def _shape(struct: type[msgspec.Struct]) -> str:
 
 def api_endpoints() -> list[tuple[str, type[msgspec.Struct], type[msgspec.Struct]]]:
     """(subject, request struct, reply struct) of every endpoint of the `bb-environments` service."""
-    from bb_environments.handlers.api import Api  # the endpoints are declared with their handlers
-    from bb_environments.projections.views import EnvironmentView
+    from bb_environments.bus.api_endpoints import ApiEdge  # the endpoints, as the service declares them
 
     found = []
-    for endpoint in Api.endpoints(Api.__new__(Api)):
+    for endpoint in ApiEdge.endpoints(ApiEdge.__new__(ApiEdge)):
         reply = typing.get_type_hints(endpoint.handler)["return"]
-        if reply is msgspec.Struct:  # environments.show answers the environment document
-            reply = EnvironmentView
         found.append((subjects.api(endpoint.area, endpoint.verb), endpoint.request_type, reply))
     return found
 

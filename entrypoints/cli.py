@@ -71,6 +71,23 @@ async def call(settings: Settings, area: str, verb: str, body: Any, changes: boo
         await client.close()
 
 
+async def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads,
+                  key: str) -> dict[str, Any]:
+    """Every page of a listing, as one document `{key: [...]}` (the API pages; see README)."""
+    sendable(request)
+    client = await open_client(settings)
+    found: list[Any] = []
+    try:
+        while True:
+            page = await client.call(area, verb, request)
+            found.extend(page[key])
+            if page.get("next") is None:
+                return {key: found}
+            request = msgspec.structs.replace(request, after=page["next"])
+    finally:
+        await client.close()
+
+
 def environment_id_argument(value: str) -> str:
     try:
         return str(UUID(value))
@@ -175,7 +192,7 @@ async def environment_list(settings: Settings, status: str | None, provider: str
     """List environments that are not removed (with --all, removed ones too)."""
     request = ListEnvironments(status=EnvironmentStatus(status) if status else None, provider=provider,
                                include_removed=include_removed)
-    document = await call(settings, "environments", "list", request)
+    document = await listing(settings, "environments", "list", request, "environments")
 
     def human(doc: dict) -> None:
         # Ids are copied from here: never cut them.
@@ -426,7 +443,7 @@ async def thread_list(settings: Settings, environment_id: str | None, as_json: b
             table.add_row(t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-")
         stdout.print(table)
 
-    emit(await call(settings, "threads", "list", request), as_json, human)
+    emit(await listing(settings, "threads", "list", request, "threads"), as_json, human)
 
 
 def _thread_command(verb: str, help_text: str) -> None:

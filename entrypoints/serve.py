@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 
 from bb_environments.bus import subjects
 from bb_environments.bus.access import SERVICE_USER, Credentials, all_users, host_agent_user, server_configuration
+from bb_environments.bus.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.api_service import start_api
 from bb_environments.bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
 from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
@@ -48,7 +49,7 @@ from bb_environments.entrypoints.config import (
     url_without_credentials,
     write_private_file,
 )
-from bb_environments.handlers.api import Api, replay_log, translate_error
+from bb_environments.handlers.api import Api, replay_log
 from bb_environments.handlers.errors import RequestError
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.provisioning import Provisioner
@@ -277,8 +278,8 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
         await js.publish(subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
 
     api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position,
-              publish_thread_message)
-    service = await start_api(nc, api.endpoints(), translate_error)
+              publish_thread_message, lambda: LogReader(app))
+    service = await start_api(nc, ApiEdge(api, nc.max_payload).endpoints(), translate_error)
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
@@ -322,7 +323,7 @@ async def _restore_read_models(store: Store, read_model: ReadModel, js: JetStrea
         if damage:
             log.warning("%s; the event log is empty, so the read models start empty", damage)
         return
-    counts = await replay_log(store, read_model, stream_position)
+    counts = await replay_log(store, read_model, LogReader(store.app), stream_position)
     # The transcript tails are not in the log: their consumer starts over from the stream's start.
     with contextlib.suppress(NotFoundError):
         await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, "transcripts")

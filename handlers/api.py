@@ -1,7 +1,11 @@
 """What each API request does: queries read the projections, commands go through the store.
 
-Command replies carry `position`, the log position of their last event; a query may pass it as
-`minPosition` and is answered only once the read model has caught up (read-your-writes).
+The handlers take the queries and commands declared here and answer with values declared here (or
+the read model's views); the bus decodes its wire requests into them and encodes the answers
+(`bus/api_endpoints.py`), so no wire struct reaches this module.
+
+A command's outcome carries `position`, the log position of its last event; a query may pass it as
+`min_position` and is answered only once the read model has caught up (read-your-writes).
 
 Every id a request names is checked for its format before the store is asked anything, so a
 malformed one is `invalid_input` (exit 2), never `not_found` or a write.
@@ -11,27 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID, uuid4
 
-import msgspec
-
-from bb_environments.bus.api_messages import (
-    Accepted,
-    EnvironmentRef,
-    ListEnvironments,
-    ListThreads,
-    Nothing,
-    Spawned,
-    SpawnThread,
-    ThreadRef,
-)
-from bb_environments.bus.api_service import ApiError, Endpoint
-from bb_environments.bus.log_reader import LogReader
-from bb_environments.domain.application import UnknownEnvironment, UnknownThread
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.errors import DomainError
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.commands import (
@@ -48,33 +37,109 @@ from bb_environments.handlers.placement import Placer, canonical_project, check_
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.projections.read_model import ReadModel, ReplayCounts
+from bb_environments.projections.read_model import ReadModel, ReplayCounts, View
 from bb_environments.projections.views import EnvironmentView, ThreadView
 from bb_environments.providers.contract import EnvironmentProvider, ProjectContext
 from bb_environments.providers.registry import ProviderDescription
 
+T = TypeVar("T")
 
 MAX_INPUTS_NESTING = 32
 """Inputs are kept in the log and decoded again whenever their thread is loaded, by decoders that
 recurse; no provider's inputs come near this."""
 
-
-class ProviderList(msgspec.Struct):
-    providers: list[ProviderDescription]
-
-
-class EnvironmentList(msgspec.Struct):
-    environments: list[EnvironmentView]
+REPLAY_PAGE = 500
+"""Notifications read from the log at a time while the read models are rebuilt."""
 
 
-class ThreadList(msgspec.Struct):
-    threads: list[ThreadView]
+@dataclass(frozen=True)
+class EnvironmentQuery:
+    """A page of environments, in id order, after the environment `after` (None: from the first)."""
+
+    limit: int
+    status: EnvironmentStatus | None = None
+    provider_id: str | None = None
+    include_removed: bool = False
+    after: str | None = None
+
+
+@dataclass(frozen=True)
+class ThreadQuery:
+    """A page of threads, in id order, after the thread `after` (None: from the first)."""
+
+    limit: int
+    environment_id: str | None = None
+    after: str | None = None
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    more: bool
+    """Whether anything follows the last item."""
+
+
+@dataclass(frozen=True)
+class ShowEnvironment:
+    environment_id: str
+    min_position: int = 0
+
+
+@dataclass(frozen=True)
+class DeleteEnvironment:
+    environment_id: str
+
+
+@dataclass(frozen=True)
+class RetryEnvironment:
+    environment_id: str
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """`thread spawn`: a thread, and where it runs (a provider, an environment, or its parent's)."""
+
+    thread_id: str | None = None
+    environment_provider: str | None = None
+    environment_inputs: Any = None
+    environment_id: str | None = None
+    project_path: str | None = None
+    host_id: str | None = None
+    parent_thread_id: str | None = None
+    prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command left: the environment it concerned (if any), its status, and the log's head."""
+
+    environment_id: str | None
+    status: str | None
+    position: int
+
+
+@dataclass(frozen=True)
+class Spawned:
+    thread_id: str
+    environment_id: str | None
+    status: str
+    position: int
+
+
+class LogViews(Protocol):
+    """The read model's views of the log's notifications, read on the store's log-reader thread."""
+
+    def head(self) -> int: ...
+
+    def between(self, after: int, upto: int) -> list[tuple[int, View]]: ...
 
 
 class Api:
     def __init__(self, store: Store, read_model: ReadModel, placer: Placer, threads: ThreadHandlers,
                  provisioner: Provisioner, host_id: str, stream_position: Callable[[], Awaitable[int]],
-                 publish_thread_message: Callable[[str, str, datetime], Awaitable[None]]) -> None:
+                 publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
+                 log_views: Callable[[], LogViews]) -> None:
+        """`log_views` makes a fresh reader of the log for each replay."""
         self._store = store
         self._app = store.app
         self._read_model = read_model
@@ -84,35 +149,26 @@ class Api:
         self._host_id = host_id
         self._stream_position = stream_position
         self._publish_thread_message = publish_thread_message
-
-    def endpoints(self) -> list[Endpoint]:
-        return [
-            Endpoint("environments", "providers", Nothing, self.providers),
-            Endpoint("environments", "list", ListEnvironments, self.list_environments),
-            Endpoint("environments", "show", EnvironmentRef, self.show_environment),
-            Endpoint("environments", "delete", EnvironmentRef, self.delete_environment),
-            Endpoint("environments", "retry", EnvironmentRef, self.retry_environment),
-            Endpoint("threads", "spawn", SpawnThread, self.spawn_thread),
-            Endpoint("threads", "list", ListThreads, self.list_threads),
-            Endpoint("threads", "archive", ThreadRef, self.archive_thread),
-            Endpoint("threads", "unarchive", ThreadRef, self.unarchive_thread),
-            Endpoint("threads", "cancel", ThreadRef, self.cancel_thread),
-            Endpoint("events", "replay", Nothing, self.replay),
-        ]
+        self._log_views = log_views
 
     # -- queries -------------------------------------------------------------------------------
 
-    async def providers(self, _: Nothing) -> ProviderList:
+    async def providers(self) -> list[ProviderDescription]:
         def context_for(provider: EnvironmentProvider) -> ProjectContext:
             return self._placer.context(provider, self._host_id, None, None)
 
-        return ProviderList(await asyncio.to_thread(self._placer.registry.describe, context_for))
+        return await asyncio.to_thread(self._placer.registry.describe, context_for)
 
-    async def list_environments(self, request: ListEnvironments) -> EnvironmentList:
-        include_removed = request.include_removed or request.status == EnvironmentStatus.REMOVED
-        return EnvironmentList(await self._read_model.environments(request.status, request.provider, include_removed))
+    async def list_environments(self, query: EnvironmentQuery) -> Page[EnvironmentView]:
+        if query.after is not None:
+            check_environment_id(query.after)
+        include_removed = query.include_removed or query.status == EnvironmentStatus.REMOVED
+        # One more than asked says whether another page follows, without counting the rest.
+        found = await self._read_model.environments(query.status, query.provider_id, include_removed,
+                                                    after=query.after, limit=query.limit + 1)
+        return Page(found[:query.limit], len(found) > query.limit)
 
-    async def show_environment(self, request: EnvironmentRef) -> msgspec.Struct:
+    async def show_environment(self, request: ShowEnvironment) -> EnvironmentView:
         environment_id = str(check_environment_id(request.environment_id))
         if request.min_position:
             # A position the log has not reached would be waited for in vain, then blamed on the bus.
@@ -131,17 +187,20 @@ class Api:
         view.transcript = await self._read_model.transcript(environment_id)
         return view
 
-    async def list_threads(self, request: ListThreads) -> ThreadList:
-        if request.environment_id:
-            check_environment_id(request.environment_id)
-        return ThreadList(await self._read_model.threads(request.environment_id))
+    async def list_threads(self, query: ThreadQuery) -> Page[ThreadView]:
+        if query.environment_id:
+            check_environment_id(query.environment_id)
+        if query.after is not None:
+            check_thread_id(query.after)
+        found = await self._read_model.threads(query.environment_id, after=query.after, limit=query.limit + 1)
+        return Page(found[:query.limit], len(found) > query.limit)
 
     # -- commands ------------------------------------------------------------------------------
 
-    async def delete_environment(self, request: EnvironmentRef) -> Accepted:
+    async def delete_environment(self, request: DeleteEnvironment) -> Outcome:
         return await self._command_on(request.environment_id, self._app.request_deletion)
 
-    async def retry_environment(self, request: EnvironmentRef) -> Accepted:
+    async def retry_environment(self, request: RetryEnvironment) -> Outcome:
         environment = await self._store.run(self._app.environment, check_environment_id(request.environment_id))
         path_key, claimed_path = await self._placer.next_attempt(
             environment.provider_id, environment.origin_thread_id, environment.attempt, environment.host_id,
@@ -151,12 +210,12 @@ class Api:
             request.environment_id, lambda identity: self._app.retry(identity, path_key, claimed_path)
         )
 
-    async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Accepted:
+    async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Outcome:
         environment = await self._store.run(command, check_environment_id(environment_id))
         await self._provisioner.drive(environment.id)
         return await self._accepted(environment)
 
-    async def spawn_thread(self, request: SpawnThread) -> Spawned:
+    async def spawn_thread(self, request: Spawn) -> Spawned:
         thread_id = check_thread_id(request.thread_id or f"t-{uuid4().hex[:16]}")
         host_id = check_host_id(request.host_id or self._host_id)
         if request.parent_thread_id is not None:
@@ -187,7 +246,7 @@ class Api:
         accepted = await self._accepted(environment)
         return Spawned(thread_id, accepted.environment_id, accepted.status or EnvironmentStatus.CREATING, accepted.position)
 
-    async def _spawned_before(self, thread: Thread, request: SpawnThread, intent: Intent | None,
+    async def _spawned_before(self, thread: Thread, request: Spawn, intent: Intent | None,
                               host_id: str) -> Environment:
         """The environment of a spawn sent again (its answer was lost with a connection, say): the
         same request is answered as the first was, never spawned twice; another one is refused."""
@@ -200,7 +259,7 @@ class Api:
             raise InvalidInput(f"thread {thread.thread_id} already exists; pick another --thread-id")
         return await self._store.run(self._app.environment, thread.environment_id)
 
-    async def _intent(self, request: SpawnThread, host_id: str) -> Intent | None:
+    async def _intent(self, request: Spawn, host_id: str) -> Intent | None:
         if request.environment_inputs is not None and request.environment_provider is None:
             raise InvalidInput("environment inputs were given without an environment provider; add --environment-provider")
         if request.environment_provider and request.environment_id:
@@ -217,41 +276,33 @@ class Api:
             return None
         raise InvalidInput("say where the thread runs: --environment-provider P, --environment ENV_ID or --parent T")
 
-    async def archive_thread(self, request: ThreadRef) -> Accepted:
-        return await self._thread_command(ArchiveThread(request.thread_id))
-
-    async def unarchive_thread(self, request: ThreadRef) -> Accepted:
-        return await self._thread_command(UnarchiveThread(request.thread_id))
-
-    async def cancel_thread(self, request: ThreadRef) -> Accepted:
-        return await self._thread_command(CancelThreadMessage(request.thread_id))
-
-    async def _thread_command(self, message: ArchiveThread | UnarchiveThread | CancelThreadMessage) -> Accepted:
+    async def thread_command(self, message: ArchiveThread | UnarchiveThread | CancelThreadMessage) -> Outcome:
         await self._store.run(self._app.thread, check_thread_id(message.thread_id))
         environment = await self._threads.handle(message)
         if environment is not None:
             await self._provisioner.drive(environment.id)
         return await self._accepted(environment)
 
-    async def replay(self, _: Nothing) -> ReplayCounts:
-        return await replay_log(self._store, self._read_model, self._stream_position)
+    async def replay(self) -> ReplayCounts:
+        return await replay_log(self._store, self._read_model, self._log_views(), self._stream_position)
 
-    async def _accepted(self, environment: Environment | None) -> Accepted:
+    async def _accepted(self, environment: Environment | None) -> Outcome:
         position = await self._store.read_log(self._app.head)
         if environment is None:
-            return Accepted(None, None, position)
-        return Accepted(str(environment.id), environment.public_status, position)
+            return Outcome(None, None, position)
+        return Outcome(str(environment.id), environment.public_status, position)
 
 
-async def replay_log(store: Store, read_model: ReadModel, stream_position: Callable[[], Awaitable[int]]) -> ReplayCounts:
+async def replay_log(store: Store, read_model: ReadModel, reader: LogViews,
+                     stream_position: Callable[[], Awaitable[int]]) -> ReplayCounts:
     """Rebuild the read models from the whole log (`bb events replay`, or a start that lost them)."""
-    reader = LogReader(store.app)
 
-    def whole_log() -> list:
-        views, position = [], 0
-        while page := reader.page(position):
-            views.extend((logged.notification_id, logged.view) for logged in page)
-            position = page[-1].notification_id
+    def whole_log() -> list[tuple[int, View]]:
+        views: list[tuple[int, View]] = []
+        position, head = 0, reader.head()
+        while position < head:
+            views.extend(reader.between(position, min(position + REPLAY_PAGE, head)))
+            position = min(position + REPLAY_PAGE, head)
         return views
 
     views = await store.read_log(whole_log)
@@ -268,12 +319,3 @@ def _check_nesting(inputs: Any) -> None:
             return
     raise InvalidInput(f"environment inputs nest deeper than {MAX_INPUTS_NESTING} levels")
 
-
-def translate_error(error: Exception) -> ApiError | None:
-    if isinstance(error, RequestError):
-        return ApiError(error.code, error.message)
-    if isinstance(error, (UnknownEnvironment, UnknownThread)):
-        return ApiError("not_found", str(error))
-    if isinstance(error, DomainError):
-        return ApiError("refused", str(error))
-    return None

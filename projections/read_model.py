@@ -221,15 +221,18 @@ class ReadModel:
         return msgspec.json.decode(row[0], type=EnvironmentView) if row else None
 
     async def environments(self, status: str | None = None, provider_id: str | None = None,
-                           include_removed: bool = True) -> list[EnvironmentView]:
-        query, args = "SELECT document FROM environments WHERE 1=1", []
+                           include_removed: bool = True, after: str | None = None,
+                           limit: int = -1) -> list[EnvironmentView]:
+        """In id order (the primary key's index), from the first id past `after`: a page costs its
+        own rows, however many come before it. `limit` -1: all of them."""
+        query, args = "SELECT document FROM environments WHERE id > ?", [after or ""]
         if not include_removed:
             query, args = query + " AND status != ?", [*args, EnvironmentStatus.REMOVED]
         if status:
             query, args = query + " AND status = ?", [*args, status]
         if provider_id:
             query, args = query + " AND provider_id = ?", [*args, provider_id]
-        async with self._db.execute(query + " ORDER BY rowid", args) as rows:
+        async with self._db.execute(query + " ORDER BY id LIMIT ?", [*args, limit]) as rows:
             return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
 
     async def thread(self, thread_id: str) -> ThreadView | None:
@@ -237,11 +240,13 @@ class ReadModel:
             row = await rows.fetchone()
         return msgspec.json.decode(row[0], type=ThreadView) if row else None
 
-    async def threads(self, environment_id: str | None = None) -> list[ThreadView]:
-        query, args = "SELECT document FROM threads", ()
+    async def threads(self, environment_id: str | None = None, after: str | None = None,
+                      limit: int = -1) -> list[ThreadView]:
+        """In id order, from the first id past `after` (see `environments`)."""
+        query, args = "SELECT document FROM threads WHERE id > ?", [after or ""]
         if environment_id:
-            query, args = query + " WHERE environment_id = ?", (environment_id,)
-        async with self._db.execute(query + " ORDER BY rowid", args) as rows:
+            query, args = query + " AND environment_id = ?", [*args, environment_id]
+        async with self._db.execute(query + " ORDER BY id LIMIT ?", [*args, limit]) as rows:
             return [msgspec.json.decode(r[0], type=ThreadView) for r in await rows.fetchall()]
 
     async def transcript(self, environment_id: str, last: int = 50) -> list[str]:

@@ -31,15 +31,17 @@ from nats.errors import NoRespondersError
 from nats.micro.request import Request
 
 from bb_environments.bus.api_messages import ErrorReply
+from bb_environments.bus.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.api_service import start_api
 from bb_environments.bus.client import ERROR_CODE_HEADER
 from bb_environments.bus.documents import ThreadMessageMessage
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
+from bb_environments.bus.log_reader import LogReader
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import Environments, RecordedHook
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.config import event_store_environment
-from bb_environments.handlers.api import Api, replay_log, translate_error
+from bb_environments.handlers.api import Api, replay_log
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store, StoreLedger
@@ -68,6 +70,8 @@ class Subscription:
 class EdgeOfNats:
     """A NATS connection as this process alone sees it: what is published reaches the
     subscriptions made here, a request reaches the endpoint registered here for its subject."""
+
+    max_payload = 1024 * 1024  # nats-server's default
 
     def __init__(self) -> None:
         self.subscriptions: list[Subscription] = []
@@ -251,7 +255,7 @@ class ServiceWorld(Loop):
         self.hooks = HookRunner(self.data_dir / "hooks", 5)
         self._open()
         self.seeded = self._seed()
-        self.run(replay_log(self.store, self.read_model, self._stream_position))
+        self.run(replay_log(self.store, self.read_model, LogReader(self.app), self._stream_position))
         self._close()
         shutil.copytree(self.data_dir, self._pristine)
         self._open()
@@ -269,8 +273,8 @@ class ServiceWorld(Loop):
         self.provisioner = Provisioner(self.store, self.placer, HostAgentClient(self.nats),
                                        TranscriptPublisher(self.nats, self.loop))
         api = Api(self.store, self.read_model, self.placer, self.threads, self.provisioner, HOST,
-                  self._stream_position, self._publish_thread_message)
-        self.run(start_api(self.nats, api.endpoints(), translate_error))
+                  self._stream_position, self._publish_thread_message, lambda: LogReader(self.app))
+        self.run(start_api(self.nats, ApiEdge(api, self.nats.max_payload).endpoints(), translate_error))
 
     async def _stream_position(self) -> int:
         return 0

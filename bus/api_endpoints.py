@@ -1,0 +1,156 @@
+"""The API's edge: the endpoints of the `bb-environments` service, each a wire request decoded
+(`bus/api_service.py`), translated into the handlers' query or command, answered by `handlers/api.py`
+and translated back into its wire reply. The catalog documents these declarations.
+
+A listing is paged, and a page is cut short where one more item would take its reply past the
+connection's maximum payload, so no reply is too large to send whatever the documents hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import msgspec
+
+from bb_environments.bus.api_messages import (
+    Accepted,
+    EnvironmentList,
+    EnvironmentRef,
+    ListEnvironments,
+    ListThreads,
+    Nothing,
+    ProviderList,
+    Spawned,
+    SpawnThread,
+    ThreadList,
+    ThreadRef,
+)
+from bb_environments.bus.api_service import ApiError, Endpoint
+from bb_environments.domain.application import UnknownEnvironment, UnknownThread
+from bb_environments.domain.errors import DomainError
+from bb_environments.handlers.api import (
+    Api,
+    DeleteEnvironment,
+    EnvironmentQuery,
+    Outcome,
+    Page,
+    RetryEnvironment,
+    ShowEnvironment,
+    Spawn,
+    ThreadQuery,
+)
+from bb_environments.handlers.commands import ArchiveThread, CancelThreadMessage, UnarchiveThread
+from bb_environments.handlers.errors import RequestError
+from bb_environments.projections.read_model import ReplayCounts
+from bb_environments.projections.views import EnvironmentView, ThreadView
+
+Item = TypeVar("Item", EnvironmentView, ThreadView)
+Listing = TypeVar("Listing", EnvironmentList, ThreadList)
+
+REPLY_HEADROOM = 1024
+"""Kept free below the maximum payload: a page's envelope and cursor, with room to spare."""
+
+
+class ApiEdge:
+    def __init__(self, api: Api, max_payload: int) -> None:
+        """`max_payload`: the largest message the connection that answers may publish."""
+        self._api = api
+        self._max_payload = max_payload
+
+    def endpoints(self) -> list[Endpoint]:
+        return [
+            Endpoint("environments", "providers", Nothing, self.providers),
+            Endpoint("environments", "list", ListEnvironments, self.list_environments),
+            Endpoint("environments", "show", EnvironmentRef, self.show_environment),
+            Endpoint("environments", "delete", EnvironmentRef, self.delete_environment),
+            Endpoint("environments", "retry", EnvironmentRef, self.retry_environment),
+            Endpoint("threads", "spawn", SpawnThread, self.spawn_thread),
+            Endpoint("threads", "list", ListThreads, self.list_threads),
+            Endpoint("threads", "archive", ThreadRef, self.archive_thread),
+            Endpoint("threads", "unarchive", ThreadRef, self.unarchive_thread),
+            Endpoint("threads", "cancel", ThreadRef, self.cancel_thread),
+            Endpoint("events", "replay", Nothing, self.replay),
+        ]
+
+    async def providers(self, _: Nothing) -> ProviderList:
+        return ProviderList(await self._api.providers())
+
+    async def list_environments(self, request: ListEnvironments) -> EnvironmentList:
+        page = await self._api.list_environments(EnvironmentQuery(
+            limit=request.limit, status=request.status, provider_id=request.provider,
+            include_removed=request.include_removed, after=request.after,
+        ))
+        return self._fitted(page, lambda items, after: EnvironmentList(items, after))
+
+    async def show_environment(self, request: EnvironmentRef) -> EnvironmentView:
+        return await self._api.show_environment(ShowEnvironment(request.environment_id, request.min_position))
+
+    async def delete_environment(self, request: EnvironmentRef) -> Accepted:
+        return _accepted(await self._api.delete_environment(DeleteEnvironment(request.environment_id)))
+
+    async def retry_environment(self, request: EnvironmentRef) -> Accepted:
+        return _accepted(await self._api.retry_environment(RetryEnvironment(request.environment_id)))
+
+    async def spawn_thread(self, request: SpawnThread) -> Spawned:
+        spawned = await self._api.spawn_thread(Spawn(
+            thread_id=request.thread_id, environment_provider=request.environment_provider,
+            environment_inputs=request.environment_inputs, environment_id=request.environment_id,
+            project_path=request.project_path, host_id=request.host_id, parent_thread_id=request.parent_thread_id,
+            prompt=request.prompt,
+        ))
+        return Spawned(spawned.thread_id, spawned.environment_id, spawned.status, spawned.position)
+
+    async def list_threads(self, request: ListThreads) -> ThreadList:
+        page = await self._api.list_threads(ThreadQuery(
+            limit=request.limit, environment_id=request.environment_id, after=request.after,
+        ))
+        return self._fitted(page, lambda items, after: ThreadList(items, after))
+
+    async def archive_thread(self, request: ThreadRef) -> Accepted:
+        return _accepted(await self._api.thread_command(ArchiveThread(request.thread_id)))
+
+    async def unarchive_thread(self, request: ThreadRef) -> Accepted:
+        return _accepted(await self._api.thread_command(UnarchiveThread(request.thread_id)))
+
+    async def cancel_thread(self, request: ThreadRef) -> Accepted:
+        return _accepted(await self._api.thread_command(CancelThreadMessage(request.thread_id)))
+
+    async def replay(self, _: Nothing) -> ReplayCounts:
+        return await self._api.replay()
+
+    def _fitted(self, page: Page[Item], listing: Callable[[list[Item], str | None], Listing]) -> Listing:
+        """The page as its reply, cut before the first item that would take it past the maximum
+        payload; `next` names the last item sent whenever anything follows it."""
+        items = page.items[:_fitting(page.items, self._max_payload - REPLY_HEADROOM)]
+        if not items and page.items:
+            raise ApiError("failed", f"the document of {page.items[0].id} alone exceeds the maximum payload "
+                                     f"of {self._max_payload} bytes")
+        more = page.more or len(items) < len(page.items)
+        return listing(items, items[-1].id if more else None)
+
+
+def _fitting(items: Sequence[msgspec.Struct], budget: int) -> int:
+    """How many of the items, from the first, fit in `budget` bytes as a JSON array."""
+    used = 2
+    for count, item in enumerate(items):
+        used += len(msgspec.json.encode(item)) + 1
+        if used > budget:
+            return count
+    return len(items)
+
+
+def _accepted(outcome: Outcome) -> Accepted:
+    return Accepted(outcome.environment_id, outcome.status, outcome.position)
+
+
+def translate_error(error: Exception) -> ApiError | None:
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, RequestError):
+        return ApiError(error.code, error.message)
+    if isinstance(error, (UnknownEnvironment, UnknownThread)):
+        return ApiError("not_found", str(error))
+    if isinstance(error, DomainError):
+        return ApiError("refused", str(error))
+    return None
