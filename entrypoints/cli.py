@@ -22,7 +22,7 @@ from nats.errors import Error as NatsError
 from rich.table import Column, Table
 
 from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
+from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
 from bb_environments.bus.documents import ID_PATTERN
 from bb_environments.bus.relay import claimed_notification_id
 from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
@@ -73,8 +73,9 @@ async def call(settings: Settings, area: str, verb: str, body: Any, changes: boo
 
 async def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads,
                   key: str) -> dict[str, Any]:
-    """Every page of a listing, as one document `{key: [...]}` (the API pages; see README)."""
-    sendable(request)
+    """Every page of a listing, as one document `{key: [...]}` (the API pages; see README). Pages
+    as large as may be asked: the service still cuts each to what one message can carry."""
+    request = msgspec.structs.replace(sendable(request), limit=MAX_PAGE)
     client = await open_client(settings)
     found: list[Any] = []
     try:

@@ -30,7 +30,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS environments (
     id TEXT PRIMARY KEY, status TEXT NOT NULL, provider_id TEXT NOT NULL, document BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS threads (id TEXT PRIMARY KEY, environment_id TEXT, document BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS threads_by_environment ON threads (environment_id);
+CREATE INDEX IF NOT EXISTS threads_by_environment_then_id ON threads (environment_id, id);
+DROP INDEX IF EXISTS threads_by_environment;
 CREATE TABLE IF NOT EXISTS transcript (
     environment_id TEXT NOT NULL, sequence INTEGER NOT NULL, line TEXT NOT NULL,
     PRIMARY KEY (environment_id, sequence));

@@ -38,6 +38,10 @@ async def test_bad_requests_are_invalid_input_before_anything_is_written(service
         ("threads", "archive", b'{"threadId": "a b"}', "thread id"),
         ("threads", "cancel", b'{"threadId": ""}', "thread id"),
         ("threads", "list", b'{"environmentId": "zzz"}', "not a valid id"),
+        ("environments", "list", b'{"limit": 0}', "limit"),
+        ("environments", "list", b'{"limit": 100000}', "limit"),
+        ("environments", "list", b'{"after": "../x"}', "not a valid id"),
+        ("threads", "list", b'{"after": "a b"}', "thread id"),
         ("events", "replay", b'{"everything": true}', "unknown field"),
     ]
     nc = await service.connect("operator")
