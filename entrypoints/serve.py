@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -31,8 +31,8 @@ from bb_environments.bus.log_reader import LogReader
 from bb_environments.bus.relay import OutboxRelay
 from bb_environments.bus.trusted_log import TrustedLog
 from bb_environments.bus.transcripts import TranscriptPublisher
-from bb_environments.domain.application import Environments
 from bb_environments.domain.errors import DomainError
+from bb_environments.entrypoints.bootstrap import Core, Ports, StoreUnusable, bootstrap
 from bb_environments.entrypoints.config import (
     SERVE_LOCK,
     SERVER_FILE,
@@ -42,20 +42,17 @@ from bb_environments.entrypoints.config import (
     ServerFileError,
     ServerInfo,
     Settings,
-    event_store_environment,
     event_store_file,
     nats_credentials,
     read_server_file,
     url_without_credentials,
     write_private_file,
 )
-from bb_environments.handlers.api import Api, replay_log
 from bb_environments.handlers.errors import RequestError
-from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.provisioning import Provisioner
-from bb_environments.handlers.store import Store, StoreLedger
+from bb_environments.handlers.store import StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.projections.read_model import Applied, ReadModel
+from bb_environments.projections.read_model import Applied
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.host.hooks import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
@@ -137,7 +134,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
             await _serve(settings, ready, started)
     except ServeError:
         raise
-    except NatsServerUnavailable as failed:
+    except (NatsServerUnavailable, StoreUnusable) as failed:
         raise ServeError(str(failed)) from None
     except Exception as failed:
         # One line for the operator; where it failed is for whoever debugs it.
@@ -166,39 +163,35 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
     js = nc.jetstream()
     await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
 
-    registry = ProviderRegistry.from_entry_points(settings.extra_providers)
+    async def stream_position() -> int:
+        info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
+        return info.state.last_seq
 
-    def grace_for(provider_id: str) -> int | None:
-        """The provider's grace; BB_RETIRE_GRACE_MS replaces it, except for providers that never retire."""
-        provider = registry.get(provider_id)
-        grace = provider.policy.retire_grace_ms if provider else 300_000
-        if grace is None or settings.retire_grace_override is None:
-            return grace
-        return settings.retire_grace_override[0]
+    async def publish_thread_message(thread_id: str, text: str, occurred_at: datetime) -> None:
+        message = ThreadMessageMessage(thread_id=thread_id, text=text, occurred_at=occurred_at)
+        # One first message per thread, even when a spawn is sent again: within the duplicate
+        # window the stream drops the copy, and after it the stream still holds the first.
+        subject = subjects.thread_event(message.thread_id, "message")
+        try:
+            await js.get_last_msg(subjects.THREADS_STREAM, subject)
+            return
+        except NotFoundError:
+            pass
+        await js.publish(subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
 
-    # One writer per store, so a cache of aggregates (fast-forwarded from the store) is safe.
-    try:
-        app = Environments(env={**event_store_environment(settings.event_store), "AGGREGATE_CACHE_MAXSIZE": "10000"},
-                           grace_for=grace_for)
-    except Exception as unusable:
-        store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
-        raise ServeError(f"the event store {store_name} cannot be opened: {unusable}") from None
-    store = Store(app)
-    started.callback(store.close)
-    read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
-    started.push_async_callback(read_model.close)
-    placer = Placer(registry, settings.data_dir, settings.host_id)
-    transcript = TranscriptPublisher(nc, loop, health=health)
+    core = await bootstrap(
+        settings, ProviderRegistry.from_entry_points(settings.extra_providers),
+        Ports(HostAgentClient(nc, health=health), TranscriptPublisher(nc, loop, health=health), stream_position,
+              publish_thread_message),
+        started,
+    )
+    app, store, read_model, threads, provisioner = core.app, core.store, core.read_model, core.threads, core.provisioner
     host_agent = HostAgent(agent_nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s),
                            settings.host_id, TranscriptPublisher(agent_nc, loop, health=health), StoreLedger(store),
                            health=health)
     agent_service = await host_agent.start()
     started.push_async_callback(host_agent.stop)
     started.push_async_callback(agent_service.stop)
-    provisioner = Provisioner(store, placer, HostAgentClient(nc, health=health), transcript,
-                              timedelta(seconds=settings.transient_retry_s))
-    started.push_async_callback(provisioner.stop)
-    threads = ThreadHandlers(store, placer, settings.host_id)
     log_reader = LogReader(app)
     relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after),
                         lambda ids: store.read_log(log_reader.at, ids), health=health)
@@ -246,11 +239,7 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
             await provisioner.sweep()
             await asyncio.sleep(settings.sweep_interval_s)
 
-    async def stream_position() -> int:
-        info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
-        return info.state.last_seq
-
-    await _restore_read_models(store, read_model, js, stream_position, damage)
+    await _restore_read_models(core, js)
     workers: list[Awaitable[None]] = [
         relay.run(),
         consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model, health),
@@ -265,21 +254,7 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
     tasks = [asyncio.create_task(w) for w in workers]
     started.push_async_callback(_cancel, tasks)
 
-    async def publish_thread_message(thread_id: str, text: str, occurred_at: datetime) -> None:
-        message = ThreadMessageMessage(thread_id=thread_id, text=text, occurred_at=occurred_at)
-        # One first message per thread, even when a spawn is sent again: within the duplicate
-        # window the stream drops the copy, and after it the stream still holds the first.
-        subject = subjects.thread_event(message.thread_id, "message")
-        try:
-            await js.get_last_msg(subjects.THREADS_STREAM, subject)
-            return
-        except NotFoundError:
-            pass
-        await js.publish(subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
-
-    api = Api(store, read_model, placer, threads, provisioner, settings.host_id, stream_position,
-              publish_thread_message, lambda: LogReader(app))
-    service = await start_api(nc, ApiEdge(api, nc.max_payload).endpoints(), translate_error)
+    service = await start_api(nc, ApiEdge(core.api, nc.max_payload).endpoints(), translate_error)
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
@@ -315,15 +290,15 @@ async def _cancel(tasks: list[asyncio.Task]) -> None:
     await asyncio.wait(tasks, timeout=5)
 
 
-async def _restore_read_models(store: Store, read_model: ReadModel, js: JetStreamContext,
-                               stream_position: Callable[[], Awaitable[int]], damage: str | None) -> None:
+async def _restore_read_models(core: Core, js: JetStreamContext) -> None:
     """Read models lost, emptied or set aside as damaged are rebuilt from the log before anything
     reads them, in one line of the log."""
-    if read_model.position > 0 or not await store.read_log(store.app.head):
+    damage = core.read_model_damage
+    if core.read_model.position > 0 or not await core.store.read_log(core.app.head):
         if damage:
             log.warning("%s; the event log is empty, so the read models start empty", damage)
         return
-    counts = await replay_log(store, read_model, LogReader(store.app), stream_position)
+    counts = await core.api.replay()
     # The transcript tails are not in the log: their consumer starts over from the stream's start.
     with contextlib.suppress(NotFoundError):
         await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, "transcripts")

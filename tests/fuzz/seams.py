@@ -12,6 +12,7 @@ installed providers, the host agent with its HookRunner and the store-backed led
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -36,17 +37,12 @@ from bb_environments.bus.api_service import start_api
 from bb_environments.bus.client import ERROR_CODE_HEADER
 from bb_environments.bus.documents import ThreadMessageMessage
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
-from bb_environments.bus.log_reader import LogReader
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import Environments, RecordedHook
 from bb_environments.domain.environment import Environment
-from bb_environments.entrypoints.config import event_store_environment
-from bb_environments.handlers.api import Api, replay_log
-from bb_environments.handlers.placement import Placer
-from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.entrypoints.bootstrap import Ports, bootstrap
+from bb_environments.entrypoints.config import THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
 from bb_environments.handlers.store import Store, StoreLedger
-from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.host.hooks import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.strategies import CANARY
@@ -223,6 +219,14 @@ class Loop:
         self.loop.close()
 
 
+def world_settings(data_dir: Path) -> Settings:
+    """`bb serve`'s settings for a data dir, whatever BB_* variables the test runs with."""
+    return Settings(data_dir=data_dir, nats_url=None, event_store=f"sqlite:///{data_dir / 'events.sqlite'}",
+                    host_id=HOST, retire_grace_override=None, hook_timeout_s=5, sweep_interval_s=30,
+                    transient_retry_s=30, extra_providers=(), threads_max_age_s=THREADS_MAX_AGE_S,
+                    threads_max_bytes=THREADS_MAX_BYTES)
+
+
 def open_event_store(data_dir: Path) -> Environments:
     return Environments(env=event_store_environment(f"sqlite:///{data_dir / 'events.sqlite'}"),
                         grace_for=lambda provider_id: 300_000)
@@ -255,26 +259,25 @@ class ServiceWorld(Loop):
         self.hooks = HookRunner(self.data_dir / "hooks", 5)
         self._open()
         self.seeded = self._seed()
-        self.run(replay_log(self.store, self.read_model, LogReader(self.app), self._stream_position))
+        self.run(self.api.replay())
         self._close()
         shutil.copytree(self.data_dir, self._pristine)
         self._open()
 
     def _open(self) -> None:
-        self.app = open_event_store(self.data_dir)
-        self.store = Store(self.app)
-        self.read_model = self.run(ReadModel.open(self.data_dir / "read-models.sqlite"))
-        self.placer = Placer(self.registry, self.data_dir, HOST)
-        self.threads = ThreadHandlers(self.store, self.placer, HOST)
+        self._started = contextlib.AsyncExitStack()
+        # The core as `bb serve` builds it; its ports to the bus go through the edge of NATS.
+        core = self.run(bootstrap(world_settings(self.data_dir), self.registry, Ports(
+            HostAgentClient(self.nats), TranscriptPublisher(self.nats, self.loop), self._stream_position,
+            self._publish_thread_message,
+        ), self._started))
+        self.app, self.store, self.read_model = core.app, core.store, core.read_model
+        self.placer, self.threads, self.provisioner, self.api = core.placer, core.threads, core.provisioner, core.api
         # The core asks this host's agent whether a workspace has a setup script, as in `bb serve`.
         self.host_agent = HostAgent(self.nats, self.hooks, HOST, TranscriptPublisher(self.nats, self.loop),
                                     StoreLedger(self.store))
         self.run(self.host_agent.start())
-        self.provisioner = Provisioner(self.store, self.placer, HostAgentClient(self.nats),
-                                       TranscriptPublisher(self.nats, self.loop))
-        api = Api(self.store, self.read_model, self.placer, self.threads, self.provisioner, HOST,
-                  self._stream_position, self._publish_thread_message, lambda: LogReader(self.app))
-        self.run(start_api(self.nats, ApiEdge(api, self.nats.max_payload).endpoints(), translate_error))
+        self.run(start_api(self.nats, ApiEdge(self.api, self.nats.max_payload).endpoints(), translate_error))
 
     async def _stream_position(self) -> int:
         return 0
@@ -284,9 +287,7 @@ class ServiceWorld(Loop):
         await self.nats.publish(f"bb.threads.{message.thread_id}.message", msgspec.json.encode(message))
 
     def _close(self) -> None:
-        self.run(self.provisioner.stop())
-        self.store.close()
-        self.run(self.read_model.close())
+        self.run(self._started.aclose())
 
     def close(self) -> None:
         self._close()
