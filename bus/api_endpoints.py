@@ -31,17 +31,22 @@ from bb_environments.domain.application import UnknownEnvironment, UnknownThread
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers.api import (
     Api,
-    DeleteEnvironment,
     EnvironmentQuery,
     Outcome,
     Page,
-    RetryEnvironment,
     ShowEnvironment,
     Spawn,
     ThreadQuery,
 )
-from bb_environments.handlers.commands import ArchiveThread, CancelThreadMessage, UnarchiveThread
-from bb_environments.handlers.errors import RequestError
+from bb_environments.handlers.commands import (
+    ArchiveThread,
+    CancelThreadMessage,
+    ExistingEnvironment,
+    Intent,
+    NewEnvironment,
+    UnarchiveThread,
+)
+from bb_environments.handlers.errors import InvalidInput, RequestError
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
 
@@ -87,17 +92,15 @@ class ApiEdge:
         return await self._api.show_environment(ShowEnvironment(request.environment_id, request.min_position))
 
     async def delete_environment(self, request: EnvironmentRef) -> Accepted:
-        return _accepted(await self._api.delete_environment(DeleteEnvironment(request.environment_id)))
+        return _accepted(await self._api.delete_environment(request.environment_id))
 
     async def retry_environment(self, request: EnvironmentRef) -> Accepted:
-        return _accepted(await self._api.retry_environment(RetryEnvironment(request.environment_id)))
+        return _accepted(await self._api.retry_environment(request.environment_id))
 
     async def spawn_thread(self, request: SpawnThread) -> Spawned:
         spawned = await self._api.spawn_thread(Spawn(
-            thread_id=request.thread_id, environment_provider=request.environment_provider,
-            environment_inputs=request.environment_inputs, environment_id=request.environment_id,
-            project_path=request.project_path, host_id=request.host_id, parent_thread_id=request.parent_thread_id,
-            prompt=request.prompt,
+            _intent(request), thread_id=request.thread_id, project_path=request.project_path,
+            host_id=request.host_id, parent_thread_id=request.parent_thread_id, prompt=request.prompt,
         ))
         return Spawned(spawned.thread_id, spawned.environment_id, spawned.status, spawned.position)
 
@@ -138,6 +141,20 @@ def _fitting(items: Sequence[msgspec.Struct], budget: int) -> int:
         if used > budget:
             return count
     return len(items)
+
+
+def _intent(request: SpawnThread) -> Intent | None:
+    """Where the spawn asks its thread to run; a request naming two places, or inputs for no
+    provider, is refused here, as it has no meaning for the handlers."""
+    if request.environment_inputs is not None and request.environment_provider is None:
+        raise InvalidInput("environment inputs were given without an environment provider; add --environment-provider")
+    if request.environment_provider and request.environment_id:
+        raise InvalidInput("give either an environment provider or an existing environment, not both")
+    if request.environment_provider:
+        return NewEnvironment(request.environment_provider, None, request.environment_inputs)
+    if request.environment_id:
+        return ExistingEnvironment(request.environment_id)
+    return None
 
 
 def _accepted(outcome: Outcome) -> Accepted:

@@ -86,23 +86,12 @@ class ShowEnvironment:
 
 
 @dataclass(frozen=True)
-class DeleteEnvironment:
-    environment_id: str
-
-
-@dataclass(frozen=True)
-class RetryEnvironment:
-    environment_id: str
-
-
-@dataclass(frozen=True)
 class Spawn:
-    """`thread spawn`: a thread, and where it runs (a provider, an environment, or its parent's)."""
+    """`thread spawn`: a thread, and where it runs: a new environment of a provider (on this spawn's
+    host, whatever host the intent names), an existing one, or (None) its parent's."""
 
+    environment: Intent | None
     thread_id: str | None = None
-    environment_provider: str | None = None
-    environment_inputs: Any = None
-    environment_id: str | None = None
     project_path: str | None = None
     host_id: str | None = None
     parent_thread_id: str | None = None
@@ -197,17 +186,17 @@ class Api:
 
     # -- commands ------------------------------------------------------------------------------
 
-    async def delete_environment(self, request: DeleteEnvironment) -> Outcome:
-        return await self._command_on(request.environment_id, self._app.request_deletion)
+    async def delete_environment(self, environment_id: str) -> Outcome:
+        return await self._command_on(environment_id, self._app.request_deletion)
 
-    async def retry_environment(self, request: RetryEnvironment) -> Outcome:
-        environment = await self._store.run(self._app.environment, check_environment_id(request.environment_id))
+    async def retry_environment(self, environment_id: str) -> Outcome:
+        environment = await self._store.run(self._app.environment, check_environment_id(environment_id))
         path_key, claimed_path = await self._placer.next_attempt(
             environment.provider_id, environment.origin_thread_id, environment.attempt, environment.host_id,
             environment.project_path, environment.inputs, environment.path_key,
         )
         return await self._command_on(
-            request.environment_id, lambda identity: self._app.retry(identity, path_key, claimed_path)
+            environment_id, lambda identity: self._app.retry(identity, path_key, claimed_path)
         )
 
     async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Outcome:
@@ -260,15 +249,12 @@ class Api:
         return await self._store.run(self._app.environment, thread.environment_id)
 
     async def _intent(self, request: Spawn, host_id: str) -> Intent | None:
-        if request.environment_inputs is not None and request.environment_provider is None:
-            raise InvalidInput("environment inputs were given without an environment provider; add --environment-provider")
-        if request.environment_provider and request.environment_id:
-            raise InvalidInput("give either an environment provider or an existing environment, not both")
-        if request.environment_provider:
-            _check_nesting(request.environment_inputs)
-            return NewEnvironment(request.environment_provider, host_id, request.environment_inputs)
-        if request.environment_id:
-            environment_id = check_environment_id(request.environment_id)
+        intent = request.environment
+        if isinstance(intent, NewEnvironment):
+            _check_nesting(intent.inputs)
+            return NewEnvironment(intent.provider_id, host_id, intent.inputs)
+        if isinstance(intent, ExistingEnvironment):
+            environment_id = check_environment_id(intent.environment_id)
             await self._store.run(self._app.environment, environment_id)
             return ExistingEnvironment(str(environment_id))
         if request.parent_thread_id:
