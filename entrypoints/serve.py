@@ -56,7 +56,7 @@ from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import Applied, ReadModel
 from bb_environments.providers.host.file_lock import FileLock
-from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
 
 log = logging.getLogger("bb.serve")

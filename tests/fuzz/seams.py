@@ -45,7 +45,7 @@ from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import ReadModel
-from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.strategies import CANARY
 

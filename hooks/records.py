@@ -5,7 +5,7 @@ One directory (mode 0700) holds, per operation, files named by sha256(operation_
 Records and tombstones are replaced atomically and fsynced, so a reader never sees half a file
 and a crash never loses a write that returned.
 
-Standard library only: the supervisor (and its launcher, see hook_supervisor) imports this module.
+Standard library only: the supervisor and its launcher import this module.
 
 A recorded process is identified by its pid together with its start time (field 22 of
 `/proc/<pid>/stat`, in clock ticks since boot). A pid whose current start time differs is a
