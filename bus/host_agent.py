@@ -87,6 +87,17 @@ class HostAgent:
         await asyncio.gather(*self._running.values(), return_exceptions=True)
         self._runner.close()
 
+    async def forget_removed(self, max_age_s: float) -> None:
+        """Delete the hook records the retention rule lets go (see hooks.ledger)."""
+        try:
+            forgotten = await self._guard.forget_removed(self._runner, max_age_s)
+        except Exception:
+            # Not worth stopping the sweep that calls this: the next one tries again.
+            log.exception("deleting the hook records of removed environments failed")
+            return
+        if forgotten:
+            log.info("deleted the records of %d hook operations of removed environments", len(forgotten))
+
     async def _start(self, data: bytes) -> HookState:
         request = _decode(data, StartHook)
         recorded = await self._guard.to_run(request.operation_id, request.kind, request.environment_id,

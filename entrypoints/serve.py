@@ -243,6 +243,7 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
         while True:
             await threads.resume_waiting()
             await provisioner.sweep()
+            await host_agent.forget_removed(settings.hook_records_max_age_s)
             await asyncio.sleep(settings.sweep_interval_s)
 
     async def stream_position() -> int:

@@ -1,17 +1,25 @@
-"""What the log lets a host do with a hook operation: run or join it, stop it.
+"""What the log lets a host do with a hook operation: run or join it, stop it, forget it.
 
 Whoever asks a host for a hook is not trusted with what the request says: a host acts only on
 what the log recorded for the operation id (its `HookLedger`). It starts or joins a hook only while
 the log awaits that operation's outcome, only for an environment of its own host, and only in the
 workspace the log recorded; it stops one only when the log no longer waits for it (a cancelled
 environment's setup, say). Anything else is refused (`HookRefused`).
+
+Retention: the records and output log of an operation whose environment is removed are deleted
+once the hook settled (finished, or was cancelled before it started) more than a maximum age ago
+(BB_HOOK_RECORDS_MAX_AGE_S). Nothing waits for such an operation any more, and a request for it is
+refused, so no run, join or replay can need them; a record still running is never deleted.
 """
 
 from __future__ import annotations
 
+import asyncio
+from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from bb_environments.domain.application import RecordedHook
+from bb_environments.hooks.runner import HookRunner
 
 
 class HookLedger(Protocol):
@@ -64,3 +72,18 @@ class HookGuard:
         if not recorded.stoppable:
             raise HookRefused(operation_id, "its environment still waits for its outcome")
         return recorded
+
+    async def forget_removed(self, runner: HookRunner, max_age_s: float) -> list[str]:
+        """Delete what `runner` keeps of this host's operations the retention rule (above) lets go.
+
+        Safe to stop at any point: see HookRecords.delete. Returns the operations forgotten.
+        """
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=max_age_s)
+        forgettable = []
+        for operation_id in await asyncio.to_thread(runner.settled_before, cutoff):
+            recorded = await self._ledger.recorded_hook(operation_id)
+            # An operation the log does not know (another store's, say) is not ours to judge.
+            if recorded is not None and recorded.host_id == self._host_id and recorded.environment_removed \
+                    and not recorded.awaited:
+                forgettable.append(operation_id)
+        return await runner.forget(forgettable)

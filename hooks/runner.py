@@ -40,8 +40,9 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Literal, cast
 
@@ -132,6 +133,23 @@ class HookRunner:
         if record is not None and record.finished_at is None:
             return self._records.held_outcome(record) or record
         return record
+
+    def settled_before(self, cutoff: datetime) -> list[str]:
+        """Operations whose hook finished (or was cancelled before it started) before `cutoff`. Blocking."""
+        return self._records.settled_before(cutoff)
+
+    async def forget(self, operation_ids: Iterable[str]) -> list[str]:
+        """Delete the records and logs of settled operations, except those a run here still follows.
+
+        Only for operations nobody will run, join or replay again: a run asked for afterwards
+        would start the hook anew. Returns the operations forgotten.
+        """
+        idle = [operation_id for operation_id in operation_ids if operation_id not in self._in_flight]
+        await asyncio.to_thread(self._records.delete, idle)
+        for operation_id in idle:
+            self._delivered_offsets.pop(operation_id, None)
+            self._finalize_locks.pop(operation_id, None)
+        return idle
 
     async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
