@@ -60,8 +60,8 @@ from bb_environments.hooks.records import (
     now_iso,
     signal_recorded_process,
 )
-from bb_environments.hooks.supervisor import without_secrets
 from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.withheld import without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,9 @@ CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
 LAUNCHER_EXIT_WAIT_S = 2.0
 # Without site-packages (-S) the installed package is not importable as such: the bootstrap makes
-# the directory holding `hooks` the one directory of the `bb_environments` namespace, which is
-# the source tree in a development install and site-packages/bb_environments in a wheel install.
+# the directory holding `hooks` (and the `providers/host` it imports) the one directory of the
+# `bb_environments` namespace, which is the source tree in a development install and
+# site-packages/bb_environments in a wheel install.
 LAUNCHER_BOOTSTRAP = (
     "import sys, types; package = types.ModuleType('bb_environments'); package.__path__ = [sys.argv.pop(1)]; "
     "sys.modules['bb_environments'] = package; "

@@ -2,7 +2,8 @@
 
     python -m bb_environments.hooks.supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
 
-Standard library only, without argparse: its start-up time is part of a runner's first hook.
+Standard library only (and so is all it imports from this package), without argparse: its
+start-up time is part of a runner's first hook.
 
 The runner does not start a Python interpreter per hook: it keeps one launcher (see launcher)
 that has imported all of this once, and asks it for a supervisor per hook. The launcher forks (no
@@ -46,6 +47,7 @@ from bb_environments.hooks.records import (
     now_iso,
     process_start_ticks,
 )
+from bb_environments.providers.host.withheld import without_secrets
 
 ADOPTION_WAIT_S = 10.0
 ADOPTION_POLL_S = 0.005
@@ -53,9 +55,6 @@ HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
 BLOCKED_SIGNALS = HANDLED_SIGNALS | {ADOPTED_SIGNAL}
 # Python ignores these; the script gets them back at their defaults, as subprocess would do.
 RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
-# The service's own settings and credentials (BB_NATS_PASSWORD, BB_NATS_NKEY, ...): a hook is the
-# repository's code, run by whoever can write to it.
-WITHHELD_ENV_PREFIXES = ("BB_", "NATS_", "MODAL_TOKEN_")
 # Between attempts to write an outcome the disk refused: doubling from the first to the last.
 RECORD_RETRY_FIRST_S = 0.05
 RECORD_RETRY_MAX_S = 5.0
@@ -192,11 +191,6 @@ def _exit_status(pid: int) -> int | None:
     """The script's wait status once it has exited (reaping it), else None."""
     reaped, status = os.waitpid(pid, os.WNOHANG)
     return status if reaped else None
-
-
-def without_secrets(environment: Mapping[str, str]) -> dict[str, str]:
-    """`environment` without what the service withholds from hooks (and from whatever runs them)."""
-    return {name: value for name, value in environment.items() if not name.startswith(WITHHELD_ENV_PREFIXES)}
 
 
 def _kill_script(pid: int) -> bool:
