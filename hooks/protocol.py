@@ -58,7 +58,10 @@ def send_frame(channel: socket.socket, document: dict, fds: list[int] | None = N
     data = json.dumps(document).encode()
     frame = FRAME_HEADER.pack(len(data)) + data
     # The descriptors travel with the frame's first byte, which is how the receiver pairs them.
-    sent = socket.send_fds(channel, [frame], fds, socket.MSG_NOSIGNAL) if fds else channel.send(frame, socket.MSG_NOSIGNAL)
+    if fds:
+        sent = socket.send_fds(channel, [frame], fds, socket.MSG_NOSIGNAL)
+    else:
+        sent = channel.send(frame, socket.MSG_NOSIGNAL)
     channel.sendall(frame[sent:], socket.MSG_NOSIGNAL)
 
 

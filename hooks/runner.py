@@ -8,15 +8,16 @@ itself has died is the outcome unknown ("interrupted").
 Supervisors are forked by a launcher, one long-lived helper process per runner that has imported
 the supervisor once (a fresh interpreter per hook would cost about a hundred milliseconds). It is
 started on first use, restarted if it died, and exits when the runner closes, is collected or dies
-(see launcher; what they say to each other is in protocol). The runner learns that a supervisor it started is done from a pipe the
-supervisor closes right after its last record write, and that it died from its pidfd; no polling.
+(see launcher; all the processes say to each other is in protocol). The runner learns that a
+supervisor it started is done from a pipe the supervisor closes right after its last record write,
+and that it died from its pidfd; no polling.
 
 A disk that refuses a record write for lack of space delays a hook, never loses or repeats it.
-The supervisor holds an outcome it cannot write and hands it over when asked (see
-supervisor), so a finished hook's outcome reaches the caller while the disk is still full;
-a write of this process's own (the adopting record, an orphan's "interrupted") that the disk
-refuses is retried, with backoff, by running the operation again: the records make that
-repeated run join or replay the first.
+The supervisor holds an outcome it cannot write and hands it over when asked (see supervisor),
+so a finished hook's outcome reaches the caller while the disk is still full; a write of this
+process's own (the adopting record, an orphan's "interrupted") that the disk refuses is retried,
+with backoff, by running the operation again: the records make that repeated run join or replay
+the first.
 
 This process assumes it is the only service using its records directory: a record whose
 supervisor was never adopted (see supervisor) is only waited on while this process's own run
@@ -48,7 +49,13 @@ from typing import Literal, cast
 
 import msgspec
 
-from bb_environments.hooks.protocol import ADOPTED_SIGNAL, LauncherGone, SupervisorRequest, receive_frame, send_frame
+from bb_environments.hooks.protocol import (
+    ADOPTED_SIGNAL,
+    LauncherGone,
+    SupervisorRequest,
+    receive_frame,
+    send_frame,
+)
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
     HookIdentityMismatch,
