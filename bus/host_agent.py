@@ -8,11 +8,9 @@ answers "never-started" for an operation that never ran here, so cleanup is neve
 Output lines go straight to the environment's transcript. In the embedded default the agent for
 host `local` runs inside `bb serve`.
 
-Whoever can publish on the agent's subjects is not trusted with what a request says: the agent
-acts only on what the log recorded for the operation id (its `HookLedger`). It starts or joins a
-hook only while the log awaits that operation's outcome, only for an environment of its own host,
-and only in the workspace the log recorded; it stops one only when the log no longer waits for
-it (a cancelled environment's setup, say). Anything else is refused and logged.
+Whoever can publish on the agent's subjects is not trusted with what a request says: what the log
+lets it do is decided by its guard (see hooks.ledger); a request the guard refuses is answered
+`refused` and logged.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -34,7 +32,8 @@ from bb_environments.bus import subjects
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import RecordedHook
-from bb_environments.providers.host.hooks import HookOutcome, HookRunner, HostUnavailable
+from bb_environments.hooks.ledger import HookGuard, HookLedger, HookRefused
+from bb_environments.hooks.runner import HookOutcome, HookRunner, HostUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,22 +61,6 @@ class Cancelled(msgspec.Struct, rename="camel"):
     result: str
 
 
-class HookLedger(Protocol):
-    """What the log recorded for a hook operation id. In `bb serve` it is the event store itself;
-    an agent on another machine would ask the core for the same answer."""
-
-    async def recorded_hook(self, operation_id: str) -> RecordedHook | None: ...
-
-
-class HookRefused(Exception):
-    """A request the log does not back: answered `refused`, logged, and nothing runs or stops."""
-
-    def __init__(self, operation_id: str | None, reason: str) -> None:
-        super().__init__(reason)
-        self.operation_id = operation_id
-        self.reason = reason
-
-
 class HostAgent:
     def __init__(self, nc: Client, runner: HookRunner, host_id: str, transcript: TranscriptPublisher,
                  ledger: HookLedger, *, health: BusHealth | None = None) -> None:
@@ -86,7 +69,7 @@ class HostAgent:
         self._runner = runner
         self._host_id = host_id
         self._transcript = transcript
-        self._ledger = ledger
+        self._guard = HookGuard(ledger, host_id)
         self._running: dict[str, asyncio.Task[HookOutcome]] = {}
 
     async def start(self) -> Service:
@@ -104,30 +87,24 @@ class HostAgent:
         await asyncio.gather(*self._running.values(), return_exceptions=True)
         self._runner.close()
 
+    async def forget_removed(self, max_age_s: float) -> None:
+        """Delete the hook records the retention rule lets go (see hooks.ledger)."""
+        try:
+            forgotten = await self._guard.forget_removed(self._runner, max_age_s)
+        except Exception:
+            # Not worth stopping the sweep that calls this: the next one tries again.
+            log.exception("deleting the hook records of removed environments failed")
+            return
+        if forgotten:
+            log.info("deleted the records of %d hook operations of removed environments", len(forgotten))
+
     async def _start(self, data: bytes) -> HookState:
         request = _decode(data, StartHook)
-        recorded = await self._recorded(request.operation_id)
-        if not recorded.awaited:
-            raise HookRefused(request.operation_id,
-                              "the log awaits no outcome of it: it finished, or its environment moved on")
-        asked = (request.kind, request.environment_id, request.workspace)
-        if asked != (recorded.kind, recorded.environment_id, recorded.workspace):
-            raise HookRefused(request.operation_id, (
-                f"the log recorded the {recorded.kind} hook of environment {recorded.environment_id} in "
-                f"{recorded.workspace!r}, not the {request.kind!r} hook of {request.environment_id!r} "
-                f"in {request.workspace!r}"
-            ))
+        recorded = await self._guard.to_run(request.operation_id, request.kind, request.environment_id,
+                                            request.workspace)
         if request.operation_id not in self._running:
             self._running[request.operation_id] = asyncio.create_task(self._run(recorded))
         return HookState(state="running")
-
-    async def _recorded(self, operation_id: str) -> RecordedHook:
-        recorded = await self._ledger.recorded_hook(operation_id)
-        if recorded is None:
-            raise HookRefused(operation_id, "the log recorded no such hook operation")
-        if recorded.host_id != self._host_id:
-            raise HookRefused(operation_id, f"it belongs to host {recorded.host_id!r}, not {self._host_id!r}")
-        return recorded
 
     async def _run(self, hook: RecordedHook) -> HookOutcome:
         async def output(text: str, offset: int) -> None:
@@ -151,7 +128,7 @@ class HostAgent:
 
     async def _status(self, data: bytes) -> HookState:
         operation_id = _decode(data, HookRef).operation_id
-        await self._recorded(operation_id)
+        await self._guard.recorded(operation_id)
         if operation_id in self._running:
             return HookState(state="running")
         record = await asyncio.to_thread(self._runner.status, operation_id)
@@ -162,9 +139,7 @@ class HostAgent:
         return HookState(state="finished", outcome=HookOutcome(record.outcome, record.exit_code, record.message))
 
     async def _cancel(self, data: bytes) -> Cancelled:
-        recorded = await self._recorded(_decode(data, HookRef).operation_id)
-        if not recorded.stoppable:
-            raise HookRefused(recorded.operation_id, "its environment still waits for its outcome")
+        recorded = await self._guard.to_stop(_decode(data, HookRef).operation_id)
         return Cancelled(await self._runner.cancel(recorded.operation_id))
 
 

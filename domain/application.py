@@ -20,7 +20,7 @@ from bb_environments.domain import topic_prefixes
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
 from bb_environments.domain.path_claim import PathClaim, claim_id
-from bb_environments.domain.status import ThreadStatus
+from bb_environments.domain.status import EnvironmentStatus, ThreadStatus
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 
 T = TypeVar("T")
@@ -48,6 +48,8 @@ class RecordedHook:
     """Started and its outcome not recorded: the hook may run (or be joined) now."""
     stoppable: bool
     """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
+    environment_removed: bool
+    """Its environment is removed: nothing will wait for this operation's outcome again."""
 
 
 @dataclass(frozen=True)
@@ -446,6 +448,7 @@ class Environments(Application):
             operation_id=operation_id, environment_id=str(environment.id), kind=kind, host_id=environment.host_id,
             workspace=environment.path, awaited=environment.awaits_hook(operation_id),
             stoppable=environment.may_stop_hook(operation_id),
+            environment_removed=environment.status == EnvironmentStatus.REMOVED,
         )
 
     def _fold_hook(self, notification: Any) -> None:

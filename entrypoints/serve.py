@@ -54,7 +54,7 @@ from bb_environments.handlers.store import StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import Applied
 from bb_environments.providers.host.file_lock import FileLock
-from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
 
 log = logging.getLogger("bb.serve")
@@ -237,6 +237,7 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
         while True:
             await threads.resume_waiting()
             await provisioner.sweep()
+            await host_agent.forget_removed(settings.hook_records_max_age_s)
             await asyncio.sleep(settings.sweep_interval_s)
 
     await _restore_read_models(core, js)

@@ -61,7 +61,7 @@ from bb_environments.providers.contract import (
     RemoveResult,
 )
 from bb_environments.providers.host.backoff import Backoff
-from bb_environments.providers.host.hooks import SCRIPT_NAMES, HookOutcome, HostUnavailable
+from bb_environments.hooks.runner import SCRIPT_NAMES, HookOutcome, HostUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from bb_environments.providers.host.hook_supervisor import without_secrets
+from bb_environments.providers.host.withheld import without_secrets
 
 GIT_TIMEOUT_SECONDS = 900
 # Variables that would point git at another repository than the one we pass with -C.

@@ -43,7 +43,7 @@ from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, bootstrap
 from bb_environments.entrypoints.config import THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
 from bb_environments.handlers.store import Store, StoreLedger
-from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.strategies import CANARY
 

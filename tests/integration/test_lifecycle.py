@@ -8,9 +8,10 @@ import subprocess
 import time
 
 import msgspec
+import pytest
 
 from bb_environments.bus import subjects
-from tests.integration.conftest import write_hooks
+from tests.integration.conftest import eventually, write_hooks
 
 
 def worktrees(repo) -> list[str]:
@@ -338,3 +339,21 @@ async def test_list_hides_removed_environments_unless_asked_for(service, git_rep
     assert await listed("--status", "removed") == {gone["environmentId"]}
     refused = await service.bb("environment", "list", "--status", "gone", "--json")
     assert refused.returncode == 2 and "removed" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("service", [{"BB_HOOK_RECORDS_MAX_AGE_S": "0.001"}], indirect=True)
+async def test_a_removed_environment_s_hook_records_are_deleted_and_a_live_one_s_kept(service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "hooks.log")
+    removed = await spawn(service, git_repo, "t1")
+    live = await spawn(service, git_repo, "t2")
+    records = service.data_dir / "hooks"
+    assert len(list(records.glob("*.json"))) == 2  # the two setups
+
+    assert (await service.bb("thread", "archive", "t1", "--json")).returncode == 0
+    await service.wait_for(removed["environmentId"], "removed")
+
+    # The sweep deletes t1's setup and teardown records and logs, and keeps t2's.
+    await eventually(lambda: len(list(records.iterdir())) == 2, "the deletion of the removed environment's records")
+    assert sorted(p.suffix for p in records.iterdir()) == [".json", ".log"]
+    shown = (await service.bb("environment", "show", live["environmentId"], "--json")).json()
+    assert shown["status"] == "ready" and shown["hooks"]["setup"]["status"] == "succeeded"

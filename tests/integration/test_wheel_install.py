@@ -13,6 +13,24 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# A hook run by the installed package: its launcher and supervisor (`python -I -S`, no
+# site-packages) must find the package where the wheel put it.
+RUN_A_HOOK = """\
+import asyncio, sys
+from pathlib import Path
+from bb_environments.hooks.runner import IMPORT_ROOT, HookRunner
+
+async def main():
+    lines = []
+    async def collect(line, offset):
+        lines.append(line)
+    runner = HookRunner(Path(sys.argv[1]), 60)
+    outcome = await runner.run("op", "setup", Path(sys.argv[2]), collect)
+    runner.close()
+    print(IMPORT_ROOT, outcome.status, *lines)
+
+asyncio.run(main())
+"""
 
 
 def run(*command: str | Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -52,6 +70,14 @@ def test_a_spawn_from_the_installed_wheel(tmp_path):
     assert location.startswith(str(venv_site)) and dockerfile_shipped == "True", where.stderr
     for generic in ("domain", "bus", "handlers", "providers", "projections", "entrypoints"):
         assert run(python, "-c", f"import {generic}", env=environment).returncode != 0, generic
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / ".bb-env-setup.sh").write_text("echo set up\n")
+    hooked = run(python, "-c", RUN_A_HOOK, tmp_path / "hook-records", workspace, env=environment)
+    assert hooked.returncode == 0, hooked.stderr
+    import_root, status, *output = hooked.stdout.split()
+    assert import_root.startswith(str(venv_site)) and (status, output) == ("succeeded", ["set", "up"]), hooked.stdout
 
     log = tmp_path / "serve.log"
     with open(log, "wb") as output:

@@ -38,8 +38,16 @@ def test_thread_events_are_kept_a_week_and_a_gibibyte_unless_configured(monkeypa
     assert (configured.threads_max_age_s, configured.threads_max_bytes) == (3600, 1048576)
 
 
+def test_hook_records_of_removed_environments_are_kept_a_week_unless_configured(monkeypatch):
+    monkeypatch.delenv("BB_HOOK_RECORDS_MAX_AGE_S", raising=False)
+    assert Settings.load("/tmp/bb-config-test").hook_records_max_age_s == 7 * 24 * 3600
+    monkeypatch.setenv("BB_HOOK_RECORDS_MAX_AGE_S", "60")
+    assert Settings.load("/tmp/bb-config-test").hook_records_max_age_s == 60
+
+
+@pytest.mark.parametrize("name", ["BB_THREADS_MAX_AGE_S", "BB_HOOK_RECORDS_MAX_AGE_S"])
 @pytest.mark.parametrize("raw", ["0", "-1", "inf", "a week"])
-def test_a_retention_limit_must_be_one(monkeypatch, raw):
-    monkeypatch.setenv("BB_THREADS_MAX_AGE_S", raw)
-    with pytest.raises(ConfigError, match="BB_THREADS_MAX_AGE_S"):
+def test_a_retention_limit_must_be_one(monkeypatch, name, raw):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ConfigError, match=name):
         Settings.load("/tmp/bb-config-test")

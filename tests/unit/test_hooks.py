@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.providers.host.hook_records import (
+from bb_environments.hooks.records import (
     HeldOutcome,
     HookIdentityMismatch,
     HookRecord,
@@ -26,7 +26,7 @@ from bb_environments.providers.host.hook_records import (
     process_start_ticks,
     start_ticks_of_child,
 )
-from bb_environments.providers.host.hooks import HookOutcome, HookRunner
+from bb_environments.hooks.runner import HookOutcome, HookRunner
 from tests.support.small_disk import small_disk
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ def test_a_record_stored_under_another_operation_is_refused(records_dir: Path) -
 SERVICE = """\
 import asyncio, sys
 from pathlib import Path
-from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.hooks.runner import HookRunner
 
 async def ignore(line, offset):
     pass
@@ -499,7 +499,7 @@ async def test_scripts_get_the_environment_of_the_moment_they_run(
 RUN_AND_REPORT_LAUNCHER = """\
 import asyncio, sys
 from pathlib import Path
-from bb_environments.providers.host.hooks import HookRunner
+from bb_environments.hooks.runner import HookRunner
 
 async def ignore(line, offset):
     pass

@@ -32,7 +32,7 @@ from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.providers.contract import READY, Created, Policy, Removed, Requires
-from bb_environments.providers.host.hooks import CANCELLED_BEFORE_START, SCRIPT_NAMES, HookOutcome
+from bb_environments.hooks.runner import CANCELLED_BEFORE_START, SCRIPT_NAMES, HookOutcome
 from bb_environments.providers.registry import ProviderRegistry
 
 THREADS = ("a", "b", "c")

@@ -1,10 +1,16 @@
-"""What the log tells a host agent about a hook operation id (the ledger behind its guard)."""
+"""What the log tells a host agent about a hook operation id (the ledger behind its guard), and
+which hook records it lets a host delete (real hooks, real record files)."""
 
+import asyncio
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 from bb_environments.domain.application import Environments, RecordedHook
+from bb_environments.hooks.ledger import HookGuard
+from bb_environments.hooks.runner import HookRunner
+from tests.unit.test_hooks import Output, executions, wait_until, write_setup
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 PATH = "/data/worktrees/t1/repo"
@@ -17,10 +23,10 @@ def app():
     application.close()
 
 
-def provisioning(app, thread_id="t1"):
+def provisioning(app, thread_id="t1", path=PATH):
     app.register_thread(thread_id, "/repo", None, "local", None)
-    environment = app.claim_environment(thread_id, "git-worktree", "local", "/repo", {}, thread_id, PATH)
-    app.record_created(environment.id, 1, PATH, True, "main", None)
+    environment = app.claim_environment(thread_id, "git-worktree", "local", "/repo", {}, thread_id, path)
+    app.record_created(environment.id, 1, path, True, "main", None)
     return environment.id
 
 
@@ -38,7 +44,7 @@ def test_a_running_setup_may_run_in_its_recorded_path_and_may_not_be_stopped(app
 
     assert app.recorded_hook(operation) == RecordedHook(
         operation_id=operation, environment_id=str(environment_id), kind="setup", host_id="local",
-        workspace=PATH, awaited=True, stoppable=False,
+        workspace=PATH, awaited=True, stoppable=False, environment_removed=False,
     )
 
 
@@ -80,8 +86,155 @@ def test_a_running_teardown_runs_to_its_end_and_then_the_removed_environment_awa
 
     teardown = app.recorded_hook(operation)
     assert (teardown.kind, teardown.workspace, teardown.awaited, teardown.stoppable) == ("teardown", PATH, True, False)
+    assert not teardown.environment_removed
 
     app.record_teardown_outcome(environment_id, operation, "succeeded", None)
     app.record_removed(environment_id, 1)
     removed = app.recorded_hook(operation)
-    assert not removed.awaited and removed.workspace is None
+    assert not removed.awaited and removed.workspace is None and removed.environment_removed
+
+
+class LogLedger:
+    """The ledger of an agent beside the store, without the store's writer thread."""
+
+    def __init__(self, app: Environments) -> None:
+        self._app = app
+
+    async def recorded_hook(self, operation_id: str) -> RecordedHook | None:
+        return self._app.recorded_hook(operation_id)
+
+
+@pytest.fixture
+def records_dir(tmp_path):
+    return tmp_path / "hook-records"
+
+
+@pytest.fixture
+def runner(records_dir):
+    hooks = HookRunner(records_dir, 60)
+    yield hooks
+    hooks.close()
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    path = tmp_path / "workspace"
+    path.mkdir()
+    write_setup(path, "echo ran >> marker; echo set up\n")
+    (path / ".bb-env-teardown.sh").write_text("echo torn down\n")
+    return path
+
+
+def record_files(records_dir: Path) -> list[str]:
+    return sorted(p.suffix for p in records_dir.iterdir())
+
+
+async def set_up(app, runner, workspace, thread_id, path):
+    """An environment whose setup hook ran here and whose outcome the log recorded."""
+    environment_id = provisioning(app, thread_id, path)
+    app.start_setup(environment_id)
+    operation = app.environment(environment_id).setup_operation_id
+    outcome = await runner.run(operation, "setup", workspace, Output())
+    app.record_setup_outcome(environment_id, operation, outcome.status == "succeeded", outcome.message)
+    return environment_id, operation
+
+
+async def remove(app, runner, workspace, environment_id, thread_id):
+    """Archived and removed, its teardown hook run here; returns the teardown's operation id."""
+    app.archive_thread(thread_id, NOW)
+    app.start_removal(environment_id, NOW)
+    app.start_teardown(environment_id)
+    operation = app.environment(environment_id).teardown_operation_id
+    outcome = await runner.run(operation, "teardown", workspace, Output())
+    app.record_teardown_outcome(environment_id, operation, outcome.status, outcome.message)
+    app.record_removed(environment_id, 1)
+    return operation
+
+
+async def test_a_removed_environment_s_hook_records_go_once_older_than_the_limit_and_a_live_one_s_stay(
+    app, runner, workspace, records_dir
+):
+    removed_id, removed_setup = await set_up(app, runner, workspace, "t1", "/data/a")
+    removed_teardown = await remove(app, runner, workspace, removed_id, "t1")
+    # Cancelled before its setup ever started here: only a tombstone.
+    never_ran_id = provisioning(app, "t2", "/data/b")
+    app.start_setup(never_ran_id)
+    never_ran = app.environment(never_ran_id).setup_operation_id
+    assert await runner.cancel(never_ran) == "never-started"
+    app.archive_thread("t2", NOW)
+    app.record_setup_outcome(never_ran_id, never_ran, False, "cancelled")
+    app.start_removal(never_ran_id, NOW)
+    app.skip_teardown(never_ran_id, "no teardown")
+    app.record_removed(never_ran_id, 1)
+    _live_id, live_setup = await set_up(app, runner, workspace, "t3", "/data/c")
+    guard = HookGuard(LogLedger(app), "local")
+    assert len(record_files(records_dir)) == 7  # three records and their logs, one tombstone
+
+    assert await guard.forget_removed(runner, max_age_s=3600) == []
+    assert len(record_files(records_dir)) == 7
+
+    forgotten = await guard.forget_removed(runner, max_age_s=0)
+
+    assert sorted(forgotten) == sorted([removed_setup, removed_teardown, never_ran])
+    assert record_files(records_dir) == [".json", ".log"]
+    assert runner.status(removed_setup) is None and runner.status(removed_teardown) is None
+    assert runner.status(live_setup).outcome == "succeeded"
+    assert (await runner.run(live_setup, "setup", workspace, Output())).status == "succeeded"
+    assert executions(workspace) == 2  # replayed, not run again
+
+
+async def test_a_hook_still_running_keeps_its_record_though_its_environment_is_removed(
+    app, runner, workspace, records_dir
+):
+    environment_id = provisioning(app)
+    app.start_setup(environment_id)
+    operation = app.environment(environment_id).setup_operation_id
+    write_setup(workspace, "until [ -e release ]; do sleep 0.01; done; echo released\n")
+    running = asyncio.ensure_future(runner.run(operation, "setup", workspace, Output()))
+    await wait_until(lambda: (record := runner.status(operation)) is not None and record.script_pid is not None)
+    app.archive_thread("t1", NOW)  # cancelled while its setup runs: the log stops waiting for it
+    app.record_setup_outcome(environment_id, operation, False, "cancelled")
+    app.start_removal(environment_id, NOW)
+    app.skip_teardown(environment_id, "no teardown")
+    app.record_removed(environment_id, 1)
+    guard = HookGuard(LogLedger(app), "local")
+
+    assert await guard.forget_removed(runner, max_age_s=0) == []
+    (workspace / "release").touch()
+    assert (await running).status == "succeeded"
+    assert await guard.forget_removed(runner, max_age_s=0) == [operation]
+    assert record_files(records_dir) == []
+
+
+async def test_a_deletion_cut_short_leaves_a_record_that_still_replays_and_goes_next_time(
+    app, runner, workspace, records_dir
+):
+    environment_id, setup = await set_up(app, runner, workspace, "t1", PATH)
+    await remove(app, runner, workspace, environment_id, "t1")
+    # What a kill -9 between deletion's two steps leaves: logs and tombstones gone, records not.
+    for log_file in records_dir.glob("*.log"):
+        log_file.unlink()
+    restarted = HookRunner(records_dir, 60)
+    try:
+        output = Output()
+        assert (await restarted.run(setup, "setup", workspace, output)).status == "succeeded"
+        assert output.lines == [] and executions(workspace) == 1
+
+        assert len(await HookGuard(LogLedger(app), "local").forget_removed(restarted, max_age_s=0)) == 2
+        assert record_files(records_dir) == []
+    finally:
+        restarted.close()
+
+
+async def test_files_in_the_records_directory_that_are_no_operation_s_own_are_left_alone(
+    app, runner, workspace, records_dir
+):
+    environment_id, setup = await set_up(app, runner, workspace, "t1", PATH)
+    await remove(app, runner, workspace, environment_id, "t1")
+    [record] = [p for p in records_dir.glob("*.json") if b'"kind": "setup"' in p.read_bytes()]
+    strangers = {"0" * 64 + ".json": record.read_bytes(), "notes.json": b"{", "list.cancelled": b"[]"}
+    for name, data in strangers.items():
+        (records_dir / name).write_bytes(data)
+
+    assert setup in await HookGuard(LogLedger(app), "local").forget_removed(runner, max_age_s=0)
+    assert sorted(p.name for p in records_dir.iterdir()) == sorted(strangers)

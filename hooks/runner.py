@@ -1,6 +1,6 @@
 """Running a workspace's setup/teardown hook at most once per operation id.
 
-Each hook runs under `providers.host.hook_supervisor`, a process in its own session that outlives
+Each hook runs under a supervisor (see supervisor), a process in its own session that outlives
 this service and writes the script's outcome into the operation's durable record. So after a
 restart a hook still running is joined and its real outcome read back; only when the supervisor
 itself has died is the outcome unknown ("interrupted").
@@ -8,18 +8,19 @@ itself has died is the outcome unknown ("interrupted").
 Supervisors are forked by a launcher, one long-lived helper process per runner that has imported
 the supervisor once (a fresh interpreter per hook would cost about a hundred milliseconds). It is
 started on first use, restarted if it died, and exits when the runner closes, is collected or dies
-(see hook_supervisor). The runner learns that a supervisor it started is done from a pipe the
-supervisor closes right after its last record write, and that it died from its pidfd; no polling.
+(see launcher; all the processes say to each other is in protocol). The runner learns that a
+supervisor it started is done from a pipe the supervisor closes right after its last record write,
+and that it died from its pidfd; no polling.
 
 A disk that refuses a record write for lack of space delays a hook, never loses or repeats it.
-The supervisor holds an outcome it cannot write and hands it over when asked (see
-hook_supervisor), so a finished hook's outcome reaches the caller while the disk is still full;
-a write of this process's own (the adopting record, an orphan's "interrupted") that the disk
-refuses is retried, with backoff, by running the operation again: the records make that
-repeated run join or replay the first.
+The supervisor holds an outcome it cannot write and hands it over when asked (see supervisor),
+so a finished hook's outcome reaches the caller while the disk is still full; a write of this
+process's own (the adopting record, an orphan's "interrupted") that the disk refuses is retried,
+with backoff, by running the operation again: the records make that repeated run join or replay
+the first.
 
 This process assumes it is the only service using its records directory: a record whose
-supervisor was never adopted (see hook_supervisor) is only waited on while this process's own run
+supervisor was never adopted (see supervisor) is only waited on while this process's own run
 of that operation is in flight.
 
 Output lines are delivered through `on_output` at most once per process, each with its byte
@@ -31,7 +32,6 @@ from its start, so a consumer sees lines again after a restart and can tell them
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -41,15 +41,22 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Literal, cast
 
 import msgspec
 
-from bb_environments.providers.host.backoff import Backoff
-from bb_environments.providers.host.hook_records import (
+from bb_environments.hooks.protocol import (
+    ADOPTED_SIGNAL,
+    LauncherGone,
+    SupervisorRequest,
+    receive_frame,
+    send_frame,
+)
+from bb_environments.hooks.records import (
     OUT_OF_SPACE,
     HookIdentityMismatch,
     HookKind,
@@ -60,7 +67,8 @@ from bb_environments.providers.host.hook_records import (
     now_iso,
     signal_recorded_process,
 )
-from bb_environments.providers.host.hook_supervisor import ADOPTED_SIGNAL, FRAME_HEADER, without_secrets
+from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.withheld import without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +78,15 @@ CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
 LAUNCHER_EXIT_WAIT_S = 2.0
 # Without site-packages (-S) the installed package is not importable as such: the bootstrap makes
-# the directory holding `providers` the one directory of the `bb_environments` namespace, which is
-# the source tree in a development install and site-packages/bb_environments in a wheel install.
+# the directory holding `hooks` (and the `providers/host` it imports) the one directory of the
+# `bb_environments` namespace, which is the source tree in a development install and
+# site-packages/bb_environments in a wheel install.
 LAUNCHER_BOOTSTRAP = (
     "import sys, types; package = types.ModuleType('bb_environments'); package.__path__ = [sys.argv.pop(1)]; "
     "sys.modules['bb_environments'] = package; "
-    "from bb_environments.providers.host.hook_supervisor import serve_launcher; serve_launcher(int(sys.argv[1]))"
+    "from bb_environments.hooks.launcher import serve_launcher; serve_launcher(int(sys.argv[1]))"
 )
-IMPORT_ROOT = Path(__file__).resolve().parents[2]
+IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
 HookStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "skipped", "interrupted"]
 CancelResult = Literal["never-started", "finished", "terminated"]
@@ -132,6 +141,23 @@ class HookRunner:
         if record is not None and record.finished_at is None:
             return self._records.held_outcome(record) or record
         return record
+
+    def settled_before(self, cutoff: datetime) -> list[str]:
+        """Operations whose hook finished (or was cancelled before it started) before `cutoff`. Blocking."""
+        return self._records.settled_before(cutoff)
+
+    async def forget(self, operation_ids: Iterable[str]) -> list[str]:
+        """Delete the records and logs of settled operations, except those a run here still follows.
+
+        Only for operations nobody will run, join or replay again: a run asked for afterwards
+        would start the hook anew. Returns the operations forgotten.
+        """
+        idle = [operation_id for operation_id in operation_ids if operation_id not in self._in_flight]
+        await asyncio.to_thread(self._records.delete, idle)
+        for operation_id in idle:
+            self._delivered_offsets.pop(operation_id, None)
+            self._finalize_locks.pop(operation_id, None)
+        return idle
 
     async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
@@ -460,12 +486,8 @@ class _SupervisorWatch:
         self._supervisor.close()
 
 
-class _LauncherGone(Exception):
-    pass
-
-
 class _Launcher:
-    """This runner's side of the supervisor launcher (see hook_supervisor.serve_launcher).
+    """This runner's side of the supervisor launcher (see launcher).
 
     Thread-safe; started on first use and started again if it died. Its channel is the only
     thing that keeps it running: closing it (or this process dying) makes it exit at once.
@@ -490,15 +512,7 @@ class _Launcher:
 
     def start_supervisor(self, records_dir: str, operation_id: str, timeout: str) -> _Supervisor:
         """Have a supervisor forked for the operation; it waits for adoption."""
-        request = {
-            "records_dir": records_dir,
-            "operation_id": operation_id,
-            "timeout": timeout,
-            # The environment of this moment, as a freshly spawned supervisor would have had.
-            "environment": without_secrets(os.environ),
-        }
-        data = json.dumps(request).encode()
-        frame = FRAME_HEADER.pack(len(data)) + data
+        request = SupervisorRequest(records_dir, operation_id, timeout, without_secrets(os.environ)).document()
         with self._lock:
             self._forget_if_forked()
             for attempt in range(2):
@@ -508,18 +522,17 @@ class _Launcher:
                 done, done_writer = os.pipe()
                 try:
                     try:
-                        sent = socket.send_fds(self._channel, [frame], [done_writer], socket.MSG_NOSIGNAL)
+                        send_frame(self._channel, request, [done_writer])
                     finally:
                         os.close(done_writer)
-                    self._channel.sendall(frame[sent:], socket.MSG_NOSIGNAL)
-                    reply, fds = _receive_frame(self._channel)
+                    reply, fds = receive_frame(self._channel)
                 except BaseException as error:
                     # A request cut short leaves the channel out of step: never reuse it. A
                     # launcher that died took its half-done request with it; a supervisor it
                     # forked for us is never adopted and gives up on its own.
                     os.close(done)
                     self._stop()
-                    if attempt or not isinstance(error, (OSError, _LauncherGone)):
+                    if attempt or not isinstance(error, (OSError, LauncherGone)):
                         raise
                     continue
                 break
@@ -579,26 +592,6 @@ class _Launcher:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-def _receive_frame(channel: socket.socket) -> tuple[dict, list[int]]:
-    received = b""
-    fds: list[int] = []
-    try:
-        while True:
-            if len(received) >= FRAME_HEADER.size:
-                end = FRAME_HEADER.size + FRAME_HEADER.unpack_from(received)[0]
-                if len(received) >= end:
-                    return json.loads(received[FRAME_HEADER.size : end]), fds
-            data, more_fds, _flags, _address = socket.recv_fds(channel, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
-            fds += more_fds
-            if not data:
-                raise _LauncherGone("the hook launcher exited")
-            received += data
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
 
 
 def _read_from(path: Path, offset: int) -> bytes:

@@ -1,13 +1,14 @@
 """Runs one hook script and records its outcome, outliving the service that started it.
 
-    python -m bb_environments.providers.host.hook_supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
+    python -m bb_environments.hooks.supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
 
-Standard library only, without argparse: its start-up time is part of a runner's first hook.
+Standard library only (and so is all it imports from this package), without argparse: its
+start-up time is part of a runner's first hook.
 
-The runner does not start a Python interpreter per hook: it keeps one launcher (`serve_launcher`,
-below) that has imported all of this once, and asks it for a supervisor per hook. The launcher
-forks (no exec), and the child becomes the supervisor in its own session, so it outlives both the
-launcher and the service.
+The runner does not start a Python interpreter per hook: it keeps one launcher (see launcher)
+that has imported all of this once, and asks it for a supervisor per hook. The launcher forks (no
+exec), and the child becomes the supervisor in its own session, so it outlives both the launcher
+and the service.
 
 The runner writes the operation's record naming this process, pid and start time, as its
 supervisor ("adoption"). Until adopted, the supervisor does nothing: a supervisor whose runner died
@@ -19,7 +20,7 @@ written the record, so the supervisor need not wait for its next poll of the rec
 
 A disk that refuses the outcome for lack of space does not lose it: the supervisor retries the
 write, with backoff, for as long as it takes, and meanwhile hands the outcome to whoever asks
-(see hook_records.HeldOutcome). Exiting without it would leave the script "interrupted", and its
+(see records.HeldOutcome). Exiting without it would leave the script "interrupted", and its
 environment in error, although the script ran to its end.
 
 SIGTERM cancels: the script's process group is killed and the outcome is "cancelled".
@@ -28,18 +29,15 @@ SIGTERM cancels: the script's process group is killed and the outcome is "cancel
 from __future__ import annotations
 
 import errno
-import json
 import os
-import select
 import signal
-import socket
-import struct
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from bb_environments.providers.host.hook_records import (
+from bb_environments.hooks.protocol import ADOPTED_SIGNAL
+from bb_environments.hooks.records import (
     OUT_OF_SPACE,
     HeldOutcome,
     HookRecord,
@@ -48,20 +46,15 @@ from bb_environments.providers.host.hook_records import (
     kill_group_and_wait,
     now_iso,
     process_start_ticks,
-    start_ticks_of_child,
 )
+from bb_environments.providers.host.withheld import without_secrets
 
 ADOPTION_WAIT_S = 10.0
 ADOPTION_POLL_S = 0.005
 HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
-# The runner's "the record now names you": only a wake-up, the record stays the truth.
-ADOPTED_SIGNAL = signal.SIGUSR1
 BLOCKED_SIGNALS = HANDLED_SIGNALS | {ADOPTED_SIGNAL}
 # Python ignores these; the script gets them back at their defaults, as subprocess would do.
 RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
-# The service's own settings and credentials (BB_NATS_PASSWORD, BB_NATS_NKEY, ...): a hook is the
-# repository's code, run by whoever can write to it.
-WITHHELD_ENV_PREFIXES = ("BB_", "NATS_", "MODAL_TOKEN_")
 # Between attempts to write an outcome the disk refused: doubling from the first to the last.
 RECORD_RETRY_FIRST_S = 0.05
 RECORD_RETRY_MAX_S = 5.0
@@ -200,11 +193,6 @@ def _exit_status(pid: int) -> int | None:
     return status if reaped else None
 
 
-def without_secrets(environment: Mapping[str, str]) -> dict[str, str]:
-    """`environment` without what the service withholds from hooks (and from whatever runs them)."""
-    return {name: value for name, value in environment.items() if not name.startswith(WITHHELD_ENV_PREFIXES)}
-
-
 def _kill_script(pid: int) -> bool:
     """Kill the script's whole group; True once no member is left alive."""
     try:
@@ -261,199 +249,6 @@ def _write_outcome(records: HookRecords, record: HookRecord) -> None:
     finally:
         if held is not None:
             held.close()
-
-
-# The launcher -------------------------------------------------------------------------------
-#
-# One per HookRunner, started with `python -I -S` and the channel (a Unix stream socket) as an
-# inherited descriptor. Single-threaded, so forking it is safe. Frames both ways are a 4-byte
-# big-endian length and a JSON document:
-#   request  {"records_dir", "operation_id", "timeout", "environment"}, with the write end of the
-#            runner's "done" pipe attached: the supervisor closes it right after its last write
-#   reply    {"pid", "started_at"} with a pidfd of the supervisor attached, or {"error"}
-#
-# To keep the fork (and the child's first page faults) out of a hook's latency, the launcher
-# keeps one child forked ahead of need, the spare: in its own session already, it waits on a
-# socket for its request and becomes that request's supervisor. A socket closed without a request
-# makes it exit. It is born with the supervisor's signals blocked, and discards a SIGTERM that is
-# pending when its request arrives: that one was meant for an idle spare, not a cancel, which only
-# signals an adopted supervisor and writes its tombstone first, before this process can be adopted
-# and look for the tombstone.
-#
-# The launcher reaps its children and exits at once when the channel reaches end of file, which
-# is what a closed, collected or dead runner leaves behind; supervisors live on, the spare exits.
-
-FRAME_HEADER = struct.Struct(">I")
-MAX_FDS_PER_RECEIVE = 16
-
-
-class _Spare:
-    __slots__ = ("pid", "pidfd", "started_at", "assignment")
-
-    def __init__(self, pid: int, pidfd: int, started_at: int | None, assignment: socket.socket) -> None:
-        self.pid, self.pidfd, self.started_at, self.assignment = pid, pidfd, started_at, assignment
-
-
-def serve_launcher(channel_fd: int) -> None:
-    try:
-        _serve(channel_fd)
-    finally:
-        # Whatever ended the loop, exit without the interpreter's clean-up: nothing to flush.
-        os._exit(0)
-
-
-def _serve(channel_fd: int) -> None:
-    channel = socket.socket(fileno=channel_fd)
-    poller = select.poll()
-    poller.register(channel_fd, select.POLLIN)
-    children: dict[int, int] = {}  # pidfd -> pid, until reaped
-    spare: _Spare | None = None
-    received = bytearray()
-    received_fds: list[int] = []  # each arrives with the first byte of its request
-    while True:
-        if spare is None:
-            try:
-                spare = _fork_spare(channel, children, poller)
-            except OSError:
-                pass  # tried again for the next request, which reports the error
-        for fd, _events in poller.poll():
-            if fd != channel_fd:
-                poller.unregister(fd)
-                os.waitpid(children.pop(fd), 0)
-                os.close(fd)
-                if spare is not None and spare.pidfd == fd:
-                    spare.assignment.close()
-                    spare = None
-                continue
-            chunk, fds, _flags, _address = socket.recv_fds(
-                channel, 1 << 16, MAX_FDS_PER_RECEIVE, socket.MSG_CMSG_CLOEXEC
-            )
-            received_fds += fds
-            if not chunk:
-                return
-            received += chunk
-            while (request := _take_frame(received)) is not None:
-                done = received_fds.pop(0) if received_fds else None
-                try:
-                    _hand_over(channel, request, done, spare, children, poller)
-                finally:
-                    if done is not None:
-                        os.close(done)
-                spare = None  # given away, or dead
-
-
-def _take_frame(received: bytearray) -> bytes | None:
-    if len(received) < FRAME_HEADER.size:
-        return None
-    end = FRAME_HEADER.size + FRAME_HEADER.unpack_from(received)[0]
-    if len(received) < end:
-        return None
-    frame = bytes(received[FRAME_HEADER.size : end])
-    del received[:end]
-    return frame
-
-
-def _hand_over(
-    channel: socket.socket,
-    request: bytes,
-    done: int | None,
-    spare: _Spare | None,
-    children: dict[int, int],
-    poller: select.poll,
-) -> None:
-    """Tell the runner which process supervises its request, then give that process the request.
-
-    The runner hears first: it has a record to write before the supervisor can do anything.
-    """
-    if spare is not None and _has_exited(spare.pidfd):
-        spare.assignment.close()  # the pidfd is the poller's, to reap it
-        spare = None
-    if spare is None:
-        try:
-            spare = _fork_spare(channel, children, poller)
-        except OSError as error:
-            _send_frame(channel, {"error": f"could not start a hook supervisor: {error}"})
-            return
-    _send_frame(channel, {"pid": spare.pid, "started_at": spare.started_at}, [spare.pidfd])
-    try:
-        sent = socket.send_fds(spare.assignment, [request], [] if done is None else [done])
-        spare.assignment.sendall(request[sent:])
-    except OSError:
-        pass  # it died just now: the runner sees it exit without an outcome, as any supervisor's death
-    finally:
-        spare.assignment.close()
-
-
-def _has_exited(pidfd: int) -> bool:
-    return bool(select.select([pidfd], [], [], 0)[0])
-
-
-def _fork_spare(channel: socket.socket, children: dict[int, int], poller: select.poll) -> _Spare:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    # Blocked from birth: no moment in which a SIGTERM kills the supervisor instead of cancelling.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
-    try:
-        pid = os.fork()
-    except OSError:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        ours.close()
-        theirs.close()
-        raise
-    if pid == 0:
-        ours.detach()
-        _be_spare(channel, theirs)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    theirs.close()
-    # Until we reap it the pid is the child's, so the pidfd and the start time are its own.
-    pidfd = os.pidfd_open(pid)
-    children[pidfd] = pid
-    poller.register(pidfd, select.POLLIN)
-    return _Spare(pid, pidfd, start_ticks_of_child(pid), ours)
-
-
-def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
-    """In the forked child: wait for a request, supervise it, exit without the launcher's clean-up."""
-    status = 1
-    try:
-        channel.detach()
-        # The launcher's channel, its other children's pidfds and sockets are not the supervisor's.
-        keep = assignment.fileno()
-        os.closerange(3, keep)
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-        os.setsid()
-        request, fds = _receive_all(assignment)
-        assignment.close()
-        signal.sigtimedwait({signal.SIGTERM}, 0)  # see above: not a cancel
-        if request:
-            document = json.loads(request)
-            main([document["records_dir"], document["operation_id"], document["timeout"]], document["environment"])
-        # Right after the last record write: the runner learns it now, not once this process
-        # has been torn down.
-        for fd in fds:
-            os.close(fd)
-        status = 0
-    finally:
-        os._exit(status)
-
-
-def _receive_all(assignment: socket.socket) -> tuple[bytes, list[int]]:
-    chunks: list[bytes] = []
-    fds: list[int] = []
-    while True:
-        chunk, more_fds, _flags, _address = socket.recv_fds(
-            assignment, 1 << 16, MAX_FDS_PER_RECEIVE, socket.MSG_CMSG_CLOEXEC
-        )
-        fds += more_fds
-        if not chunk:
-            return b"".join(chunks), fds
-        chunks.append(chunk)
-
-
-def _send_frame(channel: socket.socket, document: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(document).encode()
-    frame = FRAME_HEADER.pack(len(data)) + data
-    sent = socket.send_fds(channel, [frame], fds) if fds else channel.send(frame)
-    channel.sendall(frame[sent:])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ One directory (mode 0700) holds, per operation, files named by sha256(operation_
 Records and tombstones are replaced atomically and fsynced, so a reader never sees half a file
 and a crash never loses a write that returned.
 
-Standard library only: the supervisor (and its launcher, see hook_supervisor) imports this module.
+Standard library only: the supervisor and its launcher import this module.
+
+Retention: an operation's files are deleted (`delete`) once the log says nothing will ask for them
+again (see ledger.forget_removed); a record still unfinished on disk is never offered for that.
 
 A recorded process is identified by its pid together with its start time (field 22 of
 `/proc/<pid>/stat`, in clock ticks since boot). A pid whose current start time differs is a
@@ -32,6 +35,7 @@ import struct
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -136,6 +140,54 @@ class HookRecords:
             return None
         return held
 
+    def settled_before(self, cutoff: datetime) -> list[str]:
+        """Operations whose record finished, or whose tombstone (with no record) was written, before `cutoff`.
+
+        Blocking. A file another process replaces or deletes meanwhile is skipped.
+        """
+        settled = []
+        for path in self.directory.iterdir():
+            if path.suffix not in (".json", ".cancelled"):
+                continue
+            # A record's last write is its outcome: one written since cannot have settled before.
+            try:
+                if path.stat().st_mtime >= cutoff.timestamp():
+                    continue
+                document = json.loads(path.read_bytes())
+            except (FileNotFoundError, ValueError):
+                continue
+            operation_id = document.get("operation_id") if isinstance(document, dict) else None
+            # Only a file that is its operation's own: deleting is by operation id.
+            if not isinstance(operation_id, str) or self._file(operation_id, path.suffix) != path:
+                continue
+            if path.suffix == ".json":
+                settled_at = document.get("finished_at")
+            elif not path.with_suffix(".json").exists():
+                settled_at = document.get("cancelled_at")
+            else:
+                continue  # the record decides
+            if isinstance(settled_at, str) and _parsed_time(settled_at) < cutoff:
+                settled.append(operation_id)
+        return settled
+
+    def delete(self, operation_ids: Iterable[str]) -> None:
+        """Delete the operations' logs and tombstones, then their records. Blocking.
+
+        In that order, with the directory synced in between: a crash at any point leaves at most
+        a finished record without its log or tombstone, which reads as that outcome and is deleted
+        by the next call, never a log or tombstone whose record is gone and which nothing looks for.
+        """
+        operation_ids = list(operation_ids)
+        if not operation_ids:
+            return
+        for operation_id in operation_ids:
+            self.log_path(operation_id).unlink(missing_ok=True)
+            self._file(operation_id, ".cancelled").unlink(missing_ok=True)
+        self._sync_directory()
+        # Not synced: a record that a crash brings back is deleted again by the next call.
+        for operation_id in operation_ids:
+            self._record_path(operation_id).unlink(missing_ok=True)
+
     def _record_path(self, operation_id: str) -> Path:
         return self._file(operation_id, ".json")
 
@@ -153,11 +205,23 @@ class HookRecords:
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+        self._sync_directory()
+
+    def _sync_directory(self) -> None:
         directory = os.open(self.directory, os.O_RDONLY)
         try:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _parsed_time(text: str) -> datetime:
+    """A time this module wrote (`now_iso`); anything else counts as now, which keeps its file."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return datetime.now(timezone.utc)
+    return parsed if parsed.tzinfo is not None else datetime.now(timezone.utc)
 
 
 def _encode(document: HookRecord | Tombstone) -> bytes:
