@@ -51,7 +51,9 @@ class Publication:
 
     @property
     def type(self) -> str:
-        return self.document.__struct_config__.tag
+        tag = self.document.__struct_config__.tag
+        assert isinstance(tag, str)  # `publishes` refuses a document without a string tag
+        return tag
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ def publishes(event: type[Aggregate.Event], *, from_aggregate: tuple[str, ...] =
         aggregate = next((a for a in _OWNERS if issubclass(event, a.Event)), None)
         if aggregate is None or event in PUBLICATIONS:
             raise TypeError(f"{event.__qualname__} is not an event of a published aggregate, or has a document already")
+        if not isinstance(document.__struct_config__.tag, str):
+            raise TypeError(f"{document.__qualname__} has no string tag: the document's `type` is its tag")
         PUBLICATIONS[event] = Publication(event, document, aggregate, _OWNERS[aggregate].kind, from_aggregate)
         return document
 
@@ -560,9 +564,11 @@ def refusal_reason(error: msgspec.DecodeError | RecursionError) -> str:
     field is named only when its name reads as one: any other name is the publisher's text, and
     a line break in it would forge a line of our log."""
     reason = re.sub(r"^(Invalid (?:enum )?value) .*?((?: - at `[^`]*`)?)$", r"\1 <withheld>\2", str(error), flags=re.S)
-    return re.sub(r"^(Object contains unknown field) `(.*?)`((?: - at `[^`]*`)?)$",
-                  lambda m: f"{m[1]} `{m[2]}`{m[3]}" if _FIELD_NAME.fullmatch(m[2]) else f"{m[1]} <withheld>{m[3]}",
-                  reason, flags=re.S)
+    return re.sub(r"^(Object contains unknown field) `(.*?)`((?: - at `[^`]*`)?)$", _name_field_if_a_name, reason, flags=re.S)
+
+
+def _name_field_if_a_name(m: re.Match[str]) -> str:
+    return f"{m[1]} `{m[2]}`{m[3]}" if _FIELD_NAME.fullmatch(m[2]) else f"{m[1]} <withheld>{m[3]}"
 
 
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")

@@ -7,7 +7,7 @@ records nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -15,6 +15,7 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import Notification
 
 from bb_environments.domain import topic_prefixes
 from bb_environments.domain.environment import Environment
@@ -66,7 +67,7 @@ class Placement:
     """A live environment of the same provider holding the path takes the thread (see the contract)."""
 
 
-class Environments(Application):
+class Environments(Application[UUID]):
     name = "Environments"
     log_section_size = 500
 
@@ -161,14 +162,14 @@ class Environments(Application):
 
     def threads_awaiting_environment(self) -> list[str]:
         self._requested_index.catch_up()
-        threads = (self.repository.get(identity) for identity in self._requested)
+        threads: Iterator[Thread] = (self.repository.get(identity) for identity in self._requested)
         return [thread.thread_id for thread in threads if thread.awaits_environment]
 
-    def _fold_requested(self, notification: Any) -> None:
+    def _fold_requested(self, notification: Notification) -> None:
         if notification.topic.endswith(".EnvironmentRequested"):
-            self._requested.add(notification.originator_id)
+            self._requested.add(_aggregate_id(notification))
         else:
-            self._requested.discard(notification.originator_id)
+            self._requested.discard(_aggregate_id(notification))
 
     def refuse_thread(self, thread_id: str, message: str) -> None:
         thread = self.thread(thread_id)
@@ -270,13 +271,13 @@ class Environments(Application):
         self._claims_index.catch_up()
         return list(self._claims.values())
 
-    def _fold_claim(self, notification: Any) -> None:
+    def _fold_claim(self, notification: Notification) -> None:
         event = self.mapper.to_domain_event(notification)
-        if notification.topic.endswith(".Taken"):
+        if isinstance(event, PathClaim.Taken):
             self._claims[event.originator_id] = (event.host_id, event.path, event.environment_id)
         else:
             host_id, path, _ = self._claims[event.originator_id]
-            holder = event.environment_id if notification.topic.endswith(".Retaken") else None
+            holder = event.environment_id if isinstance(event, PathClaim.Retaken) else None
             self._claims[event.originator_id] = (host_id, path, holder)
 
     def _attach(self, thread: Thread, environment_id: UUID) -> tuple[Environment, list[Aggregate]]:
@@ -451,8 +452,9 @@ class Environments(Application):
             environment_removed=environment.status == EnvironmentStatus.REMOVED,
         )
 
-    def _fold_hook(self, notification: Any) -> None:
+    def _fold_hook(self, notification: Notification) -> None:
         event = self.mapper.to_domain_event(notification)
+        assert isinstance(event, (Environment.SetupStarted, Environment.TeardownStarted))  # the index reads only these
         kind = "setup" if notification.topic.endswith(".SetupStarted") else "teardown"
         self._hook_operations[event.operation_id] = (event.originator_id, kind)
 
@@ -461,18 +463,18 @@ class Environments(Application):
         self._unfinished_index.catch_up()
         return list(self._unfinished)
 
-    def _fold_unfinished(self, notification: Any) -> None:
+    def _fold_unfinished(self, notification: Notification) -> None:
         if notification.topic.endswith(".Claimed"):
-            self._unfinished[notification.originator_id] = None
+            self._unfinished[_aggregate_id(notification)] = None
         else:
-            self._unfinished.pop(notification.originator_id, None)
+            self._unfinished.pop(_aggregate_id(notification), None)
 
 
 class _LogIndex:
     """Keeps some state up to date from the log's events of a few types, reading only what is new."""
 
-    def __init__(self, app: Application, aggregate: type, event_names: tuple[str, ...],
-                 fold: Callable[[Any], None]) -> None:
+    def __init__(self, app: Application[UUID], aggregate: type, event_names: tuple[str, ...],
+                 fold: Callable[[Notification], None]) -> None:
         self._app = app
         self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
         self._fold = fold
@@ -487,3 +489,8 @@ class _LogIndex:
 
 def _inside(path: str, root: str) -> bool:
     return path.startswith(root.rstrip("/") + "/")
+
+
+def _aggregate_id(notification: Notification) -> UUID:
+    assert isinstance(notification.originator_id, UUID)  # our aggregates' ids are UUIDs, and the recorders return them so
+    return notification.originator_id

@@ -14,7 +14,7 @@ redelivered answer is harmless.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from eventsourcing.domain import Aggregate, event
 
 from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
@@ -47,6 +47,38 @@ TRANSIENT_RETRY_DELAY = timedelta(seconds=30)
 
 
 class Environment(Aggregate):
+    # The event classes the @event decorators below define, as the rest of the code reads them
+    # (`Created` keeps the base class's declaration: redeclaring a nested class is refused).
+    if TYPE_CHECKING:
+        Claimed: ClassVar[type[Aggregate.Created]]
+        CreateFailed: ClassVar[type[Aggregate.Event]]
+        AttemptCleaned: ClassVar[type[Aggregate.Event]]
+        SetupSkipped: ClassVar[type[Aggregate.Event]]
+        SetupSucceeded: ClassVar[type[Aggregate.Event]]
+        SetupFailed: ClassVar[type[Aggregate.Event]]
+        Ready: ClassVar[type[Aggregate.Event]]
+        ResourceRecorded: ClassVar[type[Aggregate.Event]]
+        Paused: ClassVar[type[Aggregate.Event]]
+        Resumed: ClassVar[type[Aggregate.Event]]
+        CreateRetried: ClassVar[type[Aggregate.Event]]
+        SetupRetried: ClassVar[type[Aggregate.Event]]
+        ThreadAttached: ClassVar[type[Aggregate.Event]]
+        ThreadDetached: ClassVar[type[Aggregate.Event]]
+        RetireScheduled: ClassVar[type[Aggregate.Event]]
+        RetireCancelled: ClassVar[type[Aggregate.Event]]
+        Cancelled: ClassVar[type[Aggregate.Event]]
+        RemovalStarted: ClassVar[type[Aggregate.Event]]
+        TeardownSkipped: ClassVar[type[Aggregate.Event]]
+        TeardownFinished: ClassVar[type[Aggregate.Event]]
+        Removed: ClassVar[type[Aggregate.Event]]
+        RemoveFailed: ClassVar[type[Aggregate.Event]]
+
+        class SetupStarted(Aggregate.Event):
+            operation_id: str
+
+        class TeardownStarted(Aggregate.Event):
+            operation_id: str
+
     @event("Claimed")
     def __init__(
         self,

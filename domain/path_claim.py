@@ -7,6 +7,7 @@ the environment it tried to create.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
@@ -19,6 +20,18 @@ def claim_id(host_id: str, canonical_path: str) -> UUID:
 
 
 class PathClaim(Aggregate):
+    if TYPE_CHECKING:  # the event classes the @event decorators below define, as the rest of the code reads them
+        class Taken(Aggregate.Created):
+            host_id: str
+            path: str
+            environment_id: UUID
+
+        class Retaken(Aggregate.Event):
+            environment_id: UUID
+
+        class Released(Aggregate.Event):
+            environment_id: UUID
+
     @staticmethod
     def create_id(host_id: str, path: str, environment_id: UUID) -> UUID:
         return claim_id(host_id, path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
@@ -19,6 +19,15 @@ def thread_aggregate_id(thread_id: str) -> UUID:
 
 
 class Thread(Aggregate):
+    if TYPE_CHECKING:  # the event classes the @event decorators below define
+        Registered: ClassVar[type[Aggregate.Created]]
+        EnvironmentAssigned: ClassVar[type[Aggregate.Event]]
+        EnvironmentRequested: ClassVar[type[Aggregate.Event]]
+        EnvironmentLeft: ClassVar[type[Aggregate.Event]]
+        Refused: ClassVar[type[Aggregate.Event]]
+        Archived: ClassVar[type[Aggregate.Event]]
+        Unarchived: ClassVar[type[Aggregate.Event]]
+
     @staticmethod
     def create_id(thread_id: str, **_: Any) -> UUID:
         return thread_aggregate_id(thread_id)

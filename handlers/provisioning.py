@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Concatenate, ParamSpec, Protocol, assert_never
+from typing import Any, Concatenate, ParamSpec, Protocol, assert_never
 from uuid import UUID
 
 import msgspec
@@ -54,11 +54,13 @@ from bb_environments.providers.contract import (
     CreateFailed,
     CreateResult,
     EnvironmentProvider,
+    PausableProvider,
     Previous,
     RemoveContext,
     Removed,
     RemoveFailed,
     RemoveResult,
+    is_pausable,
 )
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.hooks.runner import SCRIPT_NAMES, HookOutcome, HostUnavailable
@@ -275,10 +277,10 @@ class Provisioner:
             delay, lambda: loop.create_task(self._drive_or_leave_to_sweep(environment_id))
         )
 
-    def _pausable(self, env: Environment) -> EnvironmentProvider | None:
-        """The environment's provider, if it can suspend an idle resource."""
+    def _pausable(self, env: Environment) -> PausableProvider | None:
+        """The environment's provider, if it can suspend an idle resource (and one is recorded)."""
         provider = self._placer.registry.get(env.provider_id)
-        if provider is None or not all(hasattr(provider, m) for m in ("idle_pause_due", "pause", "resume")):
+        if provider is None or env.resource is None or not is_pausable(provider):
             return None
         return provider
 
@@ -299,10 +301,11 @@ class Provisioner:
         if provider is not None and last_activity is not None and last_activity > paused_at:
             self._start(env, "resume", self._resume, env, provider)
 
-    async def _pause(self, cancelled: threading.Event, env: Environment, provider: EnvironmentProvider) -> None:
+    async def _pause(self, cancelled: threading.Event, env: Environment, provider: PausableProvider) -> None:
+        assert env.resource is not None  # `_pausable` gave the provider for this environment's resource
         loop = asyncio.get_running_loop()
 
-        def checkpoint(resource: dict) -> None:
+        def checkpoint(resource: dict[str, Any]) -> None:
             # Called by the provider mid-pause: its new handle is durable before it terminates anything.
             asyncio.run_coroutine_threadsafe(self._store.run(self._app.record_resource, env.id, resource), loop).result()
 
@@ -314,7 +317,8 @@ class Provisioner:
             return
         await self._store.run(self._app.record_paused, env.id, resource, _now())
 
-    async def _resume(self, cancelled: threading.Event, env: Environment, provider: EnvironmentProvider) -> None:
+    async def _resume(self, cancelled: threading.Event, env: Environment, provider: PausableProvider) -> None:
+        assert env.resource is not None  # `_pausable` gave the provider for this environment's resource
         self._transcript.line(str(env.id), "step", provider.id, "Resuming the environment")
         try:
             resource = await asyncio.to_thread(provider.resume, env.resource)
@@ -414,6 +418,7 @@ class Provisioner:
         environment_id = str(env.id)
         script = SCRIPT_NAMES[kind]
         self._transcript.line(environment_id, "step", kind, f"Running {script}")
+        assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
         outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path)
         verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
             outcome.status, f"{outcome.status}: {outcome.message}")

@@ -14,7 +14,7 @@ class BranchChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_
     pass
 
 
-class _NamedBranch(BranchChoice):
+class _NamedBranch(BranchChoice, frozen=True):
     name: str
 
     def __post_init__(self) -> None:
@@ -23,9 +23,9 @@ class _NamedBranch(BranchChoice):
         force_setattr(self, "name", self.name.removeprefix(FULL_BRANCH_PREFIX))
 
 
-class ExistingBranch(_NamedBranch, tag="existing"):
+class ExistingBranch(_NamedBranch, frozen=True, tag="existing"):
     pass
 
 
-class NewBranch(_NamedBranch, tag="new"):
+class NewBranch(_NamedBranch, frozen=True, tag="new"):
     base: str | None = None

@@ -12,10 +12,11 @@ turns it, and the exceptions a provider expects, into `CreateFailed` / `RemoveFa
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from datetime import datetime
+from typing import Any, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -206,9 +207,10 @@ def translate_errors(*expected: type[Exception]) -> Iterator[Failure]:
     Any other exception propagates (the core records it as a terminal failure of the provider).
     """
     failure = Failure()
+    caught: tuple[type[Exception], ...] = (Cancelled, *expected)
     try:
         yield failure
-    except (Cancelled, *expected) as error:
+    except caught as error:
         failure.error = error
 
 
@@ -232,6 +234,23 @@ class EnvironmentProvider(Protocol):
     def create(self, ctx: CreateContext) -> CreateResult: ...
 
     def remove(self, ctx: RemoveContext) -> RemoveResult: ...
+
+
+class PausableProvider(EnvironmentProvider, Protocol):
+    """Optional: a provider that suspends an idle environment's resource and brings it back (the
+    core's idle tracking calls these; see `is_pausable`)."""
+
+    def idle_pause_due(self, last_activity: datetime, now: datetime, data_dir: str) -> bool: ...
+
+    def pause(self, resource: dict[str, Any], checkpoint: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Suspend; `checkpoint` gets the resumable resource before anything is stopped."""
+        ...
+
+    def resume(self, resource: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def is_pausable(provider: EnvironmentProvider) -> TypeGuard[PausableProvider]:
+    return all(hasattr(provider, method) for method in ("idle_pause_due", "pause", "resume"))
 
 
 def shares_planned_path(provider: EnvironmentProvider, ctx: ProjectContext) -> bool:

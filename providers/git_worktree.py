@@ -51,7 +51,7 @@ DEFAULT_BRANCH_PREFIX = "bb/"
 DEFAULT_BRANCH_REFS = ("refs/remotes/origin/HEAD", "refs/heads/main", "refs/heads/master")
 
 
-class DefaultBranch(BranchChoice, tag="default"):
+class DefaultBranch(BranchChoice, frozen=True, tag="default"):
     """A new branch `bb/<path key>` from the repo's default branch."""
 
 
@@ -217,7 +217,7 @@ def repo_dir_name(repo: str) -> str:
 
 def list_worktrees(repo: str) -> list[WorktreeEntry]:
     output = run_git(repo, "worktree", "list", "--porcelain", "-z")
-    entries = []
+    entries: list[WorktreeEntry] = []
     for record in output.split("\0\0"):
         fields = [field for field in record.split("\0") if field]
         if not fields:
@@ -357,14 +357,14 @@ def _add_worktree(repo: str, target: Path, plan: _BranchPlan) -> None:
 
 def _remove_worktree(repo: str | None, path: Path) -> None:
     """Unregister and delete a worktree directory; git failures are tolerated, leftovers deleted."""
-    has_repo = repo is not None and os.path.isdir(repo)
-    if has_repo:
+    repo_dir = repo if repo is not None and os.path.isdir(repo) else None
+    if repo_dir is not None:
         # Twice --force: also removes a locked worktree, which is ours to remove.
-        run_git_or_none(repo, "worktree", "remove", "--force", "--force", "--", str(path))
+        run_git_or_none(repo_dir, "worktree", "remove", "--force", "--force", "--", str(path))
     if os.path.lexists(path):
         delete_tree(path)
-    if has_repo:
-        _unregister_worktree(repo, path)
+    if repo_dir is not None:
+        _unregister_worktree(repo_dir, path)
 
 
 def _unregister_worktree(repo: str, path: Path) -> None:

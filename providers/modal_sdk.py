@@ -21,12 +21,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from bb_environments.providers.contract import Reporter
 from bb_environments.providers.modal_settings import NO_CREDENTIALS, Dockerfile, credentials_from_env
 
 POLL_INTERVAL_S = 1.0
+
+T = TypeVar("T")
 
 
 class ModalOperationFailed(Exception):
@@ -89,7 +91,7 @@ class ModalSession:
         self._client = client
         self._poll_interval_s = poll_interval_s
 
-    def _call(self, action: str, call: Callable[[], Any], transient: bool | None = None) -> Any:
+    def _call(self, action: str, call: Callable[[], T], transient: bool | None = None) -> T:
         return _call(self._sdk, action, call, transient)
 
     def check_credentials(self) -> None:
@@ -159,7 +161,8 @@ class ModalSession:
         )
 
     def tags(self, sandbox: Any) -> dict[str, str]:
-        return sandbox.get_tags()
+        tags: dict[str, str] = sandbox.get_tags()
+        return tags
 
     def sandbox_and_tags(self, sandbox_id: str, action: str) -> tuple[Any, dict[str, str]] | None:
         """The sandbox and its tags, or None when no such sandbox exists."""
@@ -239,7 +242,7 @@ def redact(text: str, secrets: tuple[str, ...] | list[str]) -> str:
     return text
 
 
-def _call(sdk: Any, action: str, call: Callable[[], Any], transient: bool | None = None) -> Any:
+def _call(sdk: Any, action: str, call: Callable[[], T], transient: bool | None = None) -> T:
     """Run one SDK call; Modal errors become ModalOperationFailed naming `action`."""
     try:
         return call()

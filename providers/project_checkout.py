@@ -52,7 +52,7 @@ IN_PROGRESS_MARKERS = (
 )
 
 
-class CurrentBranch(BranchChoice, tag="current"):
+class CurrentBranch(BranchChoice, frozen=True, tag="current"):
     """Run on whatever the checkout has now; never switches, works in any directory."""
 
 

@@ -23,6 +23,7 @@ def validate_branch_name(name: str, field: str = "branch.name") -> None:
 def validate_revision(revision: str, field: str = "branch.base") -> None:
     """Raise InvalidInputs naming `field` when `revision` could be read as an option or is not text
     git can resolve; whether it names a commit is git's to answer (`rev-parse --end-of-options`)."""
+    broken_rule: str | None
     if revision == "":
         broken_rule = "is empty"
     elif revision.startswith("-"):
