@@ -127,7 +127,8 @@ class Credentials:
 
     def public_key(self, user: str) -> str:
         seed = bytearray(self.seed_file(user).read_bytes().strip())
-        return nkeys.from_seed(seed).public_key.decode()
+        public_key: bytes = nkeys.from_seed(seed).public_key
+        return public_key.decode()
 
     def client_files(self) -> dict[str, str]:
         """What server.json names under `credentials`: the clients' seed files, never the seeds."""

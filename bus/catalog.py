@@ -41,7 +41,7 @@ class Entry:
 
     @property
     def type(self) -> str:
-        return self.struct.__struct_config__.tag
+        return d.type_tag(self.struct)
 
     @property
     def schema_path(self) -> str:
@@ -125,8 +125,8 @@ def _event_sections(found: list[Entry], optional: bool = False) -> list[str]:
 def _fields_table(struct: type[msgspec.Struct], skip: type[msgspec.Struct] | None = None,
                   optional: bool = False) -> list[str]:
     """`optional`: mark the fields a publisher may leave out (the service's own documents carry all)."""
-    inherited = {f.name for f in mi.type_info(skip).fields} if skip else set()
-    fields = [f for f in mi.type_info(struct).fields if f.name not in inherited]
+    inherited = {f.name for f in _fields(skip)} if skip else set()
+    fields = [f for f in _fields(struct) if f.name not in inherited]
     if not fields:
         return []
     rows = ["| field | type | description |", "| --- | --- | --- |"]
@@ -173,8 +173,14 @@ def _description(t: mi.Type) -> str:
     return ""
 
 
+def _fields(struct: type[msgspec.Struct]) -> tuple[mi.Field, ...]:
+    info = mi.type_info(struct)
+    assert isinstance(info, mi.StructType)  # what msgspec makes of any Struct class
+    return info.fields
+
+
 def _shape(struct: type[msgspec.Struct]) -> str:
-    fields = mi.type_info(struct).fields
+    fields = _fields(struct)
     return "{" + ", ".join(f.encode_name + ("" if f.required else "?") for f in fields) + "}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import msgspec
 from nats.aio.client import Client
@@ -17,6 +17,7 @@ from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import ErrorReply, Request
 from bb_environments.bus.embedded_server import pid_alive
 from bb_environments.bus.health import describe
+from bb_environments.bus.jetstream import ConnectOptions
 
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 SERVICE_CHECK_S = 0.5
@@ -54,7 +55,7 @@ class ApiClient:
 
     @classmethod
     async def connect(cls, url: str, data_dir: Path | None = None, service_pid: int | None = None,
-                      **options: Any) -> ApiClient:
+                      **options: Unpack[ConnectOptions]) -> ApiClient:
         errors: list[Exception] = []
 
         async def remember(error: Exception) -> None:
@@ -62,7 +63,8 @@ class ApiClient:
 
         client = cls(Client(), service_pid)
         try:
-            await client.nc.connect(url, connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,
+            # nats-py annotates reconnect_time_wait as int, but only sleeps for it.
+            await client.nc.connect(url, connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,  # type: ignore[arg-type]
                                     error_cb=remember, disconnected_cb=client._dropped, closed_cb=client._ended,
                                     **options)
         except (NoServersError, OSError, NatsTimeout, NatsError) as error:
@@ -87,9 +89,10 @@ class ApiClient:
         except NatsError as error:  # the connection is closed or its buffer full: the request never left
             raise unreachable(f"the connection to it failed: {describe(error)}") from None
         if reply.headers and ERROR_CODE_HEADER in reply.headers:
-            error = msgspec.json.decode(reply.data, type=ErrorReply).error
-            raise ServiceError(error.code, error.message)
-        return msgspec.json.decode(reply.data)
+            refusal = msgspec.json.decode(reply.data, type=ErrorReply).error
+            raise ServiceError(refusal.code, refusal.message)
+        answer: dict[str, Any] = msgspec.json.decode(reply.data)
+        return answer
 
     async def until_closed(self) -> None:
         """Return once the connection is gone for good (it tries once to reconnect)."""

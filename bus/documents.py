@@ -51,9 +51,7 @@ class Publication:
 
     @property
     def type(self) -> str:
-        tag = self.document.__struct_config__.tag
-        assert isinstance(tag, str)  # `publishes` refuses a document without a string tag
-        return tag
+        return type_tag(self.document)
 
 
 @dataclass(frozen=True)
@@ -78,12 +76,19 @@ def publishes(event: type[Aggregate.Event], *, from_aggregate: tuple[str, ...] =
         aggregate = next((a for a in _OWNERS if issubclass(event, a.Event)), None)
         if aggregate is None or event in PUBLICATIONS:
             raise TypeError(f"{event.__qualname__} is not an event of a published aggregate, or has a document already")
-        if not isinstance(document.__struct_config__.tag, str):
-            raise TypeError(f"{document.__qualname__} has no string tag: the document's `type` is its tag")
+        type_tag(document)
         PUBLICATIONS[event] = Publication(event, document, aggregate, _OWNERS[aggregate].kind, from_aggregate)
         return document
 
     return register
+
+
+def type_tag(struct: type[msgspec.Struct]) -> str:
+    """A message's `type`: the tag of its struct, which every message on the wire has."""
+    tag = struct.__struct_config__.tag
+    if not isinstance(tag, str):
+        raise TypeError(f"{struct.__qualname__} has no string tag: a message's `type` is its tag")
+    return tag
 
 
 def document_for(event: Aggregate.Event, aggregate: Any) -> tuple[str, Document]:
@@ -577,13 +582,16 @@ _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 # -- transcript lines (bb.transcripts.<environmentId>) ---------------------------------------------
 
 
+TranscriptKind = Literal["step", "output"]
+
+
 class TranscriptLine(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", tag="transcript"):
     """A line of an environment's transcript: a step of its preparation or removal (`kind: step`), or
     a line a provider or hook printed (`kind: output`); `source` names the provider or hook."""
 
     occurred_at: Annotated[datetime, _said("When the line was written (UTC).")]
     environment_id: Annotated[str, _said("The environment.")]
-    kind: Annotated[Literal["step", "output"], _said("`step`: a step of the work; `output`: a line printed.")]
+    kind: Annotated[TranscriptKind, _said("`step`: a step of the work; `output`: a line printed.")]
     source: Annotated[str, _said("Who wrote the line: the core, a provider, or a hook (`setup`, `teardown`).")]
     text: Annotated[str, _said("The line.")]
 

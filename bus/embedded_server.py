@@ -50,7 +50,8 @@ def nats_server_binary() -> str:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def accepts_connections(host: str, port: int) -> bool:
@@ -76,7 +77,7 @@ class EmbeddedNats:
     pid: int
     host: str
     port: int
-    process: subprocess.Popen | None = field(default=None, repr=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     """Set when this process started it: then it is our child, ours to reap."""
 
     @property
@@ -244,7 +245,12 @@ async def _ended(pid: int) -> None:
         return
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
-    loop.add_reader(descriptor, lambda: ended.done() or ended.set_result(None))
+
+    def end() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(descriptor, end)
     try:
         await ended
     finally:

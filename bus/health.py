@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypedDict
 
 from nats.aio.client import Client
 from nats.errors import (
@@ -58,6 +59,12 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+class ConnectionCallbacks(TypedDict):
+    error_cb: Callable[[Exception], Awaitable[None]]
+    disconnected_cb: Callable[[], Awaitable[None]]
+    reconnected_cb: Callable[[], Awaitable[None]]
+
+
 class BusHealth:
     def __init__(self) -> None:
         self._troubles: dict[object, str] = {}  # who is waiting for the bus, and why
@@ -87,6 +94,7 @@ class BusHealth:
         self._telling_back = asyncio.get_running_loop().call_later(SETTLE_S, self._tell_back)
 
     def _tell_back(self) -> None:
+        assert self._since is not None  # `back` schedules this only during an outage, and `lost` cancels it
         log.warning("the NATS bus is back after %.1f s", self._cleared - self._since)
         self._since, self._telling_back = None, None
 
@@ -96,7 +104,7 @@ class BusHealth:
         if self.available or not unavailable(error):
             log.warning("%s: %s", what, describe(error))
 
-    def watch(self, nc: Client, name: str) -> dict[str, Callable[..., Awaitable[None]]]:
+    def watch(self, nc: Client, name: str) -> ConnectionCallbacks:
         """nats-py callbacks for `nc`, to pass to its `connect`."""
 
         async def error(error: Exception) -> None:

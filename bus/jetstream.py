@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
+from typing import TypedDict, Unpack
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -29,11 +31,23 @@ TRANSCRIPT_LINES_PER_ENVIRONMENT = 2000
 TRANSCRIPT_DUPLICATE_WINDOW_S = 3600
 
 
-async def connect(url: str, name: str, health: BusHealth, **options: object) -> Client:
+class ConnectOptions(TypedDict, total=False):
+    """The nats-py connect options that carry who we are (and how the server proves who it is)."""
+
+    tls: ssl.SSLContext
+    user_credentials: str
+    nkeys_seed: str
+    token: str
+    user: str
+    password: str
+
+
+async def connect(url: str, name: str, health: BusHealth, **options: Unpack[ConnectOptions]) -> Client:
     """Reconnect forever: the embedded server may be restarted under a running service, and its
     absence meanwhile is `health`'s to report, once."""
     nc = Client()
-    await nc.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+    # nats-py annotates reconnect_time_wait as int, but only sleeps for it: half a second works.
+    await nc.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,  # type: ignore[arg-type]
                      **health.watch(nc, name), **options)
     return nc
 
@@ -111,7 +125,7 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
             messages = await subscription.fetch(batch, timeout=1)
         except (NatsTimeout, asyncio.TimeoutError):
             # nats-py turns a cancellation inside fetch into a timeout; do not swallow it.
-            if asyncio.current_task().cancelling():
+            if _this_task().cancelling():
                 raise asyncio.CancelledError from None
             bus.succeeded()  # nothing new; while the connection is down, its own report stands
             continue
@@ -132,6 +146,12 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
         backoff.succeeded()
         bus.succeeded()
         await _settle(messages, lambda message: message.ack(), bus)
+
+
+def _this_task() -> asyncio.Task[object]:
+    task = asyncio.current_task()
+    assert task is not None  # called only from the consumer's coroutine, which runs as a task
+    return task
 
 
 async def _settle(messages: list[Msg], settle: Callable[[Msg], Awaitable[None]], bus: Retry) -> None:

@@ -137,18 +137,19 @@ class OutboxRelay:
     async def _last_written(self, state: api.StreamState) -> tuple[int, int, list[int]]:
         """Walking back from the tail: the notification id of the last message the store wrote, how
         many messages the stream holds up to it, and the sequences of the messages after it."""
-        sequence, held, foreign = state.last_seq, state.messages, []
+        sequence, held = state.last_seq, state.messages
+        foreign: list[int] = []
         while held and sequence:
             if sequence == self._sequence and held == self._held:
                 return self.position, held, foreign  # what the relay checked, untouched since
-            message = await self._message_at(sequence)
-            sequence -= 1
+            at, sequence = sequence, sequence - 1
+            message = await self._message_at(at)
             if message is None:
                 continue
             written = await self._written(message, held)
             if written is not None:
                 return written, held, foreign
-            foreign.append(message.seq)
+            foreign.append(at)
             held -= 1
         return 0, 0, foreign
 
@@ -160,7 +161,8 @@ class OutboxRelay:
         if claimed is None or claimed < held:
             return None
         logged = (await self._read_notifications([claimed])).get(claimed)
-        return claimed if logged is not None and logged.matches(message.subject, message.data) else None
+        matches = logged is not None and message.subject is not None and logged.matches(message.subject, message.data)
+        return claimed if matches else None
 
     async def _message_at(self, sequence: int) -> api.RawStreamMsg | None:
         try:

@@ -16,7 +16,7 @@ import msgspec
 from nats.aio.client import Client
 
 from bb_environments.bus import subjects
-from bb_environments.bus.documents import TranscriptLine
+from bb_environments.bus.documents import TranscriptKind, TranscriptLine
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class TranscriptPublisher:
         self._dropped = 0
         self._sending: asyncio.Task[None] | None = None
 
-    def line(self, environment_id: str, kind: str, source: str, text: str, message_id: str | None = None) -> None:
+    def line(self, environment_id: str, kind: TranscriptKind, source: str, text: str, message_id: str | None = None) -> None:
         """`message_id` names a line that may be published again (see the stream's duplicate window)."""
         line = TranscriptLine(occurred_at=datetime.now(timezone.utc), environment_id=environment_id,
                               kind=kind, source=source, text=text.rstrip("\n"))

@@ -37,7 +37,7 @@ class TrustedLog:
         written = await self._read_notifications(claimed_ids) if claimed_ids else {}
         admitted, skipped = [], []
         for message, claimed in claims:
-            logged = written.get(claimed)
+            logged = None if claimed is None else written.get(claimed)
             if logged is not None and logged.matches(message.subject, message.data):
                 admitted.append(Admitted(message, logged))
             else:

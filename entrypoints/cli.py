@@ -23,10 +23,10 @@ from rich.table import Column, Table
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
-from bb_environments.bus.documents import ID_PATTERN
 from bb_environments.bus.relay import claimed_notification_id
 from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.domain.thread import ID_PATTERN
 from bb_environments.entrypoints.cli_modal import machine, modal
 from bb_environments.entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
@@ -143,7 +143,7 @@ def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_jso
     logging.basicConfig(level=os.environ.get("BB_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    def announce(info: dict) -> None:
+    def announce(info: dict[str, Any]) -> None:
         if as_json:
             print(json.dumps(info), flush=True)
         stderr.print(f"bb serving on {info['natsUrl']} (data dir {info['dataDir']})", markup=False)
@@ -170,7 +170,7 @@ async def environment_providers(settings: Settings, as_json: bool) -> None:
     """List the environment providers with their inputs and availability."""
     document = await call(settings, "environments", "providers", Nothing())
 
-    def human(doc: dict) -> None:
+    def human(doc: dict[str, Any]) -> None:
         table = Table("ID", "NAME", "AVAILABILITY", "RETIRE GRACE")
         for p in doc["providers"]:
             availability = p["availability"]["status"] + (f" ({p['availability']['reason']})" if p["availability"].get("reason") else "")
@@ -195,7 +195,7 @@ async def environment_list(settings: Settings, status: str | None, provider: str
                                include_removed=include_removed)
     document = await listing(settings, "environments", "list", request, "environments")
 
-    def human(doc: dict) -> None:
+    def human(doc: dict[str, Any]) -> None:
         # Ids are copied from here: never cut them.
         table = Table(Column("ID", no_wrap=True, min_width=36), "STATUS", "PROVIDER", "THREADS", "PATH")
         for e in doc["environments"]:
@@ -205,7 +205,7 @@ async def environment_list(settings: Settings, status: str | None, provider: str
     emit(document, as_json, human)
 
 
-def _environment_command(verb: str, help_text: str, printer: Callable[[dict], None]) -> None:
+def _environment_command(verb: str, help_text: str, printer: Callable[[dict[str, Any]], None]) -> None:
     @environment.command(verb, help=help_text)
     @click.argument("environment_id")
     @json_option
@@ -216,7 +216,7 @@ def _environment_command(verb: str, help_text: str, printer: Callable[[dict], No
         emit(await call(settings, "environments", verb, request, changes=verb != "show"), as_json, printer)
 
 
-def _print_environment(e: dict) -> None:
+def _print_environment(e: dict[str, Any]) -> None:
     stdout.print(f"[bold]{e['id']}[/bold]  {e['status']}" + (f" — {e['statusMessage']}" if e.get("statusMessage") else ""))
     for label, value in (("provider", e["providerId"]), ("host", e["hostId"]), ("project", e["projectPath"]),
                          ("path", e["path"]), ("owns path", e["ownsPath"]), ("threads", ", ".join(e["threadIds"])),
@@ -226,7 +226,7 @@ def _print_environment(e: dict) -> None:
         stdout.print(f"  │ {line}", markup=False)
 
 
-def _print_accepted(doc: dict) -> None:
+def _print_accepted(doc: dict[str, Any]) -> None:
     stdout.print(f"{doc.get('environmentId') or '-'}  {doc.get('status') or ''}", markup=False)
 
 
@@ -378,7 +378,7 @@ class _SettleWatch:
 
 
 async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environment_id: str, position: int,
-                              timeout: float) -> dict:
+                              timeout: float) -> dict[str, Any]:
     """Stream the transcript to stderr until the environment is ready, failed or gone.
 
     Returns as soon as an event says so (`watch` has followed the events since before the spawn);
@@ -415,7 +415,7 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
             await transcript.unsubscribe()
 
 
-async def _look(client: ApiClient, environment_id: str, claimed: int, known: int) -> dict:
+async def _look(client: ApiClient, environment_id: str, claimed: int, known: int) -> dict[str, Any]:
     """`show` once the read model reached the position an event claimed; a message the log never
     wrote (a forgery, were the bus's permissions off) may claim one past the log's end, which the
     service refuses: then the position the service itself gave this spawn is what counts."""
@@ -438,7 +438,7 @@ async def thread_list(settings: Settings, environment_id: str | None, as_json: b
     """List threads."""
     request = ListThreads(environment_id=environment_id_argument(environment_id) if environment_id else None)
 
-    def human(doc: dict) -> None:
+    def human(doc: dict[str, Any]) -> None:
         table = Table("THREAD", "STATUS", Column("ENVIRONMENT", no_wrap=True, min_width=36), "PARENT")
         for t in doc["threads"]:
             table.add_row(t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-")

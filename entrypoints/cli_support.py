@@ -24,7 +24,7 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class Failure(Exception):
-    def __init__(self, code: str, message: str, document: dict | None = None) -> None:
+    def __init__(self, code: str, message: str, document: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.document = code, message, document
 
@@ -77,7 +77,7 @@ def run_cli(group: click.Group, args: list[str]) -> None:
     sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
 
-def fail(code: str, message: str, as_json: bool, document: dict | None = None) -> None:
+def fail(code: str, message: str, as_json: bool, document: dict[str, Any] | None = None) -> None:
     message = one_line(message)  # click quotes a stray argument as it was given, line breaks and all
     stderr.print(f"bb: {message}", markup=False)
     if as_json:

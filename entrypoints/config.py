@@ -15,6 +15,7 @@ import msgspec
 
 from bb_environments.bus.access import check_host_id
 from bb_environments.bus.embedded_server import pid_alive
+from bb_environments.bus.jetstream import ConnectOptions
 from bb_environments.providers.host.file_lock import read_holder
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,10 @@ class Settings:
         return self.data_dir / SERVER_FILE
 
 
-def nats_credentials(url: str | None = None) -> dict[str, Any]:
+def nats_credentials(url: str | None = None) -> ConnectOptions:
     """nats-py connect options for an external NATS, from the environment only, so that credentials
     never appear in argv or logs; a `tls://` URL also gets a TLS context (CA from BB_NATS_CA)."""
-    options: dict[str, Any] = {}
+    options: ConnectOptions = {}
     if url is not None and urlparse(url).scheme == "tls":
         options["tls"] = ssl.create_default_context(cafile=os.environ.get("BB_NATS_CA") or None)
     if creds := os.environ.get("BB_NATS_CREDS"):
@@ -93,7 +94,7 @@ def nats_credentials(url: str | None = None) -> dict[str, Any]:
 def url_without_credentials(url: str) -> str:
     """What may be written down (server.json, logs): credentials stay in the environment."""
     parts = urlparse(url)
-    return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
+    return parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
 
 
 def event_store_environment(url: str) -> dict[str, str]:

@@ -74,7 +74,7 @@ class CancelThreadMessage:
 ThreadCommand = RegisterThread | ProvideEnvironment | ArchiveThread | UnarchiveThread | CancelThreadMessage
 
 
-def intent_document(intent: Intent) -> dict:
+def intent_document(intent: Intent) -> dict[str, Any]:
     """The intent as the log keeps it (the same keys, in the same order, as it always has)."""
     if isinstance(intent, ExistingEnvironment):
         return {"type": "existing", "environmentId": intent.environment_id}
@@ -83,7 +83,7 @@ def intent_document(intent: Intent) -> dict:
             "inputs": intent.inputs}
 
 
-def intent_from_document(document: dict) -> Intent:
+def intent_from_document(document: dict[str, Any]) -> Intent:
     """An intent the log kept (see `intent_document`)."""
     if document["type"] == "existing":
         return ExistingEnvironment(document["environmentId"])

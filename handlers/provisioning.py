@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, Protocol, assert_never
+from typing import Any, Concatenate, Literal, ParamSpec, Protocol, assert_never
 from uuid import UUID
 
 import msgspec
@@ -81,7 +81,7 @@ class ProviderMissing(Exception):
 
 
 class Transcript(Protocol):
-    def line(self, environment_id: str, kind: str, source: str, text: str) -> None: ...
+    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str) -> None: ...
 
 
 class Hooks(Protocol):
