@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from uuid import UUID
 
 import msgspec
-from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Aggregate, DomainEventProtocol
 
 from bb_environments.bus import subjects
 from bb_environments.domain.environment import Environment
@@ -91,12 +91,12 @@ def type_tag(struct: type[msgspec.Struct]) -> str:
     return tag
 
 
-def document_for(event: Aggregate.Event, aggregate: Any) -> tuple[str, Document]:
+def document_for(event: DomainEventProtocol[UUID], aggregate: Any) -> tuple[str, Document]:
     """The public document and log subject of a stored event, given its aggregate just after it."""
-    publication = PUBLICATIONS.get(type(event))
-    if publication is None:
+    if not isinstance(event, Aggregate.Event) or type(event) not in PUBLICATIONS:
         raise LookupError(f"{type(event).__qualname__} has no public document: declare one with @publishes "
                           f"in bus/documents.py")
+    publication = PUBLICATIONS[type(event)]
     owner = _OWNERS[publication.aggregate]
     # What the event recorded, as far as the document declares it (msgspec drops the rest: a
     # provider's private `resource`, a thread's `intent`).

@@ -74,7 +74,7 @@ class Environments(Application[UUID]):
     def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None) -> None:
         super().__init__(env=env)
         self._grace_for = grace_for or (lambda provider_id: 300_000)
-        self.on_saved: Callable[[], None] = lambda: None
+        self.on_saved: Callable[[], object] = lambda: None
         # Indexes folded from the log, each read on from where it left off (by the one writer).
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
         self._unfinished: dict[UUID, None] = {}

@@ -87,7 +87,7 @@ class Transcript(Protocol):
 class Hooks(Protocol):
     """Runs hooks on the environment's host (the host agent), at most once per operation id."""
 
-    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: str,
+    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
                   workspace: str) -> HookOutcome: ...
 
     async def cancel(self, host_id: str, operation_id: str) -> str: ...
@@ -414,7 +414,7 @@ class Provisioner:
             backoff.succeeded()
             return
 
-    async def _run_hook(self, env: Environment, operation_id: str, kind: str) -> HookOutcome:
+    async def _run_hook(self, env: Environment, operation_id: str, kind: Literal["setup", "teardown"]) -> HookOutcome:
         environment_id = str(env.id)
         script = SCRIPT_NAMES[kind]
         self._transcript.line(environment_id, "step", kind, f"Running {script}")
