@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -42,15 +43,18 @@ class ApiError(Exception):
 ErrorTranslator = Callable[[Exception], ApiError | None]
 
 
+R = TypeVar("R", bound=Request)
+
+
 @dataclass(frozen=True)
-class Endpoint:
+class Endpoint(Generic[R]):
     area: str
     verb: str
-    request_type: type[Request]
-    handler: Callable[[Request], Awaitable[msgspec.Struct]]
+    request_type: type[R]
+    handler: Callable[[R], Awaitable[msgspec.Struct]]
 
 
-async def start_api(nc: Client, endpoints: list[Endpoint], translate: ErrorTranslator) -> Service:
+async def start_api(nc: Client, endpoints: list[Endpoint[Any]], translate: ErrorTranslator) -> Service:
     service = await add_service(
         nc, name=subjects.API_SERVICE, version=API_VERSION, description="bb environments lifecycle API"
     )
@@ -62,7 +66,7 @@ async def start_api(nc: Client, endpoints: list[Endpoint], translate: ErrorTrans
     return service
 
 
-def _serve(endpoint: Endpoint, translate: ErrorTranslator) -> Callable[[MicroRequest], Awaitable[None]]:
+def _serve(endpoint: Endpoint[R], translate: ErrorTranslator) -> Callable[[MicroRequest], Awaitable[None]]:
     async def serve(request: MicroRequest) -> None:
         try:
             body = _decode(request.data, endpoint.request_type)
@@ -87,7 +91,7 @@ def _serve(endpoint: Endpoint, translate: ErrorTranslator) -> Callable[[MicroReq
     return serve
 
 
-def _decode(data: bytes | None, request_type: type[Request]) -> Request:
+def _decode(data: bytes | None, request_type: type[R]) -> R:
     if data and len(data) > MAX_REQUEST_BYTES:
         raise ApiError("invalid_input", f"the request has {len(data)} bytes; at most {MAX_REQUEST_BYTES} are accepted")
     try:

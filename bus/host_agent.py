@@ -136,6 +136,7 @@ class HostAgent:
             return HookState(state="unknown")
         if record.finished_at is None:
             return HookState(state="running")
+        assert record.outcome is not None  # whoever finishes a record gives it its outcome in the same write
         return HookState(state="finished", outcome=HookOutcome(record.outcome, record.exit_code, record.message))
 
     async def _cancel(self, data: bytes) -> Cancelled:
@@ -176,11 +177,12 @@ class HostAgentClient:
         self._nc = nc
         self._health = health or BusHealth()
 
-    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: str, workspace: str) -> HookOutcome:
+    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
+                  workspace: str) -> HookOutcome:
         bus = self._health.retry(f"the {kind} hook {operation_id} on host {host_id!r}")
         finished = asyncio.get_running_loop().create_future()
 
-        async def on_finished(message) -> None:
+        async def on_finished(message: Msg) -> None:
             if not finished.done():
                 finished.set_result(msgspec.json.decode(message.data, type=HookState))
 

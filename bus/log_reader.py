@@ -39,7 +39,7 @@ class LoggedDocument(NamedTuple):
 
 
 class LogReader:
-    def __init__(self, app: Application) -> None:
+    def __init__(self, app: Application[UUID]) -> None:
         self._app = app
         self._states: OrderedDict[UUID, Any] = OrderedDict()
 

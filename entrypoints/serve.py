@@ -26,7 +26,7 @@ from bb_environments.bus.documents import ThreadMessageMessage, TranscriptLine, 
 from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
-from bb_environments.bus.jetstream import connect, consume, ensure_streams
+from bb_environments.bus.jetstream import ConnectOptions, connect, consume, ensure_streams
 from bb_environments.bus.log_reader import LogReader
 from bb_environments.bus.relay import OutboxRelay
 from bb_environments.bus.trusted_log import TrustedLog
@@ -118,14 +118,14 @@ def embedded_nats(settings: Settings, credentials: Credentials) -> SupervisedNat
     return SupervisedNats.open(store_dir, configuration)
 
 
-def connect_options(settings: Settings, credentials: Credentials | None, user: str) -> dict[str, Any]:
+def connect_options(settings: Settings, credentials: Credentials | None, user: str) -> ConnectOptions:
     """The embedded server knows each of our users by its seed; an external one gets the deployment's."""
     if credentials is None:
         return nats_credentials(settings.nats_url)
     return {"nkeys_seed": str(credentials.seed_file(user))}
 
 
-async def serve(settings: Settings, ready: Callable[[dict], None] | None = None) -> None:
+async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Run until SIGTERM or SIGINT. Whatever ends it, everything it started is stopped first (the
     nats-server included, and every thread that would keep the process alive); a failure ends it
     with ServeError. Only a SIGKILL leaves the nats-server running, for the next start to reuse."""
@@ -143,7 +143,7 @@ async def serve(settings: Settings, ready: Callable[[dict], None] | None = None)
                          "BB_LOG_LEVEL=DEBUG shows where)") from None
 
 
-async def _serve(settings: Settings, ready: Callable[[dict], None] | None, started: contextlib.AsyncExitStack) -> None:
+async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack) -> None:
     started.callback(hold_data_dir(settings.data_dir).close)
     if store_lock := hold_event_store(settings):
         started.callback(store_lock.close)
@@ -212,7 +212,7 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
         for environment_id, version in latest.items():
             await provisioner.catch_up(UUID(environment_id), version)
 
-    async def fill_gap(after: int, upto: int) -> list:
+    async def fill_gap(after: int, upto: int) -> list[tuple[int, View]]:
         return await store.read_log(consumer_reader.between, after, upto)
 
     async def apply_to_read_model(messages: list[Msg]) -> None:
@@ -285,7 +285,7 @@ async def _close(nc: Any) -> None:
         await nc.close()
 
 
-async def _cancel(tasks: list[asyncio.Task]) -> None:
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.wait(tasks, timeout=5)
@@ -307,7 +307,7 @@ async def _restore_read_models(core: Core, js: JetStreamContext) -> None:
                 damage or "the read models were empty", counts.events, counts.environments, counts.threads)
 
 
-async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task]) -> None:
+async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
     stopping = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import ParamSpec
+from typing import Any, ParamSpec
 from uuid import UUID
 
 import msgspec
 
-from bb_environments.domain.application import UnknownThread
+from bb_environments.domain.application import Placement, UnknownThread
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, PathAlreadyClaimed
 from bb_environments.domain.thread import Thread
@@ -34,7 +34,7 @@ from bb_environments.handlers.commands import (
     intent_from_document,
 )
 from bb_environments.handlers.errors import InvalidInput, NotFound, Refused, RequestError
-from bb_environments.handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id, decode_inputs
+from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id, decode_inputs
 from bb_environments.handlers.store import Store
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class ThreadHandlers:
         registered = (thread.thread_id, thread.project_path, thread.parent_thread_id, thread.host_id, thread.intent)
         return self._registration(message) == registered
 
-    def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict | None]:
+    def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict[str, Any] | None]:
         """The thread as the log registers it (id, project, parent, host, intent), each checked."""
         host_id = check_host_id(message.host_id or self._default_host_id)
         if message.parent_thread_id is not None:
@@ -92,7 +92,7 @@ class ThreadHandlers:
         intent = None if message.environment is None else self._checked_intent(message.environment)
         return message.thread_id, message.project_path, message.parent_thread_id, host_id, intent
 
-    def _checked_intent(self, intent: Intent) -> dict:
+    def _checked_intent(self, intent: Intent) -> dict[str, Any]:
         """The intent as the thread keeps it in the log: inputs as their provider's type reads them,
         so nothing a publisher adds beside them is stored; what fails that is refused here."""
         if isinstance(intent, ExistingEnvironment):
