@@ -151,7 +151,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     embedded = None if credentials is None else embedded_nats(settings, credentials)
     if embedded:
         started.callback(embedded.stop)
-    nats_url = settings.nats_url or embedded.url
+    nats_url = embedded.url if embedded else settings.nats_url
+    assert nats_url  # without a NATS url of its own, serve starts an embedded server
     loop = asyncio.get_running_loop()
     health = BusHealth()  # one report of an outage for every connection and loop below
     nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health,
@@ -312,8 +313,8 @@ async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task
     done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
     for task in done:
-        if task is not stopping and task.exception():
-            raise task.exception()
+        if task is not stopping and (failure := task.exception()) is not None:
+            raise failure
 
 
 async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner, message: Msg) -> None:
