@@ -455,7 +455,7 @@ class Environments(Application[UUID]):
     def _fold_hook(self, notification: Notification) -> None:
         event = self.mapper.to_domain_event(notification)
         assert isinstance(event, (Environment.SetupStarted, Environment.TeardownStarted))  # the index reads only these
-        kind = "setup" if notification.topic.endswith(".SetupStarted") else "teardown"
+        kind = "setup" if isinstance(event, Environment.SetupStarted) else "teardown"
         self._hook_operations[event.operation_id] = (event.originator_id, kind)
 
     def unfinished_environment_ids(self) -> list[UUID]:
