@@ -9,7 +9,7 @@ connection's maximum payload, so no reply is too large to send whatever the docu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -63,7 +63,7 @@ class ApiEdge:
         self._api = api
         self._max_payload = max_payload
 
-    def endpoints(self) -> list[Endpoint]:
+    def endpoints(self) -> list[Endpoint[Any]]:
         return [
             Endpoint("environments", "providers", Nothing, self.providers),
             Endpoint("environments", "list", ListEnvironments, self.list_environments),

@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
 import click
@@ -30,6 +30,8 @@ from bb_environments.domain.thread import ID_PATTERN
 from bb_environments.entrypoints.cli_modal import machine, modal
 from bb_environments.entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
+
+R = TypeVar("R", bound=Request)
 
 TERMINAL_FOR_WAIT = {
     EnvironmentStatus.READY: 0, EnvironmentStatus.ERROR: 1, EnvironmentStatus.REMOVING: 1, EnvironmentStatus.REMOVED: 1,
@@ -105,7 +107,7 @@ def id_argument(what: str, value: str) -> str:
     return value
 
 
-def sendable(request: Request) -> Request:
+def sendable(request: R) -> R:
     """The request, if JSON can carry it: an argument that is not UTF-8 (bytes of a file name, say)
     is refused naming it, rather than failing the encoding on the way out."""
     for name in request.__struct_fields__:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from bb_environments.bus import subjects
 from bb_environments.bus.access import SERVICE_USER, Credentials, all_users, host_agent_user, server_configuration
 from bb_environments.bus.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.api_service import start_api
-from bb_environments.bus.documents import ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
+from bb_environments.bus.documents import EnvironmentEvent, ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
 from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
@@ -52,7 +52,7 @@ from bb_environments.handlers.errors import RequestError
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.projections.read_model import Applied
+from bb_environments.projections.read_model import Applied, View
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
@@ -209,6 +209,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         latest: dict[str, int] = {}
         for admitted in await provisioning_log.admit(messages):
             event = admitted.logged.document
+            # The consumer reads only bb.log.environment.>, and the trusted log admits only what the store wrote there.
+            assert isinstance(event, EnvironmentEvent)
             latest[event.environment_id] = max(event.version, latest.get(event.environment_id, 0))
         for environment_id, version in latest.items():
             await provisioner.catch_up(UUID(environment_id), version)
@@ -242,7 +244,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
             await asyncio.sleep(settings.sweep_interval_s)
 
     await _restore_read_models(core, js)
-    workers: list[Awaitable[None]] = [
+    workers: list[Coroutine[Any, Any, None]] = [
         relay.run(),
         consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model, health),
         consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript, health),

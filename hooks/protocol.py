@@ -27,6 +27,7 @@ import signal
 import socket
 import struct
 from dataclasses import asdict, dataclass
+from typing import Any
 
 FRAME_HEADER = struct.Struct(">I")
 MAX_FDS_PER_RECEIVE = 16
@@ -46,7 +47,7 @@ class SupervisorRequest:
     environment: dict[str, str]
     """The environment of the moment the hook was asked for, as a freshly spawned supervisor would have had."""
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -54,7 +55,7 @@ class SupervisorRequest:
         return cls(**json.loads(data))
 
 
-def send_frame(channel: socket.socket, document: dict, fds: list[int] | None = None) -> None:
+def send_frame(channel: socket.socket, document: dict[str, Any], fds: list[int] | None = None) -> None:
     data = json.dumps(document).encode()
     frame = FRAME_HEADER.pack(len(data)) + data
     # The descriptors travel with the frame's first byte, which is how the receiver pairs them.
@@ -77,7 +78,7 @@ def take_frame(received: bytearray) -> bytes | None:
     return frame
 
 
-def receive_frame(channel: socket.socket) -> tuple[dict, list[int]]:
+def receive_frame(channel: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One frame's document and the descriptors that came with it; blocking."""
     received = bytearray()
     fds: list[int] = []

@@ -207,7 +207,9 @@ class ReadModel:
 
     async def _count(self, table: str) -> int:
         async with self._db.execute(f"SELECT count(*) FROM {table}") as rows:
-            return (await rows.fetchone())[0]
+            row = await rows.fetchone()
+            assert row is not None  # count(*) answers one row, even for an empty table
+            return int(row[0])
 
     # -- reading -------------------------------------------------------------------------------
 
