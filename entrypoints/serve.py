@@ -48,6 +48,7 @@ from bb_environments.entrypoints.config import (
     url_without_credentials,
     write_private_file,
 )
+from bb_environments.handlers.crash_points import crash_point
 from bb_environments.handlers.errors import RequestError
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import StoreLedger
@@ -232,6 +233,7 @@ async def _serve(settings: Settings, ready: Callable[[dict], None] | None, start
     async def handle_thread_events(messages: list[Msg]) -> None:
         for message in messages:
             await _handle_thread_event(threads, provisioner, message)
+            crash_point("thread-event-handled")  # before its ack: it is delivered again
 
     async def sweep_forever() -> None:
         await relay.caught_up.wait()
