@@ -1,8 +1,10 @@
-"""A burst of thread events cut by a SIGKILL while some are unacknowledged: after the restart every
-thread ends as its own events, in the order it sent them, say, and none was handled twice.
+"""Thread events are handled side by side across threads, one in-order consumer per partition of
+the thread ids, and in order within each thread, also across a crash and across the upgrade from
+the single consumer an earlier service read them with.
 
-Threads are handled side by side (one in-order consumer per partition of the thread ids), so the
-kill finds several partitions each with an event in hand, one of them handled but not acknowledged.
+A burst cut by a SIGKILL finds several partitions each with an event in hand, one of them handled
+but not acknowledged: after the restart every thread ends as its own events, in the order it sent
+them, say, and none was handled twice.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import msgspec
+import pytest
+from nats.js import api
+from nats.js.errors import NotFoundError
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import ListThreads
@@ -96,3 +101,40 @@ async def _threads_once_settled(service: Service, expected: dict[str, str], time
         if {t: threads[t]["status"] for t in threads} == expected or time.monotonic() > deadline:
             return threads
         await asyncio.sleep(0.1)
+
+
+async def test_the_partitions_take_over_where_the_single_consumer_of_an_earlier_service_stopped(service: Service
+                                                                                               ) -> None:
+    service.kill()  # its nats-server lives on: lay out the streams as an earlier service left them
+    nc = await service.connect("service")
+    js = nc.jetstream()
+    publisher = await service.connect("publisher")
+    try:
+        await js.delete_stream(subjects.THREAD_PARTITIONS_STREAM)
+        await js.add_consumer(subjects.THREADS_STREAM, api.ConsumerConfig(
+            durable_name="threads", filter_subject=subjects.THREAD_EVENTS, ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL, ack_wait=5, max_ack_pending=1))
+        single = await js.pull_subscribe_bind("threads", subjects.THREADS_STREAM)
+
+        async def publish(thread_id: str) -> None:
+            for kind, extra in (("created", {"environment": PERSONAL}), ("message", {})):
+                body = {"type": kind, "threadId": thread_id, **extra}
+                await publisher.jetstream().publish(subjects.thread_event(thread_id, kind), msgspec.json.encode(body))
+
+        await publish("handled-before")
+        for _ in range(2):  # as the earlier service did once it had handled them
+            [message] = await single.fetch(1, timeout=5)
+            await message.ack_sync()
+        await publish("waiting")
+
+        await service.start()
+        waiting = await service.wait_for_thread("waiting", with_environment=True)
+        await service.wait_for(waiting["environmentId"], "ready")
+        await service.thread_events_handled()
+        listed = (await service.api.call("threads", "list", ListThreads()))["threads"]
+        assert [thread["id"] for thread in listed] == ["waiting"]  # what it acknowledged is not taken again
+        with pytest.raises(NotFoundError):
+            await js.consumer_info(subjects.THREADS_STREAM, "threads")
+    finally:
+        await publisher.close()
+        await nc.close()
