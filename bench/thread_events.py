@@ -6,9 +6,15 @@ naming the thread. Two measurements, each beside the bare baseline measured in t
 
 - one thread at a time, N runs: p50/p99 of publish → ready, against one bare worktree add + setup;
 - a burst: `--burst` threads published at once, time until the last is ready, against the same
-  number of bare worktree adds + setups run one after another.
+  number of bare worktree adds + setups run one after another;
+- a personal-workspace burst: `--personal` threads (`created` + `message` each) published with a
+  window of unacknowledged publishes, environments/s and thread events/s until the last is ready,
+  against the same messages published the same way into a plain nats-server (a stream on
+  `bb.threads.>`, no service behind it).
 
-    python bench/thread_events.py [--runs 20] [--burst 20]
+A count of 0 leaves that measurement out.
+
+    python bench/thread_events.py [--runs 20] [--burst 20] [--personal 1000]
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import nats
+from nats.js import api
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -35,7 +44,52 @@ async def publish_thread(js, repo: Path, thread_id: str) -> None:
         await js.publish(f"bb.threads.{thread_id}.{kind}", json.dumps(body).encode())
 
 
-async def main(runs: int, burst: int) -> None:
+PUBLISH_WINDOW = 256
+
+
+def personal_thread_events(thread_ids: list[str]) -> list[tuple[str, bytes]]:
+    """`created` (a personal-workspace intent) and `message` of each thread, all the `created` first."""
+    intent = {"type": "provider", "environmentProviderId": "personal-workspace"}
+    created = [(f"bb.threads.{t}.created", json.dumps({"type": "created", "threadId": t, "environment": intent}))
+               for t in thread_ids]
+    messages = [(f"bb.threads.{t}.message", json.dumps({"type": "message", "threadId": t})) for t in thread_ids]
+    return [(subject, body.encode()) for subject, body in created + messages]
+
+
+async def windowed_publish(js, messages: list[tuple[str, bytes]]) -> None:
+    """Publish with up to PUBLISH_WINDOW acknowledgements outstanding, until all are acknowledged."""
+    for subject, body in messages:
+        await js.publish_async(subject, body)
+    await js.publish_async_completed()
+
+
+async def _quiet(error: Exception) -> None:
+    pass
+
+
+async def raw_publish_seconds(root: Path, messages: list[tuple[str, bytes]]) -> float:
+    """The same messages into a plain nats-server with a file stream on `bb.threads.>`."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(root / "raw")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=-1, reconnect_time_wait=0.05,
+                                error_cb=_quiet)  # refused until the server listens
+        js = nc.jetstream(publish_async_max_pending=PUBLISH_WINDOW)
+        await js.add_stream(api.StreamConfig(name="RAW", subjects=["bb.threads.>"], storage=api.StorageType.FILE))
+        started = time.perf_counter()
+        await windowed_publish(js, messages)
+        elapsed = time.perf_counter() - started
+        await nc.close()
+        return elapsed
+    finally:
+        server.terminate()
+        server.wait()
+
+
+async def main(runs: int, burst: int, personal: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-"))
     repo = make_repository(root)
     service, info = await start_service(root)
@@ -68,6 +122,16 @@ async def main(runs: int, burst: int) -> None:
             return ready_at[thread_id] - started
 
         await one("warmup")
+        if personal:
+            personal_ids = [f"personal{i}" for i in range(personal)]
+            personal_events = personal_thread_events(personal_ids)
+            windowed = publisher.jetstream(publish_async_max_pending=PUBLISH_WINDOW)
+            started = time.perf_counter()
+            await windowed_publish(windowed, personal_events)
+            published = time.perf_counter() - started
+            await until_ready(personal_ids)
+            personal_seconds = max(ready_at[t] for t in personal_ids) - started
+            raw_seconds = await raw_publish_seconds(root, personal_events)
         ours, bare = [], []
         for i in range(runs):
             ours.append(await one(f"single{i}"))
@@ -86,12 +150,30 @@ async def main(runs: int, burst: int) -> None:
     finally:
         stop_service(service, root)
 
+    if personal:
+        events = len(personal_events)
+        print(f"burst of {personal} personal-workspace threads (created + message), publish window {PUBLISH_WINDOW}")
+        print(f"  raw windowed js.publish into a plain nats-server: {raw_seconds * 1000:7.1f} ms, "
+              f"{events / raw_seconds:8.0f} events/s")
+        print(f"  thread events, published in {published * 1000:7.1f} ms; last ready at {personal_seconds * 1000:7.1f} ms: "
+              f"{personal / personal_seconds:6.1f} environments/s (goal >= 300), {events / personal_seconds:8.0f} events/s")
+        print(f"  ratio (raw events/s / ours): {(events / raw_seconds) / (events / personal_seconds):.1f}x")
+    if runs:
+        print_single(ours, bare, runs)
+    if burst:
+        print_burst(burst_times, bare_burst, burst)
+
+
+def print_single(ours: list[float], bare: list[float], runs: int) -> None:
     p50_ours, p99_ours = percentile(ours, 0.5) * 1000, percentile(ours, 0.99) * 1000
     p50_bare, p99_bare = percentile(bare, 0.5) * 1000, percentile(bare, 0.99) * 1000
     print(f"one thread at a time, runs: {runs}")
     print(f"  bare git worktree add + setup:      p50 {p50_bare:7.1f} ms  p99 {p99_bare:7.1f} ms")
     print(f"  thread events (created+message) -> ready: p50 {p50_ours:7.1f} ms  p99 {p99_ours:7.1f} ms")
     print(f"  ratio: p50 {p50_ours / p50_bare:.2f}x  p99 {p99_ours / p99_bare:.2f}x")
+
+
+def print_burst(burst_times: list[float], bare_burst: float, burst: int) -> None:
     print(f"burst of {burst} threads published at once")
     print(f"  bare: {burst} worktree adds + setups one after another: {bare_burst * 1000:7.1f} ms")
     print(f"  thread events: first ready {burst_times[0] * 1000:7.1f} ms, last ready {burst_times[-1] * 1000:7.1f} ms")
@@ -102,5 +184,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--burst", type=int, default=20)
+    parser.add_argument("--personal", type=int, default=1000)
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.runs, arguments.burst))
+    asyncio.run(main(arguments.runs, arguments.burst, arguments.personal))

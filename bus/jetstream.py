@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from bb_environments.bus import subjects
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
@@ -61,6 +61,17 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
             storage=api.StorageType.FILE, duplicate_window=min(120, threads_max_age_s),
             max_age=threads_max_age_s, max_bytes=threads_max_bytes,
         ),
+        # The same events, each under its thread's partition, for one in-order consumer per
+        # partition. A mirror keeps the stream's sequence numbers and needs no server
+        # configuration (an external NATS works as it is); it keeps what BB_THREADS keeps.
+        api.StreamConfig(
+            name=subjects.THREAD_PARTITIONS_STREAM, storage=api.StorageType.FILE,
+            max_age=threads_max_age_s, max_bytes=threads_max_bytes,
+            mirror=api.StreamSource(name=subjects.THREADS_STREAM, subject_transforms=[
+                api.SubjectTransform(src=source, dest=destination)
+                for source, destination in subjects.thread_partition_transforms()
+            ]),
+        ),
         api.StreamConfig(
             name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS],
             storage=api.StorageType.FILE, duplicate_window=120,
@@ -84,15 +95,46 @@ async def ensure_streams(js: JetStreamContext, threads_max_age_s: float, threads
 
 
 async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filter_subject: str,
-                          in_order: bool) -> None:
+                          in_order: bool, start_sequence: int | None = None) -> None:
     """`in_order`: one unacknowledged message at a time, so a message that was delivered to a
-    process that died is redelivered (after the short ack wait) before any later one."""
+    process that died is redelivered (after the short ack wait) before any later one.
+
+    A new consumer starts at `start_sequence`, or at the stream's start; an existing one keeps
+    where it started (the server refuses to change that) and takes today's other settings.
+    """
+    try:
+        started = (await js.consumer_info(stream, durable)).config
+        deliver_policy, start_sequence = started.deliver_policy, started.opt_start_seq
+    except NotFoundError:
+        deliver_policy = api.DeliverPolicy.ALL if start_sequence is None else api.DeliverPolicy.BY_START_SEQUENCE
     config = api.ConsumerConfig(
         durable_name=durable, filter_subject=filter_subject, ack_policy=api.AckPolicy.EXPLICIT,
-        deliver_policy=api.DeliverPolicy.ALL, ack_wait=5 if in_order else 30,
+        deliver_policy=deliver_policy, opt_start_seq=start_sequence, ack_wait=5 if in_order else 30,
         max_ack_pending=1 if in_order else 1000,
     )
     await js.add_consumer(stream, config)  # creates it, or updates one created with other settings
+
+
+# The one in-order consumer of BB_THREADS that the partitions' consumers replace.
+_SINGLE_THREADS_CONSUMER = "threads"
+
+
+async def ensure_thread_partition_consumers(js: JetStreamContext) -> None:
+    """Create each partition's in-order consumer. Where a service of the earlier layout left its
+    single consumer of BB_THREADS, the partitions start where it stopped: at its first
+    unacknowledged event, which it may have handled already (handlers take an event twice
+    safely), so no event is lost and none handled earlier is taken again. That consumer is
+    deleted only once every partition's exists, so a crash in between repeats the same start."""
+    try:
+        single = await js.consumer_info(subjects.THREADS_STREAM, _SINGLE_THREADS_CONSUMER)
+        start_sequence: int | None = single.ack_floor.stream_seq + 1
+    except NotFoundError:
+        single, start_sequence = None, None
+    for partition in range(subjects.THREAD_PARTITIONS):
+        await ensure_consumer(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
+                              subjects.thread_partition(partition), in_order=True, start_sequence=start_sequence)
+    if single is not None:
+        await js.delete_consumer(subjects.THREADS_STREAM, _SINGLE_THREADS_CONSUMER)
 
 
 Handler = Callable[[list[Msg]], Awaitable[None]]

@@ -1,6 +1,8 @@
 """Every NATS subject and stream the service uses, in one place.
 
-Inbound thread events arrive on `bb.threads.<threadId>.<event>` (stream BB_THREADS).
+Inbound thread events arrive on `bb.threads.<threadId>.<event>` (stream BB_THREADS). Stream
+BB_THREAD_PARTITIONS mirrors it, storing each event under `bb.ingress.<partition>.<threadId>.<event>`:
+the partition is a hash of the thread id, so one thread's events stay in one partition, in order.
 The outbox relay stores every event of the log under `bb.log.<aggregate>.<id>.<event>` (stream
 BB_ENVIRONMENTS); the stream re-publishes environment events once each, after they are stored, to
 `bb.environments.<environmentId>.<event>` for plain subscribers.
@@ -10,6 +12,12 @@ import hashlib
 
 THREADS_STREAM = "BB_THREADS"
 THREAD_EVENTS = "bb.threads.>"
+
+THREAD_PARTITIONS_STREAM = "BB_THREAD_PARTITIONS"
+# Each partition has one in-order consumer; the count is fixed, since changing it would move a
+# thread to another partition (and consumer) while its earlier events may still wait in the old one.
+THREAD_PARTITIONS = 16
+_INGRESS = "bb.ingress"
 
 ENVIRONMENTS_STREAM = "BB_ENVIRONMENTS"
 LOG_EVENTS = "bb.log.>"
@@ -27,6 +35,29 @@ HOST_AGENT_SERVICE = "bb-host-agent"
 
 def thread_event(thread_id: str, kind: str) -> str:
     return f"bb.threads.{thread_id}.{kind}"
+
+
+def thread_partition(partition: int) -> str:
+    """The subjects of one partition in stream BB_THREAD_PARTITIONS."""
+    return f"{_INGRESS}.{partition}.>"
+
+
+def thread_partition_consumer(partition: int) -> str:
+    return f"threads-{partition}"
+
+
+def thread_partition_transforms() -> list[tuple[str, str]]:
+    """How the mirror maps thread subjects to partitions: the server hashes the thread id token.
+    A subject with no event token is mapped too, so that it is refused in the log, not dropped."""
+    partition = f"{{{{partition({THREAD_PARTITIONS},1)}}}}"
+    return [("bb.threads.*.>", f"{_INGRESS}.{partition}.{{{{wildcard(1)}}}}.>"),
+            ("bb.threads.*", f"{_INGRESS}.{partition}.{{{{wildcard(1)}}}}")]
+
+
+def published_subject(partitioned: str) -> str:
+    """The subject a thread event was published on, from the one its partition stores it under."""
+    _, _, _, rest = partitioned.split(".", 3)
+    return f"bb.threads.{rest}"
 
 
 def log_event(aggregate: str, aggregate_id: str, event: str) -> str:

@@ -26,7 +26,7 @@ from bb_environments.bus.documents import EnvironmentEvent, ThreadMessageMessage
 from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
-from bb_environments.bus.jetstream import ConnectOptions, connect, consume, ensure_streams
+from bb_environments.bus.jetstream import ConnectOptions, connect, consume, ensure_streams, ensure_thread_partition_consumers
 from bb_environments.bus.log_reader import LogReader
 from bb_environments.bus.relay import OutboxRelay
 from bb_environments.bus.trusted_log import TrustedLog
@@ -48,6 +48,7 @@ from bb_environments.entrypoints.config import (
     url_without_credentials,
     write_private_file,
 )
+from bb_environments.handlers.crash_points import crash_point
 from bb_environments.handlers.errors import RequestError
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import StoreLedger
@@ -163,6 +164,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     started.push_async_callback(_close, agent_nc)
     js = nc.jetstream()
     await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
+    await ensure_thread_partition_consumers(js)
 
     async def stream_position() -> int:
         info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
@@ -234,6 +236,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     async def handle_thread_events(messages: list[Msg]) -> None:
         for message in messages:
             await _handle_thread_event(threads, provisioner, message)
+            crash_point("thread-event-handled")  # before its ack: it is delivered again
 
     async def sweep_forever() -> None:
         await relay.caught_up.wait()
@@ -250,9 +253,11 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript, health),
         consume(js, subjects.ENVIRONMENTS_STREAM, "provisioner", subjects.LOG_ENVIRONMENT_EVENTS, drive_environments,
                 health),
-        # One thread event at a time: a thread's events must be handled in the order they were sent.
-        consume(js, subjects.THREADS_STREAM, "threads", subjects.THREAD_EVENTS, handle_thread_events, health,
-                in_order=True),
+        # A thread's events are handled in the order they were sent, one at a time, by its
+        # partition's consumer; the partitions run side by side.
+        *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
+                  subjects.thread_partition(partition), handle_thread_events, health, in_order=True)
+          for partition in range(subjects.THREAD_PARTITIONS)),
         sweep_forever(),
     ]
     tasks = [asyncio.create_task(w) for w in workers]
@@ -322,19 +327,20 @@ async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task
 async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner, message: Msg) -> None:
     """A refused event is logged by subject and reason, never its content (a prompt, a secret),
     and returns normally, so it is acknowledged: sending it again would not make it valid."""
+    subject = subjects.published_subject(message.subject)
     try:
         event = inbound_decoder.decode(message.data)
     except (msgspec.DecodeError, RecursionError) as malformed:  # RecursionError: nested too deep
-        log.warning("refused a thread event on %s: %s", message.subject, refusal_reason(malformed))
+        log.warning("refused a thread event on %s: %s", subject, refusal_reason(malformed))
         return
-    subject_thread = message.subject.split(".")[2]
+    subject_thread = subject.split(".")[2]
     if subject_thread != event.thread_id:
-        log.warning("refused a thread event on %s: it names thread %s", message.subject, event.thread_id)
+        log.warning("refused a thread event on %s: it names thread %s", subject, event.thread_id)
         return
     try:
         environment = await threads.handle(thread_command(event))
     except (RequestError, DomainError) as refused:
-        log.warning("refused a thread event on %s: %s", message.subject, refused)
+        log.warning("refused a thread event on %s: %s", subject, refused)
         return
     if environment is not None:
         if isinstance(event, ThreadMessageMessage):

@@ -1,5 +1,13 @@
 """The asyncio face of the event store: every command runs on one writer thread, off the loop.
 
+Group commit: commands that queue up while the writer is busy run one after another as a batch,
+each saving (and committing) its own events as before, so every command sees what the ones before
+it wrote and a failing command affects no other. On SQLite the commits do not wait for the disk
+one by one (`synchronous=NORMAL`: each is in the write-ahead log, which survives the process being
+killed); the writer syncs the log to disk once per batch, and only then answers the batch's
+callers and wakes whoever forwards new events (the relay). So a command's events are durable
+before anyone hears of them, as before, with one disk sync for many commands.
+
 Reads of the notification log (the relay's pages, gap fills, the log's head) run on a reader
 thread of their own, on another connection: they see only committed events, and a command never
 waits behind a page of them.
@@ -8,40 +16,137 @@ waits behind a page of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import os
+import queue
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from eventsourcing.sqlite import SQLiteDatastore
 
 from bb_environments.domain.application import Environments, RecordedHook
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
+# A batch is answered at once; a bound keeps the first caller's wait short under a long queue.
+BATCH_LIMIT = 64
+
+
+@dataclass
+class _Command:
+    call: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    answer: asyncio.Future[Any]
+
 
 class Store:
     def __init__(self, app: Environments) -> None:
         self.app = app
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-store")
+        self._sync = _deferred_sqlite_sync(app)
+        self._saved = False
+        # Every save of the application ends here (the writer's alone): whoever forwards new
+        # events is woken only once they are on disk.
+        app._notify = self._note_saved  # type: ignore[method-assign]
+        self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="event-store", daemon=True)
+        self._writer.start()
         self._log_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-log-reader")
 
     async def run(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a command on the writer thread; its arguments are checked against `call`'s signature."""
-        return await _in(self._writer, call, *args, **kwargs)
+        """Run a command on the writer thread; its arguments are checked against `call`'s signature.
+        It is answered once its events are durable."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+        self._commands.put(_Command(functools.partial(call, *args, **kwargs), loop, answer))
+        return await answer
 
     async def read_log(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a read of the notification log (never a command) on the reader thread."""
-        return await _in(self._log_reader, call, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._log_reader,
+                                                                functools.partial(call, *args, **kwargs))
 
     def close(self) -> None:
         self._log_reader.shutdown(wait=True)
-        self._writer.shutdown(wait=True)
+        self._commands.put(None)  # after every command queued before it
+        self._writer.join()
         self.app.close()
 
+    def _note_saved(self, recordings: list[Any]) -> None:
+        self._saved = True
 
-async def _in(executor: ThreadPoolExecutor, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    # run_in_executor passes positional arguments only; a partial carries keywords too.
-    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(call, *args, **kwargs))
+    def _write(self) -> None:
+        while True:
+            batch = [self._commands.get()]
+            while batch[-1] is not None and len(batch) < BATCH_LIMIT and not self._commands.empty():
+                batch.append(self._commands.get())
+            commands = [command for command in batch if command is not None]
+            outcomes = [_attempt(command.call) for command in commands]
+            if self._saved:
+                try:
+                    self._sync()
+                except OSError as failed:
+                    # Written, maybe not on disk: no caller may take it as done.
+                    outcomes = [(None, failed)] * len(commands)
+                self._saved = False
+                self.app.on_saved()
+            for command, (result, error) in zip(commands, outcomes):
+                with contextlib.suppress(RuntimeError):  # its loop has closed: nobody waits for it
+                    command.loop.call_soon_threadsafe(_answer, command.answer, result, error)
+            if batch[-1] is None:
+                return
+
+
+def _attempt(call: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    try:
+        return call(), None
+    except Exception as error:
+        return None, error
+
+
+def _answer(answer: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if answer.done():  # its caller was cancelled; the command ran all the same
+        return
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(result)
+
+
+def _deferred_sqlite_sync(app: Environments) -> Callable[[], None]:
+    """Make the store's SQLite connections commit without waiting for the disk, and return what
+    puts every commit so far on disk: a sync of the write-ahead log. Any other store (PostgreSQL,
+    in memory) commits as it always does, and there is nothing to sync."""
+    datastore = getattr(app.recorder, "datastore", None)
+    if not isinstance(datastore, SQLiteDatastore) or datastore.pool.is_sqlite_memory_mode:
+        return lambda: None
+    pool = datastore.pool
+    # The library has no setting for it: set it on the connections open now and on each new one.
+    # Should its internals change, the connections keep synchronous=FULL: slower, never less safe.
+    create_connection = pool._create_connection
+
+    def create_deferring_sync() -> Any:
+        connection = create_connection()
+        connection._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
+        return connection
+
+    pool._create_connection = create_deferring_sync  # type: ignore[method-assign]
+    for connection in list(pool._pool):
+        connection._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
+    log_file = f"{os.path.realpath(pool.db_name)}-wal"  # SQLite keeps it beside the file a link names
+
+    def sync() -> None:
+        descriptor = os.open(log_file, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+    return sync
 
 
 class StoreLedger:

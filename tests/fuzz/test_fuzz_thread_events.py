@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 from hypothesis import example, given
 
+from bb_environments.bus import subjects
 from bb_environments.bus.documents import inbound_decoder
 from bb_environments.entrypoints.serve import _handle_thread_event
 from bb_environments.providers.registry import ProviderRegistry
@@ -37,6 +38,11 @@ def created(thread_id: str, **fields: object) -> tuple[str, bytes]:
     return f"bb.threads.{thread_id}.created", json.dumps({"type": "created", "threadId": thread_id, **fields}).encode()
 
 
+def stored(subject: str) -> str:
+    """The subject as the consumer reads it from its partition (which partition does not matter here)."""
+    return subjects.thread_partition(0).removesuffix(">") + subject.removeprefix("bb.threads.")
+
+
 def test_no_thread_event_crashes_the_consumer_or_is_written_when_refused(tmp_path: Path, micro, edge) -> None:
     world = ServiceWorld(tmp_path, ProviderRegistry.from_entry_points(), micro, edge)
     seeded = world.seeded
@@ -46,7 +52,7 @@ def test_no_thread_event_crashes_the_consumer_or_is_written_when_refused(tmp_pat
     def handled(subject: str, data: bytes) -> LogLines:
         """The lines the consumer logged for one message, each checked: one line, no content, no error."""
         with LogLines().installed() as logs:
-            world.run(_handle_thread_event(world.threads, world.provisioner, world.nats.message(subject, data)))
+            world.run(_handle_thread_event(world.threads, world.provisioner, world.nats.message(stored(subject), data)))
             world.settle()
         assert not [r for r in logs.records if r.levelno >= logging.ERROR], logs.lines()
         for line in logs.lines():

@@ -18,6 +18,7 @@ import nats
 import nats.aio.client
 import pytest
 
+from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import EnvironmentRef, ListThreads
 from bb_environments.bus.client import ApiClient
 from bb_environments.bus.embedded_server import pid_alive
@@ -151,6 +152,26 @@ class Service:
                 raise AssertionError(f"environment {environment_id} never satisfied the condition: {environment}")
             await asyncio.sleep(0.1)
 
+    async def thread_events_handled(self, timeout: float = 60) -> None:
+        """Wait until every thread event published so far has been handled and acknowledged
+        (threads in different partitions are handled side by side, in no order between them)."""
+        nc = await self.connect("service")
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                published = (await js.stream_info(subjects.THREADS_STREAM)).state.last_seq
+                mirrored = (await js.stream_info(subjects.THREAD_PARTITIONS_STREAM)).state.last_seq
+                consumers = [await js.consumer_info(subjects.THREAD_PARTITIONS_STREAM,
+                                                    subjects.thread_partition_consumer(partition))
+                             for partition in range(subjects.THREAD_PARTITIONS)]
+                if mirrored >= published and all(c.num_pending == 0 and c.num_ack_pending == 0 for c in consumers):
+                    return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"thread events were not all handled within {timeout:.0f} s")
+                await asyncio.sleep(0.05)
+        finally:
+            await nc.close()
 
     async def wait_for_thread(self, thread_id: str, with_environment: bool = False, timeout: float = 30) -> dict:
         """The thread's document once the read model knows it (and its environment, if asked)."""

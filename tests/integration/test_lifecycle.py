@@ -259,10 +259,7 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
         await publish("message")  # late: the thread is archived
         await publish("created", projectPath=str(git_repo), environment=intent)  # late and repeated
         await publish("archived")
-        # The consumer handles thread events in order: once a later thread is known, these were handled.
-        probe = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "probe"}
-        await js.publish(subjects.thread_event("probe", "created"), msgspec.json.encode(probe))
-        await service.wait_for_thread("probe")
+        await service.thread_events_handled()
         replies = (await service.bb("environment", "list", "--all", "--json")).json()["environments"]
         assert [e["id"] for e in replies] == [environment_id]
         events = await environment_events(service, environment_id)

@@ -7,7 +7,8 @@ service's log are searched for them.
 
 Stream BB_THREADS is left out of the search: it keeps what publishers sent, prompts included, for
 whoever runs the threads' agents. That is its purpose, bounded by its retention limits, which are
-checked instead.
+checked instead. So is its mirror BB_THREAD_PARTITIONS (the same events under partition subjects),
+which keeps them within the same limits.
 """
 
 from __future__ import annotations
@@ -40,16 +41,24 @@ def worktree_intent(**inputs: object) -> dict:
             "inputs": {"branch": {"kind": "default"}, **inputs}}
 
 
+THREAD_STREAMS = (subjects.THREADS_STREAM, subjects.THREAD_PARTITIONS_STREAM)
+
+
 def files_under(root: Path) -> list[Path]:
     return [path for path in root.rglob("*")
-            if path.is_file() and subjects.THREADS_STREAM not in path.relative_to(root).parts]
+            if path.is_file() and not set(THREAD_STREAMS) & set(path.relative_to(root).parts)]
 
 
 def threads_stream_limits(data_dir: Path) -> tuple[int, int]:
-    """Max age (ns) and max bytes of BB_THREADS, as the nats-server stored its configuration."""
-    [meta] = data_dir.rglob(f"streams/{subjects.THREADS_STREAM}/meta.inf")
-    config = json.loads(meta.read_text())
-    return config["max_age"], config["max_bytes"]
+    """Max age (ns) and max bytes of BB_THREADS and of its mirror (the same), as the nats-server
+    stored their configuration."""
+    limits = set()
+    for stream in THREAD_STREAMS:
+        [meta] = data_dir.rglob(f"streams/{stream}/meta.inf")
+        config = json.loads(meta.read_text())
+        limits.add((config["max_age"], config["max_bytes"]))
+    [both] = limits
+    return both
 
 
 @pytest.mark.parametrize("service", [{"BB_NATS_PASSWORD": PASSWORD}], indirect=True)
@@ -77,7 +86,7 @@ async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Ser
             thread_event("created", "kept", projectPath=project, environment=worktree_intent())))
         await js.publish(subjects.thread_event("kept", "message"), msgspec.json.encode(
             thread_event("message", "kept", text=f"deploy with {secrets['text']}")))
-        # Thread events are handled in order: once "kept" has an environment, the refused ones were handled.
+        await service.thread_events_handled()
         kept = await service.wait_for_thread("kept", with_environment=True)
     finally:
         await publisher.close()
