@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from nats.errors import ConnectionClosedError, NoRespondersError, UnexpectedEOF
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from bb_environments.bus import health as health_module
 from bb_environments.bus.health import BusHealth
@@ -140,6 +140,9 @@ class ScriptedJetStream:
     def __init__(self, consumer_errors: list[Exception], subscription: ScriptedSubscription) -> None:
         self._consumer_errors = consumer_errors
         self._subscription = subscription
+
+    async def consumer_info(self, stream: str, durable: str) -> object:
+        raise NotFoundError  # a new consumer: the script starts with its creation
 
     async def add_consumer(self, stream: str, config: object) -> None:
         if self._consumer_errors:
