@@ -2,7 +2,8 @@
 
 import pytest
 
-from bb_environments.entrypoints.config import ConfigError, Settings, url_without_credentials
+from bb_environments.domain.application import Environments
+from bb_environments.entrypoints.config import ConfigError, Settings, event_store_environment, url_without_credentials
 
 
 def test_credentials_in_a_nats_url_are_never_written_down():
@@ -51,3 +52,23 @@ def test_a_retention_limit_must_be_one(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ConfigError, match=name):
         Settings.load("/tmp/bb-config-test")
+
+
+@pytest.mark.parametrize("raw, level", [(None, 1), ("normal", 1), ("FULL", 2)])
+def test_the_event_store_fsyncs_each_commit_only_when_asked(monkeypatch, tmp_path, raw, level):
+    """`normal` (1) survives a kill -9 without an fsync per commit; `full` (2) survives power loss too."""
+    if raw is None:
+        monkeypatch.delenv("BB_EVENT_STORE_SYNC", raising=False)
+    else:
+        monkeypatch.setenv("BB_EVENT_STORE_SYNC", raw)
+    app = Environments(env=event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}"))
+    with app.recorder.datastore.transaction(commit=False) as cursor:
+        cursor.execute("PRAGMA synchronous")
+        assert cursor.fetchone()[0] == level
+    app.close()
+
+
+def test_an_unknown_event_store_sync_level_is_refused_by_name(monkeypatch, tmp_path):
+    monkeypatch.setenv("BB_EVENT_STORE_SYNC", "off")
+    with pytest.raises(ConfigError, match="BB_EVENT_STORE_SYNC 'off' is not allowed: use normal or full"):
+        event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}")
