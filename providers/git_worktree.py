@@ -136,9 +136,8 @@ class GitWorktreeProvider:
         repo = _require_repo(ctx.project_path)
         target = managed_worktree_path(ctx.data_dir, ctx.path_key, repo)
         branch = inputs_as(ctx, GitWorktreeInputs).branch
-        worktrees = list_worktrees(repo)
         if isinstance(branch, ExistingBranch):
-            adopted = _adoptable_worktree(repo, worktrees, branch.name, own_target=target)
+            adopted = _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=target)
             if adopted is not None:
                 ctx.report.step(f"Using the worktree at {adopted}, which already has {branch.name}")
                 return Created(
@@ -149,14 +148,16 @@ class GitWorktreeProvider:
                 )
         plan = _plan_branch(repo, branch, ctx.path_key)
         ctx.raise_if_cancelled()
-        if not _is_worktree_on_branch(worktrees, target, plan.branch):
-            if os.path.lexists(target) or _find_worktree(worktrees, target) is not None:
-                ctx.report.step("Removing the worktree an earlier attempt left behind")
-                _remove_worktree(repo, target)
-                ctx.raise_if_cancelled()
-            ctx.report.step("Creating worktree")
-            _add_worktree(repo, target, plan)
-            ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
+        if not _added_afresh(ctx, repo, target, plan):
+            worktrees = list_worktrees(repo)
+            if not _is_worktree_on_branch(worktrees, target, plan.branch):
+                if os.path.lexists(target) or _find_worktree(worktrees, target) is not None:
+                    ctx.report.step("Removing the worktree an earlier attempt left behind")
+                    _remove_worktree(repo, target)
+                    ctx.raise_if_cancelled()
+                ctx.report.step("Creating worktree")
+                _add_worktree(repo, target, plan)
+                ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
         ctx.raise_if_cancelled()
         _copy_includes(ctx, repo, target)
         ctx.raise_if_cancelled()
@@ -343,6 +344,23 @@ def _is_worktree_on_branch(worktrees: list[WorktreeEntry], target: Path, branch:
     )
 
 
+def _added_afresh(ctx: CreateContext, repo: str, target: Path, plan: _BranchPlan) -> bool:
+    """The usual first attempt, in one git process instead of three: nothing at the target, the
+    branch made by `worktree add -b`. Whatever an earlier attempt left (its branch, its worktree, a
+    registration without its directory) makes git refuse, having made the branch at most, and the
+    caller then looks at the repository's worktrees and branches and takes it from there."""
+    if plan.start_point is None or os.path.lexists(target):
+        return False
+    ctx.report.step("Creating worktree")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _new_branch_worktree(repo, target, plan.branch, plan.start_point)
+    except GitFailed:
+        return False
+    ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
+    return True
+
+
 def _add_worktree(repo: str, target: Path, plan: _BranchPlan) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if branch_exists(repo, plan.branch):
@@ -351,8 +369,12 @@ def _add_worktree(repo: str, target: Path, plan: _BranchPlan) -> None:
         return
     if plan.start_point is None:
         raise InvalidInputs(f"branch.name: no branch {plan.branch!r} in {repo}")  # deleted meanwhile
+    _new_branch_worktree(repo, target, plan.branch, plan.start_point)
+
+
+def _new_branch_worktree(repo: str, target: Path, branch: str, start_point: str) -> None:
     # --no-track: the thread's branch must not push to (or pull from) its base.
-    run_git(repo, "worktree", "add", "--no-track", "-b", plan.branch, "--", str(target), plan.start_point)
+    run_git(repo, "worktree", "add", "--no-track", "-b", branch, "--", str(target), start_point)
 
 
 def _remove_worktree(repo: str | None, path: Path) -> None:
