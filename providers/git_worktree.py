@@ -242,10 +242,16 @@ def _require_repo(project_path: str | None) -> str:
         raise InvalidInputs("project path: a git checkout is required for a worktree")
     if not os.path.isdir(project_path):
         raise InvalidInputs(f"project path: {project_path} does not exist")
+    git_entry = _git_entry(project_path)
+    if git_entry is not None and _known_toplevels.get(project_path) == git_entry:
+        return project_path
     # One git process in the usual case (HEAD is a commit); the slower checks only name what is wrong.
     top_and_head = run_git_or_none(project_path, "rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD")
     if top_and_head is not None:
-        return top_and_head.splitlines()[0]
+        toplevel = top_and_head.splitlines()[0]
+        if toplevel == project_path and git_entry is not None:
+            _known_toplevels[project_path] = git_entry
+        return toplevel
     try:
         repo = run_git(project_path, "rev-parse", "--show-toplevel")
     except GitFailed:
@@ -253,6 +259,22 @@ def _require_repo(project_path: str | None) -> str:
     if not run_git(repo, "for-each-ref", "--count=1", "--format=%(refname)", "refs/heads"):
         raise InvalidInputs(f"project path: {project_path} has no commits yet")
     return repo
+
+
+_known_toplevels: dict[str, tuple[int, int]] = {}
+"""Checkouts that git found to be their own top level with a commit, by their `.git` entry's
+identity: a spawn asks three times (validate, plan, create), and while that entry is there, git
+finds the checkout's top level in it. A repository made anew (`rm -rf .git; git init`) usually has
+a new entry and is asked again; one that got the old inode back is still refused for lack of
+commits by the checks that follow, which look for the refs they need."""
+
+
+def _git_entry(directory: str) -> tuple[int, int] | None:
+    try:
+        entry = os.lstat(os.path.join(directory, ".git"))
+    except OSError:
+        return None
+    return entry.st_dev, entry.st_ino
 
 
 def _require_existing_branch(repo: str, name: str) -> None:

@@ -145,6 +145,18 @@ def test_validate_refuses_a_repository_without_commits(
         provider.validate(project_context(empty, data_dir))
 
 
+def test_a_repository_made_anew_is_checked_again(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    provider.validate(project_context(git_repo, data_dir))
+    shutil.rmtree(git_repo / ".git")
+    with pytest.raises(InvalidInputs, match="is not a git repository"):
+        provider.validate(project_context(git_repo, data_dir))
+    git(git_repo, "init", "--quiet")
+    with pytest.raises(InvalidInputs, match="no commits yet|cannot determine the default branch"):
+        provider.validate(project_context(git_repo, data_dir))
+
+
 def test_validate_refuses_a_missing_existing_branch(
     provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
 ) -> None:
