@@ -154,13 +154,6 @@ class Environments(Application[UUID]):
         self.save(*changed)
         return environment
 
-    def request_environment(self, thread_id: str) -> Thread:
-        """Record that the thread's first message wants an environment, so a crash cannot lose it."""
-        thread = self.thread(thread_id)
-        thread.request_environment()
-        self.save(thread)
-        return thread
-
     def threads_awaiting_environment(self) -> list[str]:
         self._requested_index.catch_up()
         threads: Iterator[Thread] = (self.repository.get(identity) for identity in self._requested)
@@ -173,10 +166,22 @@ class Environments(Application[UUID]):
             self._requested.discard(_aggregate_id(notification))
 
     def refuse_thread(self, thread_id: str, message: str) -> None:
+        """Refuse the environment the thread's first message asked for (the request is recorded
+        with the refusal, if it was not yet)."""
         thread = self.thread(thread_id)
         if thread.needs_environment and thread.refusal != message:
+            thread.request_environment()
             thread.refuse(message)
             self.save(thread)
+
+    def answer_first_message(self, thread_id: str, target: UUID | Placement) -> Environment:
+        """Record the request of the thread's first message and give it its environment (`target`
+        joined, or placed new), in one save."""
+        thread = self.thread(thread_id)
+        thread.request_environment()
+        environment, changed = self._provide(thread, target)
+        self.save(*changed)
+        return environment
 
     def provide_environment(self, thread_id: str, target: UUID | Placement) -> Environment:
         """Give the thread the environment its first message asked for: join `target`, or claim
