@@ -6,7 +6,8 @@ operation's `finished` subject, and `status` answers it again for a caller that 
 `cancel` writes the operation's tombstone first, so a cancelled hook can never start later, and
 answers "never-started" for an operation that never ran here, so cleanup is never blocked by it.
 Output lines go straight to the environment's transcript. In the embedded default the agent for
-host `local` runs inside `bb serve`.
+host `local` runs inside `bb serve`, and the core hands it that host's hooks directly
+(`LocalFirstHooks`), through the same guard.
 
 Whoever can publish on the agent's subjects is not trusted with what a request says: what the log
 lets it do is decided by its guard (see hooks.ledger); a request the guard refuses is answered
@@ -99,12 +100,16 @@ class HostAgent:
             log.info("deleted the records of %d hook operations of removed environments", len(forgotten))
 
     async def _start(self, data: bytes) -> HookState:
-        request = _decode(data, StartHook)
+        await self.start_or_join(_decode(data, StartHook))
+        return HookState(state="running")
+
+    async def start_or_join(self, request: StartHook) -> asyncio.Task[HookOutcome]:
+        """The hook's run, begun or joined, once the guard finds the request backed by the log."""
         recorded = await self._guard.to_run(request.operation_id, request.kind, request.environment_id,
                                             request.workspace)
         if request.operation_id not in self._running:
             self._running[request.operation_id] = asyncio.create_task(self._run(recorded))
-        return HookState(state="running")
+        return self._running[request.operation_id]
 
     async def _run(self, hook: RecordedHook) -> HookOutcome:
         async def output(text: str, offset: int) -> None:
@@ -140,8 +145,11 @@ class HostAgent:
         return HookState(state="finished", outcome=HookOutcome(record.outcome, record.exit_code, record.message))
 
     async def _cancel(self, data: bytes) -> Cancelled:
-        recorded = await self._guard.to_stop(_decode(data, HookRef).operation_id)
-        return Cancelled(await self._runner.cancel(recorded.operation_id))
+        return Cancelled(await self.cancel_hook(_decode(data, HookRef).operation_id))
+
+    async def cancel_hook(self, operation_id: str) -> str:
+        recorded = await self._guard.to_stop(operation_id)
+        return await self._runner.cancel(recorded.operation_id)
 
 
 def _decode(data: bytes, request_type: type[T]) -> T:
@@ -167,6 +175,41 @@ def _replying(handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Callable
         await request.respond(msgspec.json.encode(answer))
 
     return reply
+
+
+class LocalFirstHooks:
+    """Hooks on the host of the agent in this process go to that agent directly, once it is
+    attached: the same guard, the same durable runner, without a request over the bus and a
+    `finished` message to wait for (two round trips on the way to `ready`). Other hosts' hooks, and
+    this host's before its agent is attached, go over the bus."""
+
+    def __init__(self, host_id: str, remote: HostAgentClient) -> None:
+        self._host_id = host_id
+        self._remote = remote
+        self._agent: HostAgent | None = None
+
+    def attach(self, agent: HostAgent) -> None:
+        self._agent = agent
+
+    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
+                  workspace: str) -> HookOutcome:
+        if self._agent is None or host_id != self._host_id:
+            return await self._remote.run(host_id, environment_id, operation_id, kind, workspace)
+        start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
+        try:
+            running = await self._agent.start_or_join(start)
+        except HookRefused as refused:
+            raise _unavailable(host_id, "refused", refused.reason) from None
+        # Shielded: the core giving up on waiting (a stop) must not cancel the agent's run.
+        return await asyncio.shield(running)
+
+    async def cancel(self, host_id: str, operation_id: str) -> str:
+        if self._agent is None or host_id != self._host_id:
+            return await self._remote.cancel(host_id, operation_id)
+        try:
+            return await self._agent.cancel_hook(operation_id)
+        except HookRefused as refused:
+            raise _unavailable(host_id, "refused", refused.reason) from None
 
 
 class HostAgentClient:
@@ -228,8 +271,10 @@ class HostAgentClient:
 
 def _answer(reply: Msg, host_id: str, answer: type[T]) -> T:
     if reply.headers and (code := reply.headers.get("Nats-Service-Error-Code")):
-        # A refusal too: the agent's ledger may not have caught up with the log yet.
-        raise HostUnavailable(
-            f"the host agent of {host_id!r} answered {code}: {reply.headers.get('Nats-Service-Error')}"
-        )
+        raise _unavailable(host_id, code, reply.headers.get("Nats-Service-Error"))
     return msgspec.json.decode(reply.data, type=answer)
+
+
+def _unavailable(host_id: str, code: str, reason: str | None) -> HostUnavailable:
+    # A refusal too: the agent's ledger may not have caught up with the log yet.
+    return HostUnavailable(f"the host agent of {host_id!r} answered {code}: {reason}")

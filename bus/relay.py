@@ -7,11 +7,17 @@ stored log subject can add a message to the stream, and such a message must neit
 relay nor move its position. This heal runs on start, when a publish is refused or ambiguous, and
 when the stream grew while the relay was idle; each heal that deletes logs one warning line.
 
-Each publish carries `Nats-Expected-Last-Sequence` = the stream's last sequence as the relay last
-checked it, so a second relay with a stale view, or a retry of a publish that did land, is refused
-instead of reordering or doubling the log. `Nats-Msg-Id` is `bb:<notification id>:<random token>`:
-nobody can take an id before the relay uses it, and a stored message sent again within the
-duplicate window is dropped (so the stream's RePublish does not emit it twice).
+The relay publishes a window of messages at once and awaits their acks together. Each publish
+carries `Nats-Expected-Last-Sequence` = the sequence it must follow (the stream's last sequence as
+the relay last checked it, plus its place in the window), so a second relay with a stale view, or
+a retry of a publish that did land, is refused instead of reordering or doubling the log. Every
+message of a window but the first also carries `Nats-Expected-Last-Msg-Id` = the id of the one
+before it: a position alone can be taken by a forged message landing mid-window, after which the
+next message's expected sequence would hold and the message before it would be missing; the id
+chain refuses every message after a gap, so the stream only ever holds the store's messages in
+order, up to the first refusal. `Nats-Msg-Id` is `bb:<notification id>:<random token>`: nobody can
+take an id before the relay uses it, and a stored message sent again within the duplicate window
+is dropped (so the stream's RePublish does not emit it twice).
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ log = logging.getLogger(__name__)
 
 NOTIFICATION_HEADER = "Bb-Notification-Id"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when Nats-Expected-Last-Sequence does not hold
+WRONG_LAST_MSG_ID = 10070  # ... and when Nats-Expected-Last-Msg-Id does not
+WINDOW = 64
+"""Publishes in flight at once: a page of the log goes out in round trips of this many messages."""
 
 PageReader = Callable[[int], Awaitable[list[LoggedDocument]]]
 NotificationReader = Callable[[Iterable[int]], Awaitable[dict[int, LoggedDocument]]]
@@ -87,8 +96,8 @@ class OutboxRelay:
         while True:
             self._wakeup.clear()
             page = await self._read_page(self.position)
-            for logged in page:
-                await self._publish(logged)
+            for start in range(0, len(page), WINDOW):
+                await self._publish(page[start:start + WINDOW])
             self._bus.succeeded()  # only now: a stream that is read but refuses every publish is no success
             if not page:
                 self.caught_up.set()
@@ -102,22 +111,33 @@ class OutboxRelay:
             if (await self._stream_state()).last_seq != self._sequence:
                 raise StreamMoved from None
 
-    async def _publish(self, logged: LoggedDocument) -> None:
-        headers = {
-            "Nats-Msg-Id": f"bb:{logged.notification_id}:{secrets.token_hex(8)}",
-            NOTIFICATION_HEADER: str(logged.notification_id),
-            "Nats-Expected-Last-Sequence": str(self._sequence),
-        }
-        try:
-            ack = await self._js.publish(logged.subject, logged.payload(), headers=headers, timeout=5)
-        except APIError as refused:
-            if refused.err_code == WRONG_LAST_SEQUENCE:
-                raise StreamMoved from None
-            raise
-        if ack.duplicate:  # the id was taken: the stream kept another message, not this one
-            raise StreamMoved
-        crash_point("relay-published")
-        self.position, self._sequence, self._held = logged.notification_id, ack.seq, self._held + 1
+    async def _publish(self, window: list[LoggedDocument]) -> None:
+        """Publish the window in order, each message chained to the one before it, and take the
+        acks in order: the position moves only over messages the stream stored, one after another."""
+        published, previous_id = [], None
+        for place, logged in enumerate(window):
+            message_id = f"bb:{logged.notification_id}:{secrets.token_hex(8)}"
+            headers = {
+                "Nats-Msg-Id": message_id,
+                NOTIFICATION_HEADER: str(logged.notification_id),
+                "Nats-Expected-Last-Sequence": str(self._sequence + place),
+            }
+            if previous_id is not None:
+                headers["Nats-Expected-Last-Msg-Id"] = previous_id
+            previous_id = message_id
+            # Tasks start in order, so the requests reach the server in the window's order.
+            published.append(asyncio.ensure_future(
+                self._js.publish(logged.subject, logged.payload(), headers=headers, timeout=5)))
+        acks = await asyncio.gather(*published, return_exceptions=True)
+        for logged, ack in zip(window, acks):
+            if isinstance(ack, APIError) and ack.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
+                raise StreamMoved
+            if isinstance(ack, BaseException):
+                raise ack
+            if ack.duplicate:  # the id was taken: the stream kept another message, not this one
+                raise StreamMoved
+            crash_point("relay-published")
+            self.position, self._sequence, self._held = logged.notification_id, ack.seq, self._held + 1
 
     async def _heal(self) -> None:
         """Make the stream end with its last message the store wrote, and go on from there."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -22,6 +22,7 @@ from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
 from bb_environments.domain.path_claim import PathClaim, claim_id
 from bb_environments.domain.status import EnvironmentStatus, ThreadStatus
+from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 
 T = TypeVar("T")
@@ -153,13 +154,6 @@ class Environments(Application[UUID]):
         self.save(*changed)
         return environment
 
-    def request_environment(self, thread_id: str) -> Thread:
-        """Record that the thread's first message wants an environment, so a crash cannot lose it."""
-        thread = self.thread(thread_id)
-        thread.request_environment()
-        self.save(thread)
-        return thread
-
     def threads_awaiting_environment(self) -> list[str]:
         self._requested_index.catch_up()
         threads: Iterator[Thread] = (self.repository.get(identity) for identity in self._requested)
@@ -172,10 +166,22 @@ class Environments(Application[UUID]):
             self._requested.discard(_aggregate_id(notification))
 
     def refuse_thread(self, thread_id: str, message: str) -> None:
+        """Refuse the environment the thread's first message asked for (the request is recorded
+        with the refusal, if it was not yet)."""
         thread = self.thread(thread_id)
         if thread.needs_environment and thread.refusal != message:
+            thread.request_environment()
             thread.refuse(message)
             self.save(thread)
+
+    def answer_first_message(self, thread_id: str, target: UUID | Placement) -> Environment:
+        """Record the request of the thread's first message and give it its environment (`target`
+        joined, or placed new), in one save."""
+        thread = self.thread(thread_id)
+        thread.request_environment()
+        environment, changed = self._provide(thread, target)
+        self.save(*changed)
+        return environment
 
     def provide_environment(self, thread_id: str, target: UUID | Placement) -> Environment:
         """Give the thread the environment its first message asked for: join `target`, or claim
@@ -340,7 +346,8 @@ class Environments(Application[UUID]):
         merge_base_branch: str | None,
         resource: dict[str, Any] | None,
     ) -> Environment:
-        """Record the provider's path; a path other than the claimed one is claimed in the same save."""
+        """Record the provider's path, and the setup's start (or skip) it makes due; a path other than
+        the claimed one is claimed in the same save."""
         environment = self.environment(environment_id)
         claims: list[PathClaim] = []
         if path != environment.claimed_path and attempt == environment.attempt:
@@ -351,6 +358,7 @@ class Environments(Application[UUID]):
                 self.save(environment)
                 return environment
         if environment.record_created(attempt, path, owns_path, merge_base_branch, resource):
+            _take_recording_step(environment)
             self.save(environment, *claims)
         return environment
 
@@ -468,6 +476,17 @@ class Environments(Application[UUID]):
             self._unfinished[_aggregate_id(notification)] = None
         else:
             self._unfinished.pop(_aggregate_id(notification), None)
+
+
+def _take_recording_step(environment: Environment) -> None:
+    """Take the aggregate's next step now if it only records (start or skip the setup): saved with
+    the change that made it due, it costs no transaction, and no round of the driver, of its own.
+    A crash finds the same state it would find after the driver had recorded the step."""
+    match environment.next_step(datetime.now(timezone.utc)):
+        case StartSetup():
+            environment.start_setup(environment.setup_operation())
+        case SkipSetup(reason):
+            environment.skip_setup(reason)
 
 
 class _LogIndex:

@@ -16,6 +16,7 @@ import msgspec
 from bb_environments.bus.access import check_host_id
 from bb_environments.bus.embedded_server import pid_alive
 from bb_environments.bus.jetstream import ConnectOptions
+from bb_environments.entrypoints import sqlite_event_store
 from bb_environments.providers.host.file_lock import read_holder
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ def event_store_environment(url: str) -> dict[str, str]:
         # The log holds environment inputs and thread ids: its owner's only, wherever it lives.
         path.touch(mode=0o600, exist_ok=True)
         os.chmod(path, 0o600)
-        return {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(path)}
+        # eventsourcing's SQLite module, with the fsync level BB_EVENT_STORE_SYNC chooses (see there).
+        return {"PERSISTENCE_MODULE": f"{sqlite_event_store.__name__}:Factory", "SQLITE_DBNAME": str(path),
+                sqlite_event_store.SQLITE_SYNCHRONOUS: _event_store_sync()}
     if parsed.scheme in ("postgres", "postgresql"):
         return {
             "PERSISTENCE_MODULE": "eventsourcing.postgres",
@@ -117,6 +120,15 @@ def event_store_environment(url: str) -> dict[str, str]:
             "POSTGRES_PASSWORD": unquote(parsed.password or ""),
         }
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
+
+
+def _event_store_sync() -> str:
+    """`normal` (the default: safe after a kill -9, not after a power loss) or `full`."""
+    level = (os.environ.get("BB_EVENT_STORE_SYNC") or "normal").strip().lower()
+    if level not in sqlite_event_store.SYNC_LEVELS:
+        raise ConfigError(f"BB_EVENT_STORE_SYNC {level!r} is not allowed: use "
+                          f"{' or '.join(sqlite_event_store.SYNC_LEVELS)}")
+    return level
 
 
 def event_store_file(url: str) -> Path | None:

@@ -25,7 +25,7 @@ from bb_environments.bus.api_service import start_api
 from bb_environments.bus.documents import EnvironmentEvent, ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
 from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.host_agent import HostAgent, HostAgentClient
+from bb_environments.bus.host_agent import HostAgent, HostAgentClient, LocalFirstHooks
 from bb_environments.bus.jetstream import ConnectOptions, connect, consume, ensure_streams, ensure_thread_partition_consumers
 from bb_environments.bus.log_reader import LogReader
 from bb_environments.bus.relay import OutboxRelay
@@ -182,9 +182,10 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
             pass
         await js.publish(subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
 
+    hooks = LocalFirstHooks(settings.host_id, HostAgentClient(nc, health=health))
     core = await bootstrap(
         settings, ProviderRegistry.from_entry_points(settings.extra_providers),
-        Ports(HostAgentClient(nc, health=health), TranscriptPublisher(nc, loop, health=health), stream_position,
+        Ports(hooks, TranscriptPublisher(nc, loop, health=health), stream_position,
               publish_thread_message),
         started,
     )
@@ -192,6 +193,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     host_agent = HostAgent(agent_nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s),
                            settings.host_id, TranscriptPublisher(agent_nc, loop, health=health), StoreLedger(store),
                            health=health)
+    hooks.attach(host_agent)
     agent_service = await host_agent.start()
     started.push_async_callback(host_agent.stop)
     started.push_async_callback(agent_service.stop)

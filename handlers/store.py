@@ -2,11 +2,11 @@
 
 Group commit: commands that queue up while the writer is busy run one after another as a batch,
 each saving (and committing) its own events as before, so every command sees what the ones before
-it wrote and a failing command affects no other. On SQLite the commits do not wait for the disk
-one by one (`synchronous=NORMAL`: each is in the write-ahead log, which survives the process being
-killed); the writer syncs the log to disk once per batch, and only then answers the batch's
-callers and wakes whoever forwards new events (the relay). So a command's events are durable
-before anyone hears of them, as before, with one disk sync for many commands.
+it wrote and a failing command affects no other. A commit survives the process being killed as
+soon as it returns; where the store also promises to survive a power loss (the SQLite store with
+BB_EVENT_STORE_SYNC=full, see entrypoints/sqlite_event_store.py), the writer puts the batch on disk
+with one sync. Only then does it answer the batch's callers and wake whoever forwards new events
+(the relay): nobody hears of an event before it is as durable as promised.
 
 Reads of the notification log (the relay's pages, gap fills, the log's head) run on a reader
 thread of their own, on another connection: they see only committed events, and a command never
@@ -18,15 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
-from eventsourcing.sqlite import SQLiteDatastore
 
 from bb_environments.domain.application import Environments, RecordedHook
 
@@ -35,6 +33,13 @@ P = ParamSpec("P")
 
 # A batch is answered at once; a bound keeps the first caller's wait short under a long queue.
 BATCH_LIMIT = 64
+
+
+@runtime_checkable
+class DiskSync(Protocol):
+    """An event store whose commits need one more step to survive a power loss."""
+
+    def sync_to_disk(self) -> None: ...
 
 
 @dataclass
@@ -47,7 +52,7 @@ class _Command:
 class Store:
     def __init__(self, app: Environments) -> None:
         self.app = app
-        self._sync = _deferred_sqlite_sync(app)
+        self._sync = app.factory.sync_to_disk if isinstance(app.factory, DiskSync) else lambda: None
         self._saved = False
         # Every save of the application ends here (the writer's alone): whoever forwards new
         # events is woken only once they are on disk.
@@ -115,38 +120,6 @@ def _answer(answer: asyncio.Future[Any], result: Any, error: BaseException | Non
         answer.set_exception(error)
     else:
         answer.set_result(result)
-
-
-def _deferred_sqlite_sync(app: Environments) -> Callable[[], None]:
-    """Make the store's SQLite connections commit without waiting for the disk, and return what
-    puts every commit so far on disk: a sync of the write-ahead log. Any other store (PostgreSQL,
-    in memory) commits as it always does, and there is nothing to sync."""
-    datastore = getattr(app.recorder, "datastore", None)
-    if not isinstance(datastore, SQLiteDatastore) or datastore.pool.is_sqlite_memory_mode:
-        return lambda: None
-    pool = datastore.pool
-    # The library has no setting for it: set it on the connections open now and on each new one.
-    # Should its internals change, the connections keep synchronous=FULL: slower, never less safe.
-    create_connection = pool._create_connection
-
-    def create_deferring_sync() -> Any:
-        connection = create_connection()
-        connection._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
-        return connection
-
-    pool._create_connection = create_deferring_sync  # type: ignore[method-assign]
-    for connection in list(pool._pool):
-        connection._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
-    log_file = f"{os.path.realpath(pool.db_name)}-wal"  # SQLite keeps it beside the file a link names
-
-    def sync() -> None:
-        descriptor = os.open(log_file, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-    return sync
 
 
 class StoreLedger:

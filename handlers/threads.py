@@ -113,9 +113,10 @@ class ThreadHandlers:
             return None
         if not thread.needs_environment:
             return None if thread.environment_id is None else await self._environment(thread.environment_id)
-        thread = await self._store.run(self._app.request_environment, thread_id)
+        # The request is saved with its answer: until then the message is not acknowledged, so a
+        # crash in between has it delivered again.
         try:
-            return await self._given(self._app.provide_environment, thread_id, await self._target(thread, None))
+            return await self._given(self._app.answer_first_message, thread_id, await self._target(thread, None))
         except (RequestError, DomainError) as refusal:
             log.info("thread %s refused: %s", thread_id, refusal)
             await self._store.run(self._app.refuse_thread, thread_id, str(refusal))

@@ -136,9 +136,8 @@ class GitWorktreeProvider:
         repo = _require_repo(ctx.project_path)
         target = managed_worktree_path(ctx.data_dir, ctx.path_key, repo)
         branch = inputs_as(ctx, GitWorktreeInputs).branch
-        worktrees = list_worktrees(repo)
         if isinstance(branch, ExistingBranch):
-            adopted = _adoptable_worktree(repo, worktrees, branch.name, own_target=target)
+            adopted = _adoptable_worktree(repo, list_worktrees(repo), branch.name, own_target=target)
             if adopted is not None:
                 ctx.report.step(f"Using the worktree at {adopted}, which already has {branch.name}")
                 return Created(
@@ -149,14 +148,16 @@ class GitWorktreeProvider:
                 )
         plan = _plan_branch(repo, branch, ctx.path_key)
         ctx.raise_if_cancelled()
-        if not _is_worktree_on_branch(worktrees, target, plan.branch):
-            if os.path.lexists(target) or _find_worktree(worktrees, target) is not None:
-                ctx.report.step("Removing the worktree an earlier attempt left behind")
-                _remove_worktree(repo, target)
-                ctx.raise_if_cancelled()
-            ctx.report.step("Creating worktree")
-            _add_worktree(repo, target, plan)
-            ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
+        if not _added_afresh(ctx, repo, target, plan):
+            worktrees = list_worktrees(repo)
+            if not _is_worktree_on_branch(worktrees, target, plan.branch):
+                if os.path.lexists(target) or _find_worktree(worktrees, target) is not None:
+                    ctx.report.step("Removing the worktree an earlier attempt left behind")
+                    _remove_worktree(repo, target)
+                    ctx.raise_if_cancelled()
+                ctx.report.step("Creating worktree")
+                _add_worktree(repo, target, plan)
+                ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
         ctx.raise_if_cancelled()
         _copy_includes(ctx, repo, target)
         ctx.raise_if_cancelled()
@@ -241,10 +242,16 @@ def _require_repo(project_path: str | None) -> str:
         raise InvalidInputs("project path: a git checkout is required for a worktree")
     if not os.path.isdir(project_path):
         raise InvalidInputs(f"project path: {project_path} does not exist")
+    git_entry = _git_entry(project_path)
+    if git_entry is not None and _known_toplevels.get(project_path) == git_entry:
+        return project_path
     # One git process in the usual case (HEAD is a commit); the slower checks only name what is wrong.
     top_and_head = run_git_or_none(project_path, "rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD")
     if top_and_head is not None:
-        return top_and_head.splitlines()[0]
+        toplevel = top_and_head.splitlines()[0]
+        if toplevel == project_path and git_entry is not None:
+            _known_toplevels[project_path] = git_entry
+        return toplevel
     try:
         repo = run_git(project_path, "rev-parse", "--show-toplevel")
     except GitFailed:
@@ -252,6 +259,22 @@ def _require_repo(project_path: str | None) -> str:
     if not run_git(repo, "for-each-ref", "--count=1", "--format=%(refname)", "refs/heads"):
         raise InvalidInputs(f"project path: {project_path} has no commits yet")
     return repo
+
+
+_known_toplevels: dict[str, tuple[int, int]] = {}
+"""Checkouts that git found to be their own top level with a commit, by their `.git` entry's
+identity: a spawn asks three times (validate, plan, create), and while that entry is there, git
+finds the checkout's top level in it. A repository made anew (`rm -rf .git; git init`) usually has
+a new entry and is asked again; one that got the old inode back is still refused for lack of
+commits by the checks that follow, which look for the refs they need."""
+
+
+def _git_entry(directory: str) -> tuple[int, int] | None:
+    try:
+        entry = os.lstat(os.path.join(directory, ".git"))
+    except OSError:
+        return None
+    return entry.st_dev, entry.st_ino
 
 
 def _require_existing_branch(repo: str, name: str) -> None:
@@ -343,6 +366,23 @@ def _is_worktree_on_branch(worktrees: list[WorktreeEntry], target: Path, branch:
     )
 
 
+def _added_afresh(ctx: CreateContext, repo: str, target: Path, plan: _BranchPlan) -> bool:
+    """The usual first attempt, in one git process instead of three: nothing at the target, the
+    branch made by `worktree add -b`. Whatever an earlier attempt left (its branch, its worktree, a
+    registration without its directory) makes git refuse, having made the branch at most, and the
+    caller then looks at the repository's worktrees and branches and takes it from there."""
+    if plan.start_point is None or os.path.lexists(target):
+        return False
+    ctx.report.step("Creating worktree")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _new_branch_worktree(repo, target, plan.branch, plan.start_point)
+    except GitFailed:
+        return False
+    ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
+    return True
+
+
 def _add_worktree(repo: str, target: Path, plan: _BranchPlan) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if branch_exists(repo, plan.branch):
@@ -351,8 +391,12 @@ def _add_worktree(repo: str, target: Path, plan: _BranchPlan) -> None:
         return
     if plan.start_point is None:
         raise InvalidInputs(f"branch.name: no branch {plan.branch!r} in {repo}")  # deleted meanwhile
+    _new_branch_worktree(repo, target, plan.branch, plan.start_point)
+
+
+def _new_branch_worktree(repo: str, target: Path, branch: str, start_point: str) -> None:
     # --no-track: the thread's branch must not push to (or pull from) its base.
-    run_git(repo, "worktree", "add", "--no-track", "-b", plan.branch, "--", str(target), plan.start_point)
+    run_git(repo, "worktree", "add", "--no-track", "-b", branch, "--", str(target), start_point)
 
 
 def _remove_worktree(repo: str | None, path: Path) -> None:

@@ -38,7 +38,7 @@ from bb_environments.bus.client import ERROR_CODE_HEADER
 from bb_environments.bus.documents import ThreadMessageMessage
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
 from bb_environments.bus.transcripts import TranscriptPublisher
-from bb_environments.domain.application import Environments, RecordedHook
+from bb_environments.domain.application import Environments, Placement, RecordedHook
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, bootstrap
 from bb_environments.entrypoints.config import HOOK_RECORDS_MAX_AGE_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
@@ -358,11 +358,10 @@ class ServiceWorld(Loop):
         workspace = self.placer.provider_dir("personal-workspace") / "workspaces" / thread_id
         workspace.mkdir(parents=True)
         app.register_thread(thread_id, None, None, HOST, intent)
-        app.request_environment(thread_id)
-        environment = app.claim_environment(thread_id, "personal-workspace", HOST, None, None, thread_id,
-                                            str(workspace))
-        app.record_created(environment.id, environment.attempt, str(workspace), True, None, None)
-        return app.skip_setup(environment.id, "seeded")
+        environment = app.answer_first_message(
+            thread_id, Placement("personal-workspace", HOST, None, None, thread_id, str(workspace)))
+        created = app.record_created(environment.id, environment.attempt, str(workspace), True, None, None)
+        return app.record_setup_skipped(environment.id, created.setup_operation_id, "seeded")
 
 
 def planted_hooks(directory: Path, markers: Path) -> None:

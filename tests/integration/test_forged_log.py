@@ -178,6 +178,47 @@ async def test_a_publish_refused_after_forged_messages_heals_the_stream_once(js,
     assert len(heal_lines(caplog)) == 1
 
 
+class ForgedAheadOfWindow:
+    """The relay's JetStream, except that once, a forged message reaches the stream just before the
+    publish of notification `ahead_of`, while the rest of its window waits to follow."""
+
+    def __init__(self, js: JetStreamContext, ahead_of: int) -> None:
+        self._js = js
+        self._ahead_of = ahead_of
+        self._landed = asyncio.Event()
+        self.forged: api.PubAck | None = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._js, name)
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> api.PubAck:
+        notification_id = int(headers[NOTIFICATION_HEADER])
+        if notification_id == self._ahead_of and self.forged is None:
+            self.forged = await self._js.publish("bb.log.environment.e0.ready", b'{"type": "ready"}')
+            self._landed.set()
+        elif notification_id > self._ahead_of:
+            await self._landed.wait()
+        return await self._js.publish(subject, payload, headers=headers, timeout=timeout)
+
+
+async def test_a_message_forged_into_a_window_leaves_no_gap_in_the_stream(js, store, relays, caplog):
+    """The forgery takes the place the window's first message expected, so that message is refused;
+    the second one expects the forgery's sequence and must be refused all the same, or the stream
+    would go on without the first."""
+    caplog.set_level(logging.WARNING)
+    store.append(2)
+    relays.start(js, store)
+    await relayed(js, store)
+    forging = ForgedAheadOfWindow(js, ahead_of=3)
+    await relays.stop()
+    relays.start(forging, store)  # type: ignore[arg-type]
+    store.append(3)
+
+    await relayed(js, store)
+    assert forging.forged is not None and await deleted(js, forging.forged.seq)
+    assert len(heal_lines(caplog)) == 1
+
+
 async def test_an_idle_relay_deletes_a_forged_message_without_waiting_for_the_next_event(js, store, relays, caplog):
     caplog.set_level(logging.WARNING)
     store.append(2)

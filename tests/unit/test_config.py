@@ -1,8 +1,13 @@
 """Settings from the environment, and what of them may be written down."""
 
+import asyncio
+import os
+
 import pytest
 
-from bb_environments.entrypoints.config import ConfigError, Settings, url_without_credentials
+from bb_environments.domain.application import Environments
+from bb_environments.entrypoints.config import ConfigError, Settings, event_store_environment, url_without_credentials
+from bb_environments.handlers.store import Store
 
 
 def test_credentials_in_a_nats_url_are_never_written_down():
@@ -51,3 +56,42 @@ def test_a_retention_limit_must_be_one(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ConfigError, match=name):
         Settings.load("/tmp/bb-config-test")
+
+
+@pytest.mark.parametrize("raw, synced", [(None, False), ("normal", False), ("FULL", True)])
+async def test_the_event_store_fsyncs_a_batch_of_commits_only_when_asked(monkeypatch, tmp_path, raw, synced):
+    """`normal` survives a kill -9 without an fsync; `full` survives power loss too, with one fsync
+    of the write-ahead log per batch of commands rather than one per commit."""
+    if raw is None:
+        monkeypatch.delenv("BB_EVENT_STORE_SYNC", raising=False)
+    else:
+        monkeypatch.setenv("BB_EVENT_STORE_SYNC", raw)
+    synced_files: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        synced_files.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = Store(Environments(env=event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}")))
+    try:
+        await asyncio.gather(*(store.run(store.app.register_thread, f"t{i}", None, None, "local", None)
+                               for i in range(50)))
+        with store.app.recorder.datastore.transaction(commit=False) as cursor:
+            cursor.execute("PRAGMA synchronous")
+            assert cursor.fetchone()[0] == 1  # NORMAL: a commit does not wait for the disk itself
+    finally:
+        store.close()
+    write_ahead_log = str(tmp_path / "events.sqlite-wal")
+    assert all(path == write_ahead_log for path in synced_files)
+    if synced:
+        assert 1 <= len(synced_files) < 50
+    else:
+        assert synced_files == []
+
+
+def test_an_unknown_event_store_sync_level_is_refused_by_name(monkeypatch, tmp_path):
+    monkeypatch.setenv("BB_EVENT_STORE_SYNC", "off")
+    with pytest.raises(ConfigError, match="BB_EVENT_STORE_SYNC 'off' is not allowed: use normal or full"):
+        event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}")

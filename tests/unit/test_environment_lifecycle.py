@@ -239,10 +239,25 @@ def test_retry_is_refused_unless_in_error(app):
 
 def test_setup_is_skipped_for_paths_the_provider_does_not_own(app):
     env = spawn(app)
-    app.record_created(env.id, 1, "/elsewhere", False, None, None)
-    with pytest.raises(IllegalTransition):
-        app.start_setup(env.id)
-    assert app.skip_setup(env.id, "not owned").status == "ready"
+    head = app.head()
+    ready = app.record_created(env.id, 1, "/elsewhere", False, None, None)
+    assert (ready.status, ready.setup_status) == ("ready", "skipped")
+    assert names(app, env.id) == ["Claimed", "Created", "SetupSkipped", "Ready"]
+    assert app.head() == head + 4  # Created, SetupSkipped, Ready and the claim of /elsewhere: one save
+    assert app.skip_setup(env.id, "not owned").version == ready.version
+
+
+def test_created_and_setup_started_are_one_save(app):
+    """The setup of a workspace the provider owns starts in the save that records it: no second
+    transaction, and nothing for a crash to find in between."""
+    env = spawn(app)
+    head = app.head()
+    started = app.record_created(env.id, 1, env.claimed_path, True, "main", None)
+    assert (started.status, started.setup_status) == ("provisioning", "running")
+    assert started.setup_operation_id == f"{env.id}.setup.1.1"
+    assert names(app, env.id) == ["Claimed", "Created", "SetupStarted"]
+    assert app.head() == head + 2
+    assert not app.start_setup(env.id)[1]
 
 
 def test_a_started_hook_the_host_skips_is_recorded_as_skipped(app):

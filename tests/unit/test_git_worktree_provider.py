@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable
@@ -142,6 +143,18 @@ def test_validate_refuses_a_repository_without_commits(
     git(empty, "init", "--quiet")
     with pytest.raises(InvalidInputs, match="has no commits yet"):
         provider.validate(project_context(empty, data_dir))
+
+
+def test_a_repository_made_anew_is_checked_again(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    provider.validate(project_context(git_repo, data_dir))
+    shutil.rmtree(git_repo / ".git")
+    with pytest.raises(InvalidInputs, match="is not a git repository"):
+        provider.validate(project_context(git_repo, data_dir))
+    git(git_repo, "init", "--quiet")
+    with pytest.raises(InvalidInputs, match="no commits yet|cannot determine the default branch"):
+        provider.validate(project_context(git_repo, data_dir))
 
 
 def test_validate_refuses_a_missing_existing_branch(
@@ -345,6 +358,23 @@ def test_create_reuses_its_branch_when_the_worktree_is_gone(
 
     assert second.path == first.path
     assert git(Path(second.path), "rev-parse", "HEAD") == work_commit
+
+
+def test_create_replaces_a_registered_worktree_whose_directory_is_gone(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    """git refuses to add a worktree at such a path, after it made the new branch: that branch is
+    then taken as it is."""
+    target = data_dir / "worktrees" / PATH_KEY / "repo"
+    git(git_repo, "worktree", "add", "--quiet", "-b", "other", str(target))
+    shutil.rmtree(target)
+
+    created = create(provider, git_repo, data_dir)
+
+    assert created.path == str(target)
+    assert current_branch(git, target) == "bb/thread-1"
+    assert git(git_repo, "rev-parse", "bb/thread-1") == git(git_repo, "rev-parse", "main")
+    assert str(target) in worktree_paths(git, git_repo)
 
 
 @pytest.mark.parametrize("leftover", ["plain directory", "worktree on another branch"])

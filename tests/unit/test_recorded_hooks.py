@@ -31,7 +31,8 @@ def provisioning(app, thread_id="t1", path=PATH):
 
 
 def test_an_operation_the_log_never_started_is_unknown_whatever_it_looks_like(app):
-    environment_id = provisioning(app)
+    app.register_thread("t1", "/repo", None, "local", None)
+    environment_id = app.claim_environment("t1", "git-worktree", "local", "/repo", {}, "t1", PATH).id
     assert app.recorded_hook("forged") is None
     assert app.recorded_hook(f"{environment_id}.setup.1.1") is None  # the id setup would get, not yet started
     assert app.recorded_hook(f"{environment_id}.teardown") is None
