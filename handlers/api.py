@@ -37,8 +37,8 @@ from bb_environments.handlers.placement import Placer, canonical_project, check_
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.projections.read_model import ReadModel, ReplayCounts, View
-from bb_environments.projections.views import EnvironmentView, ThreadView
+from bb_environments.projections.read_model import ReadModel, ReplayCounts
+from bb_environments.projections.views import EnvironmentView, ThreadView, ViewPage
 from bb_environments.providers.contract import EnvironmentProvider, ProjectContext
 from bb_environments.providers.registry import ProviderDescription
 
@@ -47,9 +47,6 @@ T = TypeVar("T")
 MAX_INPUTS_NESTING = 32
 """Inputs are kept in the log and decoded again whenever their thread is loaded, by decoders that
 recurse; no provider's inputs come near this."""
-
-REPLAY_PAGE = 500
-"""Notifications read from the log at a time while the read models are rebuilt."""
 
 
 @dataclass(frozen=True)
@@ -116,11 +113,9 @@ class Spawned:
 
 
 class LogViews(Protocol):
-    """The read model's views of the log's notifications, read on the store's log-reader thread."""
+    """The read model's views of the log, read on the store's log-reader thread."""
 
-    def head(self) -> int: ...
-
-    def between(self, after: int, upto: int) -> list[tuple[int, View]]: ...
+    def latest_views(self, after: int, upto: int | None = None) -> ViewPage: ...
 
 
 class Api:
@@ -282,17 +277,8 @@ class Api:
 async def replay_log(store: Store, read_model: ReadModel, reader: LogViews,
                      stream_position: Callable[[], Awaitable[int]]) -> ReplayCounts:
     """Rebuild the read models from the whole log (`bb events replay`, or a start that lost them)."""
-
-    def whole_log() -> list[tuple[int, View]]:
-        views: list[tuple[int, View]] = []
-        position, head = 0, reader.head()
-        while position < head:
-            views.extend(reader.between(position, min(position + REPLAY_PAGE, head)))
-            position = min(position + REPLAY_PAGE, head)
-        return views
-
-    views = await store.read_log(whole_log)
-    return await read_model.rebuild(views, await stream_position())
+    return await read_model.rebuild(lambda after, upto: store.read_log(reader.latest_views, after, upto),
+                                    stream_position)
 
 
 def _check_nesting(inputs: Any) -> None:

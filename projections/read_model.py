@@ -4,15 +4,19 @@ The log's notifications come with the public view of their aggregate just after 
 bus.log_reader); the read model stores that view as it is, and folds nothing itself. Every batch
 is applied in one transaction together with the notification id and stream sequence it reached,
 so a restart neither skips nor double-applies; a notification at or below the stored position is
-ignored.
+ignored. Of the views in one batch only each aggregate's last is written: it replaces the others.
+
+A rebuild (`bb events replay`, or a start that lost the read models) runs beside the live
+consumer: it writes a new model into a scratch file and swaps it in, in one transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -22,7 +26,7 @@ import msgspec
 
 from bb_environments.bus import documents as d
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.projections.views import EnvironmentView, ThreadView
+from bb_environments.projections.views import EnvironmentView, ThreadView, ViewPage
 
 TRANSCRIPT_LINES_KEPT = 500
 
@@ -54,6 +58,8 @@ class Applied(NamedTuple):
 
 
 GapFiller = Callable[[int, int], Awaitable[list[tuple[int, View]]]]
+PageReader = Callable[[int, "int | None"], Awaitable[ViewPage]]
+"""`read(after, upto)`: the log's next page after `after`, not past `upto` (None: the head)."""
 
 
 class ReplayCounts(msgspec.Struct, rename="camel"):
@@ -67,14 +73,18 @@ class DamagedReadModel(Exception):
 
 
 class ReadModel:
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
+        self._path = path
         self._advanced = asyncio.Condition()
+        self._writing = asyncio.Lock()  # see _transaction
+        self._rebuilding = asyncio.Lock()
         self.position = 0
 
     @classmethod
     async def open(cls, path: Path) -> ReadModel:
         """Raises DamagedReadModel when the file is not a database or fails SQLite's quick check."""
+        _scratch(path).unlink(missing_ok=True)  # a rebuild's, cut off by a crash
         db = await aiosqlite.connect(path)
         try:
             await db.execute("PRAGMA journal_mode=WAL")
@@ -87,7 +97,7 @@ class ReadModel:
             await db.execute("PRAGMA synchronous=NORMAL")
             await db.executescript(SCHEMA)
             await db.commit()
-            model = cls(db)
+            model = cls(db, path)
             model.position = (await model.stored_position(LOG))[0]
         except sqlite3.DatabaseError as unreadable:
             await db.close()  # its thread would keep the process alive
@@ -124,7 +134,7 @@ class ReadModel:
     # -- writing -------------------------------------------------------------------------------
 
     async def apply(self, batch: Iterable[Applied], fill: GapFiller) -> None:
-        """Apply views in log order, exactly once each.
+        """Apply a batch of views in log order, exactly once each, in one transaction.
 
         A consumer may see the log out of order (a message delivered to a process that died is
         redelivered only after its ack wait, behind later ones): a gap below a document is filled
@@ -133,22 +143,22 @@ class ReadModel:
         items = sorted(batch, key=lambda item: item.notification_id)
         if not items:
             return
-        reached = self.position
-        for item in items:
-            if item.notification_id <= reached:
-                continue
-            if item.notification_id > reached + 1:
-                for notification_id, view in await fill(reached, item.notification_id - 1):
-                    await self._apply_one(view)
-                    reached = notification_id
-            await self._apply_one(item.view)
-            reached = item.notification_id
-        await self._db.execute(
-            "INSERT INTO positions VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-            "notification_id = excluded.notification_id, stream_sequence = excluded.stream_sequence",
-            (LOG, reached, max(item.stream_sequence for item in items)),
-        )
-        await self._db.commit()
+        async with self._transaction():
+            reached = self.position
+            views: list[View] = []
+            for item in items:
+                if item.notification_id <= reached:
+                    continue
+                if item.notification_id > reached + 1:
+                    views.extend(view for _, view in await fill(reached, item.notification_id - 1))
+                views.append(item.view)
+                reached = item.notification_id
+            await _write_views(self._db, views)
+            await self._db.execute(
+                "INSERT INTO positions VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                "notification_id = excluded.notification_id, stream_sequence = excluded.stream_sequence",
+                (LOG, reached, max(item.stream_sequence for item in items)),
+            )
         await self._advance(reached)
 
     async def _advance(self, reached: int) -> None:
@@ -156,54 +166,95 @@ class ReadModel:
             self.position = reached
             self._advanced.notify_all()
 
-    async def _apply_one(self, view: View) -> None:
-        if isinstance(view, EnvironmentView):
-            await self._db.execute(
-                "INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)",
-                (view.id, view.status, view.provider_id, msgspec.json.encode(view)),
-            )
-        elif isinstance(view, ThreadView):
-            await self._db.execute(
-                "INSERT OR REPLACE INTO threads VALUES (?, ?, ?)",
-                (view.id, view.environment_id, msgspec.json.encode(view)),
-            )
-
     async def add_transcript(self, lines: list[tuple[int, d.TranscriptLine]]) -> None:
         """Store transcript lines (stream sequence, line), keeping the newest per environment."""
         if not lines:
             return
         touched = {line.environment_id for _, line in lines}
-        await self._db.executemany(
-            "INSERT OR IGNORE INTO transcript VALUES (?, ?, ?)",
-            [(line.environment_id, sequence, _render(line)) for sequence, line in lines],
-        )
-        for environment_id in touched:
-            await self._db.execute(
-                "DELETE FROM transcript WHERE environment_id = ? AND sequence NOT IN (SELECT sequence FROM "
-                "transcript WHERE environment_id = ? ORDER BY sequence DESC LIMIT ?)",
-                (environment_id, environment_id, TRANSCRIPT_LINES_KEPT),
+        async with self._transaction():
+            await self._db.executemany(
+                "INSERT OR IGNORE INTO transcript VALUES (?, ?, ?)",
+                [(line.environment_id, sequence, _render(line)) for sequence, line in lines],
             )
-        await self._db.execute(
-            "INSERT INTO positions VALUES (?, 0, ?) ON CONFLICT(name) DO UPDATE SET "
-            "stream_sequence = excluded.stream_sequence",
-            (TRANSCRIPT, lines[-1][0]),
-        )
-        await self._db.commit()
+            for environment_id in touched:
+                await self._db.execute(
+                    "DELETE FROM transcript WHERE environment_id = ? AND sequence NOT IN (SELECT sequence FROM "
+                    "transcript WHERE environment_id = ? ORDER BY sequence DESC LIMIT ?)",
+                    (environment_id, environment_id, TRANSCRIPT_LINES_KEPT),
+                )
+            await self._db.execute(
+                "INSERT INTO positions VALUES (?, 0, ?) ON CONFLICT(name) DO UPDATE SET "
+                "stream_sequence = excluded.stream_sequence",
+                (TRANSCRIPT, lines[-1][0]),
+            )
 
-    async def rebuild(self, views: Iterable[tuple[int, View]], stream_sequence: int) -> ReplayCounts:
-        """Drop the log-derived read models and apply the whole log's views again."""
-        await self._db.execute("DELETE FROM environments")
-        await self._db.execute("DELETE FROM threads")
-        await self._db.execute("DELETE FROM positions WHERE name = ?", (LOG,))
-        events = reached = 0
-        for notification_id, view in views:
-            await self._apply_one(view)
-            events, reached = events + 1, notification_id
-        await self._db.execute("INSERT INTO positions VALUES (?, ?, ?)", (LOG, reached, stream_sequence))
-        await self._db.commit()
-        await self._advance(reached)
-        return ReplayCounts(events=events, environments=await self._count("environments"),
-                            threads=await self._count("threads"))
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        """A write transaction, committed at the end or rolled back, and one at a time: on the
+        shared connection a commit by one writer would also commit another's unfinished one."""
+        async with self._writing:
+            try:
+                yield
+                await self._db.commit()
+            except BaseException:
+                await self._db.rollback()
+                raise
+
+    async def rebuild(self, read_page: PageReader, stream_position: Callable[[], Awaitable[int]]) -> ReplayCounts:
+        """Rebuild the log-derived read models from the whole log while they keep serving.
+
+        They are built afresh in a scratch file, page by page, then brought up to what the live
+        consumer applied meanwhile, and copied over the live tables in one transaction. Until it
+        commits, list and show answer from the old tables; a crash anywhere before leaves them
+        as they were (and the scratch file, which the next open deletes).
+        """
+        async with self._rebuilding:
+            scratch_path = _scratch(self._path)
+            scratch_path.unlink(missing_ok=True)
+            scratch = await aiosqlite.connect(scratch_path)
+            try:
+                # Nothing in it is needed after a crash: no journal, no fsync.
+                await scratch.execute("PRAGMA journal_mode=OFF")
+                await scratch.execute("PRAGMA synchronous=OFF")
+                await scratch.executescript(SCHEMA)
+                events, reached = await _write_pages(scratch, read_page, 0)
+                sequence = await stream_position()
+                async with self._writing:  # the live consumer waits from here to the swap
+                    if self.position > reached:
+                        more, reached = await _write_pages(scratch, read_page, reached, self.position)
+                        events += more
+                    reached = max(reached, self.position)
+                    await scratch.commit()
+                    await scratch.close()
+                    await self._swap_in(scratch_path, reached, sequence)
+                    await self._advance(reached)
+                    return ReplayCounts(events=events, environments=await self._count("environments"),
+                                        threads=await self._count("threads"))
+            finally:
+                await scratch.close()
+                scratch_path.unlink(missing_ok=True)
+
+    async def _swap_in(self, scratch_path: Path, reached: int, sequence: int) -> None:
+        """Replace the log-derived tables by the scratch file's, and the position, in one
+        transaction, in one call: no query on this connection runs between its statements."""
+        await self._db.execute("ATTACH DATABASE ? AS rebuilt", (str(scratch_path),))
+        try:
+            await self._db.executescript(f"""
+                BEGIN IMMEDIATE;
+                DELETE FROM main.environments;
+                INSERT INTO main.environments SELECT * FROM rebuilt.environments ORDER BY rowid;
+                DELETE FROM main.threads;
+                INSERT INTO main.threads SELECT * FROM rebuilt.threads ORDER BY rowid;
+                INSERT INTO main.positions VALUES ('{LOG}', {int(reached)}, {int(sequence)})
+                    ON CONFLICT(name) DO UPDATE SET notification_id = excluded.notification_id,
+                    stream_sequence = max(stream_sequence, excluded.stream_sequence);
+                COMMIT;
+            """)
+        except BaseException:
+            await self._db.rollback()
+            raise
+        finally:
+            await self._db.execute("DETACH DATABASE rebuilt")
 
     async def _count(self, table: str) -> int:
         async with self._db.execute(f"SELECT count(*) FROM {table}") as rows:
@@ -258,6 +309,45 @@ class ReadModel:
             "ORDER BY sequence DESC LIMIT ?) ORDER BY sequence", (environment_id, last)
         ) as rows:
             return [r[0] for r in await rows.fetchall()]
+
+
+async def _write_views(db: aiosqlite.Connection, views: Iterable[View]) -> None:
+    """Write each aggregate's last view of `views` only. INSERT OR REPLACE gives a replaced row a
+    new rowid, so the rows end in the order (by rowid) that writing every view would leave."""
+    latest: dict[tuple[type, str], EnvironmentView | ThreadView] = {}
+    for view in views:
+        if view is not None:
+            key = (type(view), view.id)
+            latest.pop(key, None)
+            latest[key] = view
+    environments = [(view.id, view.status, view.provider_id, msgspec.json.encode(view))
+                    for view in latest.values() if isinstance(view, EnvironmentView)]
+    threads = [(view.id, view.environment_id, msgspec.json.encode(view))
+               for view in latest.values() if isinstance(view, ThreadView)]
+    if environments:
+        await db.executemany("INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)", environments)
+    if threads:
+        await db.executemany("INSERT OR REPLACE INTO threads VALUES (?, ?, ?)", threads)
+
+
+async def _write_pages(db: aiosqlite.Connection, read_page: PageReader, after: int,
+                       upto: int | None = None) -> tuple[int, int]:
+    """Write the views of the log after `after` (up to `upto`) into `db`, reading each page while
+    the one before is written; the number of events read and the position reached."""
+    events, reached = 0, after
+    reading = asyncio.ensure_future(read_page(after, upto))
+    try:
+        while (page := await reading).events:
+            reading = asyncio.ensure_future(read_page(page.reached, upto))
+            await _write_views(db, page.views)
+            events, reached = events + page.events, page.reached
+    finally:
+        reading.cancel()
+    return events, reached
+
+
+def _scratch(path: Path) -> Path:
+    return path.with_name(f"{path.name}.rebuilding")
 
 
 def _render(line: d.TranscriptLine) -> str:

@@ -8,7 +8,7 @@ that says what an event changes.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -59,6 +59,21 @@ class ThreadView(msgspec.Struct, rename="camel", kw_only=True):
     parent_thread_id: str | None
     project_path: str | None = None
     refusal: str | None = None
+
+
+class ViewPage(NamedTuple):
+    """A page of the log as a rebuild of the read model needs it: for each aggregate its
+    notifications touched, the view just after the last of them, in the order of those last
+    notifications (a later view of an aggregate replaces an earlier one, so nothing is lost)."""
+
+    reached: int
+    """The last notification id read (the page's `after` when it read none)."""
+    events: int
+    views: list[EnvironmentView | ThreadView]
+
+
+VIEWED_AGGREGATES = (Environment, Thread)
+"""The aggregates the read model keeps a view of; `public_view` is None for any other."""
 
 
 def public_view(aggregate: Any) -> EnvironmentView | ThreadView | None:
