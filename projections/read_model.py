@@ -26,6 +26,7 @@ import msgspec
 
 from bb_environments.bus import documents as d
 from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.handlers.crash_points import crash_point
 from bb_environments.projections.views import EnvironmentView, ThreadView, ViewPage
 
 TRANSCRIPT_LINES_KEPT = 500
@@ -218,6 +219,7 @@ class ReadModel:
                 await scratch.execute("PRAGMA synchronous=OFF")
                 await scratch.executescript(SCHEMA)
                 events, reached = await _write_pages(scratch, read_page, 0)
+                crash_point("replay-built")
                 sequence = await stream_position()
                 async with self._writing:  # the live consumer waits from here to the swap
                     if self.position > reached:
@@ -227,6 +229,7 @@ class ReadModel:
                     await scratch.commit()
                     await scratch.close()
                     await self._swap_in(scratch_path, reached, sequence)
+                    crash_point("replay-swapped")
                     await self._advance(reached)
                     return ReplayCounts(events=events, environments=await self._count("environments"),
                                         threads=await self._count("threads"))
