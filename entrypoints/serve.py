@@ -309,10 +309,11 @@ async def _restore_read_models(core: Core, js: JetStreamContext) -> None:
         if damage:
             log.warning("%s; the event log is empty, so the read models start empty", damage)
         return
-    counts = await core.api.replay()
     # The transcript tails are not in the log: their consumer starts over from the stream's start.
+    # Deleted first: a crash after the rebuild would leave no sign that it is still to be done.
     with contextlib.suppress(NotFoundError):
         await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, "transcripts")
+    counts = await core.api.replay()
     log.warning("%s; rebuilt them from the log: %d events, %d environments, %d threads",
                 damage or "the read models were empty", counts.events, counts.environments, counts.threads)
 
