@@ -4,6 +4,7 @@ event store)."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -111,6 +112,28 @@ async def test_a_batch_mixing_applied_and_new_positions_applies_only_the_new_one
 
     assert sorted(e["status"] for e in (await state(read_model))[0]) == ["ready", "removed"]
     assert read_model.position == store.app.head()
+
+
+async def test_a_batch_the_disk_cannot_take_leaves_nothing_and_applies_whole_when_delivered_again(store, read_model):
+    live_environments(store.app, 0, 1)
+    for batch in batches(store.app):
+        await read_model.apply(batch, no_gap)
+    before, position = await state(read_model), read_model.position
+    live_environments(store.app, 1, 30)
+    batch = [item for batch in batches(store.app, after=position) for item in batch]
+    # The disk is full: SQLite may not grow the file by one page.
+    connection = read_model._db
+    async with connection.execute("PRAGMA page_count") as rows:
+        pages = (await rows.fetchone())[0]
+    await connection.execute(f"PRAGMA max_page_count = {pages}")
+
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        await read_model.apply(batch, no_gap)
+    assert await state(read_model) == before and read_model.position == position
+
+    await connection.execute(f"PRAGMA max_page_count = {2**30}")
+    await read_model.apply(batch, no_gap)
+    assert len((await state(read_model))[0]) == 31 and read_model.position == store.app.head()
 
 
 async def test_a_gap_below_a_batch_is_filled_from_the_log_first(store, read_model):
