@@ -27,8 +27,14 @@ async def archive(service: Service, thread_id: str) -> None:
 
 
 async def listed(service: Service) -> list[dict]:
-    """What `environment list --all` shows."""
-    return (await service.api.call("environments", "list", ListEnvironments(include_removed=True)))["environments"]
+    """What `environment list --all` shows, page after page."""
+    environments: list[dict] = []
+    after = None
+    while True:
+        page = await service.api.call("environments", "list", ListEnvironments(include_removed=True, after=after))
+        environments.extend(page["environments"])
+        if not (after := page.get("next")):
+            return environments
 
 
 async def settled(service: Service, expected: dict[str, str], timeout: float = 120) -> list[dict]:
