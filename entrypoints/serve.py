@@ -53,9 +53,10 @@ from bb_environments.handlers.errors import RequestError
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.projections.read_model import Applied, View
-from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.projections.read_model import Applied, View
+from bb_environments.projections.views import TranscriptEntry
+from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.registry import ProviderRegistry
 
 log = logging.getLogger("bb.serve")
@@ -231,9 +232,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         )
 
     async def store_transcript(messages: list[Msg]) -> None:
-        await read_model.add_transcript(
-            [(m.metadata.sequence.stream, _decode_transcript(m.data)) for m in messages]
-        )
+        await read_model.add_transcript([_transcript_entry(m.metadata.sequence.stream, m.data) for m in messages])
 
     async def handle_thread_events(messages: list[Msg]) -> None:
         for message in messages:
@@ -351,5 +350,6 @@ async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner
         await provisioner.drive(environment.id)
 
 
-def _decode_transcript(data: bytes) -> TranscriptLine:
-    return msgspec.json.decode(data, type=TranscriptLine)
+def _transcript_entry(sequence: int, data: bytes) -> TranscriptEntry:
+    line = msgspec.json.decode(data, type=TranscriptLine)
+    return TranscriptEntry(sequence, line.environment_id, line.kind == "step", line.text)

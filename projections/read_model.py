@@ -24,10 +24,9 @@ from typing import NamedTuple
 import aiosqlite
 import msgspec
 
-from bb_environments.bus import documents as d
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.handlers.crash_points import crash_point
-from bb_environments.projections.views import EnvironmentView, ThreadView, ViewPage
+from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage
 
 TRANSCRIPT_LINES_KEPT = 500
 
@@ -167,15 +166,15 @@ class ReadModel:
             self.position = reached
             self._advanced.notify_all()
 
-    async def add_transcript(self, lines: list[tuple[int, d.TranscriptLine]]) -> None:
-        """Store transcript lines (stream sequence, line), keeping the newest per environment."""
+    async def add_transcript(self, lines: list[TranscriptEntry]) -> None:
+        """Store transcript lines, keeping the newest per environment."""
         if not lines:
             return
-        touched = {line.environment_id for _, line in lines}
+        touched = {line.environment_id for line in lines}
         async with self._transaction():
             await self._db.executemany(
                 "INSERT OR IGNORE INTO transcript VALUES (?, ?, ?)",
-                [(line.environment_id, sequence, _render(line)) for sequence, line in lines],
+                [(line.environment_id, line.sequence, _render(line)) for line in lines],
             )
             for environment_id in touched:
                 await self._db.execute(
@@ -186,7 +185,7 @@ class ReadModel:
             await self._db.execute(
                 "INSERT INTO positions VALUES (?, 0, ?) ON CONFLICT(name) DO UPDATE SET "
                 "stream_sequence = excluded.stream_sequence",
-                (TRANSCRIPT, lines[-1][0]),
+                (TRANSCRIPT, lines[-1].sequence),
             )
 
     @contextlib.asynccontextmanager
@@ -353,5 +352,5 @@ def _scratch(path: Path) -> Path:
     return path.with_name(f"{path.name}.rebuilding")
 
 
-def _render(line: d.TranscriptLine) -> str:
-    return f"» {line.text}" if line.kind == "step" else line.text
+def _render(line: TranscriptEntry) -> str:
+    return f"» {line.text}" if line.is_step else line.text

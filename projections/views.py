@@ -72,6 +72,16 @@ class ViewPage(NamedTuple):
     views: list[EnvironmentView | ThreadView]
 
 
+class TranscriptEntry(NamedTuple):
+    """A transcript line as the read model keeps it: which environment, where in the transcripts'
+    stream, and whether it is a step of the work or a line printed."""
+
+    sequence: int
+    environment_id: str
+    is_step: bool
+    text: str
+
+
 VIEWED_AGGREGATES = (Environment, Thread)
 """The aggregates the read model keeps a view of; `public_view` is None for any other."""
 
