@@ -26,7 +26,7 @@ SERVER_FILE = "server.json"
 SERVE_LOCK = "serve.lock"
 THREADS_MAX_AGE_S = 7 * 24 * 3600
 THREADS_MAX_BYTES = 1 << 30
-HOOK_RECORDS_MAX_AGE_S = 7 * 24 * 3600
+REMOVED_RETENTION_S = 7 * 24 * 3600
 
 
 class ConfigError(ValueError):
@@ -49,8 +49,9 @@ class Settings:
     threads_max_age_s: float
     threads_max_bytes: int
     """Retention of stream BB_THREADS, whose messages carry prompts (BB_THREADS_MAX_AGE_S / _MAX_BYTES)."""
-    hook_records_max_age_s: float
-    """How long the hook records of a removed environment are kept (BB_HOOK_RECORDS_MAX_AGE_S, see hooks.ledger)."""
+    removed_retention_s: float
+    """How long the hook records and the transcript of a removed environment are kept (BB_REMOVED_RETENTION_S,
+    see hooks.ledger and README's Retention)."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> Settings:
@@ -67,7 +68,7 @@ class Settings:
             extra_providers=tuple(p for p in os.environ.get("BB_EXTRA_PROVIDERS", "").split(",") if p),
             threads_max_age_s=_positive("BB_THREADS_MAX_AGE_S", THREADS_MAX_AGE_S, "a number of seconds"),
             threads_max_bytes=int(_positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
-            hook_records_max_age_s=_positive("BB_HOOK_RECORDS_MAX_AGE_S", HOOK_RECORDS_MAX_AGE_S, "a number of seconds"),
+            removed_retention_s=_positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
         )
 
     @property

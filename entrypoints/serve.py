@@ -30,7 +30,7 @@ from bb_environments.bus.jetstream import ConnectOptions, connect, consume, ensu
 from bb_environments.bus.log_reader import LogReader
 from bb_environments.bus.relay import OutboxRelay
 from bb_environments.bus.trusted_log import TrustedLog
-from bb_environments.bus.transcripts import TranscriptPublisher
+from bb_environments.bus.transcripts import TranscriptPublisher, forget_removed_transcripts
 from bb_environments.domain.errors import DomainError
 from bb_environments.entrypoints.bootstrap import Core, Ports, StoreUnusable, bootstrap
 from bb_environments.entrypoints.config import (
@@ -244,7 +244,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         while True:
             await threads.resume_waiting()
             await provisioner.sweep()
-            await host_agent.forget_removed(settings.hook_records_max_age_s)
+            await host_agent.forget_removed(settings.removed_retention_s)
+            await forget_removed_transcripts(js, read_model, settings.removed_retention_s)
             await asyncio.sleep(settings.sweep_interval_s)
 
     await _restore_read_models(core, js)

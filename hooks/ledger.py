@@ -8,7 +8,7 @@ environment's setup, say). Anything else is refused (`HookRefused`).
 
 Retention: the records and output log of an operation whose environment is removed are deleted
 once the hook settled (finished, or was cancelled before it started) more than a maximum age ago
-(BB_HOOK_RECORDS_MAX_AGE_S). Nothing waits for such an operation any more, and a request for it is
+(BB_REMOVED_RETENTION_S). Nothing waits for such an operation any more, and a request for it is
 refused, so no run, join or replay can need them; a record still running is never deleted.
 """
 

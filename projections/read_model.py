@@ -305,6 +305,21 @@ class ReadModel:
         async with self._db.execute(query + " ORDER BY id LIMIT ?", [*args, limit]) as rows:
             return [msgspec.json.decode(r[0], type=ThreadView) for r in await rows.fetchall()]
 
+    async def transcripts_removed_before(self, cutoff: datetime) -> list[str]:
+        """The environments removed before `cutoff` whose transcript lines are still kept."""
+        async with self._db.execute(
+            "SELECT id FROM environments WHERE status = ? "
+            "AND json_extract(CAST(document AS TEXT), '$.updatedAt') < ? "
+            "AND EXISTS (SELECT 1 FROM transcript WHERE environment_id = environments.id)",
+            (EnvironmentStatus.REMOVED, msgspec.json.encode(cutoff).decode().strip('"')),
+        ) as rows:
+            return [r[0] for r in await rows.fetchall()]
+
+    async def forget_transcripts(self, environment_ids: list[str]) -> None:
+        async with self._transaction():
+            await self._db.executemany("DELETE FROM transcript WHERE environment_id = ?",
+                                       [(environment_id,) for environment_id in environment_ids])
+
     async def transcript(self, environment_id: str, last: int = 50) -> list[str]:
         async with self._db.execute(
             "SELECT line FROM (SELECT sequence, line FROM transcript WHERE environment_id = ? "

@@ -41,7 +41,7 @@ from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import Environments, Placement, RecordedHook
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, bootstrap
-from bb_environments.entrypoints.config import HOOK_RECORDS_MAX_AGE_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
+from bb_environments.entrypoints.config import REMOVED_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
@@ -224,7 +224,7 @@ def world_settings(data_dir: Path) -> Settings:
     return Settings(data_dir=data_dir, nats_url=None, event_store=f"sqlite:///{data_dir / 'events.sqlite'}",
                     host_id=HOST, retire_grace_override=None, hook_timeout_s=5, sweep_interval_s=30,
                     transient_retry_s=30, extra_providers=(), threads_max_age_s=THREADS_MAX_AGE_S,
-                    threads_max_bytes=THREADS_MAX_BYTES, hook_records_max_age_s=HOOK_RECORDS_MAX_AGE_S)
+                    threads_max_bytes=THREADS_MAX_BYTES, removed_retention_s=REMOVED_RETENTION_S)
 
 
 def open_event_store(data_dir: Path) -> Environments:

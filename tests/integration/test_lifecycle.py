@@ -338,8 +338,8 @@ async def test_list_hides_removed_environments_unless_asked_for(service, git_rep
     assert refused.returncode == 2 and "removed" in refused.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("service", [{"BB_HOOK_RECORDS_MAX_AGE_S": "0.001"}], indirect=True)
-async def test_a_removed_environment_s_hook_records_are_deleted_and_a_live_one_s_kept(service, git_repo, tmp_path):
+@pytest.mark.parametrize("service", [{"BB_REMOVED_RETENTION_S": "0.001"}], indirect=True)
+async def test_a_removed_environment_s_hook_records_and_transcript_are_dropped_and_a_live_one_s_kept(service, git_repo, tmp_path):
     write_hooks(git_repo, tmp_path / "hooks.log")
     removed = await spawn(service, git_repo, "t1")
     live = await spawn(service, git_repo, "t2")
@@ -354,3 +354,26 @@ async def test_a_removed_environment_s_hook_records_are_deleted_and_a_live_one_s
     assert sorted(p.suffix for p in records.iterdir()) == [".json", ".log"]
     shown = (await service.bb("environment", "show", live["environmentId"], "--json")).json()
     assert shown["status"] == "ready" and shown["hooks"]["setup"]["status"] == "succeeded"
+    assert shown["transcript"]
+
+    # Its transcript goes from the stream and from the read model; the live one's stays.
+    async def transcript_of(environment_id: str) -> list[str]:
+        return (await service.bb("environment", "show", environment_id, "--json")).json()["transcript"]
+
+    nc = await service.connect("service")
+    try:
+        js = nc.jetstream()
+
+        async def streamed(environment_id: str) -> int:
+            info = await js.stream_info(subjects.TRANSCRIPTS_STREAM, subjects_filter=subjects.transcript(environment_id))
+            return sum((info.state.subjects or {}).values())
+
+        deadline = time.monotonic() + 30
+        while await transcript_of(removed["environmentId"]):
+            assert time.monotonic() < deadline, "the removed environment's transcript was never dropped"
+            await asyncio.sleep(0.1)
+        assert await streamed(removed["environmentId"]) == 0
+        assert await streamed(live["environmentId"]) > 0
+    finally:
+        await nc.close()
+    assert await transcript_of(live["environmentId"])

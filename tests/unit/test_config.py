@@ -44,13 +44,13 @@ def test_thread_events_are_kept_a_week_and_a_gibibyte_unless_configured(monkeypa
 
 
 def test_hook_records_of_removed_environments_are_kept_a_week_unless_configured(monkeypatch):
-    monkeypatch.delenv("BB_HOOK_RECORDS_MAX_AGE_S", raising=False)
-    assert Settings.load("/tmp/bb-config-test").hook_records_max_age_s == 7 * 24 * 3600
-    monkeypatch.setenv("BB_HOOK_RECORDS_MAX_AGE_S", "60")
-    assert Settings.load("/tmp/bb-config-test").hook_records_max_age_s == 60
+    monkeypatch.delenv("BB_REMOVED_RETENTION_S", raising=False)
+    assert Settings.load("/tmp/bb-config-test").removed_retention_s == 7 * 24 * 3600
+    monkeypatch.setenv("BB_REMOVED_RETENTION_S", "60")
+    assert Settings.load("/tmp/bb-config-test").removed_retention_s == 60
 
 
-@pytest.mark.parametrize("name", ["BB_THREADS_MAX_AGE_S", "BB_HOOK_RECORDS_MAX_AGE_S"])
+@pytest.mark.parametrize("name", ["BB_THREADS_MAX_AGE_S", "BB_REMOVED_RETENTION_S"])
 @pytest.mark.parametrize("raw", ["0", "-1", "inf", "a week"])
 def test_a_retention_limit_must_be_one(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
