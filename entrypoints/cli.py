@@ -23,7 +23,6 @@ from rich.table import Column, Table
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
-from bb_environments.bus.relay import claimed_notification_id
 from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import ID_PATTERN
@@ -375,7 +374,7 @@ class _SettleWatch:
                 self.arrived[environment_id] = self.arrived.get(environment_id, 0) + 1
                 # The stream re-publishes the log's headers, the event's log position among them.
                 self.settled_at[environment_id] = max(self.settled_at.get(environment_id, 0),
-                                                      claimed_notification_id(message.headers) or 0)
+                                                      subjects.claimed_notification_id(message.headers) or 0)
                 self.news.set()
 
 
