@@ -26,8 +26,7 @@ from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvir
 from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import ID_PATTERN
-from bb_environments.entrypoints.cli_modal import machine, modal
-from bb_environments.entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
+from bb_environments.entrypoints.cli_support import Failure, LazyGroup, emit, fail, json_option, run_cli, run_command, stderr, stdout
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
 
 R = TypeVar("R", bound=Request)
@@ -117,7 +116,8 @@ def sendable(request: R) -> R:
     return request
 
 
-@click.group()
+@click.group(cls=LazyGroup, lazy_subcommands={
+    "machine": "bb_environments.entrypoints.cli_modal:machine", "modal": "bb_environments.entrypoints.cli_modal:modal"})
 @click.option("--data-dir", help="Service data directory (default $BB_DATA_DIR or ~/.local/share/bb).")
 @click.option("--nats-url", help="Use this NATS instead of the embedded one (default $BB_NATS_URL).")
 @click.pass_context
@@ -531,10 +531,6 @@ async def events_replay(settings: Settings, as_json: bool) -> None:
     counts = await call(settings, "events", "replay", Nothing(), changes=True)
     emit(counts, as_json, lambda c: stdout.print(
         f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
-
-
-cli.add_command(machine)
-cli.add_command(modal)
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import json
 import os
 import sys
@@ -90,6 +91,28 @@ def emit(document: Any, as_json: bool, human: Callable[[Any], None]) -> None:
         print(json.dumps(document))
     else:
         human(document)
+
+
+class LazyGroup(click.Group):
+    """A group whose named sub-commands are imported only when one of them is run or listed
+    (click's LazyGroup pattern): `bb environment list` does not pay for the Modal SDK or the service."""
+
+    def __init__(self, *args: Any, lazy_subcommands: dict[str, str], **kwargs: Any) -> None:
+        """`lazy_subcommands`: command name -> "module:attribute" of the click command."""
+        super().__init__(*args, **kwargs)
+        self.lazy_subcommands = lazy_subcommands
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy_subcommands])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy_subcommands:
+            return super().get_command(ctx, cmd_name)
+        module, attribute = self.lazy_subcommands[cmd_name].split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{self.lazy_subcommands[cmd_name]} is not a click command")
+        return command
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
