@@ -25,7 +25,7 @@ from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
 from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.domain.thread import ID_PATTERN
+from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.entrypoints.cli_support import Failure, LazyGroup, emit, fail, json_option, run_cli, run_command, stderr, stdout
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
 
