@@ -10,18 +10,36 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
-from bb_environments.bus.client import ServiceError
-from bb_environments.bus.health import describe, unavailable
+from bb_environments.bus.service_errors import ServiceError
 from bb_environments.entrypoints.config import ConfigError
 from bb_environments.handlers.errors import EXIT_CODES, one_line
 
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console, made when something is first printed with it: importing rich is a good part
+    of `bb`'s start-up, and a command that prints JSON uses none of it."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        self._console.print(*objects, **options)
+
+
+stdout = _LazyConsole(highlight=False, soft_wrap=True)
+stderr = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 class Failure(Exception):
@@ -43,6 +61,9 @@ def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., 
         except ConfigError as bad:
             fail("invalid_input", str(bad), as_json)
         except Exception as error:
+            # Imported here: it loads nats-py, which a command imports only once it knows the URL.
+            from bb_environments.bus.health import describe, unavailable
+
             # Still one sentence: the bus went away under the command, or (a bug) anything else;
             # the traceback is for whoever asks for it.
             if unavailable(error):
