@@ -132,8 +132,7 @@ def sendable(request: R) -> R:
     return request
 
 
-@click.group(cls=LazyGroup, lazy_subcommands={
-    "machine": "bb_environments.entrypoints.cli_modal:machine", "modal": "bb_environments.entrypoints.cli_modal:modal"})
+@click.group()
 @click.option("--data-dir", help="Service data directory (default $BB_DATA_DIR or ~/.local/share/bb).")
 @click.option("--nats-url", help="Use this NATS instead of the embedded one (default $BB_NATS_URL).")
 @click.pass_context
@@ -558,6 +557,23 @@ async def events_replay(settings: Settings, as_json: bool) -> None:
     counts = await call(settings, "events", "replay", Nothing(), changes=True)
     emit(counts, as_json, lambda c: stdout.print(
         f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
+
+
+# -- Modal -----------------------------------------------------------------------------------------
+# The commands load the Modal provider, so they are imported only to run or list them (LazyGroup);
+# the groups are declared here, so that `bb --help` lists them without that.
+
+MODAL_COMMANDS = "bb_environments.entrypoints.cli_modal"
+
+
+@cli.group(cls=LazyGroup, lazy_subcommands={verb: f"{MODAL_COMMANDS}:machine_{verb}" for verb in ("create", "list", "remove")})
+def machine() -> None:
+    """Modal sandboxes outside any environment (tagged bb-machine=1)."""
+
+
+@cli.group(cls=LazyGroup, lazy_subcommands={group: f"{MODAL_COMMANDS}:{group}" for group in ("account", "image")})
+def modal() -> None:
+    """The Modal account and the image sandboxes start from."""
 
 
 def main() -> None:

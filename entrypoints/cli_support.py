@@ -116,7 +116,7 @@ def emit(document: Any, as_json: bool, human: Callable[[Any], None]) -> None:
 
 class LazyGroup(click.Group):
     """A group whose named sub-commands are imported only when one of them is run or listed
-    (click's LazyGroup pattern): `bb environment list` does not pay for the Modal SDK or the service."""
+    (click's LazyGroup pattern): no other command pays for loading them."""
 
     def __init__(self, *args: Any, lazy_subcommands: dict[str, str], **kwargs: Any) -> None:
         """`lazy_subcommands`: command name -> "module:attribute" of the click command."""
