@@ -57,7 +57,7 @@ async def open_client(settings: Settings) -> ApiClient:
     # The embedded server's service runs on this machine: a request it can no longer answer (its
     # process ended) fails at once, not after the timeout.
     return await _client_for(server.nats_url).connect(server.nats_url, settings.data_dir, service_pid=server.pid,
-                                   nkeys_seed=server.credentials.operator)
+                                                      nkeys_seed=server.credentials.operator)
 
 
 def _client_for(url: str) -> type[ApiClient]:
@@ -566,7 +566,8 @@ async def events_replay(settings: Settings, as_json: bool) -> None:
 MODAL_COMMANDS = "bb_environments.entrypoints.cli_modal"
 
 
-@cli.group(cls=LazyGroup, lazy_subcommands={verb: f"{MODAL_COMMANDS}:machine_{verb}" for verb in ("create", "list", "remove")})
+@cli.group(cls=LazyGroup,
+           lazy_subcommands={verb: f"{MODAL_COMMANDS}:machine_{verb}" for verb in ("create", "list", "remove")})
 def machine() -> None:
     """Modal sandboxes outside any environment (tagged bb-machine=1)."""
 
