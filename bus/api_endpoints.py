@@ -15,15 +15,13 @@ import msgspec
 
 from bb_environments.bus.api_messages import (
     Accepted,
-    EnvironmentList,
     EnvironmentRef,
     ListEnvironments,
     ListThreads,
+    Next,
     Nothing,
-    ProviderList,
     Spawned,
     SpawnThread,
-    ThreadList,
     ThreadRef,
 )
 from bb_environments.bus.api_service import ApiError, Endpoint
@@ -49,6 +47,26 @@ from bb_environments.handlers.commands import (
 from bb_environments.handlers.errors import InvalidInput, RequestError
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
+from bb_environments.providers.registry import ProviderDescription
+
+
+class ProviderList(msgspec.Struct):
+    providers: list[ProviderDescription]
+
+
+class EnvironmentList(msgspec.Struct):
+    """One page of environments, in id order."""
+
+    environments: list[EnvironmentView]
+    next: Next = None
+
+
+class ThreadList(msgspec.Struct):
+    """One page of threads, in id order."""
+
+    threads: list[ThreadView]
+    next: Next = None
+
 
 Item = TypeVar("Item", EnvironmentView, ThreadView)
 Listing = TypeVar("Listing", EnvironmentList, ThreadList)

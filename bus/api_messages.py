@@ -1,4 +1,7 @@
-"""Request and reply bodies of the `bb-environments` NATS micro service (`bb.api.<area>.<verb>`)."""
+"""Request and reply bodies of the `bb-environments` NATS micro service (`bb.api.<area>.<verb>`).
+
+The listings' replies, which carry the read side's views, are declared with their endpoints
+(bus/api_endpoints.py): this module is what a client needs, and `bb` imports it without the domain."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ from typing import Annotated, Any
 import msgspec
 
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.projections.views import EnvironmentView, ThreadView
-from bb_environments.providers.registry import ProviderDescription
 
 DEFAULT_PAGE = 200
 MAX_PAGE = 1000
@@ -64,24 +65,6 @@ class ThreadRef(Request):
 
 class Nothing(Request):
     pass
-
-
-class ProviderList(msgspec.Struct):
-    providers: list[ProviderDescription]
-
-
-class EnvironmentList(msgspec.Struct):
-    """One page of environments, in id order."""
-
-    environments: list[EnvironmentView]
-    next: Next = None
-
-
-class ThreadList(msgspec.Struct):
-    """One page of threads, in id order."""
-
-    threads: list[ThreadView]
-    next: Next = None
 
 
 class Spawned(msgspec.Struct, rename="camel"):

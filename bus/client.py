@@ -18,31 +18,11 @@ from bb_environments.bus.api_messages import ErrorReply, Request
 from bb_environments.bus.embedded_server import pid_alive
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
+from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
 
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 SERVICE_CHECK_S = 0.5
 T = TypeVar("T")
-
-
-class ServiceError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def unreachable(detail: str, data_dir: Path | None = None, hint: str | None = None) -> ServiceError:
-    where = f" for data dir {data_dir}" if data_dir else ""
-    return ServiceError("unreachable",
-                        f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}")
-
-
-class AnswerLost(ServiceError):
-    """The request may have reached the service, but its answer cannot come: whether it was done is
-    not known (a spawn, say, may have been recorded)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("unreachable", message)
 
 
 class ApiClient:

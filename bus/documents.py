@@ -25,8 +25,9 @@ from eventsourcing.domain import Aggregate, DomainEventProtocol
 
 from bb_environments.bus import subjects
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.domain.path_claim import PathClaim
-from bb_environments.domain.thread import ID_PATTERN, Thread
+from bb_environments.domain.thread import Thread
 from bb_environments.handlers import commands
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
@@ -38,7 +38,6 @@ from bb_environments.bus.log_reader import LoggedDocument
 
 log = logging.getLogger(__name__)
 
-NOTIFICATION_HEADER = "Bb-Notification-Id"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when Nats-Expected-Last-Sequence does not hold
 WRONG_LAST_MSG_ID = 10070  # ... and when Nats-Expected-Last-Msg-Id does not
 WINDOW = 64
@@ -46,15 +45,6 @@ WINDOW = 64
 
 PageReader = Callable[[int], Awaitable[list[LoggedDocument]]]
 NotificationReader = Callable[[Iterable[int]], Awaitable[dict[int, LoggedDocument]]]
-
-
-def claimed_notification_id(headers: Mapping[str, str] | None) -> int | None:
-    """The notification id a log stream message says it carries, if it says one."""
-    try:
-        claimed = int((headers or {}).get(NOTIFICATION_HEADER, ""))
-    except ValueError:
-        return None
-    return claimed if claimed > 0 else None
 
 
 class StreamMoved(Exception):
@@ -119,7 +109,7 @@ class OutboxRelay:
             message_id = f"bb:{logged.notification_id}:{secrets.token_hex(8)}"
             headers = {
                 "Nats-Msg-Id": message_id,
-                NOTIFICATION_HEADER: str(logged.notification_id),
+                subjects.NOTIFICATION_HEADER: str(logged.notification_id),
                 "Nats-Expected-Last-Sequence": str(self._sequence + place),
             }
             if previous_id is not None:
@@ -175,7 +165,7 @@ class OutboxRelay:
 
     async def _written(self, message: api.RawStreamMsg, held: int) -> int | None:
         """The notification id of `message` if the store wrote exactly it, as the stream's `held`th message."""
-        claimed = claimed_notification_id(message.headers)
+        claimed = subjects.claimed_notification_id(message.headers)
         # Ids start at 1 and never repeat, so notification n is at most the stream's nth message:
         # a copy of an older message, sent again later, gives itself away by its place.
         if claimed is None or claimed < held:

@@ -9,6 +9,7 @@ BB_ENVIRONMENTS); the stream re-publishes environment events once each, after th
 """
 
 import hashlib
+from collections.abc import Mapping
 
 THREADS_STREAM = "BB_THREADS"
 THREAD_EVENTS = "bb.threads.>"
@@ -23,6 +24,8 @@ ENVIRONMENTS_STREAM = "BB_ENVIRONMENTS"
 LOG_EVENTS = "bb.log.>"
 LOG_ENVIRONMENT_EVENTS = "bb.log.environment.>"
 ENVIRONMENT_EVENTS = "bb.environments.>"
+NOTIFICATION_HEADER = "Bb-Notification-Id"
+"""The header that names the log position (notification id) a log stream message carries."""
 
 TRANSCRIPTS_STREAM = "BB_TRANSCRIPTS"
 TRANSCRIPT_EVENTS = "bb.transcripts.>"
@@ -85,3 +88,12 @@ def hook_finished(host_id: str, operation_id: str) -> str:
     # Operation ids contain dots; a digest keeps them one subject token.
     token = hashlib.sha256(operation_id.encode()).hexdigest()[:32]
     return f"bb.hosts.{host_id}.hooks.finished.{token}"
+
+
+def claimed_notification_id(headers: Mapping[str, str] | None) -> int | None:
+    """The notification id a log stream message says it carries, if it says one."""
+    try:
+        claimed = int((headers or {}).get(NOTIFICATION_HEADER, ""))
+    except ValueError:
+        return None
+    return claimed if claimed > 0 else None

@@ -9,10 +9,6 @@ from eventsourcing.domain import Aggregate, event
 
 from bb_environments.domain.status import ThreadStatus
 
-# (?!\n): Python's `$` also matches before a trailing newline; JSON Schema's does not.
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(?!\n)$"
-"""Thread and host ids: one subject token and part of a file name."""
-
 
 def thread_aggregate_id(thread_id: str) -> UUID:
     return uuid5(NAMESPACE_URL, f"bb-thread:{thread_id}")

@@ -13,23 +13,22 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID, uuid4
 
 import click
 import msgspec
-from nats.errors import Error as NatsError
-from rich.table import Column, Table
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
-from bb_environments.bus.relay import claimed_notification_id
-from bb_environments.bus.client import AnswerLost, ApiClient, ServiceError, unreachable
+from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.domain.thread import ID_PATTERN
-from bb_environments.entrypoints.cli_modal import machine, modal
-from bb_environments.entrypoints.cli_support import Failure, emit, fail, json_option, run_cli, run_command, stderr, stdout
+from bb_environments.domain.ids import ID_PATTERN
+from bb_environments.entrypoints.cli_support import Failure, LazyGroup, emit, fail, json_option, run_cli, run_command, stderr, stdout
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
+
+if TYPE_CHECKING:  # imported by open_client, once the URL is known
+    from bb_environments.bus.client import ApiClient
 
 R = TypeVar("R", bound=Request)
 
@@ -44,7 +43,8 @@ async def open_client(settings: Settings) -> ApiClient:
     """As the operator: with the seed server.json names for the embedded server, else with the
     deployment's credentials from the environment (an external NATS)."""
     if settings.nats_url is not None:
-        return await ApiClient.connect(settings.nats_url, settings.data_dir, **nats_credentials(settings.nats_url))
+        return await _client_for(settings.nats_url).connect(settings.nats_url, settings.data_dir,
+                                                            **nats_credentials(settings.nats_url))
     try:
         server = read_server_file(settings.server_file)
     except ServerFileError as unusable:
@@ -52,11 +52,25 @@ async def open_client(settings: Settings) -> ApiClient:
         hint = f"`bb serve` (pid {running.pid}) writes it again within seconds" if running else None
         raise unreachable(str(unusable), settings.data_dir, hint) from None
     if server.credentials is None:
-        return await ApiClient.connect(server.nats_url, settings.data_dir, **nats_credentials(server.nats_url))
+        return await _client_for(server.nats_url).connect(server.nats_url, settings.data_dir,
+                                                          **nats_credentials(server.nats_url))
     # The embedded server's service runs on this machine: a request it can no longer answer (its
     # process ended) fails at once, not after the timeout.
-    return await ApiClient.connect(server.nats_url, settings.data_dir, service_pid=server.pid,
-                                   nkeys_seed=server.credentials.operator)
+    return await _client_for(server.nats_url).connect(server.nats_url, settings.data_dir, service_pid=server.pid,
+                                                      nkeys_seed=server.credentials.operator)
+
+
+def _client_for(url: str) -> type[ApiClient]:
+    """The API client, imported only now that the URL is known. nats-py imports aiohttp (about a
+    quarter of a second) when it is imported, only to speak WebSocket, and goes without it when
+    aiohttp cannot be imported: for a URL that is not ws:// or wss:// (tested as nats-py tests it)
+    this process keeps aiohttp out. Nothing else a command that connects runs needs aiohttp; the
+    Modal SDK does, but `bb machine` and `bb modal` never connect to the bus."""
+    if "nats" not in sys.modules and "ws://" not in url and "wss://" not in url:
+        sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]  # None: "cannot be imported"
+    from bb_environments.bus.client import ApiClient
+
+    return ApiClient
 
 
 async def call(settings: Settings, area: str, verb: str, body: Any, changes: bool = False) -> dict[str, Any]:
@@ -173,6 +187,8 @@ async def environment_providers(settings: Settings, as_json: bool) -> None:
     document = await call(settings, "environments", "providers", Nothing())
 
     def human(doc: dict[str, Any]) -> None:
+        from rich.table import Table  # only for a person: see cli_support._LazyConsole
+
         table = Table("ID", "NAME", "AVAILABILITY", "RETIRE GRACE")
         for p in doc["providers"]:
             availability = p["availability"]["status"] + (f" ({p['availability']['reason']})" if p["availability"].get("reason") else "")
@@ -198,6 +214,8 @@ async def environment_list(settings: Settings, status: str | None, provider: str
     document = await listing(settings, "environments", "list", request, "environments")
 
     def human(doc: dict[str, Any]) -> None:
+        from rich.table import Column, Table  # only for a person: see cli_support._LazyConsole
+
         # Ids are copied from here: never cut them.
         table = Table(Column("ID", no_wrap=True, min_width=36), "STATUS", "PROVIDER", "THREADS", "PATH")
         for e in doc["environments"]:
@@ -280,6 +298,8 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
     )
     sendable(request)
     client = await open_client(settings)
+    from nats.errors import Error as NatsError  # nats-py is imported once the URL is known: see _client_for
+
     watch = _SettleWatch()
     try:
         if wait:
@@ -365,6 +385,8 @@ class _SettleWatch:
 
     async def stop(self) -> None:
         if self._subscription is not None:
+            from nats.errors import Error as NatsError  # imported by now: see _client_for
+
             with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
                 await self._subscription.unsubscribe()
 
@@ -375,7 +397,7 @@ class _SettleWatch:
                 self.arrived[environment_id] = self.arrived.get(environment_id, 0) + 1
                 # The stream re-publishes the log's headers, the event's log position among them.
                 self.settled_at[environment_id] = max(self.settled_at.get(environment_id, 0),
-                                                      claimed_notification_id(message.headers) or 0)
+                                                      subjects.claimed_notification_id(message.headers) or 0)
                 self.news.set()
 
 
@@ -387,6 +409,7 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
     the look after such an event waits for the read model to reach that event's log position. The
     slow poll is only a safety net.
     """
+    from nats.errors import Error as NatsError  # imported by now: see _client_for
 
     async def on_transcript(message: Any) -> None:
         line = json.loads(message.data)
@@ -441,6 +464,8 @@ async def thread_list(settings: Settings, environment_id: str | None, as_json: b
     request = ListThreads(environment_id=environment_id_argument(environment_id) if environment_id else None)
 
     def human(doc: dict[str, Any]) -> None:
+        from rich.table import Column, Table  # only for a person: see cli_support._LazyConsole
+
         table = Table("THREAD", "STATUS", Column("ENVIRONMENT", no_wrap=True, min_width=36), "PARENT")
         for t in doc["threads"]:
             table.add_row(t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-")
@@ -534,8 +559,22 @@ async def events_replay(settings: Settings, as_json: bool) -> None:
         f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
 
 
-cli.add_command(machine)
-cli.add_command(modal)
+# -- Modal -----------------------------------------------------------------------------------------
+# The commands load the Modal provider, so they are imported only to run or list them (LazyGroup);
+# the groups are declared here, so that `bb --help` lists them without that.
+
+MODAL_COMMANDS = "bb_environments.entrypoints.cli_modal"
+
+
+@cli.group(cls=LazyGroup,
+           lazy_subcommands={verb: f"{MODAL_COMMANDS}:machine_{verb}" for verb in ("create", "list", "remove")})
+def machine() -> None:
+    """Modal sandboxes outside any environment (tagged bb-machine=1)."""
+
+
+@cli.group(cls=LazyGroup, lazy_subcommands={group: f"{MODAL_COMMANDS}:{group}" for group in ("account", "image")})
+def modal() -> None:
+    """The Modal account and the image sandboxes start from."""
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""`bb machine` and `bb modal`: Modal sandboxes and settings, handled by `providers.modal_machine` and
-`providers.modal_settings` directly.
+"""The commands of `bb machine` and `bb modal`: Modal sandboxes and settings, handled by
+`providers.modal_machine` and `providers.modal_settings` directly. The two groups are declared in
+entrypoints/cli.py, which loads this module only to run or list these commands.
 
 These commands do not go through the service: they use MODAL_TOKEN_ID / MODAL_TOKEN_SECRET from
 this process's environment and the provider's data dir under `--data-dir`. Machines are bare
@@ -62,12 +63,7 @@ def _data_dir(settings: Settings) -> Path:
 # -- bb machine ------------------------------------------------------------------------------------
 
 
-@click.group()
-def machine() -> None:
-    """Modal sandboxes outside any environment (tagged bb-machine=1)."""
-
-
-@machine.command("create")
+@click.command("create")
 @click.option("--provider", "provider_id", type=click.Choice([PROVIDER_ID]), required=True)
 @json_option
 @click.pass_obj
@@ -81,7 +77,7 @@ async def machine_create(settings: Settings, provider_id: str, as_json: bool) ->
     emit({"machine": created}, as_json, lambda d: stdout.print(d["machine"]["id"], markup=False))
 
 
-@machine.command("list")
+@click.command("list")
 @json_option
 @click.pass_obj
 @run_command
@@ -97,7 +93,7 @@ async def machine_list(settings: Settings, as_json: bool) -> None:
     emit({"machines": machines}, as_json, human)
 
 
-@machine.command("remove")
+@click.command("remove")
 @click.argument("machine_id")
 @click.option("--yes", is_flag=True, help="Confirm: the machine is terminated and its files are lost.")
 @json_option
@@ -116,11 +112,6 @@ async def machine_remove(machine_id: str, yes: bool, as_json: bool) -> None:
 
 
 @click.group()
-def modal() -> None:
-    """The Modal account and the image sandboxes start from."""
-
-
-@modal.group()
 def account() -> None:
     """The Modal credentials (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET)."""
 
@@ -144,7 +135,7 @@ async def account_inspect(settings: Settings, as_json: bool) -> None:
     emit(document, as_json, human)
 
 
-@modal.group()
+@click.group()
 def image() -> None:
     """The Dockerfile sandboxes are built from."""
 

@@ -4,23 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import json
 import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
-from bb_environments.bus.client import ServiceError
-from bb_environments.bus.health import describe, unavailable
+from bb_environments.bus.service_errors import ServiceError
 from bb_environments.entrypoints.config import ConfigError
 from bb_environments.handlers.errors import EXIT_CODES, one_line
 
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console, made when something is first printed with it: importing rich is a good part
+    of `bb`'s start-up, and a command that prints JSON uses none of it."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        self._console.print(*objects, **options)
+
+
+stdout = _LazyConsole(highlight=False, soft_wrap=True)
+stderr = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 class Failure(Exception):
@@ -42,6 +61,9 @@ def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., 
         except ConfigError as bad:
             fail("invalid_input", str(bad), as_json)
         except Exception as error:
+            # Imported here: it loads nats-py, which a command imports only once it knows the URL.
+            from bb_environments.bus.health import describe, unavailable
+
             # Still one sentence: the bus went away under the command, or (a bug) anything else;
             # the traceback is for whoever asks for it.
             if unavailable(error):
@@ -90,6 +112,28 @@ def emit(document: Any, as_json: bool, human: Callable[[Any], None]) -> None:
         print(json.dumps(document))
     else:
         human(document)
+
+
+class LazyGroup(click.Group):
+    """A group whose named sub-commands are imported only when one of them is run or listed
+    (click's LazyGroup pattern): no other command pays for loading them."""
+
+    def __init__(self, *args: Any, lazy_subcommands: dict[str, str], **kwargs: Any) -> None:
+        """`lazy_subcommands`: command name -> "module:attribute" of the click command."""
+        super().__init__(*args, **kwargs)
+        self.lazy_subcommands = lazy_subcommands
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy_subcommands])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy_subcommands:
+            return super().get_command(ctx, cmd_name)
+        module, attribute = self.lazy_subcommands[cmd_name].split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{self.lazy_subcommands[cmd_name]} is not a click command")
+        return command
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")

@@ -8,16 +8,17 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import msgspec
 
 from bb_environments.bus.access import check_host_id
 from bb_environments.bus.embedded_server import pid_alive
-from bb_environments.bus.jetstream import ConnectOptions
-from bb_environments.entrypoints import sqlite_event_store
 from bb_environments.providers.host.file_lock import read_holder
+
+if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli.py)
+    from bb_environments.bus.jetstream import ConnectOptions
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,12 @@ def event_store_environment(url: str) -> dict[str, str]:
         # The log holds environment inputs and thread ids: its owner's only, wherever it lives.
         path.touch(mode=0o600, exist_ok=True)
         os.chmod(path, 0o600)
-        # eventsourcing's SQLite module, with the fsync level BB_EVENT_STORE_SYNC chooses (see there).
+        # eventsourcing's SQLite module, with the fsync level BB_EVENT_STORE_SYNC chooses (see there);
+        # imported only here, since it loads eventsourcing, which no `bb` command but serve needs.
+        from bb_environments.entrypoints import sqlite_event_store
+
         return {"PERSISTENCE_MODULE": f"{sqlite_event_store.__name__}:Factory", "SQLITE_DBNAME": str(path),
-                sqlite_event_store.SQLITE_SYNCHRONOUS: _event_store_sync()}
+                sqlite_event_store.SQLITE_SYNCHRONOUS: _event_store_sync(sqlite_event_store.SYNC_LEVELS)}
     if parsed.scheme in ("postgres", "postgresql"):
         return {
             "PERSISTENCE_MODULE": "eventsourcing.postgres",
@@ -123,12 +127,11 @@ def event_store_environment(url: str) -> dict[str, str]:
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
 
 
-def _event_store_sync() -> str:
+def _event_store_sync(levels: tuple[str, ...]) -> str:
     """`normal` (the default: safe after a kill -9, not after a power loss) or `full`."""
     level = (os.environ.get("BB_EVENT_STORE_SYNC") or "normal").strip().lower()
-    if level not in sqlite_event_store.SYNC_LEVELS:
-        raise ConfigError(f"BB_EVENT_STORE_SYNC {level!r} is not allowed: use "
-                          f"{' or '.join(sqlite_event_store.SYNC_LEVELS)}")
+    if level not in levels:
+        raise ConfigError(f"BB_EVENT_STORE_SYNC {level!r} is not allowed: use {' or '.join(levels)}")
     return level
 
 

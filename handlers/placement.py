@@ -17,7 +17,7 @@ from uuid import UUID
 import msgspec
 
 from bb_environments.domain.application import Placement
-from bb_environments.domain.thread import ID_PATTERN
+from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.errors import InvalidInput, Refused
 from bb_environments.providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path

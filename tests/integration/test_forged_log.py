@@ -26,7 +26,8 @@ from nats.js.errors import NotFoundError
 from bb_environments.bus import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.log_reader import LoggedDocument, LogReader
-from bb_environments.bus.relay import NOTIFICATION_HEADER, OutboxRelay, claimed_notification_id
+from bb_environments.bus.relay import OutboxRelay
+from bb_environments.bus.subjects import NOTIFICATION_HEADER, claimed_notification_id
 from bb_environments.bus.trusted_log import TrustedLog
 from bb_environments.domain.application import Environments
 from tests.integration.conftest import Service, service_environment, write_hooks

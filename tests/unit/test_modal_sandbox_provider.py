@@ -19,7 +19,7 @@ import modal.io_streams
 import pytest
 from click.testing import CliRunner
 
-from bb_environments.entrypoints.cli_modal import machine, modal as modal_commands
+from bb_environments.entrypoints.cli import machine, modal as modal_commands
 from bb_environments.entrypoints.config import Settings
 from bb_environments.providers.contract import (
     READY,

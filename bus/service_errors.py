@@ -1,0 +1,29 @@
+"""What a call to the bb service can end in, as the caller sees it.
+
+Apart from bus/client.py, which imports nats-py: `bb` names these before it connects, and imports
+nats-py only once it knows the URL (entrypoints/cli.py, `open_client`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ServiceError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def unreachable(detail: str, data_dir: Path | None = None, hint: str | None = None) -> ServiceError:
+    where = f" for data dir {data_dir}" if data_dir else ""
+    return ServiceError("unreachable",
+                        f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}")
+
+
+class AnswerLost(ServiceError):
+    """The request may have reached the service, but its answer cannot come: whether it was done is
+    not known (a spawn, say, may have been recorded)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("unreachable", message)

@@ -1,0 +1,6 @@
+"""The form of the ids that people and agents choose, apart from the aggregates that hold them: the
+CLI checks an id with it before it sends anything, without loading the domain."""
+
+# (?!\n): Python's `$` also matches before a trailing newline; JSON Schema's does not.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(?!\n)$"
+"""Thread and host ids: one subject token and part of a file name."""
