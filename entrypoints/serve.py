@@ -131,9 +131,27 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
     """Run until SIGTERM or SIGINT. Whatever ends it, everything it started is stopped first (the
     nats-server included, and every thread that would keep the process alive); a failure ends it
     with ServeError. Only a SIGKILL leaves the nats-server running, for the next start to reuse."""
+    loop = asyncio.get_running_loop()
+    stop, past_start = asyncio.Event(), asyncio.Event()
+    starting = asyncio.current_task()
+
+    def on_signal() -> None:
+        if not stop.is_set() and not past_start.is_set() and starting is not None:
+            starting.cancel()  # the start has no stop check of its own: it ends where it is
+        stop.set()
+
+    # Before anything starts, so that a signal at any moment of the start stops what started.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
     try:
         async with contextlib.AsyncExitStack() as started:
-            await _serve(settings, ready, started)
+            try:
+                await _serve(settings, ready, started, stop, past_start)
+            finally:
+                past_start.set()  # a signal must not cut the stopping of what started short
+    except asyncio.CancelledError:
+        if not stop.is_set():
+            raise
     except ServeError:
         raise
     except (NatsServerUnavailable, StoreUnusable) as failed:
@@ -143,9 +161,13 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
         log.debug("bb serve failed", exc_info=True)
         raise ServeError(f"bb serve failed: {failed} ({type(failed).__name__}; "
                          "BB_LOG_LEVEL=DEBUG shows where)") from None
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
-async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack) -> None:
+async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack,
+                 stop: asyncio.Event, past_start: asyncio.Event) -> None:
     started.callback(hold_data_dir(settings.data_dir).close)
     if store_lock := hold_event_store(settings):
         started.callback(store_lock.close)
@@ -281,12 +303,9 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     if embedded:
         kept.append(embedded.watch(lambda server: server_file.update(nats_pid=server.pid)))
     tasks.extend(asyncio.create_task(k) for k in kept)
+    past_start.set()
     if ready:
         ready(msgspec.to_builtins(server_file.info))
-
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     await _until_stopped_or_failed(stop, tasks)
 
 

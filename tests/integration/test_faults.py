@@ -217,3 +217,29 @@ async def test_a_stale_server_json_naming_another_process_is_not_taken_for_the_s
             assert listed.returncode == 0, listed.stderr
         finally:
             await service.stop()
+
+
+async def test_a_stop_asked_for_while_serve_starts_stops_everything_it_started(tmp_path):
+    """SIGTERM as soon as its nats-server runs, before server.json names the service: what started
+    is stopped, and the next start is a clean one."""
+    data_dir = tmp_path / "data"
+    starting = Service(data_dir, service_environment(data_dir))
+    log = tmp_path / "serve.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen([*Service.cli(), "serve"], env=starting.environment,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=output)
+    try:
+        await eventually(lambda: nats_servers_on(data_dir / "nats") or process.poll() is not None,
+                         "the start of its nats-server", timeout=60)
+        assert not (data_dir / "server.json").exists(), "the start went too fast to be stopped midway"
+        process.send_signal(signal.SIGTERM)
+        await eventually(lambda: process.poll() is not None, "the end of bb serve", timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, log.read_text()
+    await eventually(lambda: not [pid for pid in nats_servers_on(data_dir / "nats") if not zombie(pid)],
+                     "the end of its nats-server")
+    assert not (data_dir / "server.json").exists()
+    await starting.start()
+    await starting.stop()
