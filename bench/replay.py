@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from uuid import UUID
 
 from common import Figure, table
 
@@ -72,17 +73,26 @@ def lifecycle(app: Environments, n: int, rng: random.Random) -> Iterator[None]:
         yield
     if rng.random() < 0.25:
         return  # still in use when the log ends
-    for archived in ([f"{thread_id}-b"] if joined else []) + [thread_id]:
-        app.archive_thread(archived, datetime.now(timezone.utc))
+    yield from retirement(app, environment.id, ([f"{thread_id}-b"] if joined else []) + [thread_id],
+                          lambda operation: app.record_teardown_outcome(environment.id, operation, "succeeded", None))
+
+
+def retirement(app: Environments, environment_id: UUID, thread_ids: list[str],
+               record_teardown: Callable[[str], object]) -> Iterator[None]:
+    """The threads archived, then the environment's removal, its teardown's outcome recorded by
+    `record_teardown(operation_id)`, a save at a time, until Removed."""
+    for thread_id in thread_ids:
+        app.archive_thread(thread_id, datetime.now(timezone.utc))
         yield
-    app.start_removal(environment.id, datetime.now(timezone.utc))
+    app.start_removal(environment_id, datetime.now(timezone.utc))
     yield
-    app.start_teardown(environment.id)
+    app.start_teardown(environment_id)
     yield
-    operation = app.environment(environment.id).teardown_operation_id
-    app.record_teardown_outcome(environment.id, operation, "succeeded", None)
+    operation = app.environment(environment_id).teardown_operation_id
+    assert operation is not None
+    record_teardown(operation)
     yield
-    app.record_removed(environment.id, 1)
+    app.record_removed(environment_id, 1)
 
 
 def write_log(path: Path, lifecycles: Callable[[Environments, random.Random], Iterable[Iterator[None]]],

@@ -29,11 +29,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 from common import Figure, rss_mb, service_environment, start_service, stop_service, table, until_idle
-from replay import write_log
+from replay import retirement, write_log
 
 from bb_environments.domain.application import Environments, Placement
 from bb_environments.domain.thread import Thread
@@ -57,17 +56,9 @@ def personal_lifecycle(app: Environments, data_dir: Path, n: int, rng: random.Ra
     yield
     if rng.random() < ready:
         return
-    app.archive_thread(thread_id, datetime.now(timezone.utc))
-    yield
-    app.start_removal(environment.id, datetime.now(timezone.utc))
-    yield
-    app.start_teardown(environment.id)
-    yield
-    app.record_teardown_skipped(environment.id, app.environment(environment.id).teardown_operation_id,
-                                "no .bb-env-teardown.sh")
-    yield
-    path.rmdir()
-    app.record_removed(environment.id, 1)
+    yield from retirement(app, environment.id, [thread_id], lambda operation: app.record_teardown_skipped(
+        environment.id, operation, "no .bb-env-teardown.sh"))
+    path.rmdir()  # as the provider's remove would have, once Removed is written
 
 
 async def primed_data_dir(environments: int, ready: float) -> Path:
