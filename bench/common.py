@@ -118,6 +118,22 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"process {pid} reports no VmRSS")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children of children included."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            pass  # ended while read
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for child, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = below
+    return found
+
+
 def cpu_seconds(pids: list[int]) -> float:
     ticks = 0
     for pid in pids:

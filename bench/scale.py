@@ -8,7 +8,8 @@ run, against the same on an empty data dir:
 
   (a) restart: start `bb serve` → serving (its server.json, written once the API listens), best and
       median of `--rounds` restarts;
-  (b) RSS (VmRSS) of `bb serve` and, apart, of its nats-server, after a restart, once both are idle;
+  (b) RSS (VmRSS) of `bb serve` and, apart, of its nats-server and of its other processes (the hook
+      launcher), after a restart, once the service and nats-server are idle;
   (c) `bb environment list --json --all` wall time (the real CLI, a subprocess) with 100 environments
       and with `--list-size` ready ones, against `python -c pass` on the same interpreter (the floor
       of any Python CLI), with `bb --help` (the CLI's imports) as a row of its own.
@@ -31,7 +32,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from common import Figure, rss_mb, service_environment, start_service, stop_service, table, until_idle
+from common import Figure, descendants, rss_mb, service_environment, start_service, stop_service, table, until_idle
 from replay import retirement, write_log
 
 from bb_environments.domain.application import Environments, Placement
@@ -85,9 +86,9 @@ async def primed_data_dir(environments: int, ready: float) -> Path:
     return data_dir
 
 
-async def restarts(data_dir: Path, rounds: int) -> tuple[list[float], float, float]:
-    """Seconds from start to serving of each restart, and the RSS (MB) of `bb serve` and of its
-    nats-server once idle after the last."""
+async def restarts(data_dir: Path, rounds: int) -> tuple[list[float], float, float, float]:
+    """Seconds from start to serving of each restart; then, once idle after the last, the RSS (MB) of
+    `bb serve`, of its nats-server, and of its other descendants (the hook launcher) together."""
     seconds = []
     for round_number in range(rounds):
         started = time.perf_counter()
@@ -96,7 +97,8 @@ async def restarts(data_dir: Path, rounds: int) -> tuple[list[float], float, flo
         try:
             if round_number == rounds - 1:
                 await until_idle([service.pid, info["natsPid"]])
-                rss = rss_mb(service.pid), rss_mb(info["natsPid"])
+                others = [pid for pid in descendants(service.pid) if pid != info["natsPid"]]
+                rss = rss_mb(service.pid), rss_mb(info["natsPid"]), sum(rss_mb(pid) for pid in others)
         finally:
             stop_service(service)
     return seconds, *rss
@@ -133,9 +135,9 @@ async def measure(environments: int, list_sizes: list[int], rounds: int) -> list
     try:
         service, _ = await start_service(empty)  # credentials and streams made once, as on any data dir
         stop_service(service)
-        base_seconds, base_rss, base_nats_rss = await restarts(empty, rounds)
+        base_seconds, base_rss, base_nats_rss, base_other_rss = await restarts(empty, rounds)
         full = await primed_data_dir(environments, ready=0.4)
-        seconds, rss, nats_rss = await restarts(full, rounds)
+        seconds, rss, nats_rss, other_rss = await restarts(full, rounds)
         floor, _ = wall_time([sys.executable, "-c", "pass"], empty, rounds)
         help_seconds, _ = wall_time([*bb_command(), "--help"], empty, rounds)
         listed = [(size, *await list_times(await primed_data_dir(size, ready=1.0), rounds)) for size in list_sizes]
@@ -150,6 +152,8 @@ async def measure(environments: int, list_sizes: list[int], rounds: int) -> list
                "empty log", "≤ 150 MB", rss <= 150),
         Figure(f"RSS of its nats-server, {environments:,} environments (not in the row above)", nats_rss,
                base_nats_rss, "MB", "empty log"),
+        Figure(f"RSS of its other processes (hook launcher), {environments:,} environments, summed", other_rss,
+               base_other_rss, "MB", "empty log"),
         Figure(f"`bb --help` wall time (median of {rounds})", help_seconds, floor, "s", "`python -c pass`"),
     ]
     for size, list_seconds, count in listed:
