@@ -11,7 +11,7 @@ The log is kept under the temp dir and reused by later runs with the same N. The
       read-models.sqlite in a temp dir), without the NATS round trip of the request.
 
 Each is run `--rounds` times, alternating, and the best round of each counts: on a machine shared
-with other work the best round is the one least disturbed. Prints events/s of both and their ratio.
+with other work the best round is the one least disturbed. Gives events/s of both.
 
     python bench/replay.py [--events 100000] [--rounds 3]
 """
@@ -24,22 +24,22 @@ import itertools
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from uuid import UUID
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import Figure, table
 
-from bb_environments.bus.log_reader import LogReader  # noqa: E402
-from bb_environments.domain.application import Environments, Placement  # noqa: E402
-from bb_environments.domain.thread import Thread  # noqa: E402
-from bb_environments.entrypoints.config import event_store_environment  # noqa: E402
-from bb_environments.handlers.api import replay_log  # noqa: E402
-from bb_environments.handlers.store import Store  # noqa: E402
-from bb_environments.projections.read_model import ReadModel  # noqa: E402
+from bb_environments.bus.log_reader import LogReader
+from bb_environments.domain.application import Environments, Placement
+from bb_environments.domain.thread import Thread
+from bb_environments.entrypoints.config import event_store_environment
+from bb_environments.handlers.api import replay_log
+from bb_environments.handlers.store import Store
+from bb_environments.projections.read_model import ReadModel
 
 IN_FLIGHT = 48
 PAGE = 500
@@ -73,38 +73,56 @@ def lifecycle(app: Environments, n: int, rng: random.Random) -> Iterator[None]:
         yield
     if rng.random() < 0.25:
         return  # still in use when the log ends
-    for archived in ([f"{thread_id}-b"] if joined else []) + [thread_id]:
-        app.archive_thread(archived, datetime.now(timezone.utc))
+    yield from retirement(app, environment.id, ([f"{thread_id}-b"] if joined else []) + [thread_id],
+                          lambda operation: app.record_teardown_outcome(environment.id, operation, "succeeded", None))
+
+
+def retirement(app: Environments, environment_id: UUID, thread_ids: list[str],
+               record_teardown: Callable[[str], object]) -> Iterator[None]:
+    """The threads archived, then the environment's removal, its teardown's outcome recorded by
+    `record_teardown(operation_id)`, a save at a time, until Removed."""
+    for thread_id in thread_ids:
+        app.archive_thread(thread_id, datetime.now(timezone.utc))
         yield
-    app.start_removal(environment.id, datetime.now(timezone.utc))
+    app.start_removal(environment_id, datetime.now(timezone.utc))
     yield
-    app.start_teardown(environment.id)
+    app.start_teardown(environment_id)
     yield
-    operation = app.environment(environment.id).teardown_operation_id
-    app.record_teardown_outcome(environment.id, operation, "succeeded", None)
+    operation = app.environment(environment_id).teardown_operation_id
+    assert operation is not None
+    record_teardown(operation)
     yield
-    app.record_removed(environment.id, 1)
+    app.record_removed(environment_id, 1)
 
 
-def build_log(path: Path, events: int) -> None:
-    """Write at least `events` events, interleaving lifecycles; written aside, then renamed."""
+def write_log(path: Path, lifecycles: Callable[[Environments, random.Random], Iterable[Iterator[None]]],
+              enough: Callable[[Environments], bool] = lambda app: False) -> None:
+    """Run the lifecycles, IN_FLIGHT at a time with their steps interleaved as a busy service writes
+    them, until they are all done or `enough`; written aside, then renamed, so a log is whole or absent."""
     building = path.with_name(path.name + ".building")
     for leftover in building.parent.glob(building.name + "*"):
         leftover.unlink()
     app = open_log(building)
     rng = random.Random(8)
-    numbers = itertools.count()
+    waiting = iter(lifecycles(app, rng))
     running: list[Iterator[None]] = []
     try:
-        while app.head() < events:
-            while len(running) < IN_FLIGHT:
-                running.append(lifecycle(app, next(numbers), rng))
+        while not enough(app):
+            running.extend(itertools.islice(waiting, IN_FLIGHT - len(running)))
+            if not running:
+                break
             for steps in rng.sample(running, len(running)):
                 if next(steps, StopIteration) is StopIteration:
                     running.remove(steps)
     finally:
         app.close()
     os.replace(building, path)
+
+
+def build_log(path: Path, events: int) -> None:
+    """At least `events` events of git-worktree lifecycles."""
+    write_log(path, lambda app, rng: (lifecycle(app, n, rng) for n in itertools.count()),
+              lambda app: app.head() >= events)
 
 
 def cached_log(events: int) -> Path:
@@ -148,7 +166,7 @@ def timed(run: Callable[[], int]) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
-def main(events: int, rounds: int) -> None:
+def measure(events: int, rounds: int) -> list[Figure]:
     log = cached_log(events)
     scratch = Path(tempfile.mkdtemp(prefix="bb-bench-replay-"))
     scans, replays = [], []
@@ -166,11 +184,9 @@ def main(events: int, rounds: int) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     (scanned, scan_s), (replayed, replay_s) = min(scans, key=lambda r: r[1]), min(replays, key=lambda r: r[1])
     assert replayed == scanned, (replayed, scanned)
-    scan_rate, replay_rate = scanned / scan_s, replayed / replay_s
-    print(f"log: {scanned} events; best of {rounds} rounds")
-    print(f"raw scan + decode:   {scan_s:6.2f} s  {scan_rate:9.0f} events/s")
-    print(f"bb events replay:    {replay_s:6.2f} s  {replay_rate:9.0f} events/s  (goal >= 50000)")
-    print(f"ratio: replay takes {replay_s / scan_s:.2f}x the scan's time")
+    rate = replayed / replay_s
+    return [Figure(f"replay of a {scanned:,}-event log (best of {rounds})", rate, scanned / scan_s, "ev/s",
+                   "raw scan + decode of the same log", "≥ 50,000 ev/s", rate >= 50_000)]
 
 
 if __name__ == "__main__":
@@ -178,4 +194,4 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     arguments = parser.parse_args()
-    main(arguments.events, arguments.rounds)
+    print(table(measure(arguments.events, arguments.rounds)))

@@ -12,7 +12,7 @@ naming the thread. Two measurements, each beside the bare baseline measured in t
   against the same messages published the same way into a plain nats-server (a stream on
   `bb.threads.>`, no service behind it).
 
-A count of 0 leaves that measurement out.
+A count of 0 leaves that measurement out (runs of 0: the single-thread one).
 
     python bench/thread_events.py [--runs 20] [--burst 20] [--personal 1000]
 """
@@ -22,19 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import nats
+from common import Figure, baseline_once, make_repository, start_service, stop_service, table
 from nats.js import api
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from spawn import baseline_once, make_repository, percentile, start_service, stop_service  # noqa: E402
+from spawn import latency_figures
 
 
 async def publish_thread(js, repo: Path, thread_id: str) -> None:
@@ -89,95 +87,84 @@ async def raw_publish_seconds(root: Path, messages: list[tuple[str, bytes]]) -> 
         server.wait()
 
 
-async def main(runs: int, burst: int, personal: int) -> None:
+async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-"))
-    repo = make_repository(root)
-    service, info = await start_service(root)
+    figures: list[Figure] = []
     try:
-        publisher = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"])
-        js = publisher.jetstream()
-        ready_at: dict[str, float] = {}
-        waiting: dict[str, asyncio.Future] = {}
+        repo = make_repository(root)
+        service, info = await start_service(root / "data")
+        try:
+            publisher = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"])
+            js = publisher.jetstream()
+            ready_at: dict[str, float] = {}
+            waiting: dict[str, asyncio.Future] = {}
 
-        async def on_ready(message) -> None:
-            for thread_id in json.loads(message.data)["threadIds"]:
-                ready_at.setdefault(thread_id, time.perf_counter())
-                if thread_id in waiting and not waiting[thread_id].done():
-                    waiting[thread_id].set_result(None)
+            async def on_ready(message) -> None:
+                for thread_id in json.loads(message.data)["threadIds"]:
+                    ready_at.setdefault(thread_id, time.perf_counter())
+                    if thread_id in waiting and not waiting[thread_id].done():
+                        waiting[thread_id].set_result(None)
 
-        await publisher.subscribe("bb.environments.*.ready", cb=on_ready)
+            await publisher.subscribe("bb.environments.*.ready", cb=on_ready)
 
-        async def until_ready(thread_ids: list[str]) -> None:
-            loop = asyncio.get_running_loop()
-            for thread_id in thread_ids:
-                waiting[thread_id] = loop.create_future()
-                if thread_id in ready_at:
-                    waiting[thread_id].set_result(None)
-            await asyncio.wait_for(asyncio.gather(*(waiting[t] for t in thread_ids)), 300)
+            async def until_ready(thread_ids: list[str]) -> None:
+                loop = asyncio.get_running_loop()
+                for thread_id in thread_ids:
+                    waiting[thread_id] = loop.create_future()
+                    if thread_id in ready_at:
+                        waiting[thread_id].set_result(None)
+                await asyncio.wait_for(asyncio.gather(*(waiting[t] for t in thread_ids)), 300)
 
-        async def one(thread_id: str) -> float:
-            started = time.perf_counter()
-            await publish_thread(js, repo, thread_id)
-            await until_ready([thread_id])
-            return ready_at[thread_id] - started
+            async def one(thread_id: str) -> float:
+                started = time.perf_counter()
+                await publish_thread(js, repo, thread_id)
+                await until_ready([thread_id])
+                return ready_at[thread_id] - started
 
-        await one("warmup")
-        if personal:
-            personal_ids = [f"personal{i}" for i in range(personal)]
-            personal_events = personal_thread_events(personal_ids)
-            windowed = publisher.jetstream(publish_async_max_pending=PUBLISH_WINDOW)
-            started = time.perf_counter()
-            await windowed_publish(windowed, personal_events)
-            published = time.perf_counter() - started
-            await until_ready(personal_ids)
-            personal_seconds = max(ready_at[t] for t in personal_ids) - started
-            raw_seconds = await raw_publish_seconds(root, personal_events)
-        ours, bare = [], []
-        for i in range(runs):
-            ours.append(await one(f"single{i}"))
-            bare.append(baseline_once(repo, root / "bare" / f"s{i}", f"bare/s{i}"))
-
-        burst_ids = [f"burst{i}" for i in range(burst)]
-        started = time.perf_counter()
-        await asyncio.gather(*(publish_thread(js, repo, t) for t in burst_ids))
-        await until_ready(burst_ids)
-        burst_times = sorted(ready_at[t] - started for t in burst_ids)
-        bare_started = time.perf_counter()
-        for i in range(burst):
-            baseline_once(repo, root / "bare" / f"b{i}", f"bare/b{i}")
-        bare_burst = time.perf_counter() - bare_started
-        await publisher.close()
+            await one("warmup")
+            if personal:
+                personal_ids = [f"personal{i}" for i in range(personal)]
+                personal_events = personal_thread_events(personal_ids)
+                windowed = publisher.jetstream(publish_async_max_pending=PUBLISH_WINDOW)
+                started = time.perf_counter()
+                await windowed_publish(windowed, personal_events)
+                await until_ready(personal_ids)
+                personal_seconds = max(ready_at[t] for t in personal_ids) - started
+                raw_seconds = await raw_publish_seconds(root, personal_events)
+                events = len(personal_events)
+                environments_per_s = personal / personal_seconds
+                figures += [
+                    Figure(f"burst of {personal} personal-workspace threads as thread events: environments/s",
+                           environments_per_s, None, "env/s", goal="≥ 300", met=environments_per_s >= 300),
+                    Figure(f"same burst: thread events/s until the last is ready", events / personal_seconds,
+                           events / raw_seconds, "ev/s", f"windowed js.publish ({PUBLISH_WINDOW}) into a plain "
+                           "nats-server"),
+                ]
+            if runs:
+                ours, bare = [], []
+                for i in range(runs):
+                    ours.append(await one(f"single{i}"))
+                    bare.append(baseline_once(repo, root / "bare" / f"s{i}", f"bare/s{i}"))
+                figures += latency_figures("thread events", ours, bare)
+            if burst:
+                burst_ids = [f"burst{i}" for i in range(burst)]
+                started = time.perf_counter()
+                await asyncio.gather(*(publish_thread(js, repo, t) for t in burst_ids))
+                await until_ready(burst_ids)
+                last_ready = max(ready_at[t] for t in burst_ids) - started
+                bare_started = time.perf_counter()
+                for i in range(burst):
+                    baseline_once(repo, root / "bare" / f"b{i}", f"bare/b{i}")
+                bare_burst = time.perf_counter() - bare_started
+                figures.append(Figure(f"burst of {burst} git-worktree threads as thread events: last ready",
+                                      last_ready * 1000, bare_burst * 1000, "ms",
+                                      f"{burst} bare worktree adds + setups one after another"))
+            await publisher.close()
+        finally:
+            stop_service(service)
     finally:
-        stop_service(service, root)
-
-    if personal:
-        events = len(personal_events)
-        print(f"burst of {personal} personal-workspace threads (created + message), publish window {PUBLISH_WINDOW}")
-        print(f"  raw windowed js.publish into a plain nats-server: {raw_seconds * 1000:7.1f} ms, "
-              f"{events / raw_seconds:8.0f} events/s")
-        print(f"  thread events, published in {published * 1000:7.1f} ms; last ready at {personal_seconds * 1000:7.1f} ms: "
-              f"{personal / personal_seconds:6.1f} environments/s (goal >= 300), {events / personal_seconds:8.0f} events/s")
-        print(f"  ratio (raw events/s / ours): {(events / raw_seconds) / (events / personal_seconds):.1f}x")
-    if runs:
-        print_single(ours, bare, runs)
-    if burst:
-        print_burst(burst_times, bare_burst, burst)
-
-
-def print_single(ours: list[float], bare: list[float], runs: int) -> None:
-    p50_ours, p99_ours = percentile(ours, 0.5) * 1000, percentile(ours, 0.99) * 1000
-    p50_bare, p99_bare = percentile(bare, 0.5) * 1000, percentile(bare, 0.99) * 1000
-    print(f"one thread at a time, runs: {runs}")
-    print(f"  bare git worktree add + setup:      p50 {p50_bare:7.1f} ms  p99 {p99_bare:7.1f} ms")
-    print(f"  thread events (created+message) -> ready: p50 {p50_ours:7.1f} ms  p99 {p99_ours:7.1f} ms")
-    print(f"  ratio: p50 {p50_ours / p50_bare:.2f}x  p99 {p99_ours / p99_bare:.2f}x")
-
-
-def print_burst(burst_times: list[float], bare_burst: float, burst: int) -> None:
-    print(f"burst of {burst} threads published at once")
-    print(f"  bare: {burst} worktree adds + setups one after another: {bare_burst * 1000:7.1f} ms")
-    print(f"  thread events: first ready {burst_times[0] * 1000:7.1f} ms, last ready {burst_times[-1] * 1000:7.1f} ms")
-    print(f"  ratio (last ready / bare total): {burst_times[-1] / bare_burst:.2f}x")
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
 
 
 if __name__ == "__main__":
@@ -186,4 +173,4 @@ if __name__ == "__main__":
     parser.add_argument("--burst", type=int, default=20)
     parser.add_argument("--personal", type=int, default=1000)
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.runs, arguments.burst, arguments.personal))
+    print(table(asyncio.run(measure(arguments.runs, arguments.burst, arguments.personal))))

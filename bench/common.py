@@ -1,0 +1,158 @@
+"""What the benches share: a real `bb serve` to measure, the bare git baseline, percentiles, process
+figures from /proc, and the one table every bench prints (measure | ours | baseline | ratio | goal | met?)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of the table: our figure beside the baseline measured in the same run."""
+
+    measure: str
+    ours: float
+    baseline: float | None
+    unit: str
+    baseline_name: str = ""
+    goal: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def _number(value: float, unit: str) -> str:
+    digits = 0 if abs(value) >= 1000 else 1 if abs(value) >= 10 else 2 if abs(value) >= 1 else 3
+    return f"{value:,.{digits}f} {unit}"
+
+
+def table(figures: list[Figure]) -> str:
+    """A Markdown table: as readable in a terminal as it is pasted into the README."""
+    lines = ["| measure | ours | baseline | ratio | goal | met? |", "|---|---:|---|---:|---|---|"]
+    for f in figures:
+        baseline = "-" if f.baseline is None else f"{_number(f.baseline, f.unit)} ({f.baseline_name})"
+        ratio = "-" if not f.baseline else f"{f.ours / f.baseline:.3g}×"
+        met = {True: "yes", False: "**no**", None: "-"}[f.met]
+        ours = _number(f.ours, f.unit) + (f" ({f.note})" if f.note else "")
+        lines.append(f"| {f.measure} | {ours} | {baseline} | {ratio} | {f.goal or '-'} | {met} |")
+    return "\n".join(lines)
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def service_environment(data_dir: Path) -> dict[str, str]:
+    return {**os.environ, "BB_DATA_DIR": str(data_dir), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"}
+
+
+async def start_service(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict]:
+    """`bb serve` on `data_dir`, once it serves: its own server.json is written and the API answers."""
+    from bb_environments.bus.api_messages import ListEnvironments
+    from bb_environments.bus.client import ApiClient
+
+    server_file = data_dir / "server.json"
+    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.cli", "serve"],
+                               env=service_environment(data_dir), cwd=ROOT, stderr=subprocess.DEVNULL)
+    while True:
+        if service.poll() is not None:
+            raise RuntimeError(f"bb serve on {data_dir} exited with status {service.returncode} before serving")
+        try:
+            info = json.loads(server_file.read_text())
+            if info["pid"] == service.pid:  # not one a killed run left behind
+                break
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        await asyncio.sleep(0.01)
+    api = await ApiClient.connect(info["natsUrl"], nkeys_seed=info["credentials"]["operator"])
+    try:
+        await api.call("environments", "list", ListEnvironments(limit=1))
+    finally:
+        await api.close()
+    return service, info
+
+
+def stop_service(service: subprocess.Popen[bytes]) -> None:
+    # SIGINT, not SIGTERM: just after server.json is written, `bb serve` has not yet installed its
+    # handlers, and a SIGTERM then ends it without stopping its nats-server; asyncio.run turns an
+    # early SIGINT into a cancellation that still unwinds everything it started.
+    service.send_signal(signal.SIGINT)
+    service.wait()
+
+
+def make_repository(root: Path) -> Path:
+    repo = root / "repo"
+    subprocess.run(["git", "init", "--quiet", "--initial-branch=main", str(repo)], check=True)
+    for i in range(20):
+        (repo / f"file{i}.txt").write_text(f"content {i}\n" * 50)
+    (repo / ".bb-env-setup.sh").write_text("echo ready > .setup-done\n")
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=b", "-c", "user.email=b@e", "commit", "--quiet", "-m", "x"],
+                   check=True)
+    return repo
+
+
+def baseline_once(repo: Path, target: Path, branch: str) -> float:
+    """The bare baseline of a spawn: `git worktree add` and the setup script, in one shell."""
+    started = time.perf_counter()
+    subprocess.run(["bash", "-c", f'git -C "{repo}" worktree add --quiet -b "{branch}" "{target}" && '
+                                  f'cd "{target}" && sh .bb-env-setup.sh'], check=True)
+    return time.perf_counter() - started
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"process {pid} reports no VmRSS")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children of children included."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            pass  # ended while read
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for child, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = below
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    ticks = 0
+    for pid in pids:
+        # Fields after the command name, which may hold spaces: utime and stime are the 12th and 13th.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def until_idle(pids: list[int], deadline_s: float = 900, window_s: float = 1.0, busy: float = 0.1) -> float:
+    """Wait until the processes use under `busy` of a core over two windows in a row (the relay and
+    the consumers done with what a start found in the log); the seconds waited."""
+    started = time.perf_counter()
+    quiet, used = 0, cpu_seconds(pids)
+    while quiet < 2:
+        if time.perf_counter() - started > deadline_s:
+            raise TimeoutError(f"processes {pids} still busy after {deadline_s} s")
+        await asyncio.sleep(window_s)
+        now = cpu_seconds(pids)
+        quiet = quiet + 1 if now - used < busy * window_s else 0
+        used = now
+    return time.perf_counter() - started

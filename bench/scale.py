@@ -1,0 +1,173 @@
+"""The service at scale: restart to serving and RSS with N environments in the log, `bb environment list` wall time.
+
+A data dir is prepared once per size and kept under `$TMPDIR/bb-bench-scale/` for later runs: its log
+is written by driving the domain application directly (as bench/replay.py does, no NATS) with
+personal-workspace lifecycles whose directories are made where the provider plans them, then one
+`bb serve` publishes the log and builds the read models, and is stopped once idle. Then, in the same
+run, against the same on an empty data dir:
+
+  (a) restart: start `bb serve` → serving (its server.json, written once the API listens), best and
+      median of `--rounds` restarts;
+  (b) RSS (VmRSS) of `bb serve` and, apart, of its nats-server and of its other processes (the hook
+      launcher), after a restart, once the service and nats-server are idle;
+  (c) `bb environment list --json --all` wall time (the real CLI, a subprocess) with 100 environments
+      and with `--list-size` ready ones, against `python -c pass` on the same interpreter (the floor
+      of any Python CLI), with `bb --help` (the CLI's imports) as a row of its own.
+
+    python bench/scale.py [--environments 10000] [--list-size 10000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from common import Figure, descendants, rss_mb, service_environment, start_service, stop_service, table, until_idle
+from replay import retirement, write_log
+
+from bb_environments.domain.application import Environments, Placement
+from bb_environments.domain.thread import Thread
+from bb_environments.providers.personal_workspace import workspace_path
+
+PRIMED = "bench-primed"
+
+
+def personal_lifecycle(app: Environments, data_dir: Path, n: int, rng: random.Random, ready: float) -> Iterator[None]:
+    """A personal workspace's life as the service writes it, a save at a time: spawned, created, its
+    setup skipped (no script), ready; with probability 1 - `ready`, archived and removed."""
+    thread_id = f"p{n}"
+    path = workspace_path(str(data_dir / "providers" / "personal-workspace"), thread_id)
+    environment = app.spawn_thread(Thread(thread_id, None, None, "local", None),
+                                   Placement("personal-workspace", "local", None, None, thread_id, str(path)))
+    yield
+    path.mkdir(parents=True)
+    app.record_created(environment.id, 1, str(path), True, None, None)  # starts the setup in the same save
+    yield
+    app.record_setup_skipped(environment.id, app.environment(environment.id).setup_operation_id, "no .bb-env-setup.sh")
+    yield
+    if rng.random() < ready:
+        return
+    yield from retirement(app, environment.id, [thread_id], lambda operation: app.record_teardown_skipped(
+        environment.id, operation, "no .bb-env-teardown.sh"))
+    path.rmdir()  # as the provider's remove would have, once Removed is written
+
+
+async def primed_data_dir(environments: int, ready: float) -> Path:
+    """A data dir whose log holds `environments` lifecycles, already served once (log published, read
+    models built); kept for later runs with the same sizes."""
+    data_dir = Path(tempfile.gettempdir()) / "bb-bench-scale" / f"{environments}-environments-{ready:.2f}-ready"
+    if (data_dir / PRIMED).exists():
+        return data_dir
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    started = time.perf_counter()
+    print(f"writing {environments} environments into {data_dir} (reused by later runs)...", file=sys.stderr, flush=True)
+    write_log(data_dir / "events.sqlite",
+              lambda app, rng: (personal_lifecycle(app, data_dir, n, rng, ready) for n in range(environments)))
+    print(f"  written in {time.perf_counter() - started:.1f} s; first serve...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    service, info = await start_service(data_dir)
+    try:
+        await until_idle([service.pid, info["natsPid"]])
+    finally:
+        stop_service(service)
+    print(f"  served and idle in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    (data_dir / PRIMED).touch()
+    return data_dir
+
+
+async def restarts(data_dir: Path, rounds: int) -> tuple[list[float], float, float, float]:
+    """Seconds from start to serving of each restart; then, once idle after the last, the RSS (MB) of
+    `bb serve`, of its nats-server, and of its other descendants (the hook launcher) together."""
+    seconds = []
+    for round_number in range(rounds):
+        started = time.perf_counter()
+        service, info = await start_service(data_dir)
+        seconds.append(time.perf_counter() - started)
+        try:
+            if round_number == rounds - 1:
+                await until_idle([service.pid, info["natsPid"]])
+                others = [pid for pid in descendants(service.pid) if pid != info["natsPid"]]
+                rss = rss_mb(service.pid), rss_mb(info["natsPid"]), sum(rss_mb(pid) for pid in others)
+        finally:
+            stop_service(service)
+    return seconds, *rss
+
+
+def bb_command() -> list[str]:
+    installed = Path(sys.executable).parent / "bb"
+    return [str(installed)] if installed.exists() else [sys.executable, "-m", "bb_environments.entrypoints.cli"]
+
+
+def wall_time(argv: list[str], data_dir: Path, runs: int) -> tuple[float, bytes]:
+    """Median wall time of `runs` runs of a command, and its last output."""
+    times, output = [], b""
+    for _ in range(runs):
+        started = time.perf_counter()
+        output = subprocess.run(argv, env=service_environment(data_dir), check=True, stdout=subprocess.PIPE).stdout
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), output
+
+
+async def list_times(data_dir: Path, runs: int) -> tuple[float, int]:
+    """Median wall time of `bb environment list --json --all` against a running service, and how many it listed."""
+    service, info = await start_service(data_dir)
+    try:
+        await until_idle([service.pid, info["natsPid"]])
+        seconds, output = wall_time([*bb_command(), "environment", "list", "--json", "--all"], data_dir, runs)
+    finally:
+        stop_service(service)
+    return seconds, len(json.loads(output)["environments"])
+
+
+async def measure(environments: int, list_sizes: list[int], rounds: int) -> list[Figure]:
+    empty = Path(tempfile.mkdtemp(prefix="bb-bench-empty-"))
+    try:
+        service, _ = await start_service(empty)  # credentials and streams made once, as on any data dir
+        stop_service(service)
+        base_seconds, base_rss, base_nats_rss, base_other_rss = await restarts(empty, rounds)
+        full = await primed_data_dir(environments, ready=0.4)
+        seconds, rss, nats_rss, other_rss = await restarts(full, rounds)
+        floor, _ = wall_time([sys.executable, "-c", "pass"], empty, rounds)
+        help_seconds, _ = wall_time([*bb_command(), "--help"], empty, rounds)
+        listed = [(size, *await list_times(await primed_data_dir(size, ready=1.0), rounds)) for size in list_sizes]
+    finally:
+        shutil.rmtree(empty, ignore_errors=True)
+    best, median = min(seconds), statistics.median(seconds)
+    figures = [
+        Figure(f"restart → serving, {environments:,} environments in the log (median of {rounds})", median,
+               statistics.median(base_seconds), "s", "empty log, median", "≤ 3 s", median <= 3,
+               f"best {best:.2f} s"),
+        Figure(f"RSS of `bb serve`, {environments:,} environments, idle after restart", rss, base_rss, "MB",
+               "empty log", "≤ 150 MB", rss <= 150),
+        Figure(f"RSS of its nats-server, {environments:,} environments (not in the row above)", nats_rss,
+               base_nats_rss, "MB", "empty log"),
+        Figure(f"RSS of its other processes (hook launcher), {environments:,} environments, summed", other_rss,
+               base_other_rss, "MB", "empty log"),
+        Figure(f"`bb --help` wall time (median of {rounds})", help_seconds, floor, "s", "`python -c pass`"),
+    ]
+    for size, list_seconds, count in listed:
+        goal, met = ("≤ 0.15 s", list_seconds <= 0.15) if size <= 100 else ("works", count == size)
+        figures.append(Figure(f"`bb environment list --json --all`, {size:,} environments (median of {rounds})",
+                              list_seconds, floor, "s", "`python -c pass`", goal, met and count == size,
+                              f"listed {count:,}"))
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--environments", type=int, default=10_000)
+    parser.add_argument("--list-size", type=int, default=10_000, help="besides 100; 100000 takes long to prepare")
+    parser.add_argument("--rounds", type=int, default=5)
+    arguments = parser.parse_args()
+    print(table(asyncio.run(measure(arguments.environments, [100, arguments.list_size], arguments.rounds))))
