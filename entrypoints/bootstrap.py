@@ -67,9 +67,12 @@ async def bootstrap(settings: Settings, registry: ProviderRegistry, ports: Ports
             return grace
         return settings.retire_grace_override[0]
 
-    # One writer per store, so a cache of aggregates (fast-forwarded from the store) is safe.
+    # One writer per store (serve's lock file beside it, and the Store's one writer thread), so the
+    # cache of aggregates is safe without reading the store again on every hit (fast-forwarding):
+    # nobody else can have written an aggregate's events since the writer cached what it saved.
     try:
-        app = Environments(env={**event_store_environment(settings.event_store), "AGGREGATE_CACHE_MAXSIZE": "10000"},
+        app = Environments(env={**event_store_environment(settings.event_store), "AGGREGATE_CACHE_MAXSIZE": "10000",
+                                "AGGREGATE_CACHE_FASTFORWARD": "n"},
                            grace_for=grace_for)
     except Exception as unusable:
         store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
