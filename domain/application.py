@@ -7,15 +7,16 @@ records nothing.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import Notification
+from eventsourcing.persistence import Notification, Recording
 
 from bb_environments.domain import topic_prefixes
 from bb_environments.domain.environment import Environment
@@ -26,6 +27,7 @@ from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 
 T = TypeVar("T")
+A = TypeVar("A", bound=Aggregate)
 GraceLookup = Callable[[str], "int | None"]
 
 
@@ -76,34 +78,54 @@ class Environments(Application[UUID]):
         super().__init__(env=env)
         self._grace_for = grace_for or (lambda provider_id: 300_000)
         self.on_saved: Callable[[], object] = lambda: None
+        self._saves = 0
         # Indexes folded from the log, each read on from where it left off (by the one writer).
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
+        self._held: dict[str, _HeldPaths] = {}  # the same claims' live ones, by host
         self._unfinished: dict[UUID, None] = {}
         self._requested: set[UUID] = set()
         self._hook_operations: dict[str, tuple[UUID, str]] = {}
-        self._claims_index = _LogIndex(self, PathClaim, ("Taken", "Retaken", "Released"), self._fold_claim)
-        self._unfinished_index = _LogIndex(self, Environment, ("Claimed", "Removed"), self._fold_unfinished)
+        self._claims_index = _LogIndex(self, lambda: self._saves, PathClaim, ("Taken", "Retaken", "Released"), self._fold_claim)
+        self._unfinished_index = _LogIndex(self, lambda: self._saves, Environment, ("Claimed", "Removed"), self._fold_unfinished)
         self._requested_index = _LogIndex(
-            self, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold_requested
+            self, lambda: self._saves, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold_requested
         )
-        self._hooks_index = _LogIndex(self, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
+        self._hooks_index = _LogIndex(self, lambda: self._saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
 
     def _notify(self, recordings: list[Any]) -> None:
         self.on_saved()
 
+    def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
+        # Counted before the write: a save that fails half way may still have written.
+        self._saves += 1
+        return super()._record(processing_event)
+
     # -- lookups -------------------------------------------------------------------------------
 
+    # The lookups return an aggregate to read only: the cached one itself, not a copy (a deep copy
+    # per read was a fifth of the writer's time in a burst). A cached aggregate never changes once
+    # cached: a command changes a copy (`_changing_...`), and its save caches that copy in its place,
+    # unless the cache is fast-forwarded, which changes the cached aggregate in place.
+
     def environment(self, environment_id: UUID) -> Environment:
-        try:
-            return self.repository.get(environment_id)
-        except AggregateNotFoundError:
-            raise UnknownEnvironment(f"no environment {environment_id}") from None
+        return self._get(Environment, environment_id, str(environment_id), UnknownEnvironment, to_change=False)
 
     def thread(self, thread_id: str) -> Thread:
+        return self._get(Thread, thread_aggregate_id(thread_id), thread_id, UnknownThread, to_change=False)
+
+    def _changing_environment(self, environment_id: UUID) -> Environment:
+        return self._get(Environment, environment_id, str(environment_id), UnknownEnvironment, to_change=True)
+
+    def _changing_thread(self, thread_id: str) -> Thread:
+        return self._get(Thread, thread_aggregate_id(thread_id), thread_id, UnknownThread, to_change=True)
+
+    def _get(self, kind: type[A], aggregate_id: UUID, name: str, unknown: type[DomainError], to_change: bool) -> A:
         try:
-            return self.repository.get(thread_aggregate_id(thread_id))
+            aggregate: A = self.repository.get(aggregate_id,
+                                               deepcopy_from_cache=to_change or self.repository.fastforward)
         except AggregateNotFoundError:
-            raise UnknownThread(f"no thread {thread_id}") from None
+            raise unknown(f"no {kind.__name__.lower()} {name}") from None
+        return aggregate
 
     def find_thread(self, thread_id: str) -> Thread | None:
         try:
@@ -168,7 +190,7 @@ class Environments(Application[UUID]):
     def refuse_thread(self, thread_id: str, message: str) -> None:
         """Refuse the environment the thread's first message asked for (the request is recorded
         with the refusal, if it was not yet)."""
-        thread = self.thread(thread_id)
+        thread = self._changing_thread(thread_id)
         if thread.needs_environment and thread.refusal != message:
             thread.request_environment()
             thread.refuse(message)
@@ -177,7 +199,7 @@ class Environments(Application[UUID]):
     def answer_first_message(self, thread_id: str, target: UUID | Placement) -> Environment:
         """Record the request of the thread's first message and give it its environment (`target`
         joined, or placed new), in one save."""
-        thread = self.thread(thread_id)
+        thread = self._changing_thread(thread_id)
         thread.request_environment()
         environment, changed = self._provide(thread, target)
         self.save(*changed)
@@ -186,7 +208,7 @@ class Environments(Application[UUID]):
     def provide_environment(self, thread_id: str, target: UUID | Placement) -> Environment:
         """Give the thread the environment its first message asked for: join `target`, or claim
         the placed new one."""
-        environment, changed = self._provide(self.thread(thread_id), target)
+        environment, changed = self._provide(self._changing_thread(thread_id), target)
         self.save(*changed)
         return environment
 
@@ -250,14 +272,15 @@ class Environments(Application[UUID]):
         _, _, holder_id = self._claims.get(claim_id(host_id, path), (None, None, None))
         if holder_id is None:
             return None
-        holder = self.environment(holder_id)
+        holder = self._changing_environment(holder_id)
         return holder if holder.provider_id == provider_id else None
 
     def _take(self, host_id: str, path: str, environment_id: UUID, replaced: Environment | None = None) -> PathClaim:
         """The claim on `path` for the environment; refused when it is held (unless by `replaced`),
         or nested in a held path."""
         self._refuse_nested(host_id, path, environment_id)
-        claim = self._claim(host_id, path)
+        self._claims_index.catch_up()  # it knows every claim ever taken: a new path is not looked up
+        claim = self._claim(host_id, path) if claim_id(host_id, path) in self._claims else None
         if claim is None:
             return PathClaim(host_id=host_id, path=path, environment_id=environment_id)
         if replaced is not None:
@@ -266,10 +289,10 @@ class Environments(Application[UUID]):
         return claim
 
     def _refuse_nested(self, host_id: str, path: str, environment_id: UUID) -> None:
-        for held_host, held_path, holder in self._live_claims():
-            if held_host != host_id or holder in (None, environment_id) or held_path == path:
-                continue
-            if _inside(path, held_path) or _inside(held_path, path):
+        self._claims_index.catch_up()
+        held = self._held.get(host_id)
+        for held_path, holder in held.overlapping(path) if held else ():
+            if holder != environment_id and held_path != path:
                 raise PathAlreadyClaimed(f"{path} overlaps {held_path}, held by environment {holder}")
 
     def _live_claims(self) -> list[tuple[str, str, UUID | None]]:
@@ -285,9 +308,15 @@ class Environments(Application[UUID]):
             host_id, path, _ = self._claims[event.originator_id]
             holder = event.environment_id if isinstance(event, PathClaim.Retaken) else None
             self._claims[event.originator_id] = (host_id, path, holder)
+        host_id, path, holder = self._claims[event.originator_id]
+        held = self._held.setdefault(host_id, _HeldPaths())
+        if holder is None:
+            held.release(path)
+        else:
+            held.hold(path, holder)
 
     def _attach(self, thread: Thread, environment_id: UUID) -> tuple[Environment, list[Aggregate]]:
-        environment = self.environment(environment_id)
+        environment = self._changing_environment(environment_id)
         if thread.environment_id not in (None, environment_id):
             raise IllegalTransition(f"thread {thread.thread_id} already uses environment {thread.environment_id}")
         environment.attach_thread(thread.thread_id)
@@ -295,7 +324,7 @@ class Environments(Application[UUID]):
         return environment, [environment, thread]
 
     def archive_thread(self, thread_id: str, now: datetime) -> Environment | None:
-        thread = self.thread(thread_id)
+        thread = self._changing_thread(thread_id)
         if not thread.archive():
             return None
         environment = self._environment_of(thread)
@@ -305,7 +334,7 @@ class Environments(Application[UUID]):
         return environment
 
     def unarchive_thread(self, thread_id: str) -> Environment | None:
-        thread = self.thread(thread_id)
+        thread = self._changing_thread(thread_id)
         if not thread.unarchive():
             return None
         environment = self._environment_of(thread)
@@ -318,7 +347,7 @@ class Environments(Application[UUID]):
         return environment
 
     def cancel_thread_message(self, thread_id: str) -> Environment | None:
-        thread = self.thread(thread_id)
+        thread = self._changing_thread(thread_id)
         environment = self._environment_of(thread)
         if environment is None or not environment.cancel_for_thread(thread_id):
             return None
@@ -327,12 +356,12 @@ class Environments(Application[UUID]):
         return environment
 
     def _environment_of(self, thread: Thread) -> Environment | None:
-        return self.environment(thread.environment_id) if thread.environment_id else None
+        return self._changing_environment(thread.environment_id) if thread.environment_id else None
 
     # -- the steps the provisioning handler drives ---------------------------------------------
 
     def _change(self, environment_id: UUID, change: Callable[[Environment], T]) -> tuple[Environment, T]:
-        environment = self.environment(environment_id)
+        environment = self._changing_environment(environment_id)
         outcome = change(environment)
         self.save(environment)
         return environment, outcome
@@ -348,7 +377,7 @@ class Environments(Application[UUID]):
     ) -> Environment:
         """Record the provider's path, and the setup's start (or skip) it makes due; a path other than
         the claimed one is claimed in the same save."""
-        environment = self.environment(environment_id)
+        environment = self._changing_environment(environment_id)
         claims: list[PathClaim] = []
         if path != environment.claimed_path and attempt == environment.attempt:
             try:
@@ -390,7 +419,7 @@ class Environments(Application[UUID]):
 
     def retry(self, environment_id: UUID, path_key: str, claimed_path: str | None) -> Environment:
         """Retry a failed step; a new attempt on another path moves the claim in the same save."""
-        environment = self.environment(environment_id)
+        environment = self._changing_environment(environment_id)
         previous_claim = environment.claimed_path
         environment.retry(path_key, claimed_path)
         claims: list[PathClaim] = []
@@ -429,7 +458,7 @@ class Environments(Application[UUID]):
 
     def record_removed(self, environment_id: UUID, removal_attempt: int) -> Environment:
         """Removal succeeded: the environment ends and its path claims are released in the same save."""
-        environment = self.environment(environment_id)
+        environment = self._changing_environment(environment_id)
         claimed = {p for p in (environment.claimed_path, environment.path) if p}
         if not environment.record_removed(removal_attempt):
             return environment
@@ -490,20 +519,65 @@ def _take_recording_step(environment: Environment) -> None:
 
 
 class _LogIndex:
-    """Keeps some state up to date from the log's events of a few types, reading only what is new."""
+    """Keeps some state up to date from the log's events of a few types, reading only what is new.
 
-    def __init__(self, app: Application[UUID], aggregate: type, event_names: tuple[str, ...],
-                 fold: Callable[[Notification], None]) -> None:
+    `saves` counts the application's saves: with one writer per store, the log can have grown only
+    by a save of its own, so while the count is unchanged the log is not read at all.
+    """
+
+    def __init__(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
+                 event_names: tuple[str, ...], fold: Callable[[Notification], None]) -> None:
         self._app = app
+        self._saves = saves
         self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
         self._fold = fold
         self._position = 0
+        self._read_after: int | None = None  # the count of saves when it last read the log
 
     def catch_up(self) -> None:
+        saves = self._saves()
+        if saves == self._read_after:
+            return
         new = self._app.recorder.select_notifications(start=self._position + 1, limit=10**9, topics=self._topics)
         for notification in new:
             self._fold(notification)
             self._position = notification.id
+        self._read_after = saves
+
+
+class _HeldPaths:
+    """The held paths of one host, searchable by nesting: a claim looks at the paths around and
+    inside its own, not at every claim (there is one per environment ever placed)."""
+
+    def __init__(self) -> None:
+        self._holders: dict[str, UUID] = {}
+        self._sorted: list[str] = []
+        self._by_root: dict[str, set[str]] = {}  # each held path under the root it is for `_inside`
+
+    def hold(self, path: str, holder: UUID) -> None:
+        if path not in self._holders:
+            bisect.insort(self._sorted, path)
+            self._by_root.setdefault(path.rstrip("/"), set()).add(path)
+        self._holders[path] = holder
+
+    def release(self, path: str) -> None:
+        if self._holders.pop(path, None) is None:
+            return
+        del self._sorted[bisect.bisect_left(self._sorted, path)]
+        self._by_root[path.rstrip("/")].discard(path)
+
+    def overlapping(self, path: str) -> Iterator[tuple[str, UUID]]:
+        """Every held path that `path` is inside, or that is inside `path`, with its holder."""
+        for end, character in enumerate(path):
+            if character == "/":
+                for around in self._by_root.get(path[:end], ()):
+                    yield around, self._holders[around]
+        prefix = path.rstrip("/") + "/"
+        for position in range(bisect.bisect_left(self._sorted, prefix), len(self._sorted)):
+            inner = self._sorted[position]
+            if not _inside(inner, path):
+                return
+            yield inner, self._holders[inner]
 
 
 def _inside(path: str, root: str) -> bool:

@@ -24,6 +24,10 @@ from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.registry import ProviderRegistry
 
 DEFAULT_RETIRE_GRACE_MS = 300_000
+# One writer per store (serve's lock file beside it, and the Store's one writer thread), so the
+# cache of aggregates is safe without reading the store again on every hit (fast-forwarding):
+# nobody else can have written an aggregate's events since the writer cached what it saved.
+AGGREGATE_CACHE = {"AGGREGATE_CACHE_MAXSIZE": "10000", "AGGREGATE_CACHE_FASTFORWARD": "n"}
 """The grace of an environment whose provider is no longer installed."""
 
 
@@ -67,9 +71,8 @@ async def bootstrap(settings: Settings, registry: ProviderRegistry, ports: Ports
             return grace
         return settings.retire_grace_override[0]
 
-    # One writer per store, so a cache of aggregates (fast-forwarded from the store) is safe.
     try:
-        app = Environments(env={**event_store_environment(settings.event_store), "AGGREGATE_CACHE_MAXSIZE": "10000"},
+        app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
                            grace_for=grace_for)
     except Exception as unusable:
         store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password

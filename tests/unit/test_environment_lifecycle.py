@@ -7,13 +7,16 @@ import pytest
 from bb_environments.domain.application import Environments, Placement
 from bb_environments.domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
 from bb_environments.domain.thread import Thread
+from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
 
-@pytest.fixture
-def app():
-    application = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
+@pytest.fixture(params=[{}, AGGREGATE_CACHE], ids=["uncached", "cached as bb serve"])
+def app(request):
+    # Cached, a refused command must leave the aggregates it changed before refusing as the log has them.
+    application = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo", **request.param},
+                               grace_for=lambda _: 0)
     yield application
     application.close()
 
