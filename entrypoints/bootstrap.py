@@ -24,11 +24,12 @@ from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.registry import ProviderRegistry
 
 DEFAULT_RETIRE_GRACE_MS = 300_000
+"""The grace of an environment whose provider is no longer installed."""
+
 # One writer per store (serve's lock file beside it, and the Store's one writer thread), so the
 # cache of aggregates is safe without reading the store again on every hit (fast-forwarding):
 # nobody else can have written an aggregate's events since the writer cached what it saved.
 AGGREGATE_CACHE = {"AGGREGATE_CACHE_MAXSIZE": "10000", "AGGREGATE_CACHE_FASTFORWARD": "n"}
-"""The grace of an environment whose provider is no longer installed."""
 
 
 class StoreUnusable(RuntimeError):
