@@ -85,18 +85,34 @@ def run_cli(group: click.Group, args: list[str]) -> None:
         asked_for_help.show()
         sys.exit(asked_for_help.exit_code)
     except click.UsageError as error:
-        # Parsing stopped at the error, so whether --json was given can only be read off the words.
         usage = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
-        fail("invalid_input", error.format_message().removesuffix(".") + usage, "--json" in args)
+        fail("invalid_input", error.format_message().removesuffix(".") + usage,
+             _json_asked(args, error.ctx.command if error.ctx is not None else None))
     except click.ClickException as error:
-        fail("failed", error.format_message(), "--json" in args)
+        fail("failed", error.format_message(), _json_asked(args, None))
     except click.Abort:
-        fail("failed", "aborted", "--json" in args)
+        fail("failed", "aborted", _json_asked(args, None))
     except BrokenPipeError:
         # The reader left (`bb events export | head`): end quietly, as click does, not with a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     sys.exit(exit_code if isinstance(exit_code, int) else 0)
+
+
+def _json_asked(args: list[str], command: click.Command | None) -> bool:
+    """Whether the words ask for --json, where parsing stopped before it could say: `--json` as
+    the value of an option (`--prompt --json`) is not the flag."""
+    takes_value = {name for param in (command.params if command is not None else ())
+                   if isinstance(param, click.Option) and not param.is_flag and not param.count
+                   for name in param.opts}
+    follows_option = False
+    for word in args:
+        if word == "--":  # what follows is arguments, whatever it looks like
+            return False
+        if word == "--json" and not follows_option:
+            return True
+        follows_option = word in takes_value and not follows_option
+    return False
 
 
 def fail(code: str, message: str, as_json: bool, document: dict[str, Any] | None = None) -> None:

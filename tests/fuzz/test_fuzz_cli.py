@@ -115,8 +115,8 @@ def test_every_command_line_exits_2_or_4_in_one_sentence(tmp_path: Path) -> None
     @fuzz_settings()
     @given(cli_invocations(projects))
     # Found by this test: ids of the wrong form and an empty --environment went to the service
-    # (exit 4 here), text that is not UTF-8 crashed its encoding on the way out, and a stray
-    # argument's line break split the error.
+    # (exit 4 here), text that is not UTF-8 crashed its encoding on the way out, a stray
+    # argument's line break split the error, and `--prompt --json` took the prompt for the flag.
     @example(Invocation(("thread", "spawn"), (("--host", ""),), None, False, False, ("thread", "spawn", "--host=")))
     @example(Invocation(("thread", "archive"), (), "", True, False, ("thread", "archive", "", "--json")))
     @example(Invocation(("thread", "spawn"), (("--environment", ""),), None, False, False,
@@ -125,6 +125,8 @@ def test_every_command_line_exits_2_or_4_in_one_sentence(tmp_path: Path) -> None
                         None, True, False, ("thread", "spawn", "--environment-provider", "personal-workspace",
                                             "--prompt", "\udcff", "--json")))
     @example(Invocation(("thread", "spawn"), (), None, False, False, ("thread", "spawn", "\n")))
+    @example(Invocation(("thread", "spawn"), (("--prompt", "--json"), ("--timeout", "abc")), None, False, False,
+                        ("thread", "spawn", "--prompt", "--json", "--timeout=abc")))
     def check(invocation: Invocation) -> None:
         with runner.isolation(env=environment) as (out, err, _):
             try:
