@@ -177,10 +177,15 @@ class Service:
         """The thread's document once the read model knows it (and its environment, if asked)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            threads = (await self.api.call("threads", "list", ListThreads()))["threads"]
-            found = [t for t in threads if t["id"] == thread_id and (t["environmentId"] or not with_environment)]
-            if found:
-                return found[0]
+            after = None
+            while True:
+                page = await self.api.call("threads", "list", ListThreads(after=after))
+                found = [t for t in page["threads"] if t["id"] == thread_id and (t["environmentId"] or not with_environment)]
+                if found:
+                    return found[0]
+                after = page.get("next")
+                if after is None:
+                    break
             await asyncio.sleep(0.1)
         raise AssertionError(f"thread {thread_id} never showed up")
 
