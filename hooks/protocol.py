@@ -44,6 +44,7 @@ class SupervisorRequest:
     records_dir: str
     operation_id: str
     timeout: str
+    sync: str
     environment: dict[str, str]
     """The environment of the moment the hook was asked for, as a freshly spawned supervisor would have had."""
 

@@ -62,6 +62,7 @@ from bb_environments.hooks.records import (
     HookKind,
     HookRecord,
     HookRecords,
+    SyncLevel,
     is_same_process,
     kill_recorded_group,
     now_iso,
@@ -118,8 +119,9 @@ class _InFlight:
 
 
 class HookRunner:
-    def __init__(self, records_dir: Path, timeout_s: float) -> None:
-        self._records = HookRecords(records_dir)
+    def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal") -> None:
+        """`sync`: how the records survive the machine going down (see records.SyncLevel)."""
+        self._records = HookRecords(records_dir, sync)
         self._timeout_s = timeout_s
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
@@ -247,7 +249,10 @@ class HookRunner:
             record.message = f"no {script.name}"
             self._records.write(record)
             return record, None
-        supervisor = self._launcher.start_supervisor(str(self._records.directory), operation_id, repr(self._timeout_s))
+        supervisor = self._launcher.start_supervisor(
+            SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
+                              without_secrets(os.environ))
+        )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.
             # The record is first written here: until then no script can have started, so a crash
@@ -510,9 +515,9 @@ class _Launcher:
             if self._channel is None:
                 self._spawn()
 
-    def start_supervisor(self, records_dir: str, operation_id: str, timeout: str) -> _Supervisor:
+    def start_supervisor(self, asked: SupervisorRequest) -> _Supervisor:
         """Have a supervisor forked for the operation; it waits for adoption."""
-        request = SupervisorRequest(records_dir, operation_id, timeout, without_secrets(os.environ)).document()
+        request = asked.document()
         with self._lock:
             self._forget_if_forked()
             for attempt in range(2):

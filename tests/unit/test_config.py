@@ -6,7 +6,13 @@ import os
 import pytest
 
 from bb_environments.domain.application import Environments
-from bb_environments.entrypoints.config import ConfigError, Settings, event_store_environment, url_without_credentials
+from bb_environments.entrypoints.config import (
+    ConfigError,
+    Settings,
+    event_store_environment,
+    hook_record_sync,
+    url_without_credentials,
+)
 from bb_environments.handlers.store import Store
 
 
@@ -89,6 +95,21 @@ async def test_the_event_store_fsyncs_a_batch_of_commits_only_when_asked(monkeyp
         assert 1 <= len(synced_files) < 50
     else:
         assert synced_files == []
+
+
+@pytest.mark.parametrize("raw, level", [(None, "normal"), ("normal", "normal"), (" Full ", "full")])
+def test_the_hook_record_sync_level_defaults_to_normal(monkeypatch, raw, level):
+    if raw is None:
+        monkeypatch.delenv("BB_HOOK_RECORD_SYNC", raising=False)
+    else:
+        monkeypatch.setenv("BB_HOOK_RECORD_SYNC", raw)
+    assert hook_record_sync() == level
+
+
+def test_an_unknown_hook_record_sync_level_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("BB_HOOK_RECORD_SYNC", "always")
+    with pytest.raises(ConfigError, match="BB_HOOK_RECORD_SYNC 'always' is not allowed: use normal or full"):
+        hook_record_sync()
 
 
 def test_an_unknown_event_store_sync_level_is_refused_by_name(monkeypatch, tmp_path):
