@@ -495,6 +495,30 @@ async def test_a_dead_launcher_or_spare_is_replaced(records_dir: Path, workspace
     runner.close()
 
 
+async def test_a_hook_starts_without_a_round_trip_through_the_launcher(records_dir: Path, workspace: Path) -> None:
+    """The runner gives the request to the spare the launcher announced ahead of time: a stopped
+    launcher does not hold a hook up, it only has to fork the next spare before the hook after."""
+    write_setup(workspace, "echo ran >> marker\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    assert (await runner.run("op1", "setup", workspace, Output())).status == "succeeded"
+    spare, _ = await idle_spare(runner, "op1")
+    launcher = launcher_of(runner)
+    os.kill(launcher, signal.SIGSTOP)
+    try:
+        outcome = await asyncio.wait_for(runner.run("op2", "setup", workspace, Output()), DEADLINE_S)
+    finally:
+        os.kill(launcher, signal.SIGCONT)
+
+    assert outcome.status == "succeeded"
+
+    record = runner.status("op2")
+    assert record is not None and record.supervisor_pid == spare
+    assert executions(workspace) == 2
+    assert (await runner.run("op3", "setup", workspace, Output())).status == "succeeded"
+    assert launcher_of(runner) == launcher
+    runner.close()
+
+
 async def test_a_stray_sigterm_to_the_idle_spare_cancels_nothing(records_dir: Path, workspace: Path) -> None:
     write_setup(workspace, "echo hi\n")
     runner = HookRunner(records_dir, timeout_s=10)
