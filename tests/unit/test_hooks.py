@@ -247,29 +247,21 @@ async def test_a_different_hook_under_the_same_operation_is_refused(records_dir:
 
 @pytest.mark.parametrize("sync, synced", [("normal", False), ("full", True)])
 def test_record_writes_wait_for_the_disk_only_at_the_full_sync_level(
-    records_dir: Path, monkeypatch: pytest.MonkeyPatch, sync: SyncLevel, synced: bool
+    records_dir: Path, fsynced: list[str], sync: SyncLevel, synced: bool
 ) -> None:
     """`normal` survives a kill -9 of any process without an fsync (the kernel holds the rename);
     `full` survives power loss too: the file and then its directory are on disk before a write returns."""
     records = HookRecords(records_dir, sync)
-    synced_paths: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(descriptor: int) -> None:
-        synced_paths.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
     records.write(HookRecord(operation_id="a", kind="setup", workspace="/w", script="/w/s", started_at=now_iso()))
     records.tombstone("a")
 
     assert records.read("a") is not None and records.is_tombstoned("a")
     if synced:
         # Each write: its temporary file (renamed since), then the directory that now names it.
-        assert len(synced_paths) == 4
-        assert synced_paths[1] == synced_paths[3] == str(records.directory)
+        assert len(fsynced) == 4
+        assert fsynced[1] == fsynced[3] == str(records.directory)
     else:
-        assert synced_paths == []
+        assert fsynced == []
 
 
 def test_a_record_stored_under_another_operation_is_refused(records_dir: Path) -> None:
