@@ -34,6 +34,7 @@ from its start, so a consumer sees lines again after a restart and can tell them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import select
@@ -565,13 +566,15 @@ class _Launcher:
             os.close(assignment)
 
     def _tell(self, document: dict[str, Any]) -> None:
-        """Send the launcher a frame; one that is gone is replaced at once, ready for the next hook."""
+        """Send the launcher a frame. One that is gone is replaced at once, so that a spare is
+        ready for the next hook; if that fails too, the next hook starts one."""
         assert self._channel is not None
         try:
             send_frame(self._channel, document)
         except OSError:
             self._stop()
-            self._spawn()
+            with contextlib.suppress(OSError):
+                self._spawn()
 
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
