@@ -526,12 +526,16 @@ class _Launcher:
         request = asked.encode()
         with self._lock:
             self._forget_if_forked()
-            pid, started_at, pidfd, assignment = self._take_spare()
             done, done_writer = os.pipe()
             try:
-                pass_request(assignment, request, done_writer)
-            except OSError:
-                pass  # it died just now: the caller sees it exit without an outcome, as any supervisor's death
+                pid, started_at, pidfd, assignment = self._take_spare()
+                try:
+                    pass_request(assignment, request, done_writer)
+                except OSError:
+                    pass  # it died just now: the caller sees it exit without an outcome, as any supervisor's death
+            except BaseException:
+                os.close(done)
+                raise
             finally:
                 os.close(done_writer)
             self._tell({"taken": pid})
