@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entry
     from bb_environments.hooks.records import SyncLevel
 
 log = logging.getLogger(__name__)
-Level = TypeVar("Level", bound=str)
 
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "bb"
 SERVER_FILE = "server.json"
@@ -129,12 +128,15 @@ def event_store_environment(url: str) -> dict[str, str]:
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
 
 
-def hook_record_sync() -> SyncLevel:
+def hook_record_sync() -> "SyncLevel":
     """BB_HOOK_RECORD_SYNC: how the hook records survive the machine going down (hooks/records.py)."""
     # Imported only here, like the event store's module: no `bb` command but serve runs hooks.
     from bb_environments.hooks import records
 
     return _sync_level("BB_HOOK_RECORD_SYNC", records.SYNC_LEVELS)
+
+
+Level = TypeVar("Level", bound=str)
 
 
 def _sync_level(variable: str, levels: tuple[Level, ...]) -> Level:
