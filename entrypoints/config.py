@@ -8,7 +8,7 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 import msgspec
@@ -19,6 +19,7 @@ from bb_environments.providers.host.file_lock import read_holder
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli.py)
     from bb_environments.bus.jetstream import ConnectOptions
+    from bb_environments.hooks.records import SyncLevel
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def event_store_environment(url: str) -> dict[str, str]:
         from bb_environments.entrypoints import sqlite_event_store
 
         return {"PERSISTENCE_MODULE": f"{sqlite_event_store.__name__}:Factory", "SQLITE_DBNAME": str(path),
-                sqlite_event_store.SQLITE_SYNCHRONOUS: _event_store_sync(sqlite_event_store.SYNC_LEVELS)}
+                sqlite_event_store.SQLITE_SYNCHRONOUS: _sync_level("BB_EVENT_STORE_SYNC", sqlite_event_store.SYNC_LEVELS)}
     if parsed.scheme in ("postgres", "postgresql"):
         return {
             "PERSISTENCE_MODULE": "eventsourcing.postgres",
@@ -127,12 +128,24 @@ def event_store_environment(url: str) -> dict[str, str]:
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
 
 
-def _event_store_sync(levels: tuple[str, ...]) -> str:
+def hook_record_sync() -> "SyncLevel":
+    """BB_HOOK_RECORD_SYNC: how the hook records survive the machine going down (hooks/records.py)."""
+    # Imported only here, like the event store's module: no `bb` command but serve runs hooks.
+    from bb_environments.hooks import records
+
+    return _sync_level("BB_HOOK_RECORD_SYNC", records.SYNC_LEVELS)
+
+
+Level = TypeVar("Level", bound=str)
+
+
+def _sync_level(variable: str, levels: tuple[Level, ...]) -> Level:
     """`normal` (the default: safe after a kill -9, not after a power loss) or `full`."""
-    level = (os.environ.get("BB_EVENT_STORE_SYNC") or "normal").strip().lower()
-    if level not in levels:
-        raise ConfigError(f"BB_EVENT_STORE_SYNC {level!r} is not allowed: use {' or '.join(levels)}")
-    return level
+    level = (os.environ.get(variable) or "normal").strip().lower()
+    for allowed in levels:
+        if level == allowed:
+            return allowed
+    raise ConfigError(f"{variable} {level!r} is not allowed: use {' or '.join(levels)}")
 
 
 def event_store_file(url: str) -> Path | None:

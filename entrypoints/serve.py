@@ -43,6 +43,7 @@ from bb_environments.entrypoints.config import (
     ServerInfo,
     Settings,
     event_store_file,
+    hook_record_sync,
     nats_credentials,
     read_server_file,
     url_without_credentials,
@@ -213,7 +214,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         started,
     )
     app, store, read_model, threads, provisioner = core.app, core.store, core.read_model, core.threads, core.provisioner
-    host_agent = HostAgent(agent_nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s),
+    host_agent = HostAgent(agent_nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync()),
                            settings.host_id, TranscriptPublisher(agent_nc, loop, health=health), StoreLedger(store),
                            health=health)
     hooks.attach(host_agent)

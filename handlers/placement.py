@@ -107,19 +107,18 @@ class Placer:
         availability = safe_availability(provider, context)
         if availability.status != "ready":
             raise Refused(f"provider {provider.id!r} is blocked: {availability.reason}")
+        path_key = thread_id if provider.policy.path_keys == "per-thread" else f"{thread_id}-1"
         try:
-            await asyncio.to_thread(provider.validate, context)
+            planned, shares = await asyncio.to_thread(_plan, provider, context, path_key)
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
-        path_key = thread_id if provider.policy.path_keys == "per-thread" else f"{thread_id}-1"
-        planned = await asyncio.to_thread(provider.planned_path, context, path_key)
         claimed_path = canonical_path(planned) if planned else None
         if claimed_path is not None and os.path.isabs(claimed_path):
             _check_workspace(claimed_path, data_dir)
         return Placement(
             provider_id=provider.id, host_id=host_id, project_path=project,
             inputs=msgspec.to_builtins(inputs), path_key=path_key, claimed_path=claimed_path,
-            shares_claimed_path=shares_planned_path(provider, context),
+            shares_claimed_path=shares,
         )
 
 
@@ -134,6 +133,13 @@ class Placer:
         context = self.context(provider, host_id, project_path, decode_inputs(provider, inputs))
         planned = await asyncio.to_thread(provider.planned_path, context, next_key)
         return next_key, canonical_path(planned) if planned else None
+
+
+def _plan(provider: EnvironmentProvider, context: ProjectContext, path_key: str) -> tuple[str | None, bool]:
+    """Check the inputs, then plan the path and whether a thread joins whoever holds it: in one
+    trip to a worker thread, since each of them may run git."""
+    provider.validate(context)
+    return provider.planned_path(context, path_key), shares_planned_path(provider, context)
 
 
 def _check_project(project: str, data_dir: str) -> None:

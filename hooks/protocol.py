@@ -3,15 +3,19 @@
 Standard library only: the launcher runs under `python -I -S` and imports this.
 
 Runner and launcher talk over the launcher's channel, a Unix stream socket the runner hands it at
-start. Frames both ways are a 4-byte big-endian length and a JSON document:
-  request  a `SupervisorRequest`, with the write end of the runner's "done" pipe attached: the
-           supervisor closes it right after its last record write
-  reply    {"pid", "started_at"} with a pidfd of the supervisor attached, or {"error"}
-The launcher exits as soon as the channel reaches end of file.
+start. Frames both ways are a header (a 4-byte big-endian length and a byte counting the
+descriptors attached to the frame's first byte) and a JSON document:
+  launcher  {"pid", "started_at"} announces a spare (see launcher), with its pidfd and its
+            assignment socket attached; or {"error"} when none could be forked
+  runner    {"taken": pid} the announced spare is the runner's now (or {"taken": null} after an
+            error): announce another
+The launcher announces one spare at a time, a new one once the last is taken or has died. The
+launcher exits as soon as the channel reaches end of file.
 
-The launcher gives a request to a forked child of its own (its spare, see launcher) on that
-child's socket: the request's JSON document, unframed, with the done pipe attached, and then end
-of file. End of file without a request makes the spare exit.
+The runner gives its request to the spare itself, on the spare's assignment socket: the request's
+JSON document, unframed, with the write end of the runner's "done" pipe attached (the supervisor
+closes it right after its last record write), and then end of file. So no hook start waits for
+the launcher. End of file without a request makes the spare exit: the runner closed it, or died.
 
 Runner and supervisor talk through the operation's record (see records): the runner writes the
 record naming the supervisor (its adoption) and sends ADOPTED_SIGNAL as a wake-up; SIGTERM to an
@@ -29,7 +33,7 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
-FRAME_HEADER = struct.Struct(">I")
+FRAME_HEADER = struct.Struct(">IB")  # the document's length, the descriptors attached
 MAX_FDS_PER_RECEIVE = 16
 # The runner's "the record now names you": only a wake-up, the record stays the truth.
 ADOPTED_SIGNAL = signal.SIGUSR1
@@ -44,11 +48,12 @@ class SupervisorRequest:
     records_dir: str
     operation_id: str
     timeout: str
+    sync: str
     environment: dict[str, str]
     """The environment of the moment the hook was asked for, as a freshly spawned supervisor would have had."""
 
-    def document(self) -> dict[str, Any]:
-        return asdict(self)
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> SupervisorRequest:
@@ -57,7 +62,7 @@ class SupervisorRequest:
 
 def send_frame(channel: socket.socket, document: dict[str, Any], fds: list[int] | None = None) -> None:
     data = json.dumps(document).encode()
-    frame = FRAME_HEADER.pack(len(data)) + data
+    frame = FRAME_HEADER.pack(len(data), len(fds or ())) + data
     # The descriptors travel with the frame's first byte, which is how the receiver pairs them.
     if fds:
         sent = socket.send_fds(channel, [frame], fds, socket.MSG_NOSIGNAL)
@@ -66,40 +71,58 @@ def send_frame(channel: socket.socket, document: dict[str, Any], fds: list[int] 
     channel.sendall(frame[sent:], socket.MSG_NOSIGNAL)
 
 
-def take_frame(received: bytearray) -> bytes | None:
-    """The first whole frame's document, removed from `received`; None while it is incomplete."""
-    if len(received) < FRAME_HEADER.size:
-        return None
-    end = FRAME_HEADER.size + FRAME_HEADER.unpack_from(received)[0]
-    if len(received) < end:
-        return None
-    frame = bytes(received[FRAME_HEADER.size : end])
-    del received[:end]
-    return frame
+class FrameReader:
+    """The frames arriving on a channel, each with the descriptors sent with it; blocking.
 
+    A read may bring in parts of several frames and their descriptors: what follows the frame
+    taken is kept for the next one.
+    """
 
-def receive_frame(channel: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One frame's document and the descriptors that came with it; blocking."""
-    received = bytearray()
-    fds: list[int] = []
-    try:
-        while (frame := take_frame(received)) is None:
-            data, more_fds, _flags, _address = socket.recv_fds(channel, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
-            fds += more_fds
-            if not data:
+    def __init__(self, channel: socket.socket) -> None:
+        self._channel = channel
+        self._received = bytearray()
+        self._fds: list[int] = []
+
+    def next(self) -> tuple[dict[str, Any], list[int]]:
+        """The next frame's document and descriptors; LauncherGone at the channel's end."""
+        while (frame := self.take()) is None:
+            if not self.receive():
                 raise LauncherGone("the hook launcher exited")
-            received += data
-        return json.loads(frame), fds
-    except BaseException:
-        for fd in fds:
+        return frame
+
+    def receive(self) -> bool:
+        """Read what has arrived, waiting for something; False at the channel's end."""
+        data, fds, _flags, _address = socket.recv_fds(
+            self._channel, 1 << 16, MAX_FDS_PER_RECEIVE, socket.MSG_CMSG_CLOEXEC
+        )
+        self._fds += fds
+        self._received += data
+        return bool(data)
+
+    def take(self) -> tuple[dict[str, Any], list[int]] | None:
+        """The next frame if it has arrived whole, without reading."""
+        if len(self._received) < FRAME_HEADER.size:
+            return None
+        length, attached = FRAME_HEADER.unpack_from(self._received)
+        end = FRAME_HEADER.size + length
+        if len(self._received) < end:
+            return None
+        document = json.loads(bytes(self._received[FRAME_HEADER.size : end]))
+        del self._received[:end]
+        fds, self._fds = self._fds[:attached], self._fds[attached:]
+        return document, fds
+
+    def close(self) -> None:
+        """Close the descriptors received and not taken."""
+        for fd in self._fds:
             os.close(fd)
-        raise
+        self._fds = []
 
 
-def pass_request(assignment: socket.socket, request: bytes, done: int | None) -> None:
-    """Give a spare its request, then end its socket."""
+def pass_request(assignment: socket.socket, request: bytes, done: int) -> None:
+    """Give a spare its request and the write end of the done pipe, then end its socket."""
     try:
-        sent = socket.send_fds(assignment, [request], [] if done is None else [done])
+        sent = socket.send_fds(assignment, [request], [done])
         assignment.sendall(request[sent:])
     finally:
         assignment.close()

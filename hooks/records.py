@@ -2,8 +2,11 @@
 
 One directory (mode 0700) holds, per operation, files named by sha256(operation_id):
 `<hash>.json` the record, `<hash>.cancelled` the tombstone, `<hash>.log` the script's output.
-Records and tombstones are replaced atomically and fsynced, so a reader never sees half a file
-and a crash never loses a write that returned.
+Records and tombstones are replaced atomically (a temporary file renamed over the old one), so a
+reader never sees half a file, and a kill -9 of any process never loses a write that returned:
+the kernel holds it. How they survive the machine going down is their sync level (`SyncLevel`,
+`BB_HOOK_RECORD_SYNC`): `normal` gives that up, `full` fsyncs the file and its directory at
+every write, two fsyncs per write, three writes per hook.
 
 Standard library only: the supervisor and its launcher import this module.
 
@@ -41,6 +44,8 @@ from pathlib import Path
 from typing import Literal
 
 HookKind = Literal["setup", "teardown"]
+SyncLevel = Literal["normal", "full"]
+SYNC_LEVELS: tuple[SyncLevel, ...] = ("normal", "full")
 RecordedOutcome = Literal["succeeded", "failed", "timed_out", "cancelled", "interrupted", "skipped"]
 
 GROUP_EXIT_POLL_S = 0.025
@@ -83,9 +88,10 @@ def now_iso() -> str:
 
 
 class HookRecords:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, sync: SyncLevel = "normal") -> None:
         # Absolute: the supervisor changes into the workspace before it starts the script.
         self.directory = Path(directory).absolute()
+        self.sync = sync
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Only when needed: a chmod is a metadata write even when it changes nothing.
         if stat.S_IMODE(os.stat(self.directory).st_mode) != 0o700:
@@ -199,13 +205,15 @@ class HookRecords:
         try:
             with os.fdopen(descriptor, "wb") as file:
                 file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
+                if self.sync == "full":
+                    file.flush()
+                    os.fsync(file.fileno())
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
-        self._sync_directory()
+        if self.sync == "full":
+            self._sync_directory()
 
     def _sync_directory(self) -> None:
         directory = os.open(self.directory, os.O_RDONLY)

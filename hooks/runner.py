@@ -6,9 +6,11 @@ restart a hook still running is joined and its real outcome read back; only when
 itself has died is the outcome unknown ("interrupted").
 
 Supervisors are forked by a launcher, one long-lived helper process per runner that has imported
-the supervisor once (a fresh interpreter per hook would cost about a hundred milliseconds). It is
-started on first use, restarted if it died, and exits when the runner closes, is collected or dies
-(see launcher; all the processes say to each other is in protocol). The runner learns that a
+the supervisor once (a fresh interpreter per hook would cost about a hundred milliseconds), ahead
+of need: the runner gives a hook's request to the spare the launcher announced, directly, so a
+start makes no round trip through the launcher. The launcher is started on first use, restarted if
+it died, and exits when the runner closes, is collected or dies (see launcher; all the processes
+say to each other is in protocol). The runner learns that a
 supervisor it started is done from a pipe the supervisor closes right after its last record write,
 and that it died from its pidfd; no polling.
 
@@ -32,8 +34,10 @@ from its start, so a consumer sees lines again after a restart and can tell them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -45,15 +49,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import msgspec
 
 from bb_environments.hooks.protocol import (
     ADOPTED_SIGNAL,
+    FrameReader,
     LauncherGone,
     SupervisorRequest,
-    receive_frame,
+    pass_request,
     send_frame,
 )
 from bb_environments.hooks.records import (
@@ -62,6 +67,7 @@ from bb_environments.hooks.records import (
     HookKind,
     HookRecord,
     HookRecords,
+    SyncLevel,
     is_same_process,
     kill_recorded_group,
     now_iso,
@@ -118,8 +124,9 @@ class _InFlight:
 
 
 class HookRunner:
-    def __init__(self, records_dir: Path, timeout_s: float) -> None:
-        self._records = HookRecords(records_dir)
+    def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal") -> None:
+        """`sync`: how the records survive the machine going down (see records.SyncLevel)."""
+        self._records = HookRecords(records_dir, sync)
         self._timeout_s = timeout_s
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
@@ -247,7 +254,10 @@ class HookRunner:
             record.message = f"no {script.name}"
             self._records.write(record)
             return record, None
-        supervisor = self._launcher.start_supervisor(str(self._records.directory), operation_id, repr(self._timeout_s))
+        supervisor = self._launcher.start_supervisor(
+            SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
+                              without_secrets(os.environ))
+        )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.
             # The record is first written here: until then no script can have started, so a crash
@@ -496,6 +506,7 @@ class _Launcher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._channel: socket.socket | None = None
+        self._frames: FrameReader | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._owner = os.getpid()
 
@@ -510,37 +521,64 @@ class _Launcher:
             if self._channel is None:
                 self._spawn()
 
-    def start_supervisor(self, records_dir: str, operation_id: str, timeout: str) -> _Supervisor:
-        """Have a supervisor forked for the operation; it waits for adoption."""
-        request = SupervisorRequest(records_dir, operation_id, timeout, without_secrets(os.environ)).document()
+    def start_supervisor(self, asked: SupervisorRequest) -> _Supervisor:
+        """Give the request to the launcher's spare, which becomes its supervisor and waits for adoption."""
+        request = asked.encode()
         with self._lock:
             self._forget_if_forked()
-            for attempt in range(2):
-                if self._channel is None:
-                    self._spawn()
-                assert self._channel is not None
-                done, done_writer = os.pipe()
+            done, done_writer = os.pipe()
+            try:
+                pid, started_at, pidfd, assignment = self._take_spare()
                 try:
-                    try:
-                        send_frame(self._channel, request, [done_writer])
-                    finally:
-                        os.close(done_writer)
-                    reply, fds = receive_frame(self._channel)
-                except BaseException as error:
-                    # A request cut short leaves the channel out of step: never reuse it. A
-                    # launcher that died took its half-done request with it; a supervisor it
-                    # forked for us is never adopted and gives up on its own.
-                    os.close(done)
-                    self._stop()
-                    if attempt or not isinstance(error, (OSError, LauncherGone)):
-                        raise
-                    continue
-                break
-        if "error" in reply or len(fds) != 1:
-            for fd in [done, *fds]:
-                os.close(fd)
-            raise OSError(reply.get("error", "the hook launcher sent no pidfd"))
-        return _Supervisor(reply["pid"], reply["started_at"], fds[0], done)
+                    pass_request(assignment, request, done_writer)
+                except OSError:
+                    pass  # it died just now: the caller sees it exit without an outcome, as any supervisor's death
+            except BaseException:
+                os.close(done)
+                raise
+            finally:
+                os.close(done_writer)
+            self._tell({"taken": pid})
+        return _Supervisor(pid, started_at, pidfd, done)
+
+    def _take_spare(self) -> tuple[int, int | None, int, socket.socket]:
+        """The spare the launcher announced, alive: pid, start time, pidfd, and its socket.
+
+        A launcher found gone is started again, once.
+        """
+        restarted = False
+        while True:
+            if self._frames is None:
+                self._spawn()
+            assert self._frames is not None
+            try:
+                announced, fds = self._frames.next()
+            except (OSError, LauncherGone):
+                self._stop()
+                if restarted:
+                    raise
+                restarted = True
+                continue
+            if "error" in announced:
+                self._tell({"taken": None})  # the next start asks for another try
+                raise OSError(announced["error"])
+            pidfd, assignment = fds
+            if not _has_exited(pidfd):
+                return announced["pid"], announced["started_at"], pidfd, socket.socket(fileno=assignment)
+            # It died idle: the launcher announces another in its place.
+            os.close(pidfd)
+            os.close(assignment)
+
+    def _tell(self, document: dict[str, Any]) -> None:
+        """Send the launcher a frame. One that is gone is replaced at once, so that a spare is
+        ready for the next hook; if that fails too, the next hook starts one."""
+        assert self._channel is not None
+        try:
+            send_frame(self._channel, document)
+        except OSError:
+            self._stop()
+            with contextlib.suppress(OSError):
+                self._spawn()
 
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -565,7 +603,7 @@ class _Launcher:
             raise
         finally:
             theirs.close()
-        self._channel = ours
+        self._channel, self._frames = ours, FrameReader(ours)
 
     def close(self) -> None:
         with self._lock:
@@ -577,13 +615,18 @@ class _Launcher:
         if self._owner != os.getpid():
             if self._channel is not None:
                 self._channel.close()  # our copy only
-            self._channel = self._process = None
+            if self._frames is not None:
+                self._frames.close()
+            self._channel, self._frames, self._process = None, None, None
             self._owner = os.getpid()
 
     def _stop(self) -> None:
-        channel, process = self._channel, self._process
-        self._channel = self._process = None
+        channel, frames, process = self._channel, self._frames, self._process
+        self._channel, self._frames, self._process = None, None, None
+        if frames is not None:
+            frames.close()
         if channel is not None:
+            # Spares announced and not yet read go with it: each exits at the end of its socket.
             channel.close()
         if process is not None:
             # It exits as soon as it sees the end of its channel.
@@ -592,6 +635,10 @@ class _Launcher:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _has_exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _read_from(path: Path, offset: int) -> bytes:

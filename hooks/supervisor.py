@@ -1,6 +1,6 @@
 """Runs one hook script and records its outcome, outliving the service that started it.
 
-    python -m bb_environments.hooks.supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S
+    python -m bb_environments.hooks.supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S SYNC_LEVEL
 
 Standard library only (and so is all it imports from this package), without argparse: its
 start-up time is part of a runner's first hook.
@@ -39,6 +39,7 @@ from pathlib import Path
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
+    SYNC_LEVELS,
     HeldOutcome,
     HookRecord,
     HookRecords,
@@ -62,14 +63,16 @@ RECORD_RETRY_MAX_S = 5.0
 
 def main(argv: list[str] | None = None, environment: dict[str, str] | None = None) -> None:
     """Supervise one hook; the script's environment derives from `environment`, else os.environ."""
-    records_dir, operation_id, timeout = sys.argv[1:] if argv is None else argv
+    records_dir, operation_id, timeout, sync = sys.argv[1:] if argv is None else argv
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
     # Prepared while the runner writes the record; none of it touches the hook.
     script_environment = without_secrets(os.environ if environment is None else environment)
     executable = _find_executable("bash", script_environment)
-    records = HookRecords(Path(records_dir))
+    if sync not in SYNC_LEVELS:
+        raise ValueError(f"unknown sync level {sync!r}")
+    records = HookRecords(Path(records_dir), sync)
     record = _wait_for_adoption(records, operation_id)
     if record is None:
         return

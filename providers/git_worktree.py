@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,6 +300,10 @@ def _require_default_branch(repo: str) -> str:
 
 def _default_branch(repo: str) -> str | None:
     """origin/HEAD's target, else local main, else master, else the checked-out branch."""
+    refs = _default_branch_refs(repo)
+    known = _known_default_branches.get(repo)
+    if refs is not None and known is not None and known[0] == refs:
+        return known[1]
     # One for-each-ref answers the first three; it skips a dangling origin/HEAD by itself.
     listed = run_git(repo, "for-each-ref", "--format=%(refname)%00%(symref)%00%(objecttype)", *DEFAULT_BRANCH_REFS)
     commits = {}
@@ -306,15 +311,56 @@ def _default_branch(repo: str) -> str | None:
         name, target, kind = line.split("\0")
         if kind == "commit":
             commits[name] = target
+    found = None
     if commits.get("refs/remotes/origin/HEAD"):
-        return commits["refs/remotes/origin/HEAD"].removeprefix("refs/remotes/")
-    for name in ("main", "master"):
-        if f"refs/heads/{name}" in commits:
-            return name
+        found = commits["refs/remotes/origin/HEAD"].removeprefix("refs/remotes/")
+    else:
+        found = next((name for name in ("main", "master") if f"refs/heads/{name}" in commits), None)
+    if found is not None:
+        if refs is not None and refs == _default_branch_refs(repo):  # none of them moved while git looked
+            _known_default_branches[repo] = (refs, found)
+        return found
     head = run_git_or_none(repo, "symbolic-ref", "--quiet", "HEAD")
     if head is not None and head.startswith("refs/heads/") and is_commit(repo, head):
         return head.removeprefix("refs/heads/")
     return None
+
+
+_known_default_branches: dict[str, tuple[tuple[tuple[int, int, int] | None, ...], str]] = {}
+"""Default branches that one of DEFAULT_BRANCH_REFS named, with the identity of the files those refs
+were read from: a spawn asks twice (validate, then create), and only a change of those refs
+changes the answer."""
+
+
+def _default_branch_refs(repo: str) -> tuple[tuple[int, int, int] | None, ...] | None:
+    """The identity (inode, change time, size, or absence) of every file DEFAULT_BRANCH_REFS can be
+    read from: their loose files, the one origin/HEAD points to, and packed-refs. Git changes a
+    ref by renaming a new file over its old one, or deletes it, so while these identities stay,
+    the refs do. None where refs live elsewhere: a linked worktree or a submodule (a `.git`
+    file), or the reftable format."""
+    git_dir = os.path.join(repo, ".git")
+    try:
+        if not stat.S_ISDIR(os.lstat(git_dir).st_mode) or os.path.lexists(os.path.join(git_dir, "reftable")):
+            return None
+        paths = [os.path.join(git_dir, name) for name in ("packed-refs", *DEFAULT_BRANCH_REFS)]
+        try:
+            with open(os.path.join(git_dir, DEFAULT_BRANCH_REFS[0]), encoding="utf-8", errors="replace") as origin_head:
+                pointed = origin_head.read().strip()
+        except FileNotFoundError:
+            pointed = ""
+        if pointed.startswith("ref: refs/"):
+            paths.append(os.path.join(git_dir, pointed.removeprefix("ref: ")))
+        identities: list[tuple[int, int, int] | None] = []
+        for path in paths:
+            try:
+                found = os.stat(path)
+            except FileNotFoundError:
+                identities.append(None)
+                continue
+            identities.append((found.st_ino, found.st_ctime_ns, found.st_size))
+    except OSError:
+        return None
+    return tuple(identities)
 
 
 def _plan_branch(repo: str, branch: DefaultBranch | ExistingBranch | NewBranch, path_key: str) -> _BranchPlan:

@@ -1,7 +1,8 @@
-"""Shared fixtures: throwaway git repositories."""
+"""Shared fixtures: throwaway git repositories, and what was fsynced."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -57,3 +58,18 @@ class RecordingReporter:
 
     def log(self, text: str) -> None:
         self.logs.append(text)
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the files and directories fsynced in this process during the test, in order
+    (they are still fsynced)."""
+    paths: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        paths.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return paths

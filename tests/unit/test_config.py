@@ -1,12 +1,17 @@
 """Settings from the environment, and what of them may be written down."""
 
 import asyncio
-import os
 
 import pytest
 
 from bb_environments.domain.application import Environments
-from bb_environments.entrypoints.config import ConfigError, Settings, event_store_environment, url_without_credentials
+from bb_environments.entrypoints.config import (
+    ConfigError,
+    Settings,
+    event_store_environment,
+    hook_record_sync,
+    url_without_credentials,
+)
 from bb_environments.handlers.store import Store
 
 
@@ -59,21 +64,13 @@ def test_a_retention_limit_must_be_one(monkeypatch, name, raw):
 
 
 @pytest.mark.parametrize("raw, synced", [(None, False), ("normal", False), ("FULL", True)])
-async def test_the_event_store_fsyncs_a_batch_of_commits_only_when_asked(monkeypatch, tmp_path, raw, synced):
+async def test_the_event_store_fsyncs_a_batch_of_commits_only_when_asked(monkeypatch, tmp_path, fsynced, raw, synced):
     """`normal` survives a kill -9 without an fsync; `full` survives power loss too, with one fsync
     of the write-ahead log per batch of commands rather than one per commit."""
     if raw is None:
         monkeypatch.delenv("BB_EVENT_STORE_SYNC", raising=False)
     else:
         monkeypatch.setenv("BB_EVENT_STORE_SYNC", raw)
-    synced_files: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(descriptor: int) -> None:
-        synced_files.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
     store = Store(Environments(env=event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}")))
     try:
         await asyncio.gather(*(store.run(store.app.register_thread, f"t{i}", None, None, "local", None)
@@ -84,11 +81,26 @@ async def test_the_event_store_fsyncs_a_batch_of_commits_only_when_asked(monkeyp
     finally:
         store.close()
     write_ahead_log = str(tmp_path / "events.sqlite-wal")
-    assert all(path == write_ahead_log for path in synced_files)
+    assert all(path == write_ahead_log for path in fsynced)
     if synced:
-        assert 1 <= len(synced_files) < 50
+        assert 1 <= len(fsynced) < 50
     else:
-        assert synced_files == []
+        assert fsynced == []
+
+
+@pytest.mark.parametrize("raw, level", [(None, "normal"), ("normal", "normal"), (" Full ", "full")])
+def test_the_hook_record_sync_level_defaults_to_normal(monkeypatch, raw, level):
+    if raw is None:
+        monkeypatch.delenv("BB_HOOK_RECORD_SYNC", raising=False)
+    else:
+        monkeypatch.setenv("BB_HOOK_RECORD_SYNC", raw)
+    assert hook_record_sync() == level
+
+
+def test_an_unknown_hook_record_sync_level_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("BB_HOOK_RECORD_SYNC", "always")
+    with pytest.raises(ConfigError, match="BB_HOOK_RECORD_SYNC 'always' is not allowed: use normal or full"):
+        hook_record_sync()
 
 
 def test_an_unknown_event_store_sync_level_is_refused_by_name(monkeypatch, tmp_path):

@@ -240,6 +240,27 @@ def test_create_default_without_origin_takes_master_else_the_checked_out_branch(
     assert create(provider, git_repo, data_dir).merge_base_branch == expected
 
 
+def test_a_default_branch_found_once_is_found_again_after_its_refs_change(
+    provider: GitWorktreeProvider, git_repo: Path, tmp_path: Path, data_dir: Path, git: Git
+) -> None:
+    assert create(provider, git_repo, data_dir).merge_base_branch == "main"
+    git(git_repo, "checkout", "--quiet", "-b", "master")
+    git(git_repo, "branch", "-D", "main")
+    provider.validate(project_context(git_repo, data_dir))
+
+    assert provider.create(create_context(git_repo, data_dir, path_key="thread-2")).merge_base_branch == "master"
+
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "--quiet", str(git_repo), str(clone))
+    git(clone, "remote", "set-head", "origin", "--delete")
+    assert provider.create(create_context(clone, data_dir, path_key="thread-3")).merge_base_branch == "master"
+    git(clone, "checkout", "--quiet", "-b", "trunk")
+    git(clone, "push", "--quiet", "origin", "trunk")
+    git(clone, "remote", "set-head", "origin", "trunk")
+
+    assert provider.create(create_context(clone, data_dir, path_key="thread-4")).merge_base_branch == "origin/trunk"
+
+
 def test_create_default_passes_over_an_origin_head_that_points_nowhere(
     provider: GitWorktreeProvider, git_repo: Path, tmp_path: Path, data_dir: Path, git: Git
 ) -> None:

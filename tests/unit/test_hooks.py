@@ -22,6 +22,7 @@ from bb_environments.hooks.records import (
     HookIdentityMismatch,
     HookRecord,
     HookRecords,
+    SyncLevel,
     now_iso,
     process_start_ticks,
     start_ticks_of_child,
@@ -80,11 +81,12 @@ def executions(workspace: Path) -> int:
     return len(marker.read_text().splitlines()) if marker.exists() else 0
 
 
-async def test_success_delivers_output_lines_in_order(records_dir: Path, workspace: Path) -> None:
+@pytest.mark.parametrize("sync", ["normal", "full"])
+async def test_success_delivers_output_lines_in_order(records_dir: Path, workspace: Path, sync: SyncLevel) -> None:
     write_setup(workspace, "echo one\necho two >&2\necho \"cwd=$(pwd)\"\nprintf 'no newline'\n")
     output = Output()
 
-    outcome = await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, output)
+    outcome = await HookRunner(records_dir, timeout_s=10, sync=sync).run("op", "setup", workspace, output)
 
     assert outcome == HookOutcome("succeeded", 0, None)
     assert output.lines == ["one", "two", f"cwd={workspace}", "no newline"]
@@ -241,6 +243,25 @@ async def test_a_different_hook_under_the_same_operation_is_refused(records_dir:
 
     with pytest.raises(HookIdentityMismatch):
         await runner.run("op", "teardown", workspace, Output())
+
+
+@pytest.mark.parametrize("sync, synced", [("normal", False), ("full", True)])
+def test_record_writes_wait_for_the_disk_only_at_the_full_sync_level(
+    records_dir: Path, fsynced: list[str], sync: SyncLevel, synced: bool
+) -> None:
+    """`normal` survives a kill -9 of any process without an fsync (the kernel holds the rename);
+    `full` survives power loss too: the file and then its directory are on disk before a write returns."""
+    records = HookRecords(records_dir, sync)
+    records.write(HookRecord(operation_id="a", kind="setup", workspace="/w", script="/w/s", started_at=now_iso()))
+    records.tombstone("a")
+
+    assert records.read("a") is not None and records.is_tombstoned("a")
+    if synced:
+        # Each write: its temporary file (renamed since), then the directory that now names it.
+        assert len(fsynced) == 4
+        assert fsynced[1] == fsynced[3] == str(records.directory)
+    else:
+        assert fsynced == []
 
 
 def test_a_record_stored_under_another_operation_is_refused(records_dir: Path) -> None:
@@ -463,6 +484,30 @@ async def test_a_dead_launcher_or_spare_is_replaced(records_dir: Path, workspace
 
     assert (await runner.run("op3", "setup", workspace, Output())).status == "succeeded"
     assert launcher_of(runner) == second
+    runner.close()
+
+
+async def test_a_hook_starts_without_a_round_trip_through_the_launcher(records_dir: Path, workspace: Path) -> None:
+    """The runner gives the request to the spare the launcher announced ahead of time: a stopped
+    launcher does not hold a hook up, it only has to fork the next spare before the hook after."""
+    write_setup(workspace, "echo ran >> marker\n")
+    runner = HookRunner(records_dir, timeout_s=10)
+    assert (await runner.run("op1", "setup", workspace, Output())).status == "succeeded"
+    spare, _ = await idle_spare(runner, "op1")
+    launcher = launcher_of(runner)
+    os.kill(launcher, signal.SIGSTOP)
+    try:
+        outcome = await asyncio.wait_for(runner.run("op2", "setup", workspace, Output()), DEADLINE_S)
+    finally:
+        os.kill(launcher, signal.SIGCONT)
+
+    assert outcome.status == "succeeded"
+
+    record = runner.status("op2")
+    assert record is not None and record.supervisor_pid == spare
+    assert executions(workspace) == 2
+    assert (await runner.run("op3", "setup", workspace, Output())).status == "succeeded"
+    assert launcher_of(runner) == launcher
     runner.close()
 
 
