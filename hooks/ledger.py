@@ -79,6 +79,7 @@ class HookGuard:
         Safe to stop at any point: see HookRecords.delete. Returns the operations forgotten.
         """
         cutoff = datetime.now(timezone.utc) - timedelta(seconds=max_age_s)
+        await asyncio.to_thread(runner.delete_abandoned_writes, cutoff)
         forgettable = []
         for operation_id in await asyncio.to_thread(runner.settled_before, cutoff):
             recorded = await self._ledger.recorded_hook(operation_id)

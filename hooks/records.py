@@ -54,6 +54,7 @@ GROUP_EXIT_WAIT_S = 4.0
 OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 HELD_OUTCOME_TIMEOUT_S = 1.0
 PEER_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+TEMPORARY_PREFIX = ".tmp-"  # what a record write begins as, until it is renamed into place
 
 
 class HookIdentityMismatch(Exception):
@@ -176,6 +177,19 @@ class HookRecords:
                 settled.append(operation_id)
         return settled
 
+    def delete_abandoned_writes(self, cutoff: datetime) -> None:
+        """Delete the temporary files of record writes begun before `cutoff`. Blocking.
+
+        A write holds its temporary file for the moment between creating and renaming it, so one
+        that old was cut short by a crash and nobody will ever rename it.
+        """
+        for path in self.directory.glob(f"{TEMPORARY_PREFIX}*"):
+            try:
+                if path.stat().st_mtime < cutoff.timestamp():
+                    path.unlink()
+            except FileNotFoundError:
+                continue
+
     def delete(self, operation_ids: Iterable[str]) -> None:
         """Delete the operations' logs and tombstones, then their records. Blocking.
 
@@ -201,7 +215,7 @@ class HookRecords:
         return self.directory / (hashlib.sha256(operation_id.encode()).hexdigest() + suffix)
 
     def _write_atomically(self, path: Path, data: bytes) -> None:
-        descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+        descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=TEMPORARY_PREFIX)
         try:
             with os.fdopen(descriptor, "wb") as file:
                 file.write(data)

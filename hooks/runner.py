@@ -153,6 +153,10 @@ class HookRunner:
         """Operations whose hook finished (or was cancelled before it started) before `cutoff`. Blocking."""
         return self._records.settled_before(cutoff)
 
+    def delete_abandoned_writes(self, cutoff: datetime) -> None:
+        """Record writes a crash cut short before `cutoff` leave nothing behind. Blocking."""
+        self._records.delete_abandoned_writes(cutoff)
+
     async def forget(self, operation_ids: Iterable[str]) -> list[str]:
         """Delete the records and logs of settled operations, except those a run here still follows.
 

@@ -2,6 +2,8 @@
 which hook records it lets a host delete (real hooks, real record files)."""
 
 import asyncio
+import os
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -239,3 +241,16 @@ async def test_files_in_the_records_directory_that_are_no_operation_s_own_are_le
 
     assert setup in await HookGuard(LogLedger(app), "local").forget_removed(runner, max_age_s=0)
     assert sorted(p.name for p in records_dir.iterdir()) == sorted(strangers)
+
+
+async def test_a_record_write_a_crash_cut_short_is_deleted_once_older_than_the_limit(app, runner, records_dir):
+    # What a kill -9 between creating a record's temporary file and renaming it leaves.
+    abandoned, in_progress = records_dir / ".tmp-abandoned", records_dir / ".tmp-in-progress"
+    abandoned.write_bytes(b'{"operation_id": "op-1"')
+    in_progress.write_bytes(b"{")
+    two_hours_ago = time.time() - 7200
+    os.utime(abandoned, (two_hours_ago, two_hours_ago))
+
+    await HookGuard(LogLedger(app), "local").forget_removed(runner, max_age_s=3600)
+
+    assert sorted(p.name for p in records_dir.iterdir()) == [".tmp-in-progress"]
