@@ -225,10 +225,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
                         lambda ids: store.read_log(log_reader.at, ids), health=health)
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 
-    consumer_reader = LogReader(app)
-
     def trusted_log(consumer: str) -> TrustedLog:
-        return TrustedLog(lambda ids: store.read_log(consumer_reader.at, ids), consumer)
+        return TrustedLog(lambda ids: store.read_log(log_reader.at, ids), consumer)
 
     provisioning_log, projections_log = trusted_log("provisioner"), trusted_log("projections")
 
@@ -243,7 +241,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
             await provisioner.catch_up(UUID(environment_id), version)
 
     async def fill_gap(after: int, upto: int) -> list[tuple[int, View]]:
-        return await store.read_log(consumer_reader.between, after, upto)
+        return await store.read_log(log_reader.between, after, upto)
 
     async def apply_to_read_model(messages: list[Msg]) -> None:
         await read_model.apply(
