@@ -149,7 +149,7 @@ class ScriptedJetStream:
         if self._consumer_errors:
             raise self._consumer_errors.pop(0)
 
-    async def pull_subscribe_bind(self, durable: str, stream: str) -> ScriptedSubscription:
+    async def bind(self, js: object, durable: str, stream: str) -> ScriptedSubscription:
         return self._subscription
 
 
@@ -169,7 +169,7 @@ async def test_a_consumer_rides_out_a_stream_without_leader_and_handles_what_com
             raise failures.pop()
         handled.extend(message.data for message in messages)
 
-    consuming = asyncio.create_task(consume(js, "S", "projections", "s.>", handle, BusHealth()))
+    consuming = asyncio.create_task(consume(js, "S", "projections", "s.>", handle, BusHealth(), bind=js.bind))
     try:
         await eventually(lambda: handled == [b"2"] and any(BACK in line for line in said(caplog)))
         assert not consuming.done()
