@@ -140,6 +140,21 @@ async def ensure_thread_partition_consumers(js: JetStreamContext) -> None:
         await js.delete_consumer(subjects.THREADS_STREAM, _SINGLE_THREADS_CONSUMER)
 
 
+# The log consumer an earlier service drove environments from; the projections' consumer now does.
+_PROVISIONER_CONSUMER = "provisioner"
+
+
+async def retire_provisioner_consumer(js: JetStreamContext) -> None:
+    """Delete the provisioner's own log consumer that an earlier service left. What it had not
+    acknowledged needs no hand-over: that consumer only ever drove environments on from their
+    recorded state, and once the relay has caught up after a start the sweep drives every
+    environment whose log has not ended, which covers each event it still held."""
+    try:
+        await js.delete_consumer(subjects.ENVIRONMENTS_STREAM, _PROVISIONER_CONSUMER)
+    except NotFoundError:
+        pass
+
+
 Handler = Callable[[list[Msg]], Awaitable[None]]
 
 # A pull request asks for up to this many messages and stays open on the server until it has them

@@ -360,11 +360,8 @@ async def settled(js: JetStreamContext, forged_sequence: int) -> None:
     async def relay_deleted_it_and_consumers_are_idle() -> bool:
         if not await deleted(js, forged_sequence):
             return False
-        for durable in ("projections", "provisioner"):
-            info = await js.consumer_info(subjects.ENVIRONMENTS_STREAM, durable)
-            if info.num_pending or info.num_ack_pending:
-                return False
-        return True
+        info = await js.consumer_info(subjects.ENVIRONMENTS_STREAM, "projections")
+        return not (info.num_pending or info.num_ack_pending)
     await eventually(relay_deleted_it_and_consumers_are_idle)
 
 
