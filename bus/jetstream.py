@@ -160,7 +160,8 @@ Handler = Callable[[list[Msg]], Awaitable[None]]
 # A pull request asks for up to this many messages and stays open on the server until it has them
 # or this long has passed; the fetches in between take whatever has arrived.
 PULL_EXPIRES_S = 5.0
-# After this much longer without an answer, a request counts as lost (a server restarted under it).
+# After this much longer without an answer, a request counts as lost; one sent before a reconnect
+# is taken as lost at once (the server it reached may have gone).
 _LOST_AFTER_S = 1.0
 _NO_MESSAGES, _REQUEST_TIMEOUT, _CONFLICT, _NO_RESPONDERS = "404", "408", "409", "503"
 
@@ -189,6 +190,7 @@ class PullFeed:
         self._failure: Exception | None = None
         self._open = 0  # messages the open request may still bring
         self._open_until = 0.0
+        self._connection = -1  # the connection (count of reconnects) the open request was sent on
 
     @classmethod
     async def bind(cls, js: JetStreamContext, durable: str, stream: str) -> PullFeed:
@@ -198,17 +200,17 @@ class PullFeed:
         return feed
 
     async def _receive(self, message: Msg) -> None:
-        status = None if message.data or not message.headers else message.headers.get(api.Header.STATUS)
+        headers = message.headers or {}
+        status = None if message.data else headers.get(api.Header.STATUS)
         if status is None:
             self._arrived.append(message)
             self._open -= 1
-        elif status in (_NO_MESSAGES, _REQUEST_TIMEOUT):  # the request expired
+        elif status in (_NO_MESSAGES, _REQUEST_TIMEOUT):  # the request ended with nothing (more) to bring
             self._open = 0
         elif status == _NO_RESPONDERS:  # no consumer (or no stream leader) to ask
             self._open, self._failure = 0, NoRespondersError()
         elif status == _CONFLICT:  # the consumer deleted, its leader changed...: asked again after a pause
-            description = message.headers.get(api.Header.DESCRIPTION, "") if message.headers else ""
-            self._open, self._failure = 0, APIError(code=int(status), description=description)
+            self._open, self._failure = 0, APIError(code=int(status), description=headers.get(api.Header.DESCRIPTION, ""))
         else:  # a heartbeat, or something this feed never asked for
             return
         self._wakeup.set()
@@ -223,7 +225,7 @@ class PullFeed:
             now = time.monotonic()
             if now >= deadline:
                 raise NatsTimeout
-            if self._open <= 0 or now > self._open_until:
+            if self._open <= 0 or now > self._open_until or self._nc.stats["reconnects"] != self._connection:
                 await self._request(batch)
             self._wakeup.clear()
             try:
@@ -236,6 +238,7 @@ class PullFeed:
     async def _request(self, batch: int) -> None:
         request = {"batch": batch, "expires": int(PULL_EXPIRES_S * 1e9)}
         self._open, self._open_until = batch, time.monotonic() + PULL_EXPIRES_S + _LOST_AFTER_S
+        self._connection = self._nc.stats["reconnects"]
         await self._nc.publish(self._next, json.dumps(request).encode(), reply=self._inbox)
 
 
