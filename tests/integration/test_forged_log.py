@@ -30,7 +30,7 @@ from bb_environments.bus.relay import OutboxRelay
 from bb_environments.bus.subjects import NOTIFICATION_HEADER, claimed_notification_id
 from bb_environments.bus.trusted_log import TrustedLog
 from bb_environments.domain.application import Environments
-from tests.integration.conftest import Service, service_environment, write_hooks
+from tests.integration.conftest import Service, plain_jetstream, service_environment, write_hooks
 
 Stored = tuple[int | None, str, bytes]  # (claimed notification id, subject, payload) of a stream message
 
@@ -108,18 +108,10 @@ def heal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.fixture
 async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
-    server = EmbeddedNats.start(tmp_path / "nats")
-    nc = await nats.connect(server.url)
-    try:
-        jetstream = nc.jetstream()
-        await jetstream.add_stream(api.StreamConfig(
+    async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
             name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS], storage=api.StorageType.FILE,
-            duplicate_window=120,
-        ))
+            duplicate_window=120)) as jetstream:
         yield jetstream
-    finally:
-        await nc.close()
-        server.stop()
 
 
 @pytest.fixture

@@ -14,23 +14,16 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
 
 from bb_environments.bus import jetstream
-from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import PullFeed, consume, ensure_consumer
-from tests.integration.conftest import eventually
+from tests.integration.conftest import eventually, plain_jetstream
 
 
 @pytest.fixture
 async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
-    server = EmbeddedNats.start(tmp_path / "nats")
-    nc = await nats.connect(server.url)
-    try:
-        context = nc.jetstream()
-        await context.add_stream(api.StreamConfig(name="S", subjects=["s.>"], storage=api.StorageType.FILE))
+    async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
+            name="S", subjects=["s.>"], storage=api.StorageType.FILE)) as context:
         yield context
-    finally:
-        await nc.close()
-        server.stop()
 
 
 async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_comes(js: JetStreamContext) -> None:
