@@ -29,7 +29,7 @@ from bb_environments.bus.host_agent import HostAgent, HostAgentClient, LocalFirs
 from bb_environments.bus.jetstream import (
     ConnectOptions, connect, consume, ensure_streams, ensure_thread_partition_consumers, retire_provisioner_consumer)
 from bb_environments.bus.log_reader import LogReader
-from bb_environments.bus.relay import OutboxRelay
+from bb_environments.bus.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.trusted_log import TrustedLog
 from bb_environments.bus.transcripts import TranscriptPublisher, forget_removed_transcripts
 from bb_environments.domain.errors import DomainError
@@ -223,7 +223,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     started.push_async_callback(host_agent.stop)
     started.push_async_callback(agent_service.stop)
     log_reader = LogReader(app)
-    relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after),
+    relay = OutboxRelay(js, AckedPublisher(nc), lambda after: store.read_log(log_reader.page, after),
                         lambda ids: store.read_log(log_reader.at, ids), health=health)
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 

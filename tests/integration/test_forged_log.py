@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 from bb_environments.bus import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.log_reader import LoggedDocument, LogReader
-from bb_environments.bus.relay import OutboxRelay
+from bb_environments.bus.relay import AckedPublisher, OutboxRelay, PublishAck, Publisher
 from bb_environments.bus.subjects import NOTIFICATION_HEADER, claimed_notification_id
 from bb_environments.bus.trusted_log import TrustedLog
 from bb_environments.domain.application import Environments
@@ -125,8 +125,9 @@ class Relays:
     def __init__(self) -> None:
         self.tasks: list[asyncio.Task] = []
 
-    def start(self, js: JetStreamContext, store: MemoryLog, poll_seconds: float = 60) -> OutboxRelay:
-        relay = OutboxRelay(js, store.page, store.at, poll_seconds)
+    def start(self, js: JetStreamContext, store: MemoryLog, poll_seconds: float = 60,
+              publisher: Publisher | None = None) -> OutboxRelay:
+        relay = OutboxRelay(js, publisher or AckedPublisher(js._nc), store.page, store.at, poll_seconds)
         self.tasks.append(asyncio.create_task(relay.run()))
         return relay
 
@@ -172,26 +173,24 @@ async def test_a_publish_refused_after_forged_messages_heals_the_stream_once(js,
 
 
 class ForgedAheadOfWindow:
-    """The relay's JetStream, except that once, a forged message reaches the stream just before the
+    """The relay's publisher, except that once, a forged message reaches the stream just before the
     publish of notification `ahead_of`, while the rest of its window waits to follow."""
 
     def __init__(self, js: JetStreamContext, ahead_of: int) -> None:
         self._js = js
+        self._publisher = AckedPublisher(js._nc)
         self._ahead_of = ahead_of
         self._landed = asyncio.Event()
         self.forged: api.PubAck | None = None
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._js, name)
-
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> api.PubAck:
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PublishAck]:
         notification_id = int(headers[NOTIFICATION_HEADER])
         if notification_id == self._ahead_of and self.forged is None:
             self.forged = await self._js.publish("bb.log.environment.e0.ready", b'{"type": "ready"}')
             self._landed.set()
         elif notification_id > self._ahead_of:
             await self._landed.wait()
-        return await self._js.publish(subject, payload, headers=headers, timeout=timeout)
+        return await self._publisher.publish_async(subject, payload, headers)
 
 
 async def test_a_message_forged_into_a_window_leaves_no_gap_in_the_stream(js, store, relays, caplog):
@@ -204,7 +203,7 @@ async def test_a_message_forged_into_a_window_leaves_no_gap_in_the_stream(js, st
     await relayed(js, store)
     forging = ForgedAheadOfWindow(js, ahead_of=3)
     await relays.stop()
-    relays.start(forging, store)  # type: ignore[arg-type]
+    relays.start(js, store, publisher=forging)
     store.append(3)
 
     await relayed(js, store)
