@@ -7,17 +7,20 @@ existing consumer's old settings.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
-from typing import TypedDict, Unpack
+from typing import Protocol, TypedDict, Unpack
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from bb_environments.bus import subjects
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
@@ -137,11 +140,114 @@ async def ensure_thread_partition_consumers(js: JetStreamContext) -> None:
         await js.delete_consumer(subjects.THREADS_STREAM, _SINGLE_THREADS_CONSUMER)
 
 
+# The log consumer an earlier service drove environments from; the projections' consumer now does.
+_PROVISIONER_CONSUMER = "provisioner"
+
+
+async def retire_provisioner_consumer(js: JetStreamContext) -> None:
+    """Delete the provisioner's own log consumer that an earlier service left. What it had not
+    acknowledged needs no hand-over: that consumer only ever drove environments on from their
+    recorded state, and once the relay has caught up after a start the sweep drives every
+    environment whose log has not ended, which covers each event it still held."""
+    try:
+        await js.delete_consumer(subjects.ENVIRONMENTS_STREAM, _PROVISIONER_CONSUMER)
+    except NotFoundError:
+        pass
+
+
 Handler = Callable[[list[Msg]], Awaitable[None]]
+
+# A pull request asks for up to this many messages and stays open on the server until it has them
+# or this long has passed; the fetches in between take whatever has arrived.
+PULL_EXPIRES_S = 5.0
+# After this much longer without an answer, a request counts as lost; one sent before a reconnect
+# is taken as lost at once (the server it reached may have gone).
+_LOST_AFTER_S = 1.0
+_NO_MESSAGES, _REQUEST_TIMEOUT, _CONFLICT, _NO_RESPONDERS = "404", "408", "409", "503"
+
+
+class Fetcher(Protocol):
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]: ...
+
+
+class PullFeed:
+    """A durable pull consumer's messages, read off one long-lived pull request at a time.
+
+    nats-py's `fetch` sends a request (two, for a batch) per call and starts a task, a timer and a
+    uuid per message it waits for; at hundreds of messages a second that was a large share of the
+    service's time. Here one request stays open while the handler works: the server sends the
+    consumer's next messages as they come (an in-order consumer's next one as soon as the last is
+    acknowledged), the subscription's callback only collects them, and a fetch hands over all
+    that arrived. What the server does not deliver stays its to deliver again, as before.
+    """
+
+    def __init__(self, nc: Client, api_prefix: str, stream: str, durable: str) -> None:
+        self._nc = nc
+        self._next = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._inbox = nc.new_inbox()
+        self._arrived: list[Msg] = []
+        self._wakeup = asyncio.Event()
+        self._failure: Exception | None = None
+        self._open = 0  # messages the open request may still bring
+        self._open_until = 0.0
+        self._connection = -1  # the connection (count of reconnects) the open request was sent on
+
+    @classmethod
+    async def bind(cls, js: JetStreamContext, durable: str, stream: str) -> PullFeed:
+        # The context's connection and API prefix, which nats-py keeps without a public accessor.
+        feed = cls(js._nc, js._prefix, stream, durable)
+        await feed._nc.subscribe(feed._inbox, cb=feed._receive)
+        return feed
+
+    async def _receive(self, message: Msg) -> None:
+        headers = message.headers or {}
+        status = None if message.data else headers.get(api.Header.STATUS)
+        if status is None:
+            self._arrived.append(message)
+            self._open -= 1
+        elif status in (_NO_MESSAGES, _REQUEST_TIMEOUT):  # the request ended with nothing (more) to bring
+            self._open = 0
+        elif status == _NO_RESPONDERS:  # no consumer (or no stream leader) to ask
+            self._open, self._failure = 0, NoRespondersError()
+        elif status == _CONFLICT:  # the consumer deleted, its leader changed...: asked again after a pause
+            self._open, self._failure = 0, APIError(code=int(status), description=headers.get(api.Header.DESCRIPTION, ""))
+        else:  # a heartbeat, or something this feed never asked for
+            return
+        self._wakeup.set()
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        """What arrived (up to `batch`), as soon as there is one; NatsTimeout after `timeout` without."""
+        deadline = time.monotonic() + timeout
+        while not self._arrived:
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise failure
+            now = time.monotonic()
+            if now >= deadline:
+                raise NatsTimeout
+            if self._open <= 0 or now > self._open_until or self._nc.stats["reconnects"] != self._connection:
+                await self._request(batch)
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), min(deadline, self._open_until) - now)
+            except asyncio.TimeoutError:
+                pass
+        taken, self._arrived = self._arrived[:batch], self._arrived[batch:]
+        return taken
+
+    async def _request(self, batch: int) -> None:
+        request = {"batch": batch, "expires": int(PULL_EXPIRES_S * 1e9)}
+        self._open, self._open_until = batch, time.monotonic() + PULL_EXPIRES_S + _LOST_AFTER_S
+        self._connection = self._nc.stats["reconnects"]
+        await self._nc.publish(self._next, json.dumps(request).encode(), reply=self._inbox)
+
+
+Binder = Callable[[JetStreamContext, str, str], Awaitable[Fetcher]]
 
 
 async def consume(js: JetStreamContext, stream: str, durable: str, filter_subject: str, handle: Handler,
-                  health: BusHealth, batch: int = 200, in_order: bool = False) -> None:
+                  health: BusHealth, batch: int = 200, in_order: bool = False, *,
+                  bind: Binder = PullFeed.bind) -> None:
     """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered.
 
     A handler that keeps failing (its database on a full disk, say) is given the batch again after
@@ -156,12 +262,8 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
             break
         except BUS_UNAVAILABLE as error:
             await bus.pause(error)
-    subscription = await js.pull_subscribe_bind(durable, stream)
+    subscription = await bind(js, durable, stream)
     backoff = Backoff(log, f"consumer {durable} handling a batch")
-    # An in-order consumer is handed one message at a time (max_ack_pending=1): a fetch of more
-    # would wait out its whole timeout for a batch the server cannot fill before this one is acked.
-    # nats-py's fetch(1) returns as soon as the message arrives.
-    batch = 1 if in_order else batch
     while True:
         try:
             messages = await subscription.fetch(batch, timeout=1)

@@ -25,6 +25,8 @@ from bb_environments.domain import topic_prefixes
 from bb_environments.projections.views import VIEWED_AGGREGATES, EnvironmentView, ThreadView, ViewPage, public_view
 
 _CACHED_AGGREGATES = 4096
+# The relay reads each notification first; both log consumers then ask for it again a moment later.
+_CACHED_DOCUMENTS = 4096
 REBUILD_PAGE = 2000
 _VIEWED_TOPICS = tuple(prefix for aggregate in VIEWED_AGGREGATES for prefix in topic_prefixes(aggregate))
 
@@ -48,6 +50,8 @@ class LogReader:
     def __init__(self, app: Application[UUID]) -> None:
         self._app = app
         self._states: OrderedDict[int, Any] = OrderedDict()
+        # Notifications never change once written, so a document made from one serves every reader.
+        self._documents: OrderedDict[int, LoggedDocument] = OrderedDict()
 
     def head(self) -> int:
         return self._app.recorder.max_notification_id() or 0
@@ -81,9 +85,17 @@ class LogReader:
         Ids that a stream message merely claims can be anything: ids past the head are never read,
         and the rest one run of consecutive ids at a time, not as one range that could span the log.
         """
-        head = self.head()
         found: dict[int, LoggedDocument] = {}
-        for first, last in _runs(sorted({n for n in notification_ids if 0 < n <= head})):
+        missing = set()
+        for n in notification_ids:
+            if (logged := self._documents.get(n)) is not None:
+                found[n] = logged
+            else:
+                missing.add(n)
+        if not missing:
+            return found
+        head = self.head()
+        for first, last in _runs(sorted({n for n in missing if 0 < n <= head})):
             notifications = self._app.recorder.select_notifications(start=first, limit=last - first + 1, stop=last)
             found.update((logged.notification_id, logged) for logged in map(self._document, notifications))
         return found
@@ -92,7 +104,11 @@ class LogReader:
         event = self._app.mapper.to_domain_event(notification)
         aggregate = self._state_after(event)
         subject, document = document_for(event, aggregate)
-        return LoggedDocument(notification.id, subject, document, public_view(aggregate))
+        logged = LoggedDocument(notification.id, subject, document, public_view(aggregate))
+        self._documents[notification.id] = logged
+        if len(self._documents) > _CACHED_DOCUMENTS:
+            self._documents.popitem(last=False)
+        return logged
 
     def _state_after(self, event: Any) -> Any:
         # Folding events onto a cached state is far cheaper than replaying each aggregate again.

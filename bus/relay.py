@@ -23,13 +23,18 @@ is dropped (so the stream's RePublish does not emit it twice).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from bb_environments.bus import subjects
 from bb_environments.handlers.crash_points import crash_point
@@ -42,6 +47,7 @@ WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when Nats-Expected-Last-Se
 WRONG_LAST_MSG_ID = 10070  # ... and when Nats-Expected-Last-Msg-Id does not
 WINDOW = 64
 """Publishes in flight at once: a page of the log goes out in round trips of this many messages."""
+PUBLISH_TIMEOUT_S = 5.0
 
 PageReader = Callable[[int], Awaitable[list[LoggedDocument]]]
 NotificationReader = Callable[[Iterable[int]], Awaitable[dict[int, LoggedDocument]]]
@@ -51,11 +57,81 @@ class StreamMoved(Exception):
     """The stream holds something the relay did not check: heal before publishing again."""
 
 
+class _Refusal(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class PublishAck(msgspec.Struct):
+    """JetStream's answer to a publish: where the stream stored it, or why it did not."""
+
+    seq: int = 0
+    duplicate: bool = False
+    error: _Refusal | None = None
+
+
+_ack_decoder = msgspec.json.Decoder(PublishAck)
+
+
+class Publisher(Protocol):
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PublishAck]:
+        """Send now; the future holds the stream's ack, or the error it answered."""
+
+
+class AckedPublisher:
+    """Publishes whose acks come back on one subscription, each as its publish's future.
+
+    A request per publish (nats-py's `publish`) costs a future, a timer and a task around each
+    message; and nats-py's `publish_async` loses a refusal (its reply handler raises the API error
+    instead of setting it on the future, which then waits out the relay's timeout).
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._inbox = nc.new_inbox()
+        self._tokens = itertools.count()
+        self._waiting: dict[str, asyncio.Future[PublishAck]] = {}
+        self._subscribed = False
+
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PublishAck]:
+        if not self._subscribed:
+            await self._nc.subscribe(f"{self._inbox}.*", cb=self._answer)
+            self._subscribed = True
+        token = str(next(self._tokens))
+        ack: asyncio.Future[PublishAck] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = ack
+        ack.add_done_callback(lambda _: self._waiting.pop(token, None))  # answered, or given up on
+        await self._nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=headers)
+        return ack
+
+    async def _answer(self, message: Msg) -> None:
+        ack = self._waiting.get(message.subject.rpartition(".")[2])
+        if ack is None or ack.done():
+            return
+        if not message.data and (message.headers or {}).get(api.Header.STATUS) == "503":
+            ack.set_exception(NoStreamResponseError())
+            return
+        try:
+            answer = _ack_decoder.decode(message.data)
+        except msgspec.DecodeError:
+            ack.set_exception(APIError(description="the stream answered a publish with something else than an ack"))
+            return
+        if answer.error is not None:
+            refusal = answer.error
+            ack.set_exception(APIError(code=refusal.code, err_code=refusal.err_code, description=refusal.description))
+        else:
+            ack.set_result(answer)
+
+
 class OutboxRelay:
-    def __init__(self, js: JetStreamContext, read_page: PageReader, read_notifications: NotificationReader,
-                 poll_seconds: float = 1.0, *, health: BusHealth | None = None) -> None:
-        """`health`: where the relay reports the bus away and back, shared with the service's other loops."""
+    def __init__(self, js: JetStreamContext, publisher: Publisher, read_page: PageReader,
+                 read_notifications: NotificationReader, poll_seconds: float = 1.0, *,
+                 health: BusHealth | None = None) -> None:
+        """`publisher`: how the log's messages go out (an AckedPublisher on `js`'s connection).
+        `health`: where the relay reports the bus away and back, shared with the service's other loops."""
         self._js = js
+        self._publisher = publisher
         self._bus = (health or BusHealth()).retry("relay")
         self._read_page = read_page
         self._read_notifications = read_notifications
@@ -115,10 +191,15 @@ class OutboxRelay:
             if previous_id is not None:
                 headers["Nats-Expected-Last-Msg-Id"] = previous_id
             previous_id = message_id
-            # Tasks start in order, so the requests reach the server in the window's order.
-            published.append(asyncio.ensure_future(
-                self._js.publish(logged.subject, logged.payload(), headers=headers, timeout=5)))
-        acks = await asyncio.gather(*published, return_exceptions=True)
+            try:
+                # Sent in the window's order; their acks are awaited together.
+                published.append(await self._publisher.publish_async(logged.subject, logged.payload(), headers))
+            except BaseException:
+                for sent in published:  # nobody will wait for their acks now
+                    sent.cancel()
+                raise
+        # Given up on (a timeout, a cancellation), the gather cancels the acks still out.
+        acks = await asyncio.wait_for(asyncio.gather(*published, return_exceptions=True), PUBLISH_TIMEOUT_S)
         for logged, ack in zip(window, acks):
             if isinstance(ack, APIError) and ack.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
                 raise StreamMoved

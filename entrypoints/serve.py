@@ -26,9 +26,10 @@ from bb_environments.bus.documents import EnvironmentEvent, ThreadMessageMessage
 from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient, LocalFirstHooks
-from bb_environments.bus.jetstream import ConnectOptions, connect, consume, ensure_streams, ensure_thread_partition_consumers
+from bb_environments.bus.jetstream import (
+    ConnectOptions, connect, consume, ensure_streams, ensure_thread_partition_consumers, retire_provisioner_consumer)
 from bb_environments.bus.log_reader import LogReader
-from bb_environments.bus.relay import OutboxRelay
+from bb_environments.bus.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.trusted_log import TrustedLog
 from bb_environments.bus.transcripts import TranscriptPublisher, forget_removed_transcripts
 from bb_environments.domain.errors import DomainError
@@ -189,6 +190,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     js = nc.jetstream()
     await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
     await ensure_thread_partition_consumers(js)
+    await retire_provisioner_consumer(js)
 
     async def stream_position() -> int:
         info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
@@ -222,37 +224,29 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     started.push_async_callback(host_agent.stop)
     started.push_async_callback(agent_service.stop)
     log_reader = LogReader(app)
-    relay = OutboxRelay(js, lambda after: store.read_log(log_reader.page, after),
+    relay = OutboxRelay(js, AckedPublisher(nc), lambda after: store.read_log(log_reader.page, after),
                         lambda ids: store.read_log(log_reader.at, ids), health=health)
     app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
 
-    consumer_reader = LogReader(app)
-
-    def trusted_log(consumer: str) -> TrustedLog:
-        return TrustedLog(lambda ids: store.read_log(consumer_reader.at, ids), consumer)
-
-    provisioning_log, projections_log = trusted_log("provisioner"), trusted_log("projections")
-
-    async def drive_environments(messages: list[Msg]) -> None:
-        latest: dict[str, int] = {}
-        for admitted in await provisioning_log.admit(messages):
-            event = admitted.logged.document
-            # The consumer reads only bb.log.environment.>, and the trusted log admits only what the store wrote there.
-            assert isinstance(event, EnvironmentEvent)
-            latest[event.environment_id] = max(event.version, latest.get(event.environment_id, 0))
-        for environment_id, version in latest.items():
-            await provisioner.catch_up(UUID(environment_id), version)
+    # One consumer of the whole log feeds the read model and then the provisioner: a second one for
+    # the provisioner had every environment event delivered, checked and acknowledged twice.
+    log_check = TrustedLog(lambda ids: store.read_log(log_reader.at, ids), "projections")
 
     async def fill_gap(after: int, upto: int) -> list[tuple[int, View]]:
-        return await store.read_log(consumer_reader.between, after, upto)
+        return await store.read_log(log_reader.between, after, upto)
 
-    async def apply_to_read_model(messages: list[Msg]) -> None:
+    async def follow_log(messages: list[Msg]) -> None:
+        admitted = await log_check.admit(messages)
         await read_model.apply(
-            [Applied(admitted.logged.notification_id, admitted.message.metadata.sequence.stream,
-                     admitted.logged.view)
-             for admitted in await projections_log.admit(messages)],
+            [Applied(a.logged.notification_id, a.message.metadata.sequence.stream, a.logged.view) for a in admitted],
             fill_gap,
         )
+        latest: dict[str, int] = {}
+        for a in admitted:
+            if isinstance(event := a.logged.document, EnvironmentEvent):
+                latest[event.environment_id] = max(event.version, latest.get(event.environment_id, 0))
+        for environment_id, version in latest.items():
+            await provisioner.catch_up(UUID(environment_id), version)
 
     async def store_transcript(messages: list[Msg]) -> None:
         await read_model.add_transcript([_transcript_entry(m.metadata.sequence.stream, m.data) for m in messages])
@@ -274,10 +268,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await _restore_read_models(core, js)
     workers: list[Coroutine[Any, Any, None]] = [
         relay.run(),
-        consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, apply_to_read_model, health),
+        consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, follow_log, health),
         consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript, health),
-        consume(js, subjects.ENVIRONMENTS_STREAM, "provisioner", subjects.LOG_ENVIRONMENT_EVENTS, drive_environments,
-                health),
         # A thread's events are handled in the order they were sent, one at a time, by its
         # partition's consumer; the partitions run side by side.
         *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -17,14 +18,29 @@ from typing import Any
 import nats
 import nats.aio.client
 import pytest
+from nats.js import JetStreamContext, api
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import EnvironmentRef, ListThreads
 from bb_environments.bus.client import ApiClient
-from bb_environments.bus.embedded_server import pid_alive
+from bb_environments.bus.embedded_server import EmbeddedNats, pid_alive
 
 STARTUP_SECONDS = 30
 SETTLED = {"ready", "error", "removed"}
+
+
+@contextlib.asynccontextmanager
+async def plain_jetstream(store_dir: Path, stream: api.StreamConfig) -> AsyncIterator[JetStreamContext]:
+    """A nats-server without permissions, holding `stream`, and a JetStream context on it."""
+    server = EmbeddedNats.start(store_dir)
+    nc = await nats.connect(server.url)
+    try:
+        context = nc.jetstream()
+        await context.add_stream(stream)
+        yield context
+    finally:
+        await nc.close()
+        server.stop()
 
 
 @dataclass

@@ -26,11 +26,11 @@ from nats.js.errors import NotFoundError
 from bb_environments.bus import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.log_reader import LoggedDocument, LogReader
-from bb_environments.bus.relay import OutboxRelay
+from bb_environments.bus.relay import AckedPublisher, OutboxRelay, PublishAck, Publisher
 from bb_environments.bus.subjects import NOTIFICATION_HEADER, claimed_notification_id
 from bb_environments.bus.trusted_log import TrustedLog
 from bb_environments.domain.application import Environments
-from tests.integration.conftest import Service, service_environment, write_hooks
+from tests.integration.conftest import Service, plain_jetstream, service_environment, write_hooks
 
 Stored = tuple[int | None, str, bytes]  # (claimed notification id, subject, payload) of a stream message
 
@@ -108,18 +108,10 @@ def heal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.fixture
 async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
-    server = EmbeddedNats.start(tmp_path / "nats")
-    nc = await nats.connect(server.url)
-    try:
-        jetstream = nc.jetstream()
-        await jetstream.add_stream(api.StreamConfig(
+    async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
             name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS], storage=api.StorageType.FILE,
-            duplicate_window=120,
-        ))
+            duplicate_window=120)) as jetstream:
         yield jetstream
-    finally:
-        await nc.close()
-        server.stop()
 
 
 @pytest.fixture
@@ -133,8 +125,9 @@ class Relays:
     def __init__(self) -> None:
         self.tasks: list[asyncio.Task] = []
 
-    def start(self, js: JetStreamContext, store: MemoryLog, poll_seconds: float = 60) -> OutboxRelay:
-        relay = OutboxRelay(js, store.page, store.at, poll_seconds)
+    def start(self, js: JetStreamContext, store: MemoryLog, poll_seconds: float = 60,
+              publisher: Publisher | None = None) -> OutboxRelay:
+        relay = OutboxRelay(js, publisher or AckedPublisher(js._nc), store.page, store.at, poll_seconds)
         self.tasks.append(asyncio.create_task(relay.run()))
         return relay
 
@@ -180,26 +173,24 @@ async def test_a_publish_refused_after_forged_messages_heals_the_stream_once(js,
 
 
 class ForgedAheadOfWindow:
-    """The relay's JetStream, except that once, a forged message reaches the stream just before the
+    """The relay's publisher, except that once, a forged message reaches the stream just before the
     publish of notification `ahead_of`, while the rest of its window waits to follow."""
 
     def __init__(self, js: JetStreamContext, ahead_of: int) -> None:
         self._js = js
+        self._publisher = AckedPublisher(js._nc)
         self._ahead_of = ahead_of
         self._landed = asyncio.Event()
         self.forged: api.PubAck | None = None
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._js, name)
-
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> api.PubAck:
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PublishAck]:
         notification_id = int(headers[NOTIFICATION_HEADER])
         if notification_id == self._ahead_of and self.forged is None:
             self.forged = await self._js.publish("bb.log.environment.e0.ready", b'{"type": "ready"}')
             self._landed.set()
         elif notification_id > self._ahead_of:
             await self._landed.wait()
-        return await self._js.publish(subject, payload, headers=headers, timeout=timeout)
+        return await self._publisher.publish_async(subject, payload, headers)
 
 
 async def test_a_message_forged_into_a_window_leaves_no_gap_in_the_stream(js, store, relays, caplog):
@@ -212,7 +203,7 @@ async def test_a_message_forged_into_a_window_leaves_no_gap_in_the_stream(js, st
     await relayed(js, store)
     forging = ForgedAheadOfWindow(js, ahead_of=3)
     await relays.stop()
-    relays.start(forging, store)  # type: ignore[arg-type]
+    relays.start(js, store, publisher=forging)
     store.append(3)
 
     await relayed(js, store)
@@ -360,11 +351,8 @@ async def settled(js: JetStreamContext, forged_sequence: int) -> None:
     async def relay_deleted_it_and_consumers_are_idle() -> bool:
         if not await deleted(js, forged_sequence):
             return False
-        for durable in ("projections", "provisioner"):
-            info = await js.consumer_info(subjects.ENVIRONMENTS_STREAM, durable)
-            if info.num_pending or info.num_ack_pending:
-                return False
-        return True
+        info = await js.consumer_info(subjects.ENVIRONMENTS_STREAM, "projections")
+        return not (info.num_pending or info.num_ack_pending)
     await eventually(relay_deleted_it_and_consumers_are_idle)
 
 

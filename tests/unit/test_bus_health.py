@@ -149,7 +149,7 @@ class ScriptedJetStream:
         if self._consumer_errors:
             raise self._consumer_errors.pop(0)
 
-    async def pull_subscribe_bind(self, durable: str, stream: str) -> ScriptedSubscription:
+    async def bind(self, js: object, durable: str, stream: str) -> ScriptedSubscription:
         return self._subscription
 
 
@@ -169,7 +169,7 @@ async def test_a_consumer_rides_out_a_stream_without_leader_and_handles_what_com
             raise failures.pop()
         handled.extend(message.data for message in messages)
 
-    consuming = asyncio.create_task(consume(js, "S", "projections", "s.>", handle, BusHealth()))
+    consuming = asyncio.create_task(consume(js, "S", "projections", "s.>", handle, BusHealth(), bind=js.bind))
     try:
         await eventually(lambda: handled == [b"2"] and any(BACK in line for line in said(caplog)))
         assert not consuming.done()
@@ -215,13 +215,16 @@ class FlakyStream:
         self._maybe_fail()
         return next(message for message in self.messages if message.seq == seq)
 
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> SimpleNamespace:
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future:
         self._maybe_fail()
+        ack: asyncio.Future = asyncio.get_running_loop().create_future()
         last = self.messages[-1].seq if self.messages else 0
         if int(headers["Nats-Expected-Last-Sequence"]) != last:
-            raise APIError(code=400, err_code=10071)
-        self.messages.append(StoredMessage(last + 1, subject, payload, dict(headers)))
-        return SimpleNamespace(seq=last + 1, duplicate=False)
+            ack.set_exception(APIError(code=400, err_code=10071))
+        else:
+            self.messages.append(StoredMessage(last + 1, subject, payload, dict(headers)))
+            ack.set_result(SimpleNamespace(seq=last + 1, duplicate=False))
+        return ack
 
 
 async def test_the_relay_rides_out_no_stream_response_and_503_and_copies_the_log_once(caplog):
@@ -235,7 +238,7 @@ async def test_the_relay_rides_out_no_stream_response_and_503_and_copies_the_log
         return {n: log[n - 1] for n in ids}
 
     stream = FlakyStream([ServiceUnavailableError(code=503), NoStreamResponseError(), NatsTimeout()])
-    relay = OutboxRelay(stream, page, at, poll_seconds=0.05, health=BusHealth())
+    relay = OutboxRelay(stream, stream, page, at, poll_seconds=0.05, health=BusHealth())
     relaying = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: len(stream.messages) == 5 and any(BACK in line for line in said(caplog)))

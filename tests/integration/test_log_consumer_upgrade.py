@@ -1,0 +1,53 @@
+"""An earlier service read the log with two consumers, `projections` and `provisioner`; this one
+reads it once, with `projections` feeding the read model and then the provisioner. The
+provisioner's old consumer is deleted at start, and what it still owed (an environment stopped
+half way by a crash) is driven on all the same, once, by the start's sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from bb_environments.bus import subjects
+from tests.integration.conftest import Service, eventually, service_environment
+
+
+async def test_the_provisioners_old_consumer_is_retired_and_what_it_owed_is_driven_once(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    service = Service(data_dir, service_environment(data_dir, BB_CRASH_AT="created-recorded"))
+    await service.start()
+    nc = None
+    try:
+        spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                   "--thread-id", "t1", "--json")
+        assert spawned.returncode == 0, spawned.stderr
+        environment_id = spawned.json()["environmentId"]
+        await eventually(lambda: service.process.poll() is not None, "the crash once Created is recorded", 90)
+
+        # As the earlier service left it: its own consumer of the environments' events, nothing acknowledged.
+        nc = await service.connect("service")
+        js = nc.jetstream()
+        await js.add_consumer(subjects.ENVIRONMENTS_STREAM, api.ConsumerConfig(
+            durable_name="provisioner", filter_subject=subjects.LOG_ENVIRONMENT_EVENTS,
+            ack_policy=api.AckPolicy.EXPLICIT, deliver_policy=api.DeliverPolicy.ALL, ack_wait=30,
+            max_ack_pending=1000))
+
+        service.environment = service_environment(data_dir)
+        await service.start()
+        shown = await service.wait_for(environment_id, "ready")
+        assert shown["status"] == "ready"
+        with pytest.raises(NotFoundError):
+            await js.consumer_info(subjects.ENVIRONMENTS_STREAM, "provisioner")
+        log = await js.stream_info(subjects.ENVIRONMENTS_STREAM,
+                                   subjects_filter=subjects.log_event("environment", environment_id, "*"))
+        kinds = sorted(subject.rsplit(".", 1)[1] for subject in log.state.subjects or {})
+        assert {kind: (log.state.subjects or {})[subjects.log_event("environment", environment_id, kind)]
+                for kind in kinds} == {kind: 1 for kind in kinds}  # each step of the environment once
+        assert {"created", "ready"} <= set(kinds)
+    finally:
+        if nc is not None:
+            await nc.close()
+        await service.stop()

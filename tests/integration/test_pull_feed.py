@@ -1,0 +1,83 @@
+"""The consumers' pull feed against a real nats-server: one open pull request brings messages as
+they are published, a fetch hands over all that arrived, an expired request is renewed, and a
+consumer deleted under the feed is reported as an error rather than waited on in silence."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js import JetStreamContext, api
+from nats.js.errors import APIError
+
+from bb_environments.bus import jetstream
+from bb_environments.bus.health import BusHealth
+from bb_environments.bus.jetstream import PullFeed, consume, ensure_consumer
+from tests.integration.conftest import eventually, plain_jetstream
+
+
+@pytest.fixture
+async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
+    async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
+            name="S", subjects=["s.>"], storage=api.StorageType.FILE)) as context:
+        yield context
+
+
+async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_comes(js: JetStreamContext) -> None:
+    handled: list[bytes] = []
+    batches: list[int] = []
+    busy = asyncio.Event()
+
+    async def handle(messages: list) -> None:
+        batches.append(len(messages))
+        handled.extend(message.data for message in messages)
+        await busy.wait()  # the first batch is held until the rest has been published
+
+    consuming = asyncio.create_task(consume(js, "S", "c", "s.>", handle, BusHealth(), in_order=True))
+    try:
+        await js.publish("s.a", b"0")
+        await eventually(lambda: handled == [b"0"], "the first message, while nothing else waits")
+        for i in range(1, 30):
+            await js.publish(f"s.{i % 3}", str(i).encode())
+        busy.set()
+        await eventually(lambda: len(handled) == 30, "every message")
+    finally:
+        consuming.cancel()
+        await asyncio.gather(consuming, return_exceptions=True)
+    assert handled == [str(i).encode() for i in range(30)]
+    assert set(batches) == {1}  # in order: the next only once the last is acknowledged
+
+
+async def test_fetches_hand_over_what_arrived_in_order_and_an_expired_request_is_renewed(
+        js: JetStreamContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jetstream, "PULL_EXPIRES_S", 0.2)
+    await ensure_consumer(js, "S", "c", "s.>", in_order=False)
+    feed = await PullFeed.bind(js, "c", "S")
+    with pytest.raises(nats.errors.TimeoutError):
+        await feed.fetch(100, timeout=0.5)  # nothing yet: the request expired and was asked again
+    for i in range(10):
+        await js.publish("s.x", str(i).encode())
+    fetched: list = []
+    while len(fetched) < 10:
+        fetched += await feed.fetch(100, timeout=5)
+    assert [m.data for m in fetched] == [str(i).encode() for i in range(10)]
+    for message in fetched:
+        await message.ack()
+
+    await asyncio.sleep(0.5)  # the open request expires with nothing to bring
+    await js.publish("s.x", b"late")
+    assert [m.data for m in await feed.fetch(100, timeout=5)] == [b"late"]
+
+
+async def test_a_consumer_deleted_under_the_feed_is_an_error_not_a_silent_wait(js: JetStreamContext) -> None:
+    await ensure_consumer(js, "S", "c", "s.>", in_order=False)
+    feed = await PullFeed.bind(js, "c", "S")
+    fetching = asyncio.create_task(feed.fetch(100, timeout=30))
+    await asyncio.sleep(0)  # the fetch sends its request...
+    await js._nc.flush()  # ...which the server has once it answers a ping sent after it
+    await js.delete_consumer("S", "c")
+    with pytest.raises((APIError, nats.errors.NoRespondersError)):
+        await asyncio.wait_for(fetching, 10)
