@@ -61,6 +61,9 @@ class _Row(NamedTuple):
     state: bytes
 
 
+_new_row = tuple.__new__
+
+
 class LogReader:
     def __init__(self, app: Application[UUID]) -> None:
         self._app = app
@@ -87,9 +90,10 @@ class LogReader:
         for notification in notifications:
             if not notification.topic.startswith(_VIEWED_TOPICS):
                 continue  # an aggregate the read model keeps nothing of: not even decoded
-            state = self._state_after(self._decoder.decode(notification))
-            touched.pop(state.id.int, None)  # moved to the end: the order is that of last touches
-            touched[state.id.int] = state
+            event = self._decoder.decode(notification)
+            key = event.originator_id.int
+            touched.pop(key, None)  # moved to the end: the order is that of last touches
+            touched[key] = self._state_after(event)
         views = [view for view in map(public_view, touched.values()) if view is not None]
         return ViewPage(notifications[-1].id if notifications else after, len(notifications), views)
 
@@ -112,14 +116,17 @@ class LogReader:
         if not isinstance(recorder, SQLiteApplicationRecorder):
             return recorder.select_notifications(start=start, limit=limit, stop=stop)
         with recorder.datastore.transaction(commit=False) as cursor:
+            cursor.sqlite_cursor.row_factory = None  # tuples: the pool's sqlite3.Row is read by position anyway
             cursor.execute(
                 f"SELECT rowid, originator_id, originator_version, topic, state FROM {recorder.events_table_name} "
                 "WHERE rowid >= ? AND rowid <= ? ORDER BY rowid LIMIT ?",
                 (start, (1 << 63) - 1 if stop is None else stop, limit))
             rows = cursor.fetchall()
         ids: dict[str, UUID | str] = {}
-        return [_Row(row[0], ids.get(row[1]) or ids.setdefault(row[1], recorder.convert_originator_id(row[1])),
-                     row[2], row[3], row[4]) for row in rows]
+        convert = recorder.convert_originator_id
+        # tuple.__new__ makes a _Row without the Python call _Row(...) makes per row.
+        return [_new_row(_Row, (row[0], ids.get(row[1]) or ids.setdefault(row[1], convert(row[1])),
+                                row[2], row[3], row[4])) for row in rows]
 
     def _document(self, notification: StoredNotification) -> LoggedDocument:
         event = self._decoder.decode(notification)

@@ -84,6 +84,7 @@ def test_state_msgspec_does_not_read_as_the_library_does_is_decoded_by_the_libra
 
 
 def test_a_fold_onto_the_wrong_aggregate_or_version_is_refused_as_mutate_refuses_it(app):
+    """An event of another aggregate, one that skips a version, a creation onto an existing aggregate."""
     record_every_event(app)
     notifications = app.recorder.select_notifications(start=1, limit=10**6)
     events = [app.mapper.to_domain_event(n) for n in notifications]
@@ -91,7 +92,7 @@ def test_a_fold_onto_the_wrong_aggregate_or_version_is_refused_as_mutate_refuses
     environment = first.mutate(None)
     later = [e for e in events if e.originator_id == environment.id and e.originator_version == 3][0]
     other = next(e for e in events if e.originator_id != environment.id and e.originator_version == 2)
-    for event in (later, other):
+    for event in (later, other, first):
         with pytest.raises(Exception) as ours:
             fold(copy.deepcopy(environment), event)
         with pytest.raises(Exception) as library:

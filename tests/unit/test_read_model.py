@@ -62,9 +62,9 @@ def live_environments(app: Environments, first: int, count: int) -> None:
 def every_state(app: Environments) -> None:
     """Environments in every public status and in the ways to reach them, threads in every state:
     each one step past the one before, as the service records them."""
-    def spawned(n: int, provider: str = "git-worktree", parent: str | None = None) -> UUID:
+    def spawned(n: int, provider: str = "git-worktree") -> UUID:
         thread_id, path = f"s{n}", f"/data/s{n}"
-        return app.spawn_thread(Thread(thread_id, "/repo", parent, "local", None),
+        return app.spawn_thread(Thread(thread_id, "/repo", None, "local", None),
                                 Placement(provider, "local", "/repo", {"branch": {"name": f"b{n}"}}, thread_id, path)).id
 
     def set_up(environment_id: UUID, succeeded: bool = True) -> None:
