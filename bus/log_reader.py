@@ -7,21 +7,28 @@ model equals the live one by construction. Runs on the store's log-reader thread
 
 A rebuild reads `latest_views` instead of `page`: it needs neither the bus documents nor a view
 per event, only each aggregate's latest view per page, and making those was most of its time.
+
+Every read goes through `_notifications`, and every event through `projections.fold` (decoded with
+msgspec, folded by the aggregate's own methods). A SQLite log is read as plain rows, each
+aggregate id made once per page: the library's `select_notifications` builds a frozen dataclass
+and a new UUID for every row, which cost a replay more than decoding and folding the event.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
 import msgspec
 from eventsourcing.application import Application
+from eventsourcing.sqlite import SQLiteApplicationRecorder
 
 from bb_environments.bus.documents import Document, document_for
 from bb_environments.domain import topic_prefixes
+from bb_environments.projections.fold import EventDecoder, StoredNotification, fold
 from bb_environments.projections.views import VIEWED_AGGREGATES, EnvironmentView, ThreadView, ViewPage, public_view
 
 _CACHED_AGGREGATES = 4096
@@ -46,9 +53,23 @@ class LoggedDocument(NamedTuple):
         return subject == self.subject and (payload or b"") == self.payload()
 
 
+class _Row(NamedTuple):
+    """A notification of a SQLite log, as `_notifications` reads it."""
+
+    id: int
+    originator_id: UUID | str
+    originator_version: int
+    topic: str
+    state: bytes
+
+
+_new_row = tuple.__new__
+
+
 class LogReader:
     def __init__(self, app: Application[UUID]) -> None:
         self._app = app
+        self._decoder = EventDecoder(app.mapper)
         self._states: OrderedDict[int, Any] = OrderedDict()
         # Notifications never change once written, so a document made from one serves every reader.
         self._documents: OrderedDict[int, LoggedDocument] = OrderedDict()
@@ -57,25 +78,26 @@ class LogReader:
         return self._app.recorder.max_notification_id() or 0
 
     def page(self, after: int, limit: int = 500) -> list[LoggedDocument]:
-        notifications = self._app.recorder.select_notifications(start=after + 1, limit=limit)
+        notifications = self._notifications(after + 1, limit)
         return [self._document(n) for n in notifications]
 
     def between(self, after: int, upto: int) -> list[tuple[int, EnvironmentView | ThreadView | None]]:
         """The read model's views of the notifications after `after` up to and including `upto`, in order."""
-        notifications = self._app.recorder.select_notifications(start=after + 1, limit=upto - after, stop=upto)
+        notifications = self._notifications(after + 1, upto - after, upto)
         return [(logged.notification_id, logged.view) for logged in map(self._document, notifications)]
 
     def latest_views(self, after: int, upto: int | None = None, limit: int = REBUILD_PAGE) -> ViewPage:
         """The views of the aggregates that the notifications after `after` (up to and including
         `upto`, at most `limit` of them) touch, each as it is after the last of them (ViewPage)."""
-        notifications = self._app.recorder.select_notifications(start=after + 1, limit=limit, stop=upto)
+        notifications = self._notifications(after + 1, limit, upto)
         touched: dict[int, Any] = {}
         for notification in notifications:
             if not notification.topic.startswith(_VIEWED_TOPICS):
                 continue  # an aggregate the read model keeps nothing of: not even decoded
-            state = self._state_after(self._app.mapper.to_domain_event(notification))
-            touched.pop(state.id.int, None)  # moved to the end: the order is that of last touches
-            touched[state.id.int] = state
+            event = self._decoder.decode(notification)
+            key = event.originator_id.int
+            touched.pop(key, None)  # moved to the end: the order is that of last touches
+            touched[key] = self._state_after(event)
         views = [view for view in map(public_view, touched.values()) if view is not None]
         return ViewPage(notifications[-1].id if notifications else after, len(notifications), views)
 
@@ -96,12 +118,30 @@ class LogReader:
             return found
         head = self.head()
         for first, last in _runs(sorted({n for n in missing if 0 < n <= head})):
-            notifications = self._app.recorder.select_notifications(start=first, limit=last - first + 1, stop=last)
+            notifications = self._notifications(first, last - first + 1, last)
             found.update((logged.notification_id, logged) for logged in map(self._document, notifications))
         return found
 
-    def _document(self, notification: Any) -> LoggedDocument:
-        event = self._app.mapper.to_domain_event(notification)
+    def _notifications(self, start: int, limit: int, stop: int | None = None) -> Sequence[StoredNotification]:
+        """The notifications from `start` on, up to `stop` (None: the head), at most `limit` of them."""
+        recorder = self._app.recorder
+        if not isinstance(recorder, SQLiteApplicationRecorder):
+            return recorder.select_notifications(start=start, limit=limit, stop=stop)
+        with recorder.datastore.transaction(commit=False) as cursor:
+            cursor.sqlite_cursor.row_factory = None  # tuples: the pool's sqlite3.Row is read by position anyway
+            cursor.execute(
+                f"SELECT rowid, originator_id, originator_version, topic, state FROM {recorder.events_table_name} "
+                "WHERE rowid >= ? AND rowid <= ? ORDER BY rowid LIMIT ?",
+                (start, (1 << 63) - 1 if stop is None else stop, limit))
+            rows = cursor.fetchall()
+        ids: dict[str, UUID | str] = {}
+        convert = recorder.convert_originator_id
+        # tuple.__new__ makes a _Row without the Python call _Row(...) makes per row.
+        return [_new_row(_Row, (row[0], ids.get(row[1]) or ids.setdefault(row[1], convert(row[1])),
+                                row[2], row[3], row[4])) for row in rows]
+
+    def _document(self, notification: StoredNotification) -> LoggedDocument:
+        event = self._decoder.decode(notification)
         aggregate = self._state_after(event)
         subject, document = document_for(event, aggregate)
         logged = LoggedDocument(notification.id, subject, document, public_view(aggregate))
@@ -121,7 +161,7 @@ class LogReader:
                 state = self._app.repository.get(event.originator_id, version=event.originator_version - 1)
         else:
             self._states.move_to_end(key)
-        state = event.mutate(state)
+        state = fold(state, event)
         self._states[key] = state
         if len(self._states) > _CACHED_AGGREGATES:
             self._states.popitem(last=False)

@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from uuid import UUID
 
 import msgspec
 import pytest
@@ -18,7 +19,8 @@ from bb_environments.domain.thread import Thread
 from bb_environments.handlers.api import replay_log
 from bb_environments.handlers.store import Store
 from bb_environments.projections.read_model import Applied, ReadModel
-from bb_environments.projections.views import EnvironmentView, ViewPage
+from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage, public_view
+from tests.unit.test_event_documents import record_every_event
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -57,6 +59,48 @@ def live_environments(app: Environments, first: int, count: int) -> None:
             app.record_removed(environment.id, 1)
 
 
+def every_state(app: Environments) -> None:
+    """Environments in every public status and in the ways to reach them, threads in every state:
+    each one step past the one before, as the service records them."""
+    def spawned(n: int, provider: str = "git-worktree") -> UUID:
+        thread_id, path = f"s{n}", f"/data/s{n}"
+        return app.spawn_thread(Thread(thread_id, "/repo", None, "local", None),
+                                Placement(provider, "local", "/repo", {"branch": {"name": f"b{n}"}}, thread_id, path)).id
+
+    def set_up(environment_id: UUID, succeeded: bool = True) -> None:
+        app.record_created(environment_id, 1, app.environment(environment_id).claimed_path, True, "main", None)
+        app.start_setup(environment_id)
+        app.record_setup_outcome(environment_id, app.environment(environment_id).setup_operation_id, succeeded,
+                                 None if succeeded else "exit status 1")
+
+    spawned(0)  # creating
+    app.record_created(provisioning := spawned(1), 1, "/data/s1", True, "main", None)
+    app.start_setup(provisioning)  # provisioning, its setup running
+    set_up(spawned(2))  # ready
+    app.record_create_failed(spawned(3), 1, "permanent", "the branch exists")  # error, before a path
+    set_up(spawned(4), succeeded=False)  # error, its setup failed
+    set_up(joined := spawned(5))
+    app.spawn_thread(Thread("s5-b", "/repo", "s5", "local", None), joined)  # ready, two threads
+    set_up(spawned(6))
+    app.archive_thread("s6", NOW)  # retiring
+    set_up(removing := spawned(7))
+    app.archive_thread("s7", NOW)
+    app.start_removal(removing, NOW)
+    app.start_teardown(removing)  # removing, its teardown running
+    live_environments(app, 8, 2)  # ready; removed
+    app.archive_thread("s0", NOW)  # cancelled while creating
+    set_up(paused := spawned(10, "modal-sandbox"))
+    app.record_paused(paused, {"sandbox": "sb-1"}, NOW)  # ready, paused
+    app.record_create_failed(retried := spawned(11), 1, "transient", "git is busy")
+    app.record_attempt_cleaned(retried, 1)
+    app.retry(retried, "s11-2", "/data/s11-2")  # creating again, a second attempt
+    app.register_thread("s12", "/repo", None, "local", None)
+    app.refuse_thread("s12", "no provider")  # refused
+    app.archive_thread("s5-b", NOW)
+    app.unarchive_thread("s5-b")  # unarchived, without an environment
+    record_every_event(app)
+
+
 def batches(app: Environments, after: int = 0, size: int = 7) -> list[list[Applied]]:
     """The log after `after` as the projection consumer gets it: batches of (position, view)."""
     logged = LogReader(app).page(after, limit=10**6)
@@ -66,6 +110,16 @@ def batches(app: Environments, after: int = 0, size: int = 7) -> list[list[Appli
 
 def no_gap(*_: int) -> list:
     raise AssertionError("no gap to fill")
+
+
+async def rows(model: ReadModel) -> dict[str, list[tuple]]:
+    """Every row of the tables a rebuild writes, and the transcript, in rowid order (the order of
+    their last writes)."""
+    tables = {}
+    for table in ("environments", "threads", "transcript"):
+        async with model._db.execute(f"SELECT * FROM {table} ORDER BY rowid") as found:
+            tables[table] = list(await found.fetchall())
+    return tables
 
 
 async def state(model: ReadModel) -> tuple[list, list]:
@@ -168,6 +222,35 @@ async def test_a_rebuild_gives_the_live_model_in_the_same_order(store, read_mode
 
     await replay_log(store, read_model, LogReader(store.app), _stream_position)
     assert await state(read_model) == live
+
+
+async def test_a_rebuild_of_a_log_with_every_state_equals_the_live_model_row_by_row(store, read_model, tmp_path):
+    every_state(store.app)
+    for batch in batches(store.app):
+        await read_model.apply(batch, no_gap)
+    await read_model.add_transcript([TranscriptEntry(1, "e-1", True, "setup"), TranscriptEntry(2, "e-1", False, "ok")])
+    live = await rows(read_model)
+    fresh = await ReadModel.open(tmp_path / "fresh.sqlite")
+    try:
+        await replay_log(store, fresh, LogReader(store.app), _stream_position)
+        rebuilt = await rows(fresh)
+    finally:
+        await fresh.close()
+    await replay_log(store, read_model, LogReader(store.app), _stream_position)
+
+    assert rebuilt["environments"] == live["environments"] and rebuilt["threads"] == live["threads"]
+    assert await rows(read_model) == live  # the transcript is the live one's, not the log's
+    environments = [msgspec.json.decode(row[3], type=EnvironmentView) for row in live["environments"]]
+    assert {e.status for e in environments} == {"creating", "provisioning", "ready", "error", "retiring", "removing",
+                                                "removed"}
+    assert any(e.paused_at for e in environments) and any(len(e.thread_ids) == 2 for e in environments)
+    threads = [msgspec.json.decode(row[2], type=ThreadView) for row in live["threads"]]
+    assert {t.status for t in threads} == {"active", "archived"} and any(t.refusal for t in threads)
+    # Each row is its aggregate as the library itself loads it from the log.
+    for view in [*environments, *threads]:
+        aggregate = store.app.environment(UUID(view.id)) if isinstance(view, EnvironmentView) \
+            else store.app.thread(view.id)
+        assert public_view(aggregate) == view
 
 
 async def test_a_rebuild_shows_the_old_model_until_it_swaps_in_and_catches_up_with_live_batches(store, read_model):
