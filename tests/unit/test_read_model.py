@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from uuid import UUID
 
@@ -319,3 +319,18 @@ async def test_a_scratch_file_left_by_a_crash_is_deleted_at_open(tmp_path):
 
 async def _stream_position() -> int:
     return 0
+
+
+async def test_transcripts_kept_past_the_limit_are_those_of_environments_removed_before_it(store, read_model):
+    live_environments(store.app, 0, 4)  # t1 and t3 removed, t0 and t2 ready
+    for batch in batches(store.app):
+        await read_model.apply(batch, no_gap)
+    ids = {thread: store.app.find_thread(thread).environment_id for thread in ("t0", "t1", "t3")}
+    await read_model.add_transcript([TranscriptEntry(n, str(ids[thread]), False, "line")
+                                     for n, thread in enumerate(("t0", "t1"))])  # none for t3
+    a_day = timedelta(days=1)
+
+    assert await read_model.transcripts_removed_before(datetime.now(timezone.utc) + a_day) == [str(ids["t1"])]
+    assert await read_model.transcripts_removed_before(datetime.now(timezone.utc) - a_day) == []
+    await read_model.forget_transcripts([str(ids["t1"])])
+    assert await read_model.transcripts_removed_before(datetime.now(timezone.utc) + a_day) == []
