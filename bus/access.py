@@ -115,7 +115,9 @@ def host_agent_permissions(host_id: str) -> Permissions:
     )
 
 
-SERVICE_PERMISSIONS = Permissions(publish={"allow": [">"]}, subscribe={"allow": [">"]})
+# Never the clients' inboxes: a service connection that took nats-py's default inbox prefix would
+# have every request of it refused, instead of its replies and deliveries reaching clients.
+SERVICE_PERMISSIONS = Permissions(publish={"allow": [">"]}, subscribe={"allow": [">"], "deny": ["_INBOX.>"]})
 
 
 class Credentials:

@@ -61,8 +61,7 @@ async def connect_as(service, role: str) -> tuple[Client, Violations]:
 
 
 async def stream_state(service, stream: str) -> tuple[int, int]:
-    internal = await nats.connect(service.info["natsUrl"],
-                                  nkeys_seed=str(service.data_dir / "credentials" / "service.nk"))
+    internal = await service.connect("service")
     try:
         state = (await internal.jetstream().stream_info(stream)).state
         return state.messages, state.last_seq
