@@ -22,6 +22,11 @@ from bb_environments.bus import subjects
 
 CLIENT_ROLES = ("operator", "publisher", "subscriber")
 SERVICE_USER = "service"
+# The reply subjects of the internal connections: answers to their requests (JetStream API, publish
+# acks, hook requests) and what the service's pull consumers deliver, prompts included. Under
+# nats-py's default `_INBOX`, which every client role may read for its own replies, any client would
+# read all of that; no client permission matches these (their first token is not `_INBOX`).
+SERVICE_INBOX_PREFIX = "_BB_SERVICE_INBOX"
 
 # The consumers the service reads the streams with: a client that could pull from or delete one
 # of them could hide events from the read model or the provisioning driver.
@@ -39,6 +44,12 @@ class Permissions(msgspec.Struct, omit_defaults=True):
 
 def host_agent_user(host_id: str) -> str:
     return f"host-{host_id}"
+
+
+def host_agent_inbox_prefix(host_id: str) -> str:
+    """A host agent only answers requests, so its user may not read even this; should it ever ask
+    something, the refusal says so instead of its answers reaching clients."""
+    return f"_BB_HOST_INBOX.{host_id}"
 
 
 def check_host_id(host_id: str) -> str:
@@ -104,7 +115,9 @@ def host_agent_permissions(host_id: str) -> Permissions:
     )
 
 
-SERVICE_PERMISSIONS = Permissions(publish={"allow": [">"]}, subscribe={"allow": [">"]})
+# Never the clients' inboxes: a service connection that took nats-py's default inbox prefix would
+# have every request of it refused, instead of its replies and deliveries reaching clients.
+SERVICE_PERMISSIONS = Permissions(publish={"allow": [">"]}, subscribe={"allow": [">"], "deny": ["_INBOX.>"]})
 
 
 class Credentials:

@@ -45,12 +45,15 @@ class ConnectOptions(TypedDict, total=False):
     password: str
 
 
-async def connect(url: str, name: str, health: BusHealth, **options: Unpack[ConnectOptions]) -> Client:
+async def connect(url: str, name: str, health: BusHealth, inbox_prefix: str,
+                  **options: Unpack[ConnectOptions]) -> Client:
     """Reconnect forever: the embedded server may be restarted under a running service, and its
-    absence meanwhile is `health`'s to report, once."""
+    absence meanwhile is `health`'s to report, once. Every inbox of the connection (its requests'
+    replies, pull consumer deliveries, acks) is under `inbox_prefix`, which no client may read."""
     nc = Client()
     # nats-py annotates reconnect_time_wait as int, but only sleeps for it: half a second works.
-    await nc.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,  # type: ignore[arg-type]
+    await nc.connect(url, name=name, inbox_prefix=inbox_prefix, max_reconnect_attempts=-1,
+                     reconnect_time_wait=0.5,  # type: ignore[arg-type]
                      **health.watch(nc, name), **options)
     return nc
 

@@ -19,7 +19,15 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from bb_environments.bus import subjects
-from bb_environments.bus.access import SERVICE_USER, Credentials, all_users, host_agent_user, server_configuration
+from bb_environments.bus.access import (
+    SERVICE_INBOX_PREFIX,
+    SERVICE_USER,
+    Credentials,
+    all_users,
+    host_agent_inbox_prefix,
+    host_agent_user,
+    server_configuration,
+)
 from bb_environments.bus.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.api_service import start_api
 from bb_environments.bus.documents import EnvironmentEvent, ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
@@ -181,10 +189,11 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     assert nats_url  # without a NATS url of its own, serve starts an embedded server
     loop = asyncio.get_running_loop()
     health = BusHealth()  # one report of an outage for every connection and loop below
-    nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health,
+    nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, SERVICE_INBOX_PREFIX,
                        **connect_options(settings, credentials, SERVICE_USER))
     started.push_async_callback(_close, nc)
     agent_nc = await connect(nats_url, f"bb-host-agent-{settings.host_id}", health,
+                             host_agent_inbox_prefix(settings.host_id),
                              **connect_options(settings, credentials, host_agent_user(settings.host_id)))
     started.push_async_callback(_close, agent_nc)
     js = nc.jetstream()

@@ -21,6 +21,7 @@ import pytest
 from nats.js import JetStreamContext, api
 
 from bb_environments.bus import subjects
+from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.api_messages import EnvironmentRef, ListThreads
 from bb_environments.bus.client import ApiClient
 from bb_environments.bus.embedded_server import EmbeddedNats, pid_alive
@@ -92,7 +93,7 @@ class Service:
     def credentials(self, role: str) -> dict[str, str]:
         """nats-py connect options for a role of SPEC section 6 (operator, publisher, subscriber), or the service."""
         if role == "service":  # the service's own identity: for tests that act as its relay
-            return {"nkeys_seed": str(self.data_dir / "credentials" / "service.nk")}
+            return {"nkeys_seed": str(self.data_dir / "credentials" / "service.nk"), "inbox_prefix": SERVICE_INBOX_PREFIX}
         seeds = self.info.get("credentials") or {}
         return {"nkeys_seed": seeds[role]} if role in seeds else self.external_credentials
 

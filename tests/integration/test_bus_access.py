@@ -6,16 +6,20 @@ import asyncio
 import json
 import stat
 import time
+import uuid
 from pathlib import Path
 
 import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import APIError
 
 from bb_environments.bus import subjects
+from bb_environments.bus.access import SERVICE_INBOX_PREFIX, host_agent_inbox_prefix
 from tests.integration.conftest import write_hooks
 
 FORBIDDEN_PUBLISH = [
@@ -57,8 +61,7 @@ async def connect_as(service, role: str) -> tuple[Client, Violations]:
 
 
 async def stream_state(service, stream: str) -> tuple[int, int]:
-    internal = await nats.connect(service.info["natsUrl"],
-                                  nkeys_seed=str(service.data_dir / "credentials" / "service.nk"))
+    internal = await service.connect("service")
     try:
         state = (await internal.jetstream().stream_info(stream)).state
         return state.messages, state.last_seq
@@ -171,3 +174,55 @@ async def test_a_subscriber_has_its_own_durable_consumer_but_never_the_services(
     listed = (await service.bb("environment", "list", "--json")).json()["environments"]
     assert {e["id"] for e in listed} >= {spawned.json()["environmentId"], again.json()["environmentId"]}
     assert any("CONSUMER.DELETE" in seen.upper() for seen in violations.seen)
+
+
+async def _snooped(nc: Client, snoop: Subscription) -> list[Msg]:
+    """Everything the server sent `snoop` so far: the flush's answer comes after all of it."""
+    await nc.flush()
+    return [await snoop.next_msg(timeout=1) for _ in range(snoop.pending_msgs)]
+
+
+async def test_no_client_reads_the_services_replies_or_the_prompts_it_is_delivered(service, git_repo, tmp_path):
+    """Every client role may read `_INBOX.>` for its own replies; the service's and the host
+    agents' connections have their inboxes elsewhere, so what the service pulls from its consumers
+    (prompts included) and the answers to its own requests never reach a client."""
+    write_hooks(git_repo, tmp_path / "hooks.log")
+    publisher, publisher_violations = await connect_as(service, "publisher")
+    subscriber, subscriber_violations = await connect_as(service, "subscriber")
+    snoops = [(publisher, await publisher.subscribe("_INBOX.>")), (subscriber, await subscriber.subscribe("_INBOX.>"))]
+    try:
+        for nc, violations in ((publisher, publisher_violations), (subscriber, subscriber_violations)):
+            for private in (">", f"{SERVICE_INBOX_PREFIX}.>", f"{host_agent_inbox_prefix('local')}.>"):
+                await nc.subscribe(private)
+                await violations.wait_for(f'subscription to "{private}"')
+
+        marker = f"prompt-{uuid.uuid4().hex}"
+        js = publisher.jetstream()
+        created = {"type": "created", "occurredAt": "2026-12-01T12:00:00Z", "threadId": "snooped",
+                   "projectPath": str(git_repo),
+                   "environment": {"type": "provider", "environmentProviderId": "git-worktree",
+                                   "machine": {"type": "existing", "hostId": "local"}, "inputs": None}}
+        await js.publish(subjects.thread_event("snooped", "created"), msgspec.json.encode(created))
+        message = {"type": "message", "occurredAt": "2026-12-01T12:00:01Z", "threadId": "snooped",
+                   "text": f"the secret plan: {marker}"}
+        await js.publish(subjects.thread_event("snooped", "message"), msgspec.json.encode(message))
+        thread = await service.wait_for_thread("snooped", with_environment=True)
+        await service.wait_for(thread["environmentId"], "ready")
+
+        spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                   "--prompt", f"another secret: {marker}", "--wait", "--json")
+        assert spawned.returncode == 0 and spawned.json()["status"] == "ready", spawned.stderr
+        listed = await service.bb("environment", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        await service.thread_events_handled()
+        # Its own replies still reach a client's `_INBOX.>` subscription.
+        await subscriber.jetstream().stream_info(subjects.ENVIRONMENTS_STREAM)
+
+        for nc, snoop in snoops:
+            seen = await _snooped(nc, snoop)
+            assert seen, "the snooping subscription saw not even its own connection's replies"
+            assert [m.subject for m in seen if marker.encode() in m.data] == []
+            assert [m.subject for m in seen if m.subject.startswith(SERVICE_INBOX_PREFIX)] == []
+    finally:
+        await publisher.close()
+        await subscriber.close()
