@@ -62,7 +62,7 @@ class BlockingApiClient:
         self._service_pid = service_pid
         self._max_payload = max_payload
         self._buffer = bytearray()
-        self._inbox = f"_INBOX.{base64.b32encode(os.urandom(15)).decode().lower()}"
+        self._inbox = f"_INBOX.{os.urandom(12).hex()}"
         self._requests = 0
 
     @classmethod
@@ -77,8 +77,7 @@ class BlockingApiClient:
             raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
         try:
             try:
-                connection = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222),
-                                                      timeout=CONNECT_TIMEOUT_S)
+                connection = _connected(parts.hostname or "127.0.0.1", parts.port or 4222)
             except (OSError, ValueError) as error:
                 raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
             client = cls(connection, url, service_pid, max_payload=0)
@@ -234,6 +233,20 @@ class BlockingApiClient:
                 raise _Closed("closed by the server")
             self._buffer += chunk
             return
+
+
+def _connected(host: str, port: int) -> socket.socket:
+    """A TCP connection, without socket.create_connection: its getaddrinfo encodes the host with the
+    idna codec, whose import (unicodedata, stringprep) takes longer than connecting; server.json
+    names an address (127.0.0.1), which connect() takes as it is."""
+    connection = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        connection.settimeout(CONNECT_TIMEOUT_S)
+        connection.connect((host, port))
+    except BaseException:
+        connection.close()
+        raise
+    return connection
 
 
 def _headers(block: bytes) -> tuple[str, dict[str, str]]:
