@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -144,13 +145,21 @@ def listing(settings: Settings, area: str, verb: str, request: ListEnvironments 
     as large as may be asked: the service still cuts each to what one message can carry."""
     request = msgspec.structs.replace(sendable(request), limit=MAX_PAGE)
     found: list[Any] = []
-    with requests_to(settings) as client:
-        while True:
-            page = client.call(area, verb, request)
-            found.extend(page[key])
-            if page.get("next") is None:
-                return {key: found}
-            request = msgspec.structs.replace(request, after=page["next"])
+    # The items are acyclic dicts: the cyclic collector would only rescan the ever longer list of
+    # them, which took a fifth of the CLI's time for 100,000 environments.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with requests_to(settings) as client:
+            while True:
+                page = client.call(area, verb, request)
+                found.extend(page[key])
+                if page.get("next") is None:
+                    return {key: found}
+                request = msgspec.structs.replace(request, after=page["next"])
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def environment_id_argument(value: str) -> str:
