@@ -14,7 +14,12 @@ run, against the same on an empty data dir:
       and with `--list-size` ready ones, against `python -c pass` on the same interpreter (the floor
       of any Python CLI), with `bb --help` (the CLI's imports) as a row of its own.
 
-    python bench/scale.py [--environments 10000] [--list-size 10000] [--rounds 5]
+    python bench/scale.py [--environments 10000] [--ready 0.4] [--list-size 10000] [--rounds 5]
+
+`--environments 100000 --ready 1.0 --list-size 100000` measures restart, RSS and the list on one data
+dir of 100,000 ready environments. Preparing it took 40 minutes here on a busy machine (about 120
+environments/s written by the domain application, whose Python per save outweighs its SQLite commit,
+then the first serve: 900,000 events published and consumed); later runs reuse it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from bb_environments.domain.thread import Thread
 from bb_environments.providers.personal_workspace import workspace_path
 
 PRIMED = "bench-primed"
+PUBLISH_S = 0.03
+"""Seconds per environment that the first serve may take beyond a quarter of an hour to become idle."""
 
 
 def personal_lifecycle(app: Environments, data_dir: Path, n: int, rng: random.Random, ready: float) -> Iterator[None]:
@@ -64,21 +71,26 @@ def personal_lifecycle(app: Environments, data_dir: Path, n: int, rng: random.Ra
 
 async def primed_data_dir(environments: int, ready: float) -> Path:
     """A data dir whose log holds `environments` lifecycles, already served once (log published, read
-    models built); kept for later runs with the same sizes."""
+    models built); kept for later runs with the same sizes. A run stopped while serving it the first
+    time goes on from its log: the next serve publishes what is left."""
     data_dir = Path(tempfile.gettempdir()) / "bb-bench-scale" / f"{environments}-environments-{ready:.2f}-ready"
     if (data_dir / PRIMED).exists():
         return data_dir
-    shutil.rmtree(data_dir, ignore_errors=True)
-    data_dir.mkdir(parents=True)
-    started = time.perf_counter()
-    print(f"writing {environments} environments into {data_dir} (reused by later runs)...", file=sys.stderr, flush=True)
-    write_log(data_dir / "events.sqlite",
-              lambda app, rng: (personal_lifecycle(app, data_dir, n, rng, ready) for n in range(environments)))
-    print(f"  written in {time.perf_counter() - started:.1f} s; first serve...", file=sys.stderr, flush=True)
+    if not (data_dir / "events.sqlite").exists():  # written aside and renamed: whole or absent
+        shutil.rmtree(data_dir, ignore_errors=True)
+        data_dir.mkdir(parents=True)
+        started = time.perf_counter()
+        print(f"writing {environments} environments into {data_dir} (reused by later runs)...", file=sys.stderr,
+              flush=True)
+        write_log(data_dir / "events.sqlite",
+                  lambda app, rng: (personal_lifecycle(app, data_dir, n, rng, ready) for n in range(environments)))
+        print(f"  written in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    print("  first serve (publishes the log, builds the read models)...", file=sys.stderr, flush=True)
     started = time.perf_counter()
     service, info = await start_service(data_dir)
     try:
-        await until_idle([service.pid, info["natsPid"]])
+        # Some 9 events per environment to publish and consume: about 25 minutes for 100,000 here.
+        await until_idle([service.pid, info["natsPid"]], deadline_s=900 + environments * PUBLISH_S)
     finally:
         stop_service(service)
     print(f"  served and idle in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
@@ -130,13 +142,13 @@ async def list_times(data_dir: Path, runs: int) -> tuple[float, int]:
     return seconds, len(json.loads(output)["environments"])
 
 
-async def measure(environments: int, list_sizes: list[int], rounds: int) -> list[Figure]:
+async def measure(environments: int, list_sizes: list[int], rounds: int, ready: float = 0.4) -> list[Figure]:
     empty = Path(tempfile.mkdtemp(prefix="bb-bench-empty-"))
     try:
         service, _ = await start_service(empty)  # credentials and streams made once, as on any data dir
         stop_service(service)
         base_seconds, base_rss, base_nats_rss, base_other_rss = await restarts(empty, rounds)
-        full = await primed_data_dir(environments, ready=0.4)
+        full = await primed_data_dir(environments, ready)
         seconds, rss, nats_rss, other_rss = await restarts(full, rounds)
         floor, _ = wall_time([sys.executable, "-c", "pass"], empty, rounds)
         help_seconds, _ = wall_time([*bb_command(), "--help"], empty, rounds)
@@ -144,12 +156,13 @@ async def measure(environments: int, list_sizes: list[int], rounds: int) -> list
     finally:
         shutil.rmtree(empty, ignore_errors=True)
     best, median = min(seconds), statistics.median(seconds)
+    goals = environments <= 10_000  # the issue's goals are set for 10,000 environments
     figures = [
         Figure(f"restart → serving, {environments:,} environments in the log (median of {rounds})", median,
-               statistics.median(base_seconds), "s", "empty log, median", "≤ 3 s", median <= 3,
-               f"best {best:.2f} s"),
+               statistics.median(base_seconds), "s", "empty log, median", "≤ 3 s" if goals else "",
+               median <= 3 if goals else None, f"best {best:.2f} s"),
         Figure(f"RSS of `bb serve`, {environments:,} environments, idle after restart", rss, base_rss, "MB",
-               "empty log", "≤ 150 MB", rss <= 150),
+               "empty log", "≤ 150 MB" if goals else "", rss <= 150 if goals else None),
         Figure(f"RSS of its nats-server, {environments:,} environments (not in the row above)", nats_rss,
                base_nats_rss, "MB", "empty log"),
         Figure(f"RSS of its other processes (hook launcher), {environments:,} environments, summed", other_rss,
@@ -167,7 +180,10 @@ async def measure(environments: int, list_sizes: list[int], rounds: int) -> list
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--environments", type=int, default=10_000)
+    parser.add_argument("--ready", type=float, default=0.4,
+                        help="the share of those left ready; the others are archived and removed")
     parser.add_argument("--list-size", type=int, default=10_000, help="besides 100; 100000 takes long to prepare")
     parser.add_argument("--rounds", type=int, default=5)
     arguments = parser.parse_args()
-    print(table(asyncio.run(measure(arguments.environments, [100, arguments.list_size], arguments.rounds))))
+    print(table(asyncio.run(measure(arguments.environments, [100, arguments.list_size], arguments.rounds,
+                                    arguments.ready))))

@@ -15,13 +15,12 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import ErrorReply, Request
+from bb_environments.bus.blocking_client import ERROR_CODE_HEADER, SERVICE_CHECK_S
 from bb_environments.bus.embedded_server import pid_alive
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
 from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
 
-ERROR_CODE_HEADER = "Nats-Service-Error-Code"
-SERVICE_CHECK_S = 0.5
 T = TypeVar("T")
 
 

@@ -3,18 +3,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import gc
 import json
-import logging
 import math
 import os
 import re
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
-from uuid import UUID, uuid4
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import click
 import msgspec
@@ -24,8 +22,8 @@ from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvir
 from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.ids import ID_PATTERN
-from bb_environments.entrypoints.cli_support import Failure, LazyGroup, emit, fail, json_option, run_cli, run_command, stderr, stdout
-from bb_environments.entrypoints.config import ConfigError, ServerFileError, Settings, nats_credentials, read_server_file, serving
+from bb_environments.entrypoints.cli_support import Failure, LazyGroup, emit, event_loop, fail, json_option, run_cli, run_command, stderr, stdout
+from bb_environments.entrypoints.config import ConfigError, ServerFileError, ServerInfo, Settings, nats_credentials, read_server_file, serving
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
     from bb_environments.bus.client import ApiClient
@@ -39,18 +37,26 @@ TERMINAL_FOR_WAIT = {
 """The statuses `thread spawn --wait` stops at, with its exit code for each."""
 
 
-async def open_client(settings: Settings) -> ApiClient:
-    """As the operator: with the seed server.json names for the embedded server, else with the
-    deployment's credentials from the environment (an external NATS)."""
+def embedded_server(settings: Settings) -> ServerInfo | None:
+    """The running service's server.json, unless the settings name an external NATS."""
     if settings.nats_url is not None:
-        return await _client_for(settings.nats_url).connect(settings.nats_url, settings.data_dir,
-                                                            **nats_credentials(settings.nats_url))
+        return None
     try:
-        server = read_server_file(settings.server_file)
+        return read_server_file(settings.server_file)
     except ServerFileError as unusable:
         running = serving(settings.data_dir)
         hint = f"`bb serve` (pid {running.pid}) writes it again within seconds" if running else None
         raise unreachable(str(unusable), settings.data_dir, hint) from None
+
+
+async def open_client(settings: Settings) -> ApiClient:
+    """As the operator: with the seed server.json names for the embedded server, else with the
+    deployment's credentials from the environment (an external NATS)."""
+    server = embedded_server(settings)
+    if server is None:
+        assert settings.nats_url is not None
+        return await _client_for(settings.nats_url).connect(settings.nats_url, settings.data_dir,
+                                                            **nats_credentials(settings.nats_url))
     if server.credentials is None:
         return await _client_for(server.nats_url).connect(server.nats_url, settings.data_dir,
                                                           **nats_credentials(server.nats_url))
@@ -73,39 +79,92 @@ def _client_for(url: str) -> type[ApiClient]:
     return ApiClient
 
 
-async def call(settings: Settings, area: str, verb: str, body: Any, changes: bool = False) -> dict[str, Any]:
+class Requester(Protocol):
+    def call(self, area: str, verb: str, body: Request) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def requests_to(settings: Settings) -> Iterator[Requester]:
+    """A connection for a command that only sends requests and prints their answers. To the
+    embedded server over a plain socket (bus/blocking_client.py: such a command then loads
+    neither asyncio nor nats-py, most of its run time); to an external NATS with nats-py."""
+    server = embedded_server(settings)
+    client: Requester
+    if server is not None and server.credentials is not None and server.nats_url.startswith("nats://"):
+        from bb_environments.bus.blocking_client import BlockingApiClient
+
+        client = BlockingApiClient.connect(server.nats_url, server.credentials.operator, settings.data_dir,
+                                           server.pid)
+    else:
+        client = _OnLoop(settings)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+class _OnLoop:
+    """nats-py's ApiClient behind the blocking calls of `requests_to`, on an event loop of its own
+    that runs while a call waits."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._runner = event_loop()
+        try:
+            self._client = self._runner.run(open_client(settings))
+        except BaseException:
+            self._runner.close()
+            raise
+
+    def call(self, area: str, verb: str, body: Request) -> dict[str, Any]:
+        return self._runner.run(self._client.call(area, verb, body))
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self._client.close())
+        finally:
+            self._runner.close()
+
+
+def call(settings: Settings, area: str, verb: str, body: Request, changes: bool = False) -> dict[str, Any]:
     """`changes`: the request changes something, which may have happened if its answer was lost."""
     sendable(body)
-    client = await open_client(settings)
-    try:
-        return await client.call(area, verb, body)
-    except AnswerLost as lost:
-        if not changes:
-            raise
-        raise AnswerLost(f"{lost.message}; it may have taken effect all the same") from None
-    finally:
-        await client.close()
+    with requests_to(settings) as client:
+        try:
+            return client.call(area, verb, body)
+        except AnswerLost as lost:
+            if not changes:
+                raise
+            raise AnswerLost(f"{lost.message}; it may have taken effect all the same") from None
 
 
-async def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads,
-                  key: str) -> dict[str, Any]:
+def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads,
+            key: str) -> dict[str, Any]:
     """Every page of a listing, as one document `{key: [...]}` (the API pages; see README). Pages
     as large as may be asked: the service still cuts each to what one message can carry."""
     request = msgspec.structs.replace(sendable(request), limit=MAX_PAGE)
-    client = await open_client(settings)
     found: list[Any] = []
+    # The items are acyclic dicts: the cyclic collector would only rescan the ever longer list of
+    # them, which took a fifth of the CLI's time for 100,000 environments.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        while True:
-            page = await client.call(area, verb, request)
-            found.extend(page[key])
-            if page.get("next") is None:
-                return {key: found}
-            request = msgspec.structs.replace(request, after=page["next"])
+        with requests_to(settings) as client:
+            while True:
+                page = client.call(area, verb, request)
+                found.extend(page[key])
+                if page.get("next") is None:
+                    return {key: found}
+                request = msgspec.structs.replace(request, after=page["next"])
     finally:
-        await client.close()
+        if collecting:
+            gc.enable()
 
 
 def environment_id_argument(value: str) -> str:
+    from uuid import UUID  # here: only commands that take an id pay for the module
+
     try:
         return str(UUID(value))
     except ValueError:
@@ -151,6 +210,8 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
 @click.pass_obj
 def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_json: bool) -> None:
     """Run the service: embedded nats-server, event store, read models, host agent."""
+    import logging
+
     from bb_environments.entrypoints.serve import ServeError, serve as run_service
 
     if data_dir or nats_url:
@@ -165,7 +226,8 @@ def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_jso
         stderr.print(f"bb serving on {info['natsUrl']} (data dir {info['dataDir']})", markup=False)
 
     try:
-        asyncio.run(run_service(settings, announce))
+        with event_loop() as loop:
+            loop.run(run_service(settings, announce))
     except ServeError as failed:
         fail("failed", str(failed), as_json)
 
@@ -182,9 +244,9 @@ def environment() -> None:
 @json_option
 @click.pass_obj
 @run_command
-async def environment_providers(settings: Settings, as_json: bool) -> None:
+def environment_providers(settings: Settings, as_json: bool) -> None:
     """List the environment providers with their inputs and availability."""
-    document = await call(settings, "environments", "providers", Nothing())
+    document = call(settings, "environments", "providers", Nothing())
 
     def human(doc: dict[str, Any]) -> None:
         from rich.table import Table  # only for a person: see cli_support._LazyConsole
@@ -206,12 +268,12 @@ async def environment_providers(settings: Settings, as_json: bool) -> None:
 @json_option
 @click.pass_obj
 @run_command
-async def environment_list(settings: Settings, status: str | None, provider: str | None, include_removed: bool,
+def environment_list(settings: Settings, status: str | None, provider: str | None, include_removed: bool,
                            as_json: bool) -> None:
     """List environments that are not removed (with --all, removed ones too)."""
     request = ListEnvironments(status=EnvironmentStatus(status) if status else None, provider=provider,
                                include_removed=include_removed)
-    document = await listing(settings, "environments", "list", request, "environments")
+    document = listing(settings, "environments", "list", request, "environments")
 
     def human(doc: dict[str, Any]) -> None:
         from rich.table import Column, Table  # only for a person: see cli_support._LazyConsole
@@ -231,9 +293,9 @@ def _environment_command(verb: str, help_text: str, printer: Callable[[dict[str,
     @json_option
     @click.pass_obj
     @run_command
-    async def command(settings: Settings, environment_id: str, as_json: bool) -> None:
+    def command(settings: Settings, environment_id: str, as_json: bool) -> None:
         request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
-        emit(await call(settings, "environments", verb, request, changes=verb != "show"), as_json, printer)
+        emit(call(settings, "environments", verb, request, changes=verb != "show"), as_json, printer)
 
 
 def _print_environment(e: dict[str, Any]) -> None:
@@ -289,6 +351,8 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
             id_argument(what, value)
     # Named here rather than by the service, so that a spawn whose answer was lost can be looked up,
     # and sent again as it is: the service answers a repeated spawn as it answered the first.
+    from uuid import uuid4
+
     thread_id = thread_id or f"t-{uuid4().hex[:16]}"
     request = SpawnThread(
         thread_id=thread_id, environment_provider=provider, environment_inputs=inputs,
@@ -375,6 +439,8 @@ class _SettleWatch:
     or while a look is under way, is counted and kept, never cleared unseen."""
 
     def __init__(self) -> None:
+        import asyncio  # loaded by now (the spawn runs on it); only the commands that need it import it
+
         self.arrived: dict[str, int] = {}  # environment id -> settling events seen
         self.settled_at: dict[str, int] = {}  # environment id -> the latest one's log position
         self.news = asyncio.Event()
@@ -409,6 +475,8 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
     the look after such an event waits for the read model to reach that event's log position. The
     slow poll is only a safety net.
     """
+    import asyncio
+
     from nats.errors import Error as NatsError  # imported by now: see _client_for
 
     async def on_transcript(message: Any) -> None:
@@ -459,7 +527,7 @@ async def _look(client: ApiClient, environment_id: str, claimed: int, known: int
 @json_option
 @click.pass_obj
 @run_command
-async def thread_list(settings: Settings, environment_id: str | None, as_json: bool) -> None:
+def thread_list(settings: Settings, environment_id: str | None, as_json: bool) -> None:
     """List threads."""
     request = ListThreads(environment_id=environment_id_argument(environment_id) if environment_id else None)
 
@@ -471,7 +539,7 @@ async def thread_list(settings: Settings, environment_id: str | None, as_json: b
             table.add_row(t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-")
         stdout.print(table)
 
-    emit(await listing(settings, "threads", "list", request, "threads"), as_json, human)
+    emit(listing(settings, "threads", "list", request, "threads"), as_json, human)
 
 
 def _thread_command(verb: str, help_text: str) -> None:
@@ -480,9 +548,9 @@ def _thread_command(verb: str, help_text: str) -> None:
     @json_option
     @click.pass_obj
     @run_command
-    async def command(settings: Settings, thread_id: str, as_json: bool) -> None:
+    def command(settings: Settings, thread_id: str, as_json: bool) -> None:
         request = ThreadRef(thread_id=id_argument("thread id", thread_id))
-        emit(await call(settings, "threads", verb, request, changes=True), as_json,
+        emit(call(settings, "threads", verb, request, changes=True), as_json,
              _print_accepted)
 
 
@@ -552,9 +620,9 @@ async def events_export(settings: Settings, as_json: bool) -> None:
 @json_option
 @click.pass_obj
 @run_command
-async def events_replay(settings: Settings, as_json: bool) -> None:
+def events_replay(settings: Settings, as_json: bool) -> None:
     """Rebuild every read model from the event log; print the counts."""
-    counts = await call(settings, "events", "replay", Nothing(), changes=True)
+    counts = call(settings, "events", "replay", Nothing(), changes=True)
     emit(counts, as_json, lambda c: stdout.print(
         f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
 
@@ -578,8 +646,6 @@ def modal() -> None:
 
 
 def main() -> None:
-    # asyncio warns on stderr when a TLS server closes a refused connection; the command says why itself.
-    logging.getLogger("asyncio").setLevel(logging.ERROR)
     run_cli(cli, sys.argv[1:])
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +17,8 @@ from bb_environments.entrypoints.config import ConfigError
 from bb_environments.handlers.errors import EXIT_CODES, one_line
 
 if TYPE_CHECKING:
+    import asyncio
+
     from rich.console import Console
 
 
@@ -48,14 +48,19 @@ class Failure(Exception):
         self.code, self.message, self.document = code, message, document
 
 
-def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., None]:
-    """Run an async command; turn its failures into a one-sentence error and the SPEC's exit code."""
+def run_command(body: Callable[..., Coroutine[Any, Any, Any] | None]) -> Callable[..., None]:
+    """Run a command, on an event loop if it is async (a command that only sends requests is not:
+    see entrypoints/cli.py, `requests_to`); turn its failures into a one-sentence error and the
+    SPEC's exit code."""
 
     @functools.wraps(body)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         as_json = kwargs.get("as_json", False)
         try:
-            asyncio.run(body(*args, **kwargs))
+            running = body(*args, **kwargs)
+            if running is not None:
+                with event_loop() as loop:
+                    loop.run(running)
         except (Failure, ServiceError) as failure:
             fail(failure.code, failure.message, as_json, getattr(failure, "document", None))
         except ConfigError as bad:
@@ -69,11 +74,24 @@ def run_command(body: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., 
             if unavailable(error):
                 fail("unreachable", f"lost the connection to the bb service ({describe(error)})", as_json)
             if os.environ.get("BB_LOG_LEVEL", "").upper() == "DEBUG":
+                import traceback
+
                 traceback.print_exc()
             fail("failed", f"the command failed unexpectedly ({describe(error)}; BB_LOG_LEVEL=DEBUG shows where)",
                  as_json)
 
     return wrapper
+
+
+def event_loop() -> asyncio.Runner:
+    """What asyncio.run runs on, imported only by a command that needs it, with the asyncio logger
+    quieted: it warns on stderr when a TLS server closes a refused connection, and the command
+    says why itself."""
+    import asyncio
+    import logging
+
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
+    return asyncio.Runner()
 
 
 def run_cli(group: click.Group, args: list[str]) -> None:

@@ -1,11 +1,11 @@
-"""Settings (flag beats environment variable beats default) and the running service's server.json."""
+"""Settings (flag beats environment variable beats default) and the running service's server.json.
 
-from __future__ import annotations
+Without `from __future__ import annotations`: msgspec reads a Struct's annotations when it first
+decodes one, and a string annotation costs it a compile() each; every `bb` command that connects
+decodes server.json (ServerInfo), and those compiles were a tenth of a request's run time.
+"""
 
-import asyncio
-import logging
 import os
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,14 +14,12 @@ from urllib.parse import unquote, urlparse
 import msgspec
 
 from bb_environments.bus.access import check_host_id
-from bb_environments.bus.embedded_server import pid_alive
-from bb_environments.providers.host.file_lock import read_holder
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli.py)
+    import logging
+
     from bb_environments.bus.jetstream import ConnectOptions
     from bb_environments.hooks.records import SyncLevel
-
-log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "bb"
 SERVER_FILE = "server.json"
@@ -56,7 +54,7 @@ class Settings:
     see hooks.ledger and README's Retention)."""
 
     @classmethod
-    def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> Settings:
+    def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> "Settings":
         root = Path(data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
         return cls(
             data_dir=root,
@@ -78,11 +76,13 @@ class Settings:
         return self.data_dir / SERVER_FILE
 
 
-def nats_credentials(url: str | None = None) -> ConnectOptions:
+def nats_credentials(url: str | None = None) -> "ConnectOptions":
     """nats-py connect options for an external NATS, from the environment only, so that credentials
     never appear in argv or logs; a `tls://` URL also gets a TLS context (CA from BB_NATS_CA)."""
     options: ConnectOptions = {}
     if url is not None and urlparse(url).scheme == "tls":
+        import ssl  # here: `bb` loads it only for such a URL (a tenth of its imports otherwise)
+
         options["tls"] = ssl.create_default_context(cafile=os.environ.get("BB_NATS_CA") or None)
     if creds := os.environ.get("BB_NATS_CREDS"):
         return {**options, "user_credentials": creds}
@@ -237,6 +237,11 @@ class Holder(msgspec.Struct, rename="camel"):
 
 def serving(data_dir: Path) -> Holder | None:
     """The `bb serve` holding `data_dir`, as its lock recorded it, while that pid lives."""
+    # Imported here: `bb` asks only when server.json is unusable, and the embedded server's module
+    # loads subprocess and more.
+    from bb_environments.bus.embedded_server import pid_alive
+    from bb_environments.providers.host.file_lock import read_holder
+
     holder = read_holder(data_dir / SERVE_LOCK, Holder)
     return holder if holder is not None and pid_alive(holder.pid) else None
 
@@ -259,9 +264,11 @@ class ServerFile:
         try:
             self.write()
         except OSError as failed:  # not a reason to stop serving: `keep` tries again
-            log.warning("%s could not be written: %s", self.path, failed.strerror)
+            _log().warning("%s could not be written: %s", self.path, failed.strerror)
 
     async def keep(self, interval: float) -> None:
+        import asyncio  # `bb serve` only: no other command loads it for this module
+
         unwritable = None
         while True:
             await asyncio.sleep(interval)
@@ -277,14 +284,21 @@ class ServerFile:
                 self.write()
             except OSError as failed:
                 if failed.strerror != unwritable:  # said once, not at every check
-                    log.warning("%s %s and cannot be written again: %s", self.path, problem, failed.strerror)
+                    _log().warning("%s %s and cannot be written again: %s", self.path, problem, failed.strerror)
                 unwritable = failed.strerror
                 continue
             unwritable = None
-            log.warning("%s %s; wrote it again", self.path, problem)
+            _log().warning("%s %s; wrote it again", self.path, problem)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _log() -> "logging.Logger":
+    # Only `bb serve` keeps server.json and logs: every other command goes without the module.
+    import logging
+
+    return logging.getLogger(__name__)
 
 
 def write_private_file(path: Path, text: str) -> None:

@@ -216,6 +216,31 @@ async def eventually(condition: Callable[[], bool], what: str, timeout: float = 
         await asyncio.sleep(0.05)
 
 
+async def answer_lost_to_a_killed_service(service: Service, subject: str, *args: str) -> tuple[Result, float]:
+    """`bb args`, whose request on `subject` reached the service while it was stopped; then the
+    service is killed (its nats-server lives on: only the answer is gone). The command's result,
+    and the seconds it took after the kill."""
+    arrived = asyncio.Event()
+
+    async def saw(message: Any) -> None:
+        arrived.set()
+
+    sniffer = await service.connect("service")
+    await sniffer.subscribe(subject, cb=saw)
+    await sniffer.flush()
+    assert service.process is not None
+    service.process.send_signal(signal.SIGSTOP)
+    asking = asyncio.create_task(service.bb(*args))
+    try:
+        await asyncio.wait_for(arrived.wait(), 60)
+    finally:
+        await sniffer.close()
+        service.kill()
+    started = time.monotonic()
+    result = await asking
+    return result, time.monotonic() - started
+
+
 async def spawn_with_setup_held(service: Service, repo: Path, hold: Path, marker: Path) -> str:
     """Spawn thread t1 on a git worktree whose setup hook has started and runs until `hold` is
     removed (its last command writes nothing); the environment's id."""

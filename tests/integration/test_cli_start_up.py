@@ -1,7 +1,7 @@
 """`bb` starts in a fraction of a second because a command imports only what it runs. A stray import
-(the relay, the domain, the Modal provider, aiohttp through nats-py) breaks nothing a test would
-see: every command just takes half a second longer again. So these run real commands and look at
-the modules their process loaded."""
+(the relay, the domain, the Modal provider, aiohttp through nats-py, asyncio) breaks nothing a test
+would see: every command just takes half a second longer again. So these run real commands and look
+at the modules their process loaded."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ import asyncio
 import json
 import os
 import sys
+from uuid import uuid4
+
+# What a command that only sends requests to the embedded server goes without (bus/blocking_client.py):
+# asyncio and nats-py are most of a `bb` process's run time; logging and ssl only the serve or a
+# TLS URL needs.
+NOT_FOR_REQUESTS = ("asyncio", "nats", "ssl", "logging", "subprocess")
 
 SLOW_TO_IMPORT = (
     "aiohttp",  # nats-py's, for ws:// URLs only
@@ -48,15 +54,25 @@ async def bb_loading(environment: dict[str, str], slow: tuple[str, ...], *args: 
     return process.returncode, out.decode(), json.loads(err.decode().splitlines()[-1])
 
 
-async def test_environment_list_loads_neither_the_service_nor_modal_nor_aiohttp_nor_rich(service):
+async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor_rich(service):
     spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--json")).json()
     await service.wait_for(spawned["environmentId"], "ready")
+    slow = (*SLOW_TO_IMPORT, *NOT_FOR_REQUESTS, "rich")  # rich too: JSON output needs no console
 
-    code, out, loaded = await bb_loading(service.environment, (*SLOW_TO_IMPORT, "rich"), "environment", "list", "--json")
-
+    code, out, loaded = await bb_loading(service.environment, slow, "environment", "list", "--json")
     assert code == 0
     assert [e["id"] for e in json.loads(out)["environments"]] == [spawned["environmentId"]]
-    assert loaded == []  # rich too: JSON output needs no console
+    assert loaded == []
+
+    code, out, loaded = await bb_loading(service.environment, slow, "environment", "show", spawned["environmentId"],
+                                         "--json")
+    assert code == 0 and json.loads(out)["status"] == "ready"
+    assert loaded == []
+
+    # A refusal, as the service words it (on stderr through rich, as every error).
+    code, out, loaded = await bb_loading(service.environment, slow[:-1], "environment", "show", str(uuid4()), "--json")
+    assert code == 3 and json.loads(out)["error"]["code"] == "not_found"
+    assert loaded == []
 
 
 async def test_help_loads_not_even_nats(tmp_path):
