@@ -91,7 +91,10 @@ class Environments(Application[UUID]):
             self, lambda: self._saves, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold_requested
         )
         self._hooks_index = _LogIndex(self, lambda: self._saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
-        self._indexes = (self._claims_index, self._unfinished_index, self._requested_index, self._hooks_index)
+        self._registered: set[UUID] = set()
+        self._registered_index = _LogIndex(self, lambda: self._saves, Thread, ("Registered",), self._fold_registered)
+        self._indexes = (self._claims_index, self._unfinished_index, self._requested_index, self._hooks_index,
+                         self._registered_index)
 
     def _notify(self, recordings: list[Any]) -> None:
         self.on_saved()
@@ -146,10 +149,14 @@ class Environments(Application[UUID]):
         return aggregate
 
     def find_thread(self, thread_id: str) -> Thread | None:
-        try:
-            return self.thread(thread_id)
-        except UnknownThread:
+        # Every new thread is looked up first: answered from the index, not by a query of the store.
+        self._registered_index.catch_up()
+        if thread_aggregate_id(thread_id) not in self._registered:
             return None
+        return self.thread(thread_id)
+
+    def _fold_registered(self, notification: Notification) -> None:
+        self._registered.add(_aggregate_id(notification))
 
     def _claim(self, host_id: str, path: str) -> PathClaim | None:
         try:
