@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
-from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification, Recording
 
 from bb_environments.domain import topic_prefixes
@@ -29,6 +29,9 @@ from bb_environments.domain.thread import Thread, thread_aggregate_id
 T = TypeVar("T")
 A = TypeVar("A", bound=Aggregate)
 GraceLookup = Callable[[str], "int | None"]
+# A log index's fold: given a notification, and its domain event when a save of ours just made it
+# (else the fold decodes the notification if it needs the event).
+Fold = Callable[[Notification, "DomainEventProtocol[UUID] | None"], None]
 
 
 class UnknownEnvironment(DomainError):
@@ -155,7 +158,7 @@ class Environments(Application[UUID]):
             return None
         return self.thread(thread_id)
 
-    def _fold_registered(self, notification: Notification) -> None:
+    def _fold_registered(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         self._registered.add(_aggregate_id(notification))
 
     def _claim(self, host_id: str, path: str) -> PathClaim | None:
@@ -206,7 +209,7 @@ class Environments(Application[UUID]):
         threads: Iterator[Thread] = (self.repository.get(identity) for identity in self._requested)
         return [thread.thread_id for thread in threads if thread.awaits_environment]
 
-    def _fold_requested(self, notification: Notification) -> None:
+    def _fold_requested(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         if notification.topic.endswith(".EnvironmentRequested"):
             self._requested.add(_aggregate_id(notification))
         else:
@@ -325,8 +328,8 @@ class Environments(Application[UUID]):
         self._claims_index.catch_up()
         return list(self._claims.values())
 
-    def _fold_claim(self, notification: Notification) -> None:
-        event = self.mapper.to_domain_event(notification)
+    def _fold_claim(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
+        event = self.mapper.to_domain_event(notification) if saved is None else saved
         if isinstance(event, PathClaim.Taken):
             self._claims[event.originator_id] = (event.host_id, event.path, event.environment_id)
         else:
@@ -514,8 +517,8 @@ class Environments(Application[UUID]):
             environment_removed=environment.status == EnvironmentStatus.REMOVED,
         )
 
-    def _fold_hook(self, notification: Notification) -> None:
-        event = self.mapper.to_domain_event(notification)
+    def _fold_hook(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
+        event = self.mapper.to_domain_event(notification) if saved is None else saved
         assert isinstance(event, (Environment.SetupStarted, Environment.TeardownStarted))  # the index reads only these
         kind = "setup" if isinstance(event, Environment.SetupStarted) else "teardown"
         self._hook_operations[event.operation_id] = (event.originator_id, kind)
@@ -525,7 +528,7 @@ class Environments(Application[UUID]):
         self._unfinished_index.catch_up()
         return list(self._unfinished)
 
-    def _fold_unfinished(self, notification: Notification) -> None:
+    def _fold_unfinished(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         if notification.topic.endswith(".Claimed"):
             self._unfinished[_aggregate_id(notification)] = None
         else:
@@ -553,7 +556,7 @@ class _LogIndex:
     """
 
     def __init__(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
-                 event_names: tuple[str, ...], fold: Callable[[Notification], None]) -> None:
+                 event_names: tuple[str, ...], fold: Fold) -> None:
         self._app = app
         self._saves = saves
         self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
@@ -567,7 +570,7 @@ class _LogIndex:
             return
         new = self._app.recorder.select_notifications(start=self._position + 1, limit=10**9, topics=self._topics)
         for notification in new:
-            self._fold(notification)
+            self._fold(notification, None)
             self._position = notification.id
         self._read_after = saves
 
@@ -580,7 +583,7 @@ class _LogIndex:
         for recording in recordings:
             notification = recording.notification
             if notification.topic in self._topics:
-                self._fold(notification)
+                self._fold(notification, recording.domain_event)
                 self._position = notification.id
         self._read_after = saves
 
