@@ -17,8 +17,8 @@ from bb_environments.domain.application import Environments, Placement
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.api import replay_log
 from bb_environments.handlers.store import Store
-from bb_environments.projections.read_model import TRANSCRIPT_LINES_KEPT, Applied, ReadModel
-from bb_environments.projections.views import EnvironmentView, TranscriptEntry, ViewPage
+from bb_environments.projections.read_model import Applied, ReadModel
+from bb_environments.projections.views import EnvironmentView, ViewPage
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -236,12 +236,3 @@ async def test_a_scratch_file_left_by_a_crash_is_deleted_at_open(tmp_path):
 
 async def _stream_position() -> int:
     return 0
-
-
-async def test_a_batch_of_transcript_lines_keeps_the_newest_lines_of_each_environment_it_touches(read_model: ReadModel) -> None:
-    lines = [TranscriptEntry(sequence, environment_id, False, f"{environment_id} line {sequence}")
-             for sequence, environment_id in enumerate(["a", "b"] * (TRANSCRIPT_LINES_KEPT + 3), start=1)]
-    await read_model.add_transcript(lines)
-    for environment_id in ("a", "b"):
-        kept = await read_model.transcript(environment_id, last=TRANSCRIPT_LINES_KEPT + 10)
-        assert kept == [line.text for line in lines if line.environment_id == environment_id][3:]
