@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import nats
-from common import Figure, baseline_once, make_repository, start_service, stop_service, table
+from common import Figure, baseline_once, cpu_seconds, make_repository, start_service, stop_service, table
 from nats.js import api
 from spawn import latency_figures
 
@@ -126,10 +126,12 @@ async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
                 personal_ids = [f"personal{i}" for i in range(personal)]
                 personal_events = personal_thread_events(personal_ids)
                 windowed = publisher.jetstream(publish_async_max_pending=PUBLISH_WINDOW)
+                cpu_before = cpu_seconds([service.pid])
                 started = time.perf_counter()
                 await windowed_publish(windowed, personal_events)
                 await until_ready(personal_ids)
                 personal_seconds = max(ready_at[t] for t in personal_ids) - started
+                cpu_ms_per_environment = (cpu_seconds([service.pid]) - cpu_before) * 1000 / personal
                 raw_seconds = await raw_publish_seconds(root, personal_events)
                 events = len(personal_events)
                 environments_per_s = personal / personal_seconds
@@ -139,6 +141,8 @@ async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
                     Figure(f"same burst: thread events/s until the last is ready", events / personal_seconds,
                            events / raw_seconds, "ev/s", f"windowed js.publish ({PUBLISH_WINDOW}) into a plain "
                            "nats-server"),
+                    # Less noisy than the rates above on a shared machine: what `bb serve` itself spent.
+                    Figure("same burst: `bb serve` CPU per environment", cpu_ms_per_environment, None, "ms"),
                 ]
             if runs:
                 ours, bare = [], []

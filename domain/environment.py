@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from eventsourcing.domain import Aggregate, event
 
+from bb_environments.domain.copying import CopiedForCommands
 from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
 from bb_environments.domain.status import LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, EnvironmentStatus, HookStatus
 from bb_environments.domain.steps import (
@@ -46,7 +47,7 @@ TRANSIENT_RETRIES = 3
 TRANSIENT_RETRY_DELAY = timedelta(seconds=30)
 
 
-class Environment(Aggregate):
+class Environment(CopiedForCommands, Aggregate):
     # The event classes the @event decorators below define, as the rest of the code reads them
     # (`Created` keeps the base class's declaration: redeclaring a nested class is refused).
     if TYPE_CHECKING:

@@ -12,6 +12,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
 
+from bb_environments.domain.copying import CopiedForCommands
 from bb_environments.domain.errors import PathAlreadyClaimed
 
 
@@ -19,7 +20,7 @@ def claim_id(host_id: str, canonical_path: str) -> UUID:
     return uuid5(NAMESPACE_URL, f"bb-path-claim:{host_id}:{canonical_path}")
 
 
-class PathClaim(Aggregate):
+class PathClaim(CopiedForCommands, Aggregate):
     if TYPE_CHECKING:  # the event classes the @event decorators below define, as the rest of the code reads them
         class Taken(Aggregate.Created):
             host_id: str

@@ -7,6 +7,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
 
+from bb_environments.domain.copying import CopiedForCommands
 from bb_environments.domain.status import ThreadStatus
 
 
@@ -14,7 +15,7 @@ def thread_aggregate_id(thread_id: str) -> UUID:
     return uuid5(NAMESPACE_URL, f"bb-thread:{thread_id}")
 
 
-class Thread(Aggregate):
+class Thread(CopiedForCommands, Aggregate):
     if TYPE_CHECKING:  # the event classes the @event decorators below define
         Registered: ClassVar[type[Aggregate.Created]]
         EnvironmentAssigned: ClassVar[type[Aggregate.Event]]

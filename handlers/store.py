@@ -99,9 +99,14 @@ class Store:
                     outcomes = [(None, failed)] * len(commands)
                 self._saved = False
                 self.app.on_saved()
+            # One wake-up per loop for the whole batch: each call_soon_threadsafe writes to the
+            # loop's self-pipe, a system call and a turn of the loop per command otherwise.
+            answers: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
             for command, (result, error) in zip(commands, outcomes):
+                answers.setdefault(command.loop, []).append((command.answer, result, error))
+            for loop, answered in answers.items():
                 with contextlib.suppress(RuntimeError):  # its loop has closed: nobody waits for it
-                    command.loop.call_soon_threadsafe(_answer, command.answer, result, error)
+                    loop.call_soon_threadsafe(_answer_all, answered)
             if batch[-1] is None:
                 return
 
@@ -113,13 +118,14 @@ def _attempt(call: Callable[[], Any]) -> tuple[Any, BaseException | None]:
         return None, error
 
 
-def _answer(answer: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if answer.done():  # its caller was cancelled; the command ran all the same
-        return
-    if error is not None:
-        answer.set_exception(error)
-    else:
-        answer.set_result(result)
+def _answer_all(answered: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for answer, result, error in answered:
+        if answer.done():  # its caller was cancelled; the command ran all the same
+            continue
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result)
 
 
 class StoreLedger:

@@ -218,6 +218,8 @@ class HookRunner:
         if tombstoned:
             return await self._settle_cancelled(record)
         assert record is not None
+        if record.outcome == "skipped":  # no script ran, so there is no log: nothing to follow
+            return _outcome(record)
         return _outcome(await self._follow(record, on_output, supervisor))
 
     def _begin(

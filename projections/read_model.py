@@ -183,12 +183,13 @@ class ReadModel:
                 "INSERT OR IGNORE INTO transcript VALUES (?, ?, ?)",
                 [(line.environment_id, line.sequence, _render(line)) for line in lines],
             )
-            for environment_id in touched:
-                await self._db.execute(
-                    "DELETE FROM transcript WHERE environment_id = ? AND sequence NOT IN (SELECT sequence FROM "
-                    "transcript WHERE environment_id = ? ORDER BY sequence DESC LIMIT ?)",
-                    (environment_id, environment_id, TRANSCRIPT_LINES_KEPT),
-                )
+            # One statement for all: each call is a trip to the connection's thread, and a batch in a
+            # burst touches as many environments as it has lines.
+            await self._db.executemany(
+                "DELETE FROM transcript WHERE environment_id = ? AND sequence NOT IN (SELECT sequence FROM "
+                "transcript WHERE environment_id = ? ORDER BY sequence DESC LIMIT ?)",
+                [(environment_id, environment_id, TRANSCRIPT_LINES_KEPT) for environment_id in touched],
+            )
             await self._db.execute(
                 "INSERT INTO positions VALUES (?, 0, ?) ON CONFLICT(name) DO UPDATE SET "
                 "stream_sequence = excluded.stream_sequence",
