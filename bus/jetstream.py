@@ -204,7 +204,9 @@ class PullFeed:
 
     async def _receive(self, message: Msg) -> None:
         headers = message.headers or {}
-        status = None if message.data else headers.get(api.Header.STATUS)
+        # A stream's message always carries its ack subject; the server's status messages never do.
+        # Headers alone cannot tell them apart: a publisher may send its own empty `Status` message.
+        status = None if message.reply else headers.get(api.Header.STATUS)
         if status is None:
             self._arrived.append(message)
             self._open -= 1
@@ -228,9 +230,9 @@ class PullFeed:
             now = time.monotonic()
             if now >= deadline:
                 raise NatsTimeout
+            self._wakeup.clear()  # before asking: what arrives while the request is sent must wake us
             if self._open <= 0 or now > self._open_until or self._nc.stats["reconnects"] != self._connection:
                 await self._request(batch)
-            self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), min(deadline, self._open_until) - now)
             except asyncio.TimeoutError:

@@ -51,6 +51,24 @@ async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_c
     assert set(batches) == {1}  # in order: the next only once the last is acknowledged
 
 
+async def test_a_published_message_dressed_as_a_server_status_is_handed_over_and_blocks_nothing(
+        js: JetStreamContext) -> None:
+    # What any publisher could send: an empty body with the header the server's status messages carry.
+    handled: list[bytes] = []
+
+    async def handle(messages: list) -> None:
+        handled.extend(message.data for message in messages)
+
+    consuming = asyncio.create_task(consume(js, "S", "c", "s.>", handle, BusHealth(), in_order=True))
+    try:
+        await js.publish("s.a", b"", headers={"Status": "404"})
+        await js.publish("s.a", b"genuine")
+        await eventually(lambda: handled == [b"", b"genuine"], "both messages handled, in order")
+    finally:
+        consuming.cancel()
+        await asyncio.gather(consuming, return_exceptions=True)
+
+
 async def test_fetches_hand_over_what_arrived_in_order_and_an_expired_request_is_renewed(
         js: JetStreamContext, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jetstream, "PULL_EXPIRES_S", 0.2)
