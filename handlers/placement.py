@@ -72,23 +72,6 @@ class Placer:
         self.registry = registry
         self.data_dir = data_dir
         self.host_id = host_id
-        # bb's own directories, which nobody re-points while it runs: each is resolved once, not
-        # with an lstat per component at every spawn (see `canonical_path`).
-        self._real_data_dir = os.path.realpath(data_dir)
-        self._real_directories: dict[str, str] = {}
-
-    def canonical_path(self, path: str) -> str:
-        """`canonical_path`, for a workspace its provider plans in bb's data dir with its directory
-        resolved once: only the workspace itself, which comes and goes, is looked at each time."""
-        directory, name = os.path.split(path)
-        in_data_dir = os.path.isabs(path) and (directory + "/").startswith(f"{self.data_dir}/")
-        # `..`, `.`, `//` or a link as the workspace: resolved as a whole, as anywhere else.
-        if not in_data_dir or name in ("", ".", "..") or os.path.normpath(path) != path or os.path.islink(path):
-            return canonical_path(path)
-        real = self._real_directories.get(directory)
-        if real is None:
-            real = self._real_directories[directory] = os.path.realpath(directory)
-        return os.path.join(real, name)
 
     def provider_dir(self, provider_id: str) -> Path:
         return self.data_dir / "providers" / provider_id
@@ -112,7 +95,7 @@ class Placer:
             raise InvalidInput(f"host {host_id!r} is not served here: this service places environments on host "
                                f"{self.host_id!r} only")
         project = canonical_project(project_path)
-        data_dir = self._real_data_dir
+        data_dir = os.path.realpath(self.data_dir)
         if project is not None:
             _check_project(project, data_dir)
         if provider.requires.projectless and project is not None:
@@ -129,7 +112,7 @@ class Placer:
             planned, shares = await asyncio.to_thread(_plan, provider, context, path_key)
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
-        claimed_path = self.canonical_path(planned) if planned else None
+        claimed_path = canonical_path(planned) if planned else None
         if claimed_path is not None and os.path.isabs(claimed_path):
             _check_workspace(claimed_path, data_dir)
         return Placement(
@@ -149,7 +132,7 @@ class Placer:
             next_key = f"{thread_id}-{attempt + 1}"
         context = self.context(provider, host_id, project_path, decode_inputs(provider, inputs))
         planned = await asyncio.to_thread(provider.planned_path, context, next_key)
-        return next_key, self.canonical_path(planned) if planned else None
+        return next_key, canonical_path(planned) if planned else None
 
 
 def _plan(provider: EnvironmentProvider, context: ProjectContext, path_key: str) -> tuple[str | None, bool]:

@@ -46,7 +46,7 @@ from bb_environments.domain.steps import (
     WakeAt,
 )
 from bb_environments.handlers.crash_points import crash_point
-from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.placement import Placer, canonical_path
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import (
     CreateContext,
@@ -366,7 +366,7 @@ class Provisioner:
         crash_point("create-returned")
         if isinstance(result, Created):
             await self._store.run(
-                self._app.record_created, env.id, env.attempt, self._placer.canonical_path(result.path),
+                self._app.record_created, env.id, env.attempt, canonical_path(result.path),
                 result.owns_path, result.merge_base_branch, result.resource,
             )
             crash_point("created-recorded")
