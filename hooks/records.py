@@ -103,6 +103,10 @@ class HookRecords:
             data = self._record_path(operation_id).read_bytes()
         except FileNotFoundError:
             return None
+        if not data:
+            # Only a power loss leaves one (its first write renamed in before its data reached the
+            # disk, at the default sync level): the hook's start is as unknown as without a record.
+            return None
         record = HookRecord(**json.loads(data))
         if record.operation_id != operation_id:
             raise HookIdentityMismatch(

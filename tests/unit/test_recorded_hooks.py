@@ -12,6 +12,7 @@ import pytest
 from bb_environments.domain.application import Environments, RecordedHook
 from bb_environments.hooks.ledger import HookGuard
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.hooks.records import HookRecords
 from tests.unit.test_hooks import Output, executions, wait_until, write_setup
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -254,3 +255,10 @@ async def test_a_record_write_a_crash_cut_short_is_deleted_once_older_than_the_l
     await HookGuard(LogLedger(app), "local").forget_removed(runner, max_age_s=3600)
 
     assert sorted(p.name for p in records_dir.iterdir()) == [".tmp-in-progress"]
+
+
+def test_a_record_a_power_loss_left_empty_reads_as_no_record(records_dir):
+    records = HookRecords(records_dir)
+    records._record_path("op-1").write_bytes(b"")  # renamed in, its data never reached the disk
+
+    assert records.read("op-1") is None
