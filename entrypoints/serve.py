@@ -254,8 +254,16 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         for a in admitted:
             if isinstance(event := a.logged.document, EnvironmentEvent):
                 latest[event.environment_id] = max(event.version, latest.get(event.environment_id, 0))
+        # One environment that cannot be driven now holds up none of the others; the batch is then
+        # delivered again (the read model keeps what it applied) and the failed ones driven again.
+        failures = []
         for environment_id, version in latest.items():
-            await provisioner.catch_up(UUID(environment_id), version)
+            try:
+                await provisioner.catch_up(UUID(environment_id), version)
+            except Exception as failure:
+                failures.append(failure)
+        if failures:
+            raise failures[0]
 
     async def store_transcript(messages: list[Msg]) -> None:
         await read_model.add_transcript([_transcript_entry(m.metadata.sequence.stream, m.data) for m in messages])
