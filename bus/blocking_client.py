@@ -39,6 +39,8 @@ NO_RESPONDERS_STATUS = "503"
 CONNECT_TIMEOUT_S = 2.0
 SERVICE_CHECK_S = 0.5
 """How often a request waiting for its answer looks whether the service's process still runs."""
+MAX_PAYLOAD = 64 * 1024 * 1024
+"""The most a message may carry whatever the server says: what a CLI would buffer for one answer."""
 MAX_LINE = 64 * 1024
 """A protocol line (not a payload) longer than this is not one the server would send."""
 
@@ -95,7 +97,9 @@ class BlockingApiClient:
             info = self._info(self._line(deadline))
             if info.get("tls_required") or not isinstance(info.get("nonce"), str):
                 raise _Closed("it asks for TLS or offers no NKEY nonce, unlike the embedded server")
-            self._max_payload = info.get("max_payload", 0) if isinstance(info.get("max_payload"), int) else 0
+            advertised = info.get("max_payload")
+            self._max_payload = min(advertised, MAX_PAYLOAD) if isinstance(advertised, int) and advertised > 0 \
+                else MAX_PAYLOAD
             signature = base64.b64encode(key.sign(info["nonce"].encode())).decode()
             options = {"verbose": False, "pedantic": False, "lang": "python3", "version": "bb", "protocol": 1,
                        "headers": True, "no_responders": True, "nkey": key.public_key.decode(), "sig": signature}
@@ -193,6 +197,7 @@ class BlockingApiClient:
 
     def _send(self, data: bytes) -> None:
         try:
+            self._socket.settimeout(CONNECT_TIMEOUT_S)  # not the few milliseconds a read may have left
             self._socket.sendall(data)
         except OSError as error:
             raise _Closed(type(error).__name__) from None

@@ -8,8 +8,9 @@ from enum import Enum
 from typing import Any, Self
 from uuid import UUID
 
-# Values nobody can change in place: the copy may share them with the cached aggregate.
-_IMMUTABLE = (str, int, float, type(None), UUID, datetime, Enum)
+# Values nobody can change in place: the copy may share them with the cached aggregate. Exact
+# types, since a subclass may carry attributes of its own; enum members are singletons anyway.
+_IMMUTABLE = frozenset((str, int, float, bool, type(None), UUID, datetime))
 
 
 class CopiedForCommands:
@@ -23,7 +24,7 @@ class CopiedForCommands:
         copied = object.__new__(type(self))
         memo[id(self)] = copied
         copied.__dict__.update({
-            name: value if isinstance(value, _IMMUTABLE) else deepcopy(value, memo)
+            name: value if type(value) in _IMMUTABLE or isinstance(value, Enum) else deepcopy(value, memo)
             for name, value in self.__dict__.items()
         })
         return copied
