@@ -29,7 +29,8 @@ SERVICE_USER = "service"
 SERVICE_INBOX_PREFIX = "_BB_SERVICE_INBOX"
 
 # The consumers the service reads the streams with: a client that could pull from or delete one
-# of them could hide events from the read model or the provisioning driver.
+# of them could hide events from the read model or the provisioning driver. `provisioner` and
+# `threads` are retired, but a start still hands over from them, so no client may hold those names.
 SERVICE_CONSUMERS = ("projections", "provisioner", "transcripts", "threads")
 READABLE_STREAMS = (subjects.ENVIRONMENTS_STREAM, subjects.TRANSCRIPTS_STREAM)
 
