@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
 import site
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,24 @@ asyncio.run(main())
 def run(*command: str | Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(part) for part in command], env=env, cwd="/", capture_output=True, text=True,
                           timeout=timeout)
+
+
+def serving_line(service: subprocess.Popen, deadline: float) -> str:
+    """What `bb serve` printed up to the line it prints once it serves (all it printed, if it
+    stopped or the deadline passed first); the rest of its output is drained from then on."""
+    assert service.stderr is not None
+    printed = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(service.stderr, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0 and selector.select(left):
+            line = service.stderr.readline().decode(errors="replace")
+            if not line:
+                break  # it exited
+            printed.append(line)
+            if line.startswith("bb serving on"):
+                threading.Thread(target=service.stderr.read, daemon=True).start()
+                return line
+    return "".join(printed)
 
 
 def test_a_spawn_from_the_installed_wheel(tmp_path):
@@ -79,16 +99,11 @@ def test_a_spawn_from_the_installed_wheel(tmp_path):
     import_root, status, *output = hooked.stdout.split()
     assert import_root.startswith(str(venv_site)) and (status, output) == ("succeeded", ["set", "up"]), hooked.stdout
 
-    log = tmp_path / "serve.log"
-    with open(log, "wb") as output:
-        service = subprocess.Popen([venv / "bin" / "bb", "serve"], env=environment, cwd="/",
-                                   stdout=subprocess.DEVNULL, stderr=output)
+    service = subprocess.Popen([venv / "bin" / "bb", "serve"], env=environment, cwd="/",
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        server_file = tmp_path / "data" / "server.json"
-        deadline = time.monotonic() + 60
-        while not server_file.exists():
-            assert service.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        announced = serving_line(service, deadline=time.monotonic() + 60)
+        assert announced.startswith("bb serving on"), announced
         spawned = run(venv / "bin" / "bb", "thread", "spawn", "--environment-provider", "personal-workspace",
                       "--wait", "--json", env=environment)
         assert spawned.returncode == 0, spawned.stderr
