@@ -86,7 +86,7 @@ class ThreadHandlers:
 
     def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict[str, Any] | None]:
         """The thread as the log registers it (id, project, parent, host, intent), each checked."""
-        host_id = check_host_id(message.host_id or self._default_host_id)
+        host_id = check_host_id(_host_of(message) or self._default_host_id)
         if message.parent_thread_id is not None:
             check_thread_id(message.parent_thread_id)
         intent = None if message.environment is None else self._checked_intent(message.environment)
@@ -168,3 +168,14 @@ class ThreadHandlers:
 
     async def _environment(self, environment_id: UUID) -> Environment:
         return await self._store.run(self._app.environment, environment_id)
+
+
+def _host_of(message: RegisterThread) -> str | None:
+    """The host the thread event names: its `hostId`, or the machine its intent names. Naming two
+    different hosts is refused rather than one of them silently ignored."""
+    intent = message.environment
+    machine_host = intent.machine_host_id if isinstance(intent, NewEnvironment) else None
+    if message.host_id is not None and machine_host is not None and machine_host != message.host_id:
+        raise InvalidInput(f"the thread names host {message.host_id!r} but its environment intent names machine "
+                           f"{machine_host!r}: name one host, or the same in both")
+    return message.host_id or machine_host

@@ -210,3 +210,33 @@ async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with
                 assert error["code"] == "invalid_input" and result.stderr == f"bb: {error['message']}\n"
             else:
                 assert result.stdout == ""
+
+
+async def test_a_thread_event_naming_another_machine_is_never_placed_here(service):
+    """The intent's machine is where its environment runs: a host this service does not serve is
+    refused on the thread, and a machine that contradicts the thread's own host is refused outright."""
+    def created(thread_id: str, **fields: object) -> dict:
+        intent = {"type": "provider", "environmentProviderId": "personal-workspace",
+                  "machine": {"type": "existing", "hostId": "elsewhere"}}
+        return {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": thread_id,
+                "environment": intent, **fields}
+
+    publisher = await service.connect("publisher")
+    try:
+        js = publisher.jetstream()
+        for thread_id, body in (("away", created("away")), ("torn", created("torn", hostId="local"))):
+            await js.publish(subjects.thread_event(thread_id, "created"), msgspec.json.encode(body))
+            await js.publish(subjects.thread_event(thread_id, "message"), msgspec.json.encode(
+                {"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": thread_id}))
+        await service.thread_events_handled()
+    finally:
+        await publisher.close()
+
+    exported, threads = await log_and_threads(service)
+    [away] = threads
+    assert away["id"] == "away" and away["environmentId"] is None
+    assert "'elsewhere' is not served here" in away["refusal"], away
+    assert '"environmentId"' not in exported  # no environment was claimed anywhere
+    log = (service.data_dir.parent / "serve.log").read_text()
+    assert (f"refused a thread event on {subjects.thread_event('torn', 'created')}: the thread names host 'local' "
+            "but its environment intent names machine 'elsewhere'") in log
