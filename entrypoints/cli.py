@@ -22,7 +22,9 @@ from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvir
 from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.ids import ID_PATTERN
-from bb_environments.entrypoints.cli_support import Failure, LazyGroup, emit, event_loop, fail, json_option, run_cli, run_command, stderr, stdout
+from bb_environments.entrypoints.cli_support import (
+    Failure, LazyGroup, Seconds, emit, event_loop, fail, json_option, run_cli, run_command, stderr, stdout,
+)
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, ServerInfo, Settings, nats_credentials, read_server_file, serving
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
@@ -30,6 +32,8 @@ if TYPE_CHECKING:  # imported by open_client, once the URL is known
 
 R = TypeVar("R", bound=Request)
 
+WAIT_AT_MOST_S = 7 * 24 * 3600.0
+"""The longest `thread spawn --timeout`: beyond a week a wait is a mistake, not a plan."""
 TERMINAL_FOR_WAIT = {
     EnvironmentStatus.READY: 0, EnvironmentStatus.ERROR: 1, EnvironmentStatus.REMOVING: 1, EnvironmentStatus.REMOVED: 1,
     EnvironmentStatus.RETIRING: 1,
@@ -335,7 +339,8 @@ def thread() -> None:
 @click.option("--host")
 @click.option("--prompt", help="The thread's first message, published on bb.threads.<T>.message for the agent that runs it.")
 @click.option("--wait", is_flag=True, help="Stream progress to stderr until the environment is ready or failed.")
-@click.option("--timeout", type=float, default=900.0, show_default=True)
+@click.option("--timeout", type=Seconds(longest=WAIT_AT_MOST_S), default=900.0, show_default=True, metavar="SECONDS",
+              help="How long --wait waits for the environment, in seconds.")
 @json_option
 @click.pass_obj
 @run_command

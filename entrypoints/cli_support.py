@@ -171,3 +171,18 @@ class LazyGroup(click.Group):
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+
+
+class Seconds(click.FloatRange):
+    """A duration in seconds, more than 0 and at most `longest`; click's FloatRange alone lets 'nan' through."""
+
+    name = "number of seconds"
+
+    def __init__(self, longest: float) -> None:
+        super().__init__(min=0, min_open=True, max=longest)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if seconds != seconds:  # NaN is the one float unequal to itself
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds

@@ -66,12 +66,12 @@ def a_uuid(text: str) -> bool:
     return True
 
 
-def a_number(text: str) -> bool:
+def a_wait(text: str) -> bool:
+    """More than 0 seconds and at most a week (NaN compares false both ways)."""
     try:
-        float(text)
+        return 0 < float(text) <= 7 * 24 * 3600
     except ValueError:
         return False
-    return True
 
 
 def format_problems(invocation: Invocation) -> list[str]:
@@ -90,8 +90,8 @@ def format_problems(invocation: Invocation) -> list[str]:
             problems.append("an environment id that is not a UUID")
         problems += [f"{name} is not an id" for name in ("--thread-id", "--parent", "--host")
                      if name in options and not ID.match(options[name])]
-        if "--timeout" in options and not a_number(options["--timeout"]):
-            problems.append("a timeout that is not a number")
+        if "--timeout" in options and not a_wait(options["--timeout"]):
+            problems.append("a timeout that is not a wait in seconds")
     elif invocation.argument is None:
         pass  # noise: whatever it is, click or the command refuses it
     elif invocation.command[0] == "environment" and not a_uuid(invocation.argument):

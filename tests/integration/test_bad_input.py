@@ -196,7 +196,10 @@ async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with
     cases = [
         (("thread", "spawn", "--colour", "red"), "No such option '--colour'", "bb thread spawn --help"),
         (("environment", "show"), "Missing argument 'ENVIRONMENT_ID'", "bb environment show --help"),
-        (("thread", "spawn", "--timeout", "soon"), "Invalid value for '--timeout'", "'soon' is not a valid float"),
+        (("thread", "spawn", "--timeout", "soon"), "Invalid value for '--timeout'", "'soon' is not a valid number of seconds"),
+        (("thread", "spawn", "--timeout", "-5"), "Invalid value for '--timeout'", "not in the range 0<x<=604800"),
+        (("thread", "spawn", "--timeout", "0"), "Invalid value for '--timeout'", "not in the range"),
+        (("thread", "spawn", "--timeout", "nan"), "Invalid value for '--timeout'", "'nan' is not a number of seconds"),
         (("events", "nonsense"), "No such command 'nonsense'", "bb events --help"),
     ]
     for args, *mentions in cases:
