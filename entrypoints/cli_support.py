@@ -119,13 +119,14 @@ def run_cli(group: click.Group, args: list[str]) -> None:
 
 def _json_asked(args: list[str], command: click.Command | None) -> bool:
     """Whether the words ask for --json, where parsing stopped before it could say: `--json` as
-    the value of an option (`--prompt --json`) is not the flag."""
+    the value of an option (`--prompt --json`) is not the flag, and `--` as one (`--prompt --`)
+    ends nothing."""
     takes_value = {name for param in (command.params if command is not None else ())
                    if isinstance(param, click.Option) and not param.is_flag and not param.count
                    for name in param.opts}
     follows_option = False
     for word in args:
-        if word == "--":  # what follows is arguments, whatever it looks like
+        if word == "--" and not follows_option:  # what follows is arguments, whatever it looks like
             return False
         if word == "--json" and not follows_option:
             return True
