@@ -4,6 +4,7 @@ are not what server.json promises is still one sentence and the SPEC's exit code
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -61,3 +62,47 @@ async def test_a_service_that_is_gone_while_its_server_lives_is_nothing_that_ans
 
     assert result.returncode == 4, result.stderr
     assert "nothing answers the API" in result.json()["error"]["message"], result.stdout
+
+
+async def test_an_impostor_on_the_servers_port_cannot_make_the_cli_buffer_a_huge_answer(tmp_path):
+    """Whatever listens where server.json points (the embedded server died and something else took
+    its port) may promise any size of answer: the CLI ends at the promise, not after reading it."""
+    promised = 1024 * 1024 * 1024  # far above the 64 MiB the CLI would ever hold for one answer
+    sent = 0
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        writer.write(b'INFO {"server_id":"x","max_payload":2147483647,"headers":true,"nonce":"abc"}\r\n')
+        while not (line := await reader.readline()).startswith(b"PUB "):
+            if line.startswith(b"PING"):
+                writer.write(b"PONG\r\n")
+            if not line:
+                return
+        inbox = line.split()[2]
+        writer.write(b"MSG " + inbox + b" 1 " + str(promised).encode() + b"\r\n")
+        try:
+            while sent < promised:
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                sent += 65536
+        except ConnectionError:
+            pass  # the CLI hung up: what this test wants
+        writer.close()
+
+    server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    seed = data_dir / "operator.nk"
+    seed.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER) + b"\n")
+    (data_dir / "server.json").write_text(json.dumps({
+        "natsUrl": f"nats://127.0.0.1:{port}", "pid": os.getpid(), "hostId": "local", "dataDir": str(data_dir),
+        "credentials": {"operator": str(seed), "publisher": str(seed), "subscriber": str(seed)}}))
+    try:
+        result = await Service(data_dir, service_environment(data_dir)).bb("environment", "list", "--json")
+    finally:
+        server.close()
+
+    assert result.returncode == 4, result.stderr
+    assert "dropped before it answered environments list" in result.json()["error"]["message"], result.stdout
+    assert sent < 64 * 1024 * 1024, sent
