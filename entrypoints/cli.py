@@ -579,6 +579,7 @@ def events() -> None:
 @run_command
 async def events_tail(settings: Settings, subject_filter: str, as_json: bool) -> None:
     """Print live events until interrupted."""
+    _check_tail_filter(subject_filter)
     client = await open_client(settings)
 
     async def show(message: Any) -> None:
@@ -595,6 +596,18 @@ async def events_tail(settings: Settings, subject_filter: str, as_json: bool) ->
         await client.close()
     raise Failure("unreachable", "the connection to the bb service dropped and did not come back; "
                                  "tail again once the service is back")
+
+
+def _check_tail_filter(subject_filter: str) -> None:
+    """A filter the server would refuse (a malformed subject) or that reaches beyond what a client
+    may read is a mistake to say at once, not a subscription that stays silent forever."""
+    tokens = subject_filter.split(".")
+    well_formed = all(token and not any(c.isspace() for c in token) for token in tokens) and ">" not in tokens[:-1]
+    readable = [prefix.removesuffix(".>") for prefix in (subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS)]
+    if not well_formed or ".".join(tokens[:2]) not in readable:
+        raise Failure("invalid_input", f"subject filter {subject_filter!r} is not one events tail can follow: give "
+                                       f"a NATS subject under {' or '.join(p + '.>' for p in readable)}, "
+                                       "e.g. 'bb.environments.*.ready'")
 
 
 @events.command("export")

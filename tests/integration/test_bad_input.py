@@ -201,6 +201,8 @@ async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with
         (("thread", "spawn", "--timeout", "0"), "Invalid value for '--timeout'", "not in the range"),
         (("thread", "spawn", "--timeout", "nan"), "Invalid value for '--timeout'", "'nan' is not a number of seconds"),
         (("events", "nonsense"), "No such command 'nonsense'", "bb events --help"),
+        (("events", "tail", "bb.hosts.>"), "'bb.hosts.>' is not one events tail can follow", "bb.environments.>"),
+        (("events", "tail", "bb.environments.>.ready"), "bb.transcripts.>"),
     ]
     for args, *mentions in cases:
         for as_json in (False, True):
