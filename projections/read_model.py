@@ -18,6 +18,7 @@ import functools
 import gc
 import os
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -369,13 +370,14 @@ class _Scratch:
     """A rebuild's scratch file. It is read, folded and written on one worker thread of its own,
     with plain sqlite3: handing each page between a reader thread, the event loop and aiosqlite's
     thread cost a replay more than the writes (they share one interpreter lock). Every call runs on
-    that thread, one after another, so a call still running when the rebuild is cancelled ends
-    before the file is closed and deleted."""
+    that thread, one after another: a rebuild cancelled mid-page stops at the end of that page, and
+    only then is the file closed and deleted."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db: sqlite3.Connection | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-model-rebuild")
+        self._discarded = threading.Event()
 
     async def create(self) -> None:
         await self._on_worker(self._create)
@@ -391,6 +393,7 @@ class _Scratch:
 
     async def discard(self) -> None:
         """Close the file if open and delete it; the thread ends."""
+        self._discarded.set()
         try:
             await self._on_worker(self._discard)
         finally:
@@ -411,7 +414,7 @@ class _Scratch:
         assert self._db is not None, "written before it was created"
         events, reached = 0, after
         with _collector_paused():
-            while (page := read_page(reached, upto)).events:
+            while not self._discarded.is_set() and (page := read_page(reached, upto)).events:
                 environments, threads = _latest_rows(page.views)
                 self._db.executemany(_INSERT_ENVIRONMENTS, environments)
                 self._db.executemany(_INSERT_THREADS, threads)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -316,6 +317,36 @@ async def test_a_rebuild_cut_off_leaves_the_old_model_and_no_scratch_file(store,
     with pytest.raises(OSError):
         await read_model.rebuild(read_page, _stream_position)
 
+    assert await state(read_model) == before and read_model.position == position
+    assert not (tmp_path / "read-models.sqlite.rebuilding").exists()
+
+
+async def test_a_rebuild_cancelled_mid_page_reads_no_further_and_leaves_the_old_model_and_no_scratch_file(
+        store, read_model, tmp_path):
+    live_environments(store.app, 0, 3)
+    for batch in batches(store.app):
+        await read_model.apply(batch, no_gap)
+    before, position = await state(read_model), read_model.position
+    reader = LogReader(store.app)
+    reading, go_on = threading.Event(), threading.Event()
+    pages = 0
+
+    def read_page(after: int, upto: int | None) -> ViewPage:  # on the rebuild's thread
+        nonlocal pages
+        pages += 1
+        reading.set()
+        go_on.wait(timeout=30)
+        return reader.latest_views(after, upto, limit=5)
+
+    rebuild = asyncio.create_task(read_model.rebuild(read_page, _stream_position))
+    assert await asyncio.to_thread(reading.wait, 30)
+    rebuild.cancel()
+    await asyncio.sleep(0)  # one turn of the loop: the cancellation reaches the rebuild mid-page
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await rebuild
+
+    assert pages == 1  # it read no further
     assert await state(read_model) == before and read_model.position == position
     assert not (tmp_path / "read-models.sqlite.rebuilding").exists()
 
