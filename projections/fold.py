@@ -126,7 +126,7 @@ def fold(aggregate: Any, event: Any) -> Any:
         method = _methods.setdefault(event_class, _method(event_class))
     if method is None or aggregate is None:
         return event.mutate(aggregate)
-    if event.originator_id != aggregate.id:
+    if event.originator_id is not aggregate.id and event.originator_id != aggregate.id:  # UUID's == is Python code
         raise OriginatorIDError(event.originator_id, aggregate.id)
     if event.originator_version != aggregate.version + 1:
         raise OriginatorVersionError(event.originator_version, aggregate.version + 1)
