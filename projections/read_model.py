@@ -337,7 +337,8 @@ class ReadModel:
             return [r[0] for r in await rows.fetchall()]
 
 
-def _latest_rows(views: Iterable[View]) -> tuple[list[tuple[str, str, str, bytes]], list[tuple[str, str | None, bytes]]]:
+def _latest_rows(views: Iterable[View]) -> tuple[list[tuple[str, str, str, bytes]],
+                                                 list[tuple[str, str | None, bytes]]]:
     """The rows of the environments and threads tables for each aggregate's last view of `views`
     only. INSERT OR REPLACE gives a replaced row a new rowid, so the rows end in the order (by
     rowid) that writing every view would leave."""
