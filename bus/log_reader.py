@@ -34,7 +34,10 @@ from bb_environments.projections.views import VIEWED_AGGREGATES, EnvironmentView
 _CACHED_AGGREGATES = 4096
 # The relay reads each notification first; both log consumers then ask for it again a moment later.
 _CACHED_DOCUMENTS = 4096
-REBUILD_PAGE = 2000
+_CACHED_IDS = 4 * _CACHED_AGGREGATES
+# A rebuild writes each aggregate's latest view once per page: fewer, larger pages write fewer
+# (a page of rows is a few MB).
+REBUILD_PAGE = 10000
 _VIEWED_TOPICS = tuple(prefix for aggregate in VIEWED_AGGREGATES for prefix in topic_prefixes(aggregate))
 
 
@@ -73,6 +76,9 @@ class LogReader:
         self._states: OrderedDict[int, Any] = OrderedDict()
         # Notifications never change once written, so a document made from one serves every reader.
         self._documents: OrderedDict[int, LoggedDocument] = OrderedDict()
+        # Each aggregate id made once, not once per page: an aggregate's events span pages, and one
+        # UUID object for all its events makes fold's id check an identity check.
+        self._ids: dict[str, UUID | str] = {}
 
     def head(self) -> int:
         return self._app.recorder.max_notification_id() or 0
@@ -134,7 +140,9 @@ class LogReader:
                 "WHERE rowid >= ? AND rowid <= ? ORDER BY rowid LIMIT ?",
                 (start, (1 << 63) - 1 if stop is None else stop, limit))
             rows = cursor.fetchall()
-        ids: dict[str, UUID | str] = {}
+        ids = self._ids
+        if len(ids) > _CACHED_IDS:
+            ids.clear()
         convert = recorder.convert_originator_id
         # tuple.__new__ makes a _Row without the Python call _Row(...) makes per row.
         return [_new_row(_Row, (row[0], ids.get(row[1]) or ids.setdefault(row[1], convert(row[1])),

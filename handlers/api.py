@@ -113,7 +113,7 @@ class Spawned:
 
 
 class LogViews(Protocol):
-    """The read model's views of the log, read on the store's log-reader thread."""
+    """The read model's views of the log, read on the rebuild's own worker thread."""
 
     def latest_views(self, after: int, upto: int | None = None) -> ViewPage: ...
 
@@ -277,8 +277,7 @@ class Api:
 async def replay_log(store: Store, read_model: ReadModel, reader: LogViews,
                      stream_position: Callable[[], Awaitable[int]]) -> ReplayCounts:
     """Rebuild the read models from the whole log (`bb events replay`, or a start that lost them)."""
-    return await read_model.rebuild(lambda after, upto: store.read_log(reader.latest_views, after, upto),
-                                    stream_position)
+    return await read_model.rebuild(reader.latest_views, stream_position)
 
 
 def _check_nesting(inputs: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -31,10 +32,11 @@ from eventsourcing.domain import (
     OriginatorVersionError,
     decorated_funcs,
 )
-from eventsourcing.persistence import JSONTranscoder, Mapper, StoredEvent, Transcoding
+from eventsourcing.persistence import DatetimeAsISO, JSONTranscoder, Mapper, StoredEvent, Transcoding, UUIDAsHex
 from eventsourcing.utils import resolve_topic
 
 _json = msgspec.json.Decoder()
+_DIRECT: dict[type[Transcoding], Callable[[Any], Any]] = {DatetimeAsISO: datetime.fromisoformat, UUIDAsHex: UUID}
 
 
 class StoredNotification(Protocol):
@@ -59,7 +61,11 @@ class EventDecoder:
         self._mapper = mapper
         transcoder = mapper.transcoder
         plain = type(transcoder) is JSONTranscoder and not mapper.cipher and not mapper.compressor
-        self._transcodings: dict[str, Transcoding] = transcoder.names if isinstance(transcoder, JSONTranscoder) else {}
+        transcodings = transcoder.names if isinstance(transcoder, JSONTranscoder) else {}
+        # By name, what revives a transcoded value: the library's own two most common ones called
+        # directly, without their Python-level `decode` around it (which only asserts a str: see _revive).
+        self._revivers: dict[str, Callable[[Any], Any]] = {
+            name: _DIRECT.get(type(transcoding), transcoding.decode) for name, transcoding in transcodings.items()}
         self._plain = plain
         self._classes: dict[str, type | None] = {}
         """By topic: the event class, when this decoder's path may decode its events (None: the mapper's)."""
@@ -102,13 +108,13 @@ class EventDecoder:
                 if type(item) is dict:
                     if len(item) == 2 and type(item.get("_data_")) is str and "_type_" in item:
                         # A transcoded value with nothing inside to revive first: most are (datetime, UUID).
-                        value[key] = self._transcodings[item["_type_"]].decode(item["_data_"])
+                        value[key] = self._revivers[item["_type_"]](item["_data_"])
                     else:
                         value[key] = self._revive(item)
                 elif type(item) is list:
                     value[key] = self._revive(item)
             if len(value) == 2 and "_type_" in value and "_data_" in value:
-                return self._transcodings[value["_type_"]].decode(value["_data_"])
+                return self._revivers[value["_type_"]](value["_data_"])
         elif type(value) is list:
             for index, item in enumerate(value):
                 if type(item) is dict or type(item) is list:
@@ -126,7 +132,7 @@ def fold(aggregate: Any, event: Any) -> Any:
         method = _methods.setdefault(event_class, _method(event_class))
     if method is None or aggregate is None:
         return event.mutate(aggregate)
-    if event.originator_id != aggregate.id:
+    if event.originator_id is not aggregate.id and event.originator_id != aggregate.id:  # UUID's == is Python code
         raise OriginatorIDError(event.originator_id, aggregate.id)
     if event.originator_version != aggregate.version + 1:
         raise OriginatorVersionError(event.originator_version, aggregate.version + 1)

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import aiosqlite
 import msgspec
@@ -65,8 +69,12 @@ class Applied(NamedTuple):
 
 
 GapFiller = Callable[[int, int], Awaitable[list[tuple[int, View]]]]
-PageReader = Callable[[int, "int | None"], Awaitable[ViewPage]]
-"""`read(after, upto)`: the log's next page after `after`, not past `upto` (None: the head)."""
+PageReader = Callable[[int, "int | None"], ViewPage]
+"""`read(after, upto)`: the log's next page after `after`, not past `upto` (None: the head).
+Called on a worker thread of the rebuild's own, never on the event loop."""
+
+
+T = TypeVar("T")
 
 
 class ReplayCounts(msgspec.Struct, rename="camel"):
@@ -217,32 +225,25 @@ class ReadModel:
         as they were (and the scratch file, which the next open deletes).
         """
         async with self._rebuilding:
-            scratch_path = _scratch(self._path)
-            scratch_path.unlink(missing_ok=True)
-            scratch = await aiosqlite.connect(scratch_path)
+            scratch = _Scratch(_scratch(self._path))
             try:
-                # Nothing in it is needed after a crash: no journal, no fsync.
-                await scratch.execute("PRAGMA journal_mode=OFF")
-                await scratch.execute("PRAGMA synchronous=OFF")
-                await scratch.executescript(SCHEMA)
-                events, reached = await _write_pages(scratch, read_page, 0)
+                await scratch.create()
+                events, reached = await scratch.write_pages(read_page, 0)
                 crash_point("replay-built")
                 sequence = await stream_position()
                 async with self._writing:  # the live consumer waits from here to the swap
                     if self.position > reached:
-                        more, reached = await _write_pages(scratch, read_page, reached, self.position)
+                        more, reached = await scratch.write_pages(read_page, reached, self.position)
                         events += more
                     reached = max(reached, self.position)
-                    await scratch.commit()
                     await scratch.close()
-                    await self._swap_in(scratch_path, reached, sequence)
+                    await self._swap_in(scratch.path, reached, sequence)
                     crash_point("replay-swapped")
                     await self._advance(reached)
                     return ReplayCounts(events=events, environments=await self._count("environments"),
                                         threads=await self._count("threads"))
             finally:
-                await scratch.close()
-                scratch_path.unlink(missing_ok=True)
+                await scratch.discard()
 
     async def _swap_in(self, scratch_path: Path, reached: int, sequence: int) -> None:
         """Replace the log-derived tables by the scratch file's, and the position, in one
@@ -336,9 +337,11 @@ class ReadModel:
             return [r[0] for r in await rows.fetchall()]
 
 
-async def _write_views(db: aiosqlite.Connection, views: Iterable[View]) -> None:
-    """Write each aggregate's last view of `views` only. INSERT OR REPLACE gives a replaced row a
-    new rowid, so the rows end in the order (by rowid) that writing every view would leave."""
+def _latest_rows(views: Iterable[View]) -> tuple[list[tuple[str, str, str, bytes]],
+                                                 list[tuple[str, str | None, bytes]]]:
+    """The rows of the environments and threads tables for each aggregate's last view of `views`
+    only. INSERT OR REPLACE gives a replaced row a new rowid, so the rows end in the order (by
+    rowid) that writing every view would leave."""
     latest: dict[tuple[type, str], EnvironmentView | ThreadView] = {}
     for view in views:
         if view is not None:
@@ -349,26 +352,101 @@ async def _write_views(db: aiosqlite.Connection, views: Iterable[View]) -> None:
                     for view in latest.values() if isinstance(view, EnvironmentView)]
     threads = [(view.id, view.environment_id, msgspec.json.encode(view))
                for view in latest.values() if isinstance(view, ThreadView)]
+    return environments, threads
+
+
+_INSERT_ENVIRONMENTS = "INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)"
+_INSERT_THREADS = "INSERT OR REPLACE INTO threads VALUES (?, ?, ?)"
+
+
+async def _write_views(db: aiosqlite.Connection, views: Iterable[View]) -> None:
+    environments, threads = _latest_rows(views)
     if environments:
-        await db.executemany("INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)", environments)
+        await db.executemany(_INSERT_ENVIRONMENTS, environments)
     if threads:
-        await db.executemany("INSERT OR REPLACE INTO threads VALUES (?, ?, ?)", threads)
+        await db.executemany(_INSERT_THREADS, threads)
 
 
-async def _write_pages(db: aiosqlite.Connection, read_page: PageReader, after: int,
-                       upto: int | None = None) -> tuple[int, int]:
-    """Write the views of the log after `after` (up to `upto`) into `db`, reading each page while
-    the one before is written; the number of events read and the position reached."""
-    events, reached = 0, after
-    reading = asyncio.ensure_future(read_page(after, upto))
+class _Scratch:
+    """A rebuild's scratch file. It is read, folded and written on one worker thread of its own,
+    with plain sqlite3: handing each page between a reader thread, the event loop and aiosqlite's
+    thread cost a replay more than the writes (they share one interpreter lock). Every call runs on
+    that thread, one after another: a rebuild cancelled mid-page stops at the end of that page, and
+    only then is the file closed and deleted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-model-rebuild")
+        self._discarded = threading.Event()
+
+    async def create(self) -> None:
+        await self._on_worker(self._create)
+
+    async def write_pages(self, read_page: PageReader, after: int, upto: int | None = None) -> tuple[int, int]:
+        """Write the views of the log after `after` (up to `upto`); the number of events read and
+        the position reached."""
+        return await self._on_worker(functools.partial(self._write_pages, read_page, after, upto))
+
+    async def close(self) -> None:
+        """Commit what was written and close the file, for the swap to read it."""
+        await self._on_worker(self._close)
+
+    async def discard(self) -> None:
+        """Close the file if open and delete it; the thread ends."""
+        self._discarded.set()
+        try:
+            await self._on_worker(self._discard)
+        finally:
+            self._worker.shutdown(wait=False)
+
+    def _on_worker(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._worker, call)
+
+    def _create(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False)  # opened and used on the worker only
+        # Nothing in it is needed after a crash (the next open deletes it): no journal, no fsync.
+        self._db.execute("PRAGMA journal_mode=OFF")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.executescript(SCHEMA)
+
+    def _write_pages(self, read_page: PageReader, after: int, upto: int | None) -> tuple[int, int]:
+        assert self._db is not None, "written before it was created"
+        events, reached = 0, after
+        with _collector_paused():
+            while not self._discarded.is_set() and (page := read_page(reached, upto)).events:
+                environments, threads = _latest_rows(page.views)
+                self._db.executemany(_INSERT_ENVIRONMENTS, environments)
+                self._db.executemany(_INSERT_THREADS, threads)
+                events, reached = events + page.events, page.reached
+        return events, reached
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.commit()
+            self._db.close()
+            self._db = None
+
+    def _discard(self) -> None:
+        if self._db is not None:
+            self._db.close()  # without its commit: nothing in it is kept
+            self._db = None
+        self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off for the process meanwhile. A rebuild allocates millions of
+    short-lived objects and frees them all by reference counting (it leaves no cycles), yet they set
+    off collections that walk the whole heap of a service holding thousands of aggregates."""
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        while (page := await reading).events:
-            reading = asyncio.ensure_future(read_page(page.reached, upto))
-            await _write_views(db, page.views)
-            events, reached = events + page.events, page.reached
+        yield
     finally:
-        reading.cancel()
-    return events, reached
+        if enabled:
+            gc.enable()
 
 
 def _scratch(path: Path) -> Path:

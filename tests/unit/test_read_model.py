@@ -4,10 +4,13 @@ event store)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -22,6 +25,7 @@ from bb_environments.projections.read_model import Applied, ReadModel
 from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage, public_view
 from tests.unit.test_event_documents import record_every_event
 
+T = TypeVar("T")
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 
@@ -269,13 +273,21 @@ async def test_a_rebuild_shows_the_old_model_until_it_swaps_in_and_catches_up_wi
             await read_model.apply(batch, no_gap)
         expected[read_model.position] = await state(read_model)
 
-    async def read_page(after: int, upto: int | None) -> ViewPage:
-        seen.append((read_model.position, await state(read_model)))
+    async def what_list_shows() -> tuple[int, tuple[list, list]]:
+        return read_model.position, await state(read_model)
+
+    loop = asyncio.get_running_loop()
+
+    def on_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=30)
+
+    def read_page(after: int, upto: int | None) -> ViewPage:  # on the rebuild's thread
+        seen.append(on_loop(what_list_shows()))
         if upto is None and len(seen) == 2:
-            await go_on()  # read by the rebuild's next pages
-        page = await store.read_log(reader.latest_views, after, upto, limit=5)
+            on_loop(go_on())  # read by the rebuild's next pages
+        page = reader.latest_views(after, upto, limit=5)
         if upto is None and not page.events:
-            await go_on()  # after the rebuild's last page: it catches up with what was applied
+            on_loop(go_on())  # after the rebuild's last page: it catches up with what was applied
         return page
 
     counts = await read_model.rebuild(read_page, _stream_position)
@@ -295,16 +307,46 @@ async def test_a_rebuild_cut_off_leaves_the_old_model_and_no_scratch_file(store,
     reader = LogReader(store.app)
     pages = 0
 
-    async def read_page(after: int, upto: int | None) -> ViewPage:
+    def read_page(after: int, upto: int | None) -> ViewPage:
         nonlocal pages
         pages += 1
         if pages == 3:
             raise OSError("the log's disk went away")
-        return await store.read_log(reader.latest_views, after, upto, limit=5)
+        return reader.latest_views(after, upto, limit=5)
 
     with pytest.raises(OSError):
         await read_model.rebuild(read_page, _stream_position)
 
+    assert await state(read_model) == before and read_model.position == position
+    assert not (tmp_path / "read-models.sqlite.rebuilding").exists()
+
+
+async def test_a_rebuild_cancelled_mid_page_reads_no_further_and_leaves_the_old_model_and_no_scratch_file(
+        store, read_model, tmp_path):
+    live_environments(store.app, 0, 3)
+    for batch in batches(store.app):
+        await read_model.apply(batch, no_gap)
+    before, position = await state(read_model), read_model.position
+    reader = LogReader(store.app)
+    reading, go_on = threading.Event(), threading.Event()
+    pages = 0
+
+    def read_page(after: int, upto: int | None) -> ViewPage:  # on the rebuild's thread
+        nonlocal pages
+        pages += 1
+        reading.set()
+        go_on.wait(timeout=30)
+        return reader.latest_views(after, upto, limit=5)
+
+    rebuild = asyncio.create_task(read_model.rebuild(read_page, _stream_position))
+    assert await asyncio.to_thread(reading.wait, 30)
+    rebuild.cancel()
+    await asyncio.sleep(0)  # one turn of the loop: the cancellation reaches the rebuild mid-page
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await rebuild
+
+    assert pages == 1  # it read no further
     assert await state(read_model) == before and read_model.position == position
     assert not (tmp_path / "read-models.sqlite.rebuilding").exists()
 
