@@ -32,7 +32,8 @@ from eventsourcing.domain import (
     decorated_funcs,
 )
 from eventsourcing.persistence import JSONTranscoder, Mapper, StoredEvent, Transcoding
-from eventsourcing.utils import resolve_topic
+
+from bb_environments.domain.topics import event_class
 
 _json = msgspec.json.Decoder()
 
@@ -87,9 +88,9 @@ class EventDecoder:
         return event
 
     def _class(self, topic: str) -> type | None:
-        event_class: type = resolve_topic(topic)
+        found = event_class(topic)
         # An upcast class rewrites its old events' state as the mapper decodes them.
-        return event_class if self._plain and getattr(event_class, "class_version", 1) == 1 else None
+        return found if self._plain and getattr(found, "class_version", 1) == 1 else None
 
     def _by_the_mapper(self, notification: StoredNotification) -> Any:
         return self._mapper.to_domain_event(StoredEvent(notification.originator_id, notification.originator_version,
