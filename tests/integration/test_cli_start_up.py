@@ -13,8 +13,11 @@ from uuid import uuid4
 
 # What a command that only sends requests to the embedded server goes without (bus/blocking_client.py):
 # asyncio and nats-py are most of a `bb` process's run time; logging and ssl only the serve or a
-# TLS URL needs.
-NOT_FOR_REQUESTS = ("asyncio", "nats", "ssl", "logging", "subprocess")
+# TLS URL needs; nkeys loads all of PyNaCl to sign a nonce (bus/nkey_signer.py signs it with
+# PyNaCl's libsodium alone); the socket module builds enums of every constant of _socket, hashlib
+# loads OpenSSL, and eventsourcing is the service's.
+NOT_FOR_REQUESTS = ("asyncio", "nats", "ssl", "logging", "subprocess", "nkeys", "nacl.signing", "socket", "hashlib",
+                    "eventsourcing")
 
 SLOW_TO_IMPORT = (
     "aiohttp",  # nats-py's, for ws:// URLs only
