@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-import nkeys
 
 from bb_environments.bus import subjects
 
@@ -122,7 +121,10 @@ SERVICE_PERMISSIONS = Permissions(publish={"allow": [">"]}, subscribe={"allow": 
 
 
 class Credentials:
-    """The seed files of every user, under `<data dir>/credentials`, each readable by its owner only."""
+    """The seed files of every user, under `<data dir>/credentials`, each readable by its owner only.
+
+    nkeys is imported where a seed is made or read: every `bb` command loads this module (for the
+    host id's rule), and only `bb serve` does either (the CLI signs with bus/nkey_signer.py)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -132,6 +134,8 @@ class Credentials:
 
     def ensure(self, users: list[str]) -> None:
         """Create the seeds that do not exist yet; existing ones are kept, so clients keep working."""
+        import nkeys
+
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         for user in users:
@@ -140,6 +144,8 @@ class Credentials:
                 _write_private(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
 
     def public_key(self, user: str) -> str:
+        import nkeys
+
         seed = bytearray(self.seed_file(user).read_bytes().strip())
         public_key: bytes = nkeys.from_seed(seed).public_key
         return public_key.decode()

@@ -16,19 +16,21 @@ server sends is checked for its shape: a malformed one ends the command as a fai
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+# The socket module's own module, not `socket`: that one builds four IntEnums of every constant of
+# this one when it is imported, 5 ms of a `bb` command, and loads selectors; what a request needs
+# (a TCP socket with timeouts) is all here.
+import _socket
 import msgspec
-import nkeys
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import ErrorReply, Request
+from bb_environments.bus.nkey_signer import SeedError, answer_nonce, user_seed
 from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
 
 if TYPE_CHECKING:
@@ -58,7 +60,7 @@ class _Refused(Exception):
 
 
 class BlockingApiClient:
-    def __init__(self, connection: socket.socket, url: str, service_pid: int | None, max_payload: int) -> None:
+    def __init__(self, connection: _socket.socket, url: str, service_pid: int | None, max_payload: int) -> None:
         self._socket = connection
         self._url = url
         self._service_pid = service_pid
@@ -74,9 +76,12 @@ class BlockingApiClient:
         parts = urlparse(url)
         try:
             with open(seed_file, "rb") as file:
-                key = nkeys.from_seed(bytearray(file.read().strip()))
-        except (OSError, ValueError, nkeys.NkeysError) as error:
+                seed = user_seed(file.read().strip())
+        except OSError as error:
             raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
+        except SeedError as bad:
+            raise unreachable(f"cannot connect to {url}: {seed_file} is not a user's NKEY seed ({bad})",
+                              data_dir) from None
         try:
             try:
                 connection = _connected(parts.hostname or "127.0.0.1", parts.port or 4222)
@@ -84,15 +89,15 @@ class BlockingApiClient:
                 raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
             client = cls(connection, url, service_pid, max_payload=0)
             try:
-                client._handshake(key, time.monotonic() + CONNECT_TIMEOUT_S, data_dir)
+                client._handshake(seed, time.monotonic() + CONNECT_TIMEOUT_S, data_dir)
             except BaseException:
                 client.close()
                 raise
         finally:
-            key.wipe()
+            seed[:] = bytes(len(seed))
         return client
 
-    def _handshake(self, key: nkeys.KeyPair, deadline: float, data_dir: Path | None) -> None:
+    def _handshake(self, seed: bytearray, deadline: float, data_dir: Path | None) -> None:
         try:
             info = self._info(self._line(deadline))
             if info.get("tls_required") or not isinstance(info.get("nonce"), str):
@@ -100,9 +105,9 @@ class BlockingApiClient:
             advertised = info.get("max_payload")
             self._max_payload = min(advertised, MAX_PAYLOAD) if isinstance(advertised, int) and advertised > 0 \
                 else MAX_PAYLOAD
-            signature = base64.b64encode(key.sign(info["nonce"].encode())).decode()
+            public_key, signature = answer_nonce(seed, info["nonce"].encode())
             options = {"verbose": False, "pedantic": False, "lang": "python3", "version": "bb", "protocol": 1,
-                       "headers": True, "no_responders": True, "nkey": key.public_key.decode(), "sig": signature}
+                       "headers": True, "no_responders": True, "nkey": public_key, "sig": signature}
             self._send(b"CONNECT " + json.dumps(options).encode() + b"\r\nPING\r\n")
             while (line := self._line(deadline)) != b"PONG":
                 if line.startswith(b"-ERR"):
@@ -240,15 +245,15 @@ class BlockingApiClient:
             return
 
 
-def _connected(host: str, port: int) -> socket.socket:
+def _connected(host: str, port: int) -> _socket.socket:
     """A TCP connection, without socket.create_connection: its getaddrinfo encodes the host with the
     idna codec, whose import (unicodedata, stringprep) takes longer than connecting; server.json
     names an address (127.0.0.1), which connect() takes as it is."""
-    connection = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    connection = _socket.socket(_socket.AF_INET6 if ":" in host else _socket.AF_INET, _socket.SOCK_STREAM)
     try:
         # Without it Nagle holds the request back until the server acknowledges the subscription
         # sent just before, which it delays: 40 ms, as long as the rest of the command.
-        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         connection.settimeout(CONNECT_TIMEOUT_S)
         connection.connect((host, port))
     except BaseException:

@@ -8,7 +8,6 @@ BB_ENVIRONMENTS); the stream re-publishes environment events once each, after th
 `bb.environments.<environmentId>.<event>` for plain subscribers.
 """
 
-import hashlib
 from collections.abc import Mapping
 
 THREADS_STREAM = "BB_THREADS"
@@ -85,7 +84,10 @@ def host_hooks(host_id: str, verb: str) -> str:
 
 
 def hook_finished(host_id: str, operation_id: str) -> str:
-    # Operation ids contain dots; a digest keeps them one subject token.
+    # Operation ids contain dots; a digest keeps them one subject token. Imported here: hashlib
+    # loads OpenSSL, which no `bb` command but serve needs.
+    import hashlib
+
     token = hashlib.sha256(operation_id.encode()).hexdigest()[:32]
     return f"bb.hosts.{host_id}.hooks.finished.{token}"
 

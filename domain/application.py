@@ -18,7 +18,7 @@ from eventsourcing.application import AggregateNotFoundError, Application, Proce
 from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification, Recording
 
-from bb_environments.domain import topic_prefixes
+from bb_environments.domain.topics import topic_prefixes
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
 from bb_environments.domain.path_claim import PathClaim, claim_id

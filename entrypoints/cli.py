@@ -23,7 +23,7 @@ from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreach
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.entrypoints.cli_support import (
-    Failure, LazyGroup, Seconds, emit, event_loop, fail, json_option, run_cli, run_command, stderr, stdout,
+    Failure, LazyGroup, Seconds, emit, event_loop, fail, json_option, print_table, run_cli, run_command, stderr, stdout,
 )
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, ServerInfo, Settings, nats_credentials, read_server_file, serving
 
@@ -253,14 +253,12 @@ def environment_providers(settings: Settings, as_json: bool) -> None:
     document = call(settings, "environments", "providers", Nothing())
 
     def human(doc: dict[str, Any]) -> None:
-        from rich.table import Table  # only for a person: see cli_support._LazyConsole
-
-        table = Table("ID", "NAME", "AVAILABILITY", "RETIRE GRACE")
-        for p in doc["providers"]:
+        def row(p: dict[str, Any]) -> list[str]:
             availability = p["availability"]["status"] + (f" ({p['availability']['reason']})" if p["availability"].get("reason") else "")
             grace = p["policy"]["retireGraceMs"]
-            table.add_row(p["id"], p["displayName"], availability, "never" if grace is None else f"{grace} ms")
-        stdout.print(table)
+            return [p["id"], p["displayName"], availability, "never" if grace is None else f"{grace} ms"]
+
+        print_table(("ID", "NAME", "AVAILABILITY", "RETIRE GRACE"), map(row, doc["providers"]))
 
     emit(document, as_json, human)
 
@@ -280,13 +278,9 @@ def environment_list(settings: Settings, status: str | None, provider: str | Non
     document = listing(settings, "environments", "list", request, "environments")
 
     def human(doc: dict[str, Any]) -> None:
-        from rich.table import Column, Table  # only for a person: see cli_support._LazyConsole
-
-        # Ids are copied from here: never cut them.
-        table = Table(Column("ID", no_wrap=True, min_width=36), "STATUS", "PROVIDER", "THREADS", "PATH")
-        for e in doc["environments"]:
-            table.add_row(e["id"], e["status"], e["providerId"], ",".join(e["threadIds"]), e["path"] or "-")
-        stdout.print(table)
+        print_table(("ID", "STATUS", "PROVIDER", "THREADS", "PATH"),
+                    ([e["id"], e["status"], e["providerId"], ",".join(e["threadIds"]), e["path"] or "-"]
+                     for e in doc["environments"]))
 
     emit(document, as_json, human)
 
@@ -537,12 +531,8 @@ def thread_list(settings: Settings, environment_id: str | None, as_json: bool) -
     request = ListThreads(environment_id=environment_id_argument(environment_id) if environment_id else None)
 
     def human(doc: dict[str, Any]) -> None:
-        from rich.table import Column, Table  # only for a person: see cli_support._LazyConsole
-
-        table = Table("THREAD", "STATUS", Column("ENVIRONMENT", no_wrap=True, min_width=36), "PARENT")
-        for t in doc["threads"]:
-            table.add_row(t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-")
-        stdout.print(table)
+        print_table(("THREAD", "STATUS", "ENVIRONMENT", "PARENT"),
+                    ([t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-"] for t in doc["threads"]))
 
     emit(listing(settings, "threads", "list", request, "threads"), as_json, human)
 

@@ -7,7 +7,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -40,6 +40,20 @@ class _LazyConsole:
 
 stdout = _LazyConsole(highlight=False, soft_wrap=True)
 stderr = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A listing for a person, as plain columns: each as wide as its widest cell, two spaces apart,
+    no cell cut (ids are copied from here) and none wrapped (a terminal folds a long line itself).
+
+    Not rich's Table: importing rich and laying out a hundred rows took longer than the rest of
+    `bb environment list`, and it reads every cell as markup, so that a path holding `[/]` ended
+    the command. A cell with characters that are not printable (the service's answer is untrusted)
+    is shown escaped rather than sent to the terminal."""
+    lines = [list(headers), *([cell if cell.isprintable() else cell.encode("unicode_escape").decode("ascii")
+                               for cell in row] for row in rows)]
+    widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
+    print("\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines))
 
 
 class Failure(Exception):

@@ -33,7 +33,8 @@ from eventsourcing.domain import (
     decorated_funcs,
 )
 from eventsourcing.persistence import DatetimeAsISO, JSONTranscoder, Mapper, StoredEvent, Transcoding, UUIDAsHex
-from eventsourcing.utils import resolve_topic
+
+from bb_environments.domain.topics import event_class
 
 _json = msgspec.json.Decoder()
 _DIRECT: dict[type[Transcoding], Callable[[Any], Any]] = {DatetimeAsISO: datetime.fromisoformat, UUIDAsHex: UUID}
@@ -73,10 +74,10 @@ class EventDecoder:
     def decode(self, notification: StoredNotification) -> Any:
         topic = notification.topic
         try:
-            event_class = self._classes[topic]
+            known_class = self._classes[topic]
         except KeyError:
-            event_class = self._classes.setdefault(topic, self._class(topic))
-        if event_class is None or type(notification.originator_id) is not UUID:
+            known_class = self._classes.setdefault(topic, self._class(topic))
+        if known_class is None or type(notification.originator_id) is not UUID:
             return self._by_the_mapper(notification)
         try:
             state = self._revive(_json.decode(notification.state))
@@ -88,14 +89,14 @@ class EventDecoder:
             return self._by_the_mapper(notification)
         state["originator_id"] = notification.originator_id
         state["originator_version"] = notification.originator_version
-        event: Any = object.__new__(event_class)
+        event: Any = object.__new__(known_class)
         object.__setattr__(event, "__dict__", state)  # as the mapper builds it: the class is frozen
         return event
 
     def _class(self, topic: str) -> type | None:
-        event_class: type = resolve_topic(topic)
+        found = event_class(topic)
         # An upcast class rewrites its old events' state as the mapper decodes them.
-        return event_class if self._plain and getattr(event_class, "class_version", 1) == 1 else None
+        return found if self._plain and getattr(found, "class_version", 1) == 1 else None
 
     def _by_the_mapper(self, notification: StoredNotification) -> Any:
         return self._mapper.to_domain_event(StoredEvent(notification.originator_id, notification.originator_version,

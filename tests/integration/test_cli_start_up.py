@@ -13,8 +13,11 @@ from uuid import uuid4
 
 # What a command that only sends requests to the embedded server goes without (bus/blocking_client.py):
 # asyncio and nats-py are most of a `bb` process's run time; logging and ssl only the serve or a
-# TLS URL needs.
-NOT_FOR_REQUESTS = ("asyncio", "nats", "ssl", "logging", "subprocess")
+# TLS URL needs; nkeys loads all of PyNaCl to sign a nonce (bus/nkey_signer.py signs it with
+# PyNaCl's libsodium alone); the socket module builds enums of every constant of _socket, hashlib
+# loads OpenSSL, and eventsourcing is the service's.
+NOT_FOR_REQUESTS = ("asyncio", "nats", "ssl", "logging", "subprocess", "nkeys", "nacl.signing", "socket", "hashlib",
+                    "eventsourcing")
 
 SLOW_TO_IMPORT = (
     "aiohttp",  # nats-py's, for ws:// URLs only
@@ -62,6 +65,14 @@ async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor
     code, out, loaded = await bb_loading(service.environment, slow, "environment", "list", "--json")
     assert code == 0
     assert [e["id"] for e in json.loads(out)["environments"]] == [spawned["environmentId"]]
+    assert loaded == []
+
+    # For a person too: the table is plain columns (cli_support.print_table), without rich.
+    code, out, loaded = await bb_loading(service.environment, slow, "environment", "list")
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "STATUS", "PROVIDER", "THREADS", "PATH"]
+    assert row.split()[:4] == [spawned["environmentId"], "ready", "personal-workspace", spawned["threadId"]]
     assert loaded == []
 
     code, out, loaded = await bb_loading(service.environment, slow, "environment", "show", spawned["environmentId"],
