@@ -498,7 +498,10 @@ class InboundThreadEvent(msgspec.Struct, rename="camel", kw_only=True, tag_field
 class ThreadCreatedMessage(InboundThreadEvent, kw_only=True, tag="created"):
     """A thread was created. `environment` says where it runs once its first message comes: a new
     environment of a provider (`{"type": "provider", "environmentProviderId", "machine"?, "inputs"?}`)
-    or an existing one (`{"type": "existing", "environmentId"}`). Without it, a child thread
+    or an existing one (`{"type": "existing", "environmentId"}`). The machine's `hostId`, when
+    named, is the thread's host (as `hostId` beside it is); a created event that names two
+    different hosts is refused, and a host this service does not serve is refused on the thread
+    when its first message comes. Without it, a child thread
     (`parentThreadId`) joins its parent's environment where the parent's provider shares with
     children, and otherwise gets a new one as its parent's intent asks."""
 
