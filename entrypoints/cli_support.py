@@ -79,6 +79,8 @@ def run_command(body: Callable[..., Coroutine[Any, Any, Any] | None]) -> Callabl
             fail(failure.code, failure.message, as_json, getattr(failure, "document", None))
         except ConfigError as bad:
             fail("invalid_input", str(bad), as_json)
+        except BrokenPipeError:
+            raise  # the reader of stdout left (`| head`): not the bus; run_cli ends quietly
         except Exception as error:
             # Imported here: it loads nats-py, which a command imports only once it knows the URL.
             from bb_environments.bus.health import describe, unavailable
@@ -113,6 +115,7 @@ def run_cli(group: click.Group, args: list[str]) -> None:
     value) end like every other error: one sentence, exit 2, and the error document with --json."""
     try:
         exit_code = group.main(args, prog_name="bb", standalone_mode=False)
+        sys.stdout.flush()  # here, where a reader that left is handled below, not at exit
     except click.exceptions.NoArgsIsHelpError as asked_for_help:  # `bb environment` alone: the help is the answer
         asked_for_help.show()
         sys.exit(asked_for_help.exit_code)

@@ -106,3 +106,20 @@ async def test_an_impostor_on_the_servers_port_cannot_make_the_cli_buffer_a_huge
     assert result.returncode == 4, result.stderr
     assert "dropped before it answered environments list" in result.json()["error"]["message"], result.stdout
     assert sent < 64 * 1024 * 1024, sent
+
+
+async def test_a_reader_that_leaves_ends_the_command_quietly(service):
+    """`bb events export | head -1`: the reader closing the pipe is no lost connection to the
+    service; the command ends at once with exit 1 and says nothing."""
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1")
+    assert spawned.returncode == 0, spawned.stderr
+    for args in (("events", "export"), ("environment", "list"), ("thread", "list", "--json")):
+        gone_reader, writer = os.pipe()
+        os.close(gone_reader)  # every write to the pipe now fails with EPIPE
+        try:
+            process = await asyncio.create_subprocess_exec(*service.cli(), *args, env=service.environment,
+                                                           stdout=writer, stderr=asyncio.subprocess.PIPE)
+        finally:
+            os.close(writer)
+        _, said = await asyncio.wait_for(process.communicate(), 60)
+        assert (process.returncode, said.decode()) == (1, ""), args
