@@ -474,7 +474,8 @@ EnvironmentId = Annotated[str, msgspec.Meta(max_length=64)]  # any form uuid.UUI
 
 
 class Machine(msgspec.Struct, rename="camel", tag_field="type", tag="existing", forbid_unknown_fields=True):
-    host_id: Id = "local"
+    host_id: Id | None = None
+    """None: the thread's host (its `hostId`, or the service's)."""
 
 
 class ProviderIntent(msgspec.Struct, rename="camel", tag_field="type", tag="provider", forbid_unknown_fields=True):

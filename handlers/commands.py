@@ -14,10 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MACHINE_HOST = "local"
-"""The host of a machine named without one (`{"type": "existing"}`)."""
-
-
 @dataclass(frozen=True)
 class NewEnvironment:
     """A new environment of a provider."""
@@ -88,5 +84,5 @@ def intent_from_document(document: dict[str, Any]) -> Intent:
     if document["type"] == "existing":
         return ExistingEnvironment(document["environmentId"])
     machine = document.get("machine")
-    host = None if machine is None else machine.get("hostId", DEFAULT_MACHINE_HOST)
+    host = None if machine is None else machine.get("hostId")  # a machine without one: the thread's host
     return NewEnvironment(document["environmentProviderId"], host, document.get("inputs"))

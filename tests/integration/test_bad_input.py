@@ -7,6 +7,7 @@ import subprocess
 import uuid
 
 import msgspec
+import pytest
 
 from bb_environments.bus import subjects
 from tests.integration.conftest import Service, service_environment
@@ -217,19 +218,23 @@ async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with
                 assert result.stdout == ""
 
 
+@pytest.mark.parametrize("service", [{"BB_HOST_ID": "alpha"}], indirect=True)
 async def test_a_thread_event_naming_another_machine_is_never_placed_here(service):
     """The intent's machine is where its environment runs: a host this service does not serve is
-    refused on the thread, and a machine that contradicts the thread's own host is refused outright."""
-    def created(thread_id: str, **fields: object) -> dict:
-        intent = {"type": "provider", "environmentProviderId": "personal-workspace",
-                  "machine": {"type": "existing", "hostId": "elsewhere"}}
+    refused on the thread, a machine that contradicts the thread's own host is refused outright,
+    and a machine that names no host is the service's."""
+    def created(thread_id: str, machine: dict, **fields: object) -> dict:
+        intent = {"type": "provider", "environmentProviderId": "personal-workspace", "machine": machine}
         return {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": thread_id,
                 "environment": intent, **fields}
 
+    elsewhere = {"type": "existing", "hostId": "elsewhere"}
     publisher = await service.connect("publisher")
     try:
         js = publisher.jetstream()
-        for thread_id, body in (("away", created("away")), ("torn", created("torn", hostId="local"))):
+        for thread_id, body in (("away", created("away", elsewhere)),
+                                ("torn", created("torn", elsewhere, hostId="alpha")),
+                                ("here", created("here", {"type": "existing"}))):
             await js.publish(subjects.thread_event(thread_id, "created"), msgspec.json.encode(body))
             await js.publish(subjects.thread_event(thread_id, "message"), msgspec.json.encode(
                 {"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": thread_id}))
@@ -237,11 +242,11 @@ async def test_a_thread_event_naming_another_machine_is_never_placed_here(servic
     finally:
         await publisher.close()
 
-    exported, threads = await log_and_threads(service)
-    [away] = threads
+    away, here = (await service.bb("thread", "list", "--json")).json()["threads"]
     assert away["id"] == "away" and away["environmentId"] is None
     assert "'elsewhere' is not served here" in away["refusal"], away
-    assert '"environmentId"' not in exported  # no environment was claimed anywhere
+    environment = await service.wait_for(here["environmentId"], "ready")
+    assert environment["hostId"] == "alpha"
     log = (service.data_dir.parent / "serve.log").read_text()
-    assert (f"refused a thread event on {subjects.thread_event('torn', 'created')}: the thread names host 'local' "
+    assert (f"refused a thread event on {subjects.thread_event('torn', 'created')}: the thread names host 'alpha' "
             "but its environment intent names machine 'elsewhere'") in log
