@@ -196,7 +196,7 @@ class Api:
 
     async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Outcome:
         environment = await self._store.run(command, check_environment_id(environment_id))
-        await self._provisioner.drive(environment.id)
+        await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
 
     async def spawn_thread(self, request: Spawn) -> Spawned:
@@ -216,7 +216,7 @@ class Api:
                 thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
                 parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
             ), placement)
-            await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
+            await self._provisioner.drive(environment.id, environment)
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.
@@ -261,7 +261,7 @@ class Api:
         await self._store.run(self._app.thread, check_thread_id(message.thread_id))
         environment = await self._threads.handle(message)
         if environment is not None:
-            await self._provisioner.drive(environment.id)
+            await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
 
     async def replay(self) -> ReplayCounts:
