@@ -377,7 +377,7 @@ async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner
     if environment is not None:
         if isinstance(event, ThreadMessageMessage):
             provisioner.note_activity(environment.id)
-        await provisioner.drive(environment.id)
+        await provisioner.drive(environment.id, environment)
 
 
 def _transcript_entry(sequence: int, data: bytes) -> TranscriptEntry:

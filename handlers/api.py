@@ -196,7 +196,7 @@ class Api:
 
     async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Outcome:
         environment = await self._store.run(command, check_environment_id(environment_id))
-        await self._provisioner.drive(environment.id)
+        await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
 
     async def spawn_thread(self, request: Spawn) -> Spawned:
@@ -205,18 +205,26 @@ class Api:
         if request.parent_thread_id is not None:
             check_thread_id(request.parent_thread_id)
         intent = await self._intent(request, host_id)
-        existing = await self._store.run(self._app.find_thread, thread_id)
+        lookup = self._store.run(self._app.find_thread, thread_id)
+        if isinstance(intent, NewEnvironment):
+            # Placed (on a worker thread) while the writer looks the thread up, not after it.
+            existing, placement = await asyncio.gather(
+                lookup, self._placer.place(thread_id, intent, request.project_path, host_id), return_exceptions=True)
+        else:
+            existing, placement = await lookup, None
+        if isinstance(existing, BaseException):
+            raise existing
         if existing is not None:
+            # Answered as the first spawn was, whatever placing it again said.
             environment = await self._spawned_before(existing, request, intent, host_id)
         else:
-            placement = None
-            if isinstance(intent, NewEnvironment):
-                placement = await self._placer.place(thread_id, intent, request.project_path, host_id)
+            if isinstance(placement, BaseException):
+                raise placement
             environment = await self._threads.spawn(RegisterThread(
                 thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
                 parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
             ), placement)
-            await self._provisioner.drive(environment.id)  # start at once, not when the event comes round
+            await self._provisioner.drive(environment.id, environment)  # start at once, not when the event comes round
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.
@@ -261,7 +269,7 @@ class Api:
         await self._store.run(self._app.thread, check_thread_id(message.thread_id))
         environment = await self._threads.handle(message)
         if environment is not None:
-            await self._provisioner.drive(environment.id)
+            await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
 
     async def replay(self) -> ReplayCounts:

@@ -75,6 +75,9 @@ CLEANUPS_AT_ONCE = 4
 
 PROVIDER_RECHECK = timedelta(seconds=30)
 
+_Work = Callable[Concatenate[threading.Event, P], Awaitable[Environment | None]]
+"""A long step: it returns the environment as the event recording its outcome left it, if it saved one."""
+
 
 class ProviderMissing(Exception):
     """The environment's provider is not registered now; its cleanup waits for it to return."""
@@ -145,11 +148,16 @@ class Provisioner:
         """A thread of the environment did something (a message): it is not idle; wake it if paused."""
         self._activity[environment_id] = _now()
 
-    async def drive(self, environment_id: UUID) -> None:
+    async def drive(self, environment_id: UUID, known: Environment | None = None) -> None:
+        """`known`: the environment as a command of this process has just left it, advanced from
+        without a trip to the writer to read it again, unless this process has already advanced
+        from that version or a later one (it may be out of date then). Whoever saves a later
+        version drives it after, as with a read that a save overtakes."""
         lock = self._locks.setdefault(environment_id, asyncio.Lock())
         async with lock:
-            environment = await self._store.run(self._app.environment, environment_id)
-            await self._advance(environment)
+            if known is None or self._advanced_from.get(environment_id, 0) >= known.version:
+                known = await self._store.run(self._app.environment, environment_id)
+            await self._advance(known)
 
     async def catch_up(self, environment_id: UUID, version: int) -> None:
         """Drive an environment for an event from the log, unless this process already advanced
@@ -234,9 +242,9 @@ class Provisioner:
         if environment.version != env.version:
             await self._advance(environment)
 
-    def _start(self, env: Environment, key: str, work: Callable[Concatenate[threading.Event, P], Awaitable[None]],
-               *args: P.args, **kwargs: P.kwargs) -> None:
-        """Run a long step once per process; when it ends, drive the environment again."""
+    def _start(self, env: Environment, key: str, work: _Work[P], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Run a long step once per process; when it ends, drive the environment again (from the
+        state the step's outcome left it in, if it recorded one)."""
         step_key = (env.id, key)
         if step_key in self._steps:
             return
@@ -244,10 +252,10 @@ class Provisioner:
         task = asyncio.create_task(self._supervise(step_key, work, cancelled, *args, **kwargs))
         self._steps[step_key] = _Step(task, cancelled)
 
-    async def _supervise(self, step_key: tuple[UUID, str], work: Callable[Concatenate[threading.Event, P], Awaitable[None]],
-                         cancelled: threading.Event, *args: P.args, **kwargs: P.kwargs) -> None:
+    async def _supervise(self, step_key: tuple[UUID, str], work: _Work[P], cancelled: threading.Event,
+                         *args: P.args, **kwargs: P.kwargs) -> None:
         try:
-            await work(cancelled, *args, **kwargs)
+            recorded = await work(cancelled, *args, **kwargs)
         except asyncio.CancelledError:
             raise
         except (ProviderMissing, HostUnavailable) as missing:
@@ -259,12 +267,12 @@ class Provisioner:
             return
         finally:
             self._steps.pop(step_key, None)
-        await self._drive_or_leave_to_sweep(step_key[0])
+        await self._drive_or_leave_to_sweep(step_key[0], recorded)
 
-    async def _drive_or_leave_to_sweep(self, environment_id: UUID) -> None:
+    async def _drive_or_leave_to_sweep(self, environment_id: UUID, known: Environment | None = None) -> None:
         """Drive from a task of our own, which nobody awaits: a failure is logged here or nowhere."""
         try:
-            await self.drive(environment_id)
+            await self.drive(environment_id, known)
         except Exception:
             log.exception("could not drive environment %s; the sweep will try again", environment_id)
 
@@ -301,7 +309,8 @@ class Provisioner:
         if provider is not None and last_activity is not None and last_activity > paused_at:
             self._start(env, "resume", self._resume, env, provider)
 
-    async def _pause(self, cancelled: threading.Event, env: Environment, provider: PausableProvider) -> None:
+    async def _pause(self, cancelled: threading.Event, env: Environment,
+                     provider: PausableProvider) -> Environment | None:
         assert env.resource is not None  # `_pausable` gave the provider for this environment's resource
         loop = asyncio.get_running_loop()
 
@@ -314,18 +323,19 @@ class Provisioner:
             resource = await asyncio.to_thread(provider.pause, env.resource, checkpoint)
         except Exception as error:
             self._transcript.line(str(env.id), "output", provider.id, f"pause failed: {error}")
-            return
-        await self._store.run(self._app.record_paused, env.id, resource, _now())
+            return None
+        return await self._store.run(self._app.record_paused, env.id, resource, _now())
 
-    async def _resume(self, cancelled: threading.Event, env: Environment, provider: PausableProvider) -> None:
+    async def _resume(self, cancelled: threading.Event, env: Environment,
+                      provider: PausableProvider) -> Environment | None:
         assert env.resource is not None  # `_pausable` gave the provider for this environment's resource
         self._transcript.line(str(env.id), "step", provider.id, "Resuming the environment")
         try:
             resource = await asyncio.to_thread(provider.resume, env.resource)
         except Exception as error:
             self._transcript.line(str(env.id), "output", provider.id, f"resume failed: {error}")
-            return
-        await self._store.run(self._app.record_resumed, env.id, resource)
+            return None
+        return await self._store.run(self._app.record_resumed, env.id, resource)
 
     async def _retry_transient(self, env: Environment) -> None:
         path_key, claimed_path = await self._placer.next_attempt(
@@ -345,13 +355,12 @@ class Provisioner:
 
     # -- the long steps ------------------------------------------------------------------------
 
-    async def _create(self, cancelled: threading.Event, env: Environment) -> None:
+    async def _create(self, cancelled: threading.Event, env: Environment) -> Environment:
         provider = self._placer.registry.get(env.provider_id)
         if provider is None:
             # An unregistered provider cancels the creates it had pending; their cleanup waits for it.
             message = f"the environment provider {env.provider_id!r} is not registered"
-            await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
-            return
+            return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
         self._transcript.line(str(env.id), "step", "core", f"Preparing {provider.display_name} (attempt {env.attempt})")
         context = self._placer.context(provider, env.host_id, env.project_path, _typed_inputs(provider, env.inputs))
         Path(context.data_dir).mkdir(parents=True, exist_ok=True)
@@ -365,40 +374,39 @@ class Provisioner:
         result = await asyncio.to_thread(_call_create, provider, create_context)
         crash_point("create-returned")
         if isinstance(result, Created):
-            await self._store.run(
+            created = await self._store.run(
                 self._app.record_created, env.id, env.attempt, canonical_path(result.path),
                 result.owns_path, result.merge_base_branch, result.resource,
             )
             crash_point("created-recorded")
-        else:
-            self._transcript.line(str(env.id), "output", provider.id, result.message)
-            await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
+            return created
+        self._transcript.line(str(env.id), "output", provider.id, result.message)
+        return await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
 
-    async def _run_setup(self, cancelled: threading.Event, env: Environment, operation_id: str) -> None:
+    async def _run_setup(self, cancelled: threading.Event, env: Environment, operation_id: str) -> Environment:
         """`operation_id` is the step's: the setup operation `env` recorded."""
         outcome = await self._run_hook(env, operation_id, "setup")
         crash_point("setup-finished")
         what = f"recording the setup outcome of environment {env.id}"
         if outcome.status == "skipped":  # the host found no script in the workspace
-            await self._save_outcome(what, self._app.record_setup_skipped, env.id, operation_id,
-                                     outcome.message or f"no {SCRIPT_NAMES['setup']}")
-        else:
-            await self._save_outcome(what, self._app.record_setup_outcome, env.id, operation_id,
-                                     outcome.status == "succeeded", outcome.message)
+            return await self._save_outcome(what, self._app.record_setup_skipped, env.id, operation_id,
+                                            outcome.message or f"no {SCRIPT_NAMES['setup']}")
+        return await self._save_outcome(what, self._app.record_setup_outcome, env.id, operation_id,
+                                        outcome.status == "succeeded", outcome.message)
 
-    async def _run_teardown(self, cancelled: threading.Event, env: Environment, operation_id: str) -> None:
+    async def _run_teardown(self, cancelled: threading.Event, env: Environment, operation_id: str) -> Environment:
         """`operation_id` is the step's: the teardown operation `env` recorded."""
         outcome = await self._run_hook(env, operation_id, "teardown")
         crash_point("teardown-finished")
         what = f"recording the teardown outcome of environment {env.id}"
         if outcome.status == "skipped":  # the host found no script in the workspace
-            await self._save_outcome(what, self._app.record_teardown_skipped, env.id, operation_id,
-                                     outcome.message or f"no {SCRIPT_NAMES['teardown']}")
-        else:
-            await self._save_outcome(what, self._app.record_teardown_outcome, env.id, operation_id,
-                                     outcome.status, outcome.message)
+            return await self._save_outcome(what, self._app.record_teardown_skipped, env.id, operation_id,
+                                            outcome.message or f"no {SCRIPT_NAMES['teardown']}")
+        return await self._save_outcome(what, self._app.record_teardown_outcome, env.id, operation_id,
+                                        outcome.status, outcome.message)
 
-    async def _save_outcome(self, what: str, command: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
+    async def _save_outcome(self, what: str, command: Callable[P, Environment], *args: P.args,
+                            **kwargs: P.kwargs) -> Environment:
         """Save a hook's outcome however long the store refuses it (a full disk, a lost database).
 
         The hook has run: given up on, the outcome would be asked for again only at the next
@@ -407,12 +415,12 @@ class Provisioner:
         backoff = Backoff(log, what)
         while True:
             try:
-                await self._store.run(command, *args, **kwargs)
+                saved = await self._store.run(command, *args, **kwargs)
             except (OperationalError, OSError) as error:
                 await asyncio.sleep(backoff.failed(error))
                 continue
             backoff.succeeded()
-            return
+            return saved
 
     async def _run_hook(self, env: Environment, operation_id: str, kind: Literal["setup", "teardown"]) -> HookOutcome:
         environment_id = str(env.id)
@@ -440,24 +448,23 @@ class Provisioner:
             )
             return await asyncio.to_thread(_call_remove, provider, context)
 
-    async def _clean_attempt(self, cancelled: threading.Event, env: Environment) -> None:
+    async def _clean_attempt(self, cancelled: threading.Event, env: Environment) -> Environment | None:
         result = await self._call_provider_remove(env, cancelled)
         if isinstance(result, Removed):
-            await self._store.run(self._app.record_attempt_cleaned, env.id, env.attempt)
-        else:
-            self._transcript.line(str(env.id), "output", env.provider_id, f"cleanup failed: {result.message}")
-            self._wake_at(env.id, _now() + REMOVE_RETRY)
+            return await self._store.run(self._app.record_attempt_cleaned, env.id, env.attempt)
+        self._transcript.line(str(env.id), "output", env.provider_id, f"cleanup failed: {result.message}")
+        self._wake_at(env.id, _now() + REMOVE_RETRY)
+        return None
 
-    async def _remove(self, cancelled: threading.Event, env: Environment) -> None:
+    async def _remove(self, cancelled: threading.Event, env: Environment) -> Environment:
         result = await self._call_provider_remove(env, cancelled)
         crash_point("remove-returned")
         if isinstance(result, Removed):
-            await self._store.run(self._app.record_removed, env.id, env.removal_attempt)
-        else:
-            self._transcript.line(str(env.id), "output", env.provider_id, f"removal failed: {result.message}")
-            await self._store.run(
-                self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY
-            )
+            return await self._store.run(self._app.record_removed, env.id, env.removal_attempt)
+        self._transcript.line(str(env.id), "output", env.provider_id, f"removal failed: {result.message}")
+        return await self._store.run(
+            self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY
+        )
 
 
 def _typed_inputs(provider: EnvironmentProvider, inputs: object) -> object:
