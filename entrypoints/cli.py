@@ -26,6 +26,7 @@ from bb_environments.entrypoints.cli_support import (
     Failure, LazyGroup, Seconds, emit, event_loop, fail, json_option, print_table, run_cli, run_command, stderr, stdout,
 )
 from bb_environments.entrypoints.config import ConfigError, ServerFileError, ServerInfo, Settings, nats_credentials, read_server_file, serving
+from bb_environments.handlers.errors import one_line
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
     from bb_environments.bus.client import ApiClient
@@ -297,13 +298,18 @@ def _environment_command(verb: str, help_text: str, printer: Callable[[dict[str,
 
 
 def _print_environment(e: dict[str, Any]) -> None:
-    stdout.print(f"[bold]{e['id']}[/bold]  {e['status']}" + (f" — {e['statusMessage']}" if e.get("statusMessage") else ""))
+    # Every text here may come from a provider, a hook's output or a path: printed as plain text
+    # (a git message's '[rejected]' is no markup), with what would drive the terminal escaped.
+    from rich.markup import escape
+
+    message = f" — {one_line(e['statusMessage'])}" if e.get("statusMessage") else ""
+    stdout.print(f"[bold]{e['id']}[/bold]  {e['status']}{escape(message)}")
     for label, value in (("provider", e["providerId"]), ("host", e["hostId"]), ("project", e["projectPath"]),
                          ("path", e["path"]), ("owns path", e["ownsPath"]), ("threads", ", ".join(e["threadIds"])),
                          ("setup", e["hooks"]["setup"]["status"]), ("teardown", e["hooks"]["teardown"]["status"])):
-        stdout.print(f"  {label:<10} {value}", markup=False)
+        stdout.print(f"  {label:<10} {one_line(str(value))}", markup=False)
     for line in e.get("transcript", []):
-        stdout.print(f"  │ {line}", markup=False)
+        stdout.print(f"  │ {one_line(line)}", markup=False)
 
 
 def _print_accepted(doc: dict[str, Any]) -> None:
@@ -570,20 +576,32 @@ def events() -> None:
 async def events_tail(settings: Settings, subject_filter: str, as_json: bool) -> None:
     """Print live events until interrupted."""
     _check_tail_filter(subject_filter)
+    import asyncio  # only the commands that subscribe load it
+
     client = await open_client(settings)
+    reader_left = asyncio.Event()
 
     async def show(message: Any) -> None:
         if as_json:
-            print(message.data.decode(), flush=True)
+            line = message.data.decode()
         else:
             event = json.loads(message.data)
-            stdout.print(f"{event.get('occurredAt', '')}  {message.subject}  {event.get('status', '')}", markup=False)
+            line = one_line(f"{event.get('occurredAt', '')}  {message.subject}  {event.get('status', '')}")
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:  # raised here, inside nats-py's callback, it would end nothing
+            reader_left.set()
 
     await client.nc.subscribe(subject_filter, cb=show)
     try:
-        await client.until_closed()
+        ended = [asyncio.ensure_future(client.until_closed()), asyncio.ensure_future(reader_left.wait())]
+        await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in ended:
+            waiting.cancel()
     finally:
         await client.close()
+    if reader_left.is_set():
+        raise BrokenPipeError("the reader of stdout left")  # `| head`: run_cli ends quietly
     raise Failure("unreachable", "the connection to the bb service dropped and did not come back; "
                                  "tail again once the service is back")
 
@@ -594,7 +612,8 @@ def _check_tail_filter(subject_filter: str) -> None:
     tokens = subject_filter.split(".")
     well_formed = all(token and not any(c.isspace() for c in token) for token in tokens) and ">" not in tokens[:-1]
     readable = [prefix.removesuffix(".>") for prefix in (subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS)]
-    if not well_formed or ".".join(tokens[:2]) not in readable:
+    # Nothing is published on `bb.environments` itself: a filter needs a token beyond the prefix.
+    if not well_formed or len(tokens) < 3 or ".".join(tokens[:2]) not in readable:
         raise Failure("invalid_input", f"subject filter {subject_filter!r} is not one events tail can follow: give "
                                        f"a NATS subject under {' or '.join(p + '.>' for p in readable)}, "
                                        "e.g. 'bb.environments.*.ready'")

@@ -50,8 +50,7 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     `bb environment list`, and it reads every cell as markup, so that a path holding `[/]` ended
     the command. A cell with characters that are not printable (the service's answer is untrusted)
     is shown escaped rather than sent to the terminal."""
-    lines = [list(headers), *([cell if cell.isprintable() else cell.encode("unicode_escape").decode("ascii")
-                               for cell in row] for row in rows)]
+    lines = [list(headers), *([one_line(cell) for cell in row] for row in rows)]
     widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
     print("\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines))
 

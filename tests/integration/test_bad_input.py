@@ -204,6 +204,7 @@ async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with
         (("events", "nonsense"), "No such command 'nonsense'", "bb events --help"),
         (("events", "tail", "bb.hosts.>"), "'bb.hosts.>' is not one events tail can follow", "bb.environments.>"),
         (("events", "tail", "bb.environments.>.ready"), "bb.transcripts.>"),
+        (("events", "tail", "bb.environments"), "is not one events tail can follow"),
     ]
     for args, *mentions in cases:
         for as_json in (False, True):

@@ -5,6 +5,7 @@ are not what server.json promises is still one sentence and the SPEC's exit code
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -123,3 +124,28 @@ async def test_a_reader_that_leaves_ends_the_command_quietly(service):
             os.close(writer)
         _, said = await asyncio.wait_for(process.communicate(), 60)
         assert (process.returncode, said.decode()) == (1, ""), args
+
+
+async def test_a_tail_whose_reader_left_ends_at_the_next_event_quietly(service):
+    """`bb events tail | head -1`: the first event the tail cannot write ends it (exit 1, nothing
+    said), rather than a tail that runs on unseen or dies with a traceback."""
+    for as_json in ((), ("--json",)):
+        gone_reader, writer = os.pipe()
+        os.close(gone_reader)
+        try:
+            process = await asyncio.create_subprocess_exec(*service.cli(), "events", "tail", *as_json,
+                                                           env=service.environment, stdout=writer,
+                                                           stderr=asyncio.subprocess.PIPE)
+        finally:
+            os.close(writer)
+        # Spawn until the tail, subscribed at some point, has an event to write.
+        deadline = time.monotonic() + 60
+        while process.returncode is None and time.monotonic() < deadline:
+            spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace")
+            assert spawned.returncode == 0, spawned.stderr
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(process.wait(), 1)
+        if process.returncode is None:
+            process.kill()
+        _, said = await process.communicate()
+        assert (process.returncode, said.decode()) == (1, ""), as_json
