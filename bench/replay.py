@@ -7,7 +7,7 @@ The log is kept under the temp dir and reused by later runs with the same N. The
 
   (a) the baseline: every notification read page by page (`recorder.select_notifications`) and
       decoded into its domain event (`mapper.to_domain_event`), nothing else;
-  (b) the replay as `bb events replay` runs it (`replay_log`: the store's log reader and a new
+  (b) the replay as `bb events replay` runs it (`ReadModel.rebuild` over a `LogReader`, into a new
       read-models.sqlite in a temp dir), without the NATS round trip of the request.
 
 Each is run `--rounds` times, alternating, and the best round of each counts: on a machine shared
@@ -37,8 +37,6 @@ from bb_environments.bus.log_reader import LogReader
 from bb_environments.domain.application import Environments, Placement
 from bb_environments.domain.thread import Thread
 from bb_environments.entrypoints.config import event_store_environment
-from bb_environments.handlers.api import replay_log
-from bb_environments.handlers.store import Store
 from bb_environments.projections.read_model import ReadModel
 
 IN_FLIGHT = 48
@@ -148,13 +146,12 @@ def scan_and_decode(app: Environments) -> int:
 
 
 async def replay(app: Environments, read_models: Path) -> int:
-    store = Store(app)
     read_model = await ReadModel.open(read_models)
     try:
         async def stream_position() -> int:
             return 0
 
-        counts = await replay_log(store, read_model, LogReader(app), stream_position)
+        counts = await read_model.rebuild(LogReader(app).latest_views, stream_position)
     finally:
         await read_model.close()
     return counts.events

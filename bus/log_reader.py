@@ -3,14 +3,15 @@
 Each notification becomes its public document (`bus.documents`) and, for the read model, the
 public view of its aggregate just after it (`projections.views`). One mapping serves the relay,
 the consumers that check the stream against the store, and `bb events replay`, so a rebuilt read
-model equals the live one by construction. Runs on the store's log-reader thread.
+model equals the live one by construction. The relay and consumers read on the store's log-reader
+thread; a rebuild on its own worker thread (projections/read_model.py).
 
 A rebuild reads `latest_views` instead of `page`: it needs neither the bus documents nor a view
 per event, only each aggregate's latest view per page, and making those was most of its time.
 
 Every read goes through `_notifications`, and every event through `projections.fold` (decoded with
 msgspec, folded by the aggregate's own methods). A SQLite log is read as plain rows, each
-aggregate id made once per page: the library's `select_notifications` builds a frozen dataclass
+aggregate id made once per reader: the library's `select_notifications` builds a frozen dataclass
 and a new UUID for every row, which cost a replay more than decoding and folding the event.
 """
 

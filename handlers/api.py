@@ -273,19 +273,14 @@ class Api:
         return await self._accepted(environment)
 
     async def replay(self) -> ReplayCounts:
-        return await replay_log(self._store, self._read_model, self._log_views(), self._stream_position)
+        """Rebuild the read models from the whole log (`bb events replay`)."""
+        return await self._read_model.rebuild(self._log_views().latest_views, self._stream_position)
 
     async def _accepted(self, environment: Environment | None) -> Outcome:
         position = await self._store.read_log(self._app.head)
         if environment is None:
             return Outcome(None, None, position)
         return Outcome(str(environment.id), environment.public_status, position)
-
-
-async def replay_log(store: Store, read_model: ReadModel, reader: LogViews,
-                     stream_position: Callable[[], Awaitable[int]]) -> ReplayCounts:
-    """Rebuild the read models from the whole log (`bb events replay`, or a start that lost them)."""
-    return await read_model.rebuild(reader.latest_views, stream_position)
 
 
 def _check_nesting(inputs: Any) -> None:

@@ -87,6 +87,10 @@ class DamagedReadModel(Exception):
     pass
 
 
+class RebuildAbandoned(Exception):
+    pass
+
+
 class ReadModel:
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
@@ -94,6 +98,7 @@ class ReadModel:
         self._advanced = asyncio.Condition()
         self._writing = asyncio.Lock()  # see _transaction
         self._rebuilding = asyncio.Lock()
+        self._scratch: _Scratch | None = None  # a rebuild's, while one runs
         self.position = 0
 
     @classmethod
@@ -137,6 +142,9 @@ class ReadModel:
             return await cls.open(path), f"{path.name} could not be read ({damaged}); moved it to {aside.name}"
 
     async def close(self) -> None:
+        """Close, once a rebuild's worker has stopped: it reads the event store, which closes next."""
+        if self._scratch is not None:
+            await self._scratch.abandon()
         await self._db.close()
 
     async def stored_position(self, name: str) -> tuple[int, int]:
@@ -225,7 +233,7 @@ class ReadModel:
         as they were (and the scratch file, which the next open deletes).
         """
         async with self._rebuilding:
-            scratch = _Scratch(_scratch(self._path))
+            scratch = self._scratch = _Scratch(_scratch(self._path))
             try:
                 await scratch.create()
                 events, reached = await scratch.write_pages(read_page, 0)
@@ -237,12 +245,14 @@ class ReadModel:
                         events += more
                     reached = max(reached, self.position)
                     await scratch.close()
+                    self._scratch = None  # its worker is done: a close from here waits for the swap instead
                     await self._swap_in(scratch.path, reached, sequence)
                     crash_point("replay-swapped")
                     await self._advance(reached)
                     return ReplayCounts(events=events, environments=await self._count("environments"),
                                         threads=await self._count("threads"))
             finally:
+                self._scratch = None
                 await scratch.discard()
 
     async def _swap_in(self, scratch_path: Path, reached: int, sequence: int) -> None:
@@ -379,6 +389,7 @@ class _Scratch:
         self._db: sqlite3.Connection | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-model-rebuild")
         self._discarded = threading.Event()
+        self._abandoned = False
 
     async def create(self) -> None:
         await self._on_worker(self._create)
@@ -386,26 +397,46 @@ class _Scratch:
     async def write_pages(self, read_page: PageReader, after: int, upto: int | None = None) -> tuple[int, int]:
         """Write the views of the log after `after` (up to `upto`); the number of events read and
         the position reached."""
-        return await self._on_worker(functools.partial(self._write_pages, read_page, after, upto))
+        written = await self._on_worker(functools.partial(self._write_pages, read_page, after, upto))
+        self._check_not_abandoned()  # else what was written may be a part, or deleted meanwhile
+        return written
 
     async def close(self) -> None:
         """Commit what was written and close the file, for the swap to read it."""
         await self._on_worker(self._close)
+        self._check_not_abandoned()
 
     async def discard(self) -> None:
         """Close the file if open and delete it; the thread ends."""
+        if self._abandoned:
+            return  # the worker is gone, and the file with it
         self._discarded.set()
         try:
             await self._on_worker(self._discard)
         finally:
             self._worker.shutdown(wait=False)
 
+    async def abandon(self) -> None:
+        """Stop at the end of the page being written, wait for the worker, delete the file: for a
+        close that must not leave the worker reading, whatever became of the rebuild's task, which
+        fails at its next step."""
+        self._abandoned = True
+        self._discarded.set()
+        await asyncio.to_thread(self._worker.shutdown, wait=True)
+        self._discard()
+
     def _on_worker(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        self._check_not_abandoned()
         return asyncio.get_running_loop().run_in_executor(self._worker, call)
+
+    def _check_not_abandoned(self) -> None:
+        if self._abandoned:
+            raise RebuildAbandoned("the read models closed during the rebuild (the service is stopping)")
 
     def _create(self) -> None:
         self.path.unlink(missing_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False)  # opened and used on the worker only
+        # Used on the worker only, but for `abandon`, which closes it once the worker has ended.
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
         # Nothing in it is needed after a crash (the next open deletes it): no journal, no fsync.
         self._db.execute("PRAGMA journal_mode=OFF")
         self._db.execute("PRAGMA synchronous=OFF")
@@ -439,7 +470,8 @@ class _Scratch:
 def _collector_paused() -> Iterator[None]:
     """Python's cycle collector off for the process meanwhile. A rebuild allocates millions of
     short-lived objects and frees them all by reference counting (it leaves no cycles), yet they set
-    off collections that walk the whole heap of a service holding thousands of aggregates."""
+    off collections that walk the whole heap of a service holding thousands of aggregates. A replay
+    asked of a running service pauses them for its event loop too, for the seconds the pages take."""
     enabled = gc.isenabled()
     gc.disable()
     try:

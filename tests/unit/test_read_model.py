@@ -19,9 +19,8 @@ import pytest
 from bb_environments.bus.log_reader import LogReader
 from bb_environments.domain.application import Environments, Placement
 from bb_environments.domain.thread import Thread
-from bb_environments.handlers.api import replay_log
 from bb_environments.handlers.store import Store
-from bb_environments.projections.read_model import Applied, ReadModel
+from bb_environments.projections.read_model import Applied, ReadModel, RebuildAbandoned
 from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage, public_view
 from tests.unit.test_event_documents import record_every_event
 
@@ -218,13 +217,13 @@ async def test_a_rebuild_gives_the_live_model_in_the_same_order(store, read_mode
     live = await state(read_model)
     fresh = await ReadModel.open(tmp_path / "fresh.sqlite")
     try:
-        counts = await replay_log(store, fresh, LogReader(store.app), _stream_position)
+        counts = await fresh.rebuild(LogReader(store.app).latest_views, _stream_position)
         assert await state(fresh) == live and fresh.position == store.app.head()
         assert (counts.events, counts.environments, counts.threads) == (store.app.head(), 6, 6)
     finally:
         await fresh.close()
 
-    await replay_log(store, read_model, LogReader(store.app), _stream_position)
+    await read_model.rebuild(LogReader(store.app).latest_views, _stream_position)
     assert await state(read_model) == live
 
 
@@ -236,11 +235,11 @@ async def test_a_rebuild_of_a_log_with_every_state_equals_the_live_model_row_by_
     live = await rows(read_model)
     fresh = await ReadModel.open(tmp_path / "fresh.sqlite")
     try:
-        await replay_log(store, fresh, LogReader(store.app), _stream_position)
+        await fresh.rebuild(LogReader(store.app).latest_views, _stream_position)
         rebuilt = await rows(fresh)
     finally:
         await fresh.close()
-    await replay_log(store, read_model, LogReader(store.app), _stream_position)
+    await read_model.rebuild(LogReader(store.app).latest_views, _stream_position)
 
     assert rebuilt["environments"] == live["environments"] and rebuilt["threads"] == live["threads"]
     assert await rows(read_model) == live  # the transcript is the live one's, not the log's
@@ -348,6 +347,37 @@ async def test_a_rebuild_cancelled_mid_page_reads_no_further_and_leaves_the_old_
 
     assert pages == 1  # it read no further
     assert await state(read_model) == before and read_model.position == position
+    assert not (tmp_path / "read-models.sqlite.rebuilding").exists()
+
+
+async def test_closing_mid_rebuild_waits_until_it_reads_the_log_no_more(store, tmp_path):
+    """The service's exit closes the read models, then the event store: a rebuild still reading
+    the log (a replay asked just before) stops at its page, and nothing reads the store after."""
+    model = await ReadModel.open(tmp_path / "read-models.sqlite")
+    live_environments(store.app, 0, 3)
+    reader = LogReader(store.app)
+    reading, go_on = threading.Event(), threading.Event()
+    pages, closed = 0, False
+
+    def read_page(after: int, upto: int | None) -> ViewPage:  # on the rebuild's thread
+        nonlocal pages
+        pages += 1
+        assert not closed, "read after the read models closed"
+        reading.set()
+        go_on.wait(timeout=30)
+        return reader.latest_views(after, upto, limit=5)
+
+    rebuild = asyncio.create_task(model.rebuild(read_page, _stream_position))
+    assert await asyncio.to_thread(reading.wait, 30)
+    closing = asyncio.create_task(model.close())
+    await asyncio.sleep(0)
+    go_on.set()
+    await closing
+    closed = True
+
+    with pytest.raises(RebuildAbandoned):
+        await rebuild
+    assert pages == 1
     assert not (tmp_path / "read-models.sqlite.rebuilding").exists()
 
 
