@@ -15,7 +15,7 @@ run, against the same on an empty data dir:
       100, against `python -c pass` of the same installation (the floor of any Python CLI there),
       with `bb --help` (the CLI's imports) as a row of its own. The CLI as
       a user installs it: a wheel built from this tree, pip-installed with its dependencies into a
-      venv of its own (kept under `$TMPDIR/bb-bench-wheel/`, by the tree's content, for later runs of
+      venv of its own (kept under `$TMPDIR/bb-bench-wheel-<uid>/`, by the tree's content, for later runs of
       the same tree). The list of 100 is also measured from this venv's editable install, every
       command of each row alternating with the others, since the editable finder (and, while
       PYTHONDONTWRITEBYTECODE is set, compiling this tree's modules at every start) slows every
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -55,7 +56,7 @@ from bb_environments.domain.thread import Thread
 from bb_environments.providers.personal_workspace import workspace_path
 
 PRIMED = "bench-primed"
-WHEEL_VENVS = Path(tempfile.gettempdir()) / "bb-bench-wheel"
+WHEEL_VENVS = Path(tempfile.gettempdir()) / f"bb-bench-wheel-{os.getuid()}"
 NOT_SHIPPED = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".hypothesis",
                                      ".pytest_cache", ".mypy_cache")
 """What a wheel is not built from: a checkout's caches, virtual environments and earlier builds."""
@@ -150,27 +151,36 @@ def wheel_install() -> Path:
     copy of the tree (a build in the checkout would leave build/ there), pip-installed with its
     dependencies. Made once per content of the tree; a run killed while making it leaves no
     `installed` mark, and the next run makes it again."""
+    WHEEL_VENVS.mkdir(mode=0o700, exist_ok=True)
+    if WHEEL_VENVS.stat().st_uid != os.getuid():  # its venv's bb is what the bench would run
+        raise SystemExit(f"{WHEEL_VENVS} belongs to another user: remove it or set TMPDIR")
     home = WHEEL_VENVS / tree_digest(ROOT)[:16]
     installed = home / "installed"
-    if not installed.exists():
-        shutil.rmtree(home, ignore_errors=True)
-        home.mkdir(parents=True)
-        print(f"installing a wheel of this tree into {home} (reused while the tree is unchanged)...",
-              file=sys.stderr, flush=True)
-        with tempfile.TemporaryDirectory(prefix="bb-bench-wheel-") as scratch:
-            shutil.copytree(ROOT, Path(scratch, "source"), ignore=NOT_SHIPPED)
-            _quietly([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", scratch,
-                      str(Path(scratch, "source"))])
-            (wheel,) = Path(scratch).glob("bb_environments-*.whl")
-            _quietly([sys.executable, "-m", "venv", str(home / "venv")])
-            _quietly([str(home / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)])
-        installed.touch()
+    with open(WHEEL_VENVS / f"{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second bench of the same tree waits for this one's venv
+        if not installed.exists():
+            _install_wheel(home)
     installed.touch()  # used now: see UNUSED_VENV_S
     for other in WHEEL_VENVS.iterdir():
         mark = other / "installed"
         if other != home and mark.exists() and time.time() - mark.stat().st_mtime > UNUSED_VENV_S:
             shutil.rmtree(other, ignore_errors=True)
     return home / "venv" / "bin"
+
+
+def _install_wheel(home: Path) -> None:
+    shutil.rmtree(home, ignore_errors=True)  # what a killed run left half made
+    home.mkdir(parents=True)
+    print(f"installing a wheel of this tree into {home} (reused while the tree is unchanged)...",
+          file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="bb-bench-wheel-") as scratch:
+        shutil.copytree(ROOT, Path(scratch, "source"), ignore=NOT_SHIPPED)
+        _quietly([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", scratch,
+                  str(Path(scratch, "source"))])
+        (wheel,) = Path(scratch).glob("bb_environments-*.whl")
+        _quietly([sys.executable, "-m", "venv", str(home / "venv")])
+        _quietly([str(home / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)])
+    (home / "installed").touch()
 
 
 def _quietly(argv: list[str]) -> None:
