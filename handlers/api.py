@@ -207,7 +207,9 @@ class Api:
         intent = await self._intent(request, host_id)
         lookup = self._store.run(self._app.find_thread, thread_id)
         if isinstance(intent, NewEnvironment):
-            # Placed (on a worker thread) while the writer looks the thread up, not after it.
+            # Both are trips off the loop; overlapped they cost one. A spawn sent again pays for a
+            # placement it discards, which changes nothing (the provider contract's queries only),
+            # to be quick for a new thread.
             existing, placement = await asyncio.gather(
                 lookup, self._placer.place(thread_id, intent, request.project_path, host_id), return_exceptions=True)
         else:

@@ -1,8 +1,8 @@
 """Drives each environment on from whatever state its log says it is in.
 
-`drive(environment_id)` re-reads the aggregate, asks it for its next step
-(`Environment.next_step`: create, setup hook, removal, teardown hook, provider remove, a timer...)
-and executes that step; what comes next is never decided here. Long steps run as supervised tasks
+`drive(environment_id)` reads the aggregate (or takes it as a command just left it), asks it for
+its next step (`Environment.next_step`: create, setup hook, removal, teardown hook, provider
+remove, a timer...) and executes that step; what comes next is never decided here. Long steps run as supervised tasks
 off the handler: the step is recorded first (an event naming its attempt or operation), the
 task runs, and its outcome is recorded as the next event, after which the environment is driven
 again. Because the decision depends only on recorded state, the same call serves a fresh event,
@@ -74,9 +74,13 @@ CLEANUPS_AT_ONCE = 4
 
 
 PROVIDER_RECHECK = timedelta(seconds=30)
+FAILED_STEP_RETRY = timedelta(seconds=30)
+"""How long a step that failed without recording anything (a cleanup, a pause, a resume) waits
+before it runs again: the environment still asks for it, so at once would be a busy loop."""
 
 _Work = Callable[Concatenate[threading.Event, P], Awaitable[Environment | None]]
-"""A long step: it returns the environment as the event recording its outcome left it, if it saved one."""
+"""A long step: it returns the environment as the event recording its outcome left it, or None
+when it failed and recorded nothing (it runs again after FAILED_STEP_RETRY)."""
 
 
 class ProviderMissing(Exception):
@@ -133,11 +137,13 @@ class Provisioner:
         self._locks: dict[UUID, asyncio.Lock] = {}
         self._steps: dict[tuple[UUID, str], _Step] = {}
         self._timers: dict[UUID, asyncio.TimerHandle] = {}
+        self._failed_steps: dict[tuple[UUID, str], datetime] = {}  # step -> when it may run again
         self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         self._transient_retry_delay = transient_retry_delay
         self._activity: dict[UUID, datetime] = {}
         self._advanced_from: dict[UUID, int] = {}
+        self._newest_known: dict[UUID, int] = {}  # see drive
 
     @property
     def busy(self) -> bool:
@@ -150,12 +156,16 @@ class Provisioner:
 
     async def drive(self, environment_id: UUID, known: Environment | None = None) -> None:
         """`known`: the environment as a command of this process has just left it, advanced from
-        without a trip to the writer to read it again, unless this process has already advanced
-        from that version or a later one (it may be out of date then). Whoever saves a later
-        version drives it after, as with a read that a save overtakes."""
+        without a trip to the writer to read it again. Read again all the same when it may be out
+        of date: this process advanced from it or a later version already, or a later version was
+        handed to a drive that waits for the lock meanwhile (a step that ended while this drive
+        waited: advancing from before its outcome would start that step again)."""
+        if known is not None:
+            self._newest_known[environment_id] = max(known.version, self._newest_known.get(environment_id, 0))
         lock = self._locks.setdefault(environment_id, asyncio.Lock())
         async with lock:
-            if known is None or self._advanced_from.get(environment_id, 0) >= known.version:
+            if known is None or self._advanced_from.get(environment_id, 0) >= known.version \
+                    or self._newest_known[environment_id] > known.version:
                 known = await self._store.run(self._app.environment, environment_id)
             await self._advance(known)
 
@@ -248,6 +258,9 @@ class Provisioner:
         step_key = (env.id, key)
         if step_key in self._steps:
             return
+        if (retry_at := self._failed_steps.get(step_key)) is not None and _now() < retry_at:
+            self._wake_at(env.id, retry_at)  # a sweep's drive meanwhile starts nothing
+            return
         cancelled = threading.Event()
         task = asyncio.create_task(self._supervise(step_key, work, cancelled, *args, **kwargs))
         self._steps[step_key] = _Step(task, cancelled)
@@ -267,6 +280,11 @@ class Provisioner:
             return
         finally:
             self._steps.pop(step_key, None)
+        if recorded is None:
+            self._failed_steps[step_key] = retry_at = _now() + FAILED_STEP_RETRY
+            self._wake_at(step_key[0], retry_at)
+            return
+        self._failed_steps.pop(step_key, None)
         await self._drive_or_leave_to_sweep(step_key[0], recorded)
 
     async def _drive_or_leave_to_sweep(self, environment_id: UUID, known: Environment | None = None) -> None:
@@ -453,7 +471,6 @@ class Provisioner:
         if isinstance(result, Removed):
             return await self._store.run(self._app.record_attempt_cleaned, env.id, env.attempt)
         self._transcript.line(str(env.id), "output", env.provider_id, f"cleanup failed: {result.message}")
-        self._wake_at(env.id, _now() + REMOVE_RETRY)
         return None
 
     async def _remove(self, cancelled: threading.Event, env: Environment) -> Environment:

@@ -223,13 +223,15 @@ class EnvironmentProvider(Protocol):
     inputs_type: type | None
     """A msgspec-convertible type for the inputs (its JSON Schema is published), or None."""
 
-    def availability(self, ctx: ProjectContext) -> Availability: ...
+    def availability(self, ctx: ProjectContext) -> Availability:
+        """Whether the provider can create here now, and if not why. Must not change anything."""
 
     def validate(self, ctx: ProjectContext) -> None:
         """Refuse bad input by raising InvalidInputs. Must not change anything."""
 
     def planned_path(self, ctx: ProjectContext, path_key: str) -> str | None:
-        """The path create will touch, so the core can claim it first; None if not knowable."""
+        """The path create will touch, so the core can claim it first; None if not knowable.
+        Must not change anything: a spawn sent again places its thread again, and drops the answer."""
 
     def create(self, ctx: CreateContext) -> CreateResult: ...
 

@@ -1,0 +1,113 @@
+"""The provisioner starts each long step once for the state that asks for it: not again at once
+when it failed without recording anything, and not again from an environment a drive was handed
+before the step's outcome was saved."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bb_environments.domain.application import Environments
+from bb_environments.handlers.commands import NewEnvironment, RegisterThread
+from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.store import Store
+from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.providers.contract import CreateFailed, RemoveFailed
+from bb_environments.providers.registry import ProviderRegistry
+from tests.unit.test_random_interleavings import HostWithoutScripts, InstantProvider, Silent
+
+
+class Running:
+    def __init__(self, provider: InstantProvider, root: Path) -> None:
+        self.app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo", "AGGREGATE_CACHE_MAXSIZE": "100",
+                                     "AGGREGATE_CACHE_FASTFORWARD": "n"}, grace_for=lambda _: 0)
+        self.store = Store(self.app)
+        self.provider = provider
+        placer = Placer(ProviderRegistry([provider]), root)
+        self.hooks = HostWithoutScripts()
+        self.provisioner = Provisioner(self.store, placer, self.hooks, Silent())
+        self.threads = ThreadHandlers(self.store, placer, "local")
+
+    async def spawn(self, thread_id: str):
+        return await self.threads.spawn(RegisterThread(thread_id=thread_id, host_id="local",
+                                                       environment=NewEnvironment("instant", "local", None)), None)
+
+    async def settled(self, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while self.provisioner.busy:
+            assert time.monotonic() < deadline, "a step never ended"
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def running(request, tmp_path: Path) -> AsyncIterator[Running]:
+    service = Running(request.param(), tmp_path)
+    yield service
+    await service.provisioner.stop()
+    service.store.close()
+
+
+class CleanupKeepsFailing(InstantProvider):
+    def __init__(self) -> None:
+        self.removes = 0
+        self.removed_once = threading.Event()
+
+    def create(self, ctx):
+        return CreateFailed("terminal", "no such image")
+
+    def remove(self, ctx):
+        self.removes += 1
+        self.removed_once.set()
+        return RemoveFailed("the directory is busy")
+
+
+@pytest.mark.parametrize("running", [CleanupKeepsFailing], indirect=True)
+async def test_a_cleanup_that_failed_waits_before_it_runs_again(running):
+    environment, provider = await running.spawn("a"), running.provider
+    await running.provisioner.drive(environment.id)
+    assert await asyncio.to_thread(provider.removed_once.wait, 10)
+    await running.settled()
+    for _ in range(3):  # sweeps come round meanwhile
+        await running.provisioner.sweep()
+        await running.settled()
+
+    assert provider.removes == 1
+    assert running.app.environment(environment.id).status == "error"
+
+
+class CreateHeld(InstantProvider):
+    def __init__(self) -> None:
+        self.creates: list[int] = []
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def create(self, ctx):
+        self.creates.append(ctx.attempt)
+        self.entered.set()
+        self.release.wait(10)
+        return super().create(ctx)
+
+
+@pytest.mark.parametrize("running", [CreateHeld], indirect=True)
+async def test_a_drive_handed_an_environment_from_before_a_steps_outcome_does_not_start_it_again(running):
+    provisioner, app, provider = running.provisioner, running.app, running.provider
+    environment = await running.spawn("a")
+    await provisioner.drive(environment.id, environment)
+    assert await asyncio.to_thread(provider.entered.wait, 10)
+    # As a drive (the sweep's, say) holds the environment: no public call holds it still.
+    async with provisioner._locks[environment.id]:
+        await running.store.run(app.register_thread, "b", None, None, "local", None)
+        joined = await running.store.run(app.attach_thread, "b", environment.id)  # a spawn joins it, creating
+        joining_drive = asyncio.create_task(provisioner.drive(environment.id, joined))
+        provider.release.set()  # the create ends; its outcome is saved, and its drive waits for the lock
+        await running.settled()
+    await joining_drive
+    await running.settled()
+
+    assert provider.creates == [1]
+    assert app.environment(environment.id).status == "ready"
