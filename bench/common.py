@@ -104,10 +104,11 @@ def make_repository(root: Path) -> Path:
 
 
 def baseline_once(repo: Path, target: Path, branch: str) -> float:
-    """The bare baseline of a spawn: `git worktree add` and the setup script, in one shell."""
+    """The bare baseline of a spawn: `git worktree add` and the setup script, in one shell; the
+    script run by bash, as the service runs it (a `sh` that is dash starts in half the time)."""
     started = time.perf_counter()
     subprocess.run(["bash", "-c", f'git -C "{repo}" worktree add --quiet -b "{branch}" "{target}" && '
-                                  f'cd "{target}" && sh .bb-env-setup.sh'], check=True)
+                                  f'cd "{target}" && bash .bb-env-setup.sh'], check=True)
     return time.perf_counter() - started
 
 

@@ -2,7 +2,7 @@
 
 Runs a real `bb serve` on a throwaway data dir and a small repository whose setup hook is trivial,
 then alternates, N times each: our spawn (API request until the `ready` event arrives) and the
-baseline `git worktree add -b … && sh .bb-env-setup.sh` on the same repository. Gives p50/p99 of
+baseline `git worktree add -b … && bash .bb-env-setup.sh` on the same repository. Gives p50/p99 of
 both. The CLI's own start-up (a Python process) is not part of "ours": it is the service that is
 measured.
 
