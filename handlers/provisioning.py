@@ -318,7 +318,11 @@ class Provisioner:
         # Nothing seen since this process started: count from the last event.
         last_activity = self._activity.get(env.id, quiet_since)
         data_dir = str(self._placer.provider_dir(provider.id))
-        if await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir):
+        if not await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir):
+            return
+        # A pause that ended while the provider was asked (its outcome waits for this drive's lock)
+        # left a later version: pausing from this one would pause the old resource again.
+        if (await self._store.run(self._app.environment, env.id)).version == env.version:
             self._start(env, "pause", self._pause, env, provider)
 
     def _resume_on_activity(self, env: Environment, paused_at: datetime) -> None:

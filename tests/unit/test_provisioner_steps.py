@@ -18,7 +18,7 @@ from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.providers.contract import CreateFailed, RemoveFailed
+from bb_environments.providers.contract import Created, CreateFailed, RemoveFailed
 from bb_environments.providers.registry import ProviderRegistry
 from tests.unit.test_random_interleavings import HostWithoutScripts, InstantProvider, Silent
 
@@ -111,3 +111,55 @@ async def test_a_drive_handed_an_environment_from_before_a_steps_outcome_does_no
 
     assert provider.creates == [1]
     assert app.environment(environment.id).status == "ready"
+
+
+class PausesHeld(InstantProvider):
+    """A pausable provider whose pause, and whose second idle check, wait for the test."""
+
+    def __init__(self) -> None:
+        self.pauses: list[dict] = []
+        self.pausing, self.pause_may_end = threading.Event(), threading.Event()
+        self.checks = 0
+        self.second_check, self.second_check_may_end = threading.Event(), threading.Event()
+
+    def create(self, ctx):
+        created = super().create(ctx)
+        return Created(path=created.path, owns_path=True, resource={"sandbox": "sb-1"})
+
+    def idle_pause_due(self, last_activity, now, data_dir) -> bool:
+        self.checks += 1
+        if self.checks == 2:
+            self.second_check.set()
+            self.second_check_may_end.wait(10)
+        return True
+
+    def pause(self, resource, checkpoint):
+        self.pauses.append(resource)
+        self.pausing.set()
+        self.pause_may_end.wait(10)
+        return {"snapshot": "im-1"}
+
+    def resume(self, resource):
+        return {"sandbox": "sb-2"}
+
+
+@pytest.mark.parametrize("running", [PausesHeld], indirect=True)
+async def test_an_idle_check_that_a_pause_overtook_does_not_pause_again(running):
+    provisioner, app, provider = running.provisioner, running.app, running.provider
+    environment = await running.spawn("a")
+    await provisioner.drive(environment.id)
+    # Once ready, a drive finds it idle and starts a pause, which waits.
+    assert await asyncio.to_thread(provider.pausing.wait, 10)
+
+    sweep = asyncio.create_task(provisioner.drive(environment.id))  # asks the provider again, meanwhile
+    assert await asyncio.to_thread(provider.second_check.wait, 10)
+    provider.pause_may_end.set()  # the pause ends and is recorded while that check runs
+    deadline = time.monotonic() + 10
+    while app.environment(environment.id).paused_at is None:
+        assert time.monotonic() < deadline, "the pause was never recorded"
+        await asyncio.sleep(0.01)
+    provider.second_check_may_end.set()
+    await sweep
+    await running.settled()
+
+    assert provider.pauses == [{"sandbox": "sb-1"}]
