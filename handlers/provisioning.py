@@ -2,11 +2,11 @@
 
 `drive(environment_id)` reads the aggregate (or takes it as a command just left it), asks it for
 its next step (`Environment.next_step`: create, setup hook, removal, teardown hook, provider
-remove, a timer...) and executes that step; what comes next is never decided here. Long steps run as supervised tasks
-off the handler: the step is recorded first (an event naming its attempt or operation), the
-task runs, and its outcome is recorded as the next event, after which the environment is driven
-again. Because the decision depends only on recorded state, the same call serves a fresh event,
-a redelivered one, the periodic sweep and recovery after a crash.
+remove, a timer...) and executes that step; what comes next is never decided here. Long steps
+run as supervised tasks off the handler: the step is recorded first (an event naming its attempt
+or operation), the task runs, and its outcome is recorded as the next event, after which the
+environment is driven again. Because the decision depends only on recorded state, the same call
+serves a fresh event, a redelivered one, the periodic sweep and recovery after a crash.
 """
 
 from __future__ import annotations
