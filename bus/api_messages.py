@@ -5,11 +5,17 @@ The listings' replies, which carry the read side's views, are declared with thei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import msgspec
 
+from bb_environments.bus.service_errors import ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
+
+ERROR_CODE_HEADER = "Nats-Service-Error-Code"
+"""The header a NATS micro service's error reply carries (its body is an ErrorReply): nats.micro's
+constant, which `bb` cannot import without loading all of nats-py."""
 
 DEFAULT_PAGE = 200
 MAX_PAGE = 1000
@@ -88,3 +94,18 @@ class ErrorBody(msgspec.Struct):
 
 class ErrorReply(msgspec.Struct):
     error: ErrorBody
+
+
+def decode_answer(headers: Mapping[str, str], data: bytes) -> dict[str, Any]:
+    """An API reply, whichever client it reached: the answer, the service's refusal raised as
+    ServiceError, or a reply that is not the API's raised as a failed connection."""
+    try:
+        if ERROR_CODE_HEADER in headers:
+            refusal = msgspec.json.decode(data, type=ErrorReply).error
+            raise ServiceError(refusal.code, refusal.message)
+        answer = msgspec.json.decode(data)
+    except msgspec.DecodeError as damaged:
+        raise unreachable(f"the connection to it failed: an answer that is not the API's ({damaged})") from None
+    if not isinstance(answer, dict):
+        raise unreachable("the connection to it failed: an answer that is not the API's (not an object)")
+    return answer

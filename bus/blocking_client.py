@@ -29,18 +29,15 @@ import _socket
 import msgspec
 
 from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import ErrorReply, Request
+from bb_environments.bus.api_messages import Request, decode_answer
 from bb_environments.bus.nkey_signer import SeedError, answer_nonce, user_seed
-from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
+from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 NO_RESPONDERS_STATUS = "503"
 CONNECT_TIMEOUT_S = 2.0
-SERVICE_CHECK_S = 0.5
-"""How often a request waiting for its answer looks whether the service's process still runs."""
 MAX_PAYLOAD = 64 * 1024 * 1024
 """The most a message may carry whatever the server says: what a CLI would buffer for one answer."""
 MAX_LINE = 64 * 1024
@@ -143,16 +140,7 @@ class BlockingApiClient:
             raise AnswerLost(f"the bb service did not answer {what} within {timeout:.0f} s") from None
         if status == NO_RESPONDERS_STATUS:
             raise unreachable("nothing answers the API")
-        try:
-            if ERROR_CODE_HEADER in headers:
-                refusal = msgspec.json.decode(data, type=ErrorReply).error
-                raise ServiceError(refusal.code, refusal.message)
-            answer = msgspec.json.decode(data)
-        except msgspec.DecodeError as damaged:
-            raise unreachable(f"the connection to it failed: an answer that is not the API's ({damaged})") from None
-        if not isinstance(answer, dict):
-            raise unreachable("the connection to it failed: an answer that is not the API's (not an object)")
-        return answer
+        return decode_answer(headers, data)
 
     def close(self) -> None:
         self._socket.close()

@@ -14,12 +14,11 @@ from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import ErrorReply, Request
-from bb_environments.bus.blocking_client import ERROR_CODE_HEADER, SERVICE_CHECK_S
+from bb_environments.bus.api_messages import Request, decode_answer
 from bb_environments.bus.embedded_server import pid_alive
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
-from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
+from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 T = TypeVar("T")
 
@@ -67,11 +66,7 @@ class ApiClient:
             raise AnswerLost(f"the bb service did not answer {what} within {timeout:.0f} s") from None
         except NatsError as error:  # the connection is closed or its buffer full: the request never left
             raise unreachable(f"the connection to it failed: {describe(error)}") from None
-        if reply.headers and ERROR_CODE_HEADER in reply.headers:
-            refusal = msgspec.json.decode(reply.data, type=ErrorReply).error
-            raise ServiceError(refusal.code, refusal.message)
-        answer: dict[str, Any] = msgspec.json.decode(reply.data)
-        return answer
+        return decode_answer(reply.headers or {}, reply.data)
 
     async def until_closed(self) -> None:
         """Return once the connection is gone for good (it tries once to reconnect)."""

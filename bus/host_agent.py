@@ -26,6 +26,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro import add_service
+from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
@@ -270,8 +271,8 @@ class HostAgentClient:
 
 
 def _answer(reply: Msg, host_id: str, answer: type[T]) -> T:
-    if reply.headers and (code := reply.headers.get("Nats-Service-Error-Code")):
-        raise _unavailable(host_id, code, reply.headers.get("Nats-Service-Error"))
+    if reply.headers and (code := reply.headers.get(ERROR_CODE_HEADER)):
+        raise _unavailable(host_id, code, reply.headers.get(ERROR_HEADER))
     return msgspec.json.decode(reply.data, type=answer)
 
 

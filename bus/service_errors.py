@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+SERVICE_CHECK_S = 0.5
+"""How often a request waiting for its answer looks whether the service's process still runs."""
+
 
 class ServiceError(Exception):
     def __init__(self, code: str, message: str) -> None:

@@ -34,7 +34,7 @@ from nats.micro.request import Request
 from bb_environments.bus.api_messages import ErrorReply
 from bb_environments.bus.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.api_service import start_api
-from bb_environments.bus.client import ERROR_CODE_HEADER
+from bb_environments.bus.api_messages import ERROR_CODE_HEADER
 from bb_environments.bus.documents import ThreadMessageMessage
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient
 from bb_environments.bus.transcripts import TranscriptPublisher
