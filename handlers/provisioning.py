@@ -128,7 +128,8 @@ class _Step:
 
 class Provisioner:
     def __init__(self, store: Store, placer: Placer, hooks: Hooks, transcript: Transcript,
-                 transient_retry_delay: timedelta = timedelta(seconds=30)) -> None:
+                 transient_retry_delay: timedelta = timedelta(seconds=30),
+                 failed_step_retry: timedelta = FAILED_STEP_RETRY) -> None:
         self._store = store
         self._app = store.app
         self._placer = placer
@@ -141,6 +142,7 @@ class Provisioner:
         self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         self._transient_retry_delay = transient_retry_delay
+        self._failed_step_retry = failed_step_retry
         self._activity: dict[UUID, datetime] = {}
         self._advanced_from: dict[UUID, int] = {}
         self._newest_known: dict[UUID, int] = {}  # see drive
@@ -258,6 +260,10 @@ class Provisioner:
         step_key = (env.id, key)
         if step_key in self._steps:
             return
+        if self._newest_known.get(env.id, 0) > env.version:
+            # A step ended while this drive awaited (its outcome's drive waits for the lock): this
+            # state is out of date, and the later one decides; from this one the step would run again.
+            return
         if (retry_at := self._failed_steps.get(step_key)) is not None and _now() < retry_at:
             self._wake_at(env.id, retry_at)  # a sweep's drive meanwhile starts nothing
             return
@@ -281,7 +287,7 @@ class Provisioner:
         finally:
             self._steps.pop(step_key, None)
         if recorded is None:
-            self._failed_steps[step_key] = retry_at = _now() + FAILED_STEP_RETRY
+            self._failed_steps[step_key] = retry_at = _now() + self._failed_step_retry
             self._wake_at(step_key[0], retry_at)
             return
         self._failed_steps.pop(step_key, None)
@@ -318,11 +324,7 @@ class Provisioner:
         # Nothing seen since this process started: count from the last event.
         last_activity = self._activity.get(env.id, quiet_since)
         data_dir = str(self._placer.provider_dir(provider.id))
-        if not await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir):
-            return
-        # A pause that ended while the provider was asked (its outcome waits for this drive's lock)
-        # left a later version: pausing from this one would pause the old resource again.
-        if (await self._store.run(self._app.environment, env.id)).version == env.version:
+        if await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir):
             self._start(env, "pause", self._pause, env, provider)
 
     def _resume_on_activity(self, env: Environment, paused_at: datetime) -> None:

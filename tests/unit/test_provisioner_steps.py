@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from bb_environments.domain.application import Environments
 from bb_environments.handlers.commands import NewEnvironment, RegisterThread
 from bb_environments.handlers.placement import Placer
-from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.provisioning import FAILED_STEP_RETRY, Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.providers.contract import Created, CreateFailed, RemoveFailed
@@ -24,14 +25,14 @@ from tests.unit.test_random_interleavings import HostWithoutScripts, InstantProv
 
 
 class Running:
-    def __init__(self, provider: InstantProvider, root: Path) -> None:
+    def __init__(self, provider: InstantProvider, root: Path, failed_step_retry: timedelta = FAILED_STEP_RETRY) -> None:
         self.app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo", "AGGREGATE_CACHE_MAXSIZE": "100",
                                      "AGGREGATE_CACHE_FASTFORWARD": "n"}, grace_for=lambda _: 0)
         self.store = Store(self.app)
         self.provider = provider
         placer = Placer(ProviderRegistry([provider]), root)
         self.hooks = HostWithoutScripts()
-        self.provisioner = Provisioner(self.store, placer, self.hooks, Silent())
+        self.provisioner = Provisioner(self.store, placer, self.hooks, Silent(), failed_step_retry=failed_step_retry)
         self.threads = ThreadHandlers(self.store, placer, "local")
 
     async def spawn(self, thread_id: str):
@@ -79,6 +80,20 @@ async def test_a_cleanup_that_failed_waits_before_it_runs_again(running):
 
     assert provider.removes == 1
     assert running.app.environment(environment.id).status == "error"
+
+
+async def test_a_cleanup_that_failed_runs_again_once_its_wait_is_over(tmp_path):
+    running = Running(CleanupKeepsFailing(), tmp_path, failed_step_retry=timedelta(seconds=0.2))
+    try:
+        environment = await running.spawn("a")
+        await running.provisioner.drive(environment.id)
+        deadline = time.monotonic() + 10
+        while running.provider.removes < 2:  # the wake-up after the wait drives it again, no sweep needed
+            assert time.monotonic() < deadline, "a failed cleanup was never tried again"
+            await asyncio.sleep(0.01)
+    finally:
+        await running.provisioner.stop()
+        running.store.close()
 
 
 class CreateHeld(InstantProvider):
