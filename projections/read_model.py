@@ -142,10 +142,12 @@ class ReadModel:
             return await cls.open(path), f"{path.name} could not be read ({damaged}); moved it to {aside.name}"
 
     async def close(self) -> None:
-        """Close, once a rebuild's worker has stopped: it reads the event store, which closes next."""
+        """Close, once a rebuild's worker has stopped (it reads the event store, which closes next)
+        and what writes holds the connection no more (a transaction, or a rebuild's swap)."""
         if self._scratch is not None:
             await self._scratch.abandon()
-        await self._db.close()
+        async with self._writing:
+            await self._db.close()
 
     async def stored_position(self, name: str) -> tuple[int, int]:
         async with self._db.execute(
