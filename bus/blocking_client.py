@@ -108,8 +108,7 @@ class BlockingApiClient:
             self._send(b"CONNECT " + json.dumps(options).encode() + b"\r\nPING\r\n")
             while (line := self._line(deadline)) != b"PONG":
                 if line.startswith(b"-ERR"):
-                    reason = line.removeprefix(b"-ERR").strip().strip(b"'").decode(errors="replace")
-                    raise unreachable(f"{self._url} refused the connection: {reason}", data_dir)
+                    raise unreachable(f"{self._url} refused the connection: {_error_reason(line)}", data_dir)
                 self._answer_control(line)
             self._send(f"SUB {self._inbox}.* 1\r\n".encode())
         except _Closed as closed:
@@ -167,7 +166,7 @@ class BlockingApiClient:
                     return *_headers(block[:header_size]), block[header_size:size]
                 continue  # the late answer of an earlier request of this connection
             if line.startswith(b"-ERR"):
-                reason = line.removeprefix(b"-ERR").strip().strip(b"'").decode(errors="replace")
+                reason = _error_reason(line)
                 # The one error after which the server keeps the connection: nothing was delivered.
                 raise (_Refused if reason.lower().startswith("permissions violation") else _Closed)(reason)
             self._answer_control(line)
@@ -248,6 +247,11 @@ def _connected(host: str, port: int) -> _socket.socket:
         connection.close()
         raise
     return connection
+
+
+def _error_reason(line: bytes) -> str:
+    """What `-ERR '<reason>'` says."""
+    return line.removeprefix(b"-ERR").strip().strip(b"'").decode(errors="replace")
 
 
 def _headers(block: bytes) -> tuple[str, dict[str, str]]:
