@@ -398,3 +398,21 @@ async def test_a_spawn_sent_again_publishes_its_prompt_once(service):
     finally:
         await nc.close()
     assert info.state.subjects == {"bb.threads.p1.message": 1}
+
+
+async def test_a_spawn_sent_again_is_answered_as_the_first_even_where_it_could_not_be_placed_now(service, git_repo):
+    """A caller whose answer was lost sends its spawn again; the thread exists, so it gets the
+    first answer, whatever placing it again would say now (its branch has since been taken)."""
+    spawn = ("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+             "--environment-inputs", '{"branch": {"kind": "new", "name": "feature-x"}}', "--thread-id", "again",
+             "--json")
+    first = await service.bb(*spawn)
+    assert first.returncode == 0, first.stderr
+    await service.wait_for(first.json()["environmentId"], "ready")
+    other = await service.bb(*spawn[:-3], "--thread-id", "other", "--json")
+    assert other.returncode == 2 and "feature-x" in other.json()["error"]["message"], other.stdout  # placing it fails now
+
+    again = await service.bb(*spawn)
+
+    assert again.returncode == 0, again.stderr
+    assert again.json()["environmentId"] == first.json()["environmentId"]
