@@ -228,8 +228,8 @@ class SetupStarted(EnvironmentEvent, kw_only=True, tag="setup_started"):
 
 @publishes(Environment.SetupSkipped)
 class SetupSkipped(EnvironmentEvent, kw_only=True, tag="setup_skipped"):
-    """No setup runs (the provider does not own the workspace, or the repository has no
-    `.bb-env-setup.sh`); `ready` follows in the same transaction."""
+    """No setup runs (the provider does not own the workspace, made it empty, or the workspace has
+    no `.bb-env-setup.sh`); `ready` follows in the same transaction."""
 
     reason: Reason
 

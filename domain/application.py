@@ -34,6 +34,9 @@ GraceLookup = Callable[[str], "int | None"]
 Fold = Callable[[Notification, "DomainEventProtocol[UUID] | None"], None]
 
 
+EMPTY_WORKSPACE = "no .bb-env-setup.sh: the workspace was made empty"
+
+
 class UnknownEnvironment(DomainError):
     pass
 
@@ -402,9 +405,11 @@ class Environments(Application[UUID]):
         owns_path: bool,
         merge_base_branch: str | None,
         resource: dict[str, Any] | None,
+        empty: bool = False,
     ) -> Environment:
         """Record the provider's path, and the setup's start (or skip) it makes due; a path other than
-        the claimed one is claimed in the same save."""
+        the claimed one is claimed in the same save. `empty`: the provider made the path just now
+        and put nothing in it, so a setup due is skipped here rather than started on the host."""
         environment = self._changing_environment(environment_id)
         claims: list[PathClaim] = []
         if path != environment.claimed_path and attempt == environment.attempt:
@@ -415,7 +420,7 @@ class Environments(Application[UUID]):
                 self._save(environment)
                 return environment
         if environment.record_created(attempt, path, owns_path, merge_base_branch, resource):
-            _take_recording_step(environment)
+            _take_recording_step(environment, empty)
             self._save(environment, *claims)
         return environment
 
@@ -535,11 +540,16 @@ class Environments(Application[UUID]):
             self._unfinished.pop(_aggregate_id(notification), None)
 
 
-def _take_recording_step(environment: Environment) -> None:
+def _take_recording_step(environment: Environment, empty: bool) -> None:
     """Take the aggregate's next step now if it only records (start or skip the setup): saved with
     the change that made it due, it costs no transaction, and no round of the driver, of its own.
-    A crash finds the same state it would find after the driver had recorded the step."""
+    A crash finds the same state it would find after the driver had recorded the step.
+
+    In an `empty` workspace the setup due is skipped: the host would find no script there, and
+    asking it costs a hook record, a round trip and a save of their own."""
     match environment.next_step(datetime.now(timezone.utc)):
+        case StartSetup() if empty:
+            environment.skip_setup(EMPTY_WORKSPACE)
         case StartSetup():
             environment.start_setup(environment.setup_operation())
         case SkipSetup(reason):

@@ -25,6 +25,7 @@ import msgspec
 from eventsourcing.persistence import OperationalError
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.status import HookStatus
 from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
@@ -400,9 +401,12 @@ class Provisioner:
         if isinstance(result, Created):
             created = await self._store.run(
                 self._app.record_created, env.id, env.attempt, canonical_path(result.path),
-                result.owns_path, result.merge_base_branch, result.resource,
+                result.owns_path, result.merge_base_branch, result.resource, result.empty,
             )
             crash_point("created-recorded")
+            if result.empty and created.setup_status == HookStatus.SKIPPED:
+                self._transcript.line(str(env.id), "step", "setup",
+                                      f"{SCRIPT_NAMES['setup']} skipped: the workspace was made empty")
             return created
         self._transcript.line(str(env.id), "output", provider.id, result.message)
         return await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)

@@ -55,12 +55,16 @@ READY = Availability("ready")
 
 
 class Created(msgspec.Struct, frozen=True, tag="created", tag_field="status", rename="camel"):
-    """The resource exists at `path`. `owns_path` True lets the core run hooks and delete it."""
+    """The resource exists at `path`. `owns_path` True lets the core run hooks and delete it.
+
+    `empty` True says the provider made `path` just now and put nothing in it: no setup script
+    can be there, so the core records the setup skipped with the creation, without asking the host."""
 
     path: str
     owns_path: bool = False
     merge_base_branch: str | None = None
     resource: dict[str, Any] | None = None
+    empty: bool = False
 
 
 class CreateFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"):

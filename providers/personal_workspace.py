@@ -47,8 +47,13 @@ class PersonalWorkspaceProvider:
         with translate_errors(OSError, ValueError) as failed:
             path = workspace_path(ctx.data_dir, ctx.path_key)
             ctx.report.step("Preparing personal workspace")
-            path.mkdir(parents=True, exist_ok=True)
-            return Created(path=str(path), owns_path=True)
+            try:
+                path.mkdir(parents=True)
+            except FileExistsError:
+                # An earlier attempt's (cut short by a crash) or someone else's: it may hold a setup script.
+                path.mkdir(parents=True, exist_ok=True)
+                return Created(path=str(path), owns_path=True)
+            return Created(path=str(path), owns_path=True, empty=True)
         return failed.create_failed()
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:

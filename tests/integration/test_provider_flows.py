@@ -41,6 +41,21 @@ async def test_personal_workspace_is_shared_with_a_projectless_child_and_removed
     assert not path.exists()
 
 
+async def test_a_new_personal_workspace_is_ready_without_a_setup_hook_and_still_runs_its_teardown(service, tmp_path):
+    """The directory is made empty, so no setup script can be there: the setup is skipped with the
+    creation (no hook operation started). A teardown script put there later still runs."""
+    spawned = await spawn(service, "--environment-provider", "personal-workspace", "--thread-id", "fresh", "--wait")
+    assert spawned.returncode == 0, spawned.stderr
+    shown = await service.show(spawned.json()["environmentId"])
+    assert shown["status"] == "ready"
+    assert shown["hooks"]["setup"] == {"status": "skipped", "operationId": None}
+    marker = tmp_path / "torn-down"
+    Path(shown["path"], ".bb-env-teardown.sh").write_text(f"touch {marker}\n")
+    await service.bb("thread", "archive", "fresh")
+    removed = await service.wait_for(shown["id"], "removed")
+    assert removed["hooks"]["teardown"]["status"] == "succeeded" and marker.exists()
+
+
 async def test_personal_workspace_refuses_a_project(service, git_repo):
     refused = await spawn(service, "--environment-provider", "personal-workspace", "--project", str(git_repo))
     assert refused.returncode == 2 and "without a project" in refused.json()["error"]["message"]

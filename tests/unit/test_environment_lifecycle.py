@@ -263,6 +263,20 @@ def test_created_and_setup_started_are_one_save(app):
     assert not app.start_setup(env.id)[1]
 
 
+def test_a_workspace_made_empty_is_ready_with_its_creation_and_runs_no_setup(app):
+    """A provider that made the path just now and put nothing in it: no setup script can be there,
+    so no hook operation is started for the host to look; the teardown still runs as usual."""
+    env = spawn(app)
+    head = app.head()
+    ready = app.record_created(env.id, 1, env.claimed_path, True, None, None, empty=True)
+    assert (ready.status, ready.setup_status, ready.setup_operation_id) == ("ready", "skipped", None)
+    assert names(app, env.id) == ["Claimed", "Created", "SetupSkipped", "Ready"]
+    assert app.head() == head + 3
+    app.archive_thread("t1", NOW)
+    app.start_removal(env.id, NOW)
+    assert app.start_teardown(env.id)[1]
+
+
 def test_a_started_hook_the_host_skips_is_recorded_as_skipped(app):
     env = spawn(app)
     app.record_created(env.id, 1, env.claimed_path, True, None, None)

@@ -61,16 +61,18 @@ def test_create_makes_the_planned_directory(provider: PersonalWorkspaceProvider,
     planned = provider.planned_path(ProjectContext("local", None, None, str(data_dir)), PATH_KEY)
     context = create_context(data_dir)
     result = provider.create(context)
-    assert result == Created(path=str(data_dir / "workspaces" / PATH_KEY), owns_path=True)
+    assert result == Created(path=str(data_dir / "workspaces" / PATH_KEY), owns_path=True, empty=True)
     assert planned == result.path and Path(result.path).is_dir()
     assert context.report.steps == ["Preparing personal workspace"]
 
 
 def test_create_again_keeps_the_contents(provider: PersonalWorkspaceProvider, data_dir: Path) -> None:
     workspace = created_path(provider, data_dir)
-    (workspace / "notes.txt").write_text("keep me\n")
-    assert created_path(provider, data_dir) == workspace
-    assert (workspace / "notes.txt").read_text() == "keep me\n"
+    (workspace / ".bb-env-setup.sh").write_text("echo keep me\n")
+    again = provider.create(create_context(data_dir))
+    # Not said to be empty: the directory was there already, and the core must look for a setup script.
+    assert again == Created(path=str(workspace), owns_path=True)
+    assert (workspace / ".bb-env-setup.sh").read_text() == "echo keep me\n"
 
 
 @pytest.mark.parametrize("path_key", ["../escape", "a/b", ".hidden", "-option", ""])
