@@ -166,7 +166,6 @@ PULL_EXPIRES_S = 5.0
 # After this much longer without an answer, a request counts as lost; one sent before a reconnect
 # is taken as lost at once (the server it reached may have gone).
 _LOST_AFTER_S = 1.0
-_NO_MESSAGES, _REQUEST_TIMEOUT, _CONFLICT, _NO_RESPONDERS = "404", "408", "409", "503"
 
 
 class Fetcher(Protocol):
@@ -210,11 +209,12 @@ class PullFeed:
         if status is None:
             self._arrived.append(message)
             self._open -= 1
-        elif status in (_NO_MESSAGES, _REQUEST_TIMEOUT):  # the request ended with nothing (more) to bring
-            self._open = 0
-        elif status == _NO_RESPONDERS:  # no consumer (or no stream leader) to ask
+        elif status in (api.StatusCode.NO_MESSAGES, api.StatusCode.REQUEST_TIMEOUT):
+            self._open = 0  # the request ended with nothing (more) to bring
+        elif status == api.StatusCode.SERVICE_UNAVAILABLE:  # no consumer (or no stream leader) to ask
             self._open, self._failure = 0, NoRespondersError()
-        elif status == _CONFLICT:  # the consumer deleted, its leader changed...: asked again after a pause
+        elif status == api.StatusCode.CONFLICT:
+            # the consumer deleted, its leader changed...: asked again after a pause
             self._open, self._failure = 0, APIError(code=int(status), description=headers.get(api.Header.DESCRIPTION, ""))
         else:  # a heartbeat, or something this feed never asked for
             return

@@ -109,7 +109,7 @@ class AckedPublisher:
         ack = self._waiting.get(message.subject.rpartition(".")[2])
         if ack is None or ack.done():
             return
-        if not message.data and (message.headers or {}).get(api.Header.STATUS) == "503":
+        if not message.data and (message.headers or {}).get(api.Header.STATUS) == api.StatusCode.SERVICE_UNAVAILABLE:
             ack.set_exception(NoStreamResponseError())
             return
         try:
