@@ -121,10 +121,6 @@ async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filte
     await js.add_consumer(stream, config)  # creates it, or updates one created with other settings
 
 
-# The one in-order consumer of BB_THREADS that the partitions' consumers replace.
-_SINGLE_THREADS_CONSUMER = "threads"
-
-
 async def ensure_thread_partition_consumers(js: JetStreamContext) -> None:
     """Create each partition's in-order consumer. Where a service of the earlier layout left its
     single consumer of BB_THREADS, the partitions start where it stopped: at its first
@@ -132,7 +128,7 @@ async def ensure_thread_partition_consumers(js: JetStreamContext) -> None:
     safely), so no event is lost and none handled earlier is taken again. That consumer is
     deleted only once every partition's exists, so a crash in between repeats the same start."""
     try:
-        single = await js.consumer_info(subjects.THREADS_STREAM, _SINGLE_THREADS_CONSUMER)
+        single = await js.consumer_info(subjects.THREADS_STREAM, subjects.RETIRED_THREADS_CONSUMER)
         start_sequence: int | None = single.ack_floor.stream_seq + 1
     except NotFoundError:
         single, start_sequence = None, None
@@ -140,11 +136,7 @@ async def ensure_thread_partition_consumers(js: JetStreamContext) -> None:
         await ensure_consumer(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
                               subjects.thread_partition(partition), in_order=True, start_sequence=start_sequence)
     if single is not None:
-        await js.delete_consumer(subjects.THREADS_STREAM, _SINGLE_THREADS_CONSUMER)
-
-
-# The log consumer an earlier service drove environments from; the projections' consumer now does.
-_PROVISIONER_CONSUMER = "provisioner"
+        await js.delete_consumer(subjects.THREADS_STREAM, subjects.RETIRED_THREADS_CONSUMER)
 
 
 async def retire_provisioner_consumer(js: JetStreamContext) -> None:
@@ -153,7 +145,7 @@ async def retire_provisioner_consumer(js: JetStreamContext) -> None:
     recorded state, and once the relay has caught up after a start the sweep drives every
     environment whose log has not ended, which covers each event it still held."""
     try:
-        await js.delete_consumer(subjects.ENVIRONMENTS_STREAM, _PROVISIONER_CONSUMER)
+        await js.delete_consumer(subjects.ENVIRONMENTS_STREAM, subjects.RETIRED_PROVISIONER_CONSUMER)
     except NotFoundError:
         pass
 

@@ -1,4 +1,4 @@
-"""Every NATS subject and stream the service uses, in one place.
+"""Every NATS subject, stream and consumer name the service uses, in one place.
 
 Inbound thread events arrive on `bb.threads.<threadId>.<event>` (stream BB_THREADS). Stream
 BB_THREAD_PARTITIONS mirrors it, storing each event under `bb.ingress.<partition>.<threadId>.<event>`:
@@ -28,6 +28,13 @@ NOTIFICATION_HEADER = "Bb-Notification-Id"
 
 TRANSCRIPTS_STREAM = "BB_TRANSCRIPTS"
 TRANSCRIPT_EVENTS = "bb.transcripts.>"
+
+# The service's durable consumers: the log's (read models, then the provisioner) and the transcripts'.
+LOG_CONSUMER = "projections"
+TRANSCRIPTS_CONSUMER = "transcripts"
+# Consumers an earlier service's layout had: a start hands over from them, then deletes them.
+RETIRED_THREADS_CONSUMER = "threads"
+RETIRED_PROVISIONER_CONSUMER = "provisioner"
 
 API_SERVICE = "bb-environments"
 API_PREFIX = "bb.api"

@@ -239,7 +239,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
 
     # One consumer of the whole log feeds the read model and then the provisioner: a second one for
     # the provisioner had every environment event delivered, checked and acknowledged twice.
-    log_check = TrustedLog(lambda ids: store.read_log(log_reader.at, ids), "projections")
+    log_check = TrustedLog(lambda ids: store.read_log(log_reader.at, ids), subjects.LOG_CONSUMER)
 
     async def fill_gap(after: int, upto: int) -> list[tuple[int, View]]:
         return await store.read_log(log_reader.between, after, upto)
@@ -285,8 +285,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await _restore_read_models(core, js)
     workers: list[Coroutine[Any, Any, None]] = [
         relay.run(),
-        consume(js, subjects.ENVIRONMENTS_STREAM, "projections", subjects.LOG_EVENTS, follow_log, health),
-        consume(js, subjects.TRANSCRIPTS_STREAM, "transcripts", subjects.TRANSCRIPT_EVENTS, store_transcript, health),
+        consume(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER, subjects.LOG_EVENTS, follow_log, health),
+        consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS, store_transcript, health),
         # A thread's events are handled in the order they were sent, one at a time, by its
         # partition's consumer; the partitions run side by side.
         *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
@@ -341,7 +341,7 @@ async def _restore_read_models(core: Core, js: JetStreamContext) -> None:
     # The transcript tails are not in the log: their consumer starts over from the stream's start.
     # Deleted first: a crash after the rebuild would leave no sign that it is still to be done.
     with contextlib.suppress(NotFoundError):
-        await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, "transcripts")
+        await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER)
     counts = await core.api.replay()
     log.warning("%s; rebuilt them from the log: %d events, %d environments, %d threads",
                 damage or "the read models were empty", counts.events, counts.environments, counts.threads)
