@@ -62,22 +62,23 @@ NOT_SHIPPED = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__
 """What a wheel is not built from: a checkout's caches, virtual environments and earlier builds."""
 UNUSED_VENV_S = 24 * 3600
 """A wheel venv no run has used for this long (another tree's, an old one) is removed."""
+LIFECYCLE_LAYOUT = "made-empty"
+"""Names the log `personal_lifecycle` writes, in the primed data dirs: a change to it primes new ones."""
 PUBLISH_S = 0.03
 """Seconds per environment that the first serve may take beyond a quarter of an hour to become idle."""
 
 
 def personal_lifecycle(app: Environments, data_dir: Path, n: int, rng: random.Random, ready: float) -> Iterator[None]:
-    """A personal workspace's life as the service writes it, a save at a time: spawned, created, its
-    setup skipped (no script), ready; with probability 1 - `ready`, archived and removed."""
+    """A personal workspace's life as the service writes it, a save at a time: spawned, then created
+    in a directory made empty (its setup skipped and the environment ready in the same save); with
+    probability 1 - `ready`, archived and removed."""
     thread_id = f"p{n}"
     path = workspace_path(str(data_dir / "providers" / "personal-workspace"), thread_id)
     environment = app.spawn_thread(Thread(thread_id, None, None, "local", None),
                                    Placement("personal-workspace", "local", None, None, thread_id, str(path)))
     yield
     path.mkdir(parents=True)
-    app.record_created(environment.id, 1, str(path), True, None, None)  # starts the setup in the same save
-    yield
-    app.record_setup_skipped(environment.id, app.environment(environment.id).setup_operation_id, "no .bb-env-setup.sh")
+    app.record_created(environment.id, 1, str(path), True, None, None, empty=True)
     yield
     if rng.random() < ready:
         return
@@ -90,7 +91,8 @@ async def primed_data_dir(environments: int, ready: float) -> Path:
     """A data dir whose log holds `environments` lifecycles, already served once (log published, read
     models built); kept for later runs with the same sizes. A run stopped while serving it the first
     time goes on from its log: the next serve publishes what is left."""
-    data_dir = Path(tempfile.gettempdir()) / "bb-bench-scale" / f"{environments}-environments-{ready:.2f}-ready"
+    data_dir = (Path(tempfile.gettempdir()) / "bb-bench-scale"
+                / f"{environments}-environments-{ready:.2f}-ready-{LIFECYCLE_LAYOUT}")
     if (data_dir / PRIMED).exists():
         return data_dir
     if not (data_dir / "events.sqlite").exists():  # written aside and renamed: whole or absent
@@ -106,7 +108,7 @@ async def primed_data_dir(environments: int, ready: float) -> Path:
     started = time.perf_counter()
     service, info = await start_service(data_dir)
     try:
-        # Some 9 events per environment to publish and consume: about 25 minutes for 100,000 here.
+        # Some 8 events per environment to publish and consume: about 25 minutes for 100,000 here.
         await until_idle([service.pid, info["natsPid"]], deadline_s=900 + environments * PUBLISH_S)
     finally:
         stop_service(service)

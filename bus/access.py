@@ -30,8 +30,8 @@ SERVICE_INBOX_PREFIX = "_BB_SERVICE_INBOX"
 # The consumers the service reads the streams with: a client that could pull from or delete one
 # of them could hide events from the read model or the provisioning driver. The retired ones are
 # included: a start still hands over from them, so no client may hold those names.
-SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.TRANSCRIPTS_CONSUMER,
-                     subjects.RETIRED_PROVISIONER_CONSUMER, subjects.RETIRED_THREADS_CONSUMER)
+SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.RETIRED_PROVISIONER_CONSUMER,
+                     subjects.TRANSCRIPTS_CONSUMER, subjects.RETIRED_THREADS_CONSUMER)
 READABLE_STREAMS = (subjects.ENVIRONMENTS_STREAM, subjects.TRANSCRIPTS_STREAM)
 
 _HOST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -34,7 +34,8 @@ GraceLookup = Callable[[str], "int | None"]
 Fold = Callable[[Notification, "DomainEventProtocol[UUID] | None"], None]
 
 
-EMPTY_WORKSPACE = "no .bb-env-setup.sh: the workspace was made empty"
+MADE_EMPTY_REASON = "no .bb-env-setup.sh: the workspace was made empty"
+"""Why a setup is skipped in a workspace its provider has just made empty."""
 
 
 class UnknownEnvironment(DomainError):
@@ -546,10 +547,12 @@ def _take_recording_step(environment: Environment, empty: bool) -> None:
     A crash finds the same state it would find after the driver had recorded the step.
 
     In an `empty` workspace the setup due is skipped: the host would find no script there, and
-    asking it costs a hook record, a round trip and a save of their own."""
+    asking it costs a hook record, a round trip and a save of their own. That decision is taken
+    here, not by the aggregate's `next_step`, because `empty` is what the provider says of this
+    one creation, not state the aggregate keeps."""
     match environment.next_step(datetime.now(timezone.utc)):
         case StartSetup() if empty:
-            environment.skip_setup(EMPTY_WORKSPACE)
+            environment.skip_setup(MADE_EMPTY_REASON)
         case StartSetup():
             environment.start_setup(environment.setup_operation())
         case SkipSetup(reason):

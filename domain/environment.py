@@ -191,7 +191,8 @@ class Environment(CopiedForCommands, Aggregate):
         if self.cancelled:
             return StartRemoval()
         if self.setup_status is None:
-            # Whether a script exists is for the host to tell, where the workspace is.
+            # Whether a script exists is for the host to tell, where the workspace is (or for the
+            # provider that has just made it empty: see Environments.record_created).
             return StartSetup() if self.owns_path else SkipSetup("the provider does not own the path")
         return Settled()
 

@@ -24,8 +24,8 @@ from uuid import UUID
 import msgspec
 from eventsourcing.persistence import OperationalError
 
+from bb_environments.domain.application import MADE_EMPTY_REASON
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.status import HookStatus
 from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
@@ -399,14 +399,15 @@ class Provisioner:
         result = await asyncio.to_thread(_call_create, provider, create_context)
         crash_point("create-returned")
         if isinstance(result, Created):
+            if result.empty and result.owns_path:
+                # Before the save that makes the environment ready, so that a client waiting for it
+                # has heard this line by then.
+                self._transcript.line(str(env.id), "step", "setup", MADE_EMPTY_REASON)
             created = await self._store.run(
                 self._app.record_created, env.id, env.attempt, canonical_path(result.path),
                 result.owns_path, result.merge_base_branch, result.resource, result.empty,
             )
             crash_point("created-recorded")
-            if result.empty and created.setup_status == HookStatus.SKIPPED:
-                self._transcript.line(str(env.id), "step", "setup",
-                                      f"{SCRIPT_NAMES['setup']} skipped: the workspace was made empty")
             return created
         self._transcript.line(str(env.id), "output", provider.id, result.message)
         return await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)

@@ -50,7 +50,8 @@ class PersonalWorkspaceProvider:
             try:
                 path.mkdir(parents=True)
             except FileExistsError:
-                # An earlier attempt's (cut short by a crash) or someone else's: it may hold a setup script.
+                # An earlier attempt's (cut short by a crash) or someone else's: it may hold a setup
+                # script. Asked again so that a file, or a directory gone meanwhile, is a failure.
                 path.mkdir(parents=True, exist_ok=True)
                 return Created(path=str(path), owns_path=True)
             return Created(path=str(path), owns_path=True, empty=True)

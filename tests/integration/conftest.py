@@ -207,6 +207,14 @@ class Service:
         raise AssertionError(f"thread {thread_id} never showed up")
 
 
+async def environment_events(service: Service, environment_id: str) -> list[dict]:
+    """The environment's own events in the log, as `bb events export` prints them."""
+    exported = await service.bb("events", "export")
+    assert exported.returncode == 0, exported.stderr
+    events = [json.loads(line) for line in exported.stdout.splitlines()]
+    return [e for e in events if e.get("environmentId") == environment_id and "threadIds" in e]
+
+
 async def eventually(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
     """Wait until `condition()` holds, or fail naming `what` did not happen."""
     deadline = time.monotonic() + timeout

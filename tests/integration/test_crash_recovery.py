@@ -163,6 +163,27 @@ async def test_killed_around_created_the_environment_goes_on(tmp_path, project, 
         await service.stop()
 
 
+async def test_a_personal_workspace_killed_before_its_creation_was_saved_is_searched_for_a_setup_script(tmp_path):
+    """Killed between making the directory and saving Created: the retry finds the directory there,
+    so it can no longer say it made it empty, and the host looks for a setup script (put there
+    meanwhile), which runs once."""
+    service = await start(tmp_path, "create-returned")
+    marker = tmp_path / "setup-ran"
+    try:
+        spawned = await service.bb("thread", "spawn", "--json", "--environment-provider", "personal-workspace",
+                                   "--thread-id", "mine")
+        assert spawned.returncode == 0, spawned.stderr
+        await died(service)
+        workspace = service.data_dir / "providers" / "personal-workspace" / "workspaces" / "mine"
+        (workspace / ".bb-env-setup.sh").write_text(f"echo ran >> {marker}\n")
+        await restart(service)
+        ready = await service.wait_for(spawned.json()["environmentId"], "ready")
+        assert ready["hooks"]["setup"]["status"] == "succeeded"
+        assert marker.read_text().split() == ["ran"]
+    finally:
+        await service.stop()
+
+
 async def test_killed_during_setup_the_running_hook_is_joined_not_run_again(tmp_path, project):
     service, environment_id = await start_with_setup_held(tmp_path, project)
     try:

@@ -11,20 +11,13 @@ import msgspec
 import pytest
 
 from bb_environments.bus import subjects
-from tests.integration.conftest import eventually, write_hooks
+from tests.integration.conftest import environment_events, eventually, write_hooks
 
 
 def worktrees(repo) -> list[str]:
     listing = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"],
                              capture_output=True, text=True, check=True).stdout
     return [line.split(" ", 1)[1] for line in listing.splitlines() if line.startswith("worktree ")]
-
-
-async def environment_events(service, environment_id: str) -> list[dict]:
-    exported = await service.bb("events", "export")
-    assert exported.returncode == 0, exported.stderr
-    events = [json.loads(line) for line in exported.stdout.splitlines()]
-    return [e for e in events if e.get("environmentId") == environment_id and "threadIds" in e]
 
 
 async def spawn(service, repo, thread_id: str, *extra: str) -> dict:

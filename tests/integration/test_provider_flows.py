@@ -6,6 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
+from tests.integration.conftest import environment_events
+
 
 async def spawn(service, *args: str):
     return await service.bb("thread", "spawn", "--json", *args)
@@ -49,6 +51,9 @@ async def test_a_new_personal_workspace_is_ready_without_a_setup_hook_and_still_
     shown = await service.show(spawned.json()["environmentId"])
     assert shown["status"] == "ready"
     assert shown["hooks"]["setup"] == {"status": "skipped", "operationId": None}
+    assert shown["transcript"][-1] == "» no .bb-env-setup.sh: the workspace was made empty"
+    types = [e["type"] for e in await environment_events(service, shown["id"])]
+    assert types == ["claimed", "created", "setup_skipped", "ready"]
     marker = tmp_path / "torn-down"
     Path(shown["path"], ".bb-env-teardown.sh").write_text(f"touch {marker}\n")
     await service.bb("thread", "archive", "fresh")
