@@ -13,11 +13,14 @@ import json
 import os
 import re
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from bb_environments.bus import subjects
+
+if TYPE_CHECKING:  # every `bb` command loads this module, and none that only sends requests needs pathlib
+    from pathlib import Path
 
 CLIENT_ROLES = ("operator", "publisher", "subscriber")
 SERVICE_USER = "service"

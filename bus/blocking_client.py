@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from typing import Any
 
 # The socket module's own module, not `socket`: that one builds four IntEnums of every constant of
 # this one when it is imported, 5 ms of a `bb` command, and loads selectors; what a request needs
@@ -32,9 +31,6 @@ from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import Request, decode_answer
 from bb_environments.bus.nkey_signer import SeedError, answer_nonce, user_seed
 from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 NO_RESPONDERS_STATUS = "503"
 CONNECT_TIMEOUT_S = 2.0
@@ -67,10 +63,9 @@ class BlockingApiClient:
         self._requests = 0
 
     @classmethod
-    def connect(cls, url: str, seed_file: str, data_dir: Path | None = None,
+    def connect(cls, url: str, seed_file: str, data_dir: str | None = None,
                 service_pid: int | None = None) -> BlockingApiClient:
         """Connected and authenticated as the NKEY whose seed is in `seed_file`, with its inbox subscribed."""
-        parts = urlparse(url)
         try:
             with open(seed_file, "rb") as file:
                 seed = user_seed(file.read().strip())
@@ -81,7 +76,7 @@ class BlockingApiClient:
                               data_dir) from None
         try:
             try:
-                connection = _connected(parts.hostname or "127.0.0.1", parts.port or 4222)
+                connection = _connected(*_address(url))
             except (OSError, ValueError) as error:
                 raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
             client = cls(connection, url, service_pid, max_payload=0)
@@ -94,7 +89,7 @@ class BlockingApiClient:
             seed[:] = bytes(len(seed))
         return client
 
-    def _handshake(self, seed: bytearray, deadline: float, data_dir: Path | None) -> None:
+    def _handshake(self, seed: bytearray, deadline: float, data_dir: str | None) -> None:
         try:
             info = self._info(self._line(deadline))
             if info.get("tls_required") or not isinstance(info.get("nonce"), str):
@@ -230,6 +225,20 @@ class BlockingApiClient:
                 raise _Closed("closed by the server")
             self._buffer += chunk
             return
+
+
+def _address(url: str) -> tuple[str, int]:
+    """The host and port of a `nats://host:port` URL as server.json writes it (an IPv6 host in
+    brackets), parsed here: urllib.parse loads ipaddress, which takes longer than connecting. A port
+    that is not one raises ValueError, as urllib's does."""
+    authority = url.partition("://")[2].partition("/")[0].rpartition("@")[2]
+    host, port = authority, ""
+    if not authority.endswith("]") and ":" in authority:
+        host, _, port = authority.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]").lower()
+    if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"port {port!r} is not a port number")
+    return host or "127.0.0.1", int(port or 0) or 4222
 
 
 def _connected(host: str, port: int) -> _socket.socket:

@@ -5,7 +5,10 @@ nats-py only once it knows the URL (entrypoints/cli.py, `open_client`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SERVICE_CHECK_S = 0.5
 """How often a request waiting for its answer looks whether the service's process still runs."""
@@ -18,7 +21,7 @@ class ServiceError(Exception):
         self.message = message
 
 
-def unreachable(detail: str, data_dir: Path | None = None, hint: str | None = None) -> ServiceError:
+def unreachable(detail: str, data_dir: str | Path | None = None, hint: str | None = None) -> ServiceError:
     where = f" for data dir {data_dir}" if data_dir else ""
     return ServiceError("unreachable",
                         f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}")

@@ -51,7 +51,7 @@ def embedded_server(settings: Settings) -> ServerInfo | None:
     except ServerFileError as unusable:
         running = serving(settings.data_dir)
         hint = f"`bb serve` (pid {running.pid}) writes it again within seconds" if running else None
-        raise unreachable(str(unusable), settings.data_dir, hint) from None
+        raise unreachable(str(unusable), settings.data_root, hint) from None
 
 
 async def open_client(settings: Settings) -> ApiClient:
@@ -100,7 +100,7 @@ def requests_to(settings: Settings) -> Iterator[Requester]:
     if server is not None and server.credentials is not None and server.nats_url.startswith("nats://"):
         from bb_environments.bus.blocking_client import BlockingApiClient
 
-        client = BlockingApiClient.connect(server.nats_url, server.credentials.operator, settings.data_dir,
+        client = BlockingApiClient.connect(server.nats_url, server.credentials.operator, settings.data_root,
                                            server.pid)
     else:
         client = _OnLoop(settings)

@@ -2,13 +2,14 @@
 
 Without `from __future__ import annotations`: msgspec reads a Struct's annotations when it first
 decodes one, and a string annotation costs it a compile() each; every `bb` command that connects
-decodes server.json (ServerInfo), and those compiles were a tenth of a request's run time.
+decodes server.json (ServerInfo), and those compiles were a tenth of a request's run time. The
+few annotations that name Path are strings all the same (no struct that is decoded has one):
+pathlib loads urllib.parse and ipaddress, about a tenth of a `bb` command that only sends a
+request, which needs neither (see Settings.data_root).
 """
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import unquote, urlparse
 
 import msgspec
 
@@ -16,11 +17,12 @@ from bb_environments.bus.access import check_host_id
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli.py)
     import logging
+    from pathlib import Path
 
     from bb_environments.bus.jetstream import ConnectOptions
     from bb_environments.hooks.records import SyncLevel
 
-DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "bb"
+DEFAULT_DATA_DIR = os.path.join("~", ".local", "share", "bb")
 SERVER_FILE = "server.json"
 SERVE_LOCK = "serve.lock"
 THREADS_MAX_AGE_S = 7 * 24 * 3600
@@ -35,7 +37,9 @@ class ConfigError(ValueError):
 class Settings(msgspec.Struct, frozen=True):
     """What a `bb` command or the service runs with. A Struct, not a dataclass: making a dataclass
     (its generated methods compiled) took a millisecond of every command's start."""
-    data_dir: Path
+    data_root: str
+    """The data dir, absolute, symlinks resolved: as text, all that a command which only sends
+    requests needs of it (`data_dir` is the same as a Path)."""
     nats_url: str | None
     event_store: str
     host_id: str
@@ -55,11 +59,11 @@ class Settings(msgspec.Struct, frozen=True):
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> "Settings":
-        root = Path(data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
+        root = os.path.realpath(os.path.expanduser(data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR))
         return cls(
-            data_dir=root,
+            data_root=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
-            event_store=os.environ.get("BB_EVENT_STORE") or f"sqlite:///{root / 'events.sqlite'}",
+            event_store=os.environ.get("BB_EVENT_STORE") or f"sqlite:///{os.path.join(root, 'events.sqlite')}",
             host_id=_host_id(os.environ.get("BB_HOST_ID", "local")),
             retire_grace_override=_grace_override(os.environ.get("BB_RETIRE_GRACE_MS")),
             hook_timeout_s=_number("BB_HOOK_TIMEOUT_S", 900),
@@ -72,14 +76,22 @@ class Settings(msgspec.Struct, frozen=True):
         )
 
     @property
-    def server_file(self) -> Path:
-        return self.data_dir / SERVER_FILE
+    def data_dir(self) -> "Path":
+        from pathlib import Path
+
+        return Path(self.data_root)
+
+    @property
+    def server_file(self) -> str:
+        return os.path.join(self.data_root, SERVER_FILE)
 
 
 def nats_credentials(url: str | None = None) -> "ConnectOptions":
     """nats-py connect options for an external NATS, from the environment only, so that credentials
     never appear in argv or logs; a `tls://` URL also gets a TLS context (CA from BB_NATS_CA)."""
     options: ConnectOptions = {}
+    from urllib.parse import urlparse  # here, as pathlib is (see above): the CLI needs it for an external NATS only
+
     if url is not None and urlparse(url).scheme == "tls":
         import ssl  # here: `bb` loads it only for such a URL (a tenth of its imports otherwise)
 
@@ -97,12 +109,17 @@ def nats_credentials(url: str | None = None) -> "ConnectOptions":
 
 def url_without_credentials(url: str) -> str:
     """What may be written down (server.json, logs): credentials stay in the environment."""
+    from urllib.parse import urlparse
+
     parts = urlparse(url)
     return parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
 
 
 def event_store_environment(url: str) -> dict[str, str]:
     """The eventsourcing library's settings for `sqlite:///path` or `postgresql://...`."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
     parsed = urlparse(url)
     if parsed.scheme == "sqlite":
         path = Path(unquote(parsed.path))
@@ -148,9 +165,12 @@ def _sync_level(variable: str, levels: tuple[Level, ...]) -> Level:
     raise ConfigError(f"{variable} {level!r} is not allowed: use {' or '.join(levels)}")
 
 
-def event_store_file(url: str) -> Path | None:
+def event_store_file(url: str) -> "Path | None":
     """The SQLite event store's file, symlinks resolved, so that every alias of it names one file;
     None for PostgreSQL."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
     parsed = urlparse(url)
     return Path(unquote(parsed.path)).resolve() if parsed.scheme == "sqlite" else None
 
@@ -215,18 +235,20 @@ class ServerFileError(Exception):
     """server.json is missing or cannot be used; the message says which, in a few words."""
 
 
-def read_server_file(path: Path) -> ServerInfo:
+def read_server_file(path: "str | os.PathLike[str]") -> ServerInfo:
     """The running service's server.json, checked for its shape, or ServerFileError."""
+    name = os.path.basename(path)
     try:
-        content = path.read_bytes()
+        with open(path, "rb") as file:
+            content = file.read()
     except FileNotFoundError:
-        raise ServerFileError(f"no {path.name}") from None
+        raise ServerFileError(f"no {name}") from None
     except OSError as unreadable:
-        raise ServerFileError(f"{path.name} cannot be read: {unreadable.strerror}") from None
+        raise ServerFileError(f"{name} cannot be read: {unreadable.strerror}") from None
     try:
         return msgspec.json.decode(content, type=ServerInfo)
     except msgspec.DecodeError as damaged:
-        raise ServerFileError(f"{path.name} is damaged: {damaged}") from None
+        raise ServerFileError(f"{name} is damaged: {damaged}") from None
 
 
 class Holder(msgspec.Struct, rename="camel"):
@@ -235,7 +257,7 @@ class Holder(msgspec.Struct, rename="camel"):
     data_dir: str
 
 
-def serving(data_dir: Path) -> Holder | None:
+def serving(data_dir: "Path") -> Holder | None:
     """The `bb serve` holding `data_dir`, as its lock recorded it, while that pid lives."""
     # Imported here: `bb` asks only when server.json is unusable, and the embedded server's module
     # loads subprocess and more.
@@ -251,7 +273,7 @@ class ServerFile:
     changes (a restarted nats-server), and whenever it goes missing or someone else changes it,
     since no client can reach the service without it."""
 
-    def __init__(self, path: Path, info: ServerInfo) -> None:
+    def __init__(self, path: "Path", info: ServerInfo) -> None:
         self.path, self.info = path, info
         self._written = b""
 
@@ -301,7 +323,7 @@ def _log() -> "logging.Logger":
     return logging.getLogger(__name__)
 
 
-def write_private_file(path: Path, text: str) -> None:
+def write_private_file(path: "Path", text: str) -> None:
     """Atomically, readable by its owner only (server.json names where the operator's seed is)."""
     temporary = path.with_suffix(".tmp")
     temporary.unlink(missing_ok=True)

@@ -221,7 +221,7 @@ class Loop:
 
 def world_settings(data_dir: Path) -> Settings:
     """`bb serve`'s settings for a data dir, whatever BB_* variables the test runs with."""
-    return Settings(data_dir=data_dir, nats_url=None, event_store=f"sqlite:///{data_dir / 'events.sqlite'}",
+    return Settings(data_root=str(data_dir), nats_url=None, event_store=f"sqlite:///{data_dir / 'events.sqlite'}",
                     host_id=HOST, retire_grace_override=None, hook_timeout_s=5, sweep_interval_s=30,
                     transient_retry_s=30, extra_providers=(), threads_max_age_s=THREADS_MAX_AGE_S,
                     threads_max_bytes=THREADS_MAX_BYTES, removed_retention_s=REMOVED_RETENTION_S)

@@ -15,7 +15,8 @@ from uuid import uuid4
 # asyncio and nats-py are most of a `bb` process's run time; logging and ssl only the serve or a
 # TLS URL needs; nkeys loads all of PyNaCl to sign a nonce (bus/nkey_signer.py signs it with
 # PyNaCl's libsodium alone); the socket module builds enums of every constant of _socket, hashlib
-# loads OpenSSL, and eventsourcing is the service's.
+# loads OpenSSL, and eventsourcing is the service's. (Nor pathlib, from a wheel; this venv's editable
+# finder loads it at every start.)
 NOT_FOR_REQUESTS = ("asyncio", "nats", "ssl", "logging", "subprocess", "nkeys", "nacl.signing", "socket", "hashlib",
                     "eventsourcing")
 
@@ -35,7 +36,7 @@ SLOW_TO_IMPORT = (
 # last line (a None in sys.modules is an import refused, not made).
 RUN_AND_REPORT = """
 import json, sys
-from bb_environments.entrypoints.cli import main
+from bb_environments.entrypoints.bb import main
 
 slow = json.loads(sys.argv.pop(1))
 sys.argv[0] = "bb"

@@ -108,6 +108,15 @@ def test_a_spawn_from_the_installed_wheel(tmp_path):
                       "--wait", "--json", env=environment)
         assert spawned.returncode == 0, spawned.stderr
         assert json.loads(spawned.stdout)["status"] == "ready"
+
+        # A listing needs the data dir as text only: pathlib (which loads urllib.parse and
+        # ipaddress) would be a tenth of its run. Seen here, from a wheel: the editable install's
+        # finder loads pathlib in every process of its venv.
+        listed = run(python, "-X", "importtime", venv / "bin" / "bb", "environment", "list", "--json", env=environment)
+        assert listed.returncode == 0, listed.stderr
+        assert [e["status"] for e in json.loads(listed.stdout)["environments"]] == ["ready"]
+        imported = {line.rpartition("|")[2].strip() for line in listed.stderr.splitlines() if line.startswith("import time:")}
+        assert "bb_environments.bus.blocking_client" in imported and not {"pathlib", "urllib.parse"} & imported
     finally:
         service.terminate()
         service.wait(timeout=30)
