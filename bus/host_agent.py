@@ -104,10 +104,11 @@ class HostAgent:
         await self.start_or_join(_decode(data, StartHook))
         return HookState(state="running")
 
-    async def start_or_join(self, request: StartHook) -> asyncio.Task[HookOutcome]:
-        """The hook's run, begun or joined, once the guard finds the request backed by the log."""
+    async def start_or_join(self, request: StartHook, known: RecordedHook | None = None) -> asyncio.Task[HookOutcome]:
+        """The hook's run, begun or joined, once the guard finds the request backed by the log
+        (or by `known`, see HookGuard.to_run)."""
         recorded = await self._guard.to_run(request.operation_id, request.kind, request.environment_id,
-                                            request.workspace)
+                                            request.workspace, known)
         if request.operation_id not in self._running:
             self._running[request.operation_id] = asyncio.create_task(self._run(recorded))
         return self._running[request.operation_id]
@@ -193,12 +194,13 @@ class LocalFirstHooks:
         self._agent = agent
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
-                  workspace: str) -> HookOutcome:
+                  workspace: str, recorded: RecordedHook | None = None) -> HookOutcome:
         if self._agent is None or host_id != self._host_id:
             return await self._remote.run(host_id, environment_id, operation_id, kind, workspace)
         start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
         try:
-            running = await self._agent.start_or_join(start)
+            # The core's own answer from the log: no second trip to the store's writer to read it.
+            running = await self._agent.start_or_join(start, recorded)
         except HookRefused as refused:
             raise _unavailable(host_id, "refused", refused.reason) from None
         # Shielded: the core giving up on waiting (a stop) must not cancel the agent's run.
@@ -222,7 +224,8 @@ class HostAgentClient:
         self._health = health or BusHealth()
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
-                  workspace: str) -> HookOutcome:
+                  workspace: str, recorded: RecordedHook | None = None) -> HookOutcome:
+        """`recorded` is not sent: the agent on the host asks its own ledger."""
         bus = self._health.retry(f"the {kind} hook {operation_id} on host {host_id!r}")
         finished = asyncio.get_running_loop().create_future()
 

@@ -515,13 +515,7 @@ class Environments(Application[UUID]):
         if started is None:
             return None
         environment_id, kind = started
-        environment = self.environment(environment_id)
-        return RecordedHook(
-            operation_id=operation_id, environment_id=str(environment.id), kind=kind, host_id=environment.host_id,
-            workspace=environment.path, awaited=environment.awaits_hook(operation_id),
-            stoppable=environment.may_stop_hook(operation_id),
-            environment_removed=environment.status == EnvironmentStatus.REMOVED,
-        )
+        return _recorded(self.environment(environment_id), operation_id, kind)
 
     def _fold_hook(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
         event = self.mapper.to_domain_event(notification) if saved is None else saved
@@ -539,6 +533,27 @@ class Environments(Application[UUID]):
             self._unfinished[_aggregate_id(notification)] = None
         else:
             self._unfinished.pop(_aggregate_id(notification), None)
+
+
+def current_hook(environment: Environment, operation_id: str) -> RecordedHook | None:
+    """What `recorded_hook` answers for the environment's current setup or teardown operation,
+    read off the environment itself: the same answer while `environment` is its latest state (as
+    a command just left it). None for any other id, an earlier attempt's say, which only the log's
+    index knows."""
+    if operation_id == environment.setup_operation_id:
+        return _recorded(environment, operation_id, "setup")
+    if operation_id == environment.teardown_operation_id:
+        return _recorded(environment, operation_id, "teardown")
+    return None
+
+
+def _recorded(environment: Environment, operation_id: str, kind: str) -> RecordedHook:
+    return RecordedHook(
+        operation_id=operation_id, environment_id=str(environment.id), kind=kind, host_id=environment.host_id,
+        workspace=environment.path, awaited=environment.awaits_hook(operation_id),
+        stoppable=environment.may_stop_hook(operation_id),
+        environment_removed=environment.status == EnvironmentStatus.REMOVED,
+    )
 
 
 def _take_recording_step(environment: Environment, empty: bool) -> None:

@@ -24,7 +24,7 @@ from uuid import UUID
 import msgspec
 from eventsourcing.persistence import OperationalError
 
-from bb_environments.domain.application import MADE_EMPTY_REASON
+from bb_environments.domain.application import MADE_EMPTY_REASON, RecordedHook, current_hook
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.steps import (
     CancelSetup,
@@ -93,10 +93,14 @@ class Transcript(Protocol):
 
 
 class Hooks(Protocol):
-    """Runs hooks on the environment's host (the host agent), at most once per operation id."""
+    """Runs hooks on the environment's host (the host agent), at most once per operation id.
+
+    `recorded` is what the log says of the operation, read off the environment as the writer
+    returned it to this process: an agent in this process may take it instead of asking the log
+    again; any other agent asks its own."""
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
-                  workspace: str) -> HookOutcome: ...
+                  workspace: str, recorded: RecordedHook | None = None) -> HookOutcome: ...
 
     async def cancel(self, host_id: str, operation_id: str) -> str: ...
 
@@ -456,7 +460,8 @@ class Provisioner:
         script = SCRIPT_NAMES[kind]
         self._transcript.line(environment_id, "step", kind, f"Running {script}")
         assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
-        outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path)
+        outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path,
+                                        current_hook(env, operation_id))
         verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
             outcome.status, f"{outcome.status}: {outcome.message}")
         self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")

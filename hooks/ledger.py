@@ -47,16 +47,25 @@ class HookGuard:
 
     async def recorded(self, operation_id: str) -> RecordedHook:
         """The log's record of an operation of this host."""
-        recorded = await self._ledger.recorded_hook(operation_id)
-        if recorded is None:
+        return self._of_this_host(operation_id, await self._ledger.recorded_hook(operation_id))
+
+    def _of_this_host(self, operation_id: str, recorded: RecordedHook | None) -> RecordedHook:
+        if recorded is None or recorded.operation_id != operation_id:
             raise HookRefused(operation_id, "the log recorded no such hook operation")
         if recorded.host_id != self._host_id:
             raise HookRefused(operation_id, f"it belongs to host {recorded.host_id!r}, not {self._host_id!r}")
         return recorded
 
-    async def to_run(self, operation_id: str, kind: str, environment_id: str, workspace: str) -> RecordedHook:
-        """The operation, if the log awaits its outcome from exactly this hook."""
-        recorded = await self.recorded(operation_id)
+    async def to_run(self, operation_id: str, kind: str, environment_id: str, workspace: str,
+                     known: RecordedHook | None = None) -> RecordedHook:
+        """The operation, if the log awaits its outcome from exactly this hook.
+
+        `known`: the log's answer as the store's writer gave it to this process a moment ago (with
+        the environment a command just saved), checked here as the ledger's would be, without
+        asking the ledger again. Only the service's own core has one; a request from the bus
+        never does.
+        """
+        recorded = self._of_this_host(operation_id, known) if known is not None else await self.recorded(operation_id)
         if not recorded.awaited:
             raise HookRefused(operation_id, "the log awaits no outcome of it: it finished, or its environment moved on")
         if (kind, environment_id, workspace) != (recorded.kind, recorded.environment_id, recorded.workspace):

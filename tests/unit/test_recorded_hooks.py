@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.domain.application import Environments, RecordedHook
-from bb_environments.hooks.ledger import HookGuard
+from bb_environments.domain.application import Environments, RecordedHook, current_hook
+from bb_environments.hooks.ledger import HookGuard, HookRefused
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.hooks.records import HookRecords
 from tests.unit.test_hooks import Output, executions, wait_until, write_setup
@@ -96,6 +96,50 @@ def test_a_running_teardown_runs_to_its_end_and_then_the_removed_environment_awa
     app.record_removed(environment_id, 1)
     removed = app.recorded_hook(operation)
     assert not removed.awaited and removed.workspace is None and removed.environment_removed
+
+
+def test_the_environment_a_command_returns_answers_for_its_current_hook_as_the_log_does(app):
+    # What the core hands the agent in its own process instead of a second read of the log.
+    environment_id = provisioning(app)
+    started = app.start_setup(environment_id)[0]
+    operation = started.setup_operation_id
+    assert current_hook(started, operation) == app.recorded_hook(operation)
+    assert current_hook(started, "forged") is None
+
+    failed = app.record_setup_outcome(environment_id, operation, False, "boom")
+    assert current_hook(failed, operation) == app.recorded_hook(operation)
+    assert not current_hook(failed, operation).awaited
+
+    app.retry(environment_id, "t1", PATH)
+    retried = app.start_setup(environment_id)[0]
+    assert current_hook(retried, retried.setup_operation_id) == app.recorded_hook(retried.setup_operation_id)
+    # An earlier attempt's operation: only the log's index knows it, so the agent asks the log.
+    assert current_hook(retried, operation) is None
+
+    app.record_setup_outcome(environment_id, retried.setup_operation_id, True, None)
+    app.archive_thread("t1", NOW)
+    app.start_removal(environment_id, NOW)
+    torn = app.start_teardown(environment_id)[0]
+    assert current_hook(torn, torn.teardown_operation_id) == app.recorded_hook(torn.teardown_operation_id)
+
+
+async def test_the_guard_refuses_a_known_answer_as_it_refuses_the_log_s(app):
+    environment_id = provisioning(app)
+    operation = app.start_setup(environment_id)[0].setup_operation_id
+    done = app.record_setup_outcome(environment_id, operation, True, None)
+
+    class NoLedger:
+        async def recorded_hook(self, operation_id):
+            raise AssertionError("a known answer is not asked of the ledger again")
+
+    guard = HookGuard(NoLedger(), "local")
+    with pytest.raises(HookRefused, match="awaits no outcome"):
+        await guard.to_run(operation, "setup", str(environment_id), PATH, current_hook(done, operation))
+    with pytest.raises(HookRefused, match="belongs to host 'local'"):
+        await HookGuard(NoLedger(), "elsewhere").to_run(operation, "setup", str(environment_id), PATH,
+                                                        app.recorded_hook(operation))
+    with pytest.raises(HookRefused, match="no such hook operation"):
+        await guard.to_run("forged", "setup", str(environment_id), PATH, app.recorded_hook(operation))
 
 
 class LogLedger:
