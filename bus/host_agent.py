@@ -35,7 +35,7 @@ from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, descri
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import RecordedHook
 from bb_environments.hooks.ledger import HookGuard, HookLedger, HookRefused
-from bb_environments.hooks.runner import HookOutcome, HookRunner, HostUnavailable
+from bb_environments.hooks.runner import HookOutcome, HookRunner, HostUnavailable, OutputSink
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -110,19 +110,26 @@ class HostAgent:
         recorded = await self._guard.to_run(request.operation_id, request.kind, request.environment_id,
                                             request.workspace, known)
         if request.operation_id not in self._running:
-            self._running[request.operation_id] = asyncio.create_task(self._run(recorded))
+            assert recorded.workspace is not None  # an awaited hook's environment has its path
+            # Begun here and now, not when a task of ours is first stepped (see HookRunner.start).
+            running = self._runner.start(recorded.operation_id, recorded.kind, Path(recorded.workspace),
+                                         self._output_of(recorded))
+            self._running[request.operation_id] = asyncio.create_task(self._announce(recorded, running))
         return self._running[request.operation_id]
 
-    async def _run(self, hook: RecordedHook) -> HookOutcome:
+    def _output_of(self, hook: RecordedHook) -> OutputSink:
         async def output(text: str, offset: int) -> None:
             # Named by its place in the hook's log: a restarted agent replays the log from its
             # start, and the transcripts stream drops the lines it already has.
             self._transcript.line(hook.environment_id, "output", hook.kind, text,
                                   message_id=f"{hook.operation_id}@{offset}")
 
-        assert hook.workspace is not None  # an awaited hook's environment has its path
+        return output
+
+    async def _announce(self, hook: RecordedHook, running: asyncio.Future[HookOutcome]) -> HookOutcome:
+        """The run's outcome, once it has one, published on the operation's `finished` subject."""
         try:
-            outcome = await self._runner.run(hook.operation_id, hook.kind, Path(hook.workspace), output)
+            outcome = await running
             finished = HookState(state="finished", outcome=outcome)
             try:
                 await self._nc.publish(subjects.hook_finished(self._host_id, hook.operation_id),

@@ -116,6 +116,10 @@ class HookOutcome(msgspec.Struct, frozen=True):
 CANCELLED_BEFORE_START = HookOutcome("cancelled", None, "cancelled before it started")
 
 
+_Begun = asyncio.Future[tuple[HookRecord | None, bool, "_Supervisor | None"]]
+"""The first step of a run (`HookRunner._begin`), on a worker thread."""
+
+
 @dataclass
 class _InFlight:
     task: asyncio.Task[HookOutcome]
@@ -176,19 +180,26 @@ class HookRunner:
         A concurrent second call waits for the first one's outcome; only the first call's
         `on_output` receives the lines.
         """
+        return await self.start(operation_id, kind, workspace, on_output)
+
+    def start(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink) -> asyncio.Future[HookOutcome]:
+        """`run`, begun before this returns: a new operation's first step (reading its record and
+        starting its supervisor) is already with a worker thread, rather than waiting for the
+        event loop to step a task of its own and then hand the step over."""
         if kind not in SCRIPT_NAMES:
             raise ValueError(f"unknown hook kind {kind!r}")
         workspace = Path(workspace)
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            task = asyncio.ensure_future(self._run_until_recorded(operation_id, kind, workspace, on_output))
+            begun = asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace)
+            task = asyncio.ensure_future(self._run_until_recorded(operation_id, kind, workspace, on_output, begun))
             in_flight = _InFlight(task=task, kind=kind, workspace=str(workspace))
             self._in_flight[operation_id] = in_flight
             task.add_done_callback(lambda _: self._in_flight.pop(operation_id, None))
         elif (in_flight.kind, in_flight.workspace) != (kind, str(workspace)):
             raise HookIdentityMismatch(f"operation {operation_id!r} is already running another hook")
         # Shielded: a caller that stops waiting must not stop the hook's bookkeeping midway.
-        return await asyncio.shield(in_flight.task)
+        return asyncio.shield(in_flight.task)
 
     async def cancel(self, operation_id: str) -> CancelResult:
         """Make sure the hook never starts, or stop it; returns what there was to stop."""
@@ -197,24 +208,29 @@ class HookRunner:
         return await self._stop(record)
 
     async def _run_until_recorded(
-        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink
+        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink, begun: _Begun
     ) -> HookOutcome:
+        """`begun`: the first attempt's first step, already under way; a later attempt begins anew."""
         backoff = Backoff(log, f"recording hook operation {operation_id!r}")
+        first: _Begun | None = begun
         while True:
             try:
-                outcome = await self._run_once(operation_id, kind, workspace, on_output)
+                outcome = await self._run_once(operation_id, kind, workspace, on_output, first)
             except OSError as error:
                 if error.errno not in OUT_OF_SPACE:
                     raise
+                first = None
                 await asyncio.sleep(backoff.failed(error))
                 continue
             backoff.succeeded()
             return outcome
 
     async def _run_once(
-        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink
+        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink, begun: _Begun | None
     ) -> HookOutcome:
-        record, tombstoned, supervisor = await asyncio.to_thread(self._begin, operation_id, kind, workspace)
+        if begun is None:
+            begun = asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace)
+        record, tombstoned, supervisor = await begun
         if tombstoned:
             return await self._settle_cancelled(record)
         assert record is not None
