@@ -63,7 +63,7 @@ async def start_service(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict]:
     from bb_environments.bus.client import ApiClient
 
     server_file = data_dir / "server.json"
-    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.cli", "serve"],
+    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", "serve"],
                                env=service_environment(data_dir), cwd=ROOT, stderr=subprocess.DEVNULL)
     while True:
         if service.poll() is not None:

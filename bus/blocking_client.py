@@ -228,10 +228,13 @@ class BlockingApiClient:
 
 
 def _address(url: str) -> tuple[str, int]:
-    """The host and port of a `nats://host:port` URL as server.json writes it (an IPv6 host in
-    brackets), parsed here: urllib.parse loads ipaddress, which takes longer than connecting. A port
-    that is not one raises ValueError, as urllib's does."""
-    authority = url.partition("://")[2].partition("/")[0].rpartition("@")[2]
+    """The host and port of the embedded server's `nats://127.0.0.1:PORT` (as urllib.parse.urlsplit
+    reads any URL of that shape, held to it by a test), parsed here: urllib.parse loads ipaddress,
+    which takes longer than connecting. A port that is not one raises ValueError, as urllib's does."""
+    authority = url.partition("://")[2]
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    authority = authority.rpartition("@")[2]
     host, port = authority, ""
     if not authority.endswith("]") and ":" in authority:
         host, _, port = authority.rpartition(":")

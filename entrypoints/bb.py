@@ -9,7 +9,9 @@ off, and what they made is frozen (gc.freeze: never scanned again) before the co
 on; what the command itself made is frozen at exit, when the process is about to end anyway.
 The few cycles the imports leave as garbage (some 460 objects) are frozen with the rest and kept:
 once, and bounded, also for `bb serve`, whose own modules are imported by its command, with the
-collector on.
+collector on. Objects in cycles at exit are not finalized (`__del__`, a suspended generator's
+`finally`): what must happen at exit is closed explicitly, or registered with weakref.finalize or
+atexit, as everything in this package is.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import gc
 
 
 def main() -> None:
+    """A process's entry only: what it freezes is never collected again."""
     gc.disable()
     try:
         from bb_environments.entrypoints.cli import main as run
@@ -28,3 +31,7 @@ def main() -> None:
         run()
     finally:
         gc.freeze()
+
+
+if __name__ == "__main__":
+    main()

@@ -220,7 +220,7 @@ def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_jso
     from bb_environments.entrypoints.serve import ServeError, serve as run_service
 
     if data_dir or nats_url:
-        settings = Settings.load(data_dir or str(settings.data_dir), nats_url or settings.nats_url)
+        settings = Settings.load(data_dir or settings.data_root, nats_url or settings.nats_url)
 
     logging.basicConfig(level=os.environ.get("BB_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -674,7 +674,3 @@ def modal() -> None:
 
 def main() -> None:
     run_cli(cli, sys.argv[1:])
-
-
-if __name__ == "__main__":
-    main()

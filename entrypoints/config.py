@@ -59,7 +59,12 @@ class Settings(msgspec.Struct, frozen=True):
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> "Settings":
-        root = os.path.realpath(os.path.expanduser(data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR))
+        given = data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR
+        expanded = os.path.expanduser(given)
+        if expanded.startswith("~"):  # left as it was: taken as relative, it would name a dir under the cwd
+            raise ConfigError(f"the data dir {given!r} names a home directory that cannot be found: "
+                              "set BB_DATA_DIR (or `bb serve --data-dir`) to an absolute path")
+        root = os.path.realpath(expanded)
         return cls(
             data_root=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
@@ -89,9 +94,9 @@ class Settings(msgspec.Struct, frozen=True):
 def nats_credentials(url: str | None = None) -> "ConnectOptions":
     """nats-py connect options for an external NATS, from the environment only, so that credentials
     never appear in argv or logs; a `tls://` URL also gets a TLS context (CA from BB_NATS_CA)."""
-    options: ConnectOptions = {}
     from urllib.parse import urlparse  # here, as pathlib is (see above): the CLI needs it for an external NATS only
 
+    options: ConnectOptions = {}
     if url is not None and urlparse(url).scheme == "tls":
         import ssl  # here: `bb` loads it only for such a URL (a tenth of its imports otherwise)
 

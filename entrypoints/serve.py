@@ -301,7 +301,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
-    server_file = ServerFile(settings.data_dir / SERVER_FILE, ServerInfo(
+    server_file = ServerFile(Path(settings.server_file), ServerInfo(
         nats_url=url_without_credentials(nats_url), pid=os.getpid(), host_id=settings.host_id,
         data_dir=str(settings.data_dir),
         nats_pid=embedded.server.pid if embedded else None, nats_port=embedded.server.port if embedded else None,

@@ -88,7 +88,7 @@ class Service:
 
     @staticmethod
     def cli() -> list[str]:
-        return [sys.executable, "-m", "bb_environments.entrypoints.cli"]
+        return [sys.executable, "-m", "bb_environments.entrypoints.bb"]
 
     def credentials(self, role: str) -> dict[str, str]:
         """nats-py connect options for a role of SPEC section 6 (operator, publisher, subscriber), or the service."""

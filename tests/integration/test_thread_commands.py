@@ -50,7 +50,7 @@ async def test_cancelling_the_message_stops_a_preparing_environment(tmp_path):
 
 async def test_events_tail_prints_live_environment_events(service):
     tail = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bb_environments.entrypoints.cli", "events", "tail", "bb.environments.*.ready", "--json",
+        sys.executable, "-m", "bb_environments.entrypoints.bb", "events", "tail", "bb.environments.*.ready", "--json",
         env=service.environment, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )
     try:

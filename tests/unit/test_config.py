@@ -30,6 +30,22 @@ def test_retire_grace_override(monkeypatch, raw, expected):
     assert Settings.load("/tmp/bb-config-test").retire_grace_override == expected
 
 
+def test_the_data_dir_is_taken_absolute_with_home_and_symlinks_resolved(monkeypatch, tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert Settings.load("~/link/bb").data_root == str(tmp_path.resolve() / "real" / "bb")
+    assert Settings.load("link/bb/").data_dir == tmp_path.resolve() / "real" / "bb"
+
+
+def test_a_data_dir_in_a_home_that_cannot_be_found_is_refused(monkeypatch, tmp_path):
+    """Not taken as a directory named `~` under wherever the command was started."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="'~no-such-user-here/bb' names a home directory that cannot be found"):
+        Settings.load("~no-such-user-here/bb")
+
+
 def test_a_malformed_setting_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("BB_RETIRE_GRACE_MS", "soon")
     with pytest.raises(ConfigError, match="BB_RETIRE_GRACE_MS"):
