@@ -30,6 +30,7 @@ import msgspec
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import Request, decode_answer
 from bb_environments.bus.nkey_signer import SeedError, answer_nonce, user_seed
+from bb_environments.bus.processes import pid_alive
 from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 NO_RESPONDERS_STATUS = "503"
@@ -129,7 +130,7 @@ class BlockingApiClient:
         except _Closed:
             raise AnswerLost(f"the connection to the bb service dropped before it answered {what}") from None
         except _TimedOut:
-            if self._service_pid is not None and not _alive(self._service_pid):
+            if self._service_pid is not None and not pid_alive(self._service_pid):
                 raise AnswerLost(f"the bb service (pid {self._service_pid}) ended before it answered {what}") from None
             raise AnswerLost(f"the bb service did not answer {what} within {timeout:.0f} s") from None
         if status == NO_RESPONDERS_STATUS:
@@ -216,7 +217,7 @@ class BlockingApiClient:
             try:
                 chunk = self._socket.recv(1 << 20)
             except TimeoutError:
-                if self._service_pid is not None and not _alive(self._service_pid):
+                if self._service_pid is not None and not pid_alive(self._service_pid):
                     raise _TimedOut() from None
                 continue
             except OSError as error:
@@ -280,8 +281,3 @@ def _headers(block: bytes) -> tuple[str, dict[str, str]]:
     return status_line.removeprefix("NATS/1.0").strip().split(" ", 1)[0], headers
 
 
-def _alive(pid: int) -> bool:
-    # Imported only once a request waits: the embedded server's module loads subprocess and more.
-    from bb_environments.bus.embedded_server import pid_alive
-
-    return pid_alive(pid)

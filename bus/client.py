@@ -15,9 +15,9 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import Request, decode_answer
-from bb_environments.bus.embedded_server import pid_alive
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
+from bb_environments.bus.processes import pid_alive
 from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 T = TypeVar("T")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from bb_environments.bus.processes import pid_alive
 from bb_environments.providers.host.file_lock import FileLock
 
 log = logging.getLogger(__name__)
@@ -60,22 +61,6 @@ def accepts_connections(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process runs as `pid`. A zombie does not: it has ended and will never answer,
-    though its parent has not reaped it yet (a test's, say, or a supervisor's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # without /proc, the signal's answer stands
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 @dataclass
