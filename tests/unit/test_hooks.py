@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import gc
 import hashlib
 import os
@@ -665,3 +666,35 @@ async def test_an_outcome_offered_by_another_process_than_the_supervisor_is_not_
         impostor.close()
 
     assert status is not None and status.finished_at is None
+
+
+def refuse_first_write(runner: HookRunner, errno_: int) -> list[HookRecord]:
+    """The records the runner asks to write; the disk refuses the first one."""
+    write, asked = runner._records.write, []
+
+    def refusing(record: HookRecord, *args, **kwargs) -> None:
+        asked.append(dataclasses.replace(record))
+        if len(asked) == 1:
+            raise OSError(errno_, os.strerror(errno_))
+        write(record, *args, **kwargs)
+
+    runner._records.write = refusing
+    return asked
+
+
+async def test_an_adopting_record_the_full_disk_refuses_is_retried_with_a_new_supervisor(
+    records_dir: Path, workspace: Path
+) -> None:
+    write_setup(workspace, "echo ran >> marker\n")
+    runner = HookRunner(records_dir, timeout_s=30)
+    asked = refuse_first_write(runner, errno.ENOSPC)
+    try:
+        outcome = await asyncio.wait_for(runner.run("op", "setup", workspace, Output()), DEADLINE_S)
+    finally:
+        runner.close()
+
+    assert outcome == HookOutcome("succeeded", 0, None)
+    assert executions(workspace) == 1
+    # The refused record's supervisor never ran the script; the retry started and adopted its own.
+    assert asked[0].supervisor_pid != asked[1].supervisor_pid
+
