@@ -201,13 +201,13 @@ class LocalFirstHooks:
         self._agent = agent
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
-                  workspace: str, recorded: RecordedHook | None = None) -> HookOutcome:
+                  workspace: str, known: RecordedHook | None = None) -> HookOutcome:
         if self._agent is None or host_id != self._host_id:
             return await self._remote.run(host_id, environment_id, operation_id, kind, workspace)
         start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
         try:
             # The core's own answer from the log: no second trip to the store's writer to read it.
-            running = await self._agent.start_or_join(start, recorded)
+            running = await self._agent.start_or_join(start, known)
         except HookRefused as refused:
             raise _unavailable(host_id, "refused", refused.reason) from None
         # Shielded: the core giving up on waiting (a stop) must not cancel the agent's run.
@@ -231,8 +231,8 @@ class HostAgentClient:
         self._health = health or BusHealth()
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
-                  workspace: str, recorded: RecordedHook | None = None) -> HookOutcome:
-        """`recorded` is not sent: the agent on the host asks its own ledger."""
+                  workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+        """`known` is not sent: the agent on the host asks its own ledger."""
         bus = self._health.retry(f"the {kind} hook {operation_id} on host {host_id!r}")
         finished = asyncio.get_running_loop().create_future()
 

@@ -539,7 +539,17 @@ def current_hook(environment: Environment, operation_id: str) -> RecordedHook | 
     """What `recorded_hook` answers for the environment's current setup or teardown operation,
     read off the environment itself: the same answer while `environment` is its latest state (as
     a command just left it). None for any other id, an earlier attempt's say, which only the log's
-    index knows."""
+    index knows.
+
+    The hook guard may start the hook on this answer after the log has moved on (HookGuard.to_run),
+    since nothing it checks can have changed meanwhile: `awaited` goes from true to false only
+    through the outcome (or skip) of this same operation, which only the provisioner's own step
+    for the operation records, one step at a time per operation (the step that asks for the
+    hook); host, path and kind never change once the operation started; a cancel (an archived
+    thread, say) changes only `stoppable`, which the guard does not check before a start; a retry
+    gets a new operation id, so an earlier attempt's operation is read from the log. A future
+    event that ends an awaited hook another way (not through its own outcome) must revisit this.
+    """
     if operation_id == environment.setup_operation_id:
         return _recorded(environment, operation_id, "setup")
     if operation_id == environment.teardown_operation_id:

@@ -95,12 +95,12 @@ class Transcript(Protocol):
 class Hooks(Protocol):
     """Runs hooks on the environment's host (the host agent), at most once per operation id.
 
-    `recorded` is what the log says of the operation, read off the environment as the writer
-    returned it to this process: an agent in this process may take it instead of asking the log
-    again; any other agent asks its own."""
+    `known` is what the log says of the operation, read off the environment as the writer
+    returned it to this process (see current_hook): an agent in this process may take it instead
+    of asking the log again; any other agent asks its own."""
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
-                  workspace: str, recorded: RecordedHook | None = None) -> HookOutcome: ...
+                  workspace: str, known: RecordedHook | None = None) -> HookOutcome: ...
 
     async def cancel(self, host_id: str, operation_id: str) -> str: ...
 

@@ -47,25 +47,38 @@ class HookGuard:
 
     async def recorded(self, operation_id: str) -> RecordedHook:
         """The log's record of an operation of this host."""
-        return self._of_this_host(operation_id, await self._ledger.recorded_hook(operation_id))
-
-    def _of_this_host(self, operation_id: str, recorded: RecordedHook | None) -> RecordedHook:
-        if recorded is None or recorded.operation_id != operation_id:
+        recorded = await self._ledger.recorded_hook(operation_id)
+        if recorded is None:
             raise HookRefused(operation_id, "the log recorded no such hook operation")
+        return self._of_this_host(recorded)
+
+    def _of_this_host(self, recorded: RecordedHook) -> RecordedHook:
         if recorded.host_id != self._host_id:
-            raise HookRefused(operation_id, f"it belongs to host {recorded.host_id!r}, not {self._host_id!r}")
+            raise HookRefused(recorded.operation_id,
+                              f"it belongs to host {recorded.host_id!r}, not {self._host_id!r}")
         return recorded
 
     async def to_run(self, operation_id: str, kind: str, environment_id: str, workspace: str,
                      known: RecordedHook | None = None) -> RecordedHook:
         """The operation, if the log awaits its outcome from exactly this hook.
 
-        `known`: the log's answer as the store's writer gave it to this process a moment ago (with
-        the environment a command just saved), checked here as the ledger's would be, without
-        asking the ledger again. Only the service's own core has one; a request from the bus
-        never does.
+        `known`: the log's answer for this very operation as the store's writer gave it to this
+        process a moment ago (with the environment a command just saved, see current_hook),
+        checked here as the ledger's would be, without asking the ledger again. Only the service's
+        own core has one; a request from the bus never does. It is still the log's answer when the
+        hook starts, for all this checks: `awaited` goes from true to false only through the
+        outcome (or skip) of this same operation, which only the provisioner's own step for it
+        records, one step at a time per operation, and that step is the one asking; host, path and
+        kind never change once the operation started; a cancel changes only `stoppable`, which is
+        not checked here; a retry gets a new operation id, so an earlier attempt's operation is
+        never `known` and is read from the log. A future event that ends an awaited hook another
+        way must revisit this.
         """
-        recorded = self._of_this_host(operation_id, known) if known is not None else await self.recorded(operation_id)
+        if known is None:
+            recorded = await self.recorded(operation_id)
+        else:
+            assert known.operation_id == operation_id, "the caller passed another operation's answer"
+            recorded = self._of_this_host(known)
         if not recorded.awaited:
             raise HookRefused(operation_id, "the log awaits no outcome of it: it finished, or its environment moved on")
         if (kind, environment_id, workspace) != (recorded.kind, recorded.environment_id, recorded.workspace):

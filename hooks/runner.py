@@ -46,7 +46,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -117,14 +117,18 @@ CANCELLED_BEFORE_START = HookOutcome("cancelled", None, "cancelled before it sta
 
 
 _Begun = asyncio.Future[tuple[HookRecord | None, bool, "_Supervisor | None"]]
-"""The first step of a run (`HookRunner._begin`), on a worker thread."""
+"""The first step of an attempt (`HookRunner._begin`), on a worker thread."""
 
 
 @dataclass
 class _InFlight:
-    task: asyncio.Task[HookOutcome]
     kind: str
     workspace: str
+    # The current attempt's first step until the run's task has its result (then None): a task
+    # that ends without it (cancelled, even before its first step, by the loop shutting down)
+    # leaves the supervisor that step started for `_close_untaken` to close.
+    begun: _Begun | None
+    task: asyncio.Task[HookOutcome] = field(init=False)
 
 
 class HookRunner:
@@ -191,15 +195,23 @@ class HookRunner:
         workspace = Path(workspace)
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            begun = asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace)
-            task = asyncio.ensure_future(self._run_until_recorded(operation_id, kind, workspace, on_output, begun))
-            in_flight = _InFlight(task=task, kind=kind, workspace=str(workspace))
+            in_flight = _InFlight(kind, str(workspace), self._begin_soon(operation_id, kind, workspace))
+            in_flight.task = asyncio.ensure_future(
+                self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight))
             self._in_flight[operation_id] = in_flight
-            task.add_done_callback(lambda _: self._in_flight.pop(operation_id, None))
+            in_flight.task.add_done_callback(lambda _: self._end_in_flight(operation_id, in_flight))
         elif (in_flight.kind, in_flight.workspace) != (kind, str(workspace)):
             raise HookIdentityMismatch(f"operation {operation_id!r} is already running another hook")
         # Shielded: a caller that stops waiting must not stop the hook's bookkeeping midway.
         return asyncio.shield(in_flight.task)
+
+    def _begin_soon(self, operation_id: str, kind: str, workspace: Path) -> _Begun:
+        return asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace)
+
+    def _end_in_flight(self, operation_id: str, in_flight: _InFlight) -> None:
+        self._in_flight.pop(operation_id, None)
+        if in_flight.begun is not None:
+            _close_untaken(in_flight.begun)
 
     async def cancel(self, operation_id: str) -> CancelResult:
         """Make sure the hook never starts, or stop it; returns what there was to stop."""
@@ -208,29 +220,30 @@ class HookRunner:
         return await self._stop(record)
 
     async def _run_until_recorded(
-        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink, begun: _Begun
+        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink, in_flight: _InFlight
     ) -> HookOutcome:
-        """`begun`: the first attempt's first step, already under way; a later attempt begins anew."""
+        """Each attempt starts with its first step under way (`in_flight.begun`); the first one's
+        was begun by `start`, a later one's (its predecessor's ran out of disk) begins anew here."""
         backoff = Backoff(log, f"recording hook operation {operation_id!r}")
-        first: _Begun | None = begun
         while True:
             try:
-                outcome = await self._run_once(operation_id, kind, workspace, on_output, first)
+                outcome = await self._run_once(on_output, in_flight)
             except OSError as error:
                 if error.errno not in OUT_OF_SPACE:
                     raise
-                first = None
                 await asyncio.sleep(backoff.failed(error))
+                in_flight.begun = self._begin_soon(operation_id, kind, workspace)
                 continue
             backoff.succeeded()
             return outcome
 
-    async def _run_once(
-        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink, begun: _Begun | None
-    ) -> HookOutcome:
-        if begun is None:
-            begun = asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace)
-        record, tombstoned, supervisor = await begun
+    async def _run_once(self, on_output: OutputSink, in_flight: _InFlight) -> HookOutcome:
+        begun = in_flight.begun
+        assert begun is not None  # see _run_until_recorded
+        # Shielded: cancelling this task must not cancel the step, whose result would then be lost
+        # with the supervisor it started; `_end_in_flight` closes that supervisor instead.
+        record, tombstoned, supervisor = await asyncio.shield(begun)
+        in_flight.begun = None  # ours now: `_follow` closes the supervisor
         if tombstoned:
             return await self._settle_cancelled(record)
         assert record is not None
@@ -439,6 +452,20 @@ def _check_identity(record: HookRecord, kind: str, workspace: Path) -> None:
             f"operation {record.operation_id!r} is the {record.kind} hook of {record.workspace}, "
             f"not the {kind} hook of {workspace}"
         )
+
+
+def _close_untaken(begun: _Begun) -> None:
+    """Once the step is done, close the supervisor it started, or retrieve its error: its run
+    ended without taking either."""
+
+    def close(begun: _Begun) -> None:
+        if begun.cancelled() or begun.exception() is not None:
+            return
+        supervisor = begun.result()[2]
+        if supervisor is not None:
+            supervisor.close()
+
+    begun.add_done_callback(close)
 
 
 def _supervisor_alive(record: HookRecord) -> bool:

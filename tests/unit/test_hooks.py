@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import gc
 import hashlib
 import os
@@ -665,3 +666,69 @@ async def test_an_outcome_offered_by_another_process_than_the_supervisor_is_not_
         impostor.close()
 
     assert status is not None and status.finished_at is None
+
+
+def refuse_first_write(runner: HookRunner, errno_: int) -> list[HookRecord]:
+    """The records the runner asks to write; the disk refuses the first one."""
+    write, asked = runner._records.write, []
+
+    def refusing(record: HookRecord, *args, **kwargs) -> None:
+        asked.append(dataclasses.replace(record))
+        if len(asked) == 1:
+            raise OSError(errno_, os.strerror(errno_))
+        write(record, *args, **kwargs)
+
+    runner._records.write = refusing
+    return asked
+
+
+async def test_an_adopting_record_the_full_disk_refuses_is_retried_with_a_new_supervisor(
+    records_dir: Path, workspace: Path
+) -> None:
+    write_setup(workspace, "echo ran >> marker\n")
+    runner = HookRunner(records_dir, timeout_s=30)
+    asked = refuse_first_write(runner, errno.ENOSPC)
+    try:
+        outcome = await asyncio.wait_for(runner.run("op", "setup", workspace, Output()), DEADLINE_S)
+    finally:
+        runner.close()
+
+    assert outcome == HookOutcome("succeeded", 0, None)
+    assert executions(workspace) == 1
+    # The refused record's supervisor never ran the script; the retry started and adopted its own.
+    assert asked[0].supervisor_pid != asked[1].supervisor_pid
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("disk", ["has room", "is full"])
+@pytest.mark.parametrize("stepped", [False, True], ids=["before its first step", "while its first step runs"])
+async def test_a_run_cancelled_as_it_begins_leaks_neither_its_supervisor_nor_its_error(
+    records_dir: Path, workspace: Path, disk: str, stepped: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As the event loop's shutdown cancels every task: the run's task, right after it was asked for.
+    write_setup(workspace, "echo ran >> marker\n")
+    runner = HookRunner(records_dir, timeout_s=30)
+    await runner.prepare()
+    if disk == "is full":
+        refuse_first_write(runner, errno.ENOSPC)
+    before = open_fds()
+    running = runner.start("op", "setup", workspace, Output())
+    begun = runner._in_flight["op"].begun
+    assert begun is not None
+    [task] = asyncio.all_tasks() - {asyncio.current_task()}
+    if stepped:
+        await asyncio.sleep(0)  # one round of the loop: the task's first step, which waits for `begun`
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await asyncio.wait([begun], timeout=DEADLINE_S)
+    assert begun.done()
+    del begun, task, running
+    gc.collect()
+
+    assert "never retrieved" not in caplog.text
+    assert open_fds() == before
+    runner.close()

@@ -79,7 +79,7 @@ class HostWithoutScripts:
         self.asked: set[str] = set()
         self.tombstoned: set[str] = set()
 
-    async def run(self, host_id, environment_id, operation_id, kind, workspace, recorded=None):
+    async def run(self, host_id, environment_id, operation_id, kind, workspace, known=None):
         assert not (Path(workspace) / SCRIPT_NAMES[kind]).exists()
         assert operation_id not in self.asked, f"hook operation {operation_id} was asked for twice"
         self.asked.add(operation_id)

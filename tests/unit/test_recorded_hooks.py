@@ -123,14 +123,60 @@ def test_the_environment_a_command_returns_answers_for_its_current_hook_as_the_l
     assert current_hook(torn, torn.teardown_operation_id) == app.recorded_hook(torn.teardown_operation_id)
 
 
+def test_the_current_hook_stays_the_log_s_answer_through_a_cancel_and_after_removal(app):
+    environment_id = provisioning(app)
+    setup = app.start_setup(environment_id)[0].setup_operation_id
+    archived = app.archive_thread("t1", NOW)  # the last thread leaves while the setup runs
+    assert current_hook(archived, setup) == app.recorded_hook(setup)
+    assert current_hook(archived, setup).awaited and current_hook(archived, setup).stoppable
+
+    app.record_setup_outcome(environment_id, setup, False, "cancelled")
+    app.start_removal(environment_id, NOW)
+    teardown = app.start_teardown(environment_id)[0].teardown_operation_id
+    app.record_teardown_outcome(environment_id, teardown, "succeeded", None)
+    removed = app.record_removed(environment_id, 1)
+    for operation in (setup, teardown):
+        assert current_hook(removed, operation) == app.recorded_hook(operation)
+        assert current_hook(removed, operation).environment_removed
+
+
+class NoLedger:
+    """A ledger the guard must not need: the core handed it the log's answer."""
+
+    async def recorded_hook(self, operation_id):
+        raise AssertionError("a known answer is not asked of the ledger again")
+
+
+async def test_the_guard_starts_an_awaited_known_hook_without_asking_the_ledger(app):
+    environment_id = provisioning(app)
+    started = app.start_setup(environment_id)[0]
+    operation = started.setup_operation_id
+    known = current_hook(started, operation)
+
+    guard = HookGuard(NoLedger(), "local")
+    assert await guard.to_run(operation, "setup", str(environment_id), PATH, known) == known
+
+
+@pytest.mark.parametrize("asked", [
+    {"kind": "teardown"}, {"environment_id": "another"}, {"workspace": "/data/worktrees/t2/repo"},
+], ids=["kind", "environment", "workspace"])
+async def test_the_guard_refuses_a_known_hook_asked_for_as_another_as_it_refuses_the_log_s(app, asked):
+    environment_id = provisioning(app)
+    started = app.start_setup(environment_id)[0]
+    operation = started.setup_operation_id
+    request = {"kind": "setup", "environment_id": str(environment_id), "workspace": PATH} | asked
+
+    with pytest.raises(HookRefused, match="the log recorded the setup hook") as by_the_log:
+        await HookGuard(LogLedger(app), "local").to_run(operation, **request)
+    with pytest.raises(HookRefused) as by_the_known:
+        await HookGuard(NoLedger(), "local").to_run(operation, **request, known=current_hook(started, operation))
+    assert by_the_known.value.reason == by_the_log.value.reason
+
+
 async def test_the_guard_refuses_a_known_answer_as_it_refuses_the_log_s(app):
     environment_id = provisioning(app)
     operation = app.start_setup(environment_id)[0].setup_operation_id
     done = app.record_setup_outcome(environment_id, operation, True, None)
-
-    class NoLedger:
-        async def recorded_hook(self, operation_id):
-            raise AssertionError("a known answer is not asked of the ledger again")
 
     guard = HookGuard(NoLedger(), "local")
     with pytest.raises(HookRefused, match="awaits no outcome"):
@@ -138,8 +184,6 @@ async def test_the_guard_refuses_a_known_answer_as_it_refuses_the_log_s(app):
     with pytest.raises(HookRefused, match="belongs to host 'local'"):
         await HookGuard(NoLedger(), "elsewhere").to_run(operation, "setup", str(environment_id), PATH,
                                                         app.recorded_hook(operation))
-    with pytest.raises(HookRefused, match="no such hook operation"):
-        await guard.to_run("forged", "setup", str(environment_id), PATH, app.recorded_hook(operation))
 
 
 class LogLedger:
