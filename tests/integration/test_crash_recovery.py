@@ -170,14 +170,15 @@ async def test_a_personal_workspace_killed_before_its_creation_was_saved_is_sear
     service = await start(tmp_path, "create-returned")
     marker = tmp_path / "setup-ran"
     try:
-        spawned = await service.bb("thread", "spawn", "--json", "--environment-provider", "personal-workspace",
-                                   "--thread-id", "mine")
-        assert spawned.returncode == 0, spawned.stderr
+        # The creation is quick enough that the kill may come before the spawn's answer: not waited for.
+        await service.bb("thread", "spawn", "--json", "--environment-provider", "personal-workspace",
+                         "--thread-id", "mine")
         await died(service)
         workspace = service.data_dir / "providers" / "personal-workspace" / "workspaces" / "mine"
         (workspace / ".bb-env-setup.sh").write_text(f"echo ran >> {marker}\n")
         await restart(service)
-        ready = await service.wait_for(spawned.json()["environmentId"], "ready")
+        thread = await service.wait_for_thread("mine", with_environment=True)
+        ready = await service.wait_for(thread["environmentId"], "ready")
         assert ready["hooks"]["setup"]["status"] == "succeeded"
         assert marker.read_text().split() == ["ran"]
     finally:
