@@ -184,7 +184,7 @@ class Claimed(EnvironmentEvent, kw_only=True, tag="claimed"):
 @publishes(Environment.Created)
 class Created(EnvironmentEvent, kw_only=True, tag="created"):
     """The provider created the workspace (create attempt `attempt`); `ownsPath` says whether the
-    setup and teardown hooks run in it. Status `provisioning`."""
+    setup and teardown hooks may run in it. Status `provisioning`."""
 
     attempt: Attempt
     path: Annotated[str, _said("The workspace's path.")]

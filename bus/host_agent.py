@@ -114,6 +114,9 @@ class HostAgent:
             # Begun here and now, not when a task of ours is first stepped (see HookRunner.start).
             running = self._runner.start(recorded.operation_id, recorded.kind, Path(recorded.workspace),
                                          self._output_of(recorded))
+            # Its failure is read even where the announcing task is cancelled before it awaits the
+            # run (the agent's stop): the runner has recorded it, nothing else needs to.
+            running.add_done_callback(_read_failure)
             self._running[request.operation_id] = asyncio.create_task(self._announce(recorded, running))
         return self._running[request.operation_id]
 
@@ -159,6 +162,11 @@ class HostAgent:
     async def cancel_hook(self, operation_id: str) -> str:
         recorded = await self._guard.to_stop(operation_id)
         return await self._runner.cancel(recorded.operation_id)
+
+
+def _read_failure(run: asyncio.Future[HookOutcome]) -> None:
+    if not run.cancelled():
+        run.exception()
 
 
 def _decode(data: bytes, request_type: type[T]) -> T:

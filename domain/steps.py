@@ -35,7 +35,8 @@ class StopCreate:
 @dataclass(frozen=True)
 class StartSetup:
     """Record SetupStarted: the environment's host runs `.bb-env-setup.sh`, or answers that there
-    is none (where the workspace is, the only place that can tell)."""
+    is none (where the workspace is; only a provider that has just made the workspace empty can
+    tell sooner, see Environments.record_created)."""
 
 
 @dataclass(frozen=True)

@@ -674,3 +674,7 @@ def modal() -> None:
 
 def main() -> None:
     run_cli(cli, sys.argv[1:])
+
+
+if __name__ == "__main__":  # `python -m bb_environments.entrypoints.cli`, as it was started before bb.py
+    main()

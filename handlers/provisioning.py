@@ -404,8 +404,8 @@ class Provisioner:
         crash_point("create-returned")
         if isinstance(result, Created):
             if result.empty and result.owns_path:
-                # Before the save that makes the environment ready, so that a client waiting for it
-                # has heard this line by then.
+                # A fact of this creation, said whatever the save below then records (an archive
+                # meanwhile leads to removal instead of a skip).
                 self._transcript.line(str(env.id), "step", "setup", MADE_EMPTY_REASON)
             created = await self._store.run(
                 self._app.record_created, env.id, env.attempt, canonical_path(result.path),

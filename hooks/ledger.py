@@ -65,14 +65,8 @@ class HookGuard:
         `known`: the log's answer for this very operation as the store's writer gave it to this
         process a moment ago (with the environment a command just saved, see current_hook),
         checked here as the ledger's would be, without asking the ledger again. Only the service's
-        own core has one; a request from the bus never does. It is still the log's answer when the
-        hook starts, for all this checks: `awaited` goes from true to false only through the
-        outcome (or skip) of this same operation, which only the provisioner's own step for it
-        records, one step at a time per operation, and that step is the one asking; host, path and
-        kind never change once the operation started; a cancel changes only `stoppable`, which is
-        not checked here; a retry gets a new operation id, so an earlier attempt's operation is
-        never `known` and is read from the log. A future event that ends an awaited hook another
-        way must revisit this.
+        own core has one; a request from the bus never does. Why it is still the log's answer for
+        all this checks when the hook starts: see current_hook.
         """
         if known is None:
             recorded = await self.recorded(operation_id)
