@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
 import msgspec
@@ -32,7 +31,7 @@ class ApiClient:
         self._closed = asyncio.Event()
 
     @classmethod
-    async def connect(cls, url: str, data_dir: Path | None = None, service_pid: int | None = None,
+    async def connect(cls, url: str, data_dir: str | None = None, service_pid: int | None = None,
                       **options: Unpack[ConnectOptions]) -> ApiClient:
         errors: list[Exception] = []
 

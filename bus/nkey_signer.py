@@ -38,8 +38,7 @@ def answer_nonce(seed: bytearray, nonce: bytes) -> tuple[str, str]:
     secret = ffi.new("unsigned char[]", 2 * KEY_SIZE)
     signed = ffi.new("unsigned char[]", SIGNATURE_SIZE + len(nonce))
     try:
-        if len(seed) != KEY_SIZE:
-            raise SeedError("not the length of a seed")
+        assert len(seed) == KEY_SIZE, "a seed from user_seed"
         if lib.crypto_sign_seed_keypair(public, secret, bytes(seed)) != 0 or \
                 lib.crypto_sign(signed, ffi.NULL, nonce, len(nonce), secret) != 0:
             raise RuntimeError("libsodium could not sign")

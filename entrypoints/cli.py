@@ -54,20 +54,22 @@ def embedded_server(settings: Settings) -> ServerInfo | None:
         raise unreachable(str(unusable), settings.data_root, hint) from None
 
 
-async def open_client(settings: Settings) -> ApiClient:
-    """As the operator: with the seed server.json names for the embedded server, else with the
-    deployment's credentials from the environment (an external NATS)."""
-    server = embedded_server(settings)
+async def open_client(settings: Settings, server: ServerInfo | None = None) -> ApiClient:
+    """As the operator: with the seed server.json names for the embedded server (`server`, when
+    the caller has read it already), else with the deployment's credentials from the environment
+    (an external NATS)."""
+    if server is None:
+        server = embedded_server(settings)
     if server is None:
         assert settings.nats_url is not None
-        return await _client_for(settings.nats_url).connect(settings.nats_url, settings.data_dir,
+        return await _client_for(settings.nats_url).connect(settings.nats_url, settings.data_root,
                                                             **nats_credentials(settings.nats_url))
     if server.credentials is None:
-        return await _client_for(server.nats_url).connect(server.nats_url, settings.data_dir,
+        return await _client_for(server.nats_url).connect(server.nats_url, settings.data_root,
                                                           **nats_credentials(server.nats_url))
     # The embedded server's service runs on this machine: a request it can no longer answer (its
     # process ended) fails at once, not after the timeout.
-    return await _client_for(server.nats_url).connect(server.nats_url, settings.data_dir, service_pid=server.pid,
+    return await _client_for(server.nats_url).connect(server.nats_url, settings.data_root, service_pid=server.pid,
                                                       nkeys_seed=server.credentials.operator)
 
 
@@ -103,7 +105,7 @@ def requests_to(settings: Settings) -> Iterator[Requester]:
         client = BlockingApiClient.connect(server.nats_url, server.credentials.operator, settings.data_root,
                                            server.pid)
     else:
-        client = _OnLoop(settings)
+        client = _OnLoop(settings, server)
     try:
         yield client
     finally:
@@ -114,10 +116,10 @@ class _OnLoop:
     """nats-py's ApiClient behind the blocking calls of `requests_to`, on an event loop of its own
     that runs while a call waits."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, server: ServerInfo | None) -> None:
         self._runner = event_loop()
         try:
-            self._client = self._runner.run(open_client(settings))
+            self._client = self._runner.run(open_client(settings, server))
         except BaseException:
             self._runner.close()
             raise

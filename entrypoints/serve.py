@@ -118,7 +118,7 @@ def hold_event_store(settings: Settings) -> FileLock | None:
         lock.close()
         who = f"`bb serve` pid {holder.pid} (data dir {holder.data_dir})" if holder else "another `bb serve`"
         raise AlreadyServing(f"the event store {store} is in use by {who}; one service writes to a store")
-    lock.record(Holder(os.getpid(), str(settings.data_dir)))
+    lock.record(Holder(os.getpid(), settings.data_root))
     return lock
 
 
@@ -303,7 +303,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
 
     server_file = ServerFile(Path(settings.server_file), ServerInfo(
         nats_url=url_without_credentials(nats_url), pid=os.getpid(), host_id=settings.host_id,
-        data_dir=str(settings.data_dir),
+        data_dir=settings.data_root,
         nats_pid=embedded.server.pid if embedded else None, nats_port=embedded.server.port if embedded else None,
         credentials=ClientSeeds(**credentials.client_files()) if credentials else None,
     ))

@@ -51,7 +51,8 @@ class PersonalWorkspaceProvider:
                 path.mkdir(parents=True)
             except FileExistsError:
                 # An earlier attempt's (cut short by a crash) or someone else's: it may hold a setup
-                # script. Asked again so that a file, or a directory gone meanwhile, is a failure.
+                # script. Asked again so that a file there is a failure; a directory gone meanwhile
+                # is made again, and not said to be empty all the same.
                 path.mkdir(parents=True, exist_ok=True)
                 return Created(path=str(path), owns_path=True)
             return Created(path=str(path), owns_path=True, empty=True)

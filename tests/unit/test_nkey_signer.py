@@ -37,3 +37,16 @@ def _flipped(seed: bytes, index: int) -> bytes:
 def test_what_is_not_a_users_seed_is_refused(text, why):
     with pytest.raises(SeedError, match=why):
         user_seed(text)
+
+
+def test_a_damaged_seed_file_ends_the_command_naming_the_file_before_any_connection(tmp_path):
+    # A hand-edited operator.nk, or a public key written in its place: nothing is sent anywhere.
+    from bb_environments.bus.blocking_client import BlockingApiClient
+    from bb_environments.bus.service_errors import ServiceError
+
+    seed_file = tmp_path / "operator.nk"
+    seed_file.write_bytes(nkeys.from_seed(bytearray(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))).public_key)
+    with pytest.raises(ServiceError) as refused:
+        BlockingApiClient.connect("nats://127.0.0.1:1", str(seed_file), str(tmp_path))
+    assert refused.value.code == "unreachable"
+    assert f"{seed_file} is not a user's NKEY seed" in str(refused.value)

@@ -75,6 +75,14 @@ def test_create_again_keeps_the_contents(provider: PersonalWorkspaceProvider, da
     assert (workspace / ".bb-env-setup.sh").read_text() == "echo keep me\n"
 
 
+def test_a_file_where_the_workspace_goes_is_a_failure(provider: PersonalWorkspaceProvider, data_dir: Path) -> None:
+    in_the_way = data_dir / "workspaces" / PATH_KEY
+    in_the_way.parent.mkdir(parents=True)
+    in_the_way.write_text("not a directory\n")
+    assert isinstance(provider.create(create_context(data_dir)), CreateFailed)
+    assert in_the_way.read_text() == "not a directory\n"
+
+
 @pytest.mark.parametrize("path_key", ["../escape", "a/b", ".hidden", "-option", ""])
 def test_unsafe_path_keys_are_refused(provider: PersonalWorkspaceProvider, data_dir: Path, path_key: str) -> None:
     result = provider.create(create_context(data_dir, path_key))
