@@ -26,6 +26,7 @@ from eventsourcing.persistence import OperationalError
 
 from bb_environments.domain.application import MADE_EMPTY_REASON, RecordedHook, current_hook
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
@@ -171,8 +172,10 @@ class Provisioner:
             self._newest_known[environment_id] = max(known.version, self._newest_known.get(environment_id, 0))
         lock = self._locks.setdefault(environment_id, asyncio.Lock())
         async with lock:
+            # `_newest_known` may have been forgotten meanwhile (the environment was removed): then
+            # `_advanced_from`, which is kept, sends this drive to read it.
             if known is None or self._advanced_from.get(environment_id, 0) >= known.version \
-                    or self._newest_known[environment_id] > known.version:
+                    or self._newest_known.get(environment_id, 0) > known.version:
                 known = await self._store.run(self._app.environment, environment_id)
             await self._advance(known)
 
@@ -246,7 +249,8 @@ class Provisioner:
             case Remove(removal_attempt):
                 self._start(env, f"remove.{removal_attempt}", self._remove, env)
             case Settled():
-                pass
+                if env.status == EnvironmentStatus.REMOVED:
+                    self._forget(env.id)
             case unexpected:
                 assert_never(unexpected)
 
@@ -304,6 +308,19 @@ class Provisioner:
             await self.drive(environment_id, known)
         except Exception:
             log.exception("could not drive environment %s; the sweep will try again", environment_id)
+
+    def _forget(self, environment_id: UUID) -> None:
+        """Drop what this process keeps of a removed environment, whose log has ended: a service
+        that runs for months must not hold a mark for every environment it ever drove. Kept: its
+        lock (a drive may wait on it now) and `_advanced_from`, so that an event of it delivered
+        again, or a copy of it from before its removal handed to a drive late, is read afresh
+        rather than advanced from."""
+        self._newest_known.pop(environment_id, None)
+        self._activity.pop(environment_id, None)
+        if (timer := self._timers.pop(environment_id, None)) is not None:
+            timer.cancel()
+        for step_key in [key for key in self._failed_steps if key[0] == environment_id]:
+            del self._failed_steps[step_key]
 
     def _wake_at(self, environment_id: UUID, when: datetime) -> None:
         if environment_id in self._timers:

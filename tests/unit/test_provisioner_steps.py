@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -178,3 +178,40 @@ async def test_an_idle_check_that_a_pause_overtook_does_not_pause_again(running)
     await running.settled()
 
     assert provider.pauses == [{"sandbox": "sb-1"}]
+
+
+
+class CleanupFailsOnce(CleanupKeepsFailing):
+    """A create that fails for good, whose cleanup fails: the environment stays in error with a
+    failed step remembered, until its removal succeeds."""
+
+    def remove(self, ctx):
+        return super().remove(ctx) if self.removes == 0 else InstantProvider.remove(self, ctx)
+
+
+@pytest.mark.parametrize("running", [CleanupFailsOnce], indirect=True)
+async def test_a_removed_environment_leaves_no_marks_and_a_late_copy_of_it_starts_nothing(running):
+    provisioner, app, provider = running.provisioner, running.app, running.provider
+    environment = await running.spawn("a")
+    await provisioner.drive(environment.id, environment)
+    assert await asyncio.to_thread(provider.removed_once.wait, 10)
+    await running.settled()
+    assert [key for key in provisioner._failed_steps if key[0] == environment.id] == [(environment.id, "cleanup.1")]
+
+    archived = await running.store.run(app.archive_thread, "a", datetime.now(timezone.utc))
+    assert archived is not None
+    await provisioner.drive(environment.id, archived)
+    deadline = time.monotonic() + 10
+    while app.environment(environment.id).status != "removed":
+        assert time.monotonic() < deadline, "the environment was never removed"
+        await running.settled()
+        await asyncio.sleep(0.01)
+    await running.settled()
+
+    # A service that runs for months keeps no mark of it (its lock and the version it advanced from aside).
+    assert not [key for key in provisioner._failed_steps if key[0] == environment.id]
+    assert environment.id not in provisioner._newest_known and environment.id not in provisioner._timers
+    removes = provider.removes
+    await provisioner.drive(environment.id, environment)  # the spawn's copy, handed over long after the removal
+    await running.settled()
+    assert provider.removes == removes and app.environment(environment.id).status == "removed"
