@@ -32,6 +32,7 @@ HOST = "127.0.0.1"
 LOCK_FILE = "server.lock"
 GIVE_UP_AFTER_FAILURES = 5
 FAILURE_WINDOW_S = 60.0
+STARTUP_S = 15.0
 
 
 class NatsServerUnavailable(RuntimeError):
@@ -90,23 +91,30 @@ class EmbeddedNats:
         )
         output.close()
         server = cls(process.pid, host, port, process)
-        deadline = time.monotonic() + 15
-        while not accepts_connections(host, port):
+        if not server._listens_within(STARTUP_S, running=lambda: process.poll() is None):
             if process.poll() is not None:
                 raise NatsServerUnavailable(f"nats-server exited with {process.returncode}; see {store_dir}/nats-server.log")
-            if time.monotonic() > deadline:
-                server.stop()
-                raise NatsServerUnavailable(f"nats-server did not listen on {host}:{port} within 15 s")
-            time.sleep(0.02)
+            server.stop()
+            raise NatsServerUnavailable(f"nats-server did not listen on {host}:{port} within {STARTUP_S:g} s")
         return server
 
     @classmethod
     def reuse(cls, pid: int, store_dir: Path, host: str, port: int,
               configuration: Path | None = None) -> EmbeddedNats | None:
-        running = _command_line_of(pid)
-        if running == _command_line(store_dir, host, port, configuration) and accepts_connections(host, port):
-            return cls(pid, host, port)
-        return None
+        """The server running as `pid` when it is ours on `store_dir` and `port`, given the time a
+        start takes to listen: a `bb serve` killed while it started one leaves it still starting."""
+        if _command_line_of(pid) != _command_line(store_dir, host, port, configuration):
+            return None
+        server = cls(pid, host, port)
+        return server if server._listens_within(STARTUP_S, running=lambda: pid_alive(pid)) else None
+
+    def _listens_within(self, seconds: float, running: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + seconds
+        while not accepts_connections(self.host, self.port):
+            if not running() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def stop(self, timeout: float = 10) -> None:
         if self.process is not None and self.process.poll() is not None:
@@ -220,6 +228,8 @@ def _start_holding(lock: FileLock, store_dir: Path, port: int | None, configurat
 def _running_on(store_dir: Path, configuration: Path, lock: FileLock) -> EmbeddedNats:
     record = lock.holder(ServerRecord)
     server = record and EmbeddedNats.reuse(record.pid, store_dir, HOST, record.port, configuration)
+    if not server and (server := _started_unrecorded(store_dir, configuration)):
+        lock.record(ServerRecord(server.pid, server.port))
     if not server:
         holder = f"pid {record.pid}" if record else "a process that recorded no pid"
         raise NatsServerUnavailable(
@@ -252,6 +262,24 @@ async def _ended(pid: int) -> None:
 def _command_line(store_dir: Path, host: str, port: int, configuration: Path | None) -> list[str]:
     return [nats_server_binary(), *(["-c", str(configuration)] if configuration else []),
             "-a", host, "-p", str(port), "-js", "-sd", str(store_dir), "--server_name", "bb-embedded"]
+
+
+def _started_unrecorded(store_dir: Path, configuration: Path) -> EmbeddedNats | None:
+    """The server on `store_dir` whose starter was killed between starting it and recording its
+    pid, so the lock names the server before it: found by our command line, on whichever port."""
+    for entry in os.scandir("/proc"):
+        running = _command_line_of(int(entry.name)) if entry.name.isdigit() else None
+        port = _port_in(running or [])
+        if port and running == _command_line(store_dir, HOST, port, configuration):
+            return EmbeddedNats.reuse(int(entry.name), store_dir, HOST, port, configuration)
+    return None
+
+
+def _port_in(command_line: list[str]) -> int | None:
+    try:
+        return int(command_line[command_line.index("-p") + 1])
+    except (ValueError, IndexError):
+        return None
 
 
 def _command_line_of(pid: int) -> list[str] | None:

@@ -21,7 +21,10 @@ import nats
 import pytest
 
 from bb_environments.bus.api_messages import SpawnThread
-from bb_environments.bus.embedded_server import EmbeddedNats, accepts_connections, free_port, nats_server_binary
+from bb_environments.bus.embedded_server import (
+    LOCK_FILE, EmbeddedNats, ServerRecord, SupervisedNats, accepts_connections, free_port, nats_server_binary,
+)
+from bb_environments.providers.host.file_lock import FileLock, read_holder
 from tests.integration.conftest import Result, Service, answer_lost_to_a_killed_service, service_environment
 
 SPAWNS = 3
@@ -148,6 +151,29 @@ async def test_a_killed_embedded_nats_server_is_ridden_out_in_a_few_lines(servic
     lines = await outage_told_once(service, offset)
     # Beside our two lines, at most the restart's own two (the supervisor's).
     assert len(lines) <= 4, lines
+
+
+def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused_not_refused(tmp_path):
+    # What `bb serve` leaves when SIGKILL lands while it restarts its dead server: the lock file
+    # still names the dead one, and the new one, started with the lock, holds it.
+    store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
+    store.mkdir()
+    configuration.write_text("{}")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = FileLock(store / LOCK_FILE)
+    assert lock.acquire()
+    lock.record(ServerRecord(dead.pid, free_port()))
+    left = EmbeddedNats.start(store, port=free_port(), configuration=configuration, keep_open=lock.fileno())
+    lock.close()
+    try:
+        supervised = SupervisedNats.open(store, configuration)
+        assert (supervised.server.pid, supervised.url) == (left.pid, left.url)
+        assert read_holder(store / LOCK_FILE, ServerRecord) == ServerRecord(left.pid, left.port)
+        supervised.stop()
+        assert left.process is not None and left.process.poll() is not None
+    finally:
+        left.stop()
 
 
 @pytest.fixture
