@@ -124,6 +124,10 @@ def host_agent_permissions(host_id: str) -> Permissions:
 SERVICE_PERMISSIONS = Permissions(publish={"allow": [">"]}, subscribe={"allow": [">"], "deny": ["_INBOX.>"]})
 
 
+class DamagedSeed(ValueError):
+    pass
+
+
 class Credentials:
     """The seed files of every user, under `<data dir>/credentials`, each readable by its owner only.
 
@@ -145,13 +149,17 @@ class Credentials:
         for user in users:
             path = self.seed_file(user)
             if not path.exists():
-                _write_private(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+                write_private_file(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
 
     def public_key(self, user: str) -> str:
         import nkeys
 
-        seed = bytearray(self.seed_file(user).read_bytes().strip())
-        public_key: bytes = nkeys.from_seed(seed).public_key
+        path = self.seed_file(user)
+        try:
+            public_key: bytes = nkeys.from_seed(bytearray(path.read_bytes().strip())).public_key
+        except (nkeys.NkeysError, ValueError):
+            raise DamagedSeed(f"{path} holds no valid seed; delete it and start `bb serve` again to make a new "
+                              f"one (a client of role {user!r} then needs to read the new file)") from None
         return public_key.decode()
 
     def client_files(self) -> dict[str, str]:
@@ -180,7 +188,12 @@ def all_users(host_id: str) -> list[str]:
     return [*CLIENT_ROLES, SERVICE_USER, host_agent_user(host_id)]
 
 
-def _write_private(path: Path, content: bytes) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(content)
+def write_private_file(path: Path, text: str) -> None:
+    """Atomically, readable by its owner only: a kill while writing leaves the file whole or absent
+    (a seed cut short would refuse every later start)."""
+    temporary = path.with_suffix(".tmp")
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+    os.replace(temporary, path)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from bb_environments.bus.access import check_host_id
+from bb_environments.bus.access import check_host_id, write_private_file
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli.py)
     import logging
@@ -325,13 +325,3 @@ def _log() -> "logging.Logger":
     import logging
 
     return logging.getLogger(__name__)
-
-
-def write_private_file(path: "Path", text: str) -> None:
-    """Atomically, readable by its owner only (server.json names where the operator's seed is)."""
-    temporary = path.with_suffix(".tmp")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(text)
-    os.replace(temporary, path)

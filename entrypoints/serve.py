@@ -27,6 +27,7 @@ from bb_environments.bus.access import (
     host_agent_inbox_prefix,
     host_agent_user,
     server_configuration,
+    write_private_file,
 )
 from bb_environments.bus.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.api_service import start_api
@@ -56,7 +57,6 @@ from bb_environments.entrypoints.config import (
     nats_credentials,
     read_server_file,
     url_without_credentials,
-    write_private_file,
 )
 from bb_environments.handlers.crash_points import crash_point
 from bb_environments.handlers.errors import RequestError

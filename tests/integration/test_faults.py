@@ -243,3 +243,14 @@ async def test_a_stop_asked_for_while_serve_starts_stops_everything_it_started(t
     assert not (data_dir / "server.json").exists()
     await starting.start()
     await starting.stop()
+
+
+async def test_a_damaged_seed_file_is_named_when_serve_refuses_to_start(service):
+    await service.stop()
+    seed = service.data_dir / "credentials" / "subscriber.nk"
+    seed.write_bytes(b"")
+    refused = await service.bb("serve", timeout=60)
+    assert refused.returncode == 1
+    said = one_sentence(refused)
+    assert f"{seed} holds no valid seed; delete it and start `bb serve` again" in said, said
+    assert not nats_servers_on(service.data_dir / "nats")

@@ -50,3 +50,27 @@ def test_a_damaged_seed_file_ends_the_command_naming_the_file_before_any_connect
         BlockingApiClient.connect("nats://127.0.0.1:1", str(seed_file), str(tmp_path))
     assert refused.value.code == "unreachable"
     assert f"{seed_file} is not a user's NKEY seed" in str(refused.value)
+
+
+def test_seeds_are_made_whole_over_what_a_kill_mid_write_left(tmp_path):
+    # A first `bb serve` killed while it wrote a seed leaves its temporary file, never a seed cut short.
+    from bb_environments.bus.access import Credentials
+
+    credentials = Credentials(tmp_path / "credentials")
+    credentials.directory.mkdir()
+    (credentials.directory / "operator.tmp").write_bytes(b"SUA")
+    credentials.ensure(["operator", "publisher"])
+    assert sorted(path.name for path in credentials.directory.iterdir()) == ["operator.nk", "publisher.nk"]
+    for user in ("operator", "publisher"):
+        assert credentials.public_key(user).startswith("U")
+        assert credentials.seed_file(user).stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("content", [b"", b"SUAdamaged\n"], ids=["empty", "damaged"])
+def test_a_damaged_seed_is_named_with_what_to_do(tmp_path, content):
+    from bb_environments.bus.access import Credentials, DamagedSeed
+
+    credentials = Credentials(tmp_path)
+    credentials.seed_file("subscriber").write_bytes(content)
+    with pytest.raises(DamagedSeed, match=f"{credentials.seed_file('subscriber')} holds no valid seed; delete it"):
+        credentials.public_key("subscriber")
