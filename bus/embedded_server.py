@@ -165,11 +165,7 @@ class SupervisedNats:
         store_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(store_dir / LOCK_FILE)
         try:
-            if lock.acquire():
-                server = _start_holding(lock, store_dir, None, configuration)
-            else:
-                server = _running_on(store_dir, configuration, lock)
-                log.info("reusing the embedded nats-server (pid %s)", server.pid)
+            server = _running_or_started(store_dir, configuration, lock)
         except BaseException:
             lock.close()
             raise
@@ -225,17 +221,28 @@ def _start_holding(lock: FileLock, store_dir: Path, port: int | None, configurat
     return server
 
 
-def _running_on(store_dir: Path, configuration: Path, lock: FileLock) -> EmbeddedNats:
-    record = lock.holder(ServerRecord)
-    server = record and EmbeddedNats.reuse(record.pid, store_dir, HOST, record.port, configuration)
-    if not server and (server := _started_unrecorded(store_dir, configuration)):
-        lock.record(ServerRecord(server.pid, server.port))
-    if not server:
-        holder = f"pid {record.pid}" if record else "a process that recorded no pid"
-        raise NatsServerUnavailable(
-            f"{store_dir} is held by {holder}, which is not a nats-server this service can reuse; "
-            f"stop it and start `bb serve` again")
-    return server
+def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock) -> EmbeddedNats:
+    """The server that holds the store's lock, else a new one.
+
+    A lock held by no live process the record names and no server of ours is on its way to being
+    free: a server still ending (stopped as its `bb serve` was killed, say), or one forked but not
+    yet our nats-server. That is waited out, for as long as a start may take."""
+    deadline = time.monotonic() + STARTUP_S
+    while not lock.acquire():
+        record = lock.holder(ServerRecord)
+        server = record and EmbeddedNats.reuse(record.pid, store_dir, HOST, record.port, configuration)
+        if not server and (server := _started_unrecorded(store_dir, configuration)):
+            lock.record(ServerRecord(server.pid, server.port))
+        if server:
+            log.info("reusing the embedded nats-server (pid %s)", server.pid)
+            return server
+        if (record and pid_alive(record.pid)) or time.monotonic() > deadline:
+            holder = f"pid {record.pid}" if record else "a process that recorded no pid"
+            raise NatsServerUnavailable(
+                f"{store_dir} is held by {holder}, which is not a nats-server this service can reuse; "
+                f"stop it and start `bb serve` again")
+        time.sleep(0.02)
+    return _start_holding(lock, store_dir, None, configuration)
 
 
 async def _ended(pid: int) -> None:

@@ -177,6 +177,29 @@ def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused
         left.stop()
 
 
+def test_a_store_lock_held_only_until_its_holder_ends_is_waited_for_then_taken(tmp_path):
+    # What a serve finds when the server it would reuse is just ending: the lock still held, by a
+    # process that is not our server, while the record names one that has ended.
+    store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
+    store.mkdir()
+    configuration.write_text("{}")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = FileLock(store / LOCK_FILE)
+    assert lock.acquire()
+    lock.record(ServerRecord(dead.pid, free_port()))
+    ending = subprocess.Popen(["sleep", "1"], pass_fds=(lock.fileno(),))
+    lock.close()
+    assert ending.poll() is None
+    supervised = SupervisedNats.open(store, configuration)
+    try:
+        assert ending.poll() is not None
+        assert accepts_connections("127.0.0.1", supervised.server.port)
+        assert read_holder(store / LOCK_FILE, ServerRecord) == ServerRecord(supervised.server.pid, supervised.server.port)
+    finally:
+        supervised.stop()
+
+
 @pytest.fixture
 def external_nats(tmp_path: Path):
     """A nats-server of our own, which the test stops and starts again on the same port and store."""
