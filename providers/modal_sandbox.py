@@ -148,7 +148,9 @@ class ModalSandboxProvider:
 
         If the snapshot fails the sandbox keeps running and ModalOperationFailed is raised.
         `checkpoint` receives the resource naming the new snapshot before the sandbox is terminated,
-        so a crash in between loses neither the sandbox nor the snapshot.
+        so a crash in between loses neither the sandbox nor the snapshot. That resource also names
+        the sandbox snapshotted (`snapshotOf`), so a pause re-run after a crash that followed the
+        termination finishes the pause instead of failing on the stopped sandbox.
         """
         sandbox_id = resource.get("sandboxId")
         if sandbox_id is None:
@@ -156,14 +158,19 @@ class ModalSandboxProvider:
         with self._modal.connect() as session:
             sandbox = session.sandbox(sandbox_id)
             if session.has_stopped(sandbox):
+                if resource.get("snapshotOf") == sandbox_id:
+                    # An earlier pause checkpointed this sandbox's snapshot, terminated it and was
+                    # killed before the core recorded Paused: the snapshot holds the last state.
+                    return _paused(resource)
                 raise ModalOperationFailed(f"sandbox {sandbox_id} has already stopped, so there is nothing to snapshot")
             snapshot = session.snapshot(sandbox, SNAPSHOT_TIMEOUT_S)
             superseded = [*resource.get("supersededSnapshotIds", []), *_present(resource.get("snapshotId"))]
-            snapshotted = {**resource, "snapshotId": snapshot.object_id, "supersededSnapshotIds": superseded}
+            snapshotted = {**resource, "snapshotId": snapshot.object_id, "supersededSnapshotIds": superseded,
+                           "snapshotOf": sandbox_id}
             if checkpoint is not None:
                 checkpoint(snapshotted)
             session.terminate(sandbox, "terminate the sandbox")
-        return {**snapshotted, "sandboxId": None}
+        return _paused(snapshotted)
 
     def resume(self, resource: dict[str, Any]) -> dict[str, Any]:
         """Start a sandbox from the snapshot with the same tags (setup does not run again).
@@ -253,6 +260,11 @@ class ModalSandboxProvider:
             if snapshots:
                 ctx.report.step(f"Deleting {len(snapshots)} snapshot(s); the shared image is kept")
                 session.delete_images(snapshots)
+
+
+def _paused(snapshotted: dict[str, Any]) -> dict[str, Any]:
+    """The resource of a finished pause: no sandbox, and no pause in flight to finish."""
+    return {**{k: v for k, v in snapshotted.items() if k != "snapshotOf"}, "sandboxId": None}
 
 
 def _adopt_running(session: ModalSession, app: Any, tags: dict[str, str], report: Reporter) -> Any | None:

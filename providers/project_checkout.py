@@ -106,9 +106,11 @@ class ProjectCheckoutProvider:
             switched_from = _current_branch(checkout)
             if _needs_switch(checkout, branch):
                 ctx.raise_if_cancelled()
+                _remember_switched_from(checkout, branch.name, switched_from, ctx.path_key)
                 _switch(ctx, checkout, branch)
             else:
                 ctx.report.step(f"Already on branch {branch.name}")
+                switched_from = _remembered_switched_from(checkout, branch.name, ctx.path_key) or switched_from
         base = branch.base if isinstance(branch, NewBranch) else None
         return Created(
             path=directory,
@@ -220,6 +222,28 @@ def _switch(ctx: CreateContext, checkout: str, branch: ExistingBranch | NewBranc
     # --no-track: the thread's branch must not push to (or pull from) its base.
     run_git(checkout, "switch", "--no-track", "--create", branch.name, "--end-of-options", base)
     ctx.report.log(f"Switched to new branch {branch.name}")
+
+
+def _remember_switched_from(checkout: str, branch_name: str, switched_from: str | None, path_key: str) -> None:
+    """Note in the repository's config, before switching, which branch this environment leaves.
+
+    A create killed after the switch but before Created was recorded runs again on the switched
+    checkout; only this note still knows the branch the work left. Git deletes it with the branch.
+    """
+    if switched_from is None:
+        return  # a switch needs HEAD on a branch (`_switch_blocker`)
+    section = f"branch.{branch_name}"
+    # Read back only when no switch is needed, so only after both writes and the switch.
+    run_git(checkout, "config", "--end-of-options", f"{section}.bbSwitchedFrom", switched_from)
+    run_git(checkout, "config", "--end-of-options", f"{section}.bbSwitchedFor", path_key)
+
+
+def _remembered_switched_from(checkout: str, branch_name: str, path_key: str) -> str | None:
+    """The branch an earlier run of this environment's create left, or None when none noted it."""
+    section = f"branch.{branch_name}"
+    if run_git_or_none(checkout, "config", "--get", "--end-of-options", f"{section}.bbSwitchedFor") != path_key:
+        return None  # another environment switched here, or the user did
+    return run_git_or_none(checkout, "config", "--get", "--end-of-options", f"{section}.bbSwitchedFrom")
 
 
 @contextmanager

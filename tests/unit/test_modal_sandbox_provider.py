@@ -519,6 +519,35 @@ def test_resume_reuses_a_sandbox_a_crashed_pause_left_running(
     assert resumed["sandboxId"] == environment["sandboxId"] and len(cloud.sandboxes) == 1
 
 
+def test_a_pause_killed_after_terminating_before_paused_was_recorded_is_finished_by_the_next_pause(
+    provider: ModalSandboxProvider, cloud: FakeModalCloud, environment: dict[str, Any]
+) -> None:
+    checkpoints: list[dict[str, Any]] = []
+    provider.pause(environment, checkpoint=checkpoints.append)  # killed here: Paused never recorded
+    [in_the_log] = checkpoints
+    assert in_the_log["sandboxId"] == environment["sandboxId"] and cloud.running() == []
+
+    paused = provider.pause(in_the_log, checkpoint=checkpoints.append)
+
+    [snapshot] = cloud.snapshots
+    assert paused == {**environment, "snapshotId": snapshot, "sandboxId": None}
+    assert len(checkpoints) == 1
+    resumed = provider.resume(paused)
+    [sandbox] = cloud.running()
+    assert resumed["sandboxId"] == sandbox.id and sandbox.image_id == snapshot
+
+
+def test_a_pause_of_a_sandbox_that_stopped_without_being_snapshotted_still_fails(
+    provider: ModalSandboxProvider, cloud: FakeModalCloud, environment: dict[str, Any]
+) -> None:
+    paused = provider.pause(environment)
+    resumed = provider.resume(paused)
+    cloud.sandboxes[resumed["sandboxId"]].running = False  # its lifetime ran out, say
+    with pytest.raises(ModalOperationFailed, match="has already stopped, so there is nothing to snapshot"):
+        provider.pause(resumed)
+    assert cloud.snapshots == [paused["snapshotId"]]
+
+
 def test_idle_pause_is_due_after_the_configured_minutes(provider: ModalSandboxProvider, data_dir: Path) -> None:
     now = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
     assert provider.idle_pause_due(now - timedelta(minutes=15), now, str(data_dir))

@@ -67,14 +67,15 @@ def create_context(
     branch: Branch = CurrentBranch(),
     path: str | None = None,
     cancelled: threading.Event | None = None,
+    thread_id: str = "t1",
 ) -> CreateContext:
     return CreateContext(
         "local",
         str(project),
         inputs(branch, path),
         str(data_dir),
-        thread_id="t1",
-        path_key="t1",
+        thread_id=thread_id,
+        path_key=thread_id,
         report=RecordingReporter(),
         cancelled=cancelled or threading.Event(),
     )
@@ -224,6 +225,28 @@ def test_creating_a_new_branch_from_head(
     rerun = provider.create(again)
     assert isinstance(rerun, Created) and (rerun.path, rerun.resource) == (result.path, result.resource)
     assert again.report.steps == ["Already on branch topic"]
+
+
+@pytest.mark.parametrize("branch", [NewBranch("topic.v2"), ExistingBranch("feature")], ids=["new", "existing"])
+def test_a_create_rerun_after_a_kill_reports_the_branch_it_switched_from(
+    provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path, branch: Branch
+) -> None:
+    first = provider.create(create_context(feature_repo, data_dir, branch))
+    # Killed before Created was recorded: the core runs the same create again.
+    again = create_context(feature_repo, data_dir, branch)
+    rerun = provider.create(again)
+
+    assert isinstance(first, Created) and first.merge_base_branch == "main"
+    assert isinstance(rerun, Created) and rerun.merge_base_branch == "main"
+    assert again.report.steps == [f"Already on branch {branch.name}"]
+
+
+def test_one_threads_switch_is_not_the_merge_base_of_another_thread_joining_the_branch(
+    provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path
+) -> None:
+    provider.create(create_context(feature_repo, data_dir, ExistingBranch("feature"), thread_id="t1"))
+    other = provider.create(create_context(feature_repo, data_dir, ExistingBranch("feature"), thread_id="t2"))
+    assert isinstance(other, Created) and other.merge_base_branch == "feature"
 
 
 def test_creating_a_new_branch_from_a_base(
