@@ -35,7 +35,10 @@ SERVICE_INBOX_PREFIX = "_BB_SERVICE_INBOX"
 # included: a start still hands over from them, so no client may hold those names.
 SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.RETIRED_PROVISIONER_CONSUMER,
                      subjects.TRANSCRIPTS_CONSUMER, subjects.RETIRED_THREADS_CONSUMER)
-READABLE_STREAMS = (subjects.ENVIRONMENTS_STREAM, subjects.TRANSCRIPTS_STREAM)
+# The streams clients may read, each with the part of it that is theirs: BB_ENVIRONMENTS stores the
+# whole log, and its threads' and claims' events are the service's.
+READABLE_STREAMS = {subjects.ENVIRONMENTS_STREAM: subjects.LOG_ENVIRONMENT_EVENTS,
+                    subjects.TRANSCRIPTS_STREAM: subjects.TRANSCRIPT_EVENTS}
 
 _HOST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -64,13 +67,19 @@ def check_host_id(host_id: str) -> str:
 
 
 def _consumers_of_readable_streams() -> list[str]:
-    """Creating, reading and deleting one's own consumers on the streams clients may read."""
+    """Creating, reading and deleting one's own consumers on the streams clients may read.
+
+    A consumer is created only by the subject that names it and its filter, as nats-py's
+    `pull_subscribe` does: the server holds the request's body to both, so no client takes a
+    service consumer's name through the body (the subject's name is denied) or filters its way
+    past its part of the stream. What the body may still say, a push consumer's delivery subject,
+    reaches no endpoint of ours: see bus/micro_requests.py.
+    """
     allowed = ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]
-    for stream in READABLE_STREAMS:
+    for stream, readable in READABLE_STREAMS.items():
         allowed += [
             f"$JS.API.STREAM.INFO.{stream}",
-            f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
-            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
+            f"$JS.API.CONSUMER.CREATE.{stream}.*.{readable}",
             f"$JS.API.CONSUMER.INFO.{stream}.*", f"$JS.API.CONSUMER.DELETE.{stream}.*",
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", f"$JS.API.CONSUMER.LIST.{stream}",
             f"$JS.API.CONSUMER.NAMES.{stream}",
@@ -100,7 +109,10 @@ def role_permissions(role: str) -> Permissions:
         return _reader()
     if role == "operator":
         reader = _reader()
-        return Permissions(publish={**reader.publish, "allow": [f"{subjects.API_PREFIX}.>", *reader.publish["allow"]]},
+        # `bb events export` reads the whole log, as `bb events replay` has the service do.
+        whole_log = f"$JS.API.CONSUMER.CREATE.{subjects.ENVIRONMENTS_STREAM}.*.{subjects.LOG_EVENTS}"
+        return Permissions(publish={**reader.publish, "allow": [f"{subjects.API_PREFIX}.>", whole_log,
+                                                                *reader.publish["allow"]]},
                            subscribe=reader.subscribe, allow_responses=True)
     if role == "publisher":
         return Permissions(

@@ -25,6 +25,7 @@ from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import ErrorBody, ErrorReply, Request
 from bb_environments.bus.documents import refusal_reason
 from bb_environments.bus.health import describe, unavailable
+from bb_environments.bus.micro_requests import sent_to_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +60,16 @@ async def start_api(nc: Client, endpoints: list[Endpoint[Any]], translate: Error
         nc, name=subjects.API_SERVICE, version=API_VERSION, description="bb environments lifecycle API"
     )
     for endpoint in endpoints:
-        await service.add_endpoint(
-            name=f"{endpoint.area}-{endpoint.verb}", subject=subjects.api(endpoint.area, endpoint.verb),
-            handler=_serve(endpoint, translate),
-        )
+        subject = subjects.api(endpoint.area, endpoint.verb)
+        await service.add_endpoint(name=f"{endpoint.area}-{endpoint.verb}", subject=subject,
+                                   handler=_serve(endpoint, subject, translate))
     return service
 
 
-def _serve(endpoint: Endpoint[R], translate: ErrorTranslator) -> Callable[[MicroRequest], Awaitable[None]]:
+def _serve(endpoint: Endpoint[R], subject: str, translate: ErrorTranslator) -> Callable[[MicroRequest], Awaitable[None]]:
     async def serve(request: MicroRequest) -> None:
+        if not sent_to_endpoint(request, subject):
+            return
         try:
             body = _decode(request.data, endpoint.request_type)
         except ApiError as refused:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar, Unpack
 
 import msgspec
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js import api
 
 from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import Request, decode_answer
@@ -20,6 +23,10 @@ from bb_environments.bus.processes import pid_alive
 from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 T = TypeVar("T")
+
+READER_IDLE_S = 30.0
+"""How soon the server drops a stream reader's consumer after its client stopped asking."""
+READER_BATCH = 256
 
 
 class ApiClient:
@@ -66,6 +73,22 @@ class ApiClient:
         except NatsError as error:  # the connection is closed or its buffer full: the request never left
             raise unreachable(f"the connection to it failed: {describe(error)}") from None
         return decode_answer(reply.headers or {}, reply.data)
+
+    async def read_stream(self, stream: str, subject: str, wait: float) -> AsyncGenerator[list[Msg], None]:
+        """`subject`'s messages in `stream` from the start, a batch at a time as they are stored,
+        an empty batch after `wait` seconds without one. Read by a pull consumer of this client's
+        own, created by name and filter, the one way a client's permissions allow (bus/access.py)."""
+        reader = await self.nc.jetstream().pull_subscribe(subject, stream=stream, config=api.ConsumerConfig(
+            ack_policy=api.AckPolicy.NONE, inactive_threshold=READER_IDLE_S, mem_storage=True))
+        try:
+            while True:
+                try:
+                    yield await reader.fetch(READER_BATCH, timeout=wait)
+                except NatsTimeout:
+                    yield []
+        finally:
+            with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
+                await reader.unsubscribe()
 
     async def until_closed(self) -> None:
         """Return once the connection is gone for good (it tries once to reconnect)."""

@@ -32,6 +32,7 @@ from nats.micro.service import Service
 
 from bb_environments.bus import subjects
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
+from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import RecordedHook
 from bb_environments.hooks.ledger import HookGuard, HookLedger, HookRefused
@@ -43,14 +44,14 @@ T = TypeVar("T")
 STATUS_POLL_S = 5.0
 
 
-class StartHook(msgspec.Struct, rename="camel", kw_only=True):
+class StartHook(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
     operation_id: str
     kind: Literal["setup", "teardown"]
     workspace: str
     environment_id: str
 
 
-class HookRef(msgspec.Struct, rename="camel"):
+class HookRef(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     operation_id: str
 
 
@@ -79,8 +80,8 @@ class HostAgent:
         service = await add_service(self._nc, name=subjects.HOST_AGENT_SERVICE, version="1.0.0",
                                     description=f"hooks on host {self._host_id}")
         for verb, handler in (("start", self._start), ("status", self._status), ("cancel", self._cancel)):
-            await service.add_endpoint(name=f"hooks-{verb}", subject=subjects.host_hooks(self._host_id, verb),
-                                       handler=_replying(handler))
+            subject = subjects.host_hooks(self._host_id, verb)
+            await service.add_endpoint(name=f"hooks-{verb}", subject=subject, handler=_replying(subject, handler))
         return service
 
     async def stop(self) -> None:
@@ -176,8 +177,11 @@ def _decode(data: bytes, request_type: type[T]) -> T:
         raise HookRefused(None, f"malformed request: {malformed}") from None
 
 
-def _replying(handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Callable[[MicroRequest], Awaitable[None]]:
+def _replying(subject: str, handler: Callable[[bytes], Awaitable[msgspec.Struct]]
+              ) -> Callable[[MicroRequest], Awaitable[None]]:
     async def reply(request: MicroRequest) -> None:
+        if not sent_to_endpoint(request, subject):
+            return
         try:
             answer = await handler(request.data)
         except HookRefused as refused:

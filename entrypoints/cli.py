@@ -486,15 +486,14 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
 
     from nats.errors import Error as NatsError  # imported by now: see _client_for
 
-    async def on_transcript(message: Any) -> None:
-        line = json.loads(message.data)
-        stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
+    async def print_transcript() -> None:
+        async for lines in client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(environment_id), 1.0):
+            for message in lines:
+                line = json.loads(message.data)
+                stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
 
-    # An ordered consumer replays the transcript from its start, then follows it: each line once.
-    transcript = await client.nc.jetstream().subscribe(
-        subjects.transcript(environment_id), stream=subjects.TRANSCRIPTS_STREAM, ordered_consumer=True,
-        cb=on_transcript,
-    )
+    # Each line once: from the transcript's start, then as it grows.
+    transcript = asyncio.create_task(print_transcript())
     deadline = time.monotonic() + timeout
     try:
         looked = 0  # the settling events that had arrived before the last look
@@ -511,8 +510,9 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
             current = await _look(client, environment_id, max(position, watch.settled_at.get(environment_id, 0)), position)
         return current
     finally:
-        with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
-            await transcript.unsubscribe()
+        transcript.cancel()
+        with contextlib.suppress(asyncio.CancelledError, NatsError):
+            await transcript
 
 
 async def _look(client: ApiClient, environment_id: str, claimed: int, known: int) -> dict[str, Any]:
@@ -633,14 +633,14 @@ async def events_export(settings: Settings, as_json: bool) -> None:
         info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
         if info.state.messages == 0:
             return
-        subscription = await js.subscribe(subjects.LOG_EVENTS, stream=subjects.ENVIRONMENTS_STREAM, ordered_consumer=True)
-        while True:
-            message = await subscription.next_msg(timeout=10)
-            sys.stdout.write(message.data.decode() + "\n")
-            # The last sequence may be a message the relay deleted (one the store did not write).
-            if message.metadata.sequence.stream >= info.state.last_seq or message.metadata.num_pending == 0:
-                break
-        await subscription.unsubscribe()
+        async with contextlib.aclosing(client.read_stream(subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, 10.0)) as log:
+            async for messages in log:
+                for message in messages:
+                    sys.stdout.write(message.data.decode() + "\n")
+                # The last sequence may be a message the relay deleted (one the store did not write).
+                if not messages or messages[-1].metadata.sequence.stream >= info.state.last_seq \
+                        or messages[-1].metadata.num_pending == 0:
+                    break
     finally:
         await client.close()
 

@@ -20,7 +20,7 @@ from nats.js.errors import APIError
 
 from bb_environments.bus import subjects
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX, host_agent_inbox_prefix
-from tests.integration.conftest import write_hooks
+from tests.integration.conftest import eventually, spawn_with_setup_held, write_hooks
 
 FORBIDDEN_PUBLISH = [
     "bb.log.environment.00000000-0000-0000-0000-000000000000.ready",
@@ -174,6 +174,58 @@ async def test_a_subscriber_has_its_own_durable_consumer_but_never_the_services(
     listed = (await service.bb("environment", "list", "--json")).json()["environments"]
     assert {e["id"] for e in listed} >= {spawned.json()["environmentId"], again.json()["environmentId"]}
     assert any("CONSUMER.DELETE" in seen.upper() for seen in violations.seen)
+
+
+async def test_a_client_consumer_neither_takes_a_services_name_nor_reads_past_its_part_nor_reaches_an_endpoint(
+        service, git_repo, tmp_path):
+    hold, marker = tmp_path / "hold-setup", tmp_path / "hooks.log"
+    environment_id = await spawn_with_setup_held(service, git_repo, hold, marker)
+    subscriber, violations = await connect_as(service, "subscriber")
+    create = f"$JS.API.CONSUMER.CREATE.{subjects.ENVIRONMENTS_STREAM}"
+
+    async def create_consumer(subject: str, **config: object) -> dict:
+        body = {"stream_name": subjects.ENVIRONMENTS_STREAM, "config": {"ack_policy": "explicit", **config}}
+        return json.loads((await subscriber.request(subject, json.dumps(body).encode(), timeout=5)).data)
+
+    try:
+        # The service's consumer named in the body only, with a filter that would starve its read model.
+        with pytest.raises(nats.errors.TimeoutError):
+            await create_consumer(create, name=subjects.LOG_CONSUMER, filter_subject="bb.log.nothing.>")
+        await violations.wait_for(f'publish to "{create}"')
+        # Its own consumer, filtered past the environments' part of the stream.
+        with pytest.raises(nats.errors.TimeoutError):
+            await create_consumer(f"{create}.everything.bb.log.>", name="everything", filter_subject="bb.log.>")
+        await violations.wait_for(f'publish to "{create}.everything.bb.log.>"')
+        # Allowed by name and filter, but naming other filters in the body: the server refuses.
+        mismatched = await create_consumer(f"{create}.sly.{subjects.LOG_ENVIRONMENT_EVENTS}", name="sly",
+                                           filter_subjects=[subjects.LOG_EVENTS])
+        assert mismatched["error"]["code"] == 400, mismatched
+
+        # Push consumers delivering the stored log onto the service's endpoints.
+        for name, endpoint in (("onto-hooks", subjects.host_hooks("local", "cancel")),
+                               ("onto-api", subjects.api("environments", "delete"))):
+            created = await create_consumer(f"{create}.{name}.{subjects.LOG_ENVIRONMENT_EVENTS}", name=name,
+                                            filter_subject=subjects.LOG_ENVIRONMENT_EVENTS, ack_policy="none",
+                                            deliver_subject=endpoint, deliver_group="q")
+            assert "error" not in created, created
+        await eventually(lambda: "that a JetStream consumer pushed there" in service_log(service)
+                         and subjects.api("environments", "delete") in service_log(service), "the pushed copies dropped")
+
+        # The setup the pushed copies of `setup_started` would have cancelled runs to its end.
+        ready = await subscriber.subscribe(f"bb.environments.{environment_id}.ready")
+        hold.unlink()
+        await ready.next_msg(timeout=30)
+    finally:
+        await subscriber.close()
+    said = service_log(service)
+    assert "refused bb.hosts.local.hooks.cancel" not in said and "Traceback" not in said
+    consumers = await (await service.connect("service")).jetstream().consumer_info(
+        subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER)
+    assert consumers.config.filter_subject == subjects.LOG_EVENTS
+
+
+def service_log(service) -> str:
+    return (service.data_dir.parent / "serve.log").read_text()
 
 
 async def _snooped(nc: Client, snoop: Subscription) -> list[Msg]:
