@@ -1,11 +1,11 @@
-"""Finding processes by their cwd or command line; ending those that run inside a directory (Linux /proc)."""
+"""Finding processes by their cwd or command line, and ending them (Linux /proc)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -29,6 +29,18 @@ def kill_processes_with_cwd_under(path: str) -> int:
     for pid in survivors:
         _send(pid, signal.SIGKILL)
     return len(signalled)
+
+
+def kill_and_wait(pids: Iterable[int], timeout: float = GRACE_SECONDS) -> bool:
+    """SIGKILL `pids` (a process that cannot catch it does no clean-up of its own) and wait until
+    each has ended; False when one still runs after `timeout` seconds."""
+    survivors = [pid for pid in pids if _send(pid, signal.SIGKILL)]
+    deadline = time.monotonic() + timeout
+    while survivors := [pid for pid in survivors if _is_running(pid)]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    return True
 
 
 def command_lines() -> Iterator[tuple[int, list[str]]]:
