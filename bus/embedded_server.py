@@ -25,6 +25,7 @@ import msgspec
 
 from bb_environments.bus.processes import pid_alive
 from bb_environments.providers.host.file_lock import FileLock
+from bb_environments.providers.host.processes import command_line_of, command_lines
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class EmbeddedNats:
               configuration: Path | None = None) -> EmbeddedNats | None:
         """The server running as `pid` when it is ours on `store_dir` and `port`, given the time a
         start takes to listen: a `bb serve` killed while it started one leaves it still starting."""
-        if _command_line_of(pid) != _command_line(store_dir, host, port, configuration):
+        if command_line_of(pid) != _command_line(store_dir, host, port, configuration):
             return None
         server = cls(pid, host, port)
         return server if server._listens_within(STARTUP_S, running=lambda: pid_alive(pid)) else None
@@ -274,11 +275,10 @@ def _command_line(store_dir: Path, host: str, port: int, configuration: Path | N
 def _started_unrecorded(store_dir: Path, configuration: Path) -> EmbeddedNats | None:
     """The server on `store_dir` whose starter was killed between starting it and recording its
     pid, so the lock names the server before it: found by our command line, on whichever port."""
-    for entry in os.scandir("/proc"):
-        running = _command_line_of(int(entry.name)) if entry.name.isdigit() else None
-        port = _port_in(running or [])
+    for pid, running in command_lines():
+        port = _port_in(running)
         if port and running == _command_line(store_dir, HOST, port, configuration):
-            return EmbeddedNats.reuse(int(entry.name), store_dir, HOST, port, configuration)
+            return EmbeddedNats.reuse(pid, store_dir, HOST, port, configuration)
     return None
 
 
@@ -287,12 +287,4 @@ def _port_in(command_line: list[str]) -> int | None:
         return int(command_line[command_line.index("-p") + 1])
     except (ValueError, IndexError):
         return None
-
-
-def _command_line_of(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return raw.decode(errors="replace").rstrip("\0").split("\0") if raw else None
 

@@ -37,6 +37,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
+from bb_environments.providers.host.processes import command_lines, kill_and_wait
 from bb_environments.providers.host.workspace_files import (
     delete_tree,
     is_strictly_inside,
@@ -50,6 +51,9 @@ from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_w
 TRANSCRIPT_PATH_LIMIT = 20
 DEFAULT_BRANCH_PREFIX = "bb/"
 DEFAULT_BRANCH_REFS = ("refs/remotes/origin/HEAD", "refs/heads/main", "refs/heads/master")
+ADDING_LOCK_REASON = "initializing"
+"""The lock reason `git worktree add` gives a worktree until its checkout has finished (in the C
+locale, which run_git sets)."""
 
 
 class DefaultBranch(BranchChoice, frozen=True, tag="default"):
@@ -69,6 +73,8 @@ class WorktreeEntry:
     """Short branch name; None when detached or bare."""
     is_main: bool
     prunable: bool
+    locked: str | None
+    """The lock reason ("" for none given); None when not locked."""
 
 
 @dataclass(frozen=True)
@@ -151,9 +157,12 @@ class GitWorktreeProvider:
         ctx.raise_if_cancelled()
         if not _added_afresh(ctx, repo, target, plan):
             worktrees = list_worktrees(repo)
-            if not _is_worktree_on_branch(worktrees, target, plan.branch):
-                if os.path.lexists(target) or _find_worktree(worktrees, target) is not None:
+            earlier = os.path.lexists(target) or _find_worktree(worktrees, target) is not None
+            interrupted = earlier and _stop_interrupted_add(ctx, target)
+            if interrupted or not _is_worktree_on_branch(worktrees, target, plan.branch):
+                if earlier:
                     ctx.report.step("Removing the worktree an earlier attempt left behind")
+                    stop_processes_in(target, ctx.report, "worktree")
                     _remove_worktree(repo, target)
                     ctx.raise_if_cancelled()
                 ctx.report.step("Creating worktree")
@@ -232,6 +241,7 @@ def list_worktrees(repo: str) -> list[WorktreeEntry]:
                 branch=branch_ref.removeprefix("refs/heads/") if branch_ref else None,
                 is_main=not entries,
                 prunable="prunable" in values,
+                locked=values.get("locked"),
             )
         )
     return entries
@@ -408,7 +418,35 @@ def _is_worktree_on_branch(worktrees: list[WorktreeEntry], target: Path, branch:
         entry is not None
         and entry.branch == branch
         and not entry.prunable
+        and entry.locked != ADDING_LOCK_REASON
         and os.path.exists(target / ".git")
+    )
+
+
+def _stop_interrupted_add(ctx: CreateContext, target: Path) -> bool:
+    """End a `git worktree add` of `target` that an earlier attempt started; whether there was one.
+
+    A service killed during the checkout leaves its git running: once the checkout ends, it writes
+    to the dead service's pipe, dies of SIGPIPE, and git deletes the worktree it was making, after
+    this attempt took it for done (it is on its branch already) or while this attempt adds it anew.
+    SIGKILL leaves git no clean-up to do: the half-made worktree stays, for this attempt to remove
+    and add again."""
+    adding = [pid for pid, arguments in command_lines() if _is_worktree_add_of(arguments, target)]
+    if not adding:
+        return False
+    if not kill_and_wait(adding):
+        raise GitFailed(f"the `git worktree add` an earlier attempt left at {target} would not end", transient=True)
+    ctx.report.log("Stopped the `git worktree add` an earlier attempt left running")
+    return True
+
+
+def _is_worktree_add_of(arguments: list[str], target: Path) -> bool:
+    """Whether argv is git's `[options] worktree add [options] <target> [branch]`: each word whole,
+    so that a path that merely contains `target` does not match."""
+    return (
+        os.path.basename(arguments[0]) == "git"
+        and str(target) in arguments
+        and any(word == "worktree" and following == "add" for word, following in zip(arguments, arguments[1:]))
     )
 
 

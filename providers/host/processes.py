@@ -1,10 +1,11 @@
-"""Ending the processes that still run inside a directory before it is deleted (Linux /proc)."""
+"""Finding processes by their cwd or command line, and ending them (Linux /proc)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -28,6 +29,36 @@ def kill_processes_with_cwd_under(path: str) -> int:
     for pid in survivors:
         _send(pid, signal.SIGKILL)
     return len(signalled)
+
+
+def kill_and_wait(pids: Iterable[int], timeout: float = GRACE_SECONDS) -> bool:
+    """SIGKILL `pids` (a process that cannot catch it does no clean-up of its own) and wait until
+    each has ended; False when one still runs after `timeout` seconds."""
+    survivors = [pid for pid in pids if _send(pid, signal.SIGKILL)]
+    deadline = time.monotonic() + timeout
+    while survivors := [pid for pid in survivors if _is_running(pid)]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    return True
+
+
+def command_lines() -> Iterator[tuple[int, list[str]]]:
+    """Every other process that runs now, by pid, with its argv (kernel threads have none)."""
+    own_pid = os.getpid()
+    for entry in os.scandir(PROC):
+        if entry.name.isdigit() and int(entry.name) != own_pid:
+            arguments = command_line_of(int(entry.name))
+            if arguments is not None:
+                yield int(entry.name), arguments
+
+
+def command_line_of(pid: int) -> list[str] | None:
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").rstrip("\0").split("\0") if raw else None
 
 
 def _pids_with_cwd_under(root: str) -> list[int]:

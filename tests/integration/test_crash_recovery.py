@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bb_environments.providers.host.processes import command_lines
 from tests.integration.conftest import Service, eventually, service_environment
 from tests.support.gated_provider import calls, gate
 
@@ -343,3 +344,50 @@ def _command_lines() -> list[str]:
         except OSError:
             continue
     return lines
+
+
+async def test_killed_during_a_worktree_checkout_the_worktree_is_made_again_and_set_up_once(tmp_path, git_repo, git):
+    """The killed service's `git worktree add` checks out on, and once done, dies writing to the dead
+    service's pipe and deletes the worktree: the restarted service must neither take the half-made
+    worktree for done (a setup in half a tree, then no workspace) nor have it deleted under it."""
+    hold, checkouts, setups = tmp_path / "hold-checkout", tmp_path / "checkouts", tmp_path / "setups"
+    (git_repo / ".gitattributes").write_text("slow.txt filter=slow\n")
+    (git_repo / "slow.txt").write_text("smudged\n")
+    (git_repo / ".bb-env-setup.sh").write_text(f"pwd -P >> {setups}\n")
+    git(git_repo, "add", ".")
+    git(git_repo, "commit", "--quiet", "-m", "a file checked out through a filter that can be held")
+    git(git_repo, "config", "filter.slow.smudge",
+        f"echo started >> {checkouts}; while [ -e {hold} ]; do sleep 0.02; done; cat")
+    hold.touch()
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data"))
+    await service.start()
+    try:
+        spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                                   str(git_repo), "--thread-id", "t1", "--json")
+        assert spawned.returncode == 0, spawned.stderr
+        environment_id = spawned.json()["environmentId"]
+        await eventually(lambda: lines(checkouts) == 1, "the checkout's start")
+        service.kill()
+        await service.start()
+        # Either the worktree, still held in its first checkout, was taken for done, or it is checked out again.
+        await service.wait_for(environment_id, lambda e: e["status"] == "ready" or lines(checkouts) == 2)
+        hold.unlink()
+        ready = await service.wait_for(environment_id, "ready")
+        await eventually(lambda: not worktree_adds_in(git_repo), "the end of every `git worktree add`")
+
+        workspace = Path(ready["path"]).resolve()
+        assert (workspace / "slow.txt").read_text() == "smudged\n"
+        listed = git(git_repo, "worktree", "list", "--porcelain").split("\n\n")
+        assert [entry for entry in listed if entry.startswith(f"worktree {workspace}\n") and "locked" not in entry]
+        assert (setups.read_text().splitlines()) == [str(workspace)]
+    finally:
+        await service.stop()
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def worktree_adds_in(repo: Path) -> list[int]:
+    return [pid for pid, arguments in command_lines()
+            if str(repo) in arguments and "worktree" in arguments and "add" in arguments]

@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -414,6 +415,73 @@ def test_create_replaces_a_stale_target(
     assert created.path == str(target)
     assert current_branch(git, target) == "bb/thread-1"
     assert not (target / "junk").exists()
+
+
+def test_create_makes_again_a_worktree_whose_checkout_was_cut_short(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
+) -> None:
+    """What a `git worktree add` killed mid-checkout leaves (the host went down with the service):
+    the worktree on its branch, still locked by git as being made, half its files missing."""
+    target = data_dir / "worktrees" / PATH_KEY / "repo"
+    git(git_repo, "worktree", "add", "--quiet", "-b", "bb/thread-1", str(target))
+    Path(git(target, "rev-parse", "--git-dir"), "locked").write_text("initializing")
+    (target / "README.md").unlink()
+
+    created = create(provider, git_repo, data_dir)
+
+    assert created.path == str(target)
+    assert (target / "README.md").read_text() == "hello\n"
+    assert "locked" not in git(git_repo, "worktree", "list", "--porcelain")
+
+
+def test_create_stops_the_worktree_add_an_earlier_attempt_left_running_and_makes_the_worktree_again(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git, tmp_path: Path
+) -> None:
+    """A service killed during a checkout leaves its git running, to delete the worktree once its
+    checkout is done; it must be stopped with no chance to clean up, and the worktree made again."""
+    hold, checkouts = tmp_path / "hold", tmp_path / "checkouts"
+    (git_repo / ".gitattributes").write_text("slow.txt filter=slow\n")
+    (git_repo / "slow.txt").write_text("smudged\n")
+    git(git_repo, "add", ".")
+    git(git_repo, "commit", "--quiet", "-m", "a file checked out through a filter that can be held")
+    git(git_repo, "config", "filter.slow.smudge",
+        f"echo started >> {checkouts}; while [ -e {hold} ]; do sleep 0.02; done; cat")
+    hold.touch()
+    target = data_dir / "worktrees" / PATH_KEY / "repo"
+    left_running = subprocess.Popen(
+        ["git", "-C", str(git_repo), "worktree", "add", "--no-track", "-b", "bb/thread-1", "--", str(target), "main"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    results: list[object] = []
+    creating = threading.Thread(target=lambda: results.append(provider.create(create_context(git_repo, data_dir))))
+    try:
+        wait_until(lambda: lines(checkouts) == 1, "the first checkout's start")
+        creating.start()
+        wait_until(lambda: lines(checkouts) == 2, "the second checkout's start")
+    finally:
+        hold.unlink(missing_ok=True)
+        if creating.is_alive():
+            creating.join(timeout=60)
+        left_running.kill()
+        left_running.communicate()
+
+    assert left_running.returncode == -9
+    assert results == [Created(path=str(target), owns_path=True, merge_base_branch="main",
+                               resource={"branch": "bb/thread-1"})]
+    assert (target / "slow.txt").read_text() == "smudged\n"
+    assert "locked" not in git(git_repo, "worktree", "list", "--porcelain")
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.02)
 
 
 def test_create_copies_worktreeinclude_files(
