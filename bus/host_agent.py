@@ -31,6 +31,7 @@ from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
 from bb_environments.bus import subjects
+from bb_environments.bus.documents import refusal_reason
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.transcripts import TranscriptPublisher
@@ -174,7 +175,8 @@ def _decode(data: bytes, request_type: type[T]) -> T:
     try:
         return msgspec.json.decode(data, type=request_type)
     except (msgspec.DecodeError, RecursionError) as malformed:
-        raise HookRefused(None, f"malformed request: {malformed}") from None
+        # Without the request's text: an unknown field's name could carry a line break into our log.
+        raise HookRefused(None, f"malformed request: {refusal_reason(malformed)}") from None
 
 
 def _replying(subject: str, handler: Callable[[bytes], Awaitable[msgspec.Struct]]
