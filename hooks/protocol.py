@@ -25,6 +25,7 @@ the operation's outcome address (records.HeldOutcome).
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import signal
@@ -92,9 +93,7 @@ class FrameReader:
 
     def receive(self) -> bool:
         """Read what has arrived, waiting for something; False at the channel's end."""
-        data, fds, _flags, _address = socket.recv_fds(
-            self._channel, 1 << 16, MAX_FDS_PER_RECEIVE, socket.MSG_CMSG_CLOEXEC
-        )
+        data, fds = _receive_with_fds(self._channel)
         self._fds += fds
         self._received += data
         return bool(data)
@@ -133,10 +132,24 @@ def receive_request(assignment: socket.socket) -> tuple[bytes, list[int]]:
     chunks: list[bytes] = []
     fds: list[int] = []
     while True:
-        chunk, more_fds, _flags, _address = socket.recv_fds(
-            assignment, 1 << 16, MAX_FDS_PER_RECEIVE, socket.MSG_CMSG_CLOEXEC
-        )
+        chunk, more_fds = _receive_with_fds(assignment)
         fds += more_fds
         if not chunk:
             return b"".join(chunks), fds
         chunks.append(chunk)
+
+
+def _receive_with_fds(channel: socket.socket) -> tuple[bytes, list[int]]:
+    """What socket.recv_fds returns, with each descriptor close-on-exec from the moment it arrives.
+
+    recv_fds itself drops its flags argument (CPython 3.11), so MSG_CMSG_CLOEXEC never reached the
+    kernel and every hook inherited the done pipe's write end: a daemon a setup script left behind
+    held it open. Set afterwards instead, a fork on another thread could still slip in between.
+    """
+    fds = array.array("i")
+    data, ancillary, _flags, _address = channel.recvmsg(
+        1 << 16, socket.CMSG_LEN(MAX_FDS_PER_RECEIVE * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancillary:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)

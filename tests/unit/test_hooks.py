@@ -131,6 +131,20 @@ async def test_neither_a_hook_nor_the_process_it_runs_under_holds_the_service_cr
     assert [line for line in output.lines if "planted-" in line] == []
 
 
+async def test_a_hook_inherits_no_descriptor_but_its_standard_streams(records_dir: Path, workspace: Path) -> None:
+    # Listed by another process (ls), so the listing's own directory descriptor is not among them;
+    # 255 is bash's hold on its script.
+    write_setup(workspace, "ls /proc/$$/fd | sort -n | tr '\\n' ' '\n")
+    output = Output()
+    runner = HookRunner(records_dir, timeout_s=10)
+
+    outcome = await runner.run("op", "setup", workspace, output)
+    runner.close()
+
+    assert outcome.status == "succeeded"
+    assert output.lines == ["0 1 2 255 "]
+
+
 async def test_failure_reports_exit_code(records_dir: Path, workspace: Path) -> None:
     write_setup(workspace, "echo broken\nexit 3\n")
 
