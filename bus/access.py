@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from bb_environments.bus import subjects
+from bb_environments.domain.ids import quoted
 
 if TYPE_CHECKING:  # every `bb` command loads this module, and none that only sends requests needs pathlib
     from pathlib import Path
@@ -62,7 +63,7 @@ def host_agent_inbox_prefix(host_id: str) -> str:
 def check_host_id(host_id: str) -> str:
     """A host id is one subject token and part of a file name."""
     if not _HOST_ID.match(host_id):
-        raise ValueError(f"host id {host_id!r} is not allowed: use 1-64 letters, digits, '-' or '_'")
+        raise ValueError(f"host id {quoted(host_id)} is not allowed: use 1-64 letters, digits, '-' or '_'")
     return host_id
 
 

@@ -36,6 +36,7 @@ from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, descri
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.transcripts import TranscriptPublisher
 from bb_environments.domain.application import RecordedHook
+from bb_environments.domain.ids import quoted
 from bb_environments.hooks.ledger import HookGuard, HookLedger, HookRefused
 from bb_environments.hooks.runner import HookOutcome, HookRunner, HostUnavailable, OutputSink
 
@@ -188,7 +189,8 @@ def _replying(subject: str, handler: Callable[[bytes], Awaitable[msgspec.Struct]
             answer = await handler(request.data)
         except HookRefused as refused:
             # %r: ids and paths come from whoever sent the request; they must not forge log lines.
-            log.warning("refused %s for operation %r: %s", request.subject, refused.operation_id, refused.reason)
+            log.warning("refused %s for operation %s: %s", request.subject,
+                        quoted(refused.operation_id) if refused.operation_id is not None else None, refused.reason)
             await request.respond_error("refused", refused.reason.replace("\n", " ")[:500])
             return
         except Exception as error:

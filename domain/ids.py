@@ -4,3 +4,13 @@ CLI checks an id with it before it sends anything, without loading the domain.""
 # (?!\n): Python's `$` also matches before a trailing newline; JSON Schema's does not.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(?!\n)$"
 """Thread and host ids: one subject token and part of a file name."""
+
+QUOTED_LENGTH = 100
+
+
+def quoted(text: str) -> str:
+    """`text` as an error message names it: its repr, cut to its first characters, so that a
+    100 KB id sent to be refused is not printed back whole."""
+    if len(text) <= QUOTED_LENGTH:
+        return repr(text)
+    return f"{text[:QUOTED_LENGTH]!r}… ({len(text)} characters)"

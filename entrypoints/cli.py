@@ -21,7 +21,7 @@ from bb_environments.bus import subjects
 from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
 from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.domain.ids import ID_PATTERN
+from bb_environments.domain.ids import ID_PATTERN, quoted
 from bb_environments.entrypoints.cli_support import (
     Failure, LazyGroup, Seconds, emit, event_loop, fail, json_option, print_table, run_cli, run_command, stderr, stdout,
 )
@@ -175,14 +175,14 @@ def environment_id_argument(value: str) -> str:
     try:
         return str(UUID(value))
     except ValueError:
-        raise Failure("invalid_input", f"environment id {value!r} is not a valid id (expected a UUID)") from None
+        raise Failure("invalid_input", f"environment id {quoted(value)} is not a valid id (expected a UUID)") from None
 
 
 def id_argument(what: str, value: str) -> str:
     """A thread or host id, checked as the service checks it: a malformed one is the caller's to
     fix (exit 2) whether the service is up or not, as a malformed environment id is."""
     if not re.match(ID_PATTERN, value):
-        raise Failure("invalid_input", f"{what} {value!r} is not allowed: use 1-128 letters, digits, '-' or '_', "
+        raise Failure("invalid_input", f"{what} {quoted(value)} is not allowed: use 1-128 letters, digits, '-' or '_', "
                                        "starting with a letter or digit")
     return value
 
@@ -616,7 +616,7 @@ def _check_tail_filter(subject_filter: str) -> None:
     readable = [prefix.removesuffix(".>") for prefix in (subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS)]
     # Nothing is published on `bb.environments` itself: a filter needs a token beyond the prefix.
     if not well_formed or len(tokens) < 3 or ".".join(tokens[:2]) not in readable:
-        raise Failure("invalid_input", f"subject filter {subject_filter!r} is not one events tail can follow: give "
+        raise Failure("invalid_input", f"subject filter {quoted(subject_filter)} is not one events tail can follow: give "
                                        f"a NATS subject under {' or '.join(p + '.>' for p in readable)}, "
                                        "e.g. 'bb.environments.*.ready'")
 

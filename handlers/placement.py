@@ -17,7 +17,7 @@ from uuid import UUID
 import msgspec
 
 from bb_environments.domain.application import Placement
-from bb_environments.domain.ids import ID_PATTERN
+from bb_environments.domain.ids import ID_PATTERN, quoted
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.errors import InvalidInput, Refused
 from bb_environments.providers.contract import EnvironmentProvider, InvalidInputs, ProjectContext, shares_planned_path
@@ -30,14 +30,14 @@ HOST_ID = THREAD_ID
 def check_thread_id(thread_id: str) -> str:
     if not THREAD_ID.match(thread_id):
         raise InvalidInput(
-            f"thread id {thread_id!r} is not allowed: use 1-128 letters, digits, '-' or '_', starting with a letter or digit"
+            f"thread id {quoted(thread_id)} is not allowed: use 1-128 letters, digits, '-' or '_', starting with a letter or digit"
         )
     return thread_id
 
 
 def check_host_id(host_id: str) -> str:
     if not HOST_ID.match(host_id):
-        raise InvalidInput(f"host id {host_id!r} is not allowed: use letters, digits, '-' or '_'")
+        raise InvalidInput(f"host id {quoted(host_id)} is not allowed: use letters, digits, '-' or '_'")
     return host_id
 
 
@@ -51,7 +51,7 @@ def check_environment_id(text: str) -> UUID:
     try:
         return UUID(text)
     except ValueError:
-        raise InvalidInput(f"environment id {text!r} is not a valid id (expected a UUID)") from None
+        raise InvalidInput(f"environment id {quoted(text)} is not a valid id (expected a UUID)") from None
 
 
 def canonical_project(project_path: str | None) -> str | None:
@@ -63,7 +63,7 @@ def canonical_project(project_path: str | None) -> str | None:
         raise InvalidInput(f"project path {project_path!r} must be absolute")
     canonical = os.path.realpath(project_path)
     if not os.path.isdir(canonical):
-        raise InvalidInput(f"project path {project_path!r} is not a directory")
+        raise InvalidInput(f"project path {quoted(project_path)} is not a directory")
     return canonical
 
 

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from bb_environments.domain.application import RecordedHook
+from bb_environments.domain.ids import quoted
 from bb_environments.hooks.runner import HookRunner
 
 
@@ -78,7 +79,7 @@ class HookGuard:
         if (kind, environment_id, workspace) != (recorded.kind, recorded.environment_id, recorded.workspace):
             raise HookRefused(operation_id, (
                 f"the log recorded the {recorded.kind} hook of environment {recorded.environment_id} in "
-                f"{recorded.workspace!r}, not the {kind!r} hook of {environment_id!r} in {workspace!r}"
+                f"{recorded.workspace!r}, not the {quoted(kind)} hook of {quoted(environment_id)} in {quoted(workspace)}"
             ))
         return recorded
 

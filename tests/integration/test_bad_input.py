@@ -10,6 +10,8 @@ import msgspec
 import pytest
 
 from bb_environments.bus import subjects
+from bb_environments.bus.api_messages import EnvironmentRef
+from bb_environments.bus.service_errors import ServiceError
 from tests.integration.conftest import Service, service_environment
 
 
@@ -106,6 +108,19 @@ async def test_unknown_ids_exit_3_and_malformed_ids_exit_2(service):
                     ("thread", "list", "--environment", "zzz")):
         result = await service.bb(*command, "--json")
         assert result.returncode == 2, (command, result.stderr)
+
+
+async def test_a_huge_id_is_refused_without_being_printed_back_whole(service):
+    huge = "x" * 100_000
+    for command in (("environment", "show", huge), ("thread", "archive", huge)):
+        result = await service.bb(*command, "--json")
+        assert result.returncode == 2, (command, result.stderr)
+        message = result.json()["error"]["message"]
+        assert f"{'x' * 100!r}… (100000 characters)" in message and len(message) < 400, message
+    # The service names it the same way when a request reaches it.
+    with pytest.raises(ServiceError) as refused:
+        await service.api.call("environments", "show", EnvironmentRef(environment_id=huge))
+    assert refused.value.code == "invalid_input" and len(str(refused.value)) < 400, refused.value
 
 
 async def test_an_unreachable_service_exits_4_with_a_hint(tmp_path):
