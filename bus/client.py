@@ -84,7 +84,7 @@ class ApiClient:
             while True:
                 try:
                     yield await reader.fetch(READER_BATCH, timeout=wait)
-                except NatsTimeout:
+                except asyncio.TimeoutError:  # nats-py's own, or asyncio's when its deadline passes between two pulls
                     yield []
         finally:
             with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe

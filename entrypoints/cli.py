@@ -484,13 +484,12 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
     """
     import asyncio
 
-    from nats.errors import Error as NatsError  # imported by now: see _client_for
-
     async def print_transcript() -> None:
         async for lines in client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(environment_id), 1.0):
             for message in lines:
-                line = json.loads(message.data)
-                stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
+                with contextlib.suppress(ValueError, KeyError, TypeError):  # not a line of ours: not shown
+                    line = json.loads(message.data)
+                    stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
 
     # Each line once: from the transcript's start, then as it grows.
     transcript = asyncio.create_task(print_transcript())
@@ -511,8 +510,10 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
         return current
     finally:
         transcript.cancel()
-        with contextlib.suppress(asyncio.CancelledError, NatsError):
-            await transcript
+        await asyncio.wait([transcript])
+        if not transcript.cancelled() and (stopped := transcript.exception()) is not None:
+            # What the wait learns is the environment's state; the transcript only accompanies it.
+            stderr.print(f"(the transcript stopped: {one_line(str(stopped)) or type(stopped).__name__})", markup=False)
 
 
 async def _look(client: ApiClient, environment_id: str, claimed: int, known: int) -> dict[str, Any]:
@@ -633,13 +634,20 @@ async def events_export(settings: Settings, as_json: bool) -> None:
         info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
         if info.state.messages == 0:
             return
+        delivered, at = 0, 0  # messages the reader was given, and the stream sequence of the last
         async with contextlib.aclosing(client.read_stream(subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, 10.0)) as log:
             async for messages in log:
+                if not messages:
+                    raise Failure("unreachable", f"the log stopped arriving after stream sequence {at} of "
+                                                 f"{info.state.last_seq}; run the export again")
                 for message in messages:
+                    delivered, at = delivered + 1, message.metadata.sequence.stream
+                    if message.metadata.sequence.consumer != delivered:  # lost on the way: a reconnect, say
+                        raise Failure("unreachable", f"a message of the log was lost on the way before stream "
+                                                     f"sequence {at}; run the export again")
                     sys.stdout.write(message.data.decode() + "\n")
                 # The last sequence may be a message the relay deleted (one the store did not write).
-                if not messages or messages[-1].metadata.sequence.stream >= info.state.last_seq \
-                        or messages[-1].metadata.num_pending == 0:
+                if at >= info.state.last_seq or messages[-1].metadata.num_pending == 0:
                     break
     finally:
         await client.close()
