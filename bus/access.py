@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -180,21 +180,25 @@ class Credentials:
         return {role: str(self.seed_file(role)) for role in CLIENT_ROLES}
 
 
-def server_configuration(credentials: Credentials, host_id: str) -> str:
-    """The nats-server configuration (JSON is valid nats-server syntax) that admits only our users."""
-    return _authorization(lambda user: credentials.public_key(user), host_id)
+def server_configuration(credentials: Credentials, host_id: str, server_name: str) -> str:
+    """The nats-server configuration (JSON is valid nats-server syntax) that admits only our users.
+
+    It names the server as its command line does: a running server reads the file again on
+    SIGHUP and refuses one that leaves out a name it was started with."""
+    authorization = _authorization(lambda user: credentials.public_key(user), host_id)
+    return json.dumps({"server_name": server_name, **authorization}, indent=2)
 
 
 def deployment_configuration(host_id: str = "HOST_ID") -> str:
     """The same block for an external NATS, with a placeholder for each user's public key (docs/security.md)."""
-    return _authorization(lambda user: f"<public NKEY of {user}>", host_id)
+    return json.dumps(_authorization(lambda user: f"<public NKEY of {user}>", host_id), indent=2)
 
 
-def _authorization(public_key: Callable[[str], str], host_id: str) -> str:
+def _authorization(public_key: Callable[[str], str], host_id: str) -> dict[str, Any]:
     users = [(role, role_permissions(role)) for role in CLIENT_ROLES]
     users += [(SERVICE_USER, SERVICE_PERMISSIONS), (host_agent_user(host_id), host_agent_permissions(host_id))]
     entries = [{"nkey": public_key(user), "permissions": msgspec.to_builtins(permissions)} for user, permissions in users]
-    return json.dumps({"authorization": {"users": entries}}, indent=2)
+    return {"authorization": {"users": entries}}
 
 
 def all_users(host_id: str) -> list[str]:

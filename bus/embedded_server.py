@@ -9,6 +9,7 @@ recycled pid or a server started without authentication is never taken for ours.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -34,6 +35,7 @@ LOCK_FILE = "server.lock"
 GIVE_UP_AFTER_FAILURES = 5
 FAILURE_WINDOW_S = 60.0
 STARTUP_S = 15.0
+SERVER_NAME = "bb-embedded"
 
 
 class NatsServerUnavailable(RuntimeError):
@@ -108,6 +110,28 @@ class EmbeddedNats:
             return None
         server = cls(pid, host, port)
         return server if server._listens_within(STARTUP_S, running=lambda: pid_alive(pid)) else None
+
+    def reload_configuration(self, store_dir: Path) -> None:
+        """Have a server started earlier enforce the configuration as written now: its users and
+        permissions may have changed since (a new seed, a release that narrows a role), and
+        nats-server reads the file again only on SIGHUP, saying in its log when it has."""
+        server_log = store_dir / "nats-server.log"
+        offset = server_log.stat().st_size if server_log.exists() else 0
+        os.kill(self.pid, signal.SIGHUP)
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            lines = []
+            with contextlib.suppress(FileNotFoundError), open(server_log, "rb") as said:
+                said.seek(offset)
+                lines = said.read().decode(errors="replace").splitlines()
+            if any("Reloaded server configuration" in line for line in lines):
+                return
+            if failed := next((line for line in lines if "Failed to reload server configuration" in line), None):
+                raise NatsServerUnavailable(f"the running nats-server (pid {self.pid}) refused its new configuration: "
+                                            f"{failed.partition('[ERR] ')[2]}")
+            time.sleep(0.02)
+        raise NatsServerUnavailable(f"the running nats-server (pid {self.pid}) did not reload its configuration "
+                                    f"within {STARTUP_S:g} s; see {server_log}")
 
     def _listens_within(self, seconds: float, running: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + seconds
@@ -232,17 +256,18 @@ def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock) ->
     while not lock.acquire():
         record = lock.holder(ServerRecord)
         server = record and EmbeddedNats.reuse(record.pid, store_dir, HOST, record.port, configuration)
-        if not server and (server := _started_unrecorded(store_dir, configuration)):
+        if not server and (server := _started_unrecorded(store_dir, configuration, record)):
             lock.record(ServerRecord(server.pid, server.port))
         if server:
             log.info("reusing the embedded nats-server (pid %s)", server.pid)
+            server.reload_configuration(store_dir)
             return server
         if (record and pid_alive(record.pid)) or time.monotonic() > deadline:
             holder = f"pid {record.pid}" if record else "a process that recorded no pid"
             raise NatsServerUnavailable(
                 f"{store_dir} is held by {holder}, which is not a nats-server this service can reuse; "
                 f"stop it and start `bb serve` again")
-        time.sleep(0.02)
+        time.sleep(0.2)  # each look reads every process's command line
     return _start_holding(lock, store_dir, None, configuration)
 
 
@@ -269,15 +294,16 @@ async def _ended(pid: int) -> None:
 
 def _command_line(store_dir: Path, host: str, port: int, configuration: Path | None) -> list[str]:
     return [nats_server_binary(), *(["-c", str(configuration)] if configuration else []),
-            "-a", host, "-p", str(port), "-js", "-sd", str(store_dir), "--server_name", "bb-embedded"]
+            "-a", host, "-p", str(port), "-js", "-sd", str(store_dir), "--server_name", SERVER_NAME]
 
 
-def _started_unrecorded(store_dir: Path, configuration: Path) -> EmbeddedNats | None:
+def _started_unrecorded(store_dir: Path, configuration: Path, record: ServerRecord | None) -> EmbeddedNats | None:
     """The server on `store_dir` whose starter was killed between starting it and recording its
-    pid, so the lock names the server before it: found by our command line, on whichever port."""
+    pid, so the lock names the server before it (`record`, already looked at): found by our
+    command line, on whichever port."""
     for pid, running in command_lines():
         port = _port_in(running)
-        if port and running == _command_line(store_dir, HOST, port, configuration):
+        if port and running == _command_line(store_dir, HOST, port, configuration) and (record is None or pid != record.pid):
             return EmbeddedNats.reuse(pid, store_dir, HOST, port, configuration)
     return None
 

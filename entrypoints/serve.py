@@ -32,7 +32,7 @@ from bb_environments.bus.access import (
 from bb_environments.bus.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.api_service import start_api
 from bb_environments.bus.documents import EnvironmentEvent, ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
-from bb_environments.bus.embedded_server import NatsServerUnavailable, SupervisedNats
+from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.host_agent import HostAgent, HostAgentClient, LocalFirstHooks
 from bb_environments.bus.jetstream import (
@@ -126,7 +126,7 @@ def embedded_nats(settings: Settings, credentials: Credentials) -> SupervisedNat
     """Our own nats-server, admitting only the users whose seeds are in `credentials`."""
     store_dir, configuration = settings.data_dir / "nats", settings.data_dir / "nats-server.conf"
     credentials.ensure(all_users(settings.host_id))
-    write_private_file(configuration, server_configuration(credentials, settings.host_id))
+    write_private_file(configuration, server_configuration(credentials, settings.host_id, SERVER_NAME))
     return SupervisedNats.open(store_dir, configuration)
 
 

@@ -22,7 +22,8 @@ import pytest
 
 from bb_environments.bus.api_messages import SpawnThread
 from bb_environments.bus.embedded_server import (
-    LOCK_FILE, EmbeddedNats, ServerRecord, SupervisedNats, accepts_connections, free_port, nats_server_binary,
+    LOCK_FILE, SERVER_NAME, EmbeddedNats, ServerRecord, SupervisedNats, accepts_connections, free_port,
+    nats_server_binary,
 )
 from bb_environments.providers.host.file_lock import FileLock, read_holder
 from tests.integration.conftest import Result, Service, answer_lost_to_a_killed_service, service_environment
@@ -158,7 +159,7 @@ def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused
     # still names the dead one, and the new one, started with the lock, holds it.
     store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
     store.mkdir()
-    configuration.write_text("{}")
+    configuration.write_text(json.dumps({"server_name": SERVER_NAME}))
     dead = subprocess.Popen(["true"])
     dead.wait()
     lock = FileLock(store / LOCK_FILE)
@@ -177,12 +178,36 @@ def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused
         left.stop()
 
 
+async def test_a_reused_server_enforces_the_configuration_written_since_it_started(tmp_path):
+    # A server left running by a killed serve, then a release (or a new seed) changes who may do what.
+    store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
+    store.mkdir()
+    configuration.write_text(json.dumps({"server_name": SERVER_NAME}))
+    lock = FileLock(store / LOCK_FILE)
+    assert lock.acquire()
+    left = EmbeddedNats.start(store, port=free_port(), configuration=configuration, keep_open=lock.fileno())
+    lock.record(ServerRecord(left.pid, left.port))
+    lock.close()
+    try:
+        await (await nats.connect(left.url)).close()  # admitted without credentials, as configured then
+        configuration.write_text(json.dumps({"server_name": SERVER_NAME,
+                                             "authorization": {"users": [{"user": "only", "password": "this"}]}}))
+        supervised = SupervisedNats.open(store, configuration)
+        assert supervised.server.pid == left.pid
+        with pytest.raises(Exception, match="Authorization Violation"):
+            await nats.connect(left.url, allow_reconnect=False, max_reconnect_attempts=0)
+        await (await nats.connect(left.url, user="only", password="this")).close()
+        supervised.stop()
+    finally:
+        left.stop()
+
+
 def test_a_store_lock_held_only_until_its_holder_ends_is_waited_for_then_taken(tmp_path):
     # What a serve finds when the server it would reuse is just ending: the lock still held, by a
     # process that is not our server, while the record names one that has ended.
     store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
     store.mkdir()
-    configuration.write_text("{}")
+    configuration.write_text(json.dumps({"server_name": SERVER_NAME}))
     dead = subprocess.Popen(["true"])
     dead.wait()
     lock = FileLock(store / LOCK_FILE)
