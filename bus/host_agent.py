@@ -251,12 +251,15 @@ class HostAgentClient:
         """`known` is not sent: the agent on the host asks its own ledger."""
         bus = self._health.retry(f"the {kind} hook {operation_id} on host {host_id!r}")
         finished = asyncio.get_running_loop().create_future()
+        finished_subject = subjects.hook_finished(host_id, operation_id)
 
         async def on_finished(message: Msg) -> None:
-            if not finished.done():
+            # Only what the agent published: a copy a client's JetStream consumer pushed here keeps
+            # the subject it was stored under (see bus/micro_requests.py).
+            if message.subject == finished_subject and not finished.done():
                 finished.set_result(msgspec.json.decode(message.data, type=HookState))
 
-        subscription = await self._nc.subscribe(subjects.hook_finished(host_id, operation_id), cb=on_finished)
+        subscription = await self._nc.subscribe(finished_subject, cb=on_finished)
         try:
             start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
             state = await self._until_answered(bus, host_id, "start", start, HookState)

@@ -511,9 +511,10 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
     finally:
         transcript.cancel()
         await asyncio.wait([transcript])
-        if not transcript.cancelled() and (stopped := transcript.exception()) is not None:
-            # What the wait learns is the environment's state; the transcript only accompanies it.
-            stderr.print(f"(the transcript stopped: {one_line(str(stopped)) or type(stopped).__name__})", markup=False)
+        if not transcript.cancelled():
+            # Taken, not raised: the transcript only accompanies the wait, whose own answer says
+            # what happened (a lost connection ends both).
+            transcript.exception()
 
 
 async def _look(client: ApiClient, environment_id: str, claimed: int, known: int) -> dict[str, Any]:

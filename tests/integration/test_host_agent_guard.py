@@ -106,3 +106,44 @@ async def test_a_recorded_operation_runs_only_where_recorded_and_is_stopped_only
     assert f"refused bb.hosts.local.hooks.start for operation {operation!r}: the log recorded the setup hook" in log
     assert f"refused bb.hosts.local.hooks.cancel for operation {operation!r}: its environment still waits" in log
     assert "Traceback" not in log
+
+
+async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_published_it(tmp_path):
+    """A client's push consumer can deliver a stored message onto the subject where the core waits
+    for a remote host's outcome; the copy keeps its stored subject and is not taken for one."""
+    from nats.js import api
+
+    from bb_environments.bus.host_agent import HostAgentClient
+    from bb_environments.hooks.runner import HookOutcome
+
+    server = EmbeddedNats.start(tmp_path / "plain-nats")
+    core, agent = await nats.connect(server.url), await nats.connect(server.url)
+    try:
+        js = agent.jetstream()
+        await js.add_stream(api.StreamConfig(name="STORED", subjects=["stored.>"]))
+        forged = {"state": "finished", "outcome": {"status": "succeeded", "exit_code": 0}}
+        await js.publish("stored.forged", json.dumps(forged).encode())
+        finished_subject = subjects.hook_finished("remote", "op.1")
+
+        async def answer_start(message) -> None:
+            await message.respond(b'{"state": "running"}')
+            # Stored copies pushed onto the subject the core listens on, then the agent's own word.
+            await js.add_consumer("STORED", api.ConsumerConfig(
+                name="pusher", deliver_subject=finished_subject, ack_policy=api.AckPolicy.NONE))
+            # The copy is on its way to the core first; the outcome below must still be the one taken.
+            deadline = asyncio.get_running_loop().time() + 10
+            while (await js.consumer_info("STORED", "pusher")).delivered.consumer_seq < 1:
+                assert asyncio.get_running_loop().time() < deadline, "the stored copy was never pushed"
+                await asyncio.sleep(0.02)
+            genuine = {"state": "finished", "outcome": {"status": "failed", "exit_code": 3}}
+            await agent.publish(finished_subject, json.dumps(genuine).encode())
+
+        await agent.subscribe(subjects.host_hooks("remote", "start"), cb=answer_start)
+        outcome = await asyncio.wait_for(HostAgentClient(core).run(
+            "remote", str(uuid.uuid4()), "op.1", "setup", str(tmp_path)), 30)
+        assert outcome == HookOutcome("failed", 3)
+        assert (await js.consumer_info("STORED", "pusher")).delivered.consumer_seq == 1
+    finally:
+        await core.close()
+        await agent.close()
+        server.stop()
