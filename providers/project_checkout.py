@@ -107,7 +107,11 @@ class ProjectCheckoutProvider:
             if _needs_switch(checkout, branch):
                 ctx.raise_if_cancelled()
                 _remember_switched_from(checkout, branch.name, switched_from, ctx.path_key)
-                _switch(ctx, checkout, branch)
+                try:
+                    _switch(ctx, checkout, branch)
+                except Exception:
+                    _forget_switched_from(checkout, branch.name)  # no switch: nothing for a rerun to know
+                    raise
             else:
                 ctx.report.step(f"Already on branch {branch.name}")
                 switched_from = _remembered_switched_from(checkout, branch.name, ctx.path_key) or switched_from
@@ -236,6 +240,11 @@ def _remember_switched_from(checkout: str, branch_name: str, switched_from: str 
     # Read back only when no switch is needed, so only after both writes and the switch.
     run_git(checkout, "config", "--end-of-options", f"{section}.bbSwitchedFrom", switched_from)
     run_git(checkout, "config", "--end-of-options", f"{section}.bbSwitchedFor", path_key)
+
+
+def _forget_switched_from(checkout: str, branch_name: str) -> None:
+    for key in ("bbSwitchedFrom", "bbSwitchedFor"):
+        run_git_or_none(checkout, "config", "--unset", "--end-of-options", f"branch.{branch_name}.{key}")
 
 
 def _remembered_switched_from(checkout: str, branch_name: str, path_key: str) -> str | None:

@@ -241,6 +241,16 @@ def test_a_create_rerun_after_a_kill_reports_the_branch_it_switched_from(
     assert again.report.steps == [f"Already on branch {branch.name}"]
 
 
+def test_a_switch_git_refuses_leaves_no_note_in_the_repository_config(
+    provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path, git: Git
+) -> None:
+    (feature_repo / "feature.txt").write_text("untracked here, tracked on feature\n")
+    refused = provider.create(create_context(feature_repo, data_dir, ExistingBranch("feature")))
+    assert not isinstance(refused, Created) and "would be overwritten" in refused.message, refused
+    assert current_branch(git, feature_repo) == "main"
+    assert "bbswitched" not in git(feature_repo, "config", "--list").lower()
+
+
 def test_one_threads_switch_is_not_the_merge_base_of_another_thread_joining_the_branch(
     provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path
 ) -> None:
