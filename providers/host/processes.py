@@ -21,12 +21,7 @@ def kill_processes_with_cwd_under(path: str) -> int:
     """
     root = os.path.realpath(path)
     signalled = [pid for pid in _pids_with_cwd_under(root) if _send(pid, signal.SIGTERM)]
-    deadline = time.monotonic() + GRACE_SECONDS
-    survivors = [pid for pid in signalled if _is_running(pid)]
-    while survivors and time.monotonic() < deadline:
-        time.sleep(POLL_SECONDS)
-        survivors = [pid for pid in survivors if _is_running(pid)]
-    for pid in survivors:
+    for pid in _still_running_after(signalled, GRACE_SECONDS):
         _send(pid, signal.SIGKILL)
     return len(signalled)
 
@@ -34,13 +29,16 @@ def kill_processes_with_cwd_under(path: str) -> int:
 def kill_and_wait(pids: Iterable[int], timeout: float = GRACE_SECONDS) -> bool:
     """SIGKILL `pids` (a process that cannot catch it does no clean-up of its own) and wait until
     each has ended; False when one still runs after `timeout` seconds."""
-    survivors = [pid for pid in pids if _send(pid, signal.SIGKILL)]
+    return not _still_running_after([pid for pid in pids if _send(pid, signal.SIGKILL)], timeout)
+
+
+def _still_running_after(pids: list[int], timeout: float) -> list[int]:
+    """Those of `pids` that have not ended within `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while survivors := [pid for pid in survivors if _is_running(pid)]:
-        if time.monotonic() > deadline:
-            return False
+    while (survivors := [pid for pid in pids if _is_running(pid)]) and time.monotonic() < deadline:
+        pids = survivors
         time.sleep(POLL_SECONDS)
-    return True
+    return survivors
 
 
 def command_lines() -> Iterator[tuple[int, list[str]]]:
