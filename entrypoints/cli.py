@@ -438,6 +438,9 @@ def _finite_number(text: str) -> float:
 
 WAIT_FALLBACK_POLL_S = 5.0
 """`thread spawn --wait` asks again this often only in case an environment event never reaches it."""
+TRANSCRIPT_POLL_S = 0.5
+"""How long `thread spawn --wait`'s transcript reader waits for a line before it looks whether to stop."""
+TRANSCRIPT_END_S = 2 * TRANSCRIPT_POLL_S
 
 
 class _SettleWatch:
@@ -484,12 +487,18 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
     """
     import asyncio
 
+    settled = asyncio.Event()
+
     async def print_transcript() -> None:
-        async for lines in client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(environment_id), 1.0):
-            for message in lines:
-                with contextlib.suppress(ValueError, KeyError, TypeError):  # not a line of ours: not shown
-                    line = json.loads(message.data)
-                    stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
+        reader = client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(environment_id), TRANSCRIPT_POLL_S)
+        async with contextlib.aclosing(reader) as batches:
+            async for lines in batches:
+                for message in lines:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):  # not a line of ours: not shown
+                        line = json.loads(message.data)
+                        stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
+                if settled.is_set():
+                    return
 
     # Each line once: from the transcript's start, then as it grows.
     transcript = asyncio.create_task(print_transcript())
@@ -509,9 +518,13 @@ async def _wait_until_settled(client: ApiClient, watch: _SettleWatch, environmen
             current = await _look(client, environment_id, max(position, watch.settled_at.get(environment_id, 0)), position)
         return current
     finally:
+        # A cancel landing inside nats-py's fetch does not always end the reader (a spawn --wait
+        # hung at its end in 3 runs of 120 side by side): it also stops by itself at its next
+        # batch once the wait has settled, and is waited for no longer than that.
+        settled.set()
         transcript.cancel()
-        await asyncio.wait([transcript])
-        if not transcript.cancelled():
+        ended, _ = await asyncio.wait([transcript], timeout=TRANSCRIPT_END_S)
+        if ended and not transcript.cancelled():
             # Taken, not raised: the transcript only accompanies the wait, whose own answer says
             # what happened (a lost connection ends both).
             transcript.exception()
