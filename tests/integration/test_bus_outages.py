@@ -154,17 +154,24 @@ async def test_a_killed_embedded_nats_server_is_ridden_out_in_a_few_lines(servic
     assert len(lines) <= 4, lines
 
 
-def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused_not_refused(tmp_path):
-    # What `bb serve` leaves when SIGKILL lands while it restarts its dead server: the lock file
-    # still names the dead one, and the new one, started with the lock, holds it.
+def store_locked_by_a_serve(tmp_path: Path) -> tuple[Path, Path, FileLock]:
+    """A store dir and configuration as `bb serve` writes them, its lock taken by "the serve" and
+    naming a server that has ended; the test hands the lock on, then closes it: the serve is gone."""
     store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
     store.mkdir()
     configuration.write_text(json.dumps({"server_name": SERVER_NAME}))
-    dead = subprocess.Popen(["true"])
-    dead.wait()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
     lock = FileLock(store / LOCK_FILE)
     assert lock.acquire()
-    lock.record(ServerRecord(dead.pid, free_port()))
+    lock.record(ServerRecord(ended.pid, free_port()))
+    return store, configuration, lock
+
+
+def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused_not_refused(tmp_path):
+    # What `bb serve` leaves when SIGKILL lands while it restarts its dead server: the lock file
+    # still names the dead one, and the new one, started with the lock, holds it.
+    store, configuration, lock = store_locked_by_a_serve(tmp_path)
     left = EmbeddedNats.start(store, port=free_port(), configuration=configuration, keep_open=lock.fileno())
     lock.close()
     try:
@@ -180,11 +187,7 @@ def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused
 
 async def test_a_reused_server_enforces_the_configuration_written_since_it_started(tmp_path):
     # A server left running by a killed serve, then a release (or a new seed) changes who may do what.
-    store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
-    store.mkdir()
-    configuration.write_text(json.dumps({"server_name": SERVER_NAME}))
-    lock = FileLock(store / LOCK_FILE)
-    assert lock.acquire()
+    store, configuration, lock = store_locked_by_a_serve(tmp_path)
     left = EmbeddedNats.start(store, port=free_port(), configuration=configuration, keep_open=lock.fileno())
     lock.record(ServerRecord(left.pid, left.port))
     lock.close()
@@ -205,14 +208,7 @@ async def test_a_reused_server_enforces_the_configuration_written_since_it_start
 def test_a_store_lock_held_only_until_its_holder_ends_is_waited_for_then_taken(tmp_path):
     # What a serve finds when the server it would reuse is just ending: the lock still held, by a
     # process that is not our server, while the record names one that has ended.
-    store, configuration = tmp_path / "nats", tmp_path / "nats-server.conf"
-    store.mkdir()
-    configuration.write_text(json.dumps({"server_name": SERVER_NAME}))
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    lock = FileLock(store / LOCK_FILE)
-    assert lock.acquire()
-    lock.record(ServerRecord(dead.pid, free_port()))
+    store, configuration, lock = store_locked_by_a_serve(tmp_path)
     ending = subprocess.Popen(["sleep", "1"], pass_fds=(lock.fileno(),))
     lock.close()
     assert ending.poll() is None

@@ -119,30 +119,31 @@ async def test_neither_a_hook_nor_the_process_it_runs_under_holds_the_service_cr
     for name in NATS_CREDENTIAL_VARIABLES:
         monkeypatch.setenv(name, f"planted-{name}")
     # The supervisor, the hook's parent, is forked from the launcher: it holds the launcher's environment.
-    write_setup(workspace, "env\ntr '\\0' '\\n' < /proc/$PPID/environ\n")
-    output = Output()
-    runner = HookRunner(records_dir, timeout_s=10)
-
-    outcome = await runner.run("op", "setup", workspace, output)
-    runner.close()
+    outcome, lines = await run_setup_once(records_dir, workspace, "env\ntr '\\0' '\\n' < /proc/$PPID/environ\n")
 
     assert outcome.status == "succeeded"
-    assert len([line for line in output.lines if line.startswith("PATH=")]) == 2  # both were dumped
-    assert [line for line in output.lines if "planted-" in line] == []
+    assert len([line for line in lines if line.startswith("PATH=")]) == 2  # both were dumped
+    assert [line for line in lines if "planted-" in line] == []
+
+
+async def run_setup_once(records_dir: Path, workspace: Path, script: str) -> tuple[HookOutcome, list[str]]:
+    """`script` run as the setup hook by a runner of its own, closed afterwards: its outcome and lines."""
+    write_setup(workspace, script)
+    output = Output()
+    runner = HookRunner(records_dir, timeout_s=10)
+    try:
+        return await runner.run("op", "setup", workspace, output), output.lines
+    finally:
+        runner.close()
 
 
 async def test_a_hook_inherits_no_descriptor_but_its_standard_streams(records_dir: Path, workspace: Path) -> None:
     # Listed by another process (ls), so the listing's own directory descriptor is not among them;
     # 255 is bash's hold on its script.
-    write_setup(workspace, "ls /proc/$$/fd | sort -n | tr '\\n' ' '\n")
-    output = Output()
-    runner = HookRunner(records_dir, timeout_s=10)
-
-    outcome = await runner.run("op", "setup", workspace, output)
-    runner.close()
+    outcome, lines = await run_setup_once(records_dir, workspace, "ls /proc/$$/fd | sort -n | tr '\\n' ' '\n")
 
     assert outcome.status == "succeeded"
-    assert output.lines == ["0 1 2 255 "]
+    assert lines == ["0 1 2 255 "]
 
 
 async def test_failure_reports_exit_code(records_dir: Path, workspace: Path) -> None:
