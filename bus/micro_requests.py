@@ -12,6 +12,8 @@ import logging
 
 from nats.micro.request import Request
 
+from bb_environments.domain.ids import quoted
+
 log = logging.getLogger(__name__)
 
 
@@ -19,7 +21,6 @@ def sent_to_endpoint(request: Request, endpoint_subject: str) -> bool:
     """Whether `request` was published on `endpoint_subject`; a copy pushed there is logged and dropped."""
     if request.subject == endpoint_subject:
         return True
-    # %r: the stored subject may be any token a thread or environment id allows.
-    log.warning("ignored a message on %s that a JetStream consumer pushed there from %r", endpoint_subject,
-                request.subject[:200])
+    log.warning("ignored a message on %s that a JetStream consumer pushed there from %s", endpoint_subject,
+                quoted(request.subject))  # quoted: the stored subject carries ids a client chose
     return False
