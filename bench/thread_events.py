@@ -32,6 +32,8 @@ from pathlib import Path
 import nats
 from common import Figure, baseline_once, cpu_seconds, make_repository, start_service, stop_service, table
 from nats.js import api
+
+from bb_environments.bus.embedded_server import nats_server_binary
 from spawn import latency_figures
 
 
@@ -70,7 +72,7 @@ async def raw_publish_seconds(root: Path, messages: list[tuple[str, bytes]]) -> 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(root / "raw")],
+    server = subprocess.Popen([nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(root / "raw")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         nc = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=-1, reconnect_time_wait=0.05,
