@@ -64,14 +64,33 @@ def _git_environment() -> dict[str, str]:
     return environment | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 
+LISTED_AT_MOST = 5
+"""Of the paths git lists after a message ending in ':', how many the one line names."""
+
+
 def _one_line(stderr: str, args: tuple[str, ...]) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for line in lines:
+    for index, line in enumerate(lines):
         for prefix in ("fatal: ", "error: "):
             if line.startswith(prefix):
-                return line.removeprefix(prefix)
+                return _with_listed(line.removeprefix(prefix), stderr.splitlines()[index + 1:])
     return lines[-1] if lines else f"git {args[0]} failed"
 
 
+def _with_listed(message: str, following: list[str]) -> str:
+    """`message`, with the paths git lists under it (indented lines) when it ends in ':', as in
+    "... would be overwritten by checkout:"; without them the line would not say which."""
+    if not message.endswith(":"):
+        return message
+    listed = []
+    for line in following:
+        if not line.startswith(("\t", " ")) or not line.strip():
+            break
+        listed.append(line.strip())
+    more = f" and {len(listed) - LISTED_AT_MOST} more" if len(listed) > LISTED_AT_MOST else ""
+    return f"{message} {', '.join(listed[:LISTED_AT_MOST])}{more}" if listed else message
+
+
 def _is_lock_contention(stderr: str) -> bool:
-    return ".lock': File exists" in stderr
+    # A lock file another git holds: the ref or index kind, and the config's own wording.
+    return ".lock': File exists" in stderr or "could not lock config file" in stderr

@@ -246,9 +246,19 @@ def test_a_switch_git_refuses_leaves_no_note_in_the_repository_config(
 ) -> None:
     (feature_repo / "feature.txt").write_text("untracked here, tracked on feature\n")
     refused = provider.create(create_context(feature_repo, data_dir, ExistingBranch("feature")))
-    assert not isinstance(refused, Created) and "would be overwritten" in refused.message, refused
+    assert not isinstance(refused, Created), refused
+    assert refused.message == "The following untracked working tree files would be overwritten by checkout: feature.txt"
     assert current_branch(git, feature_repo) == "main"
     assert "bbswitched" not in git(feature_repo, "config", "--list").lower()
+
+
+def test_a_repository_config_locked_by_another_git_is_a_transient_failure(
+    provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path, git: Git
+) -> None:
+    (feature_repo / ".git" / "config.lock").touch()  # another git writing the config just now
+    refused = provider.create(create_context(feature_repo, data_dir, ExistingBranch("feature")))
+    assert isinstance(refused, CreateFailed) and refused.failure == "transient", refused
+    assert current_branch(git, feature_repo) == "main"
 
 
 def test_one_threads_switch_is_not_the_merge_base_of_another_thread_joining_the_branch(
