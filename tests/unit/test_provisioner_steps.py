@@ -39,6 +39,14 @@ class Running:
         return await self.threads.spawn(RegisterThread(thread_id=thread_id, host_id="local",
                                                        environment=NewEnvironment("instant", "local", None)), None)
 
+    async def driven(self, thread_id: str, until: threading.Event, *, hand_over: bool = False):
+        """A spawned environment, driven until the provider sets `until`; `hand_over`: the drive is
+        given the spawn's copy, as the spawn hands it, instead of reading the environment."""
+        environment = await self.spawn(thread_id)
+        await self.provisioner.drive(environment.id, environment if hand_over else None)
+        assert await asyncio.to_thread(until.wait, 10), "the provider never got there"
+        return environment
+
     async def settled(self, timeout: float = 10) -> None:
         deadline = time.monotonic() + timeout
         while self.provisioner.busy:
@@ -70,9 +78,8 @@ class CleanupKeepsFailing(InstantProvider):
 
 @pytest.mark.parametrize("running", [CleanupKeepsFailing], indirect=True)
 async def test_a_cleanup_that_failed_waits_before_it_runs_again(running):
-    environment, provider = await running.spawn("a"), running.provider
-    await running.provisioner.drive(environment.id)
-    assert await asyncio.to_thread(provider.removed_once.wait, 10)
+    provider = running.provider
+    environment = await running.driven("a", provider.removed_once)
     await running.settled()
     for _ in range(3):  # sweeps come round meanwhile
         await running.provisioner.sweep()
@@ -111,9 +118,7 @@ class CreateHeld(InstantProvider):
 @pytest.mark.parametrize("running", [CreateHeld], indirect=True)
 async def test_a_drive_handed_an_environment_from_before_a_steps_outcome_does_not_start_it_again(running):
     provisioner, app, provider = running.provisioner, running.app, running.provider
-    environment = await running.spawn("a")
-    await provisioner.drive(environment.id, environment)
-    assert await asyncio.to_thread(provider.entered.wait, 10)
+    environment = await running.driven("a", provider.entered, hand_over=True)
     # As a drive (the sweep's, say) holds the environment: no public call holds it still.
     async with provisioner._locks[environment.id]:
         await running.store.run(app.register_thread, "b", None, None, "local", None)
@@ -161,10 +166,8 @@ class PausesHeld(InstantProvider):
 @pytest.mark.parametrize("running", [PausesHeld], indirect=True)
 async def test_an_idle_check_that_a_pause_overtook_does_not_pause_again(running):
     provisioner, app, provider = running.provisioner, running.app, running.provider
-    environment = await running.spawn("a")
-    await provisioner.drive(environment.id)
     # Once ready, a drive finds it idle and starts a pause, which waits.
-    assert await asyncio.to_thread(provider.pausing.wait, 10)
+    environment = await running.driven("a", provider.pausing)
 
     sweep = asyncio.create_task(provisioner.drive(environment.id))  # asks the provider again, meanwhile
     assert await asyncio.to_thread(provider.second_check.wait, 10)
@@ -192,9 +195,7 @@ class CleanupFailsOnce(CleanupKeepsFailing):
 @pytest.mark.parametrize("running", [CleanupFailsOnce], indirect=True)
 async def test_a_removed_environment_leaves_no_marks_and_a_late_copy_of_it_starts_nothing(running):
     provisioner, app, provider = running.provisioner, running.app, running.provider
-    environment = await running.spawn("a")
-    await provisioner.drive(environment.id, environment)
-    assert await asyncio.to_thread(provider.removed_once.wait, 10)
+    environment = await running.driven("a", provider.removed_once, hand_over=True)
     await running.settled()
     assert [key for key in provisioner._failed_steps if key[0] == environment.id] == [(environment.id, "cleanup.1")]
 
