@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import replay
 import scale
 import spawn
+import spawn_wait
 import thread_events
 from common import Figure, table
 
@@ -45,6 +46,7 @@ QUICK = Sizes(spawn_runs=3, burst=3, personal=50, replay_events=2_000, replay_ro
 def run_all(sizes: Sizes) -> list[Figure]:
     steps = [
         ("spawn through the API", lambda: asyncio.run(spawn.measure(sizes.spawn_runs))),
+        ("spawn --wait", lambda: asyncio.run(spawn_wait.measure(sizes.spawn_runs))),
         ("thread events", lambda: asyncio.run(thread_events.measure(sizes.spawn_runs, sizes.burst, sizes.personal))),
         ("replay", lambda: replay.measure(sizes.replay_events, sizes.replay_rounds)),
         ("scale", lambda: asyncio.run(scale.measure(sizes.environments, [100, sizes.list_size], sizes.rounds))),

@@ -60,7 +60,7 @@ def canonical_project(project_path: str | None) -> str | None:
     if "\0" in project_path:  # the OS reads no such path: os.path would raise ValueError, not say why
         raise InvalidInput(f"project path {project_path!r} contains a NUL character, which no path may contain")
     if not os.path.isabs(project_path):
-        raise InvalidInput(f"project path {project_path!r} must be absolute")
+        raise InvalidInput(f"project path {quoted(project_path)} must be absolute")
     canonical = os.path.realpath(project_path)
     if not os.path.isdir(canonical):
         raise InvalidInput(f"project path {quoted(project_path)} is not a directory")
