@@ -22,8 +22,8 @@ import pytest
 
 from bb_environments.bus.api_messages import SpawnThread
 from bb_environments.bus.embedded_server import (
-    LOCK_FILE, SERVER_NAME, EmbeddedNats, ServerRecord, SupervisedNats, accepts_connections, free_port,
-    nats_server_binary,
+    LOCK_FILE, SERVER_NAME, EmbeddedNats, NatsServerUnavailable, ServerRecord, SupervisedNats, accepts_connections,
+    free_port, nats_server_binary,
 )
 from bb_environments.providers.host.file_lock import FileLock, read_holder
 from tests.integration.conftest import Result, Service, answer_lost_to_a_killed_service, service_environment
@@ -201,6 +201,21 @@ async def test_a_reused_server_enforces_the_configuration_written_since_it_start
             await nats.connect(left.url, allow_reconnect=False, max_reconnect_attempts=0)
         await (await nats.connect(left.url, user="only", password="this")).close()
         supervised.stop()
+    finally:
+        left.stop()
+
+
+def test_a_reused_server_that_refuses_its_new_configuration_is_named_not_served_on(tmp_path):
+    store, configuration, lock = store_locked_by_a_serve(tmp_path)
+    left = EmbeddedNats.start(store, port=free_port(), configuration=configuration, keep_open=lock.fileno())
+    lock.record(ServerRecord(left.pid, left.port))
+    lock.close()
+    try:
+        configuration.write_text("{ not a configuration")
+        with pytest.raises(NatsServerUnavailable, match=f"the running nats-server \\(pid {left.pid}\\) refused its "
+                                                        "new configuration: Failed to reload server configuration"):
+            SupervisedNats.open(store, configuration)
+        assert left.process is not None and left.process.poll() is None  # still serving what it had
     finally:
         left.stop()
 
