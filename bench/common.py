@@ -59,8 +59,8 @@ def service_environment(data_dir: Path) -> dict[str, str]:
 
 async def start_service(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict]:
     """`bb serve` on `data_dir`, once it serves: its own server.json is written and the API answers."""
-    from bb_environments.bus.api_messages import ListEnvironments
-    from bb_environments.bus.client import ApiClient
+    from bb_environments.bus.wire.api_messages import ListEnvironments
+    from bb_environments.bus.api_client.nats_client import ApiClient
 
     server_file = data_dir / "server.json"
     service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", "serve"],

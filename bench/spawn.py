@@ -22,8 +22,8 @@ from pathlib import Path
 import nats
 from common import Figure, baseline_once, make_repository, percentile, start_service, stop_service, table
 
-from bb_environments.bus.api_messages import SpawnThread, ThreadRef
-from bb_environments.bus.client import ApiClient
+from bb_environments.bus.wire.api_messages import SpawnThread, ThreadRef
+from bb_environments.bus.api_client.nats_client import ApiClient
 
 
 async def ours_once(api: ApiClient, readiness: dict[str, asyncio.Future], repo: Path, thread_id: str) -> float:

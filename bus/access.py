@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from bb_environments.domain.ids import quoted
 
 if TYPE_CHECKING:  # every `bb` command loads this module, and none that only sends requests needs pathlib
@@ -145,7 +145,7 @@ class Credentials:
     """The seed files of every user, under `<data dir>/credentials`, each readable by its owner only.
 
     nkeys is imported where a seed is made or read: every `bb` command loads this module (for the
-    host id's rule), and only `bb serve` does either (the CLI signs with bus/nkey_signer.py)."""
+    host id's rule), and only `bb serve` does either (the CLI signs with bus/api_client/nkey_signer.py)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

@@ -22,7 +22,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
 from bb_environments.providers.host.backoff import Backoff
 

@@ -19,6 +19,7 @@ from eventsourcing.domain import Aggregate, event
 
 from bb_environments.domain.copying import CopiedForCommands
 from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
+from bb_environments.domain.hook_operations import HookKind, RecordedHook
 from bb_environments.domain.status import LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, EnvironmentStatus, HookStatus
 from bb_environments.domain.steps import (
     CancelSetup,
@@ -162,6 +163,34 @@ class Environment(CopiedForCommands, Aggregate):
         if not self.awaits_hook(operation_id):
             return True
         return operation_id == self.setup_operation_id and self.cancelled
+
+    def hook_record(self, operation_id: str, kind: HookKind) -> RecordedHook:
+        """What the log says of this environment's hook operation, as this state of it says it."""
+        return RecordedHook(
+            operation_id=operation_id, environment_id=str(self.id), kind=kind, host_id=self.host_id,
+            workspace=self.path, awaited=self.awaits_hook(operation_id), stoppable=self.may_stop_hook(operation_id),
+            environment_removed=self.status == EnvironmentStatus.REMOVED,
+        )
+
+    def current_hook(self, operation_id: str) -> RecordedHook | None:
+        """What the log answers for this environment's current setup or teardown operation, read
+        off this state: the same answer while it is the latest (as a command just left it). None
+        for any other id, an earlier attempt's say, which only the log's index knows.
+
+        The hook guard may start the hook on this answer after the log has moved on (HookGuard.to_run),
+        since nothing it checks can have changed meanwhile: `awaited` goes from true to false only
+        through the outcome (or skip) of this same operation, which only the provisioner's own step
+        for the operation records, one step at a time per operation (the step that asks for the
+        hook); host, path and kind never change once the operation started; a cancel (an archived
+        thread, say) changes only `stoppable`, which the guard does not check before a start; a retry
+        gets a new operation id, so an earlier attempt's operation is read from the log. A future
+        event that ends an awaited hook another way (not through its own outcome) must revisit this.
+        """
+        if operation_id == self.setup_operation_id:
+            return self.hook_record(operation_id, "setup")
+        if operation_id == self.teardown_operation_id:
+            return self.hook_record(operation_id, "teardown")
+        return None
 
     def wants_removal(self, now: datetime) -> bool:
         """The environment should start removal now (cancelled, or its retire deadline passed)."""

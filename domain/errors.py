@@ -15,3 +15,11 @@ class PathAlreadyClaimed(DomainError):
 
 class ThreadsStillLive(DomainError):
     pass
+
+
+class UnknownEnvironment(DomainError):
+    pass
+
+
+class UnknownThread(DomainError):
+    pass

@@ -12,12 +12,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from bb_environments.bus.log_reader import LogReader
-from bb_environments.domain.application import Environments
+from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.config import Settings, event_store_environment, event_store_file
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
-from bb_environments.handlers.provisioning import Hooks, Provisioner, Transcript
+from bb_environments.handlers.ports import Hooks, Transcript
+from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import ReadModel

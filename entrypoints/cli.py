@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import click
 import msgspec
 
-from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
-from bb_environments.bus.service_errors import AnswerLost, ServiceError, unreachable
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
+from bb_environments.bus.api_client.service_errors import AnswerLost, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.ids import ID_PATTERN, quoted
 from bb_environments.entrypoints.cli_support import (
@@ -29,7 +29,7 @@ from bb_environments.entrypoints.config import ConfigError, ServerFileError, Ser
 from bb_environments.handlers.errors import one_line
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
-    from bb_environments.bus.client import ApiClient
+    from bb_environments.bus.api_client.nats_client import ApiClient
 
 R = TypeVar("R", bound=Request)
 
@@ -81,7 +81,7 @@ def _client_for(url: str) -> type[ApiClient]:
     Modal SDK does, but `bb machine` and `bb modal` never connect to the bus."""
     if "nats" not in sys.modules and "ws://" not in url and "wss://" not in url:
         sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]  # None: "cannot be imported"
-    from bb_environments.bus.client import ApiClient
+    from bb_environments.bus.api_client.nats_client import ApiClient
 
     return ApiClient
 
@@ -95,12 +95,12 @@ class Requester(Protocol):
 @contextlib.contextmanager
 def requests_to(settings: Settings) -> Iterator[Requester]:
     """A connection for a command that only sends requests and prints their answers. To the
-    embedded server over a plain socket (bus/blocking_client.py: such a command then loads
+    embedded server over a plain socket (bus/api_client/blocking_client.py: such a command then loads
     neither asyncio nor nats-py, most of its run time); to an external NATS with nats-py."""
     server = embedded_server(settings)
     client: Requester
     if server is not None and server.credentials is not None and server.nats_url.startswith("nats://"):
-        from bb_environments.bus.blocking_client import BlockingApiClient
+        from bb_environments.bus.api_client.blocking_client import BlockingApiClient
 
         client = BlockingApiClient.connect(server.nats_url, server.credentials.operator, settings.data_root,
                                            server.pid)

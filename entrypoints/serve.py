@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from bb_environments.bus.access import (
     SERVICE_INBOX_PREFIX,
     SERVICE_USER,
@@ -29,19 +29,23 @@ from bb_environments.bus.access import (
     server_configuration,
     write_private_file,
 )
-from bb_environments.bus.api_endpoints import ApiEdge, translate_error
-from bb_environments.bus.api_service import start_api
-from bb_environments.bus.documents import EnvironmentEvent, ThreadMessageMessage, TranscriptLine, inbound_decoder, refusal_reason, thread_command
+from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
+from bb_environments.bus.core.api_service import start_api
+from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
+from bb_environments.bus.wire.documents import EnvironmentEvent
+from bb_environments.bus.wire.thread_events import ThreadMessageMessage
+from bb_environments.bus.wire.transcript_lines import TranscriptLine
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.host_agent import HostAgent, HostAgentClient, LocalFirstHooks
+from bb_environments.bus.agent.host_agent import HostAgent
+from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
 from bb_environments.bus.jetstream import (
     ConnectOptions, connect, consume, ensure_streams, ensure_thread_partition_consumers, retire_provisioner_consumer)
-from bb_environments.bus.log_reader import LogReader
-from bb_environments.bus.relay import AckedPublisher, OutboxRelay
-from bb_environments.bus.trusted_log import TrustedLog
-from bb_environments.bus.transcripts import TranscriptPublisher, forget_removed_transcripts
-from bb_environments.domain.errors import DomainError
+from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
+from bb_environments.bus.core.trusted_log import TrustedLog
+from bb_environments.bus.core.transcript_retention import forget_removed_transcripts
+from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.entrypoints.bootstrap import Core, Ports, StoreUnusable, bootstrap
 from bb_environments.entrypoints.config import (
     SERVE_LOCK,
@@ -58,11 +62,7 @@ from bb_environments.entrypoints.config import (
     read_server_file,
     url_without_credentials,
 )
-from bb_environments.handlers.crash_points import crash_point
-from bb_environments.handlers.errors import RequestError
-from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import StoreLedger
-from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.projections.read_model import Applied, View
 from bb_environments.projections.views import TranscriptEntry
@@ -268,11 +268,6 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     async def store_transcript(messages: list[Msg]) -> None:
         await read_model.add_transcript([_transcript_entry(m.metadata.sequence.stream, m.data) for m in messages])
 
-    async def handle_thread_events(messages: list[Msg]) -> None:
-        for message in messages:
-            await _handle_thread_event(threads, provisioner, message)
-            crash_point("thread-event-handled")  # before its ack: it is delivered again
-
     async def sweep_forever() -> None:
         await relay.caught_up.wait()
         while True:
@@ -282,6 +277,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
             await forget_removed_transcripts(js, read_model, settings.removed_retention_s)
             await asyncio.sleep(settings.sweep_interval_s)
 
+    thread_events = ThreadEventConsumer(threads, provisioner)
     await _restore_read_models(core, js)
     workers: list[Coroutine[Any, Any, None]] = [
         relay.run(),
@@ -290,7 +286,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         # A thread's events are handled in the order they were sent, one at a time, by its
         # partition's consumer; the partitions run side by side.
         *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
-                  subjects.thread_partition(partition), handle_thread_events, health, in_order=True)
+                  subjects.thread_partition(partition), thread_events.handle_batch, health, in_order=True)
           for partition in range(subjects.THREAD_PARTITIONS)),
         sweep_forever(),
     ]
@@ -354,30 +350,6 @@ async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task
     for task in done:
         if task is not stopping and (failure := task.exception()) is not None:
             raise failure
-
-
-async def _handle_thread_event(threads: ThreadHandlers, provisioner: Provisioner, message: Msg) -> None:
-    """A refused event is logged by subject and reason, never its content (a prompt, a secret),
-    and returns normally, so it is acknowledged: sending it again would not make it valid."""
-    subject = subjects.published_subject(message.subject)
-    try:
-        event = inbound_decoder.decode(message.data)
-    except (msgspec.DecodeError, RecursionError) as malformed:  # RecursionError: nested too deep
-        log.warning("refused a thread event on %s: %s", subject, refusal_reason(malformed))
-        return
-    subject_thread = subject.split(".")[2]
-    if subject_thread != event.thread_id:
-        log.warning("refused a thread event on %s: it names thread %s", subject, event.thread_id)
-        return
-    try:
-        environment = await threads.handle(thread_command(event))
-    except (RequestError, DomainError) as refused:
-        log.warning("refused a thread event on %s: %s", subject, refused)
-        return
-    if environment is not None:
-        if isinstance(event, ThreadMessageMessage):
-            provisioner.note_activity(environment.id)
-        await provisioner.drive(environment.id, environment)
 
 
 def _transcript_entry(sequence: int, data: bytes) -> TranscriptEntry:

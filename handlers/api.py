@@ -2,7 +2,7 @@
 
 The handlers take the queries and commands declared here and answer with values declared here (or
 the read model's views); the bus decodes its wire requests into them and encodes the answers
-(`bus/api_endpoints.py`), so no wire struct reaches this module.
+(`bus/core/api_endpoints.py`), so no wire struct reaches this module.
 
 A command's outcome carries `position`, the log position of its last event; a query may pass it as
 `min_position` and is answered only once the read model has caught up (read-your-writes).

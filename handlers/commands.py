@@ -1,7 +1,7 @@
 """The commands the thread handlers take, whoever sends them.
 
 A raw NATS publisher's thread event and the CLI's `thread spawn` both arrive here as these values:
-the bus decodes and validates its wire documents (`bus/documents.py`) and translates them at the
+the bus decodes and validates its wire documents (`bus/wire/documents.py`) and translates them at the
 edge, so the handlers never see a wire struct and the wire can change without touching them.
 
 An intent is also kept in the log, on the thread's `Registered` event, as the document

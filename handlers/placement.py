@@ -16,7 +16,7 @@ from uuid import UUID
 
 import msgspec
 
-from bb_environments.domain.application import Placement
+from bb_environments.handlers.application import Placement
 from bb_environments.domain.ids import ID_PATTERN, quoted
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.errors import InvalidInput, Refused

@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Concatenate, Literal, ParamSpec, Protocol, assert_never
+from typing import Any, Concatenate, ParamSpec, assert_never
 from uuid import UUID
 
 import msgspec
 from eventsourcing.persistence import OperationalError
 
-from bb_environments.domain.application import MADE_EMPTY_REASON, RecordedHook, current_hook
+from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, SCRIPT_NAMES, HookKind, HookOutcome
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.steps import (
@@ -47,8 +47,9 @@ from bb_environments.domain.steps import (
     StopCreate,
     WakeAt,
 )
-from bb_environments.handlers.crash_points import crash_point
+from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.handlers.placement import Placer, canonical_path
+from bb_environments.handlers.ports import Hooks, HostUnavailable, ProviderMissing, Transcript
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import (
     CreateContext,
@@ -65,7 +66,6 @@ from bb_environments.providers.contract import (
     is_pausable,
 )
 from bb_environments.providers.host.backoff import Backoff
-from bb_environments.hooks.runner import SCRIPT_NAMES, HookOutcome, HostUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +83,6 @@ before it runs again: the environment still asks for it, so at once would be a b
 _Work = Callable[Concatenate[threading.Event, P], Awaitable[Environment | None]]
 """A long step: it returns the environment as the event recording its outcome left it, or None
 when it failed and recorded nothing (it runs again after FAILED_STEP_RETRY)."""
-
-
-class ProviderMissing(Exception):
-    """The environment's provider is not registered now; its cleanup waits for it to return."""
-
-
-class Transcript(Protocol):
-    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str) -> None: ...
-
-
-class Hooks(Protocol):
-    """Runs hooks on the environment's host (the host agent), at most once per operation id.
-
-    `known` is what the log says of the operation, read off the environment as the writer
-    returned it to this process (see current_hook): an agent in this process may take it instead
-    of asking the log again; any other agent asks its own."""
-
-    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: Literal["setup", "teardown"],
-                  workspace: str, known: RecordedHook | None = None) -> HookOutcome: ...
-
-    async def cancel(self, host_id: str, operation_id: str) -> str: ...
 
 
 def _now() -> datetime:
@@ -472,13 +451,13 @@ class Provisioner:
             backoff.succeeded()
             return saved
 
-    async def _run_hook(self, env: Environment, operation_id: str, kind: Literal["setup", "teardown"]) -> HookOutcome:
+    async def _run_hook(self, env: Environment, operation_id: str, kind: HookKind) -> HookOutcome:
         environment_id = str(env.id)
         script = SCRIPT_NAMES[kind]
         self._transcript.line(environment_id, "step", kind, f"Running {script}")
         assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
         outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path,
-                                        current_hook(env, operation_id))
+                                        env.current_hook(operation_id))
         verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
             outcome.status, f"{outcome.status}: {outcome.message}")
         self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")

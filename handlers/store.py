@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 
-from bb_environments.domain.application import Environments, RecordedHook
+from bb_environments.domain.hook_operations import RecordedHook
+from bb_environments.handlers.application import Environments
 
 T = TypeVar("T")
 P = ParamSpec("P")

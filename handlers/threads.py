@@ -16,7 +16,8 @@ from uuid import UUID
 
 import msgspec
 
-from bb_environments.domain.application import Placement, UnknownThread
+from bb_environments.domain.errors import UnknownThread
+from bb_environments.handlers.application import Placement
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, PathAlreadyClaimed
 from bb_environments.domain.thread import Thread

@@ -18,7 +18,7 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from bb_environments.domain.application import RecordedHook
+from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.domain.ids import quoted
 from bb_environments.hooks.runner import HookRunner
 

@@ -41,12 +41,13 @@ from dataclasses import asdict, dataclass
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-HookKind = Literal["setup", "teardown"]
+if TYPE_CHECKING:  # the launcher imports this module without site-packages: names for the checker only
+    from bb_environments.domain.hook_operations import HookKind, HookOutcomeStatus
+
 SyncLevel = Literal["normal", "full"]
 SYNC_LEVELS: tuple[SyncLevel, ...] = ("normal", "full")
-RecordedOutcome = Literal["succeeded", "failed", "timed_out", "cancelled", "interrupted", "skipped"]
 
 GROUP_EXIT_POLL_S = 0.025
 GROUP_EXIT_WAIT_S = 4.0
@@ -73,7 +74,7 @@ class HookRecord:
     script_pid: int | None = None
     script_started_at: int | None = None
     finished_at: str | None = None
-    outcome: RecordedOutcome | None = None
+    outcome: HookOutcomeStatus | None = None
     exit_code: int | None = None
     message: str | None = None
 

@@ -51,8 +51,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import msgspec
 
+from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookKind, HookOutcome
 from bb_environments.hooks.protocol import (
     ADOPTED_SIGNAL,
     FrameReader,
@@ -64,7 +64,6 @@ from bb_environments.hooks.protocol import (
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
     HookIdentityMismatch,
-    HookKind,
     HookRecord,
     HookRecords,
     SyncLevel,
@@ -78,7 +77,6 @@ from bb_environments.providers.host.withheld import without_secrets
 
 log = logging.getLogger(__name__)
 
-SCRIPT_NAMES: dict[str, str] = {"setup": ".bb-env-setup.sh", "teardown": ".bb-env-teardown.sh"}
 POLL_S = 0.02
 CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
@@ -94,23 +92,9 @@ LAUNCHER_BOOTSTRAP = (
 )
 IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
-HookStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "skipped", "interrupted"]
 CancelResult = Literal["never-started", "finished", "terminated"]
 OutputSink = Callable[[str, int], Awaitable[None]]
 """Receives a line of output (without its newline) and the byte offset in the log where it starts."""
-
-
-class HostUnavailable(Exception):
-    """No agent answers for the host (or it refused): the hook step waits and is asked again later.
-
-    What a hook runner that reaches its host over a network (the host agent's client) raises; the
-    provisioning driver waits on it without knowing how hooks travel."""
-
-
-class HookOutcome(msgspec.Struct, frozen=True):
-    status: HookStatus
-    exit_code: int | None = None
-    message: str | None = None
 
 
 CANCELLED_BEFORE_START = HookOutcome("cancelled", None, "cancelled before it started")

@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL
 from bb_environments.hooks.records import (
@@ -43,12 +44,14 @@ from bb_environments.hooks.records import (
     HeldOutcome,
     HookRecord,
     HookRecords,
-    RecordedOutcome,
     kill_group_and_wait,
     now_iso,
     process_start_ticks,
 )
 from bb_environments.providers.host.withheld import without_secrets
+
+if TYPE_CHECKING:  # the launcher imports this module without site-packages: names for the checker only
+    from bb_environments.domain.hook_operations import HookOutcomeStatus
 
 ADOPTION_WAIT_S = 10.0
 ADOPTION_POLL_S = 0.005
@@ -225,7 +228,7 @@ def _finish_with_exit_status(records: HookRecords, record: HookRecord, returncod
 
 
 def _finish(
-    records: HookRecords, record: HookRecord, outcome: RecordedOutcome, exit_code: int | None, message: str | None
+    records: HookRecords, record: HookRecord, outcome: HookOutcomeStatus, exit_code: int | None, message: str | None
 ) -> None:
     record.outcome = outcome
     record.exit_code = exit_code

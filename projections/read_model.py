@@ -29,7 +29,7 @@ import aiosqlite
 import msgspec
 
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.handlers.crash_points import crash_point
+from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage
 
 TRANSCRIPT_LINES_KEPT = 500

@@ -31,14 +31,16 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.micro.request import Request
 
-from bb_environments.bus.api_messages import ErrorReply
-from bb_environments.bus.api_endpoints import ApiEdge, translate_error
-from bb_environments.bus.api_service import start_api
-from bb_environments.bus.api_messages import ERROR_CODE_HEADER
-from bb_environments.bus.documents import ThreadMessageMessage
-from bb_environments.bus.host_agent import HostAgent, HostAgentClient
-from bb_environments.bus.transcripts import TranscriptPublisher
-from bb_environments.domain.application import Environments, Placement, RecordedHook
+from bb_environments.bus.wire.api_messages import ErrorReply
+from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
+from bb_environments.bus.core.api_service import start_api
+from bb_environments.bus.wire.api_messages import ERROR_CODE_HEADER
+from bb_environments.bus.wire.thread_events import ThreadMessageMessage
+from bb_environments.bus.agent.host_agent import HostAgent
+from bb_environments.bus.core.agent_client import HostAgentClient
+from bb_environments.bus.transcript_publisher import TranscriptPublisher
+from bb_environments.domain.hook_operations import RecordedHook
+from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, bootstrap
 from bb_environments.entrypoints.config import REMOVED_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
@@ -109,7 +111,7 @@ class EdgeOfNats:
 
 @dataclass
 class Reply:
-    """What a client reads from a micro-service reply, the way bus/client.py reads it."""
+    """What a client reads from a micro-service reply, the way bus/api_client/nats_client.py reads it."""
     code: str | None
     """The micro-service error code; None for an answer."""
     message: str | None

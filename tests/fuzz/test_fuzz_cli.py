@@ -22,7 +22,7 @@ import msgspec
 from click.testing import CliRunner
 from hypothesis import example, given
 
-from bb_environments.bus.documents import ID_PATTERN
+from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.entrypoints.cli import cli
 from bb_environments.entrypoints.cli_support import run_cli
 from tests.fuzz.seams import files_under, fuzz_settings, one_sentence, working_directory

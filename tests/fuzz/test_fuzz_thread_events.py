@@ -1,7 +1,7 @@
 """Fuzz: whatever arrives on bb.threads.>, the consumer's handler refuses it in one log line or
 acts on it; it never raises, never logs content, and a refusal writes nothing.
 
-The seam is `_handle_thread_event`, exactly what `bb serve`'s consumer calls for each message,
+The seam is `ThreadEventConsumer.handle`, exactly what `bb serve`'s consumer calls for each message,
 with the real thread handlers over an SQLite event store seeded with threads and environments
 the hostile ids aim at. A `created` event that is accepted is followed by the thread's first
 message, as a publisher would send it: that is when its hostile values meet placement.
@@ -16,9 +16,9 @@ from pathlib import Path
 import msgspec
 from hypothesis import example, given
 
-from bb_environments.bus import subjects
-from bb_environments.bus.documents import inbound_decoder
-from bb_environments.entrypoints.serve import _handle_thread_event
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.thread_events import inbound_decoder
+from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.seams import LogLines, ServiceWorld, fuzz_settings, one_sentence, working_directory
 from tests.fuzz.strategies import CANARY, thread_events
@@ -52,7 +52,7 @@ def test_no_thread_event_crashes_the_consumer_or_is_written_when_refused(tmp_pat
     def handled(subject: str, data: bytes) -> LogLines:
         """The lines the consumer logged for one message, each checked: one line, no content, no error."""
         with LogLines().installed() as logs:
-            world.run(_handle_thread_event(world.threads, world.provisioner, world.nats.message(stored(subject), data)))
+            world.run(ThreadEventConsumer(world.threads, world.provisioner).handle(world.nats.message(stored(subject), data)))
             world.settle()
         assert not [r for r in logs.records if r.levelno >= logging.ERROR], logs.lines()
         for line in logs.lines():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 
 
 def nested(depth: int) -> bytes:

@@ -9,9 +9,9 @@ import uuid
 import msgspec
 import pytest
 
-from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import EnvironmentRef
-from bb_environments.bus.service_errors import ServiceError
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import EnvironmentRef
+from bb_environments.bus.api_client.service_errors import ServiceError
 from tests.integration.conftest import Service, service_environment
 
 

@@ -18,7 +18,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import APIError
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX, host_agent_inbox_prefix
 from tests.integration.conftest import eventually, spawn_with_setup_held, write_hooks
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from bb_environments.bus.api_messages import SpawnThread
+from bb_environments.bus.wire.api_messages import SpawnThread
 from bb_environments.bus.embedded_server import (
     LOCK_FILE, SERVER_NAME, EmbeddedNats, NatsServerUnavailable, ServerRecord, SupervisedNats, accepts_connections,
     free_port, nats_server_binary,

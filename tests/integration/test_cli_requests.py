@@ -1,5 +1,5 @@
 """The commands that only send requests reach the embedded server over a socket of their own
-(bus/blocking_client.py), not nats-py: what a user sees when the service, the seed or the server
+(bus/api_client/blocking_client.py), not nats-py: what a user sees when the service, the seed or the server
 are not what server.json promises is still one sentence and the SPEC's exit code, at once."""
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import os
 import sys
 from uuid import uuid4
 
-# What a command that only sends requests to the embedded server goes without (bus/blocking_client.py):
+# What a command that only sends requests to the embedded server goes without (bus/api_client/blocking_client.py):
 # asyncio and nats-py are most of a `bb` process's run time; logging and ssl only the serve or a
-# TLS URL needs; nkeys loads all of PyNaCl to sign a nonce (bus/nkey_signer.py signs it with
+# TLS URL needs; nkeys loads all of PyNaCl to sign a nonce (bus/api_client/nkey_signer.py signs it with
 # PyNaCl's libsodium alone); the socket module builds enums of every constant of _socket, hashlib
 # loads OpenSSL, and eventsourcing is the service's. (Nor pathlib, from a wheel; this venv's editable
 # finder loads it at every start.)
@@ -25,7 +25,7 @@ SLOW_TO_IMPORT = (
     "modal",
     "eventsourcing.application",
     "eventsourcing.persistence",
-    "bb_environments.bus.relay",
+    "bb_environments.bus.core.relay",
     "bb_environments.domain.environment",
     "bb_environments.projections.views",
     "bb_environments.providers.modal_machine",

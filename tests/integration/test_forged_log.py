@@ -23,13 +23,13 @@ import pytest
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
-from bb_environments.bus.log_reader import LoggedDocument, LogReader
-from bb_environments.bus.relay import AckedPublisher, OutboxRelay, PublishAck, Publisher
-from bb_environments.bus.subjects import NOTIFICATION_HEADER, claimed_notification_id
-from bb_environments.bus.trusted_log import TrustedLog
-from bb_environments.domain.application import Environments
+from bb_environments.bus.core.log_reader import LoggedDocument, LogReader
+from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay, PublishAck, Publisher
+from bb_environments.bus.wire.subjects import NOTIFICATION_HEADER, claimed_notification_id
+from bb_environments.bus.core.trusted_log import TrustedLog
+from bb_environments.handlers.application import Environments
 from tests.integration.conftest import Service, plain_jetstream, service_environment, write_hooks
 
 Stored = tuple[int | None, str, bytes]  # (claimed notification id, subject, payload) of a stream message
@@ -100,7 +100,7 @@ def forged_ready(environment_id: str) -> bytes:
 
 
 def heal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "bb_environments.bus.relay" and "did not write" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if r.name == "bb_environments.bus.core.relay" and "did not write" in r.getMessage()]
 
 
 # -- the relay and the consumers' check, against a real nats-server -------------------------------
@@ -251,7 +251,7 @@ async def test_a_publish_the_stream_calls_a_duplicate_is_not_taken_as_stored(js,
     # is deleted by the heal after the first try, but its id stays in the duplicate window.
     tokens = iter(["first-try", "guessed"])
     token_hex = secrets.token_hex
-    monkeypatch.setattr("bb_environments.bus.relay.secrets.token_hex", lambda size: next(tokens, None) or token_hex(size))
+    monkeypatch.setattr("bb_environments.bus.core.relay.secrets.token_hex", lambda size: next(tokens, None) or token_hex(size))
     await js.publish("bb.log.environment.e0.step", b"{}", headers={"Nats-Msg-Id": "bb:2:guessed"})
 
     store.append(1)
@@ -289,7 +289,7 @@ async def test_consumers_admit_only_what_the_store_wrote_and_use_the_stores_docu
 
     assert [(a.logged.notification_id, a.logged.document) for a in admitted] == [
         (1, Step("step", 1)), (2, Step("step", 2))]
-    skipped = [r.getMessage() for r in caplog.records if r.name == "bb_environments.bus.trusted_log"]
+    skipped = [r.getMessage() for r in caplog.records if r.name == "bb_environments.bus.core.trusted_log"]
     assert skipped == ["test consumer skipped 3 log stream message(s) the event store did not write "
                        "(sequences 3, 4, 5)"]
 
@@ -403,5 +403,5 @@ async def test_forged_log_messages_during_setup_change_nothing_and_a_restart_dou
     exported = await served.bb("events", "export")
     assert exported.stdout.splitlines() == [payload.decode() for _, _, payload in store_log(served.data_dir)]
     serve_log = (served.data_dir.parent / "serve.log").read_text().splitlines()
-    heals = [line for line in serve_log if "bb_environments.bus.relay:" in line and "did not write" in line]
+    heals = [line for line in serve_log if "bb_environments.bus.core.relay:" in line and "did not write" in line]
     assert len(heals) == 3, heals  # one per forgery while running, one for both found at the restart

@@ -16,7 +16,7 @@ from pathlib import Path
 import nats.aio.client
 import pytest
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
 from tests.integration.conftest import Service, service_environment, spawn_with_setup_held
 
@@ -113,8 +113,8 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_published_it(tmp
     for a remote host's outcome; the copy keeps its stored subject and is not taken for one."""
     from nats.js import api
 
-    from bb_environments.bus.host_agent import HostAgentClient
-    from bb_environments.hooks.runner import HookOutcome
+    from bb_environments.bus.core.agent_client import HostAgentClient
+    from bb_environments.domain.hook_operations import HookOutcome
 
     server = EmbeddedNats.start(tmp_path / "plain-nats")
     core, agent = await nats.connect(server.url), await nats.connect(server.url)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from tests.integration.conftest import Service, service_environment
 from tests.integration.test_crash_recovery import ran
 from tests.support.gated_provider import calls

@@ -10,7 +10,7 @@ import time
 import msgspec
 import pytest
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from tests.integration.conftest import environment_events, eventually, write_hooks
 
 

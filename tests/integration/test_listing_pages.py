@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import EnvironmentRef, SpawnThread
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import EnvironmentRef, SpawnThread
 from bb_environments.bus.embedded_server import EmbeddedNats
 from tests.integration.conftest import Service, service_environment
 

@@ -11,7 +11,7 @@ import pytest
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from tests.integration.conftest import Service, eventually, service_environment
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.bus.api_messages import ListEnvironments, SpawnThread, ThreadRef
+from bb_environments.bus.wire.api_messages import ListEnvironments, SpawnThread, ThreadRef
 from tests.integration.conftest import Service, service_environment
 
 REPLAYS = 4

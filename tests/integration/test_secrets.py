@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
 from bb_environments.entrypoints.config import THREADS_MAX_AGE_S, THREADS_MAX_BYTES
 from tests.integration.conftest import Service, write_hooks
 

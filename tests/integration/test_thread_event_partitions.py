@@ -20,8 +20,8 @@ import pytest
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import ListThreads
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import ListThreads
 from tests.integration.conftest import Service, eventually, service_environment
 
 THREADS = 60

@@ -116,7 +116,7 @@ def test_a_spawn_from_the_installed_wheel(tmp_path):
         assert listed.returncode == 0, listed.stderr
         assert [e["status"] for e in json.loads(listed.stdout)["environments"]] == ["ready"]
         imported = {line.rpartition("|")[2].strip() for line in listed.stderr.splitlines() if line.startswith("import time:")}
-        assert "bb_environments.bus.blocking_client" in imported and not {"pathlib", "urllib.parse"} & imported
+        assert "bb_environments.bus.api_client.blocking_client" in imported and not {"pathlib", "urllib.parse"} & imported
     finally:
         service.terminate()
         service.wait(timeout=30)

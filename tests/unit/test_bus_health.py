@@ -20,9 +20,9 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, Servi
 from bb_environments.bus import health as health_module
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import consume
-from bb_environments.bus.log_reader import LoggedDocument
-from bb_environments.bus.relay import OutboxRelay
-from bb_environments.bus.subjects import NOTIFICATION_HEADER
+from bb_environments.bus.core.log_reader import LoggedDocument
+from bb_environments.bus.core.relay import OutboxRelay
+from bb_environments.bus.wire.subjects import NOTIFICATION_HEADER
 
 LOST, BACK = "lost the NATS bus", "the NATS bus is back"
 

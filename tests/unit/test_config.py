@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from bb_environments.domain.application import Environments
+from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.config import (
     ConfigError,
     Settings,

@@ -4,7 +4,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from bb_environments.domain.application import Environments, Placement
+from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
 from bb_environments.domain.thread import Thread
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE

@@ -22,9 +22,9 @@ from eventsourcing.domain import Aggregate, CommandMethodDecorator
 from eventsourcing.persistence import StoredEvent
 
 import bb_environments.domain as domain
-from bb_environments.bus import catalog
-from bb_environments.bus.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
-from bb_environments.bus.log_reader import LogReader
+from bb_environments.bus.wire import catalog
+from bb_environments.bus.wire.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
+from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.status import HookStatus
@@ -130,7 +130,7 @@ def app():
 def test_every_event_of_every_aggregate_has_a_document():
     assert {Environment, Thread, PathClaim} <= set(aggregates())
     missing = sorted(e.__qualname__ for e in ALL_EVENTS - set(PUBLICATIONS))
-    assert not missing, f"no public document for {missing}: declare one with @publishes in bus/documents.py"
+    assert not missing, f"no public document for {missing}: declare one with @publishes in bus/wire/documents.py"
     assert set(PUBLICATIONS) == ALL_EVENTS
     types = [p.type for p in PUBLICATIONS.values()]
     assert len(set(types)) == len(types), "two documents of the log share a `type`: the log decoder cannot tell them apart"
@@ -198,4 +198,4 @@ def test_every_event_is_in_the_catalog():
 
 
 def test_the_committed_catalog_is_the_generated_one():
-    assert catalog.differences() == [], "run `python -m bb_environments.bus.catalog --write` and commit docs/"
+    assert catalog.differences() == [], "run `python -m bb_environments.bus.wire.catalog --write` and commit docs/"

@@ -13,7 +13,7 @@ import pytest
 from eventsourcing.application import Application
 from eventsourcing.persistence import MapperDeserialisationError, StoredEvent
 
-from bb_environments.bus.log_reader import LogReader
+from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.config import event_store_environment
 from bb_environments.projections.fold import EventDecoder, fold

@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from bb_environments.bus.documents import ThreadCreatedMessage, inbound_decoder, refusal_reason
+from bb_environments.bus.wire.refusals import refusal_reason
+from bb_environments.bus.wire.thread_events import ThreadCreatedMessage, inbound_decoder
 
 
 def created(**fields: object) -> bytes:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import msgspec
 
-from bb_environments.bus.log_reader import LogReader
-from bb_environments.domain.application import Environments
+from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.handlers.application import Environments
 from bb_environments.domain.status import EnvironmentStatus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

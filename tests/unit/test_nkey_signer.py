@@ -1,4 +1,4 @@
-"""The CLI's answer to the server's nonce (bus/nkey_signer.py) is the one nkeys gives: the same
+"""The CLI's answer to the server's nonce (bus/api_client/nkey_signer.py) is the one nkeys gives: the same
 public key, the same Ed25519 signature; anything that is not a user's seed is refused."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import nkeys
 import pytest
 
-from bb_environments.bus.nkey_signer import SeedError, answer_nonce, user_seed
+from bb_environments.bus.api_client.nkey_signer import SeedError, answer_nonce, user_seed
 
 
 def test_the_public_key_and_signature_are_those_of_nkeys():
@@ -41,8 +41,8 @@ def test_what_is_not_a_users_seed_is_refused(text, why):
 
 def test_a_damaged_seed_file_ends_the_command_naming_the_file_before_any_connection(tmp_path):
     # A hand-edited operator.nk, or a public key written in its place: nothing is sent anywhere.
-    from bb_environments.bus.blocking_client import BlockingApiClient
-    from bb_environments.bus.service_errors import ServiceError
+    from bb_environments.bus.api_client.blocking_client import BlockingApiClient
+    from bb_environments.bus.api_client.service_errors import ServiceError
 
     seed_file = tmp_path / "operator.nk"
     seed_file.write_bytes(nkeys.from_seed(bytearray(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))).public_key)

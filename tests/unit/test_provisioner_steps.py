@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.domain.application import Environments
+from bb_environments.handlers.application import Environments
 from bb_environments.handlers.commands import NewEnvironment, RegisterThread
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.provisioning import FAILED_STEP_RETRY, Provisioner

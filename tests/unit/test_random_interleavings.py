@@ -15,16 +15,16 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bb_environments.bus.documents import (
+from bb_environments.bus.core.thread_consumer import thread_command
+from bb_environments.bus.wire.thread_events import (
     MessageCancelledMessage,
     ProviderIntent,
     ThreadArchivedMessage,
     ThreadCreatedMessage,
     ThreadMessageMessage,
     ThreadUnarchivedMessage,
-    thread_command,
 )
-from bb_environments.domain.application import Environments
+from bb_environments.handlers.application import Environments
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers.errors import RequestError
 from bb_environments.handlers.placement import Placer
@@ -32,7 +32,8 @@ from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.providers.contract import READY, Created, Policy, Removed, Requires
-from bb_environments.hooks.runner import CANCELLED_BEFORE_START, SCRIPT_NAMES, HookOutcome
+from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome
+from bb_environments.hooks.runner import CANCELLED_BEFORE_START
 from bb_environments.providers.registry import ProviderRegistry
 
 THREADS = ("a", "b", "c")

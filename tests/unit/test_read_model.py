@@ -16,8 +16,8 @@ from uuid import UUID
 import msgspec
 import pytest
 
-from bb_environments.bus.log_reader import LogReader
-from bb_environments.domain.application import Environments, Placement
+from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.store import Store
 from bb_environments.projections.read_model import Applied, ReadModel, RebuildAbandoned

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.domain.application import Environments, RecordedHook, current_hook
+from bb_environments.domain.hook_operations import RecordedHook
+from bb_environments.handlers.application import Environments
 from bb_environments.hooks.ledger import HookGuard, HookRefused
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.hooks.records import HookRecords
@@ -103,32 +104,32 @@ def test_the_environment_a_command_returns_answers_for_its_current_hook_as_the_l
     environment_id = provisioning(app)
     started = app.start_setup(environment_id)[0]
     operation = started.setup_operation_id
-    assert current_hook(started, operation) == app.recorded_hook(operation)
-    assert current_hook(started, "forged") is None
+    assert started.current_hook(operation) == app.recorded_hook(operation)
+    assert started.current_hook("forged") is None
 
     failed = app.record_setup_outcome(environment_id, operation, False, "boom")
-    assert current_hook(failed, operation) == app.recorded_hook(operation)
-    assert not current_hook(failed, operation).awaited
+    assert failed.current_hook(operation) == app.recorded_hook(operation)
+    assert not failed.current_hook(operation).awaited
 
     app.retry(environment_id, "t1", PATH)
     retried = app.start_setup(environment_id)[0]
-    assert current_hook(retried, retried.setup_operation_id) == app.recorded_hook(retried.setup_operation_id)
+    assert retried.current_hook(retried.setup_operation_id) == app.recorded_hook(retried.setup_operation_id)
     # An earlier attempt's operation: only the log's index knows it, so the agent asks the log.
-    assert current_hook(retried, operation) is None
+    assert retried.current_hook(operation) is None
 
     app.record_setup_outcome(environment_id, retried.setup_operation_id, True, None)
     app.archive_thread("t1", NOW)
     app.start_removal(environment_id, NOW)
     torn = app.start_teardown(environment_id)[0]
-    assert current_hook(torn, torn.teardown_operation_id) == app.recorded_hook(torn.teardown_operation_id)
+    assert torn.current_hook(torn.teardown_operation_id) == app.recorded_hook(torn.teardown_operation_id)
 
 
 def test_the_current_hook_stays_the_log_s_answer_through_a_cancel_and_after_removal(app):
     environment_id = provisioning(app)
     setup = app.start_setup(environment_id)[0].setup_operation_id
     archived = app.archive_thread("t1", NOW)  # the last thread leaves while the setup runs
-    assert current_hook(archived, setup) == app.recorded_hook(setup)
-    assert current_hook(archived, setup).awaited and current_hook(archived, setup).stoppable
+    assert archived.current_hook(setup) == app.recorded_hook(setup)
+    assert archived.current_hook(setup).awaited and archived.current_hook(setup).stoppable
 
     app.record_setup_outcome(environment_id, setup, False, "cancelled")
     app.start_removal(environment_id, NOW)
@@ -136,8 +137,8 @@ def test_the_current_hook_stays_the_log_s_answer_through_a_cancel_and_after_remo
     app.record_teardown_outcome(environment_id, teardown, "succeeded", None)
     removed = app.record_removed(environment_id, 1)
     for operation in (setup, teardown):
-        assert current_hook(removed, operation) == app.recorded_hook(operation)
-        assert current_hook(removed, operation).environment_removed
+        assert removed.current_hook(operation) == app.recorded_hook(operation)
+        assert removed.current_hook(operation).environment_removed
 
 
 class NoLedger:
@@ -151,7 +152,7 @@ async def test_the_guard_starts_an_awaited_known_hook_without_asking_the_ledger(
     environment_id = provisioning(app)
     started = app.start_setup(environment_id)[0]
     operation = started.setup_operation_id
-    known = current_hook(started, operation)
+    known = started.current_hook(operation)
 
     guard = HookGuard(NoLedger(), "local")
     assert await guard.to_run(operation, "setup", str(environment_id), PATH, known) == known
@@ -169,7 +170,7 @@ async def test_the_guard_refuses_a_known_hook_asked_for_as_another_as_it_refuses
     with pytest.raises(HookRefused, match="the log recorded the setup hook") as by_the_log:
         await HookGuard(LogLedger(app), "local").to_run(operation, **request)
     with pytest.raises(HookRefused) as by_the_known:
-        await HookGuard(NoLedger(), "local").to_run(operation, **request, known=current_hook(started, operation))
+        await HookGuard(NoLedger(), "local").to_run(operation, **request, known=started.current_hook(operation))
     assert by_the_known.value.reason == by_the_log.value.reason
 
 
@@ -180,7 +181,7 @@ async def test_the_guard_refuses_a_known_answer_as_it_refuses_the_log_s(app):
 
     guard = HookGuard(NoLedger(), "local")
     with pytest.raises(HookRefused, match="awaits no outcome"):
-        await guard.to_run(operation, "setup", str(environment_id), PATH, current_hook(done, operation))
+        await guard.to_run(operation, "setup", str(environment_id), PATH, done.current_hook(operation))
     with pytest.raises(HookRefused, match="belongs to host 'local'"):
         await HookGuard(NoLedger(), "elsewhere").to_run(operation, "setup", str(environment_id), PATH,
                                                         app.recorded_hook(operation))

@@ -4,7 +4,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from bb_environments.bus.blocking_client import _address
+from bb_environments.bus.api_client.blocking_client import _address
 
 
 def _urllib_address(url: str) -> tuple[str, int]:

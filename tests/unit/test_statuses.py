@@ -5,8 +5,8 @@ from datetime import datetime, timezone
 import msgspec
 import pytest
 
-from bb_environments.bus.log_reader import LogReader
-from bb_environments.domain.application import Environments
+from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.handlers.application import Environments
 from bb_environments.domain.status import EnvironmentStatus, HookStatus, ThreadStatus
 from bb_environments.projections.views import HookView
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bb_environments.domain.application import Environments, UnknownThread
+from bb_environments.domain.errors import UnknownThread
+from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.config import event_store_environment
 from bb_environments.handlers.store import Store
 

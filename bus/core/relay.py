@@ -36,10 +36,10 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from bb_environments.bus import subjects
-from bb_environments.handlers.crash_points import crash_point
+from bb_environments.bus.wire import subjects
+from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.log_reader import LoggedDocument
+from bb_environments.bus.core.log_reader import LoggedDocument
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """An NKEY user's answer to a NATS server's nonce, for `bb`'s connection to the embedded server
-(bus/blocking_client.py): its public key and its Ed25519 signature of the nonce.
+(bus/api_client/blocking_client.py): its public key and its Ed25519 signature of the nonce.
 
 The nkeys package signs with PyNaCl's `nacl.signing`, whose import loads every binding PyNaCl has
 (boxes, hashes, password hashing...): about 10 ms, a tenth of a `bb` command's whole run. This

@@ -15,12 +15,12 @@ from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
 
-from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import Request, decode_answer
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
-from bb_environments.bus.processes import pid_alive
-from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.bus.api_client.processes import pid_alive
+from bb_environments.bus.api_client.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 T = TypeVar("T")
 

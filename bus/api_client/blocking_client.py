@@ -6,9 +6,9 @@ importlib.metadata for its own version) take longer than the whole command's wor
 `bb serve` runs, whose address and the operator's seed server.json names, the handful of protocol
 lines a request needs are written here: INFO, CONNECT signed with the seed's NKEY, PING/PONG, one
 SUB on an inbox, PUB, and the MSG or HMSG of the answer. Anything else (an external NATS with TLS,
-credentials files or a cluster to reconnect to; subscriptions) stays with nats-py (bus/client.py).
+credentials files or a cluster to reconnect to; subscriptions) stays with nats-py (bus/api_client/nats_client.py).
 
-It answers as bus/client.py's ApiClient does: the service's refusal as ServiceError, an answer
+It answers as bus/api_client/nats_client.py's ApiClient does: the service's refusal as ServiceError, an answer
 that cannot come as AnswerLost (the connection dropped, the service's process ended, the timeout),
 a server that cannot be reached or refuses the credentials as `unreachable`. Every line the
 server sends is checked for its shape: a malformed one ends the command as a failed connection.
@@ -27,11 +27,11 @@ from typing import Any
 import _socket
 import msgspec
 
-from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import Request, decode_answer
-from bb_environments.bus.nkey_signer import SeedError, answer_nonce, user_seed
-from bb_environments.bus.processes import pid_alive
-from bb_environments.bus.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import Request, decode_answer
+from bb_environments.bus.api_client.nkey_signer import SeedError, answer_nonce, user_seed
+from bb_environments.bus.api_client.processes import pid_alive
+from bb_environments.bus.api_client.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 NO_RESPONDERS_STATUS = "503"
 CONNECT_TIMEOUT_S = 2.0

@@ -27,7 +27,7 @@ import msgspec
 from eventsourcing.application import Application
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
-from bb_environments.bus.documents import Document, document_for
+from bb_environments.bus.wire.documents import Document, document_for
 from bb_environments.domain.topics import topic_prefixes
 from bb_environments.projections.fold import EventDecoder, StoredNotification, fold
 from bb_environments.projections.views import VIEWED_AGGREGATES, EnvironmentView, ThreadView, ViewPage, public_view

@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 from nats.aio.msg import Msg
 
-from bb_environments.bus.log_reader import LoggedDocument
-from bb_environments.bus.relay import NotificationReader
-from bb_environments.bus.subjects import claimed_notification_id
+from bb_environments.bus.core.log_reader import LoggedDocument
+from bb_environments.bus.core.relay import NotificationReader
+from bb_environments.bus.wire.subjects import claimed_notification_id
 
 log = logging.getLogger(__name__)
 

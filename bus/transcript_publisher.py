@@ -10,16 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import msgspec
 from nats.aio.client import Client
-from nats.js import JetStreamContext
 
-from bb_environments.bus import subjects
-from bb_environments.bus.documents import TranscriptKind, TranscriptLine
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.transcript_lines import TranscriptKind, TranscriptLine
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
-from bb_environments.projections.read_model import ReadModel
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +68,3 @@ class TranscriptPublisher:
             if self._dropped:
                 log.warning("%d transcript line(s) were dropped while the bus was away", self._dropped)
                 self._dropped = 0
-
-
-async def forget_removed_transcripts(js: JetStreamContext, read_model: ReadModel, max_age_s: float) -> None:
-    """Drop the transcripts of environments removed longer than `max_age_s` ago: first from the
-    stream, then from the read model, so a service killed in between finds them again next time."""
-    try:
-        removed = await read_model.transcripts_removed_before(datetime.now(timezone.utc) - timedelta(seconds=max_age_s))
-        for environment_id in removed:
-            await js.purge_stream(subjects.TRANSCRIPTS_STREAM, subject=subjects.transcript(environment_id))
-        await read_model.forget_transcripts(removed)
-    except Exception:
-        # Not worth stopping the sweep that calls this: the next one tries again.
-        log.exception("dropping the transcripts of removed environments failed")
-        return
-    if removed:
-        log.info("dropped the transcripts of %d removed environments", len(removed))

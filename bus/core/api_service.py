@@ -21,9 +21,9 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
-from bb_environments.bus import subjects
-from bb_environments.bus.api_messages import ErrorBody, ErrorReply, Request
-from bb_environments.bus.documents import refusal_reason
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import ErrorBody, ErrorReply, Request
+from bb_environments.bus.wire.refusals import refusal_reason
 from bb_environments.bus.health import describe, unavailable
 from bb_environments.bus.micro_requests import sent_to_endpoint
 

@@ -1,5 +1,5 @@
 """The API's edge: the endpoints of the `bb-environments` service, each a wire request decoded
-(`bus/api_service.py`), translated into the handlers' query or command, answered by `handlers/api.py`
+(`bus/core/api_service.py`), translated into the handlers' query or command, answered by `handlers/api.py`
 and translated back into its wire reply. The catalog documents these declarations.
 
 A listing is paged, and a page is cut short where one more item would take its reply past the
@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from bb_environments.bus.api_messages import (
+from bb_environments.bus.wire.api_messages import (
     Accepted,
     EnvironmentRef,
     ListEnvironments,
@@ -24,8 +24,8 @@ from bb_environments.bus.api_messages import (
     SpawnThread,
     ThreadRef,
 )
-from bb_environments.bus.api_service import ApiError, Endpoint
-from bb_environments.domain.application import UnknownEnvironment, UnknownThread
+from bb_environments.bus.core.api_service import ApiError, Endpoint
+from bb_environments.domain.errors import UnknownEnvironment, UnknownThread
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers.api import (
     Api,

@@ -3,7 +3,7 @@
 Stored event classes are not public. Each one is mapped to a stable document by `@publishes`, one
 registry keyed by the domain event class: renaming a Python class never breaks a subscriber or an
 old log, and an event without a document is found by a unit test, not by the relay. A document's
-docstring says when it happens; `python -m bb_environments.bus.catalog --write` makes docs/events.md, the JSON
+docstring says when it happens; `python -m bb_environments.bus.wire.catalog --write` makes docs/events.md, the JSON
 Schemas and the AsyncAPI document from these structs.
 
 The bytes of a document are part of the log's identity on the bus (the relay compares stream
@@ -13,22 +13,20 @@ last, knowing that every stored event then reads differently once (the relay rew
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, TypeVar, Union
 from uuid import UUID
 
 import msgspec
 from eventsourcing.domain import Aggregate, DomainEventProtocol
 
-from bb_environments.bus import subjects
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.descriptions import said as _said
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.thread import Thread
-from bb_environments.handlers import commands
 
 
 class Document(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", omit_defaults=False):
@@ -96,7 +94,7 @@ def document_for(event: DomainEventProtocol[UUID], aggregate: Any) -> tuple[str,
     """The public document and log subject of a stored event, given its aggregate just after it."""
     if not isinstance(event, Aggregate.Event) or type(event) not in PUBLICATIONS:
         raise LookupError(f"{type(event).__qualname__} has no public document: declare one with @publishes "
-                          f"in bus/documents.py")
+                          f"in bus/wire/documents.py")
     publication = PUBLICATIONS[type(event)]
     owner = _OWNERS[publication.aggregate]
     # What the event recorded, as far as the document declares it (msgspec drops the rest: a
@@ -138,8 +136,6 @@ _OWNERS: dict[type[Aggregate], _Owner] = {
 }
 
 
-def _said(text: str) -> msgspec.Meta:
-    return msgspec.Meta(description=text)
 
 
 # Fields that several documents share, each described once.
@@ -460,143 +456,3 @@ class ClaimReleased(ClaimEvent, kw_only=True, tag="claim_released"):
 LogDocument = Union[tuple(dict.fromkeys(p.document for p in PUBLICATIONS.values()))]  # type: ignore[valid-type]
 """Any document of the log (`bb.log.>`, `bb events export`)."""
 log_decoder = msgspec.json.Decoder(LogDocument)
-
-
-# -- inbound thread events (bb.threads.<threadId>.<kind>) ------------------------------------------
-#
-# Anything a publisher sends that is not declared here, or is out of shape, is refused before a
-# command runs, so it never reaches the log. Sizes are bounded here; `inputs` are checked against
-# their provider's type before a thread is registered (handlers/threads.py).
-
-Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
-PathText = Annotated[str, msgspec.Meta(max_length=4096)]  # PATH_MAX
-EnvironmentId = Annotated[str, msgspec.Meta(max_length=64)]  # any form uuid.UUID reads
-
-
-class Machine(msgspec.Struct, rename="camel", tag_field="type", tag="existing", forbid_unknown_fields=True):
-    host_id: Id | None = None
-    """None: the thread's host (its `hostId`, or the service's)."""
-
-
-class ProviderIntent(msgspec.Struct, rename="camel", tag_field="type", tag="provider", forbid_unknown_fields=True):
-    environment_provider_id: Annotated[str, msgspec.Meta(max_length=128)]
-    machine: Machine | None = None
-    inputs: Any = None
-
-
-class ExistingIntent(msgspec.Struct, rename="camel", tag_field="type", tag="existing", forbid_unknown_fields=True):
-    environment_id: EnvironmentId
-
-
-EnvironmentIntent = ProviderIntent | ExistingIntent
-
-
-class InboundThreadEvent(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", forbid_unknown_fields=True):
-    thread_id: Annotated[Id, _said("The thread: the same as the subject's `<threadId>`.")]
-    occurred_at: Annotated[datetime | None, _said("When it happened, as the publisher says.")] = None
-
-
-class ThreadCreatedMessage(InboundThreadEvent, kw_only=True, tag="created"):
-    """A thread was created. `environment` says where it runs once its first message comes: a new
-    environment of a provider (`{"type": "provider", "environmentProviderId", "machine"?, "inputs"?}`)
-    or an existing one (`{"type": "existing", "environmentId"}`). The machine's `hostId`, when
-    named, is the thread's host (as `hostId` beside it is); a created event that names two
-    different hosts is refused, and a host this service does not serve is refused on the thread
-    when its first message comes. Without it, a child thread
-    (`parentThreadId`) joins its parent's environment where the parent's provider shares with
-    children, and otherwise gets a new one as its parent's intent asks."""
-
-    project_path: Annotated[PathText | None, _said("The project the thread works on, on its host.")] = None
-    parent_thread_id: Annotated[Id | None, _said("The thread's parent, for a child thread.")] = None
-    host_id: Annotated[Id | None, _said("The host its environment runs on; default: the service's.")] = None
-    environment: Annotated[EnvironmentIntent | None, _said("Where the thread runs (see above).")] = None
-
-
-class ThreadMessageMessage(InboundThreadEvent, kw_only=True, tag="message"):
-    """A message in the thread; the first one makes the service provide the thread's environment."""
-
-    text: Annotated[str | None, msgspec.Meta(description=(
-        "For whoever runs the thread's agent; this service reads only that a message came."))] = None
-
-
-class ThreadArchivedMessage(InboundThreadEvent, kw_only=True, tag="archived"):
-    """The thread was archived: it leaves its environment, which retires once no live thread uses it."""
-
-
-class ThreadUnarchivedMessage(InboundThreadEvent, kw_only=True, tag="unarchived"):
-    """The thread was unarchived: it rejoins its environment if that is still live."""
-
-
-class MessageCancelledMessage(InboundThreadEvent, kw_only=True, tag="message_cancelled"):
-    """The thread's message was cancelled: an environment still being prepared for it alone is
-    cancelled."""
-
-
-InboundThreadMessage = (
-    ThreadCreatedMessage | ThreadMessageMessage | ThreadArchivedMessage | ThreadUnarchivedMessage
-    | MessageCancelledMessage
-)
-inbound_decoder = msgspec.json.Decoder(InboundThreadMessage)
-
-
-def intent_command(intent: EnvironmentIntent) -> commands.Intent:
-    """A thread event's intent, as the handlers take it."""
-    if isinstance(intent, ExistingIntent):
-        return commands.ExistingEnvironment(intent.environment_id)
-    host = None if intent.machine is None else intent.machine.host_id
-    return commands.NewEnvironment(intent.environment_provider_id, host, intent.inputs)
-
-
-def thread_command(message: InboundThreadMessage) -> commands.ThreadCommand:
-    """A decoded thread event, as the command the handlers take (the bus's edge: no handler
-    sees a wire struct)."""
-    match message:
-        case ThreadCreatedMessage():
-            return commands.RegisterThread(
-                thread_id=message.thread_id, project_path=message.project_path,
-                parent_thread_id=message.parent_thread_id, host_id=message.host_id,
-                environment=None if message.environment is None else intent_command(message.environment),
-            )
-        case ThreadMessageMessage():
-            return commands.ProvideEnvironment(message.thread_id)
-        case ThreadArchivedMessage():
-            return commands.ArchiveThread(message.thread_id)
-        case ThreadUnarchivedMessage():
-            return commands.UnarchiveThread(message.thread_id)
-        case MessageCancelledMessage():
-            return commands.CancelThreadMessage(message.thread_id)
-    raise TypeError(f"not a thread event: {type(message).__name__}")
-
-
-def refusal_reason(error: msgspec.DecodeError | RecursionError) -> str:
-    """Why a payload was refused, without its content: msgspec quotes an offending value (an
-    unknown `type`, say), which may be a prompt or a secret; where it was is enough. An unknown
-    field is named only when its name reads as one: any other name is the publisher's text, and
-    a line break in it would forge a line of our log."""
-    reason = re.sub(r"^(Invalid (?:enum )?value) .*?((?: - at `[^`]*`)?)$", r"\1 <withheld>\2", str(error), flags=re.S)
-    return re.sub(r"^(Object contains unknown field) `(.*?)`((?: - at `[^`]*`)?)$", _name_field_if_a_name, reason, flags=re.S)
-
-
-def _name_field_if_a_name(m: re.Match[str]) -> str:
-    return f"{m[1]} `{m[2]}`{m[3]}" if _FIELD_NAME.fullmatch(m[2]) else f"{m[1]} <withheld>{m[3]}"
-
-
-_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
-
-
-# -- transcript lines (bb.transcripts.<environmentId>) ---------------------------------------------
-
-
-TranscriptKind = Literal["step", "output"]
-
-
-class TranscriptLine(msgspec.Struct, rename="camel", kw_only=True, tag_field="type", tag="transcript"):
-    """A line of an environment's transcript: a step of its preparation or removal (`kind: step`), or
-    a line a provider or hook printed (`kind: output`); `source` names the provider or hook."""
-
-    occurred_at: Annotated[datetime, _said("When the line was written (UTC).")]
-    environment_id: Annotated[str, _said("The environment.")]
-    kind: Annotated[TranscriptKind, _said("`step`: a step of the work; `output`: a line printed.")]
-    source: Annotated[str, _said("Who wrote the line: the core, a provider, or a hook (`setup`, `teardown`).")]
-    text: Annotated[str, _said("The line.")]
-

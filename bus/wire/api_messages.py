@@ -1,7 +1,7 @@
 """Request and reply bodies of the `bb-environments` NATS micro service (`bb.api.<area>.<verb>`).
 
 The listings' replies, which carry the read side's views, are declared with their endpoints
-(bus/api_endpoints.py): this module is what a client needs, and `bb` imports it without the domain."""
+(bus/core/api_endpoints.py): this module is what a client needs, and `bb` imports it without the domain."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from bb_environments.bus.service_errors import ServiceError, unreachable
+from bb_environments.bus.api_client.service_errors import ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"

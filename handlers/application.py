@@ -1,4 +1,4 @@
-"""The use cases: load aggregates, ask them to change, save what changed in one transaction.
+"""The application service (the use cases): load aggregates, ask them to change, save what changed in one transaction.
 
 Synchronous on purpose (the eventsourcing library is); the service calls it from one writer
 thread. Every command is safe to repeat: a repeated command finds the state already changed and
@@ -7,7 +7,6 @@ records nothing.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,49 +17,19 @@ from eventsourcing.application import AggregateNotFoundError, Application, Proce
 from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification, Recording
 
-from bb_environments.domain.topics import topic_prefixes
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed
+from bb_environments.domain.claims import HeldPaths
+from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed, UnknownEnvironment, UnknownThread
+from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, HookKind, RecordedHook
 from bb_environments.domain.path_claim import PathClaim, claim_id
-from bb_environments.domain.status import EnvironmentStatus, ThreadStatus
+from bb_environments.domain.status import ThreadStatus
 from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
+from bb_environments.handlers.log_indexes import LogIndex
 
 T = TypeVar("T")
 A = TypeVar("A", bound=Aggregate)
 GraceLookup = Callable[[str], "int | None"]
-# A log index's fold: given a notification, and its domain event when a save of ours just made it
-# (else the fold decodes the notification if it needs the event).
-Fold = Callable[[Notification, "DomainEventProtocol[UUID] | None"], None]
-
-
-MADE_EMPTY_REASON = "no .bb-env-setup.sh: the workspace was made empty"
-"""Why a setup is skipped in a workspace its provider has just made empty."""
-
-
-class UnknownEnvironment(DomainError):
-    pass
-
-
-class UnknownThread(DomainError):
-    pass
-
-
-@dataclass(frozen=True)
-class RecordedHook:
-    """What the log recorded for one hook operation id: all a host agent may act on."""
-
-    operation_id: str
-    environment_id: str
-    kind: str
-    host_id: str
-    workspace: str | None
-    awaited: bool
-    """Started and its outcome not recorded: the hook may run (or be joined) now."""
-    stoppable: bool
-    """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
-    environment_removed: bool
-    """Its environment is removed: nothing will wait for this operation's outcome again."""
 
 
 @dataclass(frozen=True)
@@ -88,18 +57,18 @@ class Environments(Application[UUID]):
         self._saves = 0
         # Indexes folded from the log, each read on from where it left off (by the one writer).
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
-        self._held: dict[str, _HeldPaths] = {}  # the same claims' live ones, by host
+        self._held: dict[str, HeldPaths] = {}  # the same claims' live ones, by host
         self._unfinished: dict[UUID, None] = {}
         self._requested: set[UUID] = set()
-        self._hook_operations: dict[str, tuple[UUID, str]] = {}
-        self._claims_index = _LogIndex(self, lambda: self._saves, PathClaim, ("Taken", "Retaken", "Released"), self._fold_claim)
-        self._unfinished_index = _LogIndex(self, lambda: self._saves, Environment, ("Claimed", "Removed"), self._fold_unfinished)
-        self._requested_index = _LogIndex(
+        self._hook_operations: dict[str, tuple[UUID, HookKind]] = {}
+        self._claims_index = LogIndex(self, lambda: self._saves, PathClaim, ("Taken", "Retaken", "Released"), self._fold_claim)
+        self._unfinished_index = LogIndex(self, lambda: self._saves, Environment, ("Claimed", "Removed"), self._fold_unfinished)
+        self._requested_index = LogIndex(
             self, lambda: self._saves, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold_requested
         )
-        self._hooks_index = _LogIndex(self, lambda: self._saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
+        self._hooks_index = LogIndex(self, lambda: self._saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
         self._registered: set[UUID] = set()
-        self._registered_index = _LogIndex(self, lambda: self._saves, Thread, ("Registered",), self._fold_registered)
+        self._registered_index = LogIndex(self, lambda: self._saves, Thread, ("Registered",), self._fold_registered)
         self._indexes = (self._claims_index, self._unfinished_index, self._requested_index, self._hooks_index,
                          self._registered_index)
 
@@ -341,7 +310,7 @@ class Environments(Application[UUID]):
             holder = event.environment_id if isinstance(event, PathClaim.Retaken) else None
             self._claims[event.originator_id] = (host_id, path, holder)
         host_id, path, holder = self._claims[event.originator_id]
-        held = self._held.setdefault(host_id, _HeldPaths())
+        held = self._held.setdefault(host_id, HeldPaths())
         if holder is None:
             held.release(path)
         else:
@@ -515,12 +484,12 @@ class Environments(Application[UUID]):
         if started is None:
             return None
         environment_id, kind = started
-        return _recorded(self.environment(environment_id), operation_id, kind)
+        return self.environment(environment_id).hook_record(operation_id, kind)
 
     def _fold_hook(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
         event = self.mapper.to_domain_event(notification) if saved is None else saved
         assert isinstance(event, (Environment.SetupStarted, Environment.TeardownStarted))  # the index reads only these
-        kind = "setup" if isinstance(event, Environment.SetupStarted) else "teardown"
+        kind: HookKind = "setup" if isinstance(event, Environment.SetupStarted) else "teardown"
         self._hook_operations[event.operation_id] = (event.originator_id, kind)
 
     def unfinished_environment_ids(self) -> list[UUID]:
@@ -533,37 +502,6 @@ class Environments(Application[UUID]):
             self._unfinished[_aggregate_id(notification)] = None
         else:
             self._unfinished.pop(_aggregate_id(notification), None)
-
-
-def current_hook(environment: Environment, operation_id: str) -> RecordedHook | None:
-    """What `recorded_hook` answers for the environment's current setup or teardown operation,
-    read off the environment itself: the same answer while `environment` is its latest state (as
-    a command just left it). None for any other id, an earlier attempt's say, which only the log's
-    index knows.
-
-    The hook guard may start the hook on this answer after the log has moved on (HookGuard.to_run),
-    since nothing it checks can have changed meanwhile: `awaited` goes from true to false only
-    through the outcome (or skip) of this same operation, which only the provisioner's own step
-    for the operation records, one step at a time per operation (the step that asks for the
-    hook); host, path and kind never change once the operation started; a cancel (an archived
-    thread, say) changes only `stoppable`, which the guard does not check before a start; a retry
-    gets a new operation id, so an earlier attempt's operation is read from the log. A future
-    event that ends an awaited hook another way (not through its own outcome) must revisit this.
-    """
-    if operation_id == environment.setup_operation_id:
-        return _recorded(environment, operation_id, "setup")
-    if operation_id == environment.teardown_operation_id:
-        return _recorded(environment, operation_id, "teardown")
-    return None
-
-
-def _recorded(environment: Environment, operation_id: str, kind: str) -> RecordedHook:
-    return RecordedHook(
-        operation_id=operation_id, environment_id=str(environment.id), kind=kind, host_id=environment.host_id,
-        workspace=environment.path, awaited=environment.awaits_hook(operation_id),
-        stoppable=environment.may_stop_hook(operation_id),
-        environment_removed=environment.status == EnvironmentStatus.REMOVED,
-    )
 
 
 def _take_recording_step(environment: Environment, empty: bool) -> None:
@@ -582,87 +520,6 @@ def _take_recording_step(environment: Environment, empty: bool) -> None:
             environment.start_setup(environment.setup_operation())
         case SkipSetup(reason):
             environment.skip_setup(reason)
-
-
-class _LogIndex:
-    """Keeps some state up to date from the log's events of a few types, reading only what is new.
-
-    `saves` counts the application's saves: with one writer per store, the log can have grown only
-    by a save of its own, so while the count is unchanged the log is not read at all, and an index
-    that had read the whole log before a save folds that save's events from its recordings, without
-    reading them back (every save changes the count, so otherwise each command's lookup read the log).
-    """
-
-    def __init__(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
-                 event_names: tuple[str, ...], fold: Fold) -> None:
-        self._app = app
-        self._saves = saves
-        self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
-        self._fold = fold
-        self._position = 0
-        self._read_after: int | None = None  # the count of saves when it last read the log
-
-    def catch_up(self) -> None:
-        saves = self._saves()
-        if saves == self._read_after:
-            return
-        new = self._app.recorder.select_notifications(start=self._position + 1, limit=10**9, topics=self._topics)
-        for notification in new:
-            self._fold(notification, None)
-            self._position = notification.id
-        self._read_after = saves
-
-    def saved(self, recordings: list[Recording[UUID]]) -> None:
-        """Fold what the save just counted wrote, if the index had read everything before it; else
-        (never read yet, or behind a save that failed half way) its next `catch_up` reads the log."""
-        saves = self._saves()
-        if self._read_after != saves - 1:
-            return
-        for recording in recordings:
-            notification = recording.notification
-            if notification.topic in self._topics:
-                self._fold(notification, recording.domain_event)
-                self._position = notification.id
-        self._read_after = saves
-
-
-class _HeldPaths:
-    """The held paths of one host, searchable by nesting: a claim looks at the paths around and
-    inside its own, not at every claim (there is one per environment ever placed)."""
-
-    def __init__(self) -> None:
-        self._holders: dict[str, UUID] = {}
-        self._sorted: list[str] = []
-        self._by_root: dict[str, set[str]] = {}  # each held path under the root it is for `_inside`
-
-    def hold(self, path: str, holder: UUID) -> None:
-        if path not in self._holders:
-            bisect.insort(self._sorted, path)
-            self._by_root.setdefault(path.rstrip("/"), set()).add(path)
-        self._holders[path] = holder
-
-    def release(self, path: str) -> None:
-        if self._holders.pop(path, None) is None:
-            return
-        del self._sorted[bisect.bisect_left(self._sorted, path)]
-        self._by_root[path.rstrip("/")].discard(path)
-
-    def overlapping(self, path: str) -> Iterator[tuple[str, UUID]]:
-        """Every held path that `path` is inside, or that is inside `path`, with its holder."""
-        for end, character in enumerate(path):
-            if character == "/":
-                for around in self._by_root.get(path[:end], ()):
-                    yield around, self._holders[around]
-        prefix = path.rstrip("/") + "/"
-        for position in range(bisect.bisect_left(self._sorted, prefix), len(self._sorted)):
-            inner = self._sorted[position]
-            if not _inside(inner, path):
-                return
-            yield inner, self._holders[inner]
-
-
-def _inside(path: str, root: str) -> bool:
-    return path.startswith(root.rstrip("/") + "/")
 
 
 def _aggregate_id(notification: Notification) -> UUID:

@@ -1,0 +1,98 @@
+"""The core's edge for thread events: decode what a publisher sent, check it, hand it to the handlers.
+
+A refused event is logged by subject and reason, never its content (a prompt, a secret), and is
+acknowledged: sending it again would not make it valid. No handler sees a wire struct: each event
+becomes the command the handlers take (handlers/commands.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from nats.aio.msg import Msg
+
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.refusals import refusal_reason
+from bb_environments.bus.wire.thread_events import (
+    EnvironmentIntent,
+    ExistingIntent,
+    InboundThreadMessage,
+    MessageCancelledMessage,
+    ThreadArchivedMessage,
+    ThreadCreatedMessage,
+    ThreadMessageMessage,
+    ThreadUnarchivedMessage,
+    inbound_decoder,
+)
+from bb_environments.domain.errors import DomainError
+from bb_environments.handlers import commands
+from bb_environments.handlers.errors import RequestError
+from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.providers.host.crash_points import crash_point
+
+log = logging.getLogger(__name__)
+
+
+class ThreadEventConsumer:
+    """Handles the batches of one thread partition's in-order consumer, one event at a time."""
+
+    def __init__(self, threads: ThreadHandlers, provisioner: Provisioner) -> None:
+        self._threads = threads
+        self._provisioner = provisioner
+
+    async def handle_batch(self, messages: list[Msg]) -> None:
+        for message in messages:
+            await self.handle(message)
+            crash_point("thread-event-handled")  # before its ack: it is delivered again
+
+    async def handle(self, message: Msg) -> None:
+        subject = subjects.published_subject(message.subject)
+        try:
+            event = inbound_decoder.decode(message.data)
+        except (msgspec.DecodeError, RecursionError) as malformed:  # RecursionError: nested too deep
+            log.warning("refused a thread event on %s: %s", subject, refusal_reason(malformed))
+            return
+        subject_thread = subject.split(".")[2]
+        if subject_thread != event.thread_id:
+            log.warning("refused a thread event on %s: it names thread %s", subject, event.thread_id)
+            return
+        try:
+            environment = await self._threads.handle(thread_command(event))
+        except (RequestError, DomainError) as refused:
+            log.warning("refused a thread event on %s: %s", subject, refused)
+            return
+        if environment is not None:
+            if isinstance(event, ThreadMessageMessage):
+                self._provisioner.note_activity(environment.id)
+            await self._provisioner.drive(environment.id, environment)
+
+
+def intent_command(intent: EnvironmentIntent) -> commands.Intent:
+    """A thread event's intent, as the handlers take it."""
+    if isinstance(intent, ExistingIntent):
+        return commands.ExistingEnvironment(intent.environment_id)
+    host = None if intent.machine is None else intent.machine.host_id
+    return commands.NewEnvironment(intent.environment_provider_id, host, intent.inputs)
+
+
+def thread_command(message: InboundThreadMessage) -> commands.ThreadCommand:
+    """A decoded thread event, as the command the handlers take (the bus's edge: no handler
+    sees a wire struct)."""
+    match message:
+        case ThreadCreatedMessage():
+            return commands.RegisterThread(
+                thread_id=message.thread_id, project_path=message.project_path,
+                parent_thread_id=message.parent_thread_id, host_id=message.host_id,
+                environment=None if message.environment is None else intent_command(message.environment),
+            )
+        case ThreadMessageMessage():
+            return commands.ProvideEnvironment(message.thread_id)
+        case ThreadArchivedMessage():
+            return commands.ArchiveThread(message.thread_id)
+        case ThreadUnarchivedMessage():
+            return commands.UnarchiveThread(message.thread_id)
+        case MessageCancelledMessage():
+            return commands.CancelThreadMessage(message.thread_id)
+    raise TypeError(f"not a thread event: {type(message).__name__}")

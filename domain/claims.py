@@ -1,0 +1,46 @@
+"""The nested-path rule: on one host, no live claim may lie inside or around another."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from uuid import UUID
+
+
+class HeldPaths:
+    """The held paths of one host, searchable by nesting: a claim looks at the paths around and
+    inside its own, not at every claim (there is one per environment ever placed)."""
+
+    def __init__(self) -> None:
+        self._holders: dict[str, UUID] = {}
+        self._sorted: list[str] = []
+        self._by_root: dict[str, set[str]] = {}  # each held path under the root it is for `_inside`
+
+    def hold(self, path: str, holder: UUID) -> None:
+        if path not in self._holders:
+            bisect.insort(self._sorted, path)
+            self._by_root.setdefault(path.rstrip("/"), set()).add(path)
+        self._holders[path] = holder
+
+    def release(self, path: str) -> None:
+        if self._holders.pop(path, None) is None:
+            return
+        del self._sorted[bisect.bisect_left(self._sorted, path)]
+        self._by_root[path.rstrip("/")].discard(path)
+
+    def overlapping(self, path: str) -> Iterator[tuple[str, UUID]]:
+        """Every held path that `path` is inside, or that is inside `path`, with its holder."""
+        for end, character in enumerate(path):
+            if character == "/":
+                for around in self._by_root.get(path[:end], ()):
+                    yield around, self._holders[around]
+        prefix = path.rstrip("/") + "/"
+        for position in range(bisect.bisect_left(self._sorted, prefix), len(self._sorted)):
+            inner = self._sorted[position]
+            if not inside(inner, path):
+                return
+            yield inner, self._holders[inner]
+
+
+def inside(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")

@@ -1,0 +1,44 @@
+"""The values a hook operation is known by, on the core's side and on the host's alike.
+
+Plain values and no event library: a host agent takes what the log recorded of an operation
+(`RecordedHook`) and answers with an outcome (`HookOutcome`) without importing the core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+HookKind = Literal["setup", "teardown"]
+HookOutcomeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "skipped", "interrupted"]
+"""How one run of a hook ended (the environment's own view of its hook is domain.status.HookStatus)."""
+
+SCRIPT_NAMES: dict[HookKind, str] = {"setup": ".bb-env-setup.sh", "teardown": ".bb-env-teardown.sh"}
+
+MADE_EMPTY_REASON = "no .bb-env-setup.sh: the workspace was made empty"
+"""Why a setup is skipped in a workspace its provider has just made empty."""
+
+
+class HookOutcome(msgspec.Struct, frozen=True):
+    status: HookOutcomeStatus
+    exit_code: int | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordedHook:
+    """What the log recorded for one hook operation id: all a host agent may act on."""
+
+    operation_id: str
+    environment_id: str
+    kind: HookKind
+    host_id: str
+    workspace: str | None
+    awaited: bool
+    """Started and its outcome not recorded: the hook may run (or be joined) now."""
+    stoppable: bool
+    """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
+    environment_removed: bool
+    """Its environment is removed: nothing will wait for this operation's outcome again."""
