@@ -1,18 +1,32 @@
-"""The service's core, built one way for `bb serve` and for the tests that run it in process.
+"""The core replica's composition root: built one way for `bb serve`, the tests and the benches.
 
 The core is the event store, its writer (`Store`), the read models, the providers' placement, the
-thread handlers, the provisioner and the API's handlers. It reaches the bus only through the ports
-it is given, so `bb serve` wires NATS around it (serve.py) and a test its stand-ins.
+thread handlers, the provisioner and the API's handlers (`build_core`). It reaches the bus only
+through the ports it is given, so a test hands it stand-ins; `bb serve` hands it NATS and adds the
+core's loops on the bus (`relay_of`, `core_workers`). The host agent is composed apart
+(entrypoints/agent.py), so that it can run without any of this.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from bb_environments.bus.core.log_follower import LogFollower, TranscriptFollower
 from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
+from bb_environments.bus.core.sweep import sweep_forever
+from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
+from bb_environments.bus.health import BusHealth
+from bb_environments.bus.jetstream import consume
+from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.config import Settings, event_store_environment, event_store_file
 from bb_environments.handlers.api import Api
@@ -61,8 +75,8 @@ class Core:
     api: Api
 
 
-async def bootstrap(settings: Settings, registry: ProviderRegistry, ports: Ports,
-                    started: contextlib.AsyncExitStack) -> Core:
+async def build_core(settings: Settings, registry: ProviderRegistry, ports: Ports,
+                     started: contextlib.AsyncExitStack) -> Core:
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
     def grace_for(provider_id: str) -> int | None:
@@ -91,3 +105,35 @@ async def bootstrap(settings: Settings, registry: ProviderRegistry, ports: Ports
     api = Api(store, read_model, placer, threads, provisioner, settings.host_id, ports.stream_position,
               ports.publish_thread_message, lambda: LogReader(app))
     return Core(app, store, read_model, damage, placer, threads, provisioner, api)
+
+
+def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth) -> OutboxRelay:
+    """The outbox relay of the core's store onto the environments stream, woken by every save."""
+    log_reader = LogReader(core.app)
+    relay = OutboxRelay(js, AckedPublisher(nc), lambda after: core.store.read_log(log_reader.page, after),
+                        lambda ids: core.store.read_log(log_reader.at, ids), health=health)
+    loop = asyncio.get_running_loop()
+    core.app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
+    return relay
+
+
+def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: BusHealth,
+                 settings: Settings) -> list[Coroutine[Any, Any, None]]:
+    """The core's loops on the bus: the relay, the log and transcript followers, one in-order
+    consumer per thread partition, and the sweep."""
+    follower = LogFollower(core.store, LogReader(core.app), core.read_model, core.provisioner)
+    thread_events = ThreadEventConsumer(core.threads, core.provisioner)
+    return [
+        relay.run(),
+        consume(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER, subjects.LOG_EVENTS,
+                follower.handle_batch, health),
+        consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS,
+                TranscriptFollower(core.read_model).handle_batch, health),
+        # A thread's events are handled in the order they were sent, one at a time, by its
+        # partition's consumer; the partitions run side by side.
+        *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
+                  subjects.thread_partition(partition), thread_events.handle_batch, health, in_order=True)
+          for partition in range(subjects.THREAD_PARTITIONS)),
+        sweep_forever(relay.caught_up, core.threads, core.provisioner, js, core.read_model,
+                      settings.removed_retention_s, settings.sweep_interval_s),
+    ]

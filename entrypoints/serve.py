@@ -1,4 +1,9 @@
-"""`bb serve`: the composition root that wires the service together and runs it."""
+"""`bb serve`: one core replica and its host's agent in one process, on an embedded or external NATS.
+
+This module holds what a running service needs around the two: the locks on its data dir and
+store, the embedded nats-server, one connection per user, the server file and the signals. What
+the core is made of is entrypoints/bootstrap.py's; what the agent is made of, entrypoints/agent.py's.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,12 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import msgspec
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
-from bb_environments.bus.wire import subjects
 from bb_environments.bus.access import (
     SERVICE_INBOX_PREFIX,
     SERVICE_USER,
@@ -31,22 +30,16 @@ from bb_environments.bus.access import (
 )
 from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
-from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
-from bb_environments.bus.wire.documents import EnvironmentEvent
-from bb_environments.bus.wire.thread_events import ThreadMessageMessage
-from bb_environments.bus.wire.transcript_lines import TranscriptLine
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.agent.host_agent import HostAgent
 from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
 from bb_environments.bus.jetstream import (
-    ConnectOptions, connect, consume, ensure_streams, ensure_thread_partition_consumers, retire_provisioner_consumer)
-from bb_environments.bus.core.log_reader import LogReader
-from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
-from bb_environments.bus.core.trusted_log import TrustedLog
-from bb_environments.bus.core.transcript_retention import forget_removed_transcripts
+    ConnectOptions, connect, ensure_streams, ensure_thread_partition_consumers, retire_provisioner_consumer)
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.entrypoints.bootstrap import Core, Ports, StoreUnusable, bootstrap
+from bb_environments.bus.core.log_follower import restore_read_models
+from bb_environments.bus.core.thread_messages import StreamPorts
+from bb_environments.entrypoints.agent import keep_hook_records, start_host_agent
+from bb_environments.entrypoints.bootstrap import Ports, StoreUnusable, build_core, core_workers, relay_of
 from bb_environments.entrypoints.config import (
     SERVE_LOCK,
     SERVER_FILE,
@@ -57,15 +50,11 @@ from bb_environments.entrypoints.config import (
     ServerInfo,
     Settings,
     event_store_file,
-    hook_record_sync,
     nats_credentials,
     read_server_file,
     url_without_credentials,
 )
 from bb_environments.handlers.store import StoreLedger
-from bb_environments.hooks.runner import HookRunner
-from bb_environments.projections.read_model import Applied, View
-from bb_environments.projections.views import TranscriptEntry
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.registry import ProviderRegistry
 
@@ -201,96 +190,20 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await ensure_thread_partition_consumers(js)
     await retire_provisioner_consumer(js)
 
-    async def stream_position() -> int:
-        info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
-        return info.state.last_seq
-
-    async def publish_thread_message(thread_id: str, text: str, occurred_at: datetime) -> None:
-        message = ThreadMessageMessage(thread_id=thread_id, text=text, occurred_at=occurred_at)
-        # One first message per thread, even when a spawn is sent again: within the duplicate
-        # window the stream drops the copy, and after it the stream still holds the first.
-        subject = subjects.thread_event(message.thread_id, "message")
-        try:
-            await js.get_last_msg(subjects.THREADS_STREAM, subject)
-            return
-        except NotFoundError:
-            pass
-        await js.publish(subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
-
     hooks = LocalFirstHooks(settings.host_id, HostAgentClient(nc, health=health))
-    core = await bootstrap(
+    stream = StreamPorts(js)
+    core = await build_core(
         settings, ProviderRegistry.from_entry_points(settings.extra_providers),
-        Ports(hooks, TranscriptPublisher(nc, loop, health=health), stream_position,
-              publish_thread_message),
+        Ports(hooks, TranscriptPublisher(nc, loop, health=health), stream.stream_position,
+              stream.publish_thread_message),
         started,
     )
-    app, store, read_model, threads, provisioner = core.app, core.store, core.read_model, core.threads, core.provisioner
-    host_agent = HostAgent(agent_nc, HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync()),
-                           settings.host_id, TranscriptPublisher(agent_nc, loop, health=health), StoreLedger(store),
-                           health=health)
+    host_agent = await start_host_agent(settings, agent_nc, StoreLedger(core.store), health, started)
     hooks.attach(host_agent)
-    agent_service = await host_agent.start()
-    started.push_async_callback(host_agent.stop)
-    started.push_async_callback(agent_service.stop)
-    log_reader = LogReader(app)
-    relay = OutboxRelay(js, AckedPublisher(nc), lambda after: store.read_log(log_reader.page, after),
-                        lambda ids: store.read_log(log_reader.at, ids), health=health)
-    app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
-
-    # One consumer of the whole log feeds the read model and then the provisioner: a second one for
-    # the provisioner had every environment event delivered, checked and acknowledged twice.
-    log_check = TrustedLog(lambda ids: store.read_log(log_reader.at, ids), subjects.LOG_CONSUMER)
-
-    async def fill_gap(after: int, upto: int) -> list[tuple[int, View]]:
-        return await store.read_log(log_reader.between, after, upto)
-
-    async def follow_log(messages: list[Msg]) -> None:
-        admitted = await log_check.admit(messages)
-        await read_model.apply(
-            [Applied(a.logged.notification_id, a.message.metadata.sequence.stream, a.logged.view) for a in admitted],
-            fill_gap,
-        )
-        latest: dict[str, int] = {}
-        for a in admitted:
-            if isinstance(event := a.logged.document, EnvironmentEvent):
-                latest[event.environment_id] = max(event.version, latest.get(event.environment_id, 0))
-        # One environment that cannot be driven now holds up none of the others; the batch is then
-        # delivered again (the read model keeps what it applied) and the failed ones driven again.
-        failures = []
-        for environment_id, version in latest.items():
-            try:
-                await provisioner.catch_up(UUID(environment_id), version)
-            except Exception as failure:
-                failures.append(failure)
-        if failures:
-            raise failures[0]
-
-    async def store_transcript(messages: list[Msg]) -> None:
-        await read_model.add_transcript([_transcript_entry(m.metadata.sequence.stream, m.data) for m in messages])
-
-    async def sweep_forever() -> None:
-        await relay.caught_up.wait()
-        while True:
-            await threads.resume_waiting()
-            await provisioner.sweep()
-            await host_agent.forget_removed(settings.removed_retention_s)
-            await forget_removed_transcripts(js, read_model, settings.removed_retention_s)
-            await asyncio.sleep(settings.sweep_interval_s)
-
-    thread_events = ThreadEventConsumer(threads, provisioner)
-    await _restore_read_models(core, js)
-    workers: list[Coroutine[Any, Any, None]] = [
-        relay.run(),
-        consume(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER, subjects.LOG_EVENTS, follow_log, health),
-        consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS, store_transcript, health),
-        # A thread's events are handled in the order they were sent, one at a time, by its
-        # partition's consumer; the partitions run side by side.
-        *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
-                  subjects.thread_partition(partition), thread_events.handle_batch, health, in_order=True)
-          for partition in range(subjects.THREAD_PARTITIONS)),
-        sweep_forever(),
-    ]
-    tasks = [asyncio.create_task(w) for w in workers]
+    relay = relay_of(core, js, nc, health)
+    await restore_read_models(core.app, core.store, core.read_model, core.read_model_damage, core.api, js)
+    tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings),
+                                               keep_hook_records(host_agent, settings))]
     started.push_async_callback(_cancel, tasks)
 
     service = await start_api(nc, ApiEdge(core.api, nc.max_payload).endpoints(), translate_error)
@@ -326,23 +239,6 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
     await asyncio.wait(tasks, timeout=5)
 
 
-async def _restore_read_models(core: Core, js: JetStreamContext) -> None:
-    """Read models lost, emptied or set aside as damaged are rebuilt from the log before anything
-    reads them, in one line of the log."""
-    damage = core.read_model_damage
-    if core.read_model.position > 0 or not await core.store.read_log(core.app.head):
-        if damage:
-            log.warning("%s; the event log is empty, so the read models start empty", damage)
-        return
-    # The transcript tails are not in the log: their consumer starts over from the stream's start.
-    # Deleted first: a crash after the rebuild would leave no sign that it is still to be done.
-    with contextlib.suppress(NotFoundError):
-        await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER)
-    counts = await core.api.replay()
-    log.warning("%s; rebuilt them from the log: %d events, %d environments, %d threads",
-                damage or "the read models were empty", counts.events, counts.environments, counts.threads)
-
-
 async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
     stopping = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -350,8 +246,3 @@ async def _until_stopped_or_failed(stop: asyncio.Event, tasks: list[asyncio.Task
     for task in done:
         if task is not stopping and (failure := task.exception()) is not None:
             raise failure
-
-
-def _transcript_entry(sequence: int, data: bytes) -> TranscriptEntry:
-    line = msgspec.json.decode(data, type=TranscriptLine)
-    return TranscriptEntry(sequence, line.environment_id, line.kind == "step", line.text)

@@ -42,7 +42,7 @@ from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.environment import Environment
-from bb_environments.entrypoints.bootstrap import Ports, bootstrap
+from bb_environments.entrypoints.bootstrap import Ports, build_core
 from bb_environments.entrypoints.config import REMOVED_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.hooks.runner import HookRunner
@@ -269,7 +269,7 @@ class ServiceWorld(Loop):
     def _open(self) -> None:
         self._started = contextlib.AsyncExitStack()
         # The core as `bb serve` builds it; its ports to the bus go through the edge of NATS.
-        core = self.run(bootstrap(world_settings(self.data_dir), self.registry, Ports(
+        core = self.run(build_core(world_settings(self.data_dir), self.registry, Ports(
             HostAgentClient(self.nats), TranscriptPublisher(self.nats, self.loop), self._stream_position,
             self._publish_thread_message,
         ), self._started))
