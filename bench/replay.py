@@ -36,7 +36,7 @@ from common import Figure, table
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.thread import Thread
-from bb_environments.entrypoints.config import event_store_environment
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.projections.read_model import ReadModel
 
 IN_FLIGHT = 48

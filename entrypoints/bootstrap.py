@@ -28,7 +28,8 @@ from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import consume
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments
-from bb_environments.entrypoints.config import Settings, event_store_environment, event_store_file
+from bb_environments.entrypoints.config import Settings, event_store_file
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.ports import Hooks, Transcript

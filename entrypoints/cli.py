@@ -19,7 +19,7 @@ import msgspec
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
-from bb_environments.bus.api_client.service_errors import AnswerLost, ServiceError, unreachable
+from bb_environments.bus.wire.service_errors import AnswerLost, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.ids import ID_PATTERN, quoted
 from bb_environments.entrypoints.cli_support import (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bb_environments.bus.api_client.service_errors import ServiceError
+from bb_environments.bus.wire.service_errors import ServiceError
 from bb_environments.entrypoints.config import ConfigError
 from bb_environments.handlers.errors import EXIT_CODES, one_line
 

@@ -120,48 +120,18 @@ def url_without_credentials(url: str) -> str:
     return parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
 
 
-def event_store_environment(url: str) -> dict[str, str]:
-    """The eventsourcing library's settings for `sqlite:///path` or `postgresql://...`."""
-    from pathlib import Path
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(url)
-    if parsed.scheme == "sqlite":
-        path = Path(unquote(parsed.path))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # The log holds environment inputs and thread ids: its owner's only, wherever it lives.
-        path.touch(mode=0o600, exist_ok=True)
-        os.chmod(path, 0o600)
-        # eventsourcing's SQLite module, with the fsync level BB_EVENT_STORE_SYNC chooses (see there);
-        # imported only here, since it loads eventsourcing, which no `bb` command but serve needs.
-        from bb_environments.entrypoints import sqlite_event_store
-
-        return {"PERSISTENCE_MODULE": f"{sqlite_event_store.__name__}:Factory", "SQLITE_DBNAME": str(path),
-                sqlite_event_store.SQLITE_SYNCHRONOUS: _sync_level("BB_EVENT_STORE_SYNC", sqlite_event_store.SYNC_LEVELS)}
-    if parsed.scheme in ("postgres", "postgresql"):
-        return {
-            "PERSISTENCE_MODULE": "eventsourcing.postgres",
-            "POSTGRES_DBNAME": parsed.path.lstrip("/"),
-            "POSTGRES_HOST": parsed.hostname or "127.0.0.1",
-            "POSTGRES_PORT": str(parsed.port or 5432),
-            "POSTGRES_USER": unquote(parsed.username or ""),
-            "POSTGRES_PASSWORD": unquote(parsed.password or ""),
-        }
-    raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
-
-
 def hook_record_sync() -> "SyncLevel":
     """BB_HOOK_RECORD_SYNC: how the hook records survive the machine going down (hooks/records.py)."""
     # Imported only here, like the event store's module: no `bb` command but serve runs hooks.
     from bb_environments.hooks import records
 
-    return _sync_level("BB_HOOK_RECORD_SYNC", records.SYNC_LEVELS)
+    return sync_level("BB_HOOK_RECORD_SYNC", records.SYNC_LEVELS)
 
 
 Level = TypeVar("Level", bound=str)
 
 
-def _sync_level(variable: str, levels: tuple[Level, ...]) -> Level:
+def sync_level(variable: str, levels: tuple[Level, ...]) -> Level:
     """`normal` (the default: safe after a kill -9, not after a power loss) or `full`."""
     level = (os.environ.get(variable) or "normal").strip().lower()
     for allowed in levels:

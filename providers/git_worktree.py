@@ -38,7 +38,7 @@ from bb_environments.providers.contract import (
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
 from bb_environments.providers.host.processes import command_lines, kill_and_wait
-from bb_environments.providers.host.workspace_files import (
+from bb_environments.providers.workspace_files import (
     delete_tree,
     is_strictly_inside,
     remove_if_empty,

@@ -24,7 +24,7 @@ from bb_environments.providers.contract import (
     Requires,
     translate_errors,
 )
-from bb_environments.providers.host.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
+from bb_environments.providers.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
 
 
 class PersonalWorkspaceProvider:

@@ -20,7 +20,7 @@ from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
 from bb_environments.bus.api_client.processes import pid_alive
-from bb_environments.bus.api_client.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from bb_environments.bus.api_client.service_errors import ServiceError, unreachable
+from bb_environments.bus.wire.service_errors import ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
 
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"

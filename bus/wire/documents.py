@@ -3,7 +3,7 @@
 Stored event classes are not public. Each one is mapped to a stable document by `@publishes`, one
 registry keyed by the domain event class: renaming a Python class never breaks a subscriber or an
 old log, and an event without a document is found by a unit test, not by the relay. A document's
-docstring says when it happens; `python -m bb_environments.bus.wire.catalog --write` makes docs/events.md, the JSON
+docstring says when it happens; `python -m bb_environments.entrypoints.catalog --write` makes docs/events.md, the JSON
 Schemas and the AsyncAPI document from these structs.
 
 The bytes of a document are part of the log's identity on the bus (the relay compares stream

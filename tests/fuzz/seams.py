@@ -43,7 +43,8 @@ from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, build_core
-from bb_environments.entrypoints.config import REMOVED_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings, event_store_environment
+from bb_environments.entrypoints.config import REMOVED_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry

@@ -11,7 +11,7 @@ import pytest
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import EnvironmentRef
-from bb_environments.bus.api_client.service_errors import ServiceError
+from bb_environments.bus.wire.service_errors import ServiceError
 from tests.integration.conftest import Service, service_environment
 
 

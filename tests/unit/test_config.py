@@ -8,10 +8,10 @@ from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.config import (
     ConfigError,
     Settings,
-    event_store_environment,
     hook_record_sync,
     url_without_credentials,
 )
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.store import Store
 
 

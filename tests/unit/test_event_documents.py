@@ -22,7 +22,7 @@ from eventsourcing.domain import Aggregate, CommandMethodDecorator
 from eventsourcing.persistence import StoredEvent
 
 import bb_environments.domain as domain
-from bb_environments.bus.wire import catalog
+from bb_environments.entrypoints import catalog
 from bb_environments.bus.wire.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
@@ -198,4 +198,4 @@ def test_every_event_is_in_the_catalog():
 
 
 def test_the_committed_catalog_is_the_generated_one():
-    assert catalog.differences() == [], "run `python -m bb_environments.bus.wire.catalog --write` and commit docs/"
+    assert catalog.differences() == [], "run `python -m bb_environments.entrypoints.catalog --write` and commit docs/"

@@ -15,7 +15,7 @@ from eventsourcing.persistence import MapperDeserialisationError, StoredEvent
 
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
-from bb_environments.entrypoints.config import event_store_environment
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.projections.fold import EventDecoder, fold
 from tests.unit.test_event_documents import ALL_EVENTS, record_every_event
 

@@ -42,7 +42,7 @@ def test_what_is_not_a_users_seed_is_refused(text, why):
 def test_a_damaged_seed_file_ends_the_command_naming_the_file_before_any_connection(tmp_path):
     # A hand-edited operator.nk, or a public key written in its place: nothing is sent anywhere.
     from bb_environments.bus.api_client.blocking_client import BlockingApiClient
-    from bb_environments.bus.api_client.service_errors import ServiceError
+    from bb_environments.bus.wire.service_errors import ServiceError
 
     seed_file = tmp_path / "operator.nk"
     seed_file.write_bytes(nkeys.from_seed(bytearray(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))).public_key)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bb_environments.domain.errors import UnknownThread
 from bb_environments.handlers.application import Environments
-from bb_environments.entrypoints.config import event_store_environment
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.store import Store
 
 

@@ -1,0 +1,60 @@
+"""The house's arrows point inwards, and a host agent can be loaded without the core.
+
+`.ci/imports.py` reads the package as installed; these tests hold the tree to its rules and show
+that the rules catch an arrow pointing the wrong way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def import_graph() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / ".ci" / "imports.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_arrow_of_the_installed_package_points_the_wrong_way():
+    graph = import_graph()
+    assert graph.wrong_way(graph.graph()) == []
+
+
+def test_the_rules_catch_the_domain_importing_the_service_layer_and_the_agent_loading_the_core():
+    graph = import_graph()
+    edges = graph.graph()
+    edges["bb_environments.domain.environment"].add("bb_environments.handlers.application")
+    edges["bb_environments.entrypoints.agent"].add("bb_environments.projections.read_model")
+    faults = graph.wrong_way(edges)
+    assert "bb_environments.domain.environment -> bb_environments.handlers.application: " \
+           "domain may not import handlers" in faults
+    assert any(f.startswith("bb_environments.entrypoints.agent loads bb_environments.projections.read_model")
+               for f in faults)
+    assert any("loads the library eventsourcing" in f for f in faults)  # through the read model's fold
+
+
+def test_the_command_prints_the_layers_and_exits_0_when_every_arrow_points_inwards():
+    shown = subprocess.run([sys.executable, str(ROOT / ".ci" / "imports.py")], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert any(line.startswith("handlers -> domain (") for line in shown.stdout.splitlines()), shown.stdout
+    checked = subprocess.run([sys.executable, str(ROOT / ".ci" / "imports.py"), "--check"], capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stdout.startswith("no arrow points the wrong way"), checked.stdout
+
+
+def test_loading_the_host_agent_loads_no_event_store_read_model_or_service_layer():
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, bb_environments.entrypoints.agent; print('\\n'.join(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    core = [m for m in loaded if m.split(".")[0] in ("eventsourcing", "aiosqlite")
+            or m.startswith(("bb_environments.handlers", "bb_environments.projections", "bb_environments.bus.core"))]
+    assert core == []
+    assert "bb_environments.bus.agent.host_agent" in loaded and "bb_environments.hooks.runner" in loaded
