@@ -21,7 +21,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import MAX_PAGE, EnvironmentRef, ListEnvironments, ListThreads, Nothing, Request, SpawnThread, ThreadRef
 from bb_environments.bus.api_client.service_errors import AnswerLost, ServiceError, unreachable
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.domain.ids import ID_PATTERN, quoted
+from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
 from bb_environments.entrypoints.cli_support import (
     Failure, LazyGroup, Seconds, emit, event_loop, fail, json_option, print_table, run_cli, run_command, stderr, stdout,
 )
@@ -179,11 +179,17 @@ def environment_id_argument(value: str) -> str:
 
 
 def id_argument(what: str, value: str) -> str:
-    """A thread or host id, checked as the service checks it: a malformed one is the caller's to
-    fix (exit 2) whether the service is up or not, as a malformed environment id is."""
+    """A thread id, checked as the service checks it: a malformed one is the caller's to fix (exit
+    2) whether the service is up or not, as a malformed environment id is."""
     if not re.match(ID_PATTERN, value):
-        raise Failure("invalid_input", f"{what} {quoted(value)} is not allowed: use 1-128 letters, digits, '-' or '_', "
-                                       "starting with a letter or digit")
+        raise Failure("invalid_input", f"{what} {quoted(value)} is not allowed: use {ID_RULE}")
+    return value
+
+
+def host_id_argument(value: str) -> str:
+    """A host id, checked as `id_argument` checks a thread id."""
+    if not re.match(HOST_ID_PATTERN, value):
+        raise Failure("invalid_input", f"host id {quoted(value)} is not allowed: use {HOST_ID_RULE}")
     return value
 
 
@@ -353,9 +359,11 @@ async def thread_spawn(settings: Settings, provider: str | None, inputs_text: st
     if inputs_text is not None and provider is None:
         raise Failure("invalid_input", "--environment-inputs needs --environment-provider")
     inputs = _parse_inputs(inputs_text)
-    for what, value in (("thread id", thread_id), ("parent thread id", parent), ("host id", host)):
+    for what, value in (("thread id", thread_id), ("parent thread id", parent)):
         if value is not None:  # an empty one too: `--thread-id "$UNSET"` is a mistake, not "pick one"
             id_argument(what, value)
+    if host is not None:
+        host_id_argument(host)
     # Named here rather than by the service, so that a spawn whose answer was lost can be looked up,
     # and sent again as it is: the service answers a repeated spawn as it answered the first.
     from uuid import uuid4
