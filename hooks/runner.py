@@ -67,12 +67,10 @@ from bb_environments.hooks.records import (
     HookRecord,
     HookRecords,
     SyncLevel,
-    is_same_process,
-    kill_recorded_group,
     now_iso,
-    signal_recorded_process,
 )
 from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.processes import is_same_process, kill_recorded_group, signal_recorded_process
 from bb_environments.providers.host.withheld import without_secrets
 
 log = logging.getLogger(__name__)
