@@ -15,7 +15,7 @@ import msgspec
 
 from bb_environments.bus.access import check_host_id, write_private_file
 
-if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli.py)
+if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli/connection.py)
     import logging
     from pathlib import Path
 

@@ -24,7 +24,7 @@ from hypothesis import example, given
 
 from bb_environments.domain.ids import HOST_ID_PATTERN, ID_PATTERN
 from bb_environments.entrypoints.cli import cli
-from bb_environments.entrypoints.cli_support import run_cli
+from bb_environments.entrypoints.cli.support import run_cli
 from tests.fuzz.seams import files_under, fuzz_settings, one_sentence, working_directory
 from tests.fuzz.strategies import Invocation, cli_invocations
 

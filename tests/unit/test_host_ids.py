@@ -5,7 +5,7 @@ from collections.abc import Callable
 import pytest
 
 from bb_environments.bus.access import check_host_id
-from bb_environments.entrypoints.cli import Failure, host_id_argument
+from bb_environments.entrypoints.cli.support import Failure, host_id_argument
 from bb_environments.entrypoints.config import ConfigError, Settings
 
 
