@@ -177,6 +177,5 @@ class LauncherClient:
                 process.wait()
 
 
-
 def _has_exited(pidfd: int) -> bool:
     return bool(select.select([pidfd], [], [], 0)[0])

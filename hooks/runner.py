@@ -423,7 +423,6 @@ def _close_untaken(begun: _Begun) -> None:
     begun.add_done_callback(close)
 
 
-
 def _read_from(path: Path, offset: int) -> bytes:
     try:
         with path.open("rb") as file:

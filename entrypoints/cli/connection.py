@@ -150,7 +150,6 @@ def listing(settings: Settings, area: str, verb: str, request: ListEnvironments 
             gc.enable()
 
 
-
 def sendable(request: R) -> R:
     """The request, if JSON can carry it: an argument that is not UTF-8 (bytes of a file name, say)
     is refused naming it, rather than failing the encoding on the way out."""

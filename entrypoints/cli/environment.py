@@ -89,8 +89,6 @@ def _print_environment(e: dict[str, Any]) -> None:
         stdout.print(f"  │ {one_line(line)}", markup=False)
 
 
-
-
 _environment_command("show", "Show one environment, with the tail of its transcript.", _print_environment)
 _environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", print_accepted)
 _environment_command("retry", "Retry a failed create, or re-run a failed setup in the same workspace.", print_accepted)

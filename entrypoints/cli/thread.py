@@ -35,7 +35,6 @@ TERMINAL_FOR_WAIT = {
 """The statuses `thread spawn --wait` stops at, with its exit code for each."""
 
 
-
 @click.group("thread")
 def thread_group() -> None:
     """Spawn and manage threads."""
