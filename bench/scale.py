@@ -195,7 +195,7 @@ def _quietly(argv: list[str]) -> None:
 def editable_label() -> str:
     """What the editable install of this venv runs: whether this tree's modules start from cached
     bytecode, or are compiled at every start (PYTHONDONTWRITEBYTECODE set and no cache yet)."""
-    cached = Path(importlib.util.cache_from_source(str(ROOT / "entrypoints" / "cli.py"))).exists()
+    cached = Path(importlib.util.cache_from_source(str(ROOT / "entrypoints" / "cli" / "__init__.py"))).exists()
     if cached or not sys.flags.dont_write_bytecode:
         return "editable install (`pip install -e`)"
     return "editable install (`pip install -e`), this tree's modules compiled at every start (PYTHONDONTWRITEBYTECODE)"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bb_environments.bus.wire import subjects
-from bb_environments.domain.ids import quoted
+from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, quoted
 
 if TYPE_CHECKING:  # every `bb` command loads this module, and none that only sends requests needs pathlib
     from pathlib import Path
@@ -41,7 +41,7 @@ SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.RETIRED_PROVISIONER_CONSUME
 READABLE_STREAMS = {subjects.ENVIRONMENTS_STREAM: subjects.LOG_ENVIRONMENT_EVENTS,
                     subjects.TRANSCRIPTS_STREAM: subjects.TRANSCRIPT_EVENTS}
 
-_HOST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_HOST_ID = re.compile(HOST_ID_PATTERN)
 
 
 class Permissions(msgspec.Struct, omit_defaults=True):
@@ -63,7 +63,7 @@ def host_agent_inbox_prefix(host_id: str) -> str:
 def check_host_id(host_id: str) -> str:
     """A host id is one subject token and part of a file name."""
     if not _HOST_ID.match(host_id):
-        raise ValueError(f"host id {quoted(host_id)} is not allowed: use 1-64 letters, digits, '-' or '_'")
+        raise ValueError(f"host id {quoted(host_id)} is not allowed: use {HOST_ID_RULE}")
     return host_id
 
 

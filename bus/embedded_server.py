@@ -24,9 +24,8 @@ from pathlib import Path
 
 import msgspec
 
-from bb_environments.bus.api_client.processes import pid_alive
 from bb_environments.providers.host.file_lock import FileLock
-from bb_environments.providers.host.processes import command_line_of, command_lines
+from bb_environments.providers.host.processes import command_line_of, command_lines, pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,13 @@ CLI checks an id with it before it sends anything, without loading the domain.""
 
 # (?!\n): Python's `$` also matches before a trailing newline; JSON Schema's does not.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(?!\n)$"
-"""Thread and host ids: one subject token and part of a file name."""
+"""Thread ids: one subject token and part of a file name."""
+ID_RULE = "1-128 letters, digits, '-' or '_', starting with a letter or digit"
+
+HOST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(?!\n)$"
+"""Host ids: at most 64 characters (SPEC 7.1), starting as a thread id does. The one rule of every
+checker: a host id that config let through and placement refused made every spawn on it invalid."""
+HOST_ID_RULE = "1-64 letters, digits, '-' or '_', starting with a letter or digit"
 
 QUOTED_LENGTH = 100
 

@@ -1,4 +1,4 @@
-"""The `bb` console script: entrypoints/cli.py's command line, with the garbage collector kept out
+"""The `bb` console script: entrypoints/cli/'s command line, with the garbage collector kept out
 of the imports and of the exit.
 
 A `bb` command that sends one request spends most of its life importing (click, msgspec, the

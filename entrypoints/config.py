@@ -15,7 +15,7 @@ import msgspec
 
 from bb_environments.bus.access import check_host_id, write_private_file
 
-if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli.py)
+if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli/connection.py)
     import logging
     from pathlib import Path
 
@@ -235,7 +235,7 @@ class Holder(msgspec.Struct, rename="camel"):
 def serving(data_dir: "Path") -> Holder | None:
     """The `bb serve` holding `data_dir`, as its lock recorded it, while that pid lives."""
     # Imported here: `bb` asks only when server.json is unusable.
-    from bb_environments.bus.api_client.processes import pid_alive
+    from bb_environments.providers.host.processes import pid_alive
     from bb_environments.providers.host.file_lock import read_holder
 
     holder = read_holder(data_dir / SERVE_LOCK, Holder)

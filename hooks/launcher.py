@@ -30,7 +30,7 @@ import socket
 
 from bb_environments.hooks import supervisor
 from bb_environments.hooks.protocol import FrameReader, SupervisorRequest, receive_request, send_frame
-from bb_environments.hooks.records import start_ticks_of_child
+from bb_environments.providers.host.processes import start_ticks_of_child
 
 
 def serve_launcher(channel_fd: int) -> None:

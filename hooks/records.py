@@ -13,9 +13,8 @@ Standard library only: the supervisor and its launcher import this module.
 Retention: an operation's files are deleted (`delete`) once the log says nothing will ask for them
 again (see ledger.forget_removed); a record still unfinished on disk is never offered for that.
 
-A recorded process is identified by its pid together with its start time (field 22 of
-`/proc/<pid>/stat`, in clock ticks since boot). A pid whose current start time differs is a
-different process and is never signalled.
+A recorded process (its supervisor, its script) is named by its pid and start time, and is known
+again, signalled or killed with its group through providers/host/processes.py.
 
 A supervisor whose outcome the disk refuses for lack of space holds it instead (`HeldOutcome`):
 it listens on the operation's outcome address, a Unix socket in the abstract namespace (no file,
@@ -31,7 +30,6 @@ import hashlib
 import json
 import os
 import select
-import signal
 import socket
 import stat
 import struct
@@ -43,14 +41,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from bb_environments.providers.host.processes import is_same_process
+
 if TYPE_CHECKING:  # the launcher imports this module without site-packages: names for the checker only
     from bb_environments.domain.hook_operations import HookKind, HookOutcomeStatus
 
 SyncLevel = Literal["normal", "full"]
 SYNC_LEVELS: tuple[SyncLevel, ...] = ("normal", "full")
 
-GROUP_EXIT_POLL_S = 0.025
-GROUP_EXIT_WAIT_S = 4.0
 # Refusals that time cures (space freed on the disk, or under the quota): worth retrying forever.
 OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 HELD_OUTCOME_TIMEOUT_S = 1.0
@@ -305,99 +303,3 @@ class HeldOutcome:
     def close(self) -> None:
         if self._listener is not None:
             self._listener.close()
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat from field 3 (state) on; None if there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
-    return text[text.rindex(")") + 2 :].split()
-
-
-def start_ticks_of_child(pid: int) -> int | None:
-    """The start time of an unreaped child, even one that already exited (a zombie).
-
-    Only its parent can ask this safely: until the parent reaps it, the pid cannot be reused.
-    """
-    fields = _stat_fields(pid)
-    return None if fields is None else int(fields[19])
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The start time of a running (non-zombie) process, or None when it is gone."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
-def is_same_process(pid: int | None, started_at: int | None) -> bool:
-    return pid is not None and started_at is not None and process_start_ticks(pid) == started_at
-
-
-def group_has_live_members(pgid: int) -> bool:
-    # Scans /proc instead of `killpg(pgid, 0)`: zombies still count for killpg, and a container
-    # whose init never reaps orphans would keep a dead group "alive" forever.
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            return True
-    return False
-
-
-def kill_group_and_wait(pgid: int, wait_s: float = GROUP_EXIT_WAIT_S) -> bool:
-    """SIGKILL a process group and wait until no live member remains; True if confirmed gone."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return True
-    deadline = time.monotonic() + wait_s
-    while group_has_live_members(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(GROUP_EXIT_POLL_S)
-    return True
-
-
-def kill_recorded_group(leader_pid: int | None, leader_started_at: int | None) -> bool:
-    """Kill the group a recorded script leads, never a group that a reused pid now leads.
-
-    True when the group is confirmed gone (or never existed).
-    """
-    if leader_pid is None:
-        return True
-    if process_start_ticks(leader_pid) is not None:
-        if not is_same_process(leader_pid, leader_started_at):
-            return True
-        return kill_group_and_wait(leader_pid)
-    # The leader is gone but members may linger. While any member lives, the kernel keeps the
-    # group id allocated, so no new process can have taken that pid: the group is still ours.
-    if group_has_live_members(leader_pid):
-        return kill_group_and_wait(leader_pid)
-    return True
-
-
-def signal_recorded_process(pid: int | None, started_at: int | None, signal_number: signal.Signals) -> bool:
-    """Signal `pid` only if it is still the recorded process; True if the signal was sent."""
-    if pid is None or started_at is None:
-        return False
-    try:
-        # The pidfd pins the process that holds `pid` now, so the identity check below cannot be
-        # outdated by the time the signal is sent.
-        descriptor = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    try:
-        if process_start_ticks(pid) != started_at:
-            return False
-        signal.pidfd_send_signal(descriptor, signal_number)
-        return True
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(descriptor)

@@ -5,14 +5,10 @@ this service and writes the script's outcome into the operation's durable record
 restart a hook still running is joined and its real outcome read back; only when the supervisor
 itself has died is the outcome unknown ("interrupted").
 
-Supervisors are forked by a launcher, one long-lived helper process per runner that has imported
-the supervisor once (a fresh interpreter per hook would cost about a hundred milliseconds), ahead
-of need: the runner gives a hook's request to the spare the launcher announced, directly, so a
-start makes no round trip through the launcher. The launcher is started on first use, restarted if
-it died, and exits when the runner closes, is collected or dies (see launcher; all the processes
-say to each other is in protocol). The runner learns that a
-supervisor it started is done from a pipe the supervisor closes right after its last record write,
-and that it died from its pidfd; no polling.
+Supervisors are forked by a launcher, which this runner starts and asks for each one (see
+launcher_client). The runner learns that a supervisor it started is done from a pipe the
+supervisor closes right after its last record write, and that it died from its pidfd; no polling
+(see supervisor_watch).
 
 A disk that refuses a record write for lack of space delays a hook, never loses or repeats it.
 The supervisor holds an outcome it cannot write and hands it over when asked (see supervisor),
@@ -34,45 +30,31 @@ from its start, so a consumer sees lines again after a restart and can tell them
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import select
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, cast
-
+from typing import Literal, cast
 
 from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookKind, HookOutcome
-from bb_environments.hooks.protocol import (
-    ADOPTED_SIGNAL,
-    FrameReader,
-    LauncherGone,
-    SupervisorRequest,
-    pass_request,
-    send_frame,
-)
+from bb_environments.hooks.launcher_client import LauncherClient
+from bb_environments.hooks.protocol import ADOPTED_SIGNAL, SupervisorRequest
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
     HookIdentityMismatch,
     HookRecord,
     HookRecords,
     SyncLevel,
-    is_same_process,
-    kill_recorded_group,
     now_iso,
-    signal_recorded_process,
 )
+from bb_environments.hooks.supervisor_watch import SupervisorHandle, SupervisorWatch, open_supervisor_pidfd, supervisor_alive
 from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.processes import kill_recorded_group, signal_recorded_process
 from bb_environments.providers.host.withheld import without_secrets
 
 log = logging.getLogger(__name__)
@@ -80,17 +62,6 @@ log = logging.getLogger(__name__)
 POLL_S = 0.02
 CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
-LAUNCHER_EXIT_WAIT_S = 2.0
-# Without site-packages (-S) the installed package is not importable as such: the bootstrap makes
-# the directory holding `hooks` (and the `providers/host` it imports) the one directory of the
-# `bb_environments` namespace, which is the source tree in a development install and
-# site-packages/bb_environments in a wheel install.
-LAUNCHER_BOOTSTRAP = (
-    "import sys, types; package = types.ModuleType('bb_environments'); package.__path__ = [sys.argv.pop(1)]; "
-    "sys.modules['bb_environments'] = package; "
-    "from bb_environments.hooks.launcher import serve_launcher; serve_launcher(int(sys.argv[1]))"
-)
-IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
 CancelResult = Literal["never-started", "finished", "terminated"]
 OutputSink = Callable[[str, int], Awaitable[None]]
@@ -100,7 +71,7 @@ OutputSink = Callable[[str, int], Awaitable[None]]
 CANCELLED_BEFORE_START = HookOutcome("cancelled", None, "cancelled before it started")
 
 
-_Begun = asyncio.Future[tuple[HookRecord | None, bool, "_Supervisor | None"]]
+_Begun = asyncio.Future[tuple[HookRecord | None, bool, SupervisorHandle | None]]
 """The first step of an attempt (`HookRunner._begin`), on a worker thread."""
 
 
@@ -123,7 +94,7 @@ class HookRunner:
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
         self._finalize_locks: dict[str, asyncio.Lock] = {}
-        self._launcher = _Launcher()
+        self._launcher = LauncherClient()
         weakref.finalize(self, self._launcher.close)
 
     async def prepare(self) -> None:
@@ -237,7 +208,7 @@ class HookRunner:
 
     def _begin(
         self, operation_id: str, kind: str, workspace: Path
-    ) -> tuple[HookRecord | None, bool, _Supervisor | None]:
+    ) -> tuple[HookRecord | None, bool, SupervisorHandle | None]:
         """The operation's record and tombstone; if it has neither, the hook is started. Blocking."""
         record = self._records.read(operation_id)
         if record is not None:
@@ -258,7 +229,7 @@ class HookRunner:
             return _outcome(settled)
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
-    def _start(self, operation_id: str, kind: HookKind, workspace: Path) -> tuple[HookRecord, _Supervisor | None]:
+    def _start(self, operation_id: str, kind: HookKind, workspace: Path) -> tuple[HookRecord, SupervisorHandle | None]:
         """Start a supervisor and write the fresh record adopting it; a missing script is recorded as skipped.
 
         Blocking: runs in a worker thread.
@@ -293,7 +264,7 @@ class HookRunner:
             raise
         return record, supervisor
 
-    async def _follow(self, record: HookRecord, on_output: OutputSink, supervisor: _Supervisor | None = None) -> HookRecord:
+    async def _follow(self, record: HookRecord, on_output: OutputSink, supervisor: SupervisorHandle | None = None) -> HookRecord:
         """Deliver the log as it grows until the record is finished.
 
         `supervisor` (ours to close) is the one this process started; for a record found here it
@@ -302,14 +273,14 @@ class HookRunner:
         polled.
         """
         operation_id = record.operation_id
-        watch: _SupervisorWatch | None = None
+        watch: SupervisorWatch | None = None
         try:
             if supervisor is None and record.finished_at is None:
-                pidfd = await asyncio.to_thread(_open_supervisor_pidfd, record)
+                pidfd = await asyncio.to_thread(open_supervisor_pidfd, record)
                 if pidfd is not None:
-                    supervisor = _Supervisor(record.supervisor_pid or 0, record.supervisor_started_at, pidfd)
+                    supervisor = SupervisorHandle(record.supervisor_pid or 0, record.supervisor_started_at, pidfd)
             if supervisor is not None:
-                watch, supervisor = _SupervisorWatch(supervisor), None
+                watch, supervisor = SupervisorWatch(supervisor), None
                 if record.finished_at is None and watch.fresh:
                     # Just started: nothing to read before it has had a moment.
                     await watch.wait(POLL_S)
@@ -325,7 +296,7 @@ class HookRunner:
                     break  # read after the supervisor exited, and unfinished: it died
                 if watch is not None:
                     await watch.wait(POLL_S)
-                elif not await asyncio.to_thread(_supervisor_alive, record):
+                elif not await asyncio.to_thread(supervisor_alive, record):
                     break
                 else:
                     await asyncio.sleep(POLL_S)
@@ -394,7 +365,7 @@ class HookRunner:
         deadline = time.monotonic() + timeout_s
         record = await self._read_existing(operation_id)
         while record.finished_at is None and time.monotonic() < deadline:
-            if not await asyncio.to_thread(_supervisor_alive, record):
+            if not await asyncio.to_thread(supervisor_alive, record):
                 break
             await asyncio.sleep(POLL_S)
             record = await self._read_existing(operation_id)
@@ -450,228 +421,6 @@ def _close_untaken(begun: _Begun) -> None:
             supervisor.close()
 
     begun.add_done_callback(close)
-
-
-def _supervisor_alive(record: HookRecord) -> bool:
-    return is_same_process(record.supervisor_pid, record.supervisor_started_at)
-
-
-def _open_supervisor_pidfd(record: HookRecord) -> int | None:
-    """A pidfd of the record's supervisor if that very process still runs, else None."""
-    if record.supervisor_pid is None:
-        return None
-    try:
-        pidfd = os.pidfd_open(record.supervisor_pid)
-    except OSError:
-        return None
-    # Checked after opening: the pidfd pins whichever process held the pid at that moment.
-    if is_same_process(record.supervisor_pid, record.supervisor_started_at):
-        return pidfd
-    os.close(pidfd)
-    return None
-
-
-@dataclass
-class _Supervisor:
-    """A supervisor process as this process holds it: pidfd, and for one we started, `done`."""
-
-    pid: int
-    started_at: int | None
-    pidfd: int
-    # The read end of a pipe whose only writer the supervisor closes right after writing its
-    # outcome (or dies): it tells us before its exit does, which waits for its memory to be freed.
-    done: int | None = None
-
-    def close(self) -> None:
-        os.close(self.pidfd)
-        if self.done is not None:
-            os.close(self.done)
-
-
-class _SupervisorWatch:
-    """A supervisor watched by the event loop: its pidfd turns readable when it has exited."""
-
-    def __init__(self, supervisor: _Supervisor) -> None:
-        self._supervisor = supervisor
-        self._loop = asyncio.get_running_loop()
-        self._exited = self._watch(supervisor.pidfd)
-        self._done = None if supervisor.done is None else self._watch(supervisor.done)
-
-    def _watch(self, fd: int) -> asyncio.Future[None]:
-        readable: asyncio.Future[None] = self._loop.create_future()
-
-        def on_readable() -> None:
-            self._loop.remove_reader(fd)
-            if not readable.done():
-                readable.set_result(None)
-
-        self._loop.add_reader(fd, on_readable)
-        return readable
-
-    @property
-    def fresh(self) -> bool:
-        """Started by this process and not yet done."""
-        return self._done is not None and not self._done.done()
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.done()
-
-    async def wait(self, timeout_s: float) -> None:
-        """Until the supervisor is done or has exited, or the time is up."""
-        waiting = [self._exited] if self._done is None or self._done.done() else [self._exited, self._done]
-        await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-
-    def close(self) -> None:
-        self._loop.remove_reader(self._supervisor.pidfd)
-        if self._supervisor.done is not None:
-            self._loop.remove_reader(self._supervisor.done)
-        self._supervisor.close()
-
-
-class _Launcher:
-    """This runner's side of the supervisor launcher (see launcher).
-
-    Thread-safe; started on first use and started again if it died. Its channel is the only
-    thing that keeps it running: closing it (or this process dying) makes it exit at once.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._channel: socket.socket | None = None
-        self._frames: FrameReader | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._owner = os.getpid()
-
-    @property
-    def pid(self) -> int | None:
-        process = self._process
-        return None if process is None else process.pid
-
-    def ensure_started(self) -> None:
-        with self._lock:
-            self._forget_if_forked()
-            if self._channel is None:
-                self._spawn()
-
-    def start_supervisor(self, asked: SupervisorRequest) -> _Supervisor:
-        """Give the request to the launcher's spare, which becomes its supervisor and waits for adoption."""
-        request = asked.encode()
-        with self._lock:
-            self._forget_if_forked()
-            done, done_writer = os.pipe()
-            try:
-                pid, started_at, pidfd, assignment = self._take_spare()
-                try:
-                    pass_request(assignment, request, done_writer)
-                except OSError:
-                    pass  # it died just now: the caller sees it exit without an outcome, as any supervisor's death
-            except BaseException:
-                os.close(done)
-                raise
-            finally:
-                os.close(done_writer)
-            self._tell({"taken": pid})
-        return _Supervisor(pid, started_at, pidfd, done)
-
-    def _take_spare(self) -> tuple[int, int | None, int, socket.socket]:
-        """The spare the launcher announced, alive: pid, start time, pidfd, and its socket.
-
-        A launcher found gone is started again, once.
-        """
-        restarted = False
-        while True:
-            if self._frames is None:
-                self._spawn()
-            assert self._frames is not None
-            try:
-                announced, fds = self._frames.next()
-            except (OSError, LauncherGone):
-                self._stop()
-                if restarted:
-                    raise
-                restarted = True
-                continue
-            if "error" in announced:
-                self._tell({"taken": None})  # the next start asks for another try
-                raise OSError(announced["error"])
-            pidfd, assignment = fds
-            if not _has_exited(pidfd):
-                return announced["pid"], announced["started_at"], pidfd, socket.socket(fileno=assignment)
-            # It died idle: the launcher announces another in its place.
-            os.close(pidfd)
-            os.close(assignment)
-
-    def _tell(self, document: dict[str, Any]) -> None:
-        """Send the launcher a frame. One that is gone is replaced at once, so that a spare is
-        ready for the next hook; if that fails too, the next hook starts one."""
-        assert self._channel is not None
-        try:
-            send_frame(self._channel, document)
-        except OSError:
-            self._stop()
-            with contextlib.suppress(OSError):
-                self._spawn()
-
-    def _spawn(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            # -I -S: no site-packages, no user paths; the launcher needs only the standard library.
-            # Popen, not asyncio's subprocess, whose transport kills a child still running when it
-            # is closed or collected.
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOTSTRAP, str(IMPORT_ROOT), str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=IMPORT_ROOT,
-                # Its supervisors are forked from it, and a hook can read its parent's environment
-                # (/proc/PPID/environ): none of theirs may hold a secret either.
-                env=without_secrets(os.environ),
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self._channel, self._frames = ours, FrameReader(ours)
-
-    def close(self) -> None:
-        with self._lock:
-            self._forget_if_forked()
-            self._stop()
-
-    def _forget_if_forked(self) -> None:
-        """In a forked child of the process that started the launcher, that launcher is not ours."""
-        if self._owner != os.getpid():
-            if self._channel is not None:
-                self._channel.close()  # our copy only
-            if self._frames is not None:
-                self._frames.close()
-            self._channel, self._frames, self._process = None, None, None
-            self._owner = os.getpid()
-
-    def _stop(self) -> None:
-        channel, frames, process = self._channel, self._frames, self._process
-        self._channel, self._frames, self._process = None, None, None
-        if frames is not None:
-            frames.close()
-        if channel is not None:
-            # Spares announced and not yet read go with it: each exits at the end of its socket.
-            channel.close()
-        if process is not None:
-            # It exits as soon as it sees the end of its channel.
-            try:
-                process.wait(LAUNCHER_EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _has_exited(pidfd: int) -> bool:
-    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _read_from(path: Path, offset: int) -> bytes:

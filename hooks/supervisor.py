@@ -44,10 +44,9 @@ from bb_environments.hooks.records import (
     HeldOutcome,
     HookRecord,
     HookRecords,
-    kill_group_and_wait,
     now_iso,
-    process_start_ticks,
 )
+from bb_environments.providers.host.processes import kill_group_and_wait, process_start_ticks
 from bb_environments.providers.host.withheld import without_secrets
 
 if TYPE_CHECKING:  # the launcher imports this module without site-packages: names for the checker only

@@ -1,4 +1,4 @@
-"""The backend of `bb machine` and `bb modal account` (entrypoints/cli_modal.py).
+"""The backend of `bb machine` and `bb modal account` (entrypoints/cli/modal.py).
 
 Machines are bare Modal sandboxes from the modal-sandbox provider's standard image, tagged
 `bb-machine=1`. They are not environments: the service never sees them, and these calls use

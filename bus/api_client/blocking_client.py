@@ -30,8 +30,8 @@ import msgspec
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.api_client.nkey_signer import SeedError, answer_nonce, user_seed
-from bb_environments.bus.api_client.processes import pid_alive
 from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.providers.host.processes import pid_alive
 
 NO_RESPONDERS_STATUS = "503"
 CONNECT_TIMEOUT_S = 2.0

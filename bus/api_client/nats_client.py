@@ -19,8 +19,8 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
-from bb_environments.bus.api_client.processes import pid_alive
 from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.providers.host.processes import pid_alive
 
 T = TypeVar("T")
 

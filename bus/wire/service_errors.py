@@ -1,7 +1,7 @@
 """What a call to the bb service can end in, as the caller sees it.
 
 Apart from bus/api_client/nats_client.py, which imports nats-py: `bb` names these before it connects, and imports
-nats-py only once it knows the URL (entrypoints/cli.py, `open_client`)."""
+nats-py only once it knows the URL (entrypoints/cli/connection.py, `open_client`)."""
 
 from __future__ import annotations
 

@@ -22,14 +22,15 @@ import msgspec
 from click.testing import CliRunner
 from hypothesis import example, given
 
-from bb_environments.domain.ids import ID_PATTERN
+from bb_environments.domain.ids import HOST_ID_PATTERN, ID_PATTERN
 from bb_environments.entrypoints.cli import cli
-from bb_environments.entrypoints.cli_support import run_cli
+from bb_environments.entrypoints.cli.support import run_cli
 from tests.fuzz.seams import files_under, fuzz_settings, one_sentence, working_directory
 from tests.fuzz.strategies import Invocation, cli_invocations
 
 CODES = {2: "invalid_input", 4: "unreachable"}
 ID = re.compile(ID_PATTERN)
+HOST_ID = re.compile(HOST_ID_PATTERN)
 
 
 def carried_by_the_bus(text: str) -> bool:
@@ -88,8 +89,8 @@ def format_problems(invocation: Invocation) -> list[str]:
             problems.append("inputs that are not a JSON document")
         if "--environment" in options and not a_uuid(options["--environment"]):
             problems.append("an environment id that is not a UUID")
-        problems += [f"{name} is not an id" for name in ("--thread-id", "--parent", "--host")
-                     if name in options and not ID.match(options[name])]
+        problems += [f"{name} is not an id" for name, form in (("--thread-id", ID), ("--parent", ID), ("--host", HOST_ID))
+                     if name in options and not form.match(options[name])]
         if "--timeout" in options and not a_wait(options["--timeout"]):
             problems.append("a timeout that is not a wait in seconds")
     elif invocation.argument is None:

@@ -25,7 +25,7 @@ from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads
 from bb_environments.bus.api_client.nats_client import ApiClient
 from bb_environments.bus.embedded_server import EmbeddedNats
-from bb_environments.bus.api_client.processes import pid_alive
+from bb_environments.providers.host.processes import pid_alive
 
 STARTUP_SECONDS = 30
 SETTLED = {"ready", "error", "removed"}

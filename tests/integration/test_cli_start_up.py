@@ -68,7 +68,7 @@ async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor
     assert [e["id"] for e in json.loads(out)["environments"]] == [spawned["environmentId"]]
     assert loaded == []
 
-    # For a person too: the table is plain columns (cli_support.print_table), without rich.
+    # For a person too: the table is plain columns (cli/support.py, print_table), without rich.
     code, out, loaded = await bb_loading(service.environment, slow, "environment", "list")
     assert code == 0
     header, row = out.splitlines()

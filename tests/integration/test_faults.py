@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bb_environments.bus.wire.api_messages import SpawnThread
-from bb_environments.bus.api_client.processes import pid_alive
+from bb_environments.providers.host.processes import pid_alive
 from tests.integration.conftest import Service, eventually, service_environment
 
 SPAWNS = 4

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_A_HOOK = """\
 import asyncio, sys
 from pathlib import Path
-from bb_environments.hooks.runner import IMPORT_ROOT, HookRunner
+from bb_environments.hooks.launcher_client import IMPORT_ROOT
+from bb_environments.hooks.runner import HookRunner
 
 async def main():
     lines = []

@@ -3,8 +3,8 @@ every cell whole and in its column, whatever the service's answer holds."""
 
 from __future__ import annotations
 
-from bb_environments.entrypoints.cli import _print_environment
-from bb_environments.entrypoints.cli_support import print_table
+from bb_environments.entrypoints.cli.environment import _print_environment
+from bb_environments.entrypoints.cli.support import print_table
 
 
 def test_columns_line_up_and_no_cell_is_cut(capsys):

@@ -25,11 +25,10 @@ from bb_environments.hooks.records import (
     HookRecords,
     SyncLevel,
     now_iso,
-    process_start_ticks,
-    start_ticks_of_child,
 )
 from bb_environments.domain.hook_operations import HookOutcome
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.providers.host.processes import process_start_ticks, start_ticks_of_child
 from tests.support.small_disk import small_disk
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import modal.io_streams
 import pytest
 from click.testing import CliRunner
 
-from bb_environments.entrypoints.cli import machine, modal as modal_commands
+from bb_environments.entrypoints.cli import machine_group, modal_group
 from bb_environments.entrypoints.config import Settings
 from bb_environments.providers.contract import (
     READY,
@@ -710,7 +710,7 @@ def invoke(group: Any, tmp_path: Path, *args: str) -> Any:
 def test_cli_image_set_refuses_a_malformed_dockerfile_with_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM debian\nRUNN echo\n")
-    result = invoke(modal_commands, tmp_path, "image", "set", "--file", str(bad), "--json")
+    result = invoke(modal_group, tmp_path, "image", "set", "--file", str(bad), "--json")
     assert result.exit_code == 2
     error = json.loads(result.stdout)["error"]
     assert error["code"] == "invalid_input" and "line 2: 'RUNN echo'" in error["message"]
@@ -720,27 +720,27 @@ def test_cli_image_set_refuses_a_malformed_dockerfile_with_exit_2(tmp_path: Path
 def test_cli_image_set_show_reset(tmp_path: Path) -> None:
     good = tmp_path / "Dockerfile"
     good.write_text("FROM python:3.12-slim\nRUN pip install uv\n")
-    stored = json.loads(invoke(modal_commands, tmp_path, "image", "set", "--file", str(good), "--json").stdout)
+    stored = json.loads(invoke(modal_group, tmp_path, "image", "set", "--file", str(good), "--json").stdout)
     assert stored["source"] == "data-dir" and stored["dockerfile"] == good.read_text()
-    shown = json.loads(invoke(modal_commands, tmp_path, "image", "show", "--json").stdout)
+    shown = json.loads(invoke(modal_group, tmp_path, "image", "show", "--json").stdout)
     assert shown["imageName"] == stored["imageName"] == f"bb-standard:{stored['sha256']}"
-    reset = json.loads(invoke(modal_commands, tmp_path, "image", "reset", "--json").stdout)
+    reset = json.loads(invoke(modal_group, tmp_path, "image", "reset", "--json").stdout)
     assert reset["source"] == "shipped" and reset["removedStored"] is True
 
 
 def test_cli_account_inspect_blocked_without_credentials(tmp_path: Path) -> None:
-    result = invoke(modal_commands, tmp_path, "account", "inspect", "--json")
+    result = invoke(modal_group, tmp_path, "account", "inspect", "--json")
     assert result.exit_code == 1
     assert json.loads(result.stdout) == {"status": "blocked", "reason": NO_CREDENTIALS}
 
 
 def test_cli_machine_create_without_credentials_is_one_sentence(tmp_path: Path) -> None:
-    result = invoke(machine, tmp_path, "create", "--provider", "modal-sandbox", "--json")
+    result = invoke(machine_group, tmp_path, "create", "--provider", "modal-sandbox", "--json")
     assert result.exit_code == 1
     assert json.loads(result.stdout) == {"error": {"code": "failed", "message": NO_CREDENTIALS}}
     assert "Traceback" not in result.output
 
 
 def test_cli_machine_remove_needs_yes(tmp_path: Path) -> None:
-    result = invoke(machine, tmp_path, "remove", "sb-123", "--json")
+    result = invoke(machine_group, tmp_path, "remove", "sb-123", "--json")
     assert result.exit_code == 2 and "pass --yes" in json.loads(result.stdout)["error"]["message"]

@@ -1,6 +1,6 @@
 """The commands of `bb machine` and `bb modal`: Modal sandboxes and settings, handled by
 `providers.modal_machine` and `providers.modal_settings` directly. The two groups are declared in
-entrypoints/cli.py, which loads this module only to run or list these commands.
+the package's __init__, which loads this module only to run or list these commands.
 
 These commands do not go through the service: they use MODAL_TOKEN_ID / MODAL_TOKEN_SECRET from
 this process's environment and the provider's data dir under `--data-dir`. Machines are bare
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from bb_environments.entrypoints.cli_support import Failure, emit, json_option, run_command, stderr, stdout
+from bb_environments.entrypoints.cli.support import Failure, emit, json_option, run_command, stderr, stdout
 from bb_environments.entrypoints.config import Settings
 from bb_environments.providers.contract import InvalidInputs
 from bb_environments.providers.modal_machine import ModalMachines

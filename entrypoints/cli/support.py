@@ -1,4 +1,5 @@
-"""What every `bb` command shares: output consoles, --json, errors as one sentence and an exit code."""
+"""What every `bb` command shares: output consoles, --json, errors as one sentence and an exit code,
+and the ids it checks before it sends them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import functools
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bb_environments.bus.wire.service_errors import ServiceError
+from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
 from bb_environments.entrypoints.config import ConfigError
 from bb_environments.handlers.errors import EXIT_CODES, one_line
 
@@ -63,7 +66,7 @@ class Failure(Exception):
 
 def run_command(body: Callable[..., Coroutine[Any, Any, Any] | None]) -> Callable[..., None]:
     """Run a command, on an event loop if it is async (a command that only sends requests is not:
-    see entrypoints/cli.py, `requests_to`); turn its failures into a one-sentence error and the
+    see connection.requests_to); turn its failures into a one-sentence error and the
     SPEC's exit code."""
 
     @functools.wraps(body)
@@ -163,6 +166,35 @@ def emit(document: Any, as_json: bool, human: Callable[[Any], None]) -> None:
         print(json.dumps(document))
     else:
         human(document)
+
+
+def print_accepted(doc: dict[str, Any]) -> None:
+    """An answer that says the service took a request: the environment and its status."""
+    stdout.print(f"{doc.get('environmentId') or '-'}  {doc.get('status') or ''}", markup=False)
+
+
+def environment_id_argument(value: str) -> str:
+    from uuid import UUID  # here: only commands that take an id pay for the module
+
+    try:
+        return str(UUID(value))
+    except ValueError:
+        raise Failure("invalid_input", f"environment id {quoted(value)} is not a valid id (expected a UUID)") from None
+
+
+def id_argument(what: str, value: str) -> str:
+    """A thread id, checked as the service checks it: a malformed one is the caller's to fix (exit
+    2) whether the service is up or not, as a malformed environment id is."""
+    if not re.match(ID_PATTERN, value):
+        raise Failure("invalid_input", f"{what} {quoted(value)} is not allowed: use {ID_RULE}")
+    return value
+
+
+def host_id_argument(value: str) -> str:
+    """A host id, checked as `id_argument` checks a thread id."""
+    if not re.match(HOST_ID_PATTERN, value):
+        raise Failure("invalid_input", f"host id {quoted(value)} is not allowed: use {HOST_ID_RULE}")
+    return value
 
 
 class LazyGroup(click.Group):

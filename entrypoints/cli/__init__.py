@@ -1,0 +1,88 @@
+"""The `bb` command line (SPEC §3). Every command takes --json; exit codes follow the SPEC:
+0 success, 1 the operation failed, 2 invalid input, 3 not found, 4 service unreachable.
+
+This module is the root group with its shared options, `bb serve`, and the Modal groups; each
+other group has a module of its own (environment, thread, events). A command imports what only it
+needs when it runs: every command pays for what is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from bb_environments.entrypoints.cli.environment import environment_group
+from bb_environments.entrypoints.cli.events import events_group
+from bb_environments.entrypoints.cli.support import LazyGroup, event_loop, fail, json_option, run_cli, stderr
+from bb_environments.entrypoints.cli.thread import thread_group
+from bb_environments.entrypoints.config import ConfigError, Settings
+
+
+@click.group()
+@click.option("--data-dir", help="Service data directory (default $BB_DATA_DIR or ~/.local/share/bb).")
+@click.option("--nats-url", help="Use this NATS instead of the embedded one (default $BB_NATS_URL).")
+@click.pass_context
+def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> None:
+    """bb environments: isolated workspaces for agent threads."""
+    try:
+        context.obj = Settings.load(data_dir, nats_url)
+    except ConfigError as bad:
+        fail("invalid_input", str(bad), False)
+
+
+@cli.command()
+@click.option("--data-dir", help="Same as `bb --data-dir`, accepted here too.")
+@click.option("--nats-url", help="Same as `bb --nats-url`, accepted here too.")
+@json_option
+@click.pass_obj
+def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_json: bool) -> None:
+    """Run the service: embedded nats-server, event store, read models, host agent."""
+    import logging
+
+    from bb_environments.entrypoints.serve import ServeError, serve as run_service
+
+    if data_dir or nats_url:
+        settings = Settings.load(data_dir or settings.data_root, nats_url or settings.nats_url)
+
+    logging.basicConfig(level=os.environ.get("BB_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def announce(info: dict[str, Any]) -> None:
+        if as_json:
+            print(json.dumps(info), flush=True)
+        stderr.print(f"bb serving on {info['natsUrl']} (data dir {info['dataDir']})", markup=False)
+
+    try:
+        with event_loop() as loop:
+            loop.run(run_service(settings, announce))
+    except ServeError as failed:
+        fail("failed", str(failed), as_json)
+
+
+for commands in (environment_group, thread_group, events_group):
+    cli.add_command(commands)
+
+
+# The Modal commands load the Modal provider, so they are imported only to run or list them
+# (LazyGroup); the groups are declared here, so that `bb --help` lists them without that.
+MODAL_COMMANDS = "bb_environments.entrypoints.cli.modal"
+
+
+@cli.group("machine", cls=LazyGroup,
+           lazy_subcommands={verb: f"{MODAL_COMMANDS}:machine_{verb}" for verb in ("create", "list", "remove")})
+def machine_group() -> None:
+    """Modal sandboxes outside any environment (tagged bb-machine=1)."""
+
+
+@cli.group("modal", cls=LazyGroup,
+           lazy_subcommands={group: f"{MODAL_COMMANDS}:{group}" for group in ("account", "image")})
+def modal_group() -> None:
+    """The Modal account and the image sandboxes start from."""
+
+
+def main() -> None:
+    run_cli(cli, sys.argv[1:])

@@ -1,0 +1,94 @@
+"""`bb environment`: list, show, retry and delete environments, and list their providers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from bb_environments.bus.wire.api_messages import EnvironmentRef, ListEnvironments, Nothing
+from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.entrypoints.cli.connection import call, listing
+from bb_environments.entrypoints.cli.support import (
+    emit, environment_id_argument, json_option, print_accepted, print_table, run_command, stdout,
+)
+from bb_environments.entrypoints.config import Settings
+from bb_environments.handlers.errors import one_line
+
+
+@click.group("environment")
+def environment_group() -> None:
+    """Inspect and manage environments."""
+
+
+@environment_group.command("providers")
+@json_option
+@click.pass_obj
+@run_command
+def environment_providers(settings: Settings, as_json: bool) -> None:
+    """List the environment providers with their inputs and availability."""
+    document = call(settings, "environments", "providers", Nothing())
+
+    def human(doc: dict[str, Any]) -> None:
+        def row(p: dict[str, Any]) -> list[str]:
+            availability = p["availability"]["status"] + (f" ({p['availability']['reason']})" if p["availability"].get("reason") else "")
+            grace = p["policy"]["retireGraceMs"]
+            return [p["id"], p["displayName"], availability, "never" if grace is None else f"{grace} ms"]
+
+        print_table(("ID", "NAME", "AVAILABILITY", "RETIRE GRACE"), map(row, doc["providers"]))
+
+    emit(document, as_json, human)
+
+
+@environment_group.command("list")
+@click.option("--status", type=click.Choice([s.value for s in EnvironmentStatus]))
+@click.option("--provider")
+@click.option("--all", "include_removed", is_flag=True, help="Also list removed environments.")
+@json_option
+@click.pass_obj
+@run_command
+def environment_list(settings: Settings, status: str | None, provider: str | None, include_removed: bool,
+                           as_json: bool) -> None:
+    """List environments that are not removed (with --all, removed ones too)."""
+    request = ListEnvironments(status=EnvironmentStatus(status) if status else None, provider=provider,
+                               include_removed=include_removed)
+    document = listing(settings, "environments", "list", request, "environments")
+
+    def human(doc: dict[str, Any]) -> None:
+        print_table(("ID", "STATUS", "PROVIDER", "THREADS", "PATH"),
+                    ([e["id"], e["status"], e["providerId"], ",".join(e["threadIds"]), e["path"] or "-"]
+                     for e in doc["environments"]))
+
+    emit(document, as_json, human)
+
+
+def _environment_command(verb: str, help_text: str, printer: Callable[[dict[str, Any]], None]) -> None:
+    @environment_group.command(verb, help=help_text)
+    @click.argument("environment_id")
+    @json_option
+    @click.pass_obj
+    @run_command
+    def command(settings: Settings, environment_id: str, as_json: bool) -> None:
+        request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
+        emit(call(settings, "environments", verb, request, changes=verb != "show"), as_json, printer)
+
+
+def _print_environment(e: dict[str, Any]) -> None:
+    # Every text here may come from a provider, a hook's output or a path: printed as plain text
+    # (a git message's '[rejected]' is no markup), with what would drive the terminal escaped.
+    from rich.markup import escape
+
+    message = f" — {one_line(e['statusMessage'])}" if e.get("statusMessage") else ""
+    stdout.print(f"[bold]{e['id']}[/bold]  {e['status']}{escape(message)}")
+    for label, value in (("provider", e["providerId"]), ("host", e["hostId"]), ("project", e["projectPath"]),
+                         ("path", e["path"]), ("owns path", e["ownsPath"]), ("threads", ", ".join(e["threadIds"])),
+                         ("setup", e["hooks"]["setup"]["status"]), ("teardown", e["hooks"]["teardown"]["status"])):
+        stdout.print(f"  {label:<10} {one_line(str(value))}", markup=False)
+    for line in e.get("transcript", []):
+        stdout.print(f"  │ {one_line(line)}", markup=False)
+
+
+_environment_command("show", "Show one environment, with the tail of its transcript.", _print_environment)
+_environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", print_accepted)
+_environment_command("retry", "Retry a failed create, or re-run a failed setup in the same workspace.", print_accepted)

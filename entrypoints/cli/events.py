@@ -1,0 +1,117 @@
+"""`bb events`: follow the live events (tail), print the whole log (export), rebuild the read models
+from it (replay). Tail and export read the streams themselves, with nats-py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any
+
+import click
+
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import Nothing
+from bb_environments.domain.ids import quoted
+from bb_environments.entrypoints.cli.connection import call, open_client
+from bb_environments.entrypoints.cli.support import Failure, emit, json_option, run_command, stdout
+from bb_environments.entrypoints.config import Settings
+from bb_environments.handlers.errors import one_line
+
+
+@click.group("events")
+def events_group() -> None:
+    """Watch, export and replay the event log."""
+
+
+@events_group.command("tail")
+@click.argument("subject_filter", default=subjects.ENVIRONMENT_EVENTS)
+@json_option
+@click.pass_obj
+@run_command
+async def events_tail(settings: Settings, subject_filter: str, as_json: bool) -> None:
+    """Print live events until interrupted."""
+    _check_tail_filter(subject_filter)
+    import asyncio  # only the commands that subscribe load it
+
+    client = await open_client(settings)
+    reader_left = asyncio.Event()
+
+    async def show(message: Any) -> None:
+        if as_json:
+            line = message.data.decode()
+        else:
+            event = json.loads(message.data)
+            line = one_line(f"{event.get('occurredAt', '')}  {message.subject}  {event.get('status', '')}")
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:  # raised here, inside nats-py's callback, it would end nothing
+            reader_left.set()
+
+    await client.nc.subscribe(subject_filter, cb=show)
+    try:
+        ended = [asyncio.ensure_future(client.until_closed()), asyncio.ensure_future(reader_left.wait())]
+        await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in ended:
+            waiting.cancel()
+    finally:
+        await client.close()
+    if reader_left.is_set():
+        raise BrokenPipeError("the reader of stdout left")  # `| head`: run_cli ends quietly
+    raise Failure("unreachable", "the connection to the bb service dropped and did not come back; "
+                                 "tail again once the service is back")
+
+
+def _check_tail_filter(subject_filter: str) -> None:
+    """A filter the server would refuse (a malformed subject) or that reaches beyond what a client
+    may read is a mistake to say at once, not a subscription that stays silent forever."""
+    tokens = subject_filter.split(".")
+    well_formed = all(token and not any(c.isspace() for c in token) for token in tokens) and ">" not in tokens[:-1]
+    readable = [prefix.removesuffix(".>") for prefix in (subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS)]
+    # Nothing is published on `bb.environments` itself: a filter needs a token beyond the prefix.
+    if not well_formed or len(tokens) < 3 or ".".join(tokens[:2]) not in readable:
+        raise Failure("invalid_input", f"subject filter {quoted(subject_filter)} is not one events tail can follow: give "
+                                       f"a NATS subject under {' or '.join(p + '.>' for p in readable)}, "
+                                       "e.g. 'bb.environments.*.ready'")
+
+
+@events_group.command("export")
+@json_option
+@click.pass_obj
+@run_command
+async def events_export(settings: Settings, as_json: bool) -> None:
+    """Print the whole log as JSON lines, in log order."""
+    client = await open_client(settings)
+    try:
+        js = client.nc.jetstream()
+        info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
+        if info.state.messages == 0:
+            return
+        delivered, at = 0, 0  # messages the reader was given, and the stream sequence of the last
+        async with contextlib.aclosing(client.read_stream(subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, 10.0)) as log:
+            async for messages in log:
+                if not messages:
+                    raise Failure("unreachable", f"the log stopped arriving after stream sequence {at} of "
+                                                 f"{info.state.last_seq}; run the export again")
+                for message in messages:
+                    delivered, at = delivered + 1, message.metadata.sequence.stream
+                    if message.metadata.sequence.consumer != delivered:  # lost on the way: a reconnect, say
+                        raise Failure("unreachable", f"a message of the log was lost on the way before stream "
+                                                     f"sequence {at}; run the export again")
+                    sys.stdout.write(message.data.decode() + "\n")
+                # The last sequence may be a message the relay deleted (one the store did not write).
+                if at >= info.state.last_seq or messages[-1].metadata.num_pending == 0:
+                    break
+    finally:
+        await client.close()
+
+
+@events_group.command("replay")
+@json_option
+@click.pass_obj
+@run_command
+def events_replay(settings: Settings, as_json: bool) -> None:
+    """Rebuild every read model from the event log; print the counts."""
+    counts = call(settings, "events", "replay", Nothing(), changes=True)
+    emit(counts, as_json, lambda c: stdout.print(
+        f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
