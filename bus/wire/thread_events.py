@@ -13,15 +13,16 @@ from typing import Annotated, Any
 import msgspec
 
 from bb_environments.bus.wire.descriptions import said as _said
-from bb_environments.domain.ids import ID_PATTERN
+from bb_environments.domain.ids import HOST_ID_PATTERN, ID_PATTERN
 
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+HostId = Annotated[str, msgspec.Meta(pattern=HOST_ID_PATTERN)]
 PathText = Annotated[str, msgspec.Meta(max_length=4096)]  # PATH_MAX
 EnvironmentId = Annotated[str, msgspec.Meta(max_length=64)]  # any form uuid.UUID reads
 
 
 class Machine(msgspec.Struct, rename="camel", tag_field="type", tag="existing", forbid_unknown_fields=True):
-    host_id: Id | None = None
+    host_id: HostId | None = None
     """None: the thread's host (its `hostId`, or the service's)."""
 
 
@@ -55,7 +56,7 @@ class ThreadCreatedMessage(InboundThreadEvent, kw_only=True, tag="created"):
 
     project_path: Annotated[PathText | None, _said("The project the thread works on, on its host.")] = None
     parent_thread_id: Annotated[Id | None, _said("The thread's parent, for a child thread.")] = None
-    host_id: Annotated[Id | None, _said("The host its environment runs on; default: the service's.")] = None
+    host_id: Annotated[HostId | None, _said("The host its environment runs on; default: the service's.")] = None
     environment: Annotated[EnvironmentIntent | None, _said("Where the thread runs (see above).")] = None
 
 
