@@ -2,7 +2,8 @@
 
 Synchronous on purpose (the eventsourcing library is); the service calls it from one writer
 thread. Every command is safe to repeat: a repeated command finds the state already changed and
-records nothing.
+records nothing. Every command takes values, never an aggregate, so the Store can run one again
+from its arguments when its save lost a race with another writer (handlers/writers.py).
 """
 
 from __future__ import annotations
@@ -161,11 +162,21 @@ class Environments(Application[UUID]):
         self._save(thread)
         return thread
 
-    def spawn_thread(self, thread: Thread, target: UUID | Placement) -> Environment:
+    def spawn_thread(
+        self,
+        thread_id: str,
+        project_path: str | None,
+        parent_thread_id: str | None,
+        host_id: str,
+        intent: dict[str, Any] | None,
+        target: UUID | Placement,
+    ) -> Environment:
         """Register a new thread, its first message's request and the environment it gets (`target`
         joined, or placed new) in one save: a refused spawn leaves no thread behind."""
-        if self.find_thread(thread.thread_id) is not None:
-            raise IllegalTransition(f"thread {thread.thread_id} already exists")
+        if self.find_thread(thread_id) is not None:
+            raise IllegalTransition(f"thread {thread_id} already exists")
+        thread = Thread(thread_id=thread_id, project_path=project_path, parent_thread_id=parent_thread_id,
+                        host_id=host_id, intent=intent)
         thread.request_environment()
         environment, changed = self._provide(thread, target)
         self._save(*changed)
