@@ -35,7 +35,6 @@ from common import Figure, table
 
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.handlers.application import Environments, Placement
-from bb_environments.domain.thread import Thread
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.projections.read_model import ReadModel
 
@@ -52,7 +51,7 @@ def lifecycle(app: Environments, n: int, rng: random.Random) -> Iterator[None]:
     thread_id = f"t{n}"
     path = f"/data/worktrees/{thread_id}/repo"
     environment = app.spawn_thread(
-        Thread(thread_id, "/repos/project", None, "local", None),
+        thread_id, "/repos/project", None, "local", None,
         Placement("git-worktree", "local", "/repos/project", {"branch": {"kind": "new", "name": f"b{n}"}},
                   thread_id, path),
     )
@@ -67,7 +66,7 @@ def lifecycle(app: Environments, n: int, rng: random.Random) -> Iterator[None]:
     yield
     joined = succeeded and rng.random() < 0.3
     if joined:
-        app.spawn_thread(Thread(f"{thread_id}-b", "/repos/project", None, "local", None), environment.id)
+        app.spawn_thread(f"{thread_id}-b", "/repos/project", None, "local", None, environment.id)
         yield
     if rng.random() < 0.25:
         return  # still in use when the log ends

@@ -52,7 +52,6 @@ from common import ROOT, Figure, descendants, rss_mb, service_environment, start
 from replay import retirement, write_log
 
 from bb_environments.handlers.application import Environments, Placement
-from bb_environments.domain.thread import Thread
 from bb_environments.providers.personal_workspace import workspace_path
 
 PRIMED = "bench-primed"
@@ -74,7 +73,7 @@ def personal_lifecycle(app: Environments, data_dir: Path, n: int, rng: random.Ra
     probability 1 - `ready`, archived and removed."""
     thread_id = f"p{n}"
     path = workspace_path(str(data_dir / "providers" / "personal-workspace"), thread_id)
-    environment = app.spawn_thread(Thread(thread_id, None, None, "local", None),
+    environment = app.spawn_thread(thread_id, None, None, "local", None,
                                    Placement("personal-workspace", "local", None, None, thread_id, str(path)))
     yield
     path.mkdir(parents=True)

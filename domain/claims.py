@@ -6,6 +6,8 @@ import bisect
 from collections.abc import Iterator
 from uuid import UUID
 
+from bb_environments.domain.errors import PathAlreadyClaimed
+
 
 class HeldPaths:
     """The held paths of one host, searchable by nesting: a claim looks at the paths around and
@@ -15,6 +17,10 @@ class HeldPaths:
         self._holders: dict[str, UUID] = {}
         self._sorted: list[str] = []
         self._by_root: dict[str, set[str]] = {}  # each held path under the root it is for `_inside`
+
+    def __eq__(self, other: object) -> bool:
+        # The rest is an index of the holders: two with the same holders are the same.
+        return isinstance(other, HeldPaths) and other._holders == self._holders
 
     def hold(self, path: str, holder: UUID) -> None:
         if path not in self._holders:
@@ -28,6 +34,13 @@ class HeldPaths:
         del self._sorted[bisect.bisect_left(self._sorted, path)]
         self._by_root[path.rstrip("/")].discard(path)
 
+    def holder(self, path: str) -> UUID | None:
+        return self._holders.get(path)
+
+    def holders(self) -> dict[str, UUID]:
+        """Every held path with its holder."""
+        return dict(self._holders)
+
     def overlapping(self, path: str) -> Iterator[tuple[str, UUID]]:
         """Every held path that `path` is inside, or that is inside `path`, with its holder."""
         for end, character in enumerate(path):
@@ -40,6 +53,14 @@ class HeldPaths:
             if not inside(inner, path):
                 return
             yield inner, self._holders[inner]
+
+
+def refuse_nested(held: HeldPaths | None, path: str, environment_id: UUID) -> None:
+    """Refuse `path` to the environment when it lies inside or around a path another environment
+    holds (the same path is the claim's own rule: see PathClaim)."""
+    for held_path, holder in held.overlapping(path) if held else ():
+        if holder != environment_id and held_path != path:
+            raise PathAlreadyClaimed(f"{path} overlaps {held_path}, held by environment {holder}")
 
 
 def inside(path: str, root: str) -> bool:

@@ -36,16 +36,16 @@ from bb_environments.handlers.ports import Hooks, Transcript
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.handlers.writers import SharedStore, SingleWriter
 from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.registry import ProviderRegistry
 
 DEFAULT_RETIRE_GRACE_MS = 300_000
 """The grace of an environment whose provider is no longer installed."""
 
-# One writer per store (serve's lock file beside it, and the Store's one writer thread), so the
-# cache of aggregates is safe without reading the store again on every hit (fast-forwarding):
-# nobody else can have written an aggregate's events since the writer cached what it saved.
-AGGREGATE_CACHE = {"AGGREGATE_CACHE_MAXSIZE": "10000", "AGGREGATE_CACHE_FASTFORWARD": "n"}
+# Whether a cached aggregate is read again from the store on a hit is the writers' strategy's
+# (handlers/writers.py): with one writer it never is.
+AGGREGATE_CACHE = {"AGGREGATE_CACHE_MAXSIZE": "10000"}
 
 
 class StoreUnusable(RuntimeError):
@@ -88,9 +88,11 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
             return grace
         return settings.retire_grace_override[0]
 
+    # A SQLite store has one writer, serve's lock beside it says which; a PostgreSQL one may be shared.
+    writers = SingleWriter() if event_store_file(settings.event_store) else SharedStore()
     try:
         app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
-                           grace_for=grace_for)
+                           grace_for=grace_for, writers=writers)
     except Exception as unusable:
         store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
         raise StoreUnusable(f"the event store {store_name} cannot be opened: {unusable}") from None

@@ -2,7 +2,8 @@
 
 Synchronous on purpose (the eventsourcing library is); the service calls it from one writer
 thread. Every command is safe to repeat: a repeated command finds the state already changed and
-records nothing.
+records nothing. Every command takes values, never an aggregate, so the Store can run one again
+from its arguments when its save lost a race with another writer (handlers/writers.py).
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification, Recording
 
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.claims import HeldPaths
 from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed, UnknownEnvironment, UnknownThread
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, HookKind, RecordedHook
-from bb_environments.domain.path_claim import PathClaim, claim_id
 from bb_environments.domain.status import ThreadStatus
 from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
-from bb_environments.handlers.log_indexes import LogIndex
+from bb_environments.handlers.claiming import Claims
+from bb_environments.handlers.writers import SingleWriter, Writers
 
 T = TypeVar("T")
 A = TypeVar("A", bound=Aggregate)
@@ -50,26 +50,27 @@ class Environments(Application[UUID]):
     name = "Environments"
     log_section_size = 500
 
-    def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None) -> None:
-        super().__init__(env=env)
+    def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None,
+                 writers: Writers | None = None) -> None:
+        """`writers`: who else may write the store (default: nobody, as with SQLite)."""
+        self.writers = writers or SingleWriter()
+        super().__init__(env={**(env or {}), **self.writers.cache_settings()})
         self._grace_for = grace_for or (lambda provider_id: 300_000)
         self.on_saved: Callable[[], object] = lambda: None
         self._saves = 0
-        # Indexes folded from the log, each read on from where it left off (by the one writer).
-        self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
-        self._held: dict[str, HeldPaths] = {}  # the same claims' live ones, by host
+        # Indexes folded from the log, each read on from where it left off.
+        index, saves = self.writers.log_index, lambda: self._saves
+        self.claims = Claims(self, self.writers, saves)
         self._unfinished: dict[UUID, None] = {}
         self._requested: set[UUID] = set()
         self._hook_operations: dict[str, tuple[UUID, HookKind]] = {}
-        self._claims_index = LogIndex(self, lambda: self._saves, PathClaim, ("Taken", "Retaken", "Released"), self._fold_claim)
-        self._unfinished_index = LogIndex(self, lambda: self._saves, Environment, ("Claimed", "Removed"), self._fold_unfinished)
-        self._requested_index = LogIndex(
-            self, lambda: self._saves, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold_requested
-        )
-        self._hooks_index = LogIndex(self, lambda: self._saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
+        self._unfinished_index = index(self, saves, Environment, ("Claimed", "Removed"), self._fold_unfinished)
+        self._requested_index = index(self, saves, Thread, ("EnvironmentRequested", "EnvironmentAssigned"),
+                                      self._fold_requested)
+        self._hooks_index = index(self, saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
         self._registered: set[UUID] = set()
-        self._registered_index = LogIndex(self, lambda: self._saves, Thread, ("Registered",), self._fold_registered)
-        self._indexes = (self._claims_index, self._unfinished_index, self._requested_index, self._hooks_index,
+        self._registered_index = index(self, saves, Thread, ("Registered",), self._fold_registered)
+        self._indexes = (self.claims.index, self._unfinished_index, self._requested_index, self._hooks_index,
                          self._registered_index)
 
     def _notify(self, recordings: list[Any]) -> None:
@@ -102,7 +103,7 @@ class Environments(Application[UUID]):
     # The lookups return an aggregate to read only: the cached one itself, not a copy (a deep copy
     # per read was a fifth of the writer's time in a burst). A cached aggregate never changes once
     # cached: a command changes a copy (`_changing_...`), and its save caches that copy in its place,
-    # unless the cache is fast-forwarded, which changes the cached aggregate in place.
+    # unless the cache is fast-forwarded (a shared store), which changes the cached aggregate in place.
 
     def environment(self, environment_id: UUID) -> Environment:
         return self._get(Environment, environment_id, str(environment_id), UnknownEnvironment, to_change=False)
@@ -134,12 +135,6 @@ class Environments(Application[UUID]):
     def _fold_registered(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         self._registered.add(_aggregate_id(notification))
 
-    def _claim(self, host_id: str, path: str) -> PathClaim | None:
-        try:
-            return self.repository.get(claim_id(host_id, path))
-        except AggregateNotFoundError:
-            return None
-
     def head(self) -> int:
         return self.recorder.max_notification_id() or 0
 
@@ -167,11 +162,21 @@ class Environments(Application[UUID]):
         self._save(thread)
         return thread
 
-    def spawn_thread(self, thread: Thread, target: UUID | Placement) -> Environment:
+    def spawn_thread(
+        self,
+        thread_id: str,
+        project_path: str | None,
+        parent_thread_id: str | None,
+        host_id: str,
+        intent: dict[str, Any] | None,
+        target: UUID | Placement,
+    ) -> Environment:
         """Register a new thread, its first message's request and the environment it gets (`target`
         joined, or placed new) in one save: a refused spawn leaves no thread behind."""
-        if self.find_thread(thread.thread_id) is not None:
-            raise IllegalTransition(f"thread {thread.thread_id} already exists")
+        if self.find_thread(thread_id) is not None:
+            raise IllegalTransition(f"thread {thread_id} already exists")
+        thread = Thread(thread_id=thread_id, project_path=project_path, parent_thread_id=parent_thread_id,
+                        host_id=host_id, intent=intent)
         thread.request_environment()
         environment, changed = self._provide(thread, target)
         self._save(*changed)
@@ -264,57 +269,18 @@ class Environments(Application[UUID]):
         thread.assign_environment(environment.id)
         if replaced is not None:
             replaced.give_up_path()
-        claims = [self._take(host_id, claimed_path, environment.id, replaced)] if claimed_path else []
-        return environment, [environment, thread, *([replaced] if replaced else []), *claims]
+        claims = self.claims.on_host(host_id)
+        if claimed_path:
+            claims.take(claimed_path, environment.id, replaced.id if replaced else None)
+        return environment, [environment, thread, *([replaced] if replaced else []), *claims.changed]
 
     def _holder(self, host_id: str, path: str, provider_id: str) -> Environment | None:
         """The environment of `provider_id` that holds exactly `path`, if one does."""
-        self._claims_index.catch_up()  # the usual answer, "nobody", without loading the claim
-        _, _, holder_id = self._claims.get(claim_id(host_id, path), (None, None, None))
+        holder_id = self.claims.holder(host_id, path)
         if holder_id is None:
             return None
         holder = self._changing_environment(holder_id)
         return holder if holder.provider_id == provider_id else None
-
-    def _take(self, host_id: str, path: str, environment_id: UUID, replaced: Environment | None = None) -> PathClaim:
-        """The claim on `path` for the environment; refused when it is held (unless by `replaced`),
-        or nested in a held path."""
-        self._refuse_nested(host_id, path, environment_id)
-        self._claims_index.catch_up()  # it knows every claim ever taken: a new path is not looked up
-        claim = self._claim(host_id, path) if claim_id(host_id, path) in self._claims else None
-        if claim is None:
-            return PathClaim(host_id=host_id, path=path, environment_id=environment_id)
-        if replaced is not None:
-            claim.release(replaced.id)
-        claim.retake(environment_id)
-        return claim
-
-    def _refuse_nested(self, host_id: str, path: str, environment_id: UUID) -> None:
-        self._claims_index.catch_up()
-        held = self._held.get(host_id)
-        for held_path, holder in held.overlapping(path) if held else ():
-            if holder != environment_id and held_path != path:
-                raise PathAlreadyClaimed(f"{path} overlaps {held_path}, held by environment {holder}")
-
-    def _live_claims(self) -> list[tuple[str, str, UUID | None]]:
-        """Every claim with its host, path and holder (None once released)."""
-        self._claims_index.catch_up()
-        return list(self._claims.values())
-
-    def _fold_claim(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
-        event = self.mapper.to_domain_event(notification) if saved is None else saved
-        if isinstance(event, PathClaim.Taken):
-            self._claims[event.originator_id] = (event.host_id, event.path, event.environment_id)
-        else:
-            host_id, path, _ = self._claims[event.originator_id]
-            holder = event.environment_id if isinstance(event, PathClaim.Retaken) else None
-            self._claims[event.originator_id] = (host_id, path, holder)
-        host_id, path, holder = self._claims[event.originator_id]
-        held = self._held.setdefault(host_id, HeldPaths())
-        if holder is None:
-            held.release(path)
-        else:
-            held.hold(path, holder)
 
     def _attach(self, thread: Thread, environment_id: UUID) -> tuple[Environment, list[Aggregate]]:
         environment = self._changing_environment(environment_id)
@@ -381,17 +347,17 @@ class Environments(Application[UUID]):
         the claimed one is claimed in the same save. `empty`: the provider made the path just now
         and put nothing in it, so a setup due is skipped here rather than started on the host."""
         environment = self._changing_environment(environment_id)
-        claims: list[PathClaim] = []
+        claims = self.claims.on_host(environment.host_id)
         if path != environment.claimed_path and attempt == environment.attempt:
             try:
-                claims.append(self._take(environment.host_id, path, environment.id))
+                claims.take(path, environment.id)
             except PathAlreadyClaimed as refused:
                 environment.record_create_failed(attempt, "terminal", f"{path} is already claimed: {refused}")
                 self._save(environment)
                 return environment
         if environment.record_created(attempt, path, owns_path, merge_base_branch, resource):
             _take_recording_step(environment, empty)
-            self._save(environment, *claims)
+            self._save(environment, *claims.changed)
         return environment
 
     def record_create_failed(self, environment_id: UUID, attempt: int, failure: str, message: str) -> Environment:
@@ -425,15 +391,13 @@ class Environments(Application[UUID]):
         environment = self._changing_environment(environment_id)
         previous_claim = environment.claimed_path
         environment.retry(path_key, claimed_path)
-        claims: list[PathClaim] = []
+        claims = self.claims.on_host(environment.host_id)
         if environment.claimed_path != previous_claim:
             if environment.claimed_path:
-                claims.append(self._take(environment.host_id, environment.claimed_path, environment.id))
-            old = self._claim(environment.host_id, previous_claim) if previous_claim else None
-            if old is not None:
-                old.release(environment.id)
-                claims.append(old)
-        self._save(environment, *claims)
+                claims.take(environment.claimed_path, environment.id)
+            if previous_claim:
+                claims.release(previous_claim, environment.id)
+        self._save(environment, *claims.changed)
         return environment
 
     def record_attempt_cleaned(self, environment_id: UUID, attempt: int) -> Environment:
@@ -465,10 +429,10 @@ class Environments(Application[UUID]):
         claimed = {p for p in (environment.claimed_path, environment.path) if p}
         if not environment.record_removed(removal_attempt):
             return environment
-        claims = [c for c in (self._claim(environment.host_id, p) for p in claimed) if c is not None]
-        for claim in claims:
-            claim.release(environment.id)
-        self._save(environment, *claims)
+        claims = self.claims.on_host(environment.host_id)
+        for path in claimed:
+            claims.release(path, environment.id)
+        self._save(environment, *claims.changed)
         return environment
 
     def record_remove_failed(

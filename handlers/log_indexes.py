@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from uuid import UUID
 
 from eventsourcing.application import Application
@@ -17,31 +17,57 @@ Fold = Callable[[Notification, "DomainEventProtocol[UUID] | None"], None]
 
 
 class LogIndex:
-    """Keeps some state up to date from the log's events of a few types, reading only what is new.
+    """Keeps some state up to date from the log's events of a few types: every `catch_up` reads on
+    from where the last one stopped, so it sees what any writer of the store saved since.
 
-    `saves` counts the application's saves: with one writer per store, the log can have grown only
-    by a save of its own, so while the count is unchanged the log is not read at all, and an index
-    that had read the whole log before a save folds that save's events from its recordings, without
-    reading them back (every save changes the count, so otherwise each command's lookup read the log).
+    It reads up to the head it found first, and goes on from there next time: the events of other
+    types in between are not scanned again. The head is a safe place to stop because the stores
+    commit notifications in id order (SQLite has one writer at a time; eventsourcing's PostgreSQL
+    recorder locks the table for each insert), so no smaller id can still appear behind it.
+    """
+
+    def __init__(self, app: Application[UUID], aggregate: type, event_names: tuple[str, ...], fold: Fold) -> None:
+        self._app = app
+        self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
+        self._fold = fold
+        self._position = 0
+
+    def catch_up(self) -> None:
+        head = self._app.recorder.max_notification_id() or 0
+        if head > self._position:
+            self._fold_all(self._app.recorder.select_notifications(
+                start=self._position + 1, stop=head, limit=10**9, topics=self._topics))
+            self._position = head
+
+    def saved(self, recordings: list[Recording[UUID]]) -> None:
+        """A save of the application's own: read by the next `catch_up`, with whatever came before it."""
+
+    def _fold_all(self, notifications: Sequence[Notification]) -> None:
+        for notification in notifications:
+            self._fold(notification, None)
+            self._position = notification.id
+
+
+class SingleWriterLogIndex(LogIndex):
+    """A log index of a store with one writer, the application itself: the log can have grown only
+    by a save of its own, so while the application's count of saves (`saves`) is unchanged the log
+    is not read at all, and an index that had read the whole log before a save folds that save's
+    events from its recordings, without reading them back (every save changes the count, so
+    otherwise each command's lookup read the log).
     """
 
     def __init__(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
                  event_names: tuple[str, ...], fold: Fold) -> None:
-        self._app = app
+        super().__init__(app, aggregate, event_names, fold)
         self._saves = saves
-        self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
-        self._fold = fold
-        self._position = 0
         self._read_after: int | None = None  # the count of saves when it last read the log
 
     def catch_up(self) -> None:
         saves = self._saves()
         if saves == self._read_after:
             return
-        new = self._app.recorder.select_notifications(start=self._position + 1, limit=10**9, topics=self._topics)
-        for notification in new:
-            self._fold(notification, None)
-            self._position = notification.id
+        self._fold_all(self._app.recorder.select_notifications(start=self._position + 1, limit=10**9,
+                                                               topics=self._topics))
         self._read_after = saves
 
     def saved(self, recordings: list[Recording[UUID]]) -> None:

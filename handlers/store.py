@@ -11,6 +11,11 @@ with one sync. Only then does it answer the batch's callers and wake whoever for
 Reads of the notification log (the relay's pages, gap fills, the log's head) run on a reader
 thread of their own, on another connection: they see only committed events, and a command never
 waits behind a page of them.
+
+On a store that other processes write too (handlers/writers.py), a command whose save conflicted
+with another writer's lost a race: nothing of it was written, and it runs again, a few times, each
+time on what the store holds then. The application's commands take values only, so each run
+starts again from the same arguments.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import asyncio
 import contextlib
 import functools
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
+from eventsourcing.persistence import RecordConflictError
 
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments
@@ -34,6 +42,13 @@ P = ParamSpec("P")
 
 # A batch is answered at once; a bound keeps the first caller's wait short under a long queue.
 BATCH_LIMIT = 64
+# The longest pause before a command that lost a race runs again, times the runs so far: apart, two
+# writers that keep deciding on the same aggregate at the same moment stop meeting there.
+RETRY_JITTER_S = 0.005
+
+
+class CommandConflicted(RuntimeError):
+    """A command lost every race it ran for against other writers of the store; nothing of it was saved."""
 
 
 @runtime_checkable
@@ -45,7 +60,7 @@ class DiskSync(Protocol):
 
 @dataclass
 class _Command:
-    call: Callable[[], Any]
+    call: functools.partial[Any]
     loop: asyncio.AbstractEventLoop
     answer: asyncio.Future[Any]
 
@@ -65,7 +80,7 @@ class Store:
 
     async def run(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a command on the writer thread; its arguments are checked against `call`'s signature.
-        It is answered once its events are durable."""
+        It is answered once its events are durable (run again while it loses races, see above)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[T] = loop.create_future()
         self._commands.put(_Command(functools.partial(call, *args, **kwargs), loop, answer))
@@ -91,7 +106,7 @@ class Store:
             while batch[-1] is not None and len(batch) < BATCH_LIMIT and not self._commands.empty():
                 batch.append(self._commands.get())
             commands = [command for command in batch if command is not None]
-            outcomes = [_attempt(command.call) for command in commands]
+            outcomes = [_attempt(command.call, self.app.writers.command_tries) for command in commands]
             if self._saved:
                 try:
                     self._sync()
@@ -112,11 +127,24 @@ class Store:
                 return
 
 
-def _attempt(call: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-    try:
-        return call(), None
-    except Exception as error:
-        return None, error
+def _attempt(call: functools.partial[Any], tries: int) -> tuple[Any, BaseException | None]:
+    """The command's result or error, once it ran without losing a race, or `tries` times."""
+    run = 1
+    while True:
+        try:
+            return call(), None
+        except RecordConflictError as lost:
+            if run == tries:
+                command = getattr(call.func, "__name__", "a command")
+                conflicted = CommandConflicted(
+                    f"{command} lost the race to another writer of the event store {tries} "
+                    f"{'time' if tries == 1 else 'times'}, nothing of it was saved: {lost}")
+                conflicted.__cause__ = lost
+                return None, conflicted
+        except Exception as error:
+            return None, error
+        time.sleep(random.uniform(0, RETRY_JITTER_S * run))
+        run += 1
 
 
 def _answer_all(answered: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:

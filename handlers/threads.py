@@ -77,8 +77,9 @@ class ThreadHandlers:
         """A thread with its first message (`bb thread spawn`), saved with the environment it gets
         or not at all: a refused spawn leaves no thread behind. `placement` is the new environment's,
         when the request named a provider (and was placed already)."""
-        thread = Thread(*self._registration(message))
-        return await self._given(self._app.spawn_thread, thread, await self._target(thread, placement))
+        registration = self._registration(message)
+        target = await self._target(Thread(*registration), placement)
+        return await self._given(self._app.spawn_thread, *registration, target)
 
     def registers_as(self, thread: Thread, message: RegisterThread) -> bool:
         """Whether `message` would register `thread` exactly as the log has it."""

@@ -25,6 +25,7 @@ from eventsourcing.domain import Aggregate, DomainEventProtocol
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.descriptions import said as _said
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.thread import Thread
 
@@ -133,6 +134,7 @@ _OWNERS: dict[type[Aggregate], _Owner] = {
         common=lambda event, claim: {"claimId": str(event.originator_id), "hostId": claim.host_id,
                                      "path": claim.path, "environmentId": _claim_holder(event, claim)},
     ),
+    HostClaims: _Owner("host", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}),
 }
 
 
@@ -450,6 +452,39 @@ class ClaimRetaken(ClaimEvent, kw_only=True, tag="claim_retaken"):
 class ClaimReleased(ClaimEvent, kw_only=True, tag="claim_released"):
     """Environment `environmentId` gave the path up: in the transaction of its `removed`, or of
     handing the path to the environment that replaces it."""
+
+
+class HostClaimsEvent(Document):
+    host_id: Annotated[str, msgspec.Meta(description="The host whose claims these are.")]
+    version: Annotated[int, msgspec.Meta(description="The version of the host's claims after this event (gap-free).")]
+
+
+@publishes(HostClaims.Started)
+class HostClaimsStarted(HostClaimsEvent, kw_only=True, tag="host_claims_started"):
+    """A store that several core replicas may write began to keep the host's live claims together,
+    so that the claims on one host are decided one at a time: in the transaction of the first claim
+    taken or released there, holding the claims live until then."""
+
+    held: Annotated[dict[str, UUID], msgspec.Meta(
+        description="Each path (canonical form) held on the host until then, with the environment holding it.")]
+
+
+@publishes(HostClaims.Held)
+class HostClaimsHeld(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
+    """Environment `environmentId` holds the path on the host now: in the transaction of its
+    `claim_taken` or `claim_retaken` (on a store that several core replicas may write)."""
+
+    path: Annotated[str, msgspec.Meta(description="The claimed path, in canonical form (symlinks resolved).")]
+    environment_id: Annotated[str, msgspec.Meta(description="The environment holding the path.")]
+
+
+@publishes(HostClaims.Released)
+class HostClaimsReleased(HostClaimsEvent, kw_only=True, tag="host_claims_released"):
+    """Environment `environmentId` no longer holds the path on the host: in the transaction of its
+    `claim_released` (on a store that several core replicas may write)."""
+
+    path: Annotated[str, msgspec.Meta(description="The released path, in canonical form (symlinks resolved).")]
+    environment_id: Annotated[str, msgspec.Meta(description="The environment that held the path.")]
 
 
 

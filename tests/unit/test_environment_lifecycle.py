@@ -6,7 +6,6 @@ import pytest
 
 from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
-from bb_environments.domain.thread import Thread
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -64,7 +63,8 @@ def test_a_claimed_path_cannot_be_claimed_again_and_nothing_is_written(app):
 
 
 def new_thread(thread_id):
-    return Thread(thread_id, "/repo", None, "local", None)
+    """A new thread's registration, as spawn_thread takes it: id, project, parent, host, intent."""
+    return thread_id, "/repo", None, "local", None
 
 
 def test_a_spawned_thread_is_saved_with_its_environment_or_not_at_all(app):
@@ -73,18 +73,18 @@ def test_a_spawned_thread_is_saved_with_its_environment_or_not_at_all(app):
     app.archive_thread("t0", NOW)
     head = app.head()
     with pytest.raises(PathAlreadyClaimed):
-        app.spawn_thread(new_thread("t2"), Placement("git-worktree", "local", "/repo", {}, "t2", "/data/p/sub"))
+        app.spawn_thread(*new_thread("t2"), Placement("git-worktree", "local", "/repo", {}, "t2", "/data/p/sub"))
     with pytest.raises(IllegalTransition, match="takes no new threads"):
-        app.spawn_thread(new_thread("t2"), cancelled.id)
+        app.spawn_thread(*new_thread("t2"), cancelled.id)
     assert app.head() == head and app.find_thread("t2") is None
 
-    placed = app.spawn_thread(new_thread("t2"), Placement("git-worktree", "local", "/repo", {}, "t2", "/data/q"))
-    joined = app.spawn_thread(new_thread("t3"), held.id)
+    placed = app.spawn_thread(*new_thread("t2"), Placement("git-worktree", "local", "/repo", {}, "t2", "/data/q"))
+    joined = app.spawn_thread(*new_thread("t3"), held.id)
 
     assert app.thread("t2").environment_id == placed.id and placed.claimed_path == "/data/q"
     assert joined.id == held.id and app.environment(held.id).thread_ids == ["t1", "t3"]
     with pytest.raises(IllegalTransition, match="already exists"):
-        app.spawn_thread(new_thread("t3"), held.id)
+        app.spawn_thread(*new_thread("t3"), held.id)
 
 
 def share(app, thread_id, provider_id="project-checkout", path="/repo"):

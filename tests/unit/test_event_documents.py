@@ -23,9 +23,11 @@ from eventsourcing.persistence import StoredEvent
 
 import bb_environments.domain as domain
 from bb_environments.entrypoints import catalog
-from bb_environments.bus.wire.documents import PUBLICATIONS, ClaimEvent, EnvironmentEvent, ThreadEvent, log_decoder
+from bb_environments.bus.wire.documents import (PUBLICATIONS, ClaimEvent, EnvironmentEvent, HostClaimsEvent, ThreadEvent,
+                                                 log_decoder)
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.status import HookStatus
 from bb_environments.domain.thread import Thread
@@ -74,9 +76,13 @@ def record_every_event(app: Application) -> None:
     claim = PathClaim(host_id="local", path="/data/wt/t-1-1", environment_id=env.id)
     thread.assign_environment(env.id)
     app.save(thread, env, claim)
+    host = HostClaims(host_id="local", held={"/data/wt/t-1-1": env.id})
+    app.save(host)
     env.record_create_failed(1, "transient", "git is busy")
     env.record_attempt_cleaned(1)
     env.retry("t-1-2", "/data/wt/t-1-2")
+    host.release("/data/wt/t-1-1", env.id)
+    host.hold("/data/wt/t-1-2", env.id)
     env.record_created(2, "/data/wt/t-1-2", True, "main", {"worktree": "/data/wt/t-1-2"})
     operation = env.setup_operation()
     env.start_setup(operation)
@@ -100,10 +106,11 @@ def record_every_event(app: Application) -> None:
     env.retry_removal(now + timedelta(seconds=61))
     env.record_removed(2)
     claim.release(env.id)
+    host.release("/data/wt/t-1-2", env.id)
     thread.leave_environment()
     thread.archive()
     thread.unarchive()
-    app.save(thread, env, claim)
+    app.save(thread, env, claim, host)
     other = Environment(provider_id="project-checkout", host_id="local", project_path="/src/p", inputs=None,
                         path_key="t-1-3", claimed_path="/data/wt/t-1-1", thread_id="t-1")
     claim.retake(other.id)
@@ -173,7 +180,7 @@ def test_each_view_is_its_aggregate_just_after_the_event(app):
         elif isinstance(document, ThreadEvent):
             assert isinstance(view, ThreadView) and view.id == document.thread_id
         else:
-            assert isinstance(document, ClaimEvent) and view is None
+            assert isinstance(document, (ClaimEvent, HostClaimsEvent)) and view is None
 
 
 def test_a_hook_the_host_skipped_after_it_started_shows_no_operation():

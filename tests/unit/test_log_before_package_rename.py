@@ -31,5 +31,5 @@ def test_events_stored_under_the_old_module_names_load_and_publish_as_they_did(t
     assert len(unfinished) == 1
     assert app.environment(unfinished[0]).status == EnvironmentStatus.READY
     # The indexes read the log by topic: the old names count, so the ready workspace's claim is held.
-    held = [holder for _, path, holder in app._live_claims() if path.endswith("/old-b")]
+    held = [holder for _, path, holder in app.claims.live() if path.endswith("/old-b")]
     assert held == [unfinished[0]]

@@ -119,7 +119,7 @@ async def settle(provisioner: Provisioner, app: Environments) -> None:
 
 
 def check_consistent(app: Environments, root: Path) -> None:
-    claims = {path: holder for _, path, holder in app._live_claims()}
+    claims = {path: holder for _, path, holder in app.claims.live()}
     known_threads = [t for t in (app.find_thread(t) for t in THREADS) if t is not None]
     for environment_id in {t.environment_id for t in known_threads if t.environment_id}:
         environment = app.environment(environment_id)
@@ -163,7 +163,7 @@ async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
         for environment_id in app.unfinished_environment_ids():
             raise AssertionError(f"environment {environment_id} outlived all its threads: "
                                  f"{app.environment(environment_id).status}")
-        assert all(holder is None for _, _, holder in app._live_claims())
+        assert all(holder is None for _, _, holder in app.claims.live())
         workspaces = root / "providers" / "instant" / "ws"
         assert not workspaces.exists() or list(workspaces.iterdir()) == []
     finally:

@@ -18,7 +18,6 @@ import pytest
 
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.handlers.application import Environments, Placement
-from bb_environments.domain.thread import Thread
 from bb_environments.handlers.store import Store
 from bb_environments.projections.read_model import Applied, ReadModel, RebuildAbandoned
 from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage, public_view
@@ -48,7 +47,7 @@ def live_environments(app: Environments, first: int, count: int) -> None:
     """Spawn environments t<first>... and take them to ready; every other one is archived and removed."""
     for n in range(first, first + count):
         thread_id, path = f"t{n}", f"/data/t{n}"
-        environment = app.spawn_thread(Thread(thread_id, "/repo", None, "local", None),
+        environment = app.spawn_thread(thread_id, "/repo", None, "local", None,
                                        Placement("git-worktree", "local", "/repo", {}, thread_id, path))
         app.record_created(environment.id, 1, path, True, "main", None)
         app.start_setup(environment.id)
@@ -67,7 +66,7 @@ def every_state(app: Environments) -> None:
     each one step past the one before, as the service records them."""
     def spawned(n: int, provider: str = "git-worktree") -> UUID:
         thread_id, path = f"s{n}", f"/data/s{n}"
-        return app.spawn_thread(Thread(thread_id, "/repo", None, "local", None),
+        return app.spawn_thread(thread_id, "/repo", None, "local", None,
                                 Placement(provider, "local", "/repo", {"branch": {"name": f"b{n}"}}, thread_id, path)).id
 
     def set_up(environment_id: UUID, succeeded: bool = True) -> None:
@@ -83,7 +82,7 @@ def every_state(app: Environments) -> None:
     app.record_create_failed(spawned(3), 1, "permanent", "the branch exists")  # error, before a path
     set_up(spawned(4), succeeded=False)  # error, its setup failed
     set_up(joined := spawned(5))
-    app.spawn_thread(Thread("s5-b", "/repo", "s5", "local", None), joined)  # ready, two threads
+    app.spawn_thread("s5-b", "/repo", "s5", "local", None, joined)  # ready, two threads
     set_up(spawned(6))
     app.archive_thread("s6", NOW)  # retiring
     set_up(removing := spawned(7))

@@ -1,0 +1,143 @@
+"""The path claims: which environment holds a path on a host, and how a command takes and releases them.
+
+A claim's id is derived from its host and path, so the store itself refuses two live holders of one
+path (the second save conflicts). The nested-path rule (domain/claims.py) is enforced as the store's
+writers allow (handlers/writers.py): a single writer checks it against the live claims it indexed
+from the log; on a shared store each host's live claims are a HostClaims aggregate, saved with every
+claim taken or released there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.domain import Aggregate, DomainEventProtocol
+from eventsourcing.persistence import Notification
+
+from bb_environments.domain.claims import HeldPaths, refuse_nested
+from bb_environments.domain.host_claims import HostClaims, host_claims_id
+from bb_environments.domain.path_claim import PathClaim, claim_id
+from bb_environments.handlers.writers import Writers
+
+
+class Claims:
+    """Every claim ever taken, folded from the log, and the start of each command's claim changes."""
+
+    def __init__(self, app: Application[UUID], writers: Writers, saves: Callable[[], int]) -> None:
+        self._app = app
+        self.per_host = writers.claims_per_host
+        self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
+        self._held: dict[str, HeldPaths] = {}  # the same claims' live ones, by host
+        self.index = writers.log_index(app, saves, PathClaim, ("Taken", "Retaken", "Released"), self._fold)
+
+    def holder(self, host_id: str, path: str) -> UUID | None:
+        """The environment that holds exactly `path` on the host, if one does."""
+        self.index.catch_up()  # the usual answer, "nobody", without loading the claim
+        _, _, holder_id = self._claims.get(claim_id(host_id, path), (None, None, None))
+        return holder_id
+
+    def live(self) -> list[tuple[str, str, UUID | None]]:
+        """Every claim with its host, path and holder (None once released)."""
+        self.index.catch_up()
+        return list(self._claims.values())
+
+    def on_host(self, host_id: str) -> ClaimChanges:
+        """What one command will change of the claims on `host_id`."""
+        return ClaimChanges(self, host_id)
+
+    def taken(self, host_id: str, path: str) -> PathClaim | None:
+        """The claim on `path` if one was ever taken (held or released), to take again."""
+        self.index.catch_up()  # it knows every claim ever taken: a new path is not looked up
+        return self.stored(host_id, path) if claim_id(host_id, path) in self._claims else None
+
+    def stored(self, host_id: str, path: str) -> PathClaim | None:
+        """The claim on `path` as the store has it, if there is one."""
+        try:
+            return self._app.repository.get(claim_id(host_id, path))
+        except AggregateNotFoundError:
+            return None
+
+    def refuse_nested_path(self, host_id: str, path: str, environment_id: UUID) -> None:
+        """The nested-path rule, against the live claims of the log as this index read it."""
+        self.index.catch_up()
+        refuse_nested(self._held.get(host_id), path, environment_id)
+
+    def host_claims(self, host_id: str) -> HostClaims:
+        """The host's HostClaims, to change, or a new one holding its live claims."""
+        try:
+            return self._app.repository.get(host_claims_id(host_id))
+        except AggregateNotFoundError:
+            # A host whose claims were decided by a single writer until now (or none were): the
+            # live ones the log holds are where it starts. A writer that started it meanwhile makes
+            # this save conflict, and the command decides again on that one.
+            self.index.catch_up()
+            held = self._held.get(host_id)
+            return HostClaims(host_id=host_id, held=held.holders() if held else {})
+
+    def _fold(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
+        event = self._app.mapper.to_domain_event(notification) if saved is None else saved
+        if isinstance(event, PathClaim.Taken):
+            self._claims[event.originator_id] = (event.host_id, event.path, event.environment_id)
+        else:
+            host_id, path, _ = self._claims[event.originator_id]
+            holder = event.environment_id if isinstance(event, PathClaim.Retaken) else None
+            self._claims[event.originator_id] = (host_id, path, holder)
+        host_id, path, holder = self._claims[event.originator_id]
+        held = self._held.setdefault(host_id, HeldPaths())
+        if holder is None:
+            held.release(path)
+        else:
+            held.hold(path, holder)
+
+
+class ClaimChanges:
+    """The claims one command takes and releases on one host: `changed` is what it saves with its
+    own aggregates, in the same save, so a refused or conflicting command changes none of them."""
+
+    def __init__(self, claims: Claims, host_id: str) -> None:
+        self._claims = claims
+        self._host_id = host_id
+        self._path_claims: list[PathClaim] = []
+        self._host: HostClaims | None = None
+
+    @property
+    def changed(self) -> list[Aggregate]:
+        return [*self._path_claims, *([self._host] if self._host is not None else [])]
+
+    def take(self, path: str, environment_id: UUID, replaced: UUID | None = None) -> None:
+        """Claim `path` for the environment; refused when it is held (unless by `replaced`, which
+        gives it up here), or nested in a held path."""
+        host = self._host_claims()
+        if host is None:
+            self._claims.refuse_nested_path(self._host_id, path, environment_id)
+        else:
+            if replaced is not None:
+                host.release(path, replaced)
+            host.hold(path, environment_id)
+        claim = self._claims.taken(self._host_id, path)
+        if claim is None:
+            claim = PathClaim(host_id=self._host_id, path=path, environment_id=environment_id)
+        else:
+            if replaced is not None:
+                claim.release(replaced)
+            claim.retake(environment_id)
+        self._path_claims.append(claim)
+
+    def release(self, path: str, environment_id: UUID) -> None:
+        """Give up the environment's claim on `path`, if it holds one."""
+        claim = self._claims.stored(self._host_id, path)
+        if claim is None:
+            return
+        claim.release(environment_id)
+        self._path_claims.append(claim)
+        host = self._host_claims()
+        if host is not None:
+            host.release(path, environment_id)
+
+    def _host_claims(self) -> HostClaims | None:
+        """The host's HostClaims, where the writers keep one (loaded once per command)."""
+        if self._host is None and self._claims.per_host:
+            self._host = self._claims.host_claims(self._host_id)
+        return self._host
