@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Protocol
 
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
+# The port's failure and the transcript are the contract's too: a host's workspaces raise it and write to it.
+from bb_environments.providers.contract import ProviderMissing as ProviderMissing
+from bb_environments.providers.contract import Transcript as Transcript
 
 
 class HostUnavailable(Exception):
@@ -12,14 +15,6 @@ class HostUnavailable(Exception):
 
     What a port that reaches its host over a network (the host agent's client) raises; the
     provisioning driver waits on it without knowing how the work travels."""
-
-
-class ProviderMissing(Exception):
-    """The environment's provider is not registered now; its cleanup waits for it to return."""
-
-
-class Transcript(Protocol):
-    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str) -> None: ...
 
 
 class Hooks(Protocol):

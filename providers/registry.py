@@ -1,4 +1,5 @@
-"""The providers this service knows: every entry point in group `bb.environment_providers`."""
+"""The providers this service knows: every entry point in group `bb.environment_providers`, and
+what each declares of itself for the core (its profile) and for `bb providers` (its description)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,45 @@ from typing import Any
 
 import msgspec
 
-from bb_environments.providers.contract import Availability, EnvironmentProvider, Policy, ProjectContext, Requires
+from bb_environments.providers.contract import (
+    Availability,
+    EnvironmentProvider,
+    Policy,
+    ProjectContext,
+    Requires,
+    is_pausable,
+)
 
 ENTRY_POINT_GROUP = "bb.environment_providers"
 log = logging.getLogger(__name__)
 
 
+class ProviderProfile(msgspec.Struct, frozen=True, rename="camel"):
+    """What a host's provider declares once, for the core to decide with instead of its code: how
+    its environments are shared and retired, what it requires, its inputs' JSON Schema."""
+
+    id: str
+    display_name: str
+    requires: Requires
+    inputs: dict[str, Any] | None
+    policy: Policy
+    pausable: bool
+
+
+# A provider as `bb providers` shows it: its profile and whether it can create now. (A comment: a
+# docstring would become the published schema's description.)
 class ProviderDescription(msgspec.Struct, rename="camel"):
+
     id: str
     display_name: str
     requires: Requires
     inputs: dict[str, Any] | None
     policy: Policy
     availability: Availability
+
+    @classmethod
+    def of(cls, profile: ProviderProfile, availability: Availability) -> ProviderDescription:
+        return cls(profile.id, profile.display_name, profile.requires, profile.inputs, profile.policy, availability)
 
 
 def inputs_schema(provider: EnvironmentProvider) -> dict[str, Any] | None:
@@ -51,13 +78,18 @@ class ProviderRegistry:
     def ids(self) -> list[str]:
         return sorted(self._providers)
 
+    def profiles(self) -> dict[str, ProviderProfile]:
+        """Each provider's profile, by id in id order."""
+        return {
+            p.id: ProviderProfile(id=p.id, display_name=p.display_name, requires=p.requires, inputs=inputs_schema(p),
+                                  policy=p.policy, pausable=is_pausable(p))
+            for p in (self._providers[i] for i in self.ids())
+        }
+
     def describe(self, context_for: Callable[[EnvironmentProvider], ProjectContext]) -> list[ProviderDescription]:
         return [
-            ProviderDescription(
-                id=p.id, display_name=p.display_name, requires=p.requires, inputs=inputs_schema(p),
-                policy=p.policy, availability=safe_availability(p, context_for(p)),
-            )
-            for p in (self._providers[i] for i in self.ids())
+            ProviderDescription.of(profile, safe_availability(self._providers[profile.id], context_for(self._providers[profile.id])))
+            for profile in self.profiles().values()
         ]
 
 
