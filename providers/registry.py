@@ -4,7 +4,7 @@ what each declares of itself for the core (its profile) and for `bb providers` (
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -38,7 +38,6 @@ class ProviderProfile(msgspec.Struct, frozen=True, rename="camel"):
 # A provider as `bb providers` shows it: its profile and whether it can create now. (A comment: a
 # docstring would become the published schema's description.)
 class ProviderDescription(msgspec.Struct, rename="camel"):
-
     id: str
     display_name: str
     requires: Requires
@@ -85,12 +84,6 @@ class ProviderRegistry:
                                   policy=p.policy, pausable=is_pausable(p))
             for p in (self._providers[i] for i in self.ids())
         }
-
-    def describe(self, context_for: Callable[[EnvironmentProvider], ProjectContext]) -> list[ProviderDescription]:
-        return [
-            ProviderDescription.of(profile, safe_availability(self._providers[profile.id], context_for(self._providers[profile.id])))
-            for profile in self.profiles().values()
-        ]
 
 
 def safe_availability(provider: EnvironmentProvider, context: ProjectContext) -> Availability:

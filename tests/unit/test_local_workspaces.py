@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from bb_environments.handlers.errors import InvalidInput
+from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.providers.contract import Created, CreateFailed, InvalidInputs, Previous, ProviderMissing
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspace_messages import CreateRequest, PlanRequest, RemoveRequest
@@ -91,3 +94,7 @@ async def test_a_project_inside_the_data_dir_is_refused_with_the_reason(tmp_path
     with pytest.raises(InvalidInputs) as refused:
         await workspaces.plan(PlanRequest("local", "instant", str(project), None, "t1"))
     assert str(refused.value) == reason
+    # The core's placement answers the request with the same words.
+    with pytest.raises(InvalidInput) as answered:
+        await Placer(workspaces).place("t1", NewEnvironment("instant", "local", None), str(project), "local")
+    assert str(answered.value) == reason
