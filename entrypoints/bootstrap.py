@@ -38,10 +38,9 @@ from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.handlers.writers import SharedStore, SingleWriter
 from bb_environments.projections.read_model import ReadModel
+from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.registry import ProviderRegistry
-
-DEFAULT_RETIRE_GRACE_MS = 300_000
-"""The grace of an environment whose provider is no longer installed."""
+from bb_environments.providers.workspaces import LocalWorkspaces
 
 # Whether a cached aggregate is read again from the store on a hit is the writers' strategy's
 # (handlers/writers.py): with one writer it never is.
@@ -80,13 +79,11 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
                      started: contextlib.AsyncExitStack) -> Core:
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
+    workspaces = LocalWorkspaces(registry, settings.data_dir, ports.transcript)
+
     def grace_for(provider_id: str) -> int | None:
-        """The provider's grace; BB_RETIRE_GRACE_MS replaces it, except for providers that never retire."""
-        provider = registry.get(provider_id)
-        grace = provider.policy.retire_grace_ms if provider else DEFAULT_RETIRE_GRACE_MS
-        if grace is None or settings.retire_grace_override is None:
-            return grace
-        return settings.retire_grace_override[0]
+        profile = workspaces.profiles(settings.host_id).get(provider_id)
+        return retire_grace_ms(profile.policy if profile else None, settings.retire_grace_override)
 
     # A SQLite store has one writer, serve's lock beside it says which; a PostgreSQL one may be shared.
     writers = SingleWriter() if event_store_file(settings.event_store) else SharedStore()
@@ -100,12 +97,12 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
     started.push_async_callback(read_model.close)
-    placer = Placer(registry, settings.data_dir, settings.host_id)
-    provisioner = Provisioner(store, placer, ports.hooks, ports.transcript,
+    placer = Placer(workspaces, settings.host_id)
+    provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
                               timedelta(seconds=settings.transient_retry_s))
     started.push_async_callback(provisioner.stop)
-    threads = ThreadHandlers(store, placer, settings.host_id)
-    api = Api(store, read_model, placer, threads, provisioner, settings.host_id, ports.stream_position,
+    threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
+    api = Api(store, read_model, placer, workspaces, threads, provisioner, settings.host_id, ports.stream_position,
               ports.publish_thread_message, lambda: LogReader(app))
     return Core(app, store, read_model, damage, placer, threads, provisioner, api)
 

@@ -33,13 +33,13 @@ from bb_environments.handlers.commands import (
     UnarchiveThread,
 )
 from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
-from bb_environments.handlers.placement import Placer, canonical_project, check_environment_id, check_host_id, check_thread_id
+from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
+from bb_environments.handlers.ports import Workspaces
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import ReadModel, ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView, ViewPage
-from bb_environments.providers.contract import EnvironmentProvider, ProjectContext
 from bb_environments.providers.registry import ProviderDescription
 
 T = TypeVar("T")
@@ -119,8 +119,9 @@ class LogViews(Protocol):
 
 
 class Api:
-    def __init__(self, store: Store, read_model: ReadModel, placer: Placer, threads: ThreadHandlers,
-                 provisioner: Provisioner, host_id: str, stream_position: Callable[[], Awaitable[int]],
+    def __init__(self, store: Store, read_model: ReadModel, placer: Placer, workspaces: Workspaces,
+                 threads: ThreadHandlers, provisioner: Provisioner, host_id: str,
+                 stream_position: Callable[[], Awaitable[int]],
                  publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
                  log_views: Callable[[], LogViews]) -> None:
         """`log_views` makes a fresh reader of the log for each replay."""
@@ -128,6 +129,7 @@ class Api:
         self._app = store.app
         self._read_model = read_model
         self._placer = placer
+        self._workspaces = workspaces
         self._threads = threads
         self._provisioner = provisioner
         self._host_id = host_id
@@ -138,10 +140,7 @@ class Api:
     # -- queries -------------------------------------------------------------------------------
 
     async def providers(self) -> list[ProviderDescription]:
-        def context_for(provider: EnvironmentProvider) -> ProjectContext:
-            return self._placer.context(provider, self._host_id, None, None)
-
-        return await asyncio.to_thread(self._placer.registry.describe, context_for)
+        return await self._workspaces.providers(self._host_id)
 
     async def list_environments(self, query: EnvironmentQuery) -> Page[EnvironmentView]:
         if query.after is not None:
@@ -246,10 +245,10 @@ class Api:
         same request is answered as the first was, never spawned twice; another one is refused."""
         asked = RegisterThread(
             thread_id=thread.thread_id, parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
-            project_path=canonical_project(request.project_path) if isinstance(intent, NewEnvironment)
+            project_path=await self._placer.project(request.project_path, host_id) if isinstance(intent, NewEnvironment)
             else request.project_path,
         )
-        if thread.environment_id is None or not self._threads.registers_as(thread, asked):
+        if thread.environment_id is None or not await self._threads.registers_as(thread, asked):
             raise InvalidInput(f"thread {thread.thread_id} already exists; pick another --thread-id")
         return await self._store.run(self._app.environment, thread.environment_id)
 

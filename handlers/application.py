@@ -26,6 +26,7 @@ from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import Claims
 from bb_environments.handlers.writers import SingleWriter, Writers
+from bb_environments.providers.contract import retire_grace_ms
 
 T = TypeVar("T")
 A = TypeVar("A", bound=Aggregate)
@@ -55,7 +56,7 @@ class Environments(Application[UUID]):
         """`writers`: who else may write the store (default: nobody, as with SQLite)."""
         self.writers = writers or SingleWriter()
         super().__init__(env={**(env or {}), **self.writers.cache_settings()})
-        self._grace_for = grace_for or (lambda provider_id: 300_000)
+        self._grace_for = grace_for or (lambda provider_id: retire_grace_ms(None, None))
         self.on_saved: Callable[[], object] = lambda: None
         self._saves = 0
         # Indexes folded from the log, each read on from where it left off.

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from datetime import datetime
+from typing import Any, Protocol
 
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
+from bb_environments.providers.contract import CreateResult, RemoveResult
+# The port's failure and the transcript are the contract's too: a host's workspaces raise it and write to it.
+from bb_environments.providers.contract import ProviderMissing as ProviderMissing
+from bb_environments.providers.contract import Transcript as Transcript
+from bb_environments.providers.registry import ProviderDescription, ProviderProfile
+from bb_environments.providers.workspace_messages import (
+    CreateRequest,
+    PauseResult,
+    Plan,
+    PlanRequest,
+    RemoveRequest,
+    ResourceRequest,
+    ResumeResult,
+)
 
 
 class HostUnavailable(Exception):
@@ -12,14 +29,6 @@ class HostUnavailable(Exception):
 
     What a port that reaches its host over a network (the host agent's client) raises; the
     provisioning driver waits on it without knowing how the work travels."""
-
-
-class ProviderMissing(Exception):
-    """The environment's provider is not registered now; its cleanup waits for it to return."""
-
-
-class Transcript(Protocol):
-    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str) -> None: ...
 
 
 class Hooks(Protocol):
@@ -33,3 +42,56 @@ class Hooks(Protocol):
                   workspace: str, known: RecordedHook | None = None) -> HookOutcome: ...
 
     async def cancel(self, host_id: str, operation_id: str) -> str: ...
+
+
+class Workspaces(Protocol):
+    """Everything the core asks of the host where an environment's workspace lives: its providers'
+    code, data and filesystem are there, never in the core.
+
+    The core keeps each host's provider profiles and asks the rest, with the messages of
+    providers/workspace_messages.py. A call raises `ProviderMissing` when the host has no such
+    provider now, and `HostUnavailable` when nobody answers for the host: the step waits and asks
+    again. A refused request raises the contract's `InvalidInputs` (its message names the field)
+    or `PlanRefused` (the provider cannot create there now)."""
+
+    def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
+        """The host's providers, by id in id order."""
+        ...
+
+    async def providers(self, host_id: str) -> list[ProviderDescription]:
+        """The host's providers with whether each can create there now, in id order."""
+        ...
+
+    async def inputs(self, host_id: str, provider_id: str, inputs: Any) -> Any:
+        """`inputs` as the provider's type reads them (as plain data): what the log keeps of them."""
+        ...
+
+    async def canonical_project(self, host_id: str, project_path: str | None) -> str | None:
+        """The project path in the host's canonical form (symlinks resolved)."""
+        ...
+
+    async def plan(self, request: PlanRequest) -> Plan:
+        """Check a new environment's request on its host and plan the path it claims."""
+        ...
+
+    async def planned_path(self, request: PlanRequest) -> str | None:
+        """The canonical path a later attempt of a placed environment claims (None: not knowable)."""
+        ...
+
+    async def create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
+        """Run one create attempt; `cancelled` set asks it to stop. `Created.path` is canonical."""
+        ...
+
+    async def remove(self, request: RemoveRequest, cancelled: threading.Event) -> RemoveResult:
+        """Remove what a create attempt made or left (a removal, or the cleanup of a failed attempt)."""
+        ...
+
+    async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
+        ...
+
+    async def pause(self, request: ResourceRequest,
+                    checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]) -> PauseResult:
+        """Suspend the resource; `checkpoint` records the resumable one before anything is stopped."""
+        ...
+
+    async def resume(self, request: ResourceRequest) -> ResumeResult: ...

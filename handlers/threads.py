@@ -14,8 +14,6 @@ from datetime import datetime, timezone
 from typing import Any, ParamSpec
 from uuid import UUID
 
-import msgspec
-
 from bb_environments.domain.errors import UnknownThread
 from bb_environments.handlers.application import Placement
 from bb_environments.domain.environment import Environment
@@ -35,7 +33,8 @@ from bb_environments.handlers.commands import (
     intent_from_document,
 )
 from bb_environments.handlers.errors import InvalidInput, NotFound, Refused, RequestError
-from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id, decode_inputs
+from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
+from bb_environments.handlers.ports import Workspaces
 from bb_environments.handlers.store import Store
 
 log = logging.getLogger(__name__)
@@ -48,10 +47,11 @@ def _now() -> datetime:
 
 
 class ThreadHandlers:
-    def __init__(self, store: Store, placer: Placer, default_host_id: str) -> None:
+    def __init__(self, store: Store, placer: Placer, workspaces: Workspaces, default_host_id: str) -> None:
         self._store = store
         self._app = store.app
         self._placer = placer
+        self._workspaces = workspaces
         self._default_host_id = default_host_id
 
     async def handle(self, message: ThreadCommand) -> Environment | None:
@@ -71,37 +71,36 @@ class ThreadHandlers:
         return None
 
     async def created(self, message: RegisterThread) -> Thread:
-        return await self._store.run(self._app.register_thread, *self._registration(message))
+        return await self._store.run(self._app.register_thread, *await self._registration(message))
 
     async def spawn(self, message: RegisterThread, placement: Placement | None) -> Environment:
         """A thread with its first message (`bb thread spawn`), saved with the environment it gets
         or not at all: a refused spawn leaves no thread behind. `placement` is the new environment's,
         when the request named a provider (and was placed already)."""
-        registration = self._registration(message)
+        registration = await self._registration(message)
         target = await self._target(Thread(*registration), placement)
         return await self._given(self._app.spawn_thread, *registration, target)
 
-    def registers_as(self, thread: Thread, message: RegisterThread) -> bool:
+    async def registers_as(self, thread: Thread, message: RegisterThread) -> bool:
         """Whether `message` would register `thread` exactly as the log has it."""
         registered = (thread.thread_id, thread.project_path, thread.parent_thread_id, thread.host_id, thread.intent)
-        return self._registration(message) == registered
+        return await self._registration(message) == registered
 
-    def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict[str, Any] | None]:
+    async def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict[str, Any] | None]:
         """The thread as the log registers it (id, project, parent, host, intent), each checked."""
         host_id = check_host_id(_host_of(message) or self._default_host_id)
         if message.parent_thread_id is not None:
             check_thread_id(message.parent_thread_id)
-        intent = None if message.environment is None else self._checked_intent(message.environment)
+        intent = None if message.environment is None else await self._checked_intent(message.environment)
         return message.thread_id, message.project_path, message.parent_thread_id, host_id, intent
 
-    def _checked_intent(self, intent: Intent) -> dict[str, Any]:
+    async def _checked_intent(self, intent: Intent) -> dict[str, Any]:
         """The intent as the thread keeps it in the log: inputs as their provider's type reads them,
         so nothing a publisher adds beside them is stored; what fails that is refused here."""
         if isinstance(intent, ExistingEnvironment):
             return intent_document(ExistingEnvironment(str(check_environment_id(intent.environment_id))))
-        provider = self._placer.provider(intent.provider_id)
-        inputs = msgspec.to_builtins(decode_inputs(provider, intent.inputs))
-        return intent_document(NewEnvironment(provider.id, intent.machine_host_id, inputs))
+        inputs = await self._placer.inputs(intent.provider_id, intent.inputs)
+        return intent_document(NewEnvironment(intent.provider_id, intent.machine_host_id, inputs))
 
     async def first_message(self, thread_id: str) -> Environment | None:
         """Give the thread its environment, unless it has one already.
@@ -161,8 +160,8 @@ class ThreadHandlers:
             raise NotFound(f"no parent thread {thread.parent_thread_id}") from None
         if thread.project_path is None and parent.environment_id is not None:
             environment = await self._environment(parent.environment_id)
-            provider = self._placer.registry.get(environment.provider_id)
-            if provider is not None and provider.policy.children == "share" and environment.is_live:
+            profile = self._workspaces.profiles(environment.host_id).get(environment.provider_id)
+            if profile is not None and profile.policy.children == "share" and environment.is_live:
                 return ExistingEnvironment(str(environment.id)), None
         if parent.intent is not None:
             return intent_from_document(parent.intent), thread.project_path or parent.project_path

@@ -46,6 +46,16 @@ class Policy(msgspec.Struct, frozen=True, rename="camel"):
     children: Literal["own", "share"] = "own"
 
 
+def retire_grace_ms(policy: Policy | None, override: tuple[int | None] | None) -> int | None:
+    """How long an environment without threads waits before it retires: its provider's grace
+    (the default policy's when the provider is no longer installed), which `override`
+    (BB_RETIRE_GRACE_MS) replaces, except for a provider that never retires."""
+    grace = (policy or Policy()).retire_grace_ms
+    if grace is None or override is None:
+        return grace
+    return override[0]
+
+
 class Availability(msgspec.Struct, frozen=True):
     status: Literal["ready", "blocked"]
     reason: str | None = None
@@ -90,6 +100,14 @@ class InvalidInputs(ValueError):
     """Raised by `validate` for input the provider refuses; the message names field and rule."""
 
 
+class PlanRefused(Exception):
+    """The provider cannot create here now (its availability says why); the request was valid."""
+
+
+class ProviderMissing(Exception):
+    """The environment's provider is not registered now; its cleanup waits for it to return."""
+
+
 class Cancelled(Exception):
     """The core asked the call to stop (`ctx.raise_if_cancelled()`); reported as "cancelled"."""
 
@@ -103,6 +121,13 @@ class Reporter(Protocol):
 
     def log(self, text: str) -> None:
         """Output belonging to the current step."""
+
+
+class Transcript(Protocol):
+    """An environment's transcript, where the core's steps and a provider's reports are written
+    (from any thread)."""
+
+    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str) -> None: ...
 
 
 class SilentReporter:
@@ -131,8 +156,7 @@ def inputs_as(ctx: ProjectContext, inputs_type: type[T]) -> T:
     return ctx.inputs
 
 
-@dataclass(frozen=True)
-class Previous:
+class Previous(msgspec.Struct, frozen=True):
     """The attempt before this one, so a re-asked create can finish or clean what it left."""
 
     attempt: int
@@ -155,6 +179,8 @@ class CreateContext(ProjectContext, _Cancellable):
     path_key: str = ""
     attempt: int = 1
     previous: Previous | None = None
+    environment_id: str = ""
+    """The environment this attempt creates for: a key for what the host keeps of the call."""
     report: Reporter = field(default_factory=SilentReporter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -171,6 +197,8 @@ class RemoveContext(_Cancellable):
     attempt: int
     """The create attempt whose resource is removed; retries of a removal keep it."""
     resource: dict[str, Any] | None
+    environment_id: str = ""
+    """The environment whose resource is removed: a key for what the host keeps of the call."""
     report: Reporter = field(default_factory=SilentReporter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -268,3 +296,4 @@ def shares_planned_path(provider: EnvironmentProvider, ctx: ProjectContext) -> b
     """
     decide = getattr(provider, "shares_planned_path", None)
     return bool(decide(ctx)) if decide is not None else False
+

@@ -92,7 +92,7 @@ class Dockerfile:
 
 
 def provider_data_dir(service_data_dir: Path) -> Path:
-    """The directory the core gives this provider (`handlers.placement.Placer.provider_dir`)."""
+    """The directory the core gives this provider (`providers.workspaces.provider_dir`)."""
     return service_data_dir / "providers" / PROVIDER_ID
 
 

@@ -1,20 +1,42 @@
-"""The providers this service knows: every entry point in group `bb.environment_providers`."""
+"""The providers this service knows: every entry point in group `bb.environment_providers`, and
+what each declares of itself for the core (its profile) and for `bb providers` (its description)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import msgspec
 
-from bb_environments.providers.contract import Availability, EnvironmentProvider, Policy, ProjectContext, Requires
+from bb_environments.providers.contract import (
+    Availability,
+    EnvironmentProvider,
+    Policy,
+    ProjectContext,
+    Requires,
+    is_pausable,
+)
 
 ENTRY_POINT_GROUP = "bb.environment_providers"
 log = logging.getLogger(__name__)
 
 
+class ProviderProfile(msgspec.Struct, frozen=True, rename="camel"):
+    """What a host's provider declares once, for the core to decide with instead of its code: how
+    its environments are shared and retired, what it requires, its inputs' JSON Schema."""
+
+    id: str
+    display_name: str
+    requires: Requires
+    inputs: dict[str, Any] | None
+    policy: Policy
+    pausable: bool
+
+
+# A provider as `bb providers` shows it: its profile and whether it can create now. (A comment: a
+# docstring would become the published schema's description.)
 class ProviderDescription(msgspec.Struct, rename="camel"):
     id: str
     display_name: str
@@ -22,6 +44,10 @@ class ProviderDescription(msgspec.Struct, rename="camel"):
     inputs: dict[str, Any] | None
     policy: Policy
     availability: Availability
+
+    @classmethod
+    def of(cls, profile: ProviderProfile, availability: Availability) -> ProviderDescription:
+        return cls(profile.id, profile.display_name, profile.requires, profile.inputs, profile.policy, availability)
 
 
 def inputs_schema(provider: EnvironmentProvider) -> dict[str, Any] | None:
@@ -51,14 +77,13 @@ class ProviderRegistry:
     def ids(self) -> list[str]:
         return sorted(self._providers)
 
-    def describe(self, context_for: Callable[[EnvironmentProvider], ProjectContext]) -> list[ProviderDescription]:
-        return [
-            ProviderDescription(
-                id=p.id, display_name=p.display_name, requires=p.requires, inputs=inputs_schema(p),
-                policy=p.policy, availability=safe_availability(p, context_for(p)),
-            )
+    def profiles(self) -> dict[str, ProviderProfile]:
+        """Each provider's profile, by id in id order."""
+        return {
+            p.id: ProviderProfile(id=p.id, display_name=p.display_name, requires=p.requires, inputs=inputs_schema(p),
+                                  policy=p.policy, pausable=is_pausable(p))
             for p in (self._providers[i] for i in self.ids())
-        ]
+        }
 
 
 def safe_availability(provider: EnvironmentProvider, context: ProjectContext) -> Availability:

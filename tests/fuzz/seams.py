@@ -48,6 +48,7 @@ from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
+from bb_environments.providers.workspaces import provider_dir
 from tests.fuzz.strategies import CANARY
 
 T = TypeVar("T")
@@ -358,7 +359,7 @@ class ServiceWorld(Loop):
 
     def _workspace_environment(self, thread_id: str, intent: dict) -> Environment:
         app = self.app
-        workspace = self.placer.provider_dir("personal-workspace") / "workspaces" / thread_id
+        workspace = provider_dir(self.data_dir, "personal-workspace") / "workspaces" / thread_id
         workspace.mkdir(parents=True)
         app.register_thread(thread_id, None, None, HOST, intent)
         environment = app.answer_first_message(

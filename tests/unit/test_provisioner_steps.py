@@ -21,6 +21,7 @@ from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.providers.contract import Created, CreateFailed, RemoveFailed
 from bb_environments.providers.registry import ProviderRegistry
+from bb_environments.providers.workspaces import LocalWorkspaces
 from tests.unit.test_random_interleavings import HostWithoutScripts, InstantProvider, Silent
 
 
@@ -30,10 +31,12 @@ class Running:
                                      "AGGREGATE_CACHE_FASTFORWARD": "n"}, grace_for=lambda _: 0)
         self.store = Store(self.app)
         self.provider = provider
-        placer = Placer(ProviderRegistry([provider]), root)
+        workspaces = LocalWorkspaces(ProviderRegistry([provider]), root, Silent())
+        placer = Placer(workspaces)
         self.hooks = HostWithoutScripts()
-        self.provisioner = Provisioner(self.store, placer, self.hooks, Silent(), failed_step_retry=failed_step_retry)
-        self.threads = ThreadHandlers(self.store, placer, "local")
+        self.provisioner = Provisioner(self.store, placer, workspaces, self.hooks, Silent(),
+                                       failed_step_retry=failed_step_retry)
+        self.threads = ThreadHandlers(self.store, placer, workspaces, "local")
 
     async def spawn(self, thread_id: str):
         return await self.threads.spawn(RegisterThread(thread_id=thread_id, host_id="local",

@@ -35,6 +35,7 @@ from bb_environments.providers.contract import READY, Created, Policy, Removed, 
 from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome
 from bb_environments.hooks.runner import CANCELLED_BEFORE_START
 from bb_environments.providers.registry import ProviderRegistry
+from bb_environments.providers.workspaces import LocalWorkspaces
 
 THREADS = ("a", "b", "c")
 KINDS = ("created", "message", "archived", "unarchived", "message_cancelled", "pause")
@@ -139,9 +140,10 @@ def check_consistent(app: Environments, root: Path) -> None:
 async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
     app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
     store = Store(app)
-    placer = Placer(ProviderRegistry([InstantProvider()]), root)
-    provisioner = Provisioner(store, placer, HostWithoutScripts(), Silent())
-    threads = ThreadHandlers(store, placer, "local")
+    workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), root, Silent())
+    placer = Placer(workspaces)
+    provisioner = Provisioner(store, placer, workspaces, HostWithoutScripts(), Silent())
+    threads = ThreadHandlers(store, placer, workspaces, "local")
     try:
         for kind, thread_id in steps:
             if kind == "pause":

@@ -1,0 +1,179 @@
+"""The long steps that happen on an environment's host: each asks the host through a port (the
+workspace's provider through `Workspaces`, a hook through `Hooks`) and records the answer as the
+environment's next event.
+
+A step returns the environment as that event left it, or None when it failed without recording
+anything (the driver runs it again later). The driver (provisioning.py) decides which step runs
+and when; nothing here decides what comes next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any, ParamSpec
+
+from eventsourcing.persistence import OperationalError
+
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, SCRIPT_NAMES, HookKind, HookOutcome
+from bb_environments.handlers.ports import Hooks, Transcript, Workspaces
+from bb_environments.handlers.store import Store
+from bb_environments.providers.contract import Created, Previous, Removed, RemoveResult
+from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.crash_points import crash_point
+from bb_environments.providers.workspace_messages import (
+    CreateRequest,
+    PauseFailed,
+    RemoveRequest,
+    ResourceRequest,
+    ResumeFailed,
+)
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+
+REMOVE_RETRY = timedelta(seconds=60)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class HostSteps:
+    def __init__(self, store: Store, workspaces: Workspaces, hooks: Hooks, transcript: Transcript) -> None:
+        self._store = store
+        self._app = store.app
+        self._workspaces = workspaces
+        self._hooks = hooks
+        self._transcript = transcript
+
+    async def create(self, cancelled: threading.Event, env: Environment) -> Environment:
+        profile = self._workspaces.profiles(env.host_id).get(env.provider_id)
+        if profile is None:
+            # An unregistered provider cancels the creates it had pending; their cleanup waits for it.
+            message = f"the environment provider {env.provider_id!r} is not registered"
+            return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
+        self._transcript.line(str(env.id), "step", "core", f"Preparing {profile.display_name} (attempt {env.attempt})")
+        request = CreateRequest(
+            environment_id=str(env.id), attempt=env.attempt, host_id=env.host_id, provider_id=env.provider_id,
+            project_path=env.project_path, inputs=env.inputs, thread_id=env.thread_ids[0] if env.thread_ids else "",
+            path_key=env.path_key,
+            previous=Previous(env.attempt - 1, env.path, env.resource) if env.attempt > 1 else None,
+        )
+        result = await self._workspaces.create(request, cancelled)
+        crash_point("create-returned")
+        if isinstance(result, Created):
+            if result.empty and result.owns_path:
+                # A fact of this creation, said whatever the save below then records (an archive
+                # meanwhile leads to removal instead of a skip).
+                self._transcript.line(str(env.id), "step", "setup", MADE_EMPTY_REASON)
+            created = await self._store.run(
+                self._app.record_created, env.id, env.attempt, result.path,
+                result.owns_path, result.merge_base_branch, result.resource, result.empty,
+            )
+            crash_point("created-recorded")
+            return created
+        self._transcript.line(str(env.id), "output", env.provider_id, result.message)
+        return await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
+
+    async def clean_attempt(self, cancelled: threading.Event, env: Environment) -> Environment | None:
+        result = await self._provider_remove(env, cancelled)
+        if isinstance(result, Removed):
+            return await self._store.run(self._app.record_attempt_cleaned, env.id, env.attempt)
+        self._transcript.line(str(env.id), "output", env.provider_id, f"cleanup failed: {result.message}")
+        return None
+
+    async def remove(self, cancelled: threading.Event, env: Environment) -> Environment:
+        result = await self._provider_remove(env, cancelled)
+        crash_point("remove-returned")
+        if isinstance(result, Removed):
+            return await self._store.run(self._app.record_removed, env.id, env.removal_attempt)
+        self._transcript.line(str(env.id), "output", env.provider_id, f"removal failed: {result.message}")
+        return await self._store.run(
+            self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY
+        )
+
+    async def _provider_remove(self, env: Environment, cancelled: threading.Event) -> RemoveResult:
+        request = RemoveRequest(
+            environment_id=str(env.id), attempt=env.attempt, host_id=env.host_id, provider_id=env.provider_id,
+            project_path=env.project_path, inputs=env.inputs, path=env.path, path_key=env.path_key,
+            resource=env.resource,
+        )
+        return await self._workspaces.remove(request, cancelled)
+
+    async def pause(self, cancelled: threading.Event, env: Environment, request: ResourceRequest) -> Environment | None:
+        self._transcript.line(str(env.id), "step", env.provider_id, "Pausing the idle environment")
+
+        async def checkpoint(resource: dict[str, Any]) -> None:
+            # Called by the provider mid-pause: its new handle is durable before it terminates anything.
+            await self._store.run(self._app.record_resource, env.id, resource)
+
+        result = await self._workspaces.pause(request, checkpoint)
+        if isinstance(result, PauseFailed):
+            self._transcript.line(str(env.id), "output", env.provider_id, f"pause failed: {result.message}")
+            return None
+        return await self._store.run(self._app.record_paused, env.id, result.resource, _now())
+
+    async def resume(self, cancelled: threading.Event, env: Environment, request: ResourceRequest) -> Environment | None:
+        self._transcript.line(str(env.id), "step", env.provider_id, "Resuming the environment")
+        result = await self._workspaces.resume(request)
+        if isinstance(result, ResumeFailed):
+            self._transcript.line(str(env.id), "output", env.provider_id, f"resume failed: {result.message}")
+            return None
+        return await self._store.run(self._app.record_resumed, env.id, result.resource)
+
+    async def run_setup(self, cancelled: threading.Event, env: Environment, operation_id: str) -> Environment:
+        """`operation_id` is the step's: the setup operation `env` recorded."""
+        outcome = await self._run_hook(env, operation_id, "setup")
+        crash_point("setup-finished")
+        what = f"recording the setup outcome of environment {env.id}"
+        if outcome.status == "skipped":  # the host found no script in the workspace
+            return await self._save_outcome(what, self._app.record_setup_skipped, env.id, operation_id,
+                                            outcome.message or f"no {SCRIPT_NAMES['setup']}")
+        return await self._save_outcome(what, self._app.record_setup_outcome, env.id, operation_id,
+                                        outcome.status == "succeeded", outcome.message)
+
+    async def run_teardown(self, cancelled: threading.Event, env: Environment, operation_id: str) -> Environment:
+        """`operation_id` is the step's: the teardown operation `env` recorded."""
+        outcome = await self._run_hook(env, operation_id, "teardown")
+        crash_point("teardown-finished")
+        what = f"recording the teardown outcome of environment {env.id}"
+        if outcome.status == "skipped":  # the host found no script in the workspace
+            return await self._save_outcome(what, self._app.record_teardown_skipped, env.id, operation_id,
+                                            outcome.message or f"no {SCRIPT_NAMES['teardown']}")
+        return await self._save_outcome(what, self._app.record_teardown_outcome, env.id, operation_id,
+                                        outcome.status, outcome.message)
+
+    async def _save_outcome(self, what: str, command: Callable[P, Environment], *args: P.args,
+                            **kwargs: P.kwargs) -> Environment:
+        """Save a hook's outcome however long the store refuses it (a full disk, a lost database).
+
+        The hook has run: given up on, the outcome would be asked for again only at the next
+        sweep, with a traceback for each try.
+        """
+        backoff = Backoff(log, what)
+        while True:
+            try:
+                saved = await self._store.run(command, *args, **kwargs)
+            except (OperationalError, OSError) as error:
+                await asyncio.sleep(backoff.failed(error))
+                continue
+            backoff.succeeded()
+            return saved
+
+    async def _run_hook(self, env: Environment, operation_id: str, kind: HookKind) -> HookOutcome:
+        environment_id = str(env.id)
+        script = SCRIPT_NAMES[kind]
+        self._transcript.line(environment_id, "step", kind, f"Running {script}")
+        assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
+        outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path,
+                                        env.current_hook(operation_id))
+        verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
+            outcome.status, f"{outcome.status}: {outcome.message}")
+        self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")
+        return outcome

@@ -1,0 +1,238 @@
+"""The workspaces of this machine: the core's `Workspaces` port (handlers/ports.py), in process.
+
+Each provider call that may take long (planning, create, remove, pause, resume) runs on a worker
+thread, so the core's loop goes on meanwhile, and its reports go into the environment's
+transcript as they come. A provider that raises or answers nonsense fails its call, never the
+service. Each provider keeps what it needs under its own directory of the data dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bb_environments.providers.contract import (
+    CreateContext,
+    Created,
+    CreateFailed,
+    CreateResult,
+    EnvironmentProvider,
+    ProjectContext,
+    ProviderMissing,
+    RemoveContext,
+    Removed,
+    RemoveFailed,
+    RemoveResult,
+    Transcript,
+    is_pausable,
+)
+from bb_environments.providers.planning import (
+    canonical_path,
+    canonical_project,
+    check_available,
+    checked_project,
+    claimed_path,
+    decode_inputs,
+    plan_path,
+)
+from bb_environments.providers.registry import (
+    ProviderDescription,
+    ProviderProfile,
+    ProviderRegistry,
+    safe_availability,
+)
+from bb_environments.providers.workspace_messages import (
+    CreateRequest,
+    PauseFailed,
+    PauseResult,
+    Paused,
+    Plan,
+    PlanRequest,
+    RemoveRequest,
+    ResourceRequest,
+    ResumeFailed,
+    ResumeResult,
+    Resumed,
+)
+
+CLEANUPS_AT_ONCE = 4
+
+
+def provider_dir(data_dir: Path, provider_id: str) -> Path:
+    """The directory that belongs to provider `provider_id` alone."""
+    return data_dir / "providers" / provider_id
+
+
+@dataclass
+class _TranscriptReporter:
+    """A provider's `report`, writing its steps and logs into the environment's transcript."""
+
+    transcript: Transcript
+    environment_id: str
+    source: str
+
+    def step(self, text: str) -> None:
+        self.transcript.line(self.environment_id, "step", self.source, text)
+
+    def log(self, text: str) -> None:
+        for line in text.splitlines() or [""]:
+            self.transcript.line(self.environment_id, "output", self.source, line)
+
+
+class LocalWorkspaces:
+    """The registry's providers, run on this machine for whichever host a call names: the service
+    places environments on its own host only (handlers/placement.py), so another host is one an
+    environment was placed on under an earlier host id."""
+
+    def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript) -> None:
+        self._registry = registry
+        self._data_dir = data_dir
+        self._transcript = transcript
+        self._profiles = registry.profiles()
+        self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
+        self._host_slots: dict[str, asyncio.Semaphore] = {}
+
+    def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
+        return self._profiles
+
+    async def providers(self, host_id: str) -> list[ProviderDescription]:
+        def describe() -> list[ProviderDescription]:
+            return [
+                ProviderDescription.of(profile, safe_availability(provider, self._context(provider, host_id, None, None)))
+                for profile, provider in ((p, self._provider(p.id)) for p in self._profiles.values())
+            ]
+
+        return await asyncio.to_thread(describe)
+
+    async def inputs(self, host_id: str, provider_id: str, inputs: Any) -> Any:
+        return msgspec.to_builtins(decode_inputs(self._provider(provider_id), inputs))
+
+    async def canonical_project(self, host_id: str, project_path: str | None) -> str | None:
+        return canonical_project(project_path)
+
+    async def plan(self, request: PlanRequest) -> Plan:
+        provider = self._provider(request.provider_id)
+        data_dir = os.path.realpath(self._data_dir)
+        project = checked_project(provider, request.project_path, data_dir)
+        inputs = decode_inputs(provider, request.inputs)
+        context = self._context(provider, request.host_id, project, inputs)
+        check_available(provider, context)
+        planned, shares = await asyncio.to_thread(plan_path, provider, context, request.path_key)
+        return Plan(project_path=project, inputs=msgspec.to_builtins(inputs),
+                    claimed_path=claimed_path(planned, data_dir), shares_claimed_path=shares)
+
+    async def planned_path(self, request: PlanRequest) -> str | None:
+        provider = self._provider(request.provider_id)
+        inputs = decode_inputs(provider, request.inputs)
+        context = self._context(provider, request.host_id, request.project_path, inputs)
+        planned = await asyncio.to_thread(provider.planned_path, context, request.path_key)
+        return canonical_path(planned) if planned else None
+
+    async def create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
+        provider = self._provider(request.provider_id)
+        data_dir = provider_dir(self._data_dir, provider.id)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        context = CreateContext(
+            host_id=request.host_id, project_path=request.project_path, inputs=_typed_inputs(provider, request.inputs),
+            data_dir=str(data_dir), thread_id=request.thread_id, path_key=request.path_key, attempt=request.attempt,
+            previous=request.previous, environment_id=request.environment_id,
+            report=_TranscriptReporter(self._transcript, request.environment_id, provider.id), cancelled=cancelled,
+        )
+        result = await asyncio.to_thread(_call_create, provider, context)
+        if isinstance(result, Created):
+            return msgspec.structs.replace(result, path=canonical_path(result.path))
+        return result
+
+    async def remove(self, request: RemoveRequest, cancelled: threading.Event) -> RemoveResult:
+        """At most CLEANUPS_AT_ONCE removals run, one per host, so a stuck host blocks only itself."""
+        provider = self._provider(request.provider_id)
+        host_slot = self._host_slots.setdefault(request.host_id, asyncio.Semaphore(1))
+        async with host_slot, self._cleanup_slots:
+            context = RemoveContext(
+                host_id=request.host_id, data_dir=str(provider_dir(self._data_dir, provider.id)),
+                project_path=request.project_path, inputs=_typed_inputs(provider, request.inputs),
+                path=request.path, path_key=request.path_key, attempt=request.attempt, resource=request.resource,
+                environment_id=request.environment_id,
+                report=_TranscriptReporter(self._transcript, request.environment_id, provider.id), cancelled=cancelled,
+            )
+            return await asyncio.to_thread(_call_remove, provider, context)
+
+    async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
+        provider = self._provider(provider_id)
+        if not is_pausable(provider):
+            return False
+        data_dir = str(provider_dir(self._data_dir, provider.id))
+        return await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir)
+
+    async def pause(self, request: ResourceRequest,
+                    checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]) -> PauseResult:
+        """`checkpoint` makes the resumable resource durable; the provider calls it before it stops anything."""
+        provider = self._provider(request.provider_id)
+        if not is_pausable(provider):
+            return PauseFailed(_cannot_pause(provider))
+        loop = asyncio.get_running_loop()
+
+        def durable(resource: dict[str, Any]) -> None:
+            asyncio.run_coroutine_threadsafe(checkpoint(resource), loop).result()
+
+        try:
+            return Paused(await asyncio.to_thread(provider.pause, request.resource, durable))
+        except Exception as error:
+            return PauseFailed(str(error))
+
+    async def resume(self, request: ResourceRequest) -> ResumeResult:
+        provider = self._provider(request.provider_id)
+        if not is_pausable(provider):
+            return ResumeFailed(_cannot_pause(provider))
+        try:
+            return Resumed(await asyncio.to_thread(provider.resume, request.resource))
+        except Exception as error:
+            return ResumeFailed(str(error))
+
+    def _provider(self, provider_id: str) -> EnvironmentProvider:
+        provider = self._registry.get(provider_id)
+        if provider is None:
+            raise ProviderMissing(f"the environment provider {provider_id!r} is not registered")
+        return provider
+
+    def _context(self, provider: EnvironmentProvider, host_id: str, project_path: str | None,
+                 inputs: Any) -> ProjectContext:
+        """What the provider learns of a request; creating its data dir is left to create."""
+        data_dir = str(provider_dir(self._data_dir, provider.id))
+        return ProjectContext(host_id=host_id, project_path=project_path, inputs=inputs, data_dir=data_dir)
+
+
+def _cannot_pause(provider: EnvironmentProvider) -> str:
+    return f"the {provider.id!r} provider does not pause environments"
+
+
+def _typed_inputs(provider: EnvironmentProvider, inputs: object) -> object:
+    return None if provider.inputs_type is None else msgspec.convert(inputs, provider.inputs_type)
+
+
+def _call_create(provider: EnvironmentProvider, context: CreateContext) -> CreateResult:
+    try:
+        result = provider.create(context)
+    except Exception as error:
+        return CreateFailed("terminal", f"the {provider.id!r} provider failed: {error}")
+    if not isinstance(result, (Created, CreateFailed)):
+        return CreateFailed("terminal", f"the {provider.id!r} provider returned an invalid create result")
+    return result
+
+
+def _call_remove(provider: EnvironmentProvider, context: RemoveContext) -> RemoveResult:
+    try:
+        result = provider.remove(context)
+    except Exception as error:
+        return RemoveFailed(f"the {provider.id!r} provider failed to remove: {error}")
+    if not isinstance(result, (Removed, RemoveFailed)):
+        return RemoveFailed(f"the {provider.id!r} provider returned an invalid remove result")
+    return result

@@ -1,0 +1,100 @@
+"""The in-process Workspaces port: what the core gets back when it asks this machine's providers."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from bb_environments.handlers.errors import InvalidInput
+from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.commands import NewEnvironment
+from bb_environments.providers.contract import Created, CreateFailed, InvalidInputs, Previous, ProviderMissing
+from bb_environments.providers.registry import ProviderRegistry
+from bb_environments.providers.workspace_messages import CreateRequest, PlanRequest, RemoveRequest
+from bb_environments.providers.workspaces import LocalWorkspaces
+from tests.unit.test_random_interleavings import InstantProvider
+
+ENVIRONMENT_ID = "0b6c1f5e-3d1a-4c53-9d0e-5b3f0c2a7e41"
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, str, str]] = []
+
+    def line(self, environment_id: str, kind: str, source: str, text: str) -> None:
+        self.lines.append((environment_id, kind, source, text))
+
+
+class Reporting(InstantProvider):
+    """Creates its directory through whatever alias its data dir has, and says what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int, Previous | None]] = []
+
+    def create(self, ctx):
+        self.asked.append((ctx.environment_id, ctx.attempt, ctx.previous))
+        ctx.report.step("Making the directory")
+        return super().create(ctx)
+
+
+class Raising(InstantProvider):
+    def create(self, ctx):
+        raise OSError("disk on fire")
+
+
+def create_request(attempt: int = 1, previous: Previous | None = None) -> CreateRequest:
+    return CreateRequest(environment_id=ENVIRONMENT_ID, attempt=attempt, host_id="local", provider_id="instant",
+                         project_path=None, inputs=None, thread_id="t1", path_key="t1", previous=previous)
+
+
+async def test_a_create_answers_with_the_contract_s_created_for_the_environment_and_attempt_asked(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "alias").symlink_to(real)
+    provider, transcript = Reporting(), Lines()
+    workspaces = LocalWorkspaces(ProviderRegistry([provider]), tmp_path / "alias", transcript)
+    previous = Previous(1, None, None)
+
+    answer = await workspaces.create(create_request(attempt=2, previous=previous), threading.Event())
+
+    # The path as the host knows it, aliases resolved: the path the core records and claims.
+    assert answer == Created(path=str(real / "providers" / "instant" / "ws" / "t1"), owns_path=True)
+    assert provider.asked == [(ENVIRONMENT_ID, 2, previous)]
+    assert transcript.lines == [(ENVIRONMENT_ID, "step", "instant", "Making the directory")]
+
+
+async def test_a_provider_that_raises_fails_its_create_for_good_and_is_named(tmp_path):
+    workspaces = LocalWorkspaces(ProviderRegistry([Raising()]), tmp_path, Lines())
+
+    answer = await workspaces.create(create_request(), threading.Event())
+
+    assert answer == CreateFailed("terminal", "the 'instant' provider failed: disk on fire")
+
+
+async def test_removing_with_a_provider_that_is_not_registered_waits_for_it(tmp_path):
+    workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), tmp_path, Lines())
+    request = RemoveRequest(environment_id=ENVIRONMENT_ID, attempt=1, host_id="local", provider_id="uninstalled",
+                            project_path=None, inputs=None, path=None, path_key="t1", resource=None)
+
+    with pytest.raises(ProviderMissing, match="^the environment provider 'uninstalled' is not registered$"):
+        await workspaces.remove(request, threading.Event())
+
+
+async def test_a_project_inside_the_data_dir_is_refused_with_the_reason(tmp_path):
+    data_dir = Path(os.path.realpath(tmp_path)) / "data"
+    project = data_dir / "providers"
+    project.mkdir(parents=True)
+    workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), data_dir, Lines())
+    reason = (f"project path {str(project)!r} is inside bb's data dir {str(data_dir)!r}, which holds bb's own state "
+              "and workspaces; pass a project directory outside it")
+
+    with pytest.raises(InvalidInputs) as refused:
+        await workspaces.plan(PlanRequest("local", "instant", str(project), None, "t1"))
+    assert str(refused.value) == reason
+    # The core's placement answers the request with the same words.
+    with pytest.raises(InvalidInput) as answered:
+        await Placer(workspaces).place("t1", NewEnvironment("instant", "local", None), str(project), "local")
+    assert str(answered.value) == reason
