@@ -85,7 +85,10 @@ class CreateFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"
 
 
 class Removed(msgspec.Struct, frozen=True, tag="removed", tag_field="status"):
-    pass
+    """`saved_ref` names where the work that existed only in the workspace was saved before it
+    was deleted (a git ref in the project repository), or None when nothing needed saving."""
+
+    saved_ref: str | None = None
 
 
 class RemoveFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 
 from bb_environments.providers.host.withheld import without_secrets
 
@@ -22,14 +23,15 @@ class GitFailed(Exception):
         self.transient = transient
 
 
-def run_git(repo: str, *args: str) -> str:
-    """Run git in `repo` and return its stripped stdout; raise GitFailed with one line of stderr."""
+def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None) -> str:
+    """Run git in `repo` and return its stripped stdout; raise GitFailed with one line of stderr.
+    `environment` adds variables (a temporary index, an identity) to the sanitized ones."""
     try:
         completed = subprocess.run(
             ["git", "-C", repo, *args],
             capture_output=True,
             text=True,
-            env=_git_environment(),
+            env=_git_environment() | dict(environment or {}),
             timeout=GIT_TIMEOUT_SECONDS,
         )
     except subprocess.TimeoutExpired:
@@ -39,9 +41,9 @@ def run_git(repo: str, *args: str) -> str:
     return completed.stdout.strip("\n")
 
 
-def run_git_or_none(repo: str, *args: str) -> str | None:
+def run_git_or_none(repo: str, *args: str, environment: Mapping[str, str] | None = None) -> str | None:
     try:
-        return run_git(repo, *args)
+        return run_git(repo, *args, environment=environment)
     except GitFailed:
         return None
 

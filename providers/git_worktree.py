@@ -46,6 +46,7 @@ from bb_environments.providers.workspace_files import (
     stop_processes_in,
 )
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
+from bb_environments.providers.saved_work import save_work, saved_notes_dir
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 
 TRANSCRIPT_PATH_LIMIT = 20
@@ -185,6 +186,7 @@ class GitWorktreeProvider:
             root = worktrees_root(ctx.data_dir)
             key_dir = root / require_path_key(ctx.path_key)
             paths = [Path(ctx.path)] if ctx.path is not None else _entries(key_dir)
+            saved_ref = None
             for path in paths:
                 ctx.raise_if_cancelled()
                 if not is_strictly_inside(path, root):
@@ -192,10 +194,31 @@ class GitWorktreeProvider:
                 ctx.report.step(f"Removing worktree {path}")
                 stop_processes_in(path, ctx.report, "worktree")
                 with _repository_lock(ctx.project_path):
+                    if ctx.path is not None:
+                        saved_ref = _save_work(ctx, path)
                     _remove_worktree(ctx.project_path, path)
             remove_if_empty(key_dir)
-            return Removed()
+            return Removed(saved_ref)
         return failed.remove_failed()
+
+
+def _save_work(ctx: RemoveContext, path: Path) -> str | None:
+    """Save what exists only in the worktree, after its processes stopped (nothing writes to it
+    any more); a failure keeps the worktree, for the removal's retry. Only a worktree that create
+    returned is saved: one that a failed create left was never handed to a thread."""
+    if ctx.project_path is None:
+        raise WorkNotSaved(f"cannot save the work in {path}: the environment names no project")
+    try:
+        saved_ref = save_work(ctx.project_path, path, ctx.environment_id, saved_notes_dir(Path(ctx.data_dir)))
+    except GitFailed as error:
+        raise WorkNotSaved(f"the work in {path} could not be saved, so it is kept: {error}") from None
+    if saved_ref is not None:
+        ctx.report.log(f"Saved the work that was only in the worktree as {saved_ref}")
+    return saved_ref
+
+
+class WorkNotSaved(ValueError):
+    """The worktree's work could not be saved, so the removal stops before deleting anything."""
 
 
 _repository_locks: dict[str, threading.RLock] = {}

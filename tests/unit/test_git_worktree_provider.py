@@ -35,6 +35,7 @@ from bb_environments.providers.git_worktree import (
 Git = Callable[..., str]
 Branch = DefaultBranch | ExistingBranch | NewBranch
 PATH_KEY = "thread-1"
+ENVIRONMENT_ID = "0b7e4c1a-5d2f-4e8b-9a3c-1f2e3d4c5b6a"
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def create_context(
 def remove_context(
     repo: Path, data_dir: Path, path: str | None, resource: dict | None = None, path_key: str = PATH_KEY
 ) -> RemoveContext:
-    return RemoveContext("local", str(data_dir), str(repo), None, path, path_key, 1, resource)
+    return RemoveContext("local", str(data_dir), str(repo), None, path, path_key, 1, resource, ENVIRONMENT_ID)
 
 
 def create(
