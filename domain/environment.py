@@ -3,7 +3,7 @@
     creating ──Created──► provisioning ──SetupSucceeded/Skipped + Ready──► ready
        │                      │
        └──CreateFailed──►   error ◄──SetupFailed
-    ready|error ──(last thread left)──RetireScheduled──► retiring ──RemovalStarted──► removing ──Removed──► removed
+    ready|error ──(last thread left)──RetireScheduled──► retiring ──RemovalStarted──► removing ──[WorkSaved]─Removed──► removed
 
 Commands check the rules and either record events or raise a DomainError that records nothing.
 Answers to asynchronous steps (a create, a hook, a removal) name the attempt or operation they
@@ -72,6 +72,7 @@ class Environment(CopiedForCommands, Aggregate):
         RemovalStarted: ClassVar[type[Aggregate.Event]]
         TeardownSkipped: ClassVar[type[Aggregate.Event]]
         TeardownFinished: ClassVar[type[Aggregate.Event]]
+        WorkSaved: ClassVar[type[Aggregate.Event]]
         Removed: ClassVar[type[Aggregate.Event]]
         RemoveFailed: ClassVar[type[Aggregate.Event]]
 
@@ -120,6 +121,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.removal_attempt = 0
         self.remove_retry_at: datetime | None = None
         self.paused_at: datetime | None = None
+        self.saved_ref: str | None = None
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -562,9 +564,12 @@ class Environment(CopiedForCommands, Aggregate):
         self._teardown_skipped(reason)
         return True
 
-    def record_removed(self, removal_attempt: int) -> bool:
+    def record_removed(self, removal_attempt: int, saved_ref: str | None = None) -> bool:
+        """`saved_ref`: where the provider saved the work that was only in the workspace, if any."""
         if removal_attempt != self.removal_attempt or self.status != EnvironmentStatus.REMOVING:
             return False
+        if saved_ref is not None:
+            self._work_saved(saved_ref)
         self._removed(removal_attempt)
         return True
 
@@ -602,6 +607,10 @@ class Environment(CopiedForCommands, Aggregate):
         self.teardown_status = HookStatus.SUCCEEDED if outcome == HookStatus.SUCCEEDED else HookStatus.FAILED
         if message and outcome != HookStatus.SUCCEEDED:
             self.status_message = f"teardown: {message}"
+
+    @event("WorkSaved")
+    def _work_saved(self, saved_ref: str) -> None:
+        self.saved_ref = saved_ref
 
     @event("Removed")
     def _removed(self, removal_attempt: int) -> None:

@@ -49,6 +49,7 @@ class EnvironmentView(msgspec.Struct, rename="camel", kw_only=True):
     retire_at: datetime | None = None
     removal_attempt: int = 0
     paused_at: datetime | None = None
+    saved_ref: str | None = None
     transcript: list[str] = msgspec.field(default_factory=list)
 
 
@@ -107,6 +108,7 @@ def environment_view(environment: Environment) -> EnvironmentView:
         created_at=environment.created_on, updated_at=environment.modified_on, version=environment.version,
         attempt=environment.attempt, claimed_path=environment.claimed_path, retire_at=environment.retire_at,
         removal_attempt=environment.removal_attempt, paused_at=environment.paused_at,
+        saved_ref=environment.saved_ref,
     )
 
 

@@ -353,6 +353,17 @@ class Resumed(EnvironmentEvent, kw_only=True, tag="resumed"):
     """A paused environment was resumed (a thread's message came)."""
 
 
+@publishes(Environment.WorkSaved)
+class WorkSaved(EnvironmentEvent, kw_only=True, tag="work_saved"):
+    """Before the workspace was deleted, what existed only in it (uncommitted changes, commits on
+    no other branch) was saved as one commit under `savedRef` in the project repository; `removed`
+    follows in the same transaction. Status `removing`."""
+
+    saved_ref: Annotated[str, _said(
+        "The git ref holding the saved work (`refs/bb/saved/<environmentId>`): "
+        "`git worktree add <dir> <savedRef>` gets it back.")]
+
+
 @publishes(Environment.Removed)
 class Removed(EnvironmentEvent, kw_only=True, tag="removed"):
     """The provider removed the workspace (removal attempt `removalAttempt`); the path claim is

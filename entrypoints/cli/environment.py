@@ -85,6 +85,8 @@ def _print_environment(e: dict[str, Any]) -> None:
                          ("path", e["path"]), ("owns path", e["ownsPath"]), ("threads", ", ".join(e["threadIds"])),
                          ("setup", e["hooks"]["setup"]["status"]), ("teardown", e["hooks"]["teardown"]["status"])):
         stdout.print(f"  {label:<10} {one_line(str(value))}", markup=False)
+    if e.get("savedRef"):
+        stdout.print(f"  saved work: {e['savedRef']}  (git worktree add <dir> {e['savedRef']})", markup=False)
     for line in e.get("transcript", []):
         stdout.print(f"  │ {one_line(line)}", markup=False)
 

@@ -7,6 +7,7 @@ import pytest
 from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
+from bb_environments.projections.views import environment_view
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
@@ -382,3 +383,31 @@ def test_unfinished_environments_are_found_for_recovery(app):
     app.skip_teardown(done.id, "x")
     app.record_removed(done.id, 1)
     assert app.unfinished_environment_ids() == [live.id]
+
+
+def test_work_saved_at_removal_is_recorded_before_the_removal_and_shown_on_the_environment(app):
+    env = spawn(app)
+    make_ready(app, env)
+    app.archive_thread("t1", NOW)
+    app.start_removal(env.id, NOW)
+    app.skip_teardown(env.id, "no teardown to run")
+
+    removed = app.record_removed(env.id, 1, f"refs/bb/saved/{env.id}")
+    again = app.record_removed(env.id, 1, f"refs/bb/saved/{env.id}")  # a redelivered answer
+
+    assert removed.status == "removed" and removed.saved_ref == f"refs/bb/saved/{env.id}"
+    assert names(app, env.id)[-2:] == ["WorkSaved", "Removed"]
+    assert names(app, env.id).count("WorkSaved") == 1 and again.version == removed.version
+    assert environment_view(app.environment(env.id)).saved_ref == f"refs/bb/saved/{env.id}"
+
+
+def test_a_removal_that_saved_nothing_records_no_saved_work(app):
+    env = spawn(app)
+    make_ready(app, env)
+    app.archive_thread("t1", NOW)
+    app.start_removal(env.id, NOW)
+    app.skip_teardown(env.id, "no teardown to run")
+
+    assert app.record_removed(env.id, 1).saved_ref is None
+    assert "WorkSaved" not in names(app, env.id)
+    assert environment_view(app.environment(env.id)).saved_ref is None

@@ -104,7 +104,7 @@ def record_every_event(app: Application) -> None:
     env.record_teardown_outcome(env.teardown_operation(), "failed", "exit status 2")
     env.record_remove_failed(1, "the worktree is locked", now + timedelta(seconds=60))
     env.retry_removal(now + timedelta(seconds=61))
-    env.record_removed(2)
+    env.record_removed(2, f"refs/bb/saved/{env.id}")
     claim.release(env.id)
     host.release("/data/wt/t-1-2", env.id)
     thread.leave_environment()

@@ -33,3 +33,14 @@ def test_events_stored_under_the_old_module_names_load_and_publish_as_they_did(t
     # The indexes read the log by topic: the old names count, so the ready workspace's claim is held.
     held = [holder for _, path, holder in app.claims.live() if path.endswith("/old-b")]
     assert held == [unfinished[0]]
+
+
+def test_an_environment_removed_before_work_was_saved_reads_as_having_saved_nothing(tmp_path):
+    store = tmp_path / "events.sqlite"
+    shutil.copy(FIXTURES / "events-before-package-rename.sqlite", store)
+    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(store)})
+
+    removed = [logged.view for logged in LogReader(app).page(0, limit=1000)
+               if logged.view is not None and getattr(logged.view, "status", None) == EnvironmentStatus.REMOVED]
+
+    assert removed and all(view.saved_ref is None for view in removed)
