@@ -40,7 +40,9 @@ from bb_environments.handlers.writers import SharedStore, SingleWriter
 from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.registry import ProviderRegistry
-from bb_environments.providers.workspaces import LocalWorkspaces
+from bb_environments.providers.git_worktree import GitWorktreeProvider
+from bb_environments.providers.saved_work import saved_notes_dir
+from bb_environments.providers.workspaces import LocalWorkspaces, provider_dir
 
 # Whether a cached aggregate is read again from the store on a hit is the writers' strategy's
 # (handlers/writers.py): with one writer it never is.
@@ -135,5 +137,7 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: B
                   subjects.thread_partition(partition), thread_events.handle_batch, health, in_order=True)
           for partition in range(subjects.THREAD_PARTITIONS)),
         sweep_forever(relay.caught_up, core.threads, core.provisioner, js, core.read_model,
-                      settings.removed_retention_s, settings.sweep_interval_s),
+                      settings.removed_retention_s, settings.sweep_interval_s,
+                      saved_notes_dir(provider_dir(settings.data_dir, GitWorktreeProvider.id)),
+                      settings.saved_ref_retention_s),
     ]

@@ -28,6 +28,7 @@ SERVE_LOCK = "serve.lock"
 THREADS_MAX_AGE_S = 7 * 24 * 3600
 THREADS_MAX_BYTES = 1 << 30
 REMOVED_RETENTION_S = 7 * 24 * 3600
+SAVED_REF_RETENTION_S = 30 * 24 * 3600
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,8 @@ class Settings(msgspec.Struct, frozen=True):
     removed_retention_s: float
     """How long the hook records and the transcript of a removed environment are kept (BB_REMOVED_RETENTION_S,
     see hooks.ledger and README's Retention)."""
+    saved_ref_retention_s: float
+    """How long the work saved from a removed worktree (refs/bb/saved/<id>) is kept (BB_SAVED_REF_RETENTION_S)."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> "Settings":
@@ -78,6 +81,7 @@ class Settings(msgspec.Struct, frozen=True):
             threads_max_age_s=_positive("BB_THREADS_MAX_AGE_S", THREADS_MAX_AGE_S, "a number of seconds"),
             threads_max_bytes=int(_positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
             removed_retention_s=_positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
+            saved_ref_retention_s=_positive("BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"),
         )
 
     @property

@@ -43,7 +43,7 @@ from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments, Placement
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, build_core
-from bb_environments.entrypoints.config import REMOVED_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings
+from bb_environments.entrypoints.config import REMOVED_RETENTION_S, SAVED_REF_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.hooks.runner import HookRunner
@@ -228,7 +228,8 @@ def world_settings(data_dir: Path) -> Settings:
     return Settings(data_root=str(data_dir), nats_url=None, event_store=f"sqlite:///{data_dir / 'events.sqlite'}",
                     host_id=HOST, retire_grace_override=None, hook_timeout_s=5, sweep_interval_s=30,
                     transient_retry_s=30, extra_providers=(), threads_max_age_s=THREADS_MAX_AGE_S,
-                    threads_max_bytes=THREADS_MAX_BYTES, removed_retention_s=REMOVED_RETENTION_S)
+                    threads_max_bytes=THREADS_MAX_BYTES, removed_retention_s=REMOVED_RETENTION_S,
+                    saved_ref_retention_s=SAVED_REF_RETENTION_S)
 
 
 def open_event_store(data_dir: Path) -> Environments:

@@ -71,7 +71,14 @@ def test_hook_records_of_removed_environments_are_kept_a_week_unless_configured(
     assert Settings.load("/tmp/bb-config-test").removed_retention_s == 60
 
 
-@pytest.mark.parametrize("name", ["BB_THREADS_MAX_AGE_S", "BB_REMOVED_RETENTION_S"])
+def test_saved_work_is_kept_thirty_days_unless_configured(monkeypatch):
+    monkeypatch.delenv("BB_SAVED_REF_RETENTION_S", raising=False)
+    assert Settings.load("/tmp/bb-config-test").saved_ref_retention_s == 2592000
+    monkeypatch.setenv("BB_SAVED_REF_RETENTION_S", "3600")
+    assert Settings.load("/tmp/bb-config-test").saved_ref_retention_s == 3600
+
+
+@pytest.mark.parametrize("name", ["BB_THREADS_MAX_AGE_S", "BB_REMOVED_RETENTION_S", "BB_SAVED_REF_RETENTION_S"])
 @pytest.mark.parametrize("raw", ["0", "-1", "inf", "a week"])
 def test_a_retention_limit_must_be_one(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
