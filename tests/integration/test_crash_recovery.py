@@ -391,3 +391,36 @@ def lines(path: Path) -> int:
 def worktree_adds_in(repo: Path) -> list[int]:
     return [pid for pid, arguments in command_lines()
             if str(repo) in arguments and "worktree" in arguments and "add" in arguments]
+
+
+async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_one_save(tmp_path, git_repo, git):
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_CRASH_AT="work-saved"))
+    await service.start()
+    try:
+        spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                                   str(git_repo), "--thread-id", "t1", "--json")
+        assert spawned.returncode == 0, spawned.stderr
+        environment_id = spawned.json()["environmentId"]
+        workspace = Path((await service.wait_for(environment_id, "ready"))["path"])
+        (workspace / "unsaved.txt").write_text("an agent's work, committed nowhere\n")
+        await service.bb("thread", "archive", "t1")
+        await died(service)
+        saved_ref = f"refs/bb/saved/{environment_id}"
+        first_save = git(git_repo, "rev-parse", saved_ref)
+        assert workspace.exists()  # killed between the save and the removal
+
+        await restart(service)
+        removed = await service.wait_for(environment_id, "removed")
+
+        assert removed["savedRef"] == saved_ref
+        assert git(git_repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/bb") == f"{saved_ref} {first_save}"
+        assert git(git_repo, "show", f"{saved_ref}:unsaved.txt") == "an agent's work, committed nowhere"
+        assert not workspace.exists()
+        shown = await service.bb("environment", "show", environment_id)
+        assert f"saved work: {saved_ref}  (git worktree add <dir> {saved_ref})" in shown.stdout
+        exported = [json.loads(line) for line in (await service.bb("events", "export")).stdout.splitlines()]
+        saves = [e for e in exported if e.get("environmentId") == environment_id and e["type"] == "work_saved"]
+        assert [e["savedRef"] for e in saves] == [saved_ref]
+        await assert_consistent_log(service, environment_id)
+    finally:
+        await service.stop()
