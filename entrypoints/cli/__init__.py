@@ -22,7 +22,9 @@ from bb_environments.entrypoints.cli.thread import thread_group
 from bb_environments.entrypoints.config import ConfigError, Settings
 
 
-@click.group()
+# -h is --help on every command: the context settings of the root group are every sub-command's.
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bb-environments", prog_name="bb", message="%(prog)s %(version)s")
 @click.option("--data-dir", help="Service data directory (default $BB_DATA_DIR or ~/.local/share/bb).")
 @click.option("--nats-url", help="Use this NATS instead of the embedded one (default $BB_NATS_URL).")
 @click.pass_context
