@@ -212,3 +212,13 @@ async def test_a_remembered_port_that_is_not_one_is_refused_naming_its_file(serv
     assert one_line_refusal(refused) == (f"bb: {port_file} says '48 000', which is not a port: correct it, remove it "
                                          "(a free port is then chosen), or start `bb serve` with --nats-port")
     assert nats_servers_on(service.data_dir / "nats") == []
+
+
+async def test_a_port_with_an_external_nats_is_refused_with_exit_2(tmp_path):
+    data_dir = tmp_path / "data"
+    service = Service(data_dir, service_environment(data_dir, BB_NATS_PORT="4222"))
+    result = await service.bb("serve", "--nats-url", f"nats://127.0.0.1:{free_port()}", "--json")
+    assert result.returncode == 2 and result.json()["error"]["code"] == "invalid_input"
+    assert one_line_refusal(result) == ("bb: --nats-port (BB_NATS_PORT) is the embedded nats-server's port: "
+                                        "with --nats-url (BB_NATS_URL) there is none")
+    assert not data_dir.exists()
