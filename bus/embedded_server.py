@@ -299,7 +299,6 @@ def _remember_port(port_file: Path, port: int) -> None:
         if port_file.read_text().strip() == str(port):
             return
     write_private_file(port_file, f"{port}\n")
-    log.info("the embedded nats-server's port is %s from now on (remembered in %s)", port, port_file)
 
 
 def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock, port: int | None) -> EmbeddedNats:
