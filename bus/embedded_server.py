@@ -4,12 +4,16 @@ It runs in its own session so that a service killed with SIGKILL leaves it runni
 `bb serve` finds it through the lock on its store dir and reuses it instead of starting a second
 one, but only when that pid is still our binary, on our store dir, enforcing our configuration: a
 recycled pid or a server started without authentication is never taken for ours.
+
+Its port is chosen once and remembered in a file of the data dir, so that every later start,
+whether it reuses a server or starts one, is on the address clients already have.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 
+from bb_environments.bus.access import write_private_file
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.host.processes import command_line_of, command_lines, pid_alive
 
@@ -58,6 +63,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _refuse_unusable(host: str, port: int) -> None:
+    """Raise NatsServerUnavailable, naming the port and the way out, unless `port` can be listened
+    on: nats-server would only exit, saying why in its log, and moving to another port would strand
+    every client that has this one."""
+    with socket.socket() as probe:
+        # As nats-server listens: a connection of the server before it, in TIME_WAIT, does not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as refused:
+            why = "is taken by another process" if refused.errno == errno.EADDRINUSE else \
+                f"cannot be listened on ({refused.strerror})"
+            raise NatsServerUnavailable(f"port {port} on {host} {why}: free it, or give the embedded nats-server "
+                                        "another with `bb serve --nats-port PORT`") from None
+
+
 def accepts_connections(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
@@ -84,7 +105,10 @@ class EmbeddedNats:
         """`configuration`: a nats-server config file (users and permissions); without it anyone may connect.
         `keep_open`: a descriptor the server inherits and holds for as long as it runs."""
         store_dir.mkdir(parents=True, exist_ok=True)
-        port = port or free_port(host)
+        if port is None:
+            port = free_port(host)
+        else:
+            _refuse_unusable(host, port)
         output = open(store_dir / "nats-server.log", "ab")
         process = subprocess.Popen(
             _command_line(store_dir, host, port, configuration),
@@ -184,12 +208,23 @@ class SupervisedNats:
         self._lock = lock
 
     @classmethod
-    def open(cls, store_dir: Path, configuration: Path) -> SupervisedNats:
-        """The server already running on `store_dir`, or a new one."""
+    def open(cls, store_dir: Path, configuration: Path, port_file: Path, port: int | None = None) -> SupervisedNats:
+        """The server already running on `store_dir`, or a new one, on `port` when it is given, else
+        on the port `port_file` remembers, else on a free one; `port_file` then remembers its port.
+
+        A server left running on another port than the one asked for is stopped and started again
+        on the asked one: the operator chose the address."""
         store_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(store_dir / LOCK_FILE)
         try:
-            server = _running_or_started(store_dir, configuration, lock)
+            server = _running_or_started(store_dir, configuration, lock,
+                                         port if port is not None else _remembered_port(port_file))
+            if port is not None and server.port != port:
+                log.info("moving the embedded nats-server (pid %s) from port %s to port %s, as asked",
+                         server.pid, server.port, port)
+                server.stop()
+                server = _running_or_started(store_dir, configuration, lock, port)
+            _remember_port(port_file, server.port)
         except BaseException:
             lock.close()
             raise
@@ -245,8 +280,29 @@ def _start_holding(lock: FileLock, store_dir: Path, port: int | None, configurat
     return server
 
 
-def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock) -> EmbeddedNats:
-    """The server that holds the store's lock, else a new one.
+def _remembered_port(port_file: Path) -> int | None:
+    """The port `port_file` remembers; None before the first start, and in a data dir of a release
+    that did not remember it."""
+    try:
+        said = port_file.read_text().strip()
+    except FileNotFoundError:
+        return None
+    port = _port_number(said)
+    if port is None:
+        raise NatsServerUnavailable(f"{port_file} says {said!r}, which is not a port: correct it, remove it "
+                                    "(a free port is then chosen), or start `bb serve` with --nats-port")
+    return port
+
+
+def _remember_port(port_file: Path, port: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if port_file.read_text().strip() == str(port):
+            return
+    write_private_file(port_file, f"{port}\n")
+
+
+def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock, port: int | None) -> EmbeddedNats:
+    """The server that holds the store's lock, else a new one on `port` (a free one when None).
 
     A lock held by no live process the record names and no server of ours is on its way to being
     free: a server still ending (stopped as its `bb serve` was killed, say), or one forked but not
@@ -267,7 +323,7 @@ def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock) ->
                 f"{store_dir} is held by {holder}, which is not a nats-server this service can reuse; "
                 f"stop it and start `bb serve` again")
         time.sleep(0.2)  # each look reads every process's command line
-    return _start_holding(lock, store_dir, None, configuration)
+    return _start_holding(lock, store_dir, port, configuration)
 
 
 async def _ended(pid: int) -> None:
@@ -309,7 +365,10 @@ def _started_unrecorded(store_dir: Path, configuration: Path, record: ServerReco
 
 def _port_in(command_line: list[str]) -> int | None:
     try:
-        return int(command_line[command_line.index("-p") + 1])
+        return _port_number(command_line[command_line.index("-p") + 1])
     except (ValueError, IndexError):
         return None
 
+
+def _port_number(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 5 and 0 < int(text) < 65536 else None

@@ -262,7 +262,8 @@ def asyncapi() -> dict[str, Any]:
         "servers": {"embedded": {
             "host": "127.0.0.1:{port}", "protocol": "nats",
             "description": "The nats-server `bb serve` runs; its URL and the clients' NKEY seeds are in <data dir>/server.json.",
-            "variables": {"port": {"description": "The port in server.json's natsUrl."}},
+            "variables": {"port": {"description": "The port in server.json's natsUrl: chosen at the first start and "
+                                                    "kept across restarts (`bb serve --nats-port` sets it)."}},
         }},
         "defaultContentType": "application/json",
         "channels": channels,

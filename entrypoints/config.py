@@ -59,9 +59,13 @@ class Settings(msgspec.Struct, frozen=True):
     see hooks.ledger and README's Retention)."""
     saved_ref_retention_s: float
     """How long the work saved from a removed worktree (refs/bb/saved/<id>) is kept (BB_SAVED_REF_RETENTION_S)."""
+    nats_port: int | None = None
+    """The embedded nats-server's port as asked for (`bb serve --nats-port`, BB_NATS_PORT); None leaves
+    it to the port the data dir remembers (bus/embedded_server.py)."""
 
     @classmethod
-    def load(cls, data_dir: str | None = None, nats_url: str | None = None) -> "Settings":
+    def load(cls, data_dir: str | None = None, nats_url: str | None = None,
+             nats_port: str | None = None) -> "Settings":
         given = data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR
         expanded = os.path.expanduser(given)
         if expanded.startswith("~"):  # left as it was: taken as relative, it would name a dir under the cwd
@@ -82,6 +86,8 @@ class Settings(msgspec.Struct, frozen=True):
             threads_max_bytes=int(_positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
             removed_retention_s=_positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
             saved_ref_retention_s=_positive("BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"),
+            nats_port=_port("--nats-port", nats_port) if nats_port is not None else
+            _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
         )
 
     @property
@@ -178,6 +184,14 @@ def _number(name: str, default: float) -> float:
         return float(raw) if raw else default
     except ValueError:
         raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+
+
+def _port(name: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if raw.isascii() and raw.isdigit() and len(raw) <= 5 and 0 < int(raw) < 65536:
+        return int(raw)
+    raise ConfigError(f"{name} {raw!r} is not allowed: use a port number from 1 to 65535")
 
 
 def _positive(name: str, default: float, what: str) -> float:

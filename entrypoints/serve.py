@@ -116,7 +116,7 @@ def embedded_nats(settings: Settings, credentials: Credentials) -> SupervisedNat
     store_dir, configuration = settings.data_dir / "nats", settings.data_dir / "nats-server.conf"
     credentials.ensure(all_users(settings.host_id))
     write_private_file(configuration, server_configuration(credentials, settings.host_id, SERVER_NAME))
-    return SupervisedNats.open(store_dir, configuration)
+    return SupervisedNats.open(store_dir, configuration, settings.data_dir / "nats-port", settings.nats_port)
 
 
 def connect_options(settings: Settings, credentials: Credentials | None, user: str) -> ConnectOptions:

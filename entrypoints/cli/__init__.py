@@ -22,7 +22,9 @@ from bb_environments.entrypoints.cli.thread import thread_group
 from bb_environments.entrypoints.config import ConfigError, Settings
 
 
-@click.group()
+# -h is --help on every command: the context settings of the root group are every sub-command's.
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bb-environments", prog_name="bb", message="%(prog)s %(version)s")
 @click.option("--data-dir", help="Service data directory (default $BB_DATA_DIR or ~/.local/share/bb).")
 @click.option("--nats-url", help="Use this NATS instead of the embedded one (default $BB_NATS_URL).")
 @click.pass_context
@@ -37,16 +39,25 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
 @cli.command()
 @click.option("--data-dir", help="Same as `bb --data-dir`, accepted here too.")
 @click.option("--nats-url", help="Same as `bb --nats-url`, accepted here too.")
+@click.option("--nats-port", metavar="PORT", help="The embedded nats-server's port, from now on (default "
+              "$BB_NATS_PORT, else the one the data dir remembers, else a free one chosen at first start).")
 @json_option
 @click.pass_obj
-def serve(settings: Settings, data_dir: str | None, nats_url: str | None, as_json: bool) -> None:
+def serve(settings: Settings, data_dir: str | None, nats_url: str | None, nats_port: str | None,
+          as_json: bool) -> None:
     """Run the service: embedded nats-server, event store, read models, host agent."""
     import logging
 
     from bb_environments.entrypoints.serve import ServeError, serve as run_service
 
-    if data_dir or nats_url:
-        settings = Settings.load(data_dir or settings.data_root, nats_url or settings.nats_url)
+    try:
+        if data_dir or nats_url or nats_port is not None:
+            settings = Settings.load(data_dir or settings.data_root, nats_url or settings.nats_url, nats_port)
+    except ConfigError as bad:
+        fail("invalid_input", str(bad), as_json)
+    if settings.nats_url and settings.nats_port is not None:
+        fail("invalid_input", "--nats-port (BB_NATS_PORT) is the embedded nats-server's port: with --nats-url "
+             "(BB_NATS_URL) there is none", as_json)
 
     logging.basicConfig(level=os.environ.get("BB_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

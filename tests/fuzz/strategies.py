@@ -593,8 +593,8 @@ def _assembled(draw: st.DrawFn, command: tuple[str, ...], options: list[tuple[st
 @cache
 def noise_invocations() -> SearchStrategy[Invocation]:
     """A real command followed by hostile words: unknown options, options missing their value,
-    stray arguments. `--help` is left out: help is an answer, not an error."""
-    words = argv_values(hostile_text()).filter(lambda word: word != "--help")
+    stray arguments. `--help` and `-h` are left out: help is an answer, not an error."""
+    words = argv_values(hostile_text()).filter(lambda word: word not in ("--help", "-h"))
     commands = st.sampled_from((("thread", "spawn"), ("environment", "show"), ("thread", "archive")))
     return st.builds(lambda command, tail, as_json: Invocation(command, (), None, as_json, False,
                                                               (*command, *(["--json"] if as_json else []), *tail)),

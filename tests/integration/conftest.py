@@ -65,11 +65,12 @@ class Service:
     external_credentials: dict[str, Any] = field(default_factory=dict)
     """Connect options for a service on an external NATS, whose server.json names no seeds."""
 
-    async def start(self) -> None:
+    async def start(self, *options: str) -> None:
+        """`bb serve OPTIONS`, once it wrote its server.json."""
         previous_pid = self.info.get("pid")
         log = open(self.data_dir.parent / "serve.log", "ab")
         self.process = subprocess.Popen(
-            [*self.cli(), "serve"], env=self.environment,
+            [*self.cli(), "serve", *options], env=self.environment,
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
         )
         log.close()

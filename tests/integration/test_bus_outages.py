@@ -175,7 +175,7 @@ def test_a_server_started_by_a_serve_killed_before_it_recorded_the_pid_is_reused
     left = EmbeddedNats.start(store, port=free_port(), configuration=configuration, keep_open=lock.fileno())
     lock.close()
     try:
-        supervised = SupervisedNats.open(store, configuration)
+        supervised = SupervisedNats.open(store, configuration, tmp_path / "nats-port")
         assert (supervised.server.pid, supervised.url) == (left.pid, left.url)
         assert read_holder(store / LOCK_FILE, ServerRecord) == ServerRecord(left.pid, left.port)
         supervised.stop()
@@ -195,7 +195,7 @@ async def test_a_reused_server_enforces_the_configuration_written_since_it_start
         await (await nats.connect(left.url)).close()  # admitted without credentials, as configured then
         configuration.write_text(json.dumps({"server_name": SERVER_NAME,
                                              "authorization": {"users": [{"user": "only", "password": "this"}]}}))
-        supervised = SupervisedNats.open(store, configuration)
+        supervised = SupervisedNats.open(store, configuration, tmp_path / "nats-port")
         assert supervised.server.pid == left.pid
         with pytest.raises(Exception, match="Authorization Violation"):
             await nats.connect(left.url, allow_reconnect=False, max_reconnect_attempts=0)
@@ -214,7 +214,7 @@ def test_a_reused_server_that_refuses_its_new_configuration_is_named_not_served_
         configuration.write_text("{ not a configuration")
         with pytest.raises(NatsServerUnavailable, match=f"the running nats-server \\(pid {left.pid}\\) refused its "
                                                         "new configuration: Failed to reload server configuration"):
-            SupervisedNats.open(store, configuration)
+            SupervisedNats.open(store, configuration, tmp_path / "nats-port")
         assert left.process is not None and left.process.poll() is None  # still serving what it had
     finally:
         left.stop()
@@ -227,7 +227,7 @@ def test_a_store_lock_held_only_until_its_holder_ends_is_waited_for_then_taken(t
     ending = subprocess.Popen(["sleep", "1"], pass_fds=(lock.fileno(),))
     lock.close()
     assert ending.poll() is None
-    supervised = SupervisedNats.open(store, configuration)
+    supervised = SupervisedNats.open(store, configuration, tmp_path / "nats-port")
     try:
         assert ending.poll() is not None
         assert accepts_connections("127.0.0.1", supervised.server.port)

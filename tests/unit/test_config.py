@@ -130,3 +130,15 @@ def test_an_unknown_event_store_sync_level_is_refused_by_name(monkeypatch, tmp_p
     monkeypatch.setenv("BB_EVENT_STORE_SYNC", "off")
     with pytest.raises(ConfigError, match="BB_EVENT_STORE_SYNC 'off' is not allowed: use normal or full"):
         event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}")
+
+
+def test_the_nats_port_is_the_flag_s_else_the_variable_s_else_left_to_the_data_dir(monkeypatch):
+    monkeypatch.delenv("BB_NATS_PORT", raising=False)
+    assert Settings.load("/tmp/bb-config-test").nats_port is None
+    monkeypatch.setenv("BB_NATS_PORT", "")
+    assert Settings.load("/tmp/bb-config-test").nats_port is None
+    monkeypatch.setenv("BB_NATS_PORT", "4222")
+    assert Settings.load("/tmp/bb-config-test").nats_port == 4222
+    assert Settings.load("/tmp/bb-config-test", nats_port="65535").nats_port == 65535
+    with pytest.raises(ConfigError, match=r"^--nats-port '' is not allowed: use a port number from 1 to 65535$"):
+        Settings.load("/tmp/bb-config-test", nats_port="")
