@@ -28,6 +28,9 @@ from bb_environments.projections.views import EnvironmentView, environment_view
 
 _ENVIRONMENT_TOPICS = topic_prefixes(Environment)
 _MILLISECOND = timedelta(milliseconds=1)
+_LARGEST_STORED = 2**63 - 1
+"""No store's version column holds more (SQLite's INTEGER, PostgreSQL's bigint); asked for past it,
+a store fails rather than finding nothing."""
 
 
 class LoggedEvent(NamedTuple):
@@ -52,7 +55,7 @@ class EnvironmentHistory:
         """The environment's events after version `after`, at most `limit` of them, and whether
         more follow. Raises UnknownEnvironment when the log holds no such environment."""
         # One more than asked: the last one's duration, and whether another page follows.
-        stored = self._stored(environment_id, gt=after, limit=limit + 1)
+        stored = self._stored(environment_id, gt=min(after, _LARGEST_STORED), limit=limit + 1)
         decoded = [self._decoder.decode(event) for event in stored]
         if not decoded and (after == 0 or not self._stored(environment_id, limit=1)):
             raise _unknown(environment_id)
@@ -63,7 +66,7 @@ class EnvironmentHistory:
 
     def at_version(self, environment_id: UUID, version: int) -> EnvironmentView:
         """The environment's document just after its event of `version`."""
-        stored = self._stored(environment_id, lte=version)
+        stored = self._stored(environment_id, lte=min(version, _LARGEST_STORED))
         if not stored:
             raise _unknown(environment_id)
         if len(stored) < version:  # versions are gap-free from 1: these are all there are

@@ -85,6 +85,9 @@ def test_what_the_log_does_not_hold_is_refused_naming_what_it_does(app):  # noqa
     with pytest.raises(NotRecorded, match=f"environment {environment_id} has versions 1-{latest}: "
                                           f"there is no version {latest + 1}"):
         history.at_version(environment_id, latest + 1)
+    with pytest.raises(NotRecorded, match=f"has versions 1-{latest}: there is no version {2**64}"):
+        history.at_version(environment_id, 2**64)  # past what any store's column holds
+    assert history.events(environment_id, 2**64, 10) == ([], False)
     with pytest.raises(NotRecorded, match="was first recorded at .*: nothing of it was recorded at .* or before"):
         history.at_instant(environment_id, views[0].created_at - timedelta(microseconds=1))
     # A thread's aggregate has a UUID too; it is no environment.
