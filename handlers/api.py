@@ -38,6 +38,7 @@ from bb_environments.handlers.ports import Workspaces
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
+from bb_environments.projections.history import EnvironmentHistory, LoggedEvent, NotRecorded
 from bb_environments.projections.read_model import ReadModel, ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView, ViewPage
 from bb_environments.providers.registry import ProviderDescription
@@ -80,6 +81,18 @@ class Page(Generic[T]):
 class ShowEnvironment:
     environment_id: str
     min_position: int = 0
+    at: int | datetime | None = None
+    """The document as it was at this version, or at this instant (the last version recorded then
+    or before), folded from the event store; None: the read model's, now."""
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """A page of an environment's events, in log order, after its version `after` (0: from the first)."""
+
+    environment_id: str
+    limit: int
+    after: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,7 @@ class Api:
         self._stream_position = stream_position
         self._publish_thread_message = publish_thread_message
         self._log_views = log_views
+        self._history = EnvironmentHistory(self._app)  # read on the store's reader thread alone
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -152,7 +166,12 @@ class Api:
         return Page(found[:query.limit], len(found) > query.limit)
 
     async def show_environment(self, request: ShowEnvironment) -> EnvironmentView:
-        environment_id = str(check_environment_id(request.environment_id))
+        identity = check_environment_id(request.environment_id)
+        if request.at is not None:
+            # The store holds every version; the read model only the latest (a position to wait
+            # for would change nothing: what the store has committed is there to read).
+            return await self._environment_then(identity, request.at)
+        environment_id = str(identity)
         if request.min_position:
             # A position the log has not reached would be waited for in vain, then blamed on the bus.
             head = await self._store.read_log(self._app.head)
@@ -169,6 +188,25 @@ class Api:
             raise NotFound(f"no environment {request.environment_id}")
         view.transcript = await self._read_model.transcript(environment_id)
         return view
+
+    async def _environment_then(self, environment_id: UUID, at: int | datetime) -> EnvironmentView:
+        try:
+            if isinstance(at, datetime):
+                if at.tzinfo is None:
+                    raise InvalidInput(f"the instant {at.isoformat()} has no timezone; add one (Z for UTC)")
+                return await self._store.read_log(self._history.at_instant, environment_id, at)
+            if at < 1:
+                raise InvalidInput(f"version {at} is not a version: an environment's versions start at 1")
+            return await self._store.read_log(self._history.at_version, environment_id, at)
+        except NotRecorded as missing:
+            raise InvalidInput(str(missing)) from None
+
+    async def environment_history(self, query: HistoryQuery) -> Page[LoggedEvent]:
+        environment_id = check_environment_id(query.environment_id)
+        if query.after < 0:
+            raise InvalidInput(f"after {query.after} is not a version: give 0 (from the first) or a version")
+        events, more = await self._store.read_log(self._history.events, environment_id, query.after, query.limit)
+        return Page(events, more)
 
     async def list_threads(self, query: ThreadQuery) -> Page[ThreadView]:
         if query.environment_id:

@@ -40,11 +40,9 @@ _json = msgspec.json.Decoder()
 _DIRECT: dict[type[Transcoding], Callable[[Any], Any]] = {DatetimeAsISO: datetime.fromisoformat, UUIDAsHex: UUID}
 
 
-class StoredNotification(Protocol):
-    """A notification of the log: eventsourcing's `Notification`, or a row read as one."""
+class StoredState(Protocol):
+    """A stored event: eventsourcing's `StoredEvent`, or a notification of the log."""
 
-    @property
-    def id(self) -> int: ...
     @property
     def originator_id(self) -> UUID | str: ...
     @property
@@ -55,8 +53,15 @@ class StoredNotification(Protocol):
     def state(self) -> bytes: ...
 
 
+class StoredNotification(StoredState, Protocol):
+    """A notification of the log: eventsourcing's `Notification`, or a row read as one."""
+
+    @property
+    def id(self) -> int: ...
+
+
 class EventDecoder:
-    """`decode(notification)`: its domain event, equal to `mapper.to_domain_event(notification)`."""
+    """`decode(stored)`: its domain event, equal to `mapper.to_domain_event(stored)`."""
 
     def __init__(self, mapper: Mapper[UUID]) -> None:
         self._mapper = mapper
@@ -71,7 +76,7 @@ class EventDecoder:
         self._classes: dict[str, type | None] = {}
         """By topic: the event class, when this decoder's path may decode its events (None: the mapper's)."""
 
-    def decode(self, notification: StoredNotification) -> Any:
+    def decode(self, notification: StoredState) -> Any:
         topic = notification.topic
         try:
             known_class = self._classes[topic]
@@ -98,7 +103,7 @@ class EventDecoder:
         # An upcast class rewrites its old events' state as the mapper decodes them.
         return found if self._plain and getattr(found, "class_version", 1) == 1 else None
 
-    def _by_the_mapper(self, notification: StoredNotification) -> Any:
+    def _by_the_mapper(self, notification: StoredState) -> Any:
         return self._mapper.to_domain_event(StoredEvent(notification.originator_id, notification.originator_version,
                                                         notification.topic, notification.state))
 

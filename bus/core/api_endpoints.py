@@ -9,14 +9,17 @@ connection's maximum payload, so no reply is too large to send whatever the docu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from bb_environments.bus.wire.api_messages import (
     Accepted,
+    EnvironmentAt,
     EnvironmentRef,
     ListEnvironments,
+    ListHistory,
     ListThreads,
     Next,
     Nothing,
@@ -25,11 +28,13 @@ from bb_environments.bus.wire.api_messages import (
     ThreadRef,
 )
 from bb_environments.bus.core.api_service import ApiError, Endpoint
+from bb_environments.bus.wire.documents import PUBLICATIONS
 from bb_environments.domain.errors import UnknownEnvironment, UnknownThread
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers.api import (
     Api,
     EnvironmentQuery,
+    HistoryQuery,
     Outcome,
     Page,
     ShowEnvironment,
@@ -68,6 +73,23 @@ class ThreadList(msgspec.Struct):
     next: Next = None
 
 
+class HistoryEvent(msgspec.Struct, rename="camel"):
+    version: int
+    type: Annotated[str, msgspec.Meta(description="The event's `type`, as docs/events.md names it.")]
+    occurred_at: datetime
+    duration_ms: Annotated[int | None, msgspec.Meta(description=(
+        "Milliseconds from this event to the environment's next one; null for its last."))]
+
+
+class EnvironmentHistory(msgspec.Struct, rename="camel"):
+    """One page of an environment's events, in log order."""
+
+    environment_id: str
+    events: list[HistoryEvent]
+    next: Annotated[int | None, msgspec.Meta(description=(
+        "Null on the last page; otherwise send it as `after` for the next page."))] = None
+
+
 Item = TypeVar("Item", EnvironmentView, ThreadView)
 Listing = TypeVar("Listing", EnvironmentList, ThreadList)
 
@@ -85,7 +107,8 @@ class ApiEdge:
         return [
             Endpoint("environments", "providers", Nothing, self.providers),
             Endpoint("environments", "list", ListEnvironments, self.list_environments),
-            Endpoint("environments", "show", EnvironmentRef, self.show_environment),
+            Endpoint("environments", "show", EnvironmentAt, self.show_environment),
+            Endpoint("environments", "history", ListHistory, self.environment_history),
             Endpoint("environments", "delete", EnvironmentRef, self.delete_environment),
             Endpoint("environments", "retry", EnvironmentRef, self.retry_environment),
             Endpoint("threads", "spawn", SpawnThread, self.spawn_thread),
@@ -106,8 +129,19 @@ class ApiEdge:
         ))
         return self._fitted(page, lambda items, after: EnvironmentList(items, after))
 
-    async def show_environment(self, request: EnvironmentRef) -> EnvironmentView:
-        return await self._api.show_environment(ShowEnvironment(request.environment_id, request.min_position))
+    async def show_environment(self, request: EnvironmentAt) -> EnvironmentView:
+        return await self._api.show_environment(ShowEnvironment(request.environment_id, request.min_position,
+                                                                request.at))
+
+    async def environment_history(self, request: ListHistory) -> EnvironmentHistory:
+        page = await self._api.environment_history(HistoryQuery(request.environment_id, request.limit,
+                                                                request.after))
+        events = [HistoryEvent(e.version, PUBLICATIONS[e.event_class].type, e.occurred_at, e.duration_ms)
+                  for e in page.items]
+        # An event's entry is a hundred bytes or so: at least one always fits.
+        sent = events[:max(1, _fitting(events, self._max_payload - REPLY_HEADROOM))]
+        more = page.more or len(sent) < len(events)
+        return EnvironmentHistory(request.environment_id, sent, sent[-1].version if more else None)
 
     async def delete_environment(self, request: EnvironmentRef) -> Accepted:
         return _accepted(await self._api.delete_environment(request.environment_id))

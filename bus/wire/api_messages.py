@@ -6,6 +6,7 @@ The listings' replies, which carry the read side's views, are declared with thei
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -29,6 +30,11 @@ Cursor = Annotated[str | None, msgspec.Meta(description=(
 Next = Annotated[str | None, msgspec.Meta(description=(
     "Null on the last page; otherwise send it as `after` for the next page."))]
 
+At = Annotated[Annotated[int, msgspec.Meta(ge=1)] | Annotated[datetime, msgspec.Meta(tz=True)] | None, msgspec.Meta(
+    description=(
+    "A version (1 or more), or an ISO-8601 instant with its timezone (the last version recorded then or "
+    "before): the document as it was then, folded from the event store. Absent or null: the document now."))]
+
 
 class Request(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
     pass
@@ -46,6 +52,21 @@ class ListEnvironments(Request):
 class EnvironmentRef(Request):
     environment_id: str
     min_position: int = 0
+
+
+class EnvironmentAt(EnvironmentRef):
+    """`environments.show`: the environment's document now, or as it was at `at`."""
+
+    at: At = None
+
+
+class ListHistory(Request):
+    """`environments.history`: a page of the environment's events, in log order."""
+
+    environment_id: str
+    after: Annotated[int, msgspec.Meta(ge=0, description=(
+        "The `next` of the page before: this page starts after that version (absent or 0: at the first)."))] = 0
+    limit: PageLimit = DEFAULT_PAGE
 
 
 class SpawnThread(Request):

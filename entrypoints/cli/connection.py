@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import msgspec
 
 from bb_environments.bus.wire.service_errors import AnswerLost, unreachable
-from bb_environments.bus.wire.api_messages import MAX_PAGE, ListEnvironments, ListThreads, Request
+from bb_environments.bus.wire.api_messages import (
+    MAX_PAGE, ListEnvironments, ListHistory, ListThreads, Request,
+)
 from bb_environments.entrypoints.cli.support import Failure, event_loop
 from bb_environments.entrypoints.config import ServerFileError, ServerInfo, Settings, nats_credentials, read_server_file, serving
 
@@ -127,7 +129,7 @@ def call(settings: Settings, area: str, verb: str, body: Request, changes: bool 
             raise AnswerLost(f"{lost.message}; it may have taken effect all the same") from None
 
 
-def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads,
+def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads | ListHistory,
             key: str) -> dict[str, Any]:
     """Every page of a listing, as one document `{key: [...]}` (the API pages; see README). Pages
     as large as may be asked: the service still cuts each to what one message can carry."""

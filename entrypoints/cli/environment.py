@@ -1,17 +1,20 @@
-"""`bb environment`: list, show, retry and delete environments, and list their providers."""
+"""`bb environment`: list, show (now or as it was), retry and delete environments, list their
+providers, and an environment's history."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import click
 
-from bb_environments.bus.wire.api_messages import EnvironmentRef, ListEnvironments, Nothing
+from bb_environments.bus.wire.api_messages import EnvironmentAt, EnvironmentRef, ListEnvironments, ListHistory, Nothing
+from bb_environments.domain.ids import quoted
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli.connection import call, listing
 from bb_environments.entrypoints.cli.support import (
-    emit, environment_id_argument, json_option, print_accepted, print_table, run_command, stdout,
+    Failure, emit, environment_id_argument, json_option, print_accepted, print_table, run_command, stdout,
 )
 from bb_environments.entrypoints.config import Settings
 from bb_environments.handlers.errors import one_line
@@ -63,6 +66,70 @@ def environment_list(settings: Settings, status: str | None, provider: str | Non
     emit(document, as_json, human)
 
 
+@environment_group.command("show")
+@click.argument("environment_id")
+@click.option("--at", "at", metavar="VERSION|ISO-8601",
+              help="As it was at this version, or at this instant (the last version recorded then or before).")
+@json_option
+@click.pass_obj
+@run_command
+def environment_show(settings: Settings, environment_id: str, at: str | None, as_json: bool) -> None:
+    """Show one environment, with the tail of its transcript (with --at: as it was then)."""
+    request = EnvironmentAt(environment_id=environment_id_argument(environment_id),
+                            at=None if at is None else _version_or_instant(at))
+    emit(call(settings, "environments", "show", request), as_json, _print_environment)
+
+
+def _version_or_instant(value: str) -> int | datetime:
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError:
+        instant = None
+    if instant is None or instant.tzinfo is None:
+        raise Failure("invalid_input", f"--at {quoted(value)} is neither a version (1 or more) nor an ISO-8601 "
+                                       "instant with a timezone (2026-01-31T12:00:00Z, say)")
+    return instant
+
+
+@environment_group.command("history")
+@click.argument("environment_id")
+@json_option
+@click.pass_obj
+@run_command
+def environment_history(settings: Settings, environment_id: str, as_json: bool) -> None:
+    """List an environment's events in order, with the time from each to the next."""
+    request = ListHistory(environment_id=environment_id_argument(environment_id))
+    document = {"environmentId": request.environment_id,
+                **listing(settings, "environments", "history", request, "events")}
+
+    def human(doc: dict[str, Any]) -> None:
+        print_table(("VERSION", "EVENT", "TIME (UTC)", "DURATION"),
+                    ([str(e["version"]), e["type"], _instant(e["occurredAt"]), _duration(e["durationMs"])]
+                     for e in doc["events"]))
+
+    emit(document, as_json, human)
+
+
+def _instant(text: str) -> str:
+    # To the millisecond and without the 'T': a table's column, read by a person.
+    return datetime.fromisoformat(text).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _duration(milliseconds: int | None) -> str:
+    if milliseconds is None:
+        return "-"
+    if milliseconds < 1000:
+        return f"{milliseconds} ms"
+    if milliseconds < 60_000:
+        return f"{milliseconds / 1000:.1f} s"
+    minutes, seconds = divmod(milliseconds // 1000, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
 def _environment_command(verb: str, help_text: str, printer: Callable[[dict[str, Any]], None]) -> None:
     @environment_group.command(verb, help=help_text)
     @click.argument("environment_id")
@@ -71,7 +138,7 @@ def _environment_command(verb: str, help_text: str, printer: Callable[[dict[str,
     @run_command
     def command(settings: Settings, environment_id: str, as_json: bool) -> None:
         request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
-        emit(call(settings, "environments", verb, request, changes=verb != "show"), as_json, printer)
+        emit(call(settings, "environments", verb, request, changes=True), as_json, printer)
 
 
 def _print_environment(e: dict[str, Any]) -> None:
@@ -91,6 +158,5 @@ def _print_environment(e: dict[str, Any]) -> None:
         stdout.print(f"  │ {one_line(line)}", markup=False)
 
 
-_environment_command("show", "Show one environment, with the tail of its transcript.", _print_environment)
 _environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", print_accepted)
 _environment_command("retry", "Retry a failed create, or re-run a failed setup in the same workspace.", print_accepted)

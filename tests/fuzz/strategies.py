@@ -12,6 +12,7 @@ import json
 import string
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import cache
 from typing import Any
 
@@ -432,6 +433,14 @@ def api_requests(thread_ids: tuple[str, ...], environment_ids_known: tuple[str, 
         st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True), hostile_text()))
     environment_ref = {"environmentId": environment_ids(environment_ids_known, required=True), "minPosition": position}
     thread_ref = {"threadId": ids(thread_ids, required=True)}
+    # A past version or instant: the log's own, those around them, and what is neither.
+    at = Field(st.one_of(st.integers(1, 12), st.datetimes(timezones=st.just(timezone.utc)).map(datetime.isoformat)),
+               st.one_of(st.sampled_from((0, -1, 2**63, 2**64, True, "2026-01-31T12:00:00", "yesterday")),
+                         st.datetimes().map(datetime.isoformat), st.floats(allow_nan=True), hostile_text()))
+    history = {"environmentId": environment_ids(environment_ids_known, required=True),
+               "after": Field(st.integers(0, 12), st.one_of(st.integers(min_value=-(2**70), max_value=2**70),
+                                                            hostile_text())),
+               "limit": Field(st.integers(1, 1000), st.one_of(st.sampled_from((0, 1001, -1)), hostile_text()))}
     spawn = {"threadId": ids(thread_ids), "environmentProvider": provider_ids(), "environmentInputs": inputs(),
              "environmentId": environment_ids(environment_ids_known), "projectPath": paths(projects),
              "hostId": hosts(), "parentThreadId": ids(thread_ids), "prompt": Field(prompts(), json_values())}
@@ -445,7 +454,8 @@ def api_requests(thread_ids: tuple[str, ...], environment_ids_known: tuple[str, 
         "environments.providers": {},
         "environments.list": {"status": Field(st.sampled_from(ENVIRONMENT_STATUSES), hostile_text()),
                               "provider": provider_ids()},
-        "environments.show": environment_ref, "environments.delete": environment_ref,
+        "environments.show": {**environment_ref, "at": at}, "environments.history": history,
+        "environments.delete": environment_ref,
         "environments.retry": environment_ref,
         "threads.spawn": spawn,
         "threads.list": {"environmentId": environment_ids(environment_ids_known)},
