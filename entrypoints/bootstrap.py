@@ -105,7 +105,7 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
     api = Api(store, read_model, placer, workspaces, threads, provisioner, settings.host_id, ports.stream_position,
-              ports.publish_thread_message, lambda: LogReader(app))
+              ports.publish_thread_message, lambda: LogReader(app), grace_for)
     return Core(app, store, read_model, damage, placer, threads, provisioner, api)
 
 

@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID, uuid4
 
+import msgspec
+
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import Thread
@@ -32,6 +34,7 @@ from bb_environments.handlers.commands import (
     RegisterThread,
     UnarchiveThread,
 )
+from bb_environments.handlers.application import GraceLookup
 from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.ports import Workspaces
@@ -136,8 +139,9 @@ class Api:
                  threads: ThreadHandlers, provisioner: Provisioner, host_id: str,
                  stream_position: Callable[[], Awaitable[int]],
                  publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
-                 log_views: Callable[[], LogViews]) -> None:
-        """`log_views` makes a fresh reader of the log for each replay."""
+                 log_views: Callable[[], LogViews], grace_for: GraceLookup) -> None:
+        """`log_views` makes a fresh reader of the log for each replay; `grace_for` is the retire
+        grace in force for a provider, as the application service applies it."""
         self._store = store
         self._app = store.app
         self._read_model = read_model
@@ -149,12 +153,17 @@ class Api:
         self._stream_position = stream_position
         self._publish_thread_message = publish_thread_message
         self._log_views = log_views
+        self._grace_for = grace_for
         self._history = EnvironmentHistory(self._app)  # read on the store's reader thread alone
 
     # -- queries -------------------------------------------------------------------------------
 
     async def providers(self) -> list[ProviderDescription]:
-        return await self._workspaces.providers(self._host_id)
+        """The providers of this host, each with the policy in force: BB_RETIRE_GRACE_MS replaces
+        the grace a provider declares, and an operator reads what will happen, not the default."""
+        return [msgspec.structs.replace(described, policy=msgspec.structs.replace(
+                    described.policy, retire_grace_ms=self._grace_for(described.id)))
+                for described in await self._workspaces.providers(self._host_id)]
 
     async def list_environments(self, query: EnvironmentQuery) -> Page[EnvironmentView]:
         if query.after is not None:
