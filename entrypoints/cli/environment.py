@@ -39,7 +39,8 @@ def environment_providers(settings: Settings, as_json: bool) -> None:
             grace = p["policy"]["retireGraceMs"]
             return [p["id"], p["displayName"], availability, "never" if grace is None else f"{grace} ms"]
 
-        print_table(("ID", "NAME", "AVAILABILITY", "RETIRE GRACE"), map(row, doc["providers"]))
+        print_table(("ID", "NAME", "AVAILABILITY", "RETIRE GRACE"), map(row, doc["providers"]),
+                    shrink={"AVAILABILITY": "start"})
 
     emit(document, as_json, human)
 
@@ -61,7 +62,8 @@ def environment_list(settings: Settings, status: str | None, provider: str | Non
     def human(doc: dict[str, Any]) -> None:
         print_table(("ID", "STATUS", "PROVIDER", "THREADS", "PATH"),
                     ([e["id"], e["status"], e["providerId"], ",".join(e["threadIds"]), e["path"] or "-"]
-                     for e in doc["environments"]))
+                     for e in doc["environments"]),
+                    shrink={"THREADS": "start", "PATH": "end"})  # a path's end names its workspace
 
     emit(document, as_json, human)
 
@@ -151,11 +153,18 @@ def _print_environment(e: dict[str, Any]) -> None:
     for label, value in (("provider", e["providerId"]), ("host", e["hostId"]), ("project", e["projectPath"]),
                          ("path", e["path"]), ("owns path", e["ownsPath"]), ("threads", ", ".join(e["threadIds"])),
                          ("setup", e["hooks"]["setup"]["status"]), ("teardown", e["hooks"]["teardown"]["status"])):
-        stdout.print(f"  {label:<10} {one_line(str(value))}", markup=False)
+        stdout.print(f"  {label:<10} {one_line(_readable(value))}", markup=False)
     if e.get("savedRef"):
         stdout.print(f"  saved work: {e['savedRef']}  (git worktree add <dir> {e['savedRef']})", markup=False)
     for line in e.get("transcript", []):
         stdout.print(f"  │ {one_line(line)}", markup=False)
+
+
+def _readable(value: Any) -> str:
+    """A field as a person reads it: nothing (a null, an empty list) as `-`, a flag as yes or no."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "-" if value is None or value == "" else str(value)
 
 
 _environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", print_accepted)

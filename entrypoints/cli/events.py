@@ -19,6 +19,9 @@ from bb_environments.entrypoints.config import Settings
 from bb_environments.handlers.errors import one_line
 
 
+TRANSCRIPT_SUBJECTS = subjects.TRANSCRIPT_EVENTS.removesuffix(">")
+
+
 @click.group("events")
 def events_group() -> None:
     """Watch, export and replay the event log."""
@@ -42,7 +45,9 @@ async def events_tail(settings: Settings, subject_filter: str, as_json: bool) ->
             line = message.data.decode()
         else:
             event = json.loads(message.data)
-            line = one_line(f"{event.get('occurredAt', '')}  {message.subject}  {event.get('status', '')}")
+            # A transcript line is read for what it says; an environment event for the status it reached.
+            said = event.get("text", "") if message.subject.startswith(TRANSCRIPT_SUBJECTS) else event.get("status", "")
+            line = one_line(f"{event.get('occurredAt', '')}  {message.subject}  {said}")
         try:
             print(line, flush=True)
         except BrokenPipeError:  # raised here, inside nats-py's callback, it would end nothing

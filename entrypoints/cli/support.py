@@ -8,9 +8,10 @@ import importlib
 import json
 import os
 import re
+import shutil
 import sys
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -45,9 +46,16 @@ stdout = _LazyConsole(highlight=False, soft_wrap=True)
 stderr = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
-def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+TABLE_WIDTH_OFF_A_TERMINAL = 80
+"""The width a table fits when stdout is no terminal (a pipe, a file): what a terminal opens with."""
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
+                shrink: Mapping[str, Literal["start", "end"]] | None = None) -> None:
     """A listing for a person, as plain columns: each as wide as its widest cell, two spaces apart,
-    no cell cut (ids are copied from here) and none wrapped (a terminal folds a long line itself).
+    fitted to the terminal by cutting the columns `shrink` names (keeping the start or the end of
+    their cells, with an ellipsis where the rest was), widest first: one long path or refusal must
+    not push every row past the screen. Other cells are never cut: ids are copied from here.
 
     Not rich's Table: importing rich and laying out a hundred rows took longer than the rest of
     `bb environment list`, and it reads every cell as markup, so that a path holding `[/]` ended
@@ -55,7 +63,29 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     is shown escaped rather than sent to the terminal."""
     lines = [list(headers), *([one_line(cell) for cell in row] for row in rows)]
     widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
+    kept = {headers.index(header): end for header, end in (shrink or {}).items()}
+    excess = sum(widths) + 2 * (len(widths) - 1) - _table_width()
+    while excess > 0:
+        # A header is never cut.
+        widest = max((c for c in kept if widths[c] > len(headers[c])), key=lambda c: widths[c], default=None)
+        if widest is None:
+            break
+        widths[widest] -= 1
+        excess -= 1
+    for line in lines[1:]:
+        for column, end in kept.items():
+            line[column] = _shortened(line[column], widths[column], end)
     print("\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines))
+
+
+def _table_width() -> int:
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else TABLE_WIDTH_OFF_A_TERMINAL
+
+
+def _shortened(cell: str, width: int, end: Literal["start", "end"]) -> str:
+    if len(cell) <= width:
+        return cell
+    return cell[:width - 1] + "…" if end == "start" else "…" + cell[len(cell) - width + 1:]
 
 
 class Failure(Exception):

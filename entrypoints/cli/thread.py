@@ -265,8 +265,10 @@ def thread_list(settings: Settings, environment_id: str | None, as_json: bool) -
     request = ListThreads(environment_id=environment_id_argument(environment_id) if environment_id else None)
 
     def human(doc: dict[str, Any]) -> None:
-        print_table(("THREAD", "STATUS", "ENVIRONMENT", "PARENT"),
-                    ([t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-"] for t in doc["threads"]))
+        print_table(("THREAD", "STATUS", "ENVIRONMENT", "PARENT", "REFUSAL"),
+                    ([t["id"], t["status"], t["environmentId"] or "-", t["parentThreadId"] or "-",
+                      t.get("refusal") or "-"] for t in doc["threads"]),
+                    shrink={"REFUSAL": "start"})
 
     emit(listing(settings, "threads", "list", request, "threads"), as_json, human)
 

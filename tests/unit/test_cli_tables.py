@@ -1,5 +1,5 @@
 """The tables `bb` prints for a person (`environment list`, `thread list`, `environment providers`):
-every cell whole and in its column, whatever the service's answer holds."""
+every cell in its column, whatever the service's answer holds, and the table within the screen."""
 
 from __future__ import annotations
 
@@ -7,14 +7,34 @@ from bb_environments.entrypoints.cli.environment import _print_environment
 from bb_environments.entrypoints.cli.support import print_table
 
 
-def test_columns_line_up_and_no_cell_is_cut(capsys):
+def test_columns_line_up_and_a_long_path_shrinks_to_fit_80_columns_off_a_terminal(capsys):
     long_path = "/work/" + "deep/" * 40 + "workspace"
-    print_table(("ID", "STATUS", "PATH"), [["3f2a", "ready", long_path], ["7c", "provisioning", "-"]])
+    print_table(("ID", "STATUS", "PATH"), [["3f2a", "ready", long_path], ["7c", "provisioning", "-"]],
+                shrink={"PATH": "end"})
 
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["ID    STATUS        PATH",
-                     f"3f2a  ready         {long_path}",
+                     "3f2a  ready         …" + long_path[-(80 - 21):],
                      "7c    provisioning  -"]
+    assert max(map(len, lines)) == 80
+
+
+def test_one_long_value_does_not_widen_the_other_rows_and_ids_are_never_cut(capsys):
+    long_id = "t-" + "x" * 100
+    threads = ",".join(f"t{n}" for n in range(60))
+    print_table(("ID", "THREADS", "PATH"), [[long_id, threads, "/w/a"], ["7c", "t1", "/w/b"]],
+                shrink={"THREADS": "start", "PATH": "end"})
+
+    first, second = capsys.readouterr().out.splitlines()[1:]
+    assert first.startswith(long_id + "  ")  # whole, though it alone is wider than the screen
+    assert first.split()[1] == threads[:6] + "…" and first.split()[2] == "/w/a"
+    assert second.split() == ["7c", "t1", "/w/b"]
+
+
+def test_a_table_that_fits_is_left_whole(capsys):
+    print_table(("ID", "PATH"), [["3f2a", "/w/" + "p" * 60]], shrink={"PATH": "end"})
+
+    assert capsys.readouterr().out.splitlines()[1] == "3f2a  /w/" + "p" * 60
 
 
 def test_an_empty_listing_is_its_header(capsys):
@@ -52,3 +72,21 @@ def test_show_prints_what_the_service_said_as_plain_text(capsys):
     assert "/p[bold]" in out and "/w/\\x1b]0;x\\x07" in out
     assert "│ [red]fake[/red]\\x1b[31m" in out
     assert "\x1b" not in out
+
+
+def test_show_prints_nothing_as_a_dash_and_a_flag_as_yes_or_no(capsys):
+    environment = {
+        "id": "3f2a", "status": "preparing", "providerId": "personal-workspace", "hostId": "local",
+        "projectPath": None, "path": None, "ownsPath": True, "threadIds": [],
+        "hooks": {"setup": {"status": None}, "teardown": {"status": None}},
+    }
+    _print_environment(environment)
+    _print_environment({**environment, "ownsPath": False})
+
+    out = capsys.readouterr().out
+    assert "None" not in out and "True" not in out and "False" not in out
+    fields = [line.split(None, 1) if not line.startswith("  owns") else ["owns path", line.split()[-1]]
+              for line in out.splitlines() if line.startswith("  ")]
+    assert ["project", "-"] in fields and ["path", "-"] in fields and ["threads", "-"] in fields
+    assert ["setup", "-"] in fields
+    assert ["owns path", "yes"] in fields and ["owns path", "no"] in fields

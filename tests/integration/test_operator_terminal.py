@@ -1,0 +1,123 @@
+"""What an operator reads at the terminal, through the real CLI against a real `bb serve`: values as a
+person reads them, refusals in the thread list, transcript text in events tail, tables within 80
+columns, and the retire grace in force."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import msgspec
+import pytest
+
+from bb_environments.bus.wire import subjects
+from tests.integration.conftest import Service, service_environment
+
+
+async def test_show_prints_a_dash_for_nothing_and_yes_or_no_for_a_flag(service):
+    spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                "--thread-id", "t1", "--wait", "--json")).json()
+
+    shown = await service.bb("environment", "show", spawned["environmentId"])
+
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(line.strip().split(None, 1) for line in shown.stdout.splitlines()
+                  if line.startswith("  ") and not line.startswith("  │") and not line.startswith("  owns"))
+    assert fields["project"] == "-" and fields["threads"] == "t1"
+    assert [line.split()[-1] for line in shown.stdout.splitlines() if line.startswith("  owns path")] == ["yes"]
+    assert "None" not in shown.stdout and "True" not in shown.stdout
+
+
+@pytest.mark.parametrize("service", [{"BB_HOST_ID": "alpha"}], indirect=True)
+async def test_thread_list_says_why_a_thread_was_refused(service):
+    publisher = await service.connect("publisher")
+    try:
+        elsewhere = {"type": "existing", "hostId": "elsewhere"}  # a host this service does not serve
+        created = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "refused",
+                   "environment": {"type": "provider", "environmentProviderId": "personal-workspace",
+                                   "machine": elsewhere}}
+        message = {"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": "refused"}
+        js = publisher.jetstream()
+        await js.publish(subjects.thread_event("refused", "created"), msgspec.json.encode(created))
+        await js.publish(subjects.thread_event("refused", "message"), msgspec.json.encode(message))  # placed here
+    finally:
+        await publisher.close()
+    refusal = (await service.wait_for_thread("refused"))["refusal"]
+    assert "'elsewhere' is not served here" in refusal, refusal
+
+    listed = await service.bb("thread", "list")
+
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["THREAD", "STATUS", "ENVIRONMENT", "PARENT", "REFUSAL"]
+    shown = row.split(None, 4)[4]
+    assert shown == refusal or (shown.endswith("…") and refusal.startswith(shown[:-1])), (shown, refusal)
+    assert len(row) <= 80
+
+
+async def test_events_tail_of_transcripts_prints_what_each_line_says(service):
+    tail = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bb_environments.entrypoints.bb", "events", "tail", "bb.transcripts.>",
+        env=service.environment, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        # Spawn until the tail (still starting up) has heard a transcript; each spawn is a new thread.
+        deadline = time.monotonic() + 60
+        attempt = 0
+        while time.monotonic() < deadline:
+            attempt += 1
+            spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                        "--thread-id", f"t{attempt}", "--wait", "--json")).json()
+            try:
+                while True:
+                    line = (await asyncio.wait_for(tail.stdout.readline(), 1)).decode()
+                    if subjects.transcript(spawned["environmentId"]) in line and "Preparing" in line:
+                        assert line.rstrip().endswith("Preparing Personal workspace (attempt 1)"), line
+                        return
+            except asyncio.TimeoutError:
+                continue
+        raise AssertionError("events tail printed no transcript line's text")
+    finally:
+        tail.kill()
+        await tail.wait()
+
+
+async def test_a_long_path_is_shortened_so_the_listing_fits_80_columns(tmp_path):
+    data_dir = tmp_path / ("d" * 60) / "data"  # a personal workspace lies under it
+    data_dir.parent.mkdir()
+    service = Service(data_dir, service_environment(data_dir))
+    await service.start()
+    try:
+        spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                    "--thread-id", "t1", "--wait", "--json")).json()
+        path = (await service.show(spawned["environmentId"]))["path"]
+        assert len(path) > 80
+
+        listed = await service.bb("environment", "list")
+
+        assert listed.returncode == 0, listed.stderr
+        header, row = listed.stdout.splitlines()
+        assert max(len(header), len(row)) <= 80
+        shown = row.split()[4]
+        assert row.split()[:4] == [spawned["environmentId"], "ready", "personal-workspace", "t1"]
+        assert shown.startswith("…") and path.endswith(shown[1:]), (shown, path)
+    finally:
+        await service.stop()
+
+
+async def test_providers_show_the_retire_grace_in_force(tmp_path):
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_RETIRE_GRACE_MS="1234"))
+    await service.start()
+    try:
+        listed = await service.bb("environment", "providers")
+        as_json = (await service.bb("environment", "providers", "--json")).json()
+    finally:
+        await service.stop()
+
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert rows["personal-workspace"].endswith("1234 ms")  # declared: 300000 ms
+    assert rows["project-checkout"].endswith("never")  # a provider that never retires still never does
+    graces = {p["id"]: p["policy"]["retireGraceMs"] for p in as_json["providers"]}
+    assert graces["personal-workspace"] == 1234 and graces["project-checkout"] is None
