@@ -273,7 +273,10 @@ def thread_list(settings: Settings, environment_id: str | None, as_json: bool) -
     emit(listing(settings, "threads", "list", request, "threads"), as_json, human)
 
 
-def _thread_command(verb: str, help_text: str) -> None:
+def _thread_command(verb: str, help_text: str, without_environment: str) -> None:
+    """`without_environment`: what an answer naming no environment means (no environment changed: the
+    thread was archived already, say), in one sentence about thread {thread}, rather than a `-`."""
+
     @thread_group.command(verb, help=help_text)
     @click.argument("thread_id")
     @json_option
@@ -281,10 +284,19 @@ def _thread_command(verb: str, help_text: str) -> None:
     @run_command
     def command(settings: Settings, thread_id: str, as_json: bool) -> None:
         request = ThreadRef(thread_id=id_argument("thread id", thread_id))
-        emit(call(settings, "threads", verb, request, changes=True), as_json,
-             print_accepted)
+
+        def human(doc: dict[str, Any]) -> None:
+            if doc.get("environmentId"):
+                print_accepted(doc)
+            else:
+                stdout.print(without_environment.format(thread=request.thread_id), markup=False)
+
+        emit(call(settings, "threads", verb, request, changes=True), as_json, human)
 
 
-_thread_command("archive", "Archive a thread; its environment retires after its last thread leaves.")
-_thread_command("unarchive", "Unarchive a thread; inside the retire grace its environment is kept.")
-_thread_command("cancel", "Cancel the thread's message; a preparing environment only it waits for is cancelled.")
+_thread_command("archive", "Archive a thread; its environment retires after its last thread leaves.",
+                "thread {thread} is archived; no environment changed")
+_thread_command("unarchive", "Unarchive a thread; inside the retire grace its environment is kept.",
+                "thread {thread} is active; no environment changed")
+_thread_command("cancel", "Cancel the thread's message; a preparing environment only it waits for is cancelled.",
+                "thread {thread} had no preparing environment of its own to cancel; nothing changed")

@@ -121,3 +121,19 @@ async def test_providers_show_the_retire_grace_in_force(tmp_path):
     assert rows["project-checkout"].endswith("never")  # a provider that never retires still never does
     graces = {p["id"]: p["policy"]["retireGraceMs"] for p in as_json["providers"]}
     assert graces["personal-workspace"] == 1234 and graces["project-checkout"] is None
+
+
+async def test_archiving_an_archived_thread_says_so_in_a_sentence(service):
+    spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                "--thread-id", "t1", "--wait", "--json")).json()
+    first = await service.bb("thread", "archive", "t1")
+    assert first.returncode == 0 and first.stdout.split()[0] == spawned["environmentId"], first.stdout
+
+    again = await service.bb("thread", "archive", "t1")
+    as_json = await service.bb("thread", "archive", "t1", "--json")
+
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "thread t1 is archived; no environment changed\n"
+    assert as_json.json()["environmentId"] is None  # the JSON answer is as it was
+    cancelled = await service.bb("thread", "cancel", "t1")
+    assert cancelled.stdout == "thread t1 had no preparing environment of its own to cancel; nothing changed\n"
