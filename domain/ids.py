@@ -11,6 +11,20 @@ HOST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(?!\n)$"
 checker: a host id that config let through and placement refused made every spawn on it invalid."""
 HOST_ID_RULE = "1-64 letters, digits, '-' or '_', starting with a letter or digit"
 
+_UUID_SHAPE = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+"""An environment id as it is written (str of a UUID): what a prefix of one must begin like."""
+
+
+def is_environment_id_prefix(text: str) -> bool:
+    """Whether `text` may be the start of an environment id as written (hex digits, in either case,
+    and dashes where a UUID has them), shorter than a whole one: what an operator copies from a
+    listing, as git and docker take a unique start of an id."""
+    return 0 < len(text) < len(_UUID_SHAPE) and all(
+        character == "-" if shape == "-" else character in "0123456789abcdefABCDEF"
+        for character, shape in zip(text, _UUID_SHAPE)
+    )
+
+
 QUOTED_LENGTH = 100
 
 

@@ -23,6 +23,7 @@ from uuid import UUID, uuid4
 import msgspec
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.ids import is_environment_id_prefix, quoted
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.commands import (
@@ -120,6 +121,10 @@ class Outcome:
     position: int
 
 
+CANDIDATES_NAMED = 5
+"""How many of the environments an ambiguous id prefix begins are named in the refusal."""
+
+
 @dataclass(frozen=True)
 class Spawned:
     thread_id: str
@@ -175,7 +180,7 @@ class Api:
         return Page(found[:query.limit], len(found) > query.limit)
 
     async def show_environment(self, request: ShowEnvironment) -> EnvironmentView:
-        identity = check_environment_id(request.environment_id)
+        identity = await self._environment_named(request.environment_id)
         if request.at is not None:
             # The store holds every version; the read model only the latest (a position to wait
             # for would change nothing: what the store has committed is there to read).
@@ -211,37 +216,35 @@ class Api:
             raise InvalidInput(str(missing)) from None
 
     async def environment_history(self, query: HistoryQuery) -> Page[LoggedEvent]:
-        environment_id = check_environment_id(query.environment_id)
+        environment_id = await self._environment_named(query.environment_id)
         if query.after < 0:
             raise InvalidInput(f"after {query.after} is not a version: give 0 (from the first) or a version")
         events, more = await self._store.read_log(self._history.events, environment_id, query.after, query.limit)
         return Page(events, more)
 
     async def list_threads(self, query: ThreadQuery) -> Page[ThreadView]:
-        if query.environment_id:
-            check_environment_id(query.environment_id)
+        environment_id = str(await self._environment_named(query.environment_id)) if query.environment_id else None
         if query.after is not None:
             check_thread_id(query.after)
-        found = await self._read_model.threads(query.environment_id, after=query.after, limit=query.limit + 1)
+        found = await self._read_model.threads(environment_id, after=query.after, limit=query.limit + 1)
         return Page(found[:query.limit], len(found) > query.limit)
 
     # -- commands ------------------------------------------------------------------------------
 
     async def delete_environment(self, environment_id: str) -> Outcome:
-        return await self._command_on(environment_id, self._app.request_deletion)
+        return await self._command_on(await self._environment_named(environment_id), self._app.request_deletion)
 
     async def retry_environment(self, environment_id: str) -> Outcome:
-        environment = await self._store.run(self._app.environment, check_environment_id(environment_id))
+        identity = await self._environment_named(environment_id)
+        environment = await self._store.run(self._app.environment, identity)
         path_key, claimed_path = await self._placer.next_attempt(
             environment.provider_id, environment.origin_thread_id, environment.attempt, environment.host_id,
             environment.project_path, environment.inputs, environment.path_key,
         )
-        return await self._command_on(
-            environment_id, lambda identity: self._app.retry(identity, path_key, claimed_path)
-        )
+        return await self._command_on(identity, lambda named: self._app.retry(named, path_key, claimed_path))
 
-    async def _command_on(self, environment_id: str, command: Callable[[UUID], Environment]) -> Outcome:
-        environment = await self._store.run(command, check_environment_id(environment_id))
+    async def _command_on(self, environment_id: UUID, command: Callable[[UUID], Environment]) -> Outcome:
+        environment = await self._store.run(command, environment_id)
         await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
 
@@ -305,7 +308,7 @@ class Api:
             _check_nesting(intent.inputs)
             return NewEnvironment(intent.provider_id, host_id, intent.inputs)
         if isinstance(intent, ExistingEnvironment):
-            environment_id = check_environment_id(intent.environment_id)
+            environment_id = await self._environment_named(intent.environment_id)
             await self._store.run(self._app.environment, environment_id)
             return ExistingEnvironment(str(environment_id))
         if request.parent_thread_id:
@@ -323,6 +326,20 @@ class Api:
     async def replay(self) -> ReplayCounts:
         """Rebuild the read models from the whole log (`bb events replay`)."""
         return await self._read_model.rebuild(self._log_views().latest_views, self._stream_position)
+
+    async def _environment_named(self, text: str) -> UUID:
+        """The environment `text` names: its whole id, or (as git and docker take them) a start of
+        it that begins one environment's id alone, whichever command it came with. An id that
+        begins several is the caller's to lengthen, and is answered with some of them."""
+        if not is_environment_id_prefix(text):
+            return check_environment_id(text)
+        found = await self._read_model.environment_ids_starting(text.lower(), limit=CANDIDATES_NAMED + 1)
+        if not found:
+            raise NotFound(f"no environment id begins with {quoted(text)}")
+        if len(found) > 1:
+            named = ", ".join(found[:CANDIDATES_NAMED]) + (" and more" if len(found) > CANDIDATES_NAMED else "")
+            raise InvalidInput(f"environment id {quoted(text)} is ambiguous: {named} begin with it; give more of the id")
+        return UUID(found[0])
 
     async def _accepted(self, environment: Environment | None) -> Outcome:
         position = await self._store.read_log(self._app.head)

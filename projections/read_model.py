@@ -297,6 +297,13 @@ class ReadModel:
             row = await rows.fetchone()
         return msgspec.json.decode(row[0], type=EnvironmentView) if row else None
 
+    async def environment_ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """The ids (removed environments' too) that begin with `prefix`, in order, at most `limit`:
+        a range of the primary key's index, as every character of an id sorts before DEL."""
+        async with self._db.execute("SELECT id FROM environments WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
+                                    (prefix, prefix + "\x7f", limit)) as rows:
+            return [row[0] for row in await rows.fetchall()]
+
     async def environments(self, status: str | None = None, provider_id: str | None = None,
                            include_removed: bool = True, after: str | None = None,
                            limit: int = -1) -> list[EnvironmentView]:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from bb_environments.bus.wire.api_messages import EnvironmentAt, EnvironmentRef, ListEnvironments, ListHistory, Nothing
-from bb_environments.domain.ids import quoted
+from bb_environments.domain.ids import is_environment_id_prefix, quoted
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli.connection import call, listing
 from bb_environments.entrypoints.cli.support import (
@@ -103,8 +103,11 @@ def _version_or_instant(value: str) -> int | datetime:
 def environment_history(settings: Settings, environment_id: str, as_json: bool) -> None:
     """List an environment's events in order, with the time from each to the next."""
     request = ListHistory(environment_id=environment_id_argument(environment_id))
-    document = {"environmentId": request.environment_id,
-                **listing(settings, "environments", "history", request, "events")}
+    listed = listing(settings, "environments", "history", request, "events")
+    whole_id = request.environment_id
+    if is_environment_id_prefix(whole_id):  # the document names the whole id, which the service resolves
+        whole_id = call(settings, "environments", "show", EnvironmentRef(environment_id=whole_id))["id"]
+    document = {"environmentId": whole_id, **listed}
 
     def human(doc: dict[str, Any]) -> None:
         print_table(("VERSION", "EVENT", "TIME (UTC)", "DURATION"),

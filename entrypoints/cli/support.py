@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 
 from bb_environments.bus.wire.service_errors import ServiceError
-from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
+from bb_environments.domain.ids import (
+    HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, is_environment_id_prefix, quoted,
+)
 from bb_environments.entrypoints.config import ConfigError
 from bb_environments.handlers.errors import EXIT_CODES, one_line
 
@@ -204,8 +206,11 @@ def print_accepted(doc: dict[str, Any]) -> None:
 
 
 def environment_id_argument(value: str) -> str:
+    """An environment id, or the start of one, which the service resolves (ambiguous: exit 2)."""
     from uuid import UUID  # here: only commands that take an id pay for the module
 
+    if is_environment_id_prefix(value):
+        return value
     try:
         return str(UUID(value))
     except ValueError:

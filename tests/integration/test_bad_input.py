@@ -100,11 +100,12 @@ async def test_unknown_ids_exit_3_and_malformed_ids_exit_2(service):
     unknown = str(uuid.uuid4())
     for command in (("environment", "show", unknown), ("environment", "delete", unknown),
                     ("environment", "retry", unknown), ("thread", "spawn", "--environment", unknown),
+                    ("environment", "show", "123"),  # the start of an id, which no environment's begins
                     ("thread", "archive", "no-such-thread")):
         result = await service.bb(*command, "--json")
         assert result.returncode == 3, (command, result.stderr)
         assert result.json()["error"]["code"] == "not_found"
-    for command in (("environment", "show", "123"), ("environment", "delete", "x y"),
+    for command in (("environment", "show", "12g"), ("environment", "delete", "x y"),
                     ("thread", "list", "--environment", "zzz")):
         result = await service.bb(*command, "--json")
         assert result.returncode == 2, (command, result.stderr)

@@ -137,3 +137,51 @@ async def test_archiving_an_archived_thread_says_so_in_a_sentence(service):
     assert as_json.json()["environmentId"] is None  # the JSON answer is as it was
     cancelled = await service.bb("thread", "cancel", "t1")
     assert cancelled.stdout == "thread t1 had no preparing environment of its own to cancel; nothing changed\n"
+
+
+async def test_a_unique_start_of_an_environment_id_names_it_and_an_ambiguous_one_is_refused(service):
+    # Seventeen environments: two of them begin with the same hex digit, whatever ids they drew.
+    publisher = await service.connect("publisher")
+    try:
+        js = publisher.jetstream()
+        for n in range(17):
+            created = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": f"t{n}",
+                       "environment": {"type": "provider", "environmentProviderId": "personal-workspace"}}
+            message = {"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": f"t{n}"}
+            await js.publish(subjects.thread_event(f"t{n}", "created"), msgspec.json.encode(created))
+            await js.publish(subjects.thread_event(f"t{n}", "message"), msgspec.json.encode(message))
+    finally:
+        await publisher.close()
+    threads = {(await service.wait_for_thread(f"t{n}", with_environment=True))["environmentId"]: f"t{n}"
+               for n in range(17)}
+    ids = sorted(threads)
+
+    def unique_start(environment_id: str) -> str:
+        return next(environment_id[:length] for length in range(1, 37)
+                    if sum(other.startswith(environment_id[:length]) for other in ids) == 1)
+
+    chosen = ids[0]
+    start = unique_start(chosen)
+    shown = await service.bb("environment", "show", start.upper(), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.json()["id"] == chosen
+    history = await service.bb("environment", "history", start, "--json")
+    assert history.returncode == 0 and history.json()["environmentId"] == chosen, history.stderr
+    listed = (await service.bb("thread", "list", "--environment", start, "--json")).json()["threads"]
+    assert [t["id"] for t in listed] == [threads[chosen]]
+    deleted = await service.bb("environment", "delete", start)  # refused, for the environment the start names
+    assert deleted.stderr == f"bb: environment {chosen} still serves threads {threads[chosen]}; archive them first\n"
+
+    shared = next(digit for digit in "0123456789abcdef" if sum(i.startswith(digit) for i in ids) > 1)
+    beginning = [i for i in ids if i.startswith(shared)]
+    ambiguous = await service.bb("environment", "show", shared, "--json")
+    assert ambiguous.returncode == 2, ambiguous.stderr
+    said = ambiguous.json()["error"]["message"]
+    assert f"environment id '{shared}' is ambiguous" in said, said
+    assert all(i in said for i in beginning[:5]) and sum(i in said for i in ids) == min(len(beginning), 5), said
+    assert ("and more" in said) == (len(beginning) > 5)
+
+    absent = next(a + b for a in "0123456789abcdef" for b in "0123456789abcdef"
+                  if not any(i.startswith(a + b) for i in ids))
+    missing = await service.bb("environment", "retry", absent)
+    assert missing.returncode == 3 and missing.stderr == f"bb: no environment id begins with '{absent}'\n"
