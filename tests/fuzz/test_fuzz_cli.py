@@ -31,6 +31,7 @@ from tests.fuzz.strategies import Invocation, cli_invocations
 CODES = {2: "invalid_input", 4: "unreachable"}
 ID = re.compile(ID_PATTERN)
 HOST_ID = re.compile(HOST_ID_PATTERN)
+ANY_ID = "3f2a9c1e-07bd-4c55-9e0b-5a1d2c3e4f60"
 
 
 def carried_by_the_bus(text: str) -> bool:
@@ -59,11 +60,19 @@ def a_json_document(text: str) -> bool:
     return True
 
 
-def a_uuid(text: str) -> bool:
+def an_environment_id(text: str) -> bool:
+    """A UUID, or the start of one as written (the service resolves it): completed by the rest
+    of any id, it is an id in its written form."""
     try:
         uuid.UUID(text)
     except ValueError:
-        return False
+        if not text or len(text) >= len(ANY_ID):
+            return False
+        completed = text + ANY_ID[len(text):]
+        try:
+            return str(uuid.UUID(completed)) == completed.lower()
+        except ValueError:
+            return False
     return True
 
 
@@ -87,16 +96,16 @@ def format_problems(invocation: Invocation) -> list[str]:
             problems.append("inputs without a provider")
         if "--environment-inputs" in options and not a_json_document(options["--environment-inputs"]):
             problems.append("inputs that are not a JSON document")
-        if "--environment" in options and not a_uuid(options["--environment"]):
-            problems.append("an environment id that is not a UUID")
+        if "--environment" in options and not an_environment_id(options["--environment"]):
+            problems.append("an environment id that is neither a UUID nor the start of one")
         problems += [f"{name} is not an id" for name, form in (("--thread-id", ID), ("--parent", ID), ("--host", HOST_ID))
                      if name in options and not form.match(options[name])]
         if "--timeout" in options and not a_wait(options["--timeout"]):
             problems.append("a timeout that is not a wait in seconds")
     elif invocation.argument is None:
         pass  # noise: whatever it is, click or the command refuses it
-    elif invocation.command[0] == "environment" and not a_uuid(invocation.argument):
-        problems.append("an environment id that is not a UUID")
+    elif invocation.command[0] == "environment" and not an_environment_id(invocation.argument):
+        problems.append("an environment id that is neither a UUID nor the start of one")
     elif invocation.command[0] == "thread" and not ID.match(invocation.argument):
         problems.append("a thread id that is not an id")
     return problems
