@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-EXIT_CODES = {"failed": 1, "refused": 1, "invalid_input": 2, "not_found": 3, "unreachable": 4}
+EXIT_CODES = {"failed": 1, "refused": 1, "invalid_input": 2, "not_found": 3, "unreachable": 4, "timed_out": 5}
+"""Each error code's exit status; `timed_out` is a `--wait` that gave up while the environment goes on."""
 
 
 def one_line(text: str) -> str:

@@ -3,7 +3,7 @@ providers, and an environment's history."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Coroutine
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,6 +16,7 @@ from bb_environments.entrypoints.cli.connection import call, listing
 from bb_environments.entrypoints.cli.support import (
     Failure, emit, environment_id_argument, json_option, print_accepted, print_table, run_command, stdout,
 )
+from bb_environments.entrypoints.cli.waiting import REMOVED, SETTLED, Ends, change_and_wait, wait_options
 from bb_environments.entrypoints.config import Settings
 from bb_environments.handlers.errors import one_line
 
@@ -61,11 +62,19 @@ def environment_list(settings: Settings, status: str | None, provider: str | Non
 
     def human(doc: dict[str, Any]) -> None:
         print_table(("ID", "STATUS", "PROVIDER", "THREADS", "PATH"),
-                    ([e["id"], e["status"], e["providerId"], ",".join(e["threadIds"]), e["path"] or "-"]
+                    ([e["id"], e["status"], e["providerId"], _threads_cell(e["threadIds"]), e["path"] or "-"]
                      for e in doc["environments"]),
-                    shrink={"THREADS": "start", "PATH": "end"})  # a path's end names its workspace
+                    shrink={"PATH": "end"})  # a path's end names its workspace
 
     emit(document, as_json, human)
+
+
+def _threads_cell(thread_ids: list[str]) -> str:
+    """The first thread whole (an id is copied from here) and how many more: an environment many
+    threads share must not widen every row; `show` lists them all."""
+    if not thread_ids:
+        return "-"
+    return thread_ids[0] + (f" +{len(thread_ids) - 1}" if len(thread_ids) > 1 else "")
 
 
 @environment_group.command("show")
@@ -135,15 +144,26 @@ def _duration(milliseconds: int | None) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-def _environment_command(verb: str, help_text: str, printer: Callable[[dict[str, Any]], None]) -> None:
+def _environment_command(verb: str, help_text: str, ends: Ends, wait_help: str) -> None:
+    """A command on one environment, with --wait: follow it until it reaches one of `ends`."""
+
     @environment_group.command(verb, help=help_text)
     @click.argument("environment_id")
+    @wait_options(wait_help)
     @json_option
     @click.pass_obj
     @run_command
-    def command(settings: Settings, environment_id: str, as_json: bool) -> None:
+    def command(settings: Settings, environment_id: str, wait: bool, timeout: float,
+                as_json: bool) -> Coroutine[Any, Any, None] | None:
         request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
-        emit(call(settings, "environments", verb, request, changes=True), as_json, printer)
+        if wait:
+            async def waited() -> None:
+                emit(await change_and_wait(settings, "environments", verb, request, ends, timeout), as_json,
+                     print_accepted)
+
+            return waited()
+        emit(call(settings, "environments", verb, request, changes=True), as_json, print_accepted)
+        return None
 
 
 def _print_environment(e: dict[str, Any]) -> None:
@@ -170,5 +190,7 @@ def _readable(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-_environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", print_accepted)
-_environment_command("retry", "Retry a failed create, or re-run a failed setup in the same workspace.", print_accepted)
+_environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", REMOVED,
+                     "Stream progress to stderr until the environment is removed or failed.")
+_environment_command("retry", "Retry a failed create, or re-run a failed setup in the same workspace.", SETTLED,
+                     "Stream progress to stderr until the environment is ready or failed.")

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from bb_environments.bus.wire import subjects
-from tests.integration.conftest import Service, service_environment
+from tests.integration.conftest import Service, service_environment, write_hooks
 
 
 async def test_show_prints_a_dash_for_nothing_and_yes_or_no_for_a_flag(service):
@@ -185,3 +185,62 @@ async def test_a_unique_start_of_an_environment_id_names_it_and_an_ambiguous_one
                   if not any(i.startswith(a + b) for i in ids))
     missing = await service.bb("environment", "retry", absent)
     assert missing.returncode == 3 and missing.stderr == f"bb: no environment id begins with '{absent}'\n"
+
+
+async def test_retry_waits_with_the_transcript_for_the_setup_run_again(service, git_repo, tmp_path):
+    tried = tmp_path / "tried"
+    write_hooks(git_repo, tmp_path / "marker", setup=f"[ -e {tried} ] || {{ touch {tried}; echo no luck; exit 1; }}")
+    failed = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+                              "--thread-id", "t1", "--wait", "--json")
+    assert failed.returncode == 1 and failed.json()["status"] == "error", failed.stderr
+    environment_id = failed.json()["environmentId"]
+
+    retried = await service.bb("environment", "retry", environment_id[:8], "--wait", "--json")
+
+    assert retried.returncode == 0, retried.stderr
+    assert retried.json()["environmentId"] == environment_id and retried.json()["status"] == "ready"
+    assert "» Running .bb-env-setup.sh" in retried.stderr and "preparing the workspace" in retried.stderr
+
+
+@pytest.mark.parametrize("service", [{"BB_RETIRE_GRACE_MS": "600000"}], indirect=True)
+async def test_delete_waits_until_the_environment_is_removed(service):
+    spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                "--thread-id", "t1", "--wait", "--json")).json()
+    archived = await service.bb("thread", "archive", "t1", "--wait", "--timeout", "1", "--json")
+    # Inside the grace the environment waits for a thread to come back: the wait is up, nothing failed.
+    assert archived.returncode == 5, archived.stderr
+    assert archived.json()["error"] == {
+        "code": "timed_out", "message": f"environment {spawned['environmentId']} was still retiring after 1 s"}
+
+    deleted = await service.bb("environment", "delete", spawned["environmentId"], "--wait")
+
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout == f"{spawned['environmentId']}  removed\n"
+    assert (await service.show(spawned["environmentId"]))["status"] == "removed"
+
+
+async def test_archive_waits_until_the_last_threads_environment_is_removed(service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "marker", teardown="echo tearing down")
+    spawned = (await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                                str(git_repo), "--thread-id", "t1", "--wait", "--json")).json()
+
+    archived = await service.bb("thread", "archive", "t1", "--wait", "--json")
+
+    assert archived.returncode == 0, archived.stderr
+    assert archived.json()["environmentId"] == spawned["environmentId"] and archived.json()["status"] == "removed"
+    assert "tearing down" in archived.stderr
+    again = await service.bb("thread", "archive", "t1", "--wait")  # nothing to wait for: said at once
+    assert again.returncode == 0 and again.stdout == "thread t1 is archived; no environment changed\n"
+
+
+async def test_a_spawn_wait_that_times_out_exits_5_not_as_a_failure(service, git_repo, tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    write_hooks(git_repo, tmp_path / "marker", setup=f"while [ -e {hold} ]; do sleep 0.05; done")
+    try:
+        waited = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                                  str(git_repo), "--thread-id", "t1", "--wait", "--timeout", "1")
+    finally:
+        hold.unlink()
+    assert waited.returncode == 5, waited.stderr
+    assert waited.stderr.splitlines()[-1].startswith("bb: environment ") and "after 1 s" in waited.stderr

@@ -3,7 +3,7 @@ every cell in its column, whatever the service's answer holds, and the table wit
 
 from __future__ import annotations
 
-from bb_environments.entrypoints.cli.environment import _print_environment
+from bb_environments.entrypoints.cli.environment import _print_environment, _threads_cell
 from bb_environments.entrypoints.cli.support import print_table
 
 
@@ -21,14 +21,20 @@ def test_columns_line_up_and_a_long_path_shrinks_to_fit_80_columns_off_a_termina
 
 def test_one_long_value_does_not_widen_the_other_rows_and_ids_are_never_cut(capsys):
     long_id = "t-" + "x" * 100
-    threads = ",".join(f"t{n}" for n in range(60))
-    print_table(("ID", "THREADS", "PATH"), [[long_id, threads, "/w/a"], ["7c", "t1", "/w/b"]],
-                shrink={"THREADS": "start", "PATH": "end"})
+    refusal = "placement refused: " + "the reason, at length; " * 10
+    print_table(("THREAD", "REFUSAL", "PATH"), [[long_id, refusal, "/w/a"], ["t2", "-", "/w/b"]],
+                shrink={"REFUSAL": "start", "PATH": "end"})
 
     first, second = capsys.readouterr().out.splitlines()[1:]
     assert first.startswith(long_id + "  ")  # whole, though it alone is wider than the screen
-    assert first.split()[1] == threads[:6] + "…" and first.split()[2] == "/w/a"
-    assert second.split() == ["7c", "t1", "/w/b"]
+    assert first.split()[1] == refusal[:6] + "…" and first.split()[2] == "/w/a"
+    assert second.split() == ["t2", "-", "/w/b"]
+
+
+def test_an_environment_many_threads_share_names_the_first_and_counts_the_rest():
+    assert _threads_cell(["t1", "t2", "t3"]) == "t1 +2"
+    assert _threads_cell(["t-f33f6c8947714ed6"]) == "t-f33f6c8947714ed6"
+    assert _threads_cell([]) == "-"
 
 
 def test_a_table_that_fits_is_left_whole(capsys):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bb_environments.entrypoints.cli import thread
+from bb_environments.entrypoints.cli import waiting
 
 ENVIRONMENT = "3142f231-142f-4a87-9b66-0e0aaa28b153"
 
@@ -55,12 +55,12 @@ class FakeClient:
 
 @pytest.mark.parametrize("send_ready_during", ["spawn", "look"])
 async def test_a_ready_that_came_early_is_acted_on_without_waiting_for_the_poll(monkeypatch, send_ready_during):
-    monkeypatch.setattr(thread, "WAIT_FALLBACK_POLL_S", 3600.0)
+    monkeypatch.setattr(waiting, "WAIT_FALLBACK_POLL_S", 3600.0)
     client = FakeClient(ready_position=7, send_ready_during=send_ready_during)
-    watch = thread._SettleWatch()
+    watch = waiting.SettleWatch()
     await watch.start(client)
     spawned = await client.call("threads", "spawn", None)
     final = await asyncio.wait_for(
-        thread._wait_until_settled(client, watch, spawned["environmentId"], spawned["position"], timeout=3600), 10)
+        waiting.wait_until_settled(client, watch, spawned["environmentId"], spawned["position"], timeout=3600), 10)
     assert final["status"] == "ready"
     assert client.looks == [3, 7]  # the second look waits for the ready event's position
