@@ -126,7 +126,12 @@ def call(settings: Settings, area: str, verb: str, body: Request, changes: bool 
         except AnswerLost as lost:
             if not changes:
                 raise
-            raise AnswerLost(f"{lost.message}; it may have taken effect all the same") from None
+            raise may_have_taken_effect(lost) from None
+
+
+def may_have_taken_effect(lost: AnswerLost) -> AnswerLost:
+    """The lost answer of a request that changes something, which may have happened all the same."""
+    return AnswerLost(f"{lost.message}; it may have taken effect all the same")
 
 
 def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads | ListHistory,

@@ -16,7 +16,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import EnvironmentRef, Request
 from bb_environments.bus.wire.service_errors import AnswerLost, ServiceError
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.entrypoints.cli.connection import open_client, sendable
+from bb_environments.entrypoints.cli.connection import may_have_taken_effect, open_client, sendable
 from bb_environments.entrypoints.cli.support import Failure, Seconds, stderr
 from bb_environments.entrypoints.config import Settings
 
@@ -190,7 +190,7 @@ async def change_and_wait(settings: Settings, area: str, verb: str, request: Req
         try:
             accepted = await client.call(area, verb, request)
         except AnswerLost as answer_lost:
-            raise AnswerLost(f"{answer_lost.message}; it may have taken effect all the same") from None
+            raise may_have_taken_effect(answer_lost) from None
         document = {"environmentId": accepted["environmentId"], "status": accepted["status"]}
         if accepted["environmentId"] is None:
             return document  # nothing to follow: no environment changed
