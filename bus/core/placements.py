@@ -37,6 +37,7 @@ from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.handlers.store import Store
+from bb_environments.providers.host.crash_points import crash_point
 
 _THREAD_ID = re.compile(ID_PATTERN)
 _SETTLING = (Ready, SetupFailed, CreateFailed)
@@ -91,6 +92,7 @@ class Placements:
     async def _publish(self, outcome: PlacementOutcome, message_id: str) -> None:
         await self._js.publish(subjects.placement(outcome.thread_id, outcome.status), msgspec.json.encode(outcome),
                                headers={"Nats-Msg-Id": message_id})
+        crash_point("placement-published")  # before the log's batch is acknowledged: it is delivered again
 
 
 def _outcome(environment: Environment) -> tuple[PlacementStatus | None, str | None]:
