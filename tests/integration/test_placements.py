@@ -184,6 +184,7 @@ async def test_a_service_killed_after_publishing_an_outcome_publishes_it_no_seco
 async def test_publishers_and_subscribers_may_read_state_and_change_nothing(service, role):
     await spawn(service, "t1", environment=PERSONAL)
     environment_id = (await hears(service, "t1", "ready"))["environmentId"]
+    assert [o["status"] for o in await heard(service, "t1", role)] == ["ready"]
     nc, violations = await connect_as(service, role)
     try:
         async def ask(area: str, verb: str, **request: Any) -> dict[str, Any]:
