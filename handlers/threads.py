@@ -55,7 +55,8 @@ class ThreadHandlers:
         self._default_host_id = default_host_id
 
     async def handle(self, message: ThreadCommand) -> Environment | None:
-        """Dispatch from the consumer; a refusal is recorded on the thread rather than raised."""
+        """Dispatch from the consumer; a refusal is recorded on the thread rather than raised (a
+        message for no thread has nothing to record it on: UnknownThreadMessage)."""
         check_thread_id(message.thread_id)
         match message:
             case RegisterThread():

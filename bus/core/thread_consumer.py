@@ -2,8 +2,8 @@
 
 A refused event is logged by subject and reason, never its content (a prompt, a secret), told to
 its thread as a placement outcome with the same reason, and acknowledged: sending it again would
-not make it valid. No handler sees a wire struct: each event
-becomes the command the handlers take (handlers/commands.py).
+not make it valid. No handler sees a wire struct: each event becomes the command the handlers take
+(handlers/commands.py).
 """
 
 from __future__ import annotations
