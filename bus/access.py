@@ -39,7 +39,12 @@ SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.RETIRED_PROVISIONER_CONSUME
 # The streams clients may read, each with the part of it that is theirs: BB_ENVIRONMENTS stores the
 # whole log, and its threads' and claims' events are the service's.
 READABLE_STREAMS = {subjects.ENVIRONMENTS_STREAM: subjects.LOG_ENVIRONMENT_EVENTS,
-                    subjects.TRANSCRIPTS_STREAM: subjects.TRANSCRIPT_EVENTS}
+                    subjects.TRANSCRIPTS_STREAM: subjects.TRANSCRIPT_EVENTS,
+                    subjects.PLACEMENTS_STREAM: subjects.PLACEMENT_EVENTS}
+# The API's requests that change nothing: every client role may ask them; only `operator` may
+# ask the rest (spawn, retry, delete, ...).
+READ_ONLY_API = (subjects.api("environments", "list"), subjects.api("environments", "show"),
+                 subjects.api("environments", "providers"), subjects.api("threads", "list"))
 
 _HOST_ID = re.compile(HOST_ID_PATTERN)
 
@@ -97,29 +102,30 @@ def _service_consumers_denied() -> list[str]:
 
 
 def _reader() -> Permissions:
+    """What every client role may do: read the environment events, transcripts and placement
+    outcomes (with consumers of its own on their streams) and ask the read-only API."""
     return Permissions(
-        publish={"allow": _consumers_of_readable_streams(), "deny": _service_consumers_denied()},
-        subscribe={"allow": [subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS, "_INBOX.>"]},
+        publish={"allow": [*READ_ONLY_API, *_consumers_of_readable_streams()], "deny": _service_consumers_denied()},
+        subscribe={"allow": [subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS, subjects.PLACEMENT_EVENTS,
+                             "_INBOX.>"]},
         allow_responses=True,  # acks and flow-control replies to the messages it was sent
     )
 
 
 def role_permissions(role: str) -> Permissions:
-    """The permission set of a client role, exactly as SPEC section 6 lists it."""
+    """The permission set of a client role, exactly as SPEC sections 6 and 8.1 list it."""
+    reader = _reader()
     if role == "subscriber":
-        return _reader()
+        return reader
     if role == "operator":
-        reader = _reader()
         # `bb events export` reads the whole log, as `bb events replay` has the service do.
         whole_log = f"$JS.API.CONSUMER.CREATE.{subjects.ENVIRONMENTS_STREAM}.*.{subjects.LOG_EVENTS}"
         return Permissions(publish={**reader.publish, "allow": [f"{subjects.API_PREFIX}.>", whole_log,
-                                                                *reader.publish["allow"]]},
+                                                                *_consumers_of_readable_streams()]},
                            subscribe=reader.subscribe, allow_responses=True)
     if role == "publisher":
-        return Permissions(
-            publish={"allow": [subjects.THREAD_EVENTS]},
-            subscribe={"allow": [subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS, "_INBOX.>"]},
-        )
+        return Permissions(publish={**reader.publish, "allow": [subjects.THREAD_EVENTS, *reader.publish["allow"]]},
+                           subscribe=reader.subscribe, allow_responses=True)
     raise ValueError(f"unknown role {role!r}: the roles are {', '.join(CLIENT_ROLES)}")
 
 

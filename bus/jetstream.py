@@ -32,6 +32,10 @@ TRANSCRIPT_LINES_PER_ENVIRONMENT = 2000
 # How long the transcripts stream remembers a hook output line's id: a service restarted within
 # it replays a running hook's log without doubling the lines already stored.
 TRANSCRIPT_DUPLICATE_WINDOW_S = 3600
+# Placement outcomes are kept a week, for subscribers that were away; within the hour a repeat of
+# one (a batch of the log delivered again after a crash) is dropped by its message id.
+PLACEMENTS_MAX_AGE_S = 7 * 24 * 3600
+PLACEMENTS_DUPLICATE_WINDOW_S = 3600
 
 
 class ConnectOptions(TypedDict, total=False):
@@ -87,6 +91,10 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
             name=subjects.TRANSCRIPTS_STREAM, subjects=[subjects.TRANSCRIPT_EVENTS],
             storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
             duplicate_window=TRANSCRIPT_DUPLICATE_WINDOW_S,
+        ),
+        api.StreamConfig(
+            name=subjects.PLACEMENTS_STREAM, subjects=[subjects.PLACEMENT_EVENTS], storage=api.StorageType.FILE,
+            max_age=PLACEMENTS_MAX_AGE_S, duplicate_window=PLACEMENTS_DUPLICATE_WINDOW_S,
         ),
     )
 

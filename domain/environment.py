@@ -101,6 +101,9 @@ class Environment(CopiedForCommands, Aggregate):
         self.claimed_path = claimed_path
         self.origin_thread_id = thread_id
         self.thread_ids: list[str] = [thread_id]
+        # The environment's version when each of its threads joined it: a thread that leaves and
+        # comes back is placed again, and hears its outcome again (bus/core/placements.py).
+        self.joined_at: dict[str, int] = {thread_id: 1}
         self.status = EnvironmentStatus.CREATING
         self.status_message: str | None = None
         self.attempt = 1
@@ -311,6 +314,14 @@ class Environment(CopiedForCommands, Aggregate):
     def _attempt_cleaned(self, attempt: int) -> None:
         self.cleaned_attempt = attempt
 
+    @property
+    def failed_for_good(self) -> bool:
+        """Failed, and not about to try again by itself (a transient create failure with retries
+        left, in a thread still waiting, is cleaned up and tried again)."""
+        return self.status == EnvironmentStatus.ERROR and not (
+            self.failure == "transient" and self.transient_failures <= TRANSIENT_RETRIES
+            and not self.cancelled and bool(self.thread_ids))
+
     def retries_automatically(self, limit: int) -> bool:
         """A transient create failure, cleaned up, with retries left, in a thread still waiting."""
         return (
@@ -511,10 +522,12 @@ class Environment(CopiedForCommands, Aggregate):
     @event("ThreadAttached")
     def _thread_attached(self, thread_id: str) -> None:
         self.thread_ids.append(thread_id)
+        self.joined_at[thread_id] = self.version + 1  # the version is this event's once it is applied
 
     @event("ThreadDetached")
     def _thread_detached(self, thread_id: str) -> None:
         self.thread_ids.remove(thread_id)
+        del self.joined_at[thread_id]
 
     @event("RetireScheduled")
     def _retire_scheduled(self, retire_at: datetime) -> None:

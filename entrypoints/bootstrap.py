@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 
 from bb_environments.bus.core.log_follower import LogFollower, TranscriptFollower
 from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.bus.core.placements import Placements
 from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
@@ -123,8 +124,9 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: B
                  settings: Settings) -> list[Coroutine[Any, Any, None]]:
     """The core's loops on the bus: the relay, the log and transcript followers, one in-order
     consumer per thread partition, and the sweep."""
-    follower = LogFollower(core.store, LogReader(core.app), core.read_model, core.provisioner)
-    thread_events = ThreadEventConsumer(core.threads, core.provisioner)
+    placements = Placements(js, core.store)
+    follower = LogFollower(core.store, LogReader(core.app), core.read_model, placements, core.provisioner)
+    thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
     return [
         relay.run(),
         consume(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER, subjects.LOG_EVENTS,

@@ -22,7 +22,7 @@ import msgspec
 from msgspec import inspect as mi
 
 from bb_environments.bus.wire import documents as d
-from bb_environments.bus.wire import thread_events, transcript_lines
+from bb_environments.bus.wire import placements, thread_events, transcript_lines
 from bb_environments.bus.wire import subjects
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ class Entry:
     """One message type on one kind of subject."""
 
     family: str
-    """environments | log | threads | transcripts: a section of the catalog and a folder of docs/schemas."""
+    """environments | log | threads | transcripts | placements: a section of the catalog and a folder of docs/schemas."""
     struct: type[msgspec.Struct]
     subject: str
     """The subject, with `<placeholders>` for its variable tokens."""
@@ -59,6 +59,7 @@ def entries() -> list[Entry]:
     found += [Entry("threads", struct, f"bb.threads.<threadId>.{struct.__struct_config__.tag}")
               for struct in typing.get_args(thread_events.InboundThreadMessage)]
     found.append(Entry("transcripts", transcript_lines.TranscriptLine, "bb.transcripts.<environmentId>"))
+    found.append(Entry("placements", placements.PlacementOutcome, "bb.placements.<threadId>.<status>"))
     return found
 
 
@@ -101,8 +102,12 @@ def events_markdown() -> str:
         *_event_sections(by_family["threads"], optional=True),
         "## Transcript lines", "",
         *_event_sections(by_family["transcripts"]),
+        "## Placement outcomes", "",
+        *_event_sections(by_family["placements"]),
         "## Request/reply API", "",
-        f"The NATS micro service `{subjects.API_SERVICE}` answers on `bb.api.<area>.<verb>` (role `operator`).",
+        f"The NATS micro service `{subjects.API_SERVICE}` answers on `bb.api.<area>.<verb>` (role `operator`;",
+        "`publisher` and `subscriber` may ask `environments.list`, `environments.show`, `environments.providers`",
+        "and `threads.list`).",
         "Requests refuse fields they do not declare; an error comes back as",
         '`{"error": {"code", "message"}}`, with the codes the CLI turns into exit statuses.', "",
         "The listings page, in id order: a request may give `limit` (1 to 1000, default 200) and `after`, the",
@@ -256,7 +261,7 @@ def asyncapi() -> dict[str, Any]:
         "info": {
             "title": "bb environments", "version": API_VERSION,
             "description": f"{GENERATED} Subjects of the bb environments service on NATS: the thread events it takes, "
-                           "the environment events and transcript lines it publishes, and its request/reply API. "
+                           "the environment events, transcript lines and placement outcomes it publishes, and its request/reply API. "
                            "See docs/events.md.",
         },
         "servers": {"embedded": {
@@ -291,7 +296,8 @@ def _address(subject: str) -> tuple[str, dict[str, Any]]:
     return address, {name: {"description": _PARAMETERS[name]} for name in names}
 
 
-_PARAMETERS = {"environmentId": "The environment's id.", "threadId": "The thread's id (one subject token)."}
+_PARAMETERS = {"environmentId": "The environment's id.", "threadId": "The thread's id (one subject token).",
+               "status": "The placement outcome: `ready`, `error` or `refused`."}
 
 
 # -- writing and checking -----------------------------------------------------------------------------

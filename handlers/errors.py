@@ -32,6 +32,10 @@ class NotFound(RequestError):
     code = "not_found"
 
 
+class UnknownThreadMessage(NotFound):
+    """A thread's message came before its `created` event (or without one)."""
+
+
 class Refused(RequestError):
     code = "refused"
 

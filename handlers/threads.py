@@ -32,7 +32,7 @@ from bb_environments.handlers.commands import (
     intent_document,
     intent_from_document,
 )
-from bb_environments.handlers.errors import InvalidInput, NotFound, Refused, RequestError
+from bb_environments.handlers.errors import InvalidInput, NotFound, Refused, RequestError, UnknownThreadMessage
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.ports import Workspaces
 from bb_environments.handlers.store import Store
@@ -55,7 +55,8 @@ class ThreadHandlers:
         self._default_host_id = default_host_id
 
     async def handle(self, message: ThreadCommand) -> Environment | None:
-        """Dispatch from the consumer; a refusal is recorded on the thread rather than raised."""
+        """Dispatch from the consumer; a refusal is recorded on the thread rather than raised (a
+        message for no thread has nothing to record it on: UnknownThreadMessage)."""
         check_thread_id(message.thread_id)
         match message:
             case RegisterThread():
@@ -109,9 +110,8 @@ class ThreadHandlers:
         """
         thread = await self._store.run(self._app.find_thread, thread_id)
         if thread is None:
-            # There is no thread to record this on: only the service's log can show a publisher's mistake.
-            log.warning("ignored a message for unknown thread %s", thread_id)
-            return None
+            # There is no thread to record this on: the edge tells the publisher.
+            raise UnknownThreadMessage(f"no thread {thread_id}: its created event comes first")
         if not thread.needs_environment:
             return None if thread.environment_id is None else await self._environment(thread.environment_id)
         # The request is saved with its answer: until then the message is not acknowledged, so a

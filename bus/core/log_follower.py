@@ -1,5 +1,5 @@
-"""The core's followers of its own streams: the log feeds the read model, then the provisioner; the
-transcripts stream feeds the read model's transcript tails.
+"""The core's followers of its own streams: the log feeds the read model, then the threads' placement
+outcomes, then the provisioner; the transcripts stream feeds the read model's transcript tails.
 
 One consumer of the whole log does both: a second one for the provisioner had every environment
 event delivered, checked and acknowledged twice. Only what the store wrote is believed (TrustedLog).
@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.bus.core.placements import Placements
 from bb_environments.bus.core.trusted_log import TrustedLog
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.documents import EnvironmentEvent
@@ -32,12 +33,15 @@ log = logging.getLogger(__name__)
 
 
 class LogFollower:
-    """Handles the batches of the log consumer: read model first, then every environment they moved."""
+    """Handles the batches of the log consumer: read model first (a thread that hears its outcome
+    finds it there), then the outcomes, then every environment they moved."""
 
-    def __init__(self, store: Store, log_reader: LogReader, read_model: ReadModel, provisioner: Provisioner) -> None:
+    def __init__(self, store: Store, log_reader: LogReader, read_model: ReadModel, placements: Placements,
+                 provisioner: Provisioner) -> None:
         self._store = store
         self._log_reader = log_reader
         self._read_model = read_model
+        self._placements = placements
         self._provisioner = provisioner
         self._trusted = TrustedLog(lambda ids: store.read_log(log_reader.at, ids), subjects.LOG_CONSUMER)
 
@@ -47,6 +51,7 @@ class LogFollower:
             [Applied(a.logged.notification_id, a.message.metadata.sequence.stream, a.logged.view) for a in admitted],
             self._fill_gap,
         )
+        await self._placements.announce(a.logged.document for a in admitted)
         latest: dict[str, int] = {}
         for a in admitted:
             if isinstance(event := a.logged.document, EnvironmentEvent):

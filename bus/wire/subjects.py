@@ -5,7 +5,8 @@ BB_THREAD_PARTITIONS mirrors it, storing each event under `bb.ingress.<partition
 the partition is a hash of the thread id, so one thread's events stay in one partition, in order.
 The outbox relay stores every event of the log under `bb.log.<aggregate>.<id>.<event>` (stream
 BB_ENVIRONMENTS); the stream re-publishes environment events once each, after they are stored, to
-`bb.environments.<environmentId>.<event>` for plain subscribers.
+`bb.environments.<environmentId>.<event>` for plain subscribers. Each thread's placement outcome is
+published on `bb.placements.<threadId>.<status>` (stream BB_PLACEMENTS).
 """
 
 from collections.abc import Mapping
@@ -25,6 +26,9 @@ LOG_ENVIRONMENT_EVENTS = "bb.log.environment.>"
 ENVIRONMENT_EVENTS = "bb.environments.>"
 NOTIFICATION_HEADER = "Bb-Notification-Id"
 """The header that names the log position (notification id) a log stream message carries."""
+
+PLACEMENTS_STREAM = "BB_PLACEMENTS"
+PLACEMENT_EVENTS = "bb.placements.>"
 
 TRANSCRIPTS_STREAM = "BB_TRANSCRIPTS"
 TRANSCRIPT_EVENTS = "bb.transcripts.>"
@@ -75,6 +79,10 @@ def log_event(aggregate: str, aggregate_id: str, event: str) -> str:
 
 def environment_event(environment_id: str, event: str = "*") -> str:
     return f"bb.environments.{environment_id}.{event}"
+
+
+def placement(thread_id: str, status: str) -> str:
+    return f"bb.placements.{thread_id}.{status}"
 
 
 def transcript(environment_id: str) -> str:

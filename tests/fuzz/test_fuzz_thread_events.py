@@ -43,6 +43,16 @@ def stored(subject: str) -> str:
     return subjects.thread_partition(0).removesuffix(">") + subject.removeprefix("bb.threads.")
 
 
+class HeardRefusals:
+    """The placements port of the consumer, keeping the reasons it would tell the publisher."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    async def refused_at_edge(self, subject_thread_id: str, reason: str, refused: object) -> None:
+        self.reasons.append(reason)
+
+
 def test_no_thread_event_crashes_the_consumer_or_is_written_when_refused(tmp_path: Path, micro, edge) -> None:
     world = ServiceWorld(tmp_path, ProviderRegistry.from_entry_points(), micro, edge)
     seeded = world.seeded
@@ -51,12 +61,17 @@ def test_no_thread_event_crashes_the_consumer_or_is_written_when_refused(tmp_pat
 
     def handled(subject: str, data: bytes) -> LogLines:
         """The lines the consumer logged for one message, each checked: one line, no content, no error."""
+        heard = HeardRefusals()
+        consumer = ThreadEventConsumer(world.threads, heard, world.provisioner)  # type: ignore[arg-type]
         with LogLines().installed() as logs:
-            world.run(ThreadEventConsumer(world.threads, world.provisioner).handle(world.nats.message(stored(subject), data)))
+            world.run(consumer.handle(world.nats.message(stored(subject), data)))
             world.settle()
         assert not [r for r in logs.records if r.levelno >= logging.ERROR], logs.lines()
         for line in logs.lines():
             assert one_sentence(line) and CANARY not in line, line
+        # What the publisher hears of a refusal carries none of its event either.
+        for reason in heard.reasons:
+            assert one_sentence(reason) and CANARY not in reason, reason
         return logs
 
     @fuzz_settings()

@@ -209,6 +209,29 @@ class Service:
         raise AssertionError(f"thread {thread_id} never showed up")
 
 
+class Violations:
+    """A connection's permission errors, which the server reports asynchronously."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def record(self, error: Exception) -> None:
+        self.seen.append(str(error))
+
+    async def wait_for(self, fragment: str, timeout: float = 5) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(fragment.lower() in seen.lower() for seen in self.seen):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no permissions violation for {fragment!r}; saw {self.seen}")
+            await asyncio.sleep(0.02)
+
+
+async def connect_as(service: Service, role: str) -> tuple[nats.aio.client.Client, Violations]:
+    violations = Violations()
+    nc = await nats.connect(service.info["natsUrl"], error_cb=violations.record, **service.credentials(role))
+    return nc, violations
+
+
 async def environment_events(service: Service, environment_id: str) -> list[dict]:
     """The environment's own events in the log, as `bb events export` prints them."""
     exported = await service.bb("events", "export")

@@ -20,7 +20,7 @@ from nats.js.errors import APIError
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX, host_agent_inbox_prefix
-from tests.integration.conftest import eventually, spawn_with_setup_held, write_hooks
+from tests.integration.conftest import Violations, connect_as, eventually, spawn_with_setup_held, write_hooks
 
 FORBIDDEN_PUBLISH = [
     "bb.log.environment.00000000-0000-0000-0000-000000000000.ready",
@@ -35,29 +35,6 @@ FORBIDDEN_PUBLISH = [
     "$JS.API.CONSUMER.DELETE.BB_ENVIRONMENTS.projections",
     "$JS.API.CONSUMER.MSG.NEXT.BB_ENVIRONMENTS.provisioner",
 ]
-
-
-class Violations:
-    """A connection's permission errors, which the server reports asynchronously."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def record(self, error: Exception) -> None:
-        self.seen.append(str(error))
-
-    async def wait_for(self, fragment: str, timeout: float = 5) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(fragment.lower() in seen.lower() for seen in self.seen):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no permissions violation for {fragment!r}; saw {self.seen}")
-            await asyncio.sleep(0.02)
-
-
-async def connect_as(service, role: str) -> tuple[Client, Violations]:
-    violations = Violations()
-    nc = await nats.connect(service.info["natsUrl"], error_cb=violations.record, **service.credentials(role))
-    return nc, violations
 
 
 async def stream_state(service, stream: str) -> tuple[int, int]:

@@ -319,6 +319,37 @@ def test_a_shared_environment_retires_only_after_its_last_thread(app):
     assert app.unarchive_thread("t2").public_status == "ready"
 
 
+def test_a_thread_that_leaves_and_joins_again_is_placed_again_at_a_later_version(app):
+    env = spawn(app)
+    make_ready(app, env)
+    app.register_thread("t2", "/repo", None, "local", None)
+    app.attach_thread("t2", env.id)
+    assert app.environment(env.id).joined_at == {"t1": 1, "t2": attached_versions(app, env.id)[0]}
+    app.archive_thread("t2", NOW)
+    assert app.environment(env.id).joined_at == {"t1": 1}
+    app.unarchive_thread("t2")
+    first, again = attached_versions(app, env.id)
+    assert again > first and app.environment(env.id).joined_at == {"t1": 1, "t2": again}
+
+
+def attached_versions(app, environment_id):
+    return [e.originator_version for e in app.events.get(environment_id) if type(e).__name__ == "ThreadAttached"]
+
+
+def test_only_a_failure_the_environment_does_not_retry_by_itself_is_one_for_good(app):
+    env = spawn(app)
+    for attempt in (1, 2, 3, 4):
+        app.record_create_failed(env.id, attempt, "transient", "lock busy")
+        assert app.environment(env.id).failed_for_good == (attempt == 4)
+        app.record_attempt_cleaned(env.id, attempt)
+        if attempt < 4:
+            app.retry(env.id, env.path_key, env.claimed_path)
+    terminal = spawn(app, "t2", "/data/worktrees/t2/repo")
+    app.record_create_failed(terminal.id, 1, "terminal", "bad branch")
+    assert app.environment(terminal.id).failed_for_good
+    assert not make_ready(app, spawn(app, "t3", "/data/worktrees/t3/repo")).failed_for_good
+
+
 def test_deletion_is_refused_while_threads_live_and_skips_grace_otherwise(app):
     app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: None)
     env = spawn(app)

@@ -1,0 +1,103 @@
+"""Placement outcomes: each thread hears where it stands on `bb.placements.<threadId>.<status>`.
+
+They are derived from the log as the log follower receives it, so an outcome is never announced
+for something the store did not write. A batch of the log may be delivered again (a crash before
+its ack) and an outcome may be reached by two events (a thread joins while its environment gets
+ready): each is published under a message id naming the thread, the environment, the outcome and
+the environment's version when the thread joined it, so the stream drops every repeat and a thread
+that leaves and joins again is placed, and hears, again. Refusals that never reach the log (an
+event refused at the edge) are published by the thread consumer, under the id of the stream
+message refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from uuid import UUID
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.documents import (
+    CreateFailed,
+    Document,
+    EnvironmentEvent,
+    Ready,
+    SetupFailed,
+    ThreadAttached,
+    ThreadRefused,
+)
+from bb_environments.bus.wire.placements import PlacementOutcome, PlacementStatus
+from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import UnknownEnvironment
+from bb_environments.domain.ids import ID_PATTERN
+from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.handlers.store import Store
+from bb_environments.providers.host.crash_points import crash_point
+
+_THREAD_ID = re.compile(ID_PATTERN)
+_SETTLING = (Ready, SetupFailed, CreateFailed)
+
+
+class Placements:
+    def __init__(self, js: JetStreamContext, store: Store) -> None:
+        self._js = js
+        self._store = store
+
+    async def announce(self, documents: Iterable[Document]) -> None:
+        """The outcomes these documents of the log reached, in log order.
+
+        An environment's outcome for its threads is its state now (the store may be ahead of the
+        batch): a thread that joins an environment ready already is ready at once, and a failure
+        the environment retries by itself is announced only if its retries run out."""
+        for document in documents:
+            if isinstance(document, ThreadRefused):
+                await self._publish(PlacementOutcome(
+                    occurred_at=document.occurred_at, thread_id=document.thread_id, environment_id=None,
+                    status="refused", reason=document.message), f"{document.thread_id}:-:refused:{document.version}")
+            elif isinstance(document, ThreadAttached):
+                await self._settled(document, [document.thread_id])
+            elif isinstance(document, _SETTLING):
+                await self._settled(document, document.thread_ids)
+
+    async def refused_at_edge(self, subject_thread_id: str, reason: str, refused: Msg) -> None:
+        """A thread event refused before anything was stored. An event on a subject that names no
+        valid thread has nobody to tell."""
+        if not _THREAD_ID.match(subject_thread_id):
+            return
+        await self._publish(PlacementOutcome(
+            occurred_at=datetime.now(timezone.utc), thread_id=subject_thread_id, environment_id=None,
+            status="refused", reason=reason),
+            f"{subject_thread_id}:-:refused:event-{refused.metadata.sequence.stream}")
+
+    async def _settled(self, event: EnvironmentEvent, thread_ids: list[str]) -> None:
+        try:
+            environment = await self._store.run(self._store.app.environment, UUID(event.environment_id))
+        except UnknownEnvironment:
+            return
+        status, reason = _outcome(environment)
+        if status is None:
+            return
+        for thread_id in thread_ids:
+            joined = environment.joined_at.get(thread_id)
+            if joined is not None:  # it has not left since
+                await self._publish(PlacementOutcome(
+                    occurred_at=event.occurred_at, thread_id=thread_id, environment_id=event.environment_id,
+                    status=status, reason=reason), f"{thread_id}:{event.environment_id}:{status}:{joined}")
+
+    async def _publish(self, outcome: PlacementOutcome, message_id: str) -> None:
+        await self._js.publish(subjects.placement(outcome.thread_id, outcome.status), msgspec.json.encode(outcome),
+                               headers={"Nats-Msg-Id": message_id})
+        crash_point("placement-published")  # before the log's batch is acknowledged: it is delivered again
+
+
+def _outcome(environment: Environment) -> tuple[PlacementStatus | None, str | None]:
+    if environment.status == EnvironmentStatus.READY:
+        return "ready", None
+    if environment.failed_for_good:
+        return "error", environment.status_message
+    return None, None
