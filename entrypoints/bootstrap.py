@@ -139,5 +139,5 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: B
         sweep_forever(relay.caught_up, core.threads, core.provisioner, js, core.read_model,
                       settings.removed_retention_s, settings.sweep_interval_s,
                       saved_notes_dir(provider_dir(settings.data_dir, GitWorktreeProvider.id)),
-                      settings.saved_ref_retention_s),
+                      settings.saved_ref_retention_s, core.api.doctor_of_hosts, settings.doctor_interval_s),
     ]

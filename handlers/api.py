@@ -32,9 +32,10 @@ from bb_environments.handlers.commands import (
     RegisterThread,
     UnarchiveThread,
 )
+from bb_environments.handlers.doctor import Doctor, Findings
 from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
-from bb_environments.handlers.ports import Workspaces
+from bb_environments.handlers.ports import HostUnavailable, Workspaces
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
@@ -125,6 +126,11 @@ class Spawned:
     position: int
 
 
+@dataclass(frozen=True)
+class DoctorRequest:
+    fix: bool = False
+
+
 class LogViews(Protocol):
     """The read model's views of the log, read on the rebuild's own worker thread."""
 
@@ -150,6 +156,7 @@ class Api:
         self._publish_thread_message = publish_thread_message
         self._log_views = log_views
         self._history = EnvironmentHistory(self._app)  # read on the store's reader thread alone
+        self.doctor_of_hosts = Doctor(store, workspaces, provisioner, host_id)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -310,6 +317,12 @@ class Api:
         if environment is not None:
             await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
+
+    async def doctor(self, request: DoctorRequest) -> Findings:
+        try:
+            return await (self.doctor_of_hosts.fix() if request.fix else self.doctor_of_hosts.examine())
+        except HostUnavailable as silent:
+            raise Unavailable(f"a host did not answer, so what it holds is unknown: {silent}; ask again shortly") from None
 
     async def replay(self) -> ReplayCounts:
         """Rebuild the read models from the whole log (`bb events replay`)."""
