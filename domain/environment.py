@@ -444,6 +444,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.status_message = message
         self.path = None
         self.failure = None
+        self.setup_status = None  # the next workspace is a new one, whose setup has not run
 
     # -- explicit retry ------------------------------------------------------------------------
 

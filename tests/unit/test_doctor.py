@@ -84,6 +84,8 @@ def test_a_vanished_workspace_puts_its_environment_in_error_once_and_a_retry_cre
     app.record_attempt_cleaned(env.id, 1)
     retried = app.retry(env.id, "t1", f"{ROOT}/t1/repo")
     assert retried.status == EnvironmentStatus.CREATING and retried.attempt == 2
+    again_created = app.record_created(env.id, 2, f"{ROOT}/t1/repo", True, "main", None)
+    assert again_created.setup_status == "running"  # the new workspace's setup runs, as the first one's did
 
 
 def git(repo, *args):
