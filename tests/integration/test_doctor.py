@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Service, eventually
+from tests.integration.conftest import Service, eventually, service_environment
+from tests.integration.test_crash_recovery import died, restart
 from tests.integration.test_bus_access import connect_as
 
 # Live environments stay live (no retirement), and the sweep looks for leftovers at every round.
@@ -102,3 +103,28 @@ async def test_only_an_operator_may_ask_the_doctor(service, role):
         await violations.wait_for('publish to "bb.api.doctor.run"')
     finally:
         await nc.close()
+
+
+async def test_a_fix_killed_just_after_saving_an_orphans_work_is_finished_by_the_next_one(tmp_path, git_repo, git):
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_CRASH_AT="work-saved"))
+    await service.start()
+    try:
+        stray = service.data_dir / "providers" / "git-worktree" / "worktrees" / "crashed" / "repo"
+        stray.parent.mkdir(parents=True)
+        git(git_repo, "worktree", "add", "-q", "-b", "bb/crashed", str(stray), "main")
+        (stray / "unsaved.txt").write_text("work nobody committed\n")
+
+        cut_short = await service.bb("doctor", "--fix")
+        assert cut_short.returncode != 0
+        await died(service)
+        first_save = git(git_repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/bb/saved/")
+        assert first_save.startswith("refs/bb/saved/orphan-") and stray.is_dir()  # saved, not yet removed
+
+        await restart(service)
+        finished = await service.bb("doctor", "--fix")
+        assert finished.returncode == 0, finished.stderr
+        assert git(git_repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/bb/saved/") == first_save
+        assert not stray.exists()
+        assert (await service.bb("doctor", "--json")).json() == {"orphans": [], "missing": []}
+    finally:
+        await service.stop()
