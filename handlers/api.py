@@ -139,7 +139,7 @@ class LogViews(Protocol):
 
 class Api:
     def __init__(self, store: Store, read_model: ReadModel, placer: Placer, workspaces: Workspaces,
-                 threads: ThreadHandlers, provisioner: Provisioner, host_id: str,
+                 threads: ThreadHandlers, provisioner: Provisioner, doctor: Doctor, host_id: str,
                  stream_position: Callable[[], Awaitable[int]],
                  publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
                  log_views: Callable[[], LogViews]) -> None:
@@ -151,12 +151,12 @@ class Api:
         self._workspaces = workspaces
         self._threads = threads
         self._provisioner = provisioner
+        self._doctor = doctor
         self._host_id = host_id
         self._stream_position = stream_position
         self._publish_thread_message = publish_thread_message
         self._log_views = log_views
         self._history = EnvironmentHistory(self._app)  # read on the store's reader thread alone
-        self.doctor_of_hosts = Doctor(store, workspaces, provisioner, host_id)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -320,7 +320,7 @@ class Api:
 
     async def doctor(self, request: DoctorRequest) -> Findings:
         try:
-            return await (self.doctor_of_hosts.fix() if request.fix else self.doctor_of_hosts.examine())
+            return await (self._doctor.fix() if request.fix else self._doctor.examine())
         except HostUnavailable as silent:
             raise Unavailable(f"a host did not answer, so what it holds is unknown: {silent}; ask again shortly") from None
 

@@ -298,7 +298,7 @@ class Leftover(msgspec.Struct, frozen=True):
     lies under (for a branch: that of the worktree of the layout it is checked out in), if any."""
 
     provider_id: str
-    kind: str
+    kind: Literal["workspace", "worktree", "branch"]
     path: str
     repo: str | None = None
     branch: str | None = None

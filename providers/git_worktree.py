@@ -49,10 +49,14 @@ from bb_environments.providers.workspace_files import (
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
 from bb_environments.providers.saved_work import save_work, saved_notes_dir
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
-from bb_environments.providers.worktree_survey import PROVIDER_ID, remove_worktree_leftover, worktree_leftovers
+from bb_environments.providers.worktree_survey import (
+    BRANCH_PREFIX,
+    PROVIDER_ID,
+    remove_worktree_leftover,
+    worktree_leftovers,
+)
 
 TRANSCRIPT_PATH_LIMIT = 20
-DEFAULT_BRANCH_PREFIX = "bb/"
 DEFAULT_BRANCH_REFS = ("refs/remotes/origin/HEAD", "refs/heads/main", "refs/heads/master")
 ADDING_LOCK_REASON = "initializing"
 """The lock reason `git worktree add` gives a worktree until its checkout has finished (in the C
@@ -414,7 +418,7 @@ def _plan_branch(repo: str, branch: DefaultBranch | ExistingBranch | NewBranch, 
         base = _require_base(repo, branch.base) if branch.base else _require_default_branch(repo)
         return _BranchPlan(branch.name, base, base)
     base = _require_default_branch(repo)
-    return _BranchPlan(DEFAULT_BRANCH_PREFIX + path_key, base, base)
+    return _BranchPlan(BRANCH_PREFIX + path_key, base, base)
 
 
 def _adoptable_worktree(
