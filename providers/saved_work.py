@@ -83,8 +83,9 @@ def save_commits(repo: str, commit: str, branch: str, key: str, notes_dir: Path)
     ref = saved_ref_name(key)
     if run_git_or_none(repo, "rev-parse", "--verify", "--quiet", ref) is not None:
         return ref
+    # A commit that a removal saved already (the branch of a removed environment) is not saved twice.
     if not run_git(repo, "rev-list", "--max-count=1", commit, "--not", f"--exclude={branch}",
-                   "--branches", "--remotes"):
+                   "--branches", "--remotes", f"--glob={SAVED_REF_PREFIX}*"):
         return None
     _save_as(repo, key, commit, notes_dir)
     return ref

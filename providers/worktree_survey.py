@@ -48,7 +48,11 @@ def worktree_leftovers(root: Path, repos: list[str], list_worktrees: ListWorktre
         # Where each branch is checked out: outside the root, the user works on it; inside, it
         # goes with its worktree (a live environment's worktree keeps its branch).
         checked_out: dict[str, str | None] = {}
-        for entry in list_worktrees(repo):
+        try:
+            registered = list_worktrees(repo)
+        except GitFailed:
+            continue  # no longer a repository: it holds no worktree nor branch of ours
+        for entry in registered:
             path = os.path.realpath(entry.path)
             key = _key(path, canonical_root) if _inside(path, canonical_root) else None
             if key is not None:

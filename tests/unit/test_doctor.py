@@ -143,3 +143,21 @@ def test_a_host_keeps_a_leftover_that_a_live_environment_records_by_the_time_it_
         LeftoverRemoval("local", leftover, protected_by(app.live_environments()))))
     assert isinstance(result, RemoveFailed) and "kept" in result.message
     assert personal.is_dir()
+
+
+def test_a_removed_environments_branch_whose_work_was_saved_goes_without_a_second_save(tmp_path, repo):
+    git(repo, "switch", "-q", "-c", "bb/removed-thread")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "own work")
+    tip = git(repo, "rev-parse", "HEAD")
+    git(repo, "switch", "-q", "main")
+    git(repo, "update-ref", "refs/bb/saved/0b6f5b5e-8f3e-4d4e-9a51-1c7f9d1a2b3c", tip)  # as its removal saved it
+    not_a_repo = tmp_path / "was-a-repo"
+    not_a_repo.mkdir()
+    workspaces = LocalWorkspaces(ProviderRegistry([GitWorktreeProvider()]), tmp_path / "data", Lines())
+
+    survey = asyncio.run(workspaces.survey(SurveyRequest("local", [str(repo), str(not_a_repo)], [])))
+    assert [leftover.path for leftover in survey.found] == [f"{os.path.realpath(repo)}:bb/removed-thread"]
+    result = asyncio.run(workspaces.remove_leftover(LeftoverRemoval("local", survey.found[0], protected_by([]))))
+    assert result == Removed(None)
+    assert git(repo, "for-each-ref", "--format=%(refname)", "refs/bb/", "refs/heads/bb/") == \
+        "refs/bb/saved/0b6f5b5e-8f3e-4d4e-9a51-1c7f9d1a2b3c"
