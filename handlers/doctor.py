@@ -32,6 +32,8 @@ class Orphan:
     leftover: Leftover
     saved_ref: str | None = None
     """Where `--fix` saved its work before removing it (None: nothing to save, or not fixed)."""
+    failure: str | None = None
+    """Why `--fix` kept it, in one sentence (None: removed, or not asked to fix)."""
 
     @property
     def path(self) -> str:
@@ -53,8 +55,6 @@ class Missing:
 class Findings:
     orphans: list[Orphan] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    """What `--fix` could not do, one sentence each (its orphan or environment stays as found)."""
 
 
 def protected_by(environments: Iterable[Environment]) -> Protected:
@@ -113,21 +113,19 @@ class Doctor:
         """Examine, then remove each orphan (its work saved first) and record each missing workspace."""
         found = await self.examine()
         fixed: list[Orphan] = []
-        failures: list[str] = []
         for orphan in found.orphans:
             # What the log records now, not when the host was surveyed: a spawn may have claimed it since.
             protected = protected_by(await self._store.run(self._app.live_environments))
             result = await self._workspaces.remove_leftover(LeftoverRemoval(orphan.host_id, orphan.leftover, protected))
             if isinstance(result, RemoveFailed):
-                failures.append(result.message)
-                fixed.append(orphan)
+                fixed.append(Orphan(orphan.host_id, orphan.leftover, failure=result.message))
             else:
                 fixed.append(Orphan(orphan.host_id, orphan.leftover, result.saved_ref))
         for missing in found.missing:
             environment = await self._store.run(self._app.record_workspace_vanished, UUID(missing.environment_id),
                                                 missing.path)
             await self._provisioner.drive(environment.id, environment)
-        return Findings(fixed, found.missing, failures)
+        return Findings(fixed, found.missing)
 
 
 def _branches(environment: Environment) -> set[str]:

@@ -102,6 +102,8 @@ class DoctorOrphan(msgspec.Struct, rename="camel"):
     saved_ref: Annotated[str | None, msgspec.Meta(description=(
         "Where `fix` saved the work that existed only there (`refs/bb/saved/orphan-<hash>` in its repository), "
         "or null."))] = None
+    failure: Annotated[str | None, msgspec.Meta(description=(
+        "Why `fix` kept it, in one sentence (the next run tries again), or null."))] = None
 
 
 class DoctorMissing(msgspec.Struct, rename="camel"):
@@ -111,12 +113,10 @@ class DoctorMissing(msgspec.Struct, rename="camel"):
 
 
 class DoctorReport(msgspec.Struct, rename="camel"):
-    """What `doctor.run` found (with `fix`: and fixed, but for `failures`)."""
+    """What `doctor.run` found (with `fix`: and fixed, but for the orphans with a `failure`)."""
 
     orphans: list[DoctorOrphan]
     missing: list[DoctorMissing]
-    failures: Annotated[list[str], msgspec.Meta(description=(
-        "What `fix` could not do, one sentence each; its orphan stays, for the next run."))]
 
 
 Item = TypeVar("Item", EnvironmentView, ThreadView)
@@ -207,9 +207,9 @@ class ApiEdge:
     async def doctor(self, request: Examine) -> DoctorReport:
         found = await self._api.doctor(DoctorRequest(fix=request.fix))
         return DoctorReport(
-            [DoctorOrphan(orphan.host_id, orphan.path, orphan.kind, orphan.saved_ref) for orphan in found.orphans],
+            [DoctorOrphan(orphan.host_id, orphan.path, orphan.kind, orphan.saved_ref, orphan.failure)
+             for orphan in found.orphans],
             [DoctorMissing(missing.environment_id, missing.host_id, missing.path) for missing in found.missing],
-            found.failures,
         )
 
     def _fitted(self, page: Page[Item], listing: Callable[[list[Item], str | None], Listing]) -> Listing:

@@ -26,7 +26,8 @@ def doctor(settings: Settings, fix: bool, as_json: bool) -> None:
 
     Exit 0 when nothing is found (with --fix: when everything found was fixed), 1 otherwise."""
     report = call(settings, "doctor", "run", Examine(fix=fix), changes=fix)
-    orphans, missing, failures = report["orphans"], report["missing"], report["failures"]
+    orphans, missing = report["orphans"], report["missing"]
+    failures = [o["failure"] for o in orphans if o.get("failure")]
     if as_json:
         print(json.dumps({
             "orphans": [{"hostId": o["hostId"], "path": o["path"], "kind": o["kind"]} for o in orphans],
@@ -41,14 +42,21 @@ def doctor(settings: Settings, fix: bool, as_json: bool) -> None:
         sys.exit(1)
 
 
+def _fixed(orphan: dict[str, Any]) -> str:
+    """What the fix did with its work: where it was saved, nothing to save, or kept (stderr says why)."""
+    if orphan.get("failure"):
+        return "kept"
+    return orphan.get("savedRef") or "-"
+
+
 def _print_human(orphans: list[dict[str, Any]], missing: list[dict[str, Any]], fix: bool) -> None:
     if not orphans and not missing:
         stdout.print("nothing found", markup=False)
         return
     if orphans:
-        stdout.print("removed orphans:" if fix else "orphans:", markup=False)
+        stdout.print("orphans, each removed unless kept:" if fix else "orphans:", markup=False)
         print_table(["HOST", "KIND", "PATH", "SAVED"] if fix else ["HOST", "KIND", "PATH"],
-                    [[o["hostId"], o["kind"], o["path"], *([o["savedRef"] or "-"] if fix else [])] for o in orphans])
+                    [[o["hostId"], o["kind"], o["path"], *([_fixed(o)] if fix else [])] for o in orphans])
     if missing:
         if orphans:
             print()
