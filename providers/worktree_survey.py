@@ -3,7 +3,7 @@
 The layout is `<data_dir>/worktrees/<path_key>/<repo-dir-name>`, registered as a worktree in the
 project repository, on a branch `bb/<path_key>` unless the thread named another. A leftover is
 a directory under the root (a `worktree` when a scanned repository registers it, else a
-`workspace`), a registration under the root whose directory is gone (a `worktree`), or a `bb/`
+`workspace`, as is an empty key directory), a registration under the root whose directory is gone (a `worktree`), or a `bb/`
 branch of a scanned repository that no worktree outside the root has checked out.
 
 Removal saves first, then deletes, so a kill between the two leaves a leftover that the next
@@ -66,7 +66,8 @@ def worktree_leftovers(root: Path, repos: list[str], list_worktrees: ListWorktre
             branches.append(Leftover(PROVIDER_ID, "branch", branch_place(repo, branch), repo=repo, branch=branch,
                                      path_key=checked_out.get(branch)))
     for key_dir in _entries(Path(canonical_root)):
-        for directory in _entries(key_dir):
+        # A key directory with nothing in it is a leftover too (a removal cut short before its end).
+        for directory in _entries(key_dir) or ([key_dir] if not any(key_dir.iterdir()) else []):
             path = os.path.realpath(directory)
             found.setdefault(path, Leftover(PROVIDER_ID, "workspace", path, path_key=key_dir.name))
     return sorted(found.values(), key=lambda leftover: leftover.path) + branches
@@ -84,12 +85,14 @@ def remove_worktree_leftover(data_dir: Path, root: Path, leftover: Leftover,
         raise ValueError(f"refusing to remove {path}: it is not inside {root}")
     repo = leftover.repo or _repository_of(path)
     saved = None
-    if repo is not None and os.path.isdir(path):
-        stop_processes_in(path, SilentReporter(), "worktree")
-        head = run_git_or_none(str(path), "rev-parse", "--verify", "--quiet", "HEAD") or ""
-        saved = save_work(repo, path, orphan_key(os.path.realpath(path), head), notes)
+    if os.path.isdir(path):
+        stop_processes_in(path, SilentReporter(), "worktree")  # nothing writes to it any more
+        if repo is not None:
+            head = run_git_or_none(str(path), "rev-parse", "--verify", "--quiet", "HEAD") or ""
+            saved = save_work(repo, path, orphan_key(os.path.realpath(path), head), notes)
     remove_worktree(repo, path)
-    remove_if_empty(path.parent)
+    if is_strictly_inside(path.parent, root):
+        remove_if_empty(path.parent)
     return saved
 
 

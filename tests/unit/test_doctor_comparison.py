@@ -161,3 +161,18 @@ def test_a_removed_environments_branch_whose_work_was_saved_goes_without_a_secon
     assert result == Removed(None)
     assert git(repo, "for-each-ref", "--format=%(refname)", "refs/bb/", "refs/heads/bb/") == \
         "refs/bb/saved/0b6f5b5e-8f3e-4d4e-9a51-1c7f9d1a2b3c"
+
+
+def test_an_empty_key_directory_and_a_plain_directory_under_the_worktrees_root_are_leftovers(tmp_path):
+    root = tmp_path / "data" / "providers" / "git-worktree" / "worktrees"
+    (root / "empty-key").mkdir(parents=True)
+    (root / "half-made" / "repo").mkdir(parents=True)
+    (root / "half-made" / "repo" / "file").write_text("no git here\n")
+    workspaces = LocalWorkspaces(ProviderRegistry([GitWorktreeProvider()]), tmp_path / "data", Lines())
+
+    survey = asyncio.run(workspaces.survey(SurveyRequest("local", [], [])))
+    assert sorted((leftover.kind, leftover.path) for leftover in survey.found) == [
+        ("workspace", os.path.realpath(root / "empty-key")), ("workspace", os.path.realpath(root / "half-made/repo"))]
+    for leftover in survey.found:
+        assert asyncio.run(workspaces.remove_leftover(LeftoverRemoval("local", leftover, protected_by([])))) == Removed()
+    assert list(root.iterdir()) == []
