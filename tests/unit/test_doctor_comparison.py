@@ -7,7 +7,6 @@ import asyncio
 import os
 import subprocess
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
