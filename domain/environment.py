@@ -4,6 +4,7 @@
        │                      │
        └──CreateFailed──►   error ◄──SetupFailed
     ready|error ──(last thread left)──RetireScheduled──► retiring ──RemovalStarted──► removing ──[WorkSaved]─Removed──► removed
+    ready|error ──WorkspaceVanished──► error (no workspace: a retry creates one)
 
 Commands check the rules and either record events or raise a DomainError that records nothing.
 Answers to asynchronous steps (a create, a hook, a removal) name the attempt or operation they
@@ -75,6 +76,7 @@ class Environment(CopiedForCommands, Aggregate):
         WorkSaved: ClassVar[type[Aggregate.Event]]
         Removed: ClassVar[type[Aggregate.Event]]
         RemoveFailed: ClassVar[type[Aggregate.Event]]
+        WorkspaceVanished: ClassVar[type[Aggregate.Event]]
 
         class SetupStarted(Aggregate.Event):
             operation_id: str
@@ -430,6 +432,30 @@ class Environment(CopiedForCommands, Aggregate):
     def _resumed(self, resource: dict[str, Any] | None) -> None:
         self.resource = resource
         self.paused_at = None
+
+    # -- a workspace found gone (bb doctor) ------------------------------------------------------
+
+    @property
+    def workspace_may_vanish(self) -> bool:
+        """Settled on a workspace: one found gone now puts it in error (while it is prepared or
+        removed, its own step fails or ends without it)."""
+        return self.status in SETTLED_STATUSES and self.path is not None
+
+    def record_workspace_vanished(self, path: str) -> bool:
+        """The workspace at `path` is gone from its host: the environment is in error, without a
+        workspace, so that a retry creates one again. Recorded once: the path is forgotten."""
+        if not self.workspace_may_vanish or path != self.path:
+            return False
+        self._workspace_vanished(path, f"the workspace {path} vanished; `bb environment retry` creates it again")
+        return True
+
+    @event("WorkspaceVanished")
+    def _workspace_vanished(self, path: str, message: str) -> None:
+        self.status = EnvironmentStatus.ERROR
+        self.status_message = message
+        self.path = None
+        self.failure = None
+        self.setup_status = None  # the next workspace is a new one, whose setup has not run
 
     # -- explicit retry ------------------------------------------------------------------------
 

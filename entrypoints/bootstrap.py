@@ -29,6 +29,7 @@ from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import consume
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments
+from bb_environments.handlers.doctor import Doctor
 from bb_environments.entrypoints.config import Settings, event_store_file
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
@@ -75,6 +76,7 @@ class Core:
     placer: Placer
     threads: ThreadHandlers
     provisioner: Provisioner
+    doctor: Doctor
     api: Api
 
 
@@ -105,9 +107,10 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
                               timedelta(seconds=settings.transient_retry_s))
     started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
-    api = Api(store, read_model, placer, workspaces, threads, provisioner, settings.host_id, ports.stream_position,
-              ports.publish_thread_message, lambda: LogReader(app), grace_for)
-    return Core(app, store, read_model, damage, placer, threads, provisioner, api)
+    doctor = Doctor(store, workspaces, provisioner, settings.host_id)
+    api = Api(store, read_model, placer, workspaces, threads, provisioner, doctor, settings.host_id,
+              ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for)
+    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api)
 
 
 def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth) -> OutboxRelay:
@@ -141,5 +144,5 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: B
         sweep_forever(relay.caught_up, core.threads, core.provisioner, js, core.read_model,
                       settings.removed_retention_s, settings.sweep_interval_s,
                       saved_notes_dir(provider_dir(settings.data_dir, GitWorktreeProvider.id)),
-                      settings.saved_ref_retention_s),
+                      settings.saved_ref_retention_s, core.doctor, settings.doctor_interval_s),
     ]

@@ -59,6 +59,8 @@ class Settings(msgspec.Struct, frozen=True):
     see hooks.ledger and README's Retention)."""
     saved_ref_retention_s: float
     """How long the work saved from a removed worktree (refs/bb/saved/<id>) is kept (BB_SAVED_REF_RETENTION_S)."""
+    doctor_interval_s: float = 3600
+    """How often the sweep looks for what `bb doctor` would find, to log it (BB_DOCTOR_INTERVAL_S)."""
     nats_port: int | None = None
     """The embedded nats-server's port as asked for (`bb serve --nats-port`, BB_NATS_PORT); None leaves
     it to the port the data dir remembers (bus/embedded_server.py)."""
@@ -86,6 +88,7 @@ class Settings(msgspec.Struct, frozen=True):
             threads_max_bytes=int(_positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
             removed_retention_s=_positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
             saved_ref_retention_s=_positive("BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"),
+            doctor_interval_s=_positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
             nats_port=_port("--nats-port", nats_port) if nats_port is not None else
             _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
         )

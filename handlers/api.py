@@ -36,9 +36,10 @@ from bb_environments.handlers.commands import (
     UnarchiveThread,
 )
 from bb_environments.handlers.application import GraceLookup
+from bb_environments.handlers.doctor import Doctor, Findings
 from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
-from bb_environments.handlers.ports import Workspaces
+from bb_environments.handlers.ports import HostUnavailable, Workspaces
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
@@ -133,6 +134,11 @@ class Spawned:
     position: int
 
 
+@dataclass(frozen=True)
+class DoctorRequest:
+    fix: bool = False
+
+
 class LogViews(Protocol):
     """The read model's views of the log, read on the rebuild's own worker thread."""
 
@@ -141,7 +147,7 @@ class LogViews(Protocol):
 
 class Api:
     def __init__(self, store: Store, read_model: ReadModel, placer: Placer, workspaces: Workspaces,
-                 threads: ThreadHandlers, provisioner: Provisioner, host_id: str,
+                 threads: ThreadHandlers, provisioner: Provisioner, doctor: Doctor, host_id: str,
                  stream_position: Callable[[], Awaitable[int]],
                  publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
                  log_views: Callable[[], LogViews], grace_for: GraceLookup) -> None:
@@ -154,6 +160,7 @@ class Api:
         self._workspaces = workspaces
         self._threads = threads
         self._provisioner = provisioner
+        self._doctor = doctor
         self._host_id = host_id
         self._stream_position = stream_position
         self._publish_thread_message = publish_thread_message
@@ -322,6 +329,12 @@ class Api:
         if environment is not None:
             await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
+
+    async def doctor(self, request: DoctorRequest) -> Findings:
+        try:
+            return await (self._doctor.fix() if request.fix else self._doctor.examine())
+        except HostUnavailable as silent:
+            raise Unavailable(f"a host did not answer, so what it holds is unknown: {silent}; ask again shortly") from None
 
     async def replay(self) -> ReplayCounts:
         """Rebuild the read models from the whole log (`bb events replay`)."""

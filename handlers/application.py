@@ -27,6 +27,7 @@ from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import Claims
 from bb_environments.handlers.writers import SingleWriter, Writers
 from bb_environments.providers.contract import retire_grace_ms
+from bb_environments.providers.worktree_survey import PROVIDER_ID as WORKTREE_PROVIDER_ID
 
 T = TypeVar("T")
 A = TypeVar("A", bound=Aggregate)
@@ -71,8 +72,10 @@ class Environments(Application[UUID]):
         self._hooks_index = index(self, saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
         self._registered: set[UUID] = set()
         self._registered_index = index(self, saves, Thread, ("Registered",), self._fold_registered)
+        self._worktree_projects: dict[str, set[str]] = {}
+        self._projects_index = index(self, saves, Environment, ("Claimed",), self._fold_project)
         self._indexes = (self.claims.index, self._unfinished_index, self._requested_index, self._hooks_index,
-                         self._registered_index)
+                         self._registered_index, self._projects_index)
 
     def _notify(self, recordings: list[Any]) -> None:
         self.on_saved()
@@ -468,6 +471,36 @@ class Environments(Application[UUID]):
             self._unfinished[_aggregate_id(notification)] = None
         else:
             self._unfinished.pop(_aggregate_id(notification), None)
+
+
+    # -- what bb doctor compares with the hosts ---------------------------------------------------
+
+    def live_environments(self) -> list[Environment]:
+        """Every environment not removed, as the log has it now."""
+        return [self.environment(environment_id) for environment_id in self.unfinished_environment_ids()]
+
+    def worktree_projects(self) -> dict[str, list[str]]:
+        """By host, the projects git-worktree environments were claimed in, removed ones included:
+        where worktrees and branches of bb's layout can be."""
+        self._projects_index.catch_up()
+        return {host: sorted(projects) for host, projects in sorted(self._worktree_projects.items())}
+
+    def _fold_project(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
+        claimed: Any = self.mapper.to_domain_event(notification) if event is None else event
+        if claimed.provider_id == WORKTREE_PROVIDER_ID and claimed.project_path:
+            self._worktree_projects.setdefault(claimed.host_id, set()).add(claimed.project_path)
+
+    def record_workspace_vanished(self, environment_id: UUID, path: str) -> Environment:
+        """The workspace at `path` is gone from its host; a claim on it beside the claimed path
+        (the provider chose another) is released in the same save, as a removal releases it."""
+        environment = self._changing_environment(environment_id)
+        if not environment.record_workspace_vanished(path):
+            return environment
+        claims = self.claims.on_host(environment.host_id)
+        if path != environment.claimed_path:
+            claims.release(path, environment.id)
+        self._save(environment, *claims.changed)
+        return environment
 
 
 def _take_recording_step(environment: Environment, empty: bool) -> None:

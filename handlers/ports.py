@@ -15,12 +15,15 @@ from bb_environments.providers.contract import Transcript as Transcript
 from bb_environments.providers.registry import ProviderDescription, ProviderProfile
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
+    LeftoverRemoval,
     PauseResult,
     Plan,
     PlanRequest,
     RemoveRequest,
     ResourceRequest,
     ResumeResult,
+    Survey,
+    SurveyRequest,
 )
 
 
@@ -95,3 +98,12 @@ class Workspaces(Protocol):
         ...
 
     async def resume(self, request: ResourceRequest) -> ResumeResult: ...
+
+    async def survey(self, request: SurveyRequest) -> Survey:
+        """What bb's layout left on the host (its providers' directories, and the worktrees and
+        `bb/` branches of `request.repos`), and which recorded workspaces are gone."""
+        ...
+
+    async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
+        """Save a leftover's work, then remove it (`Removed.saved_ref` names the save)."""
+        ...

@@ -290,6 +290,41 @@ def is_pausable(provider: EnvironmentProvider) -> TypeGuard[PausableProvider]:
     return all(hasattr(provider, method) for method in ("idle_pause_due", "pause", "resume"))
 
 
+class Leftover(msgspec.Struct, frozen=True):
+    """Something bb's layout made on a host: a `workspace` directory under a provider's root, a
+    git `worktree` of that layout registered in `repo`, or a `branch` (`bb/...`) in `repo`.
+
+    `path` is canonical; a branch's is `<repo>:<branch>`. `path_key` is the key directory it
+    lies under (for a branch: that of the worktree of the layout it is checked out in), if any."""
+
+    provider_id: str
+    kind: Literal["workspace", "worktree", "branch"]
+    path: str
+    repo: str | None = None
+    branch: str | None = None
+    path_key: str | None = None
+
+
+
+@runtime_checkable
+class SurveyedProvider(EnvironmentProvider, Protocol):
+    """Optional: a provider whose workspaces are directories of bb's layout on the host, which
+    `bb doctor` lists and whose leftovers it removes (see `is_surveyed`)."""
+
+    def leftovers(self, data_dir: str, repos: list[str]) -> list[Leftover]:
+        """What exists under the provider's root and, of bb's layout, in `repos`."""
+        ...
+
+    def remove_leftover(self, data_dir: str, leftover: Leftover) -> str | None:
+        """Save the leftover's work, then remove it; the ref the work was saved as, if any.
+        Raises when it could not be saved (then nothing is removed)."""
+        ...
+
+
+def is_surveyed(provider: EnvironmentProvider) -> TypeGuard[SurveyedProvider]:
+    return all(hasattr(provider, method) for method in ("leftovers", "remove_leftover"))
+
+
 def shares_planned_path(provider: EnvironmentProvider, ctx: ProjectContext) -> bool:
     """Whether a thread asking for `ctx` joins a live environment of this provider that already
     holds the planned path, instead of being refused for the conflict.

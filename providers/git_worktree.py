@@ -31,6 +31,7 @@ from bb_environments.providers.contract import (
     RemoveContext,
     RemoveFailed,
     RemoveResult,
+    Leftover,
     Requires,
     inputs_as,
     translate_errors,
@@ -48,9 +49,14 @@ from bb_environments.providers.workspace_files import (
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
 from bb_environments.providers.saved_work import save_work, saved_notes_dir
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
+from bb_environments.providers.worktree_survey import (
+    BRANCH_PREFIX,
+    PROVIDER_ID,
+    remove_worktree_leftover,
+    worktree_leftovers,
+)
 
 TRANSCRIPT_PATH_LIMIT = 20
-DEFAULT_BRANCH_PREFIX = "bb/"
 DEFAULT_BRANCH_REFS = ("refs/remotes/origin/HEAD", "refs/heads/main", "refs/heads/master")
 ADDING_LOCK_REASON = "initializing"
 """The lock reason `git worktree add` gives a worktree until its checkout has finished (in the C
@@ -87,7 +93,7 @@ class _BranchPlan:
 
 
 class GitWorktreeProvider:
-    id = "git-worktree"
+    id = PROVIDER_ID
     display_name = "Worktree"
     requires = Requires(git_checkout=True)
     policy = Policy(path_keys="per-thread", retire_grace_ms=300_000)
@@ -200,6 +206,13 @@ class GitWorktreeProvider:
             remove_if_empty(key_dir)
             return Removed(saved_ref)
         return failed.remove_failed()
+
+    def leftovers(self, data_dir: str, repos: list[str]) -> list[Leftover]:
+        return worktree_leftovers(worktrees_root(data_dir), repos, list_worktrees)
+
+    def remove_leftover(self, data_dir: str, leftover: Leftover) -> str | None:
+        with _repository_lock(leftover.repo):
+            return remove_worktree_leftover(Path(data_dir), worktrees_root(data_dir), leftover, _remove_worktree)
 
 
 def _save_work(ctx: RemoveContext, path: Path) -> str | None:
@@ -405,7 +418,7 @@ def _plan_branch(repo: str, branch: DefaultBranch | ExistingBranch | NewBranch, 
         base = _require_base(repo, branch.base) if branch.base else _require_default_branch(repo)
         return _BranchPlan(branch.name, base, base)
     base = _require_default_branch(repo)
-    return _BranchPlan(DEFAULT_BRANCH_PREFIX + path_key, base, base)
+    return _BranchPlan(BRANCH_PREFIX + path_key, base, base)
 
 
 def _adoptable_worktree(

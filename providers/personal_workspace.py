@@ -15,6 +15,7 @@ from bb_environments.providers.contract import (
     Created,
     CreateContext,
     CreateResult,
+    Leftover,
     Policy,
     ProjectContext,
     Removed,
@@ -22,6 +23,7 @@ from bb_environments.providers.contract import (
     RemoveFailed,
     RemoveResult,
     Requires,
+    SilentReporter,
     translate_errors,
 )
 from bb_environments.providers.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
@@ -72,6 +74,25 @@ class PersonalWorkspaceProvider:
             delete_tree(path)
             return Removed()
         return failed.remove_failed()
+
+    def leftovers(self, data_dir: str, repos: list[str]) -> list[Leftover]:
+        """Every directory under the root: a thread's workspace is the whole of one."""
+        root = workspaces_root(data_dir)
+        try:
+            entries = sorted(entry for entry in root.iterdir() if entry.is_dir() and not entry.is_symlink())
+        except FileNotFoundError:
+            return []
+        return [Leftover(self.id, "workspace", os.path.realpath(entry), path_key=entry.name) for entry in entries]
+
+    def remove_leftover(self, data_dir: str, leftover: Leftover) -> str | None:
+        """Deleted as a removal deletes it: a plain directory has no history to save its work in."""
+        path = Path(leftover.path)
+        if not is_strictly_inside(path, workspaces_root(data_dir)):
+            raise ValueError(f"refusing to remove {path}: it is outside the personal workspace root")
+        if os.path.lexists(path):
+            stop_processes_in(path, SilentReporter(), "workspace")
+            delete_tree(path)
+        return None
 
 
 def workspaces_root(data_dir: str) -> Path:

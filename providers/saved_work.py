@@ -5,6 +5,9 @@ commits on no other branch) becomes one commit under `refs/bb/saved/<environment
 project repository: its tree is the worktree as it was, its parent the branch head. The commit is
 built on a temporary index, so the user's index, stash and branches stay as they were.
 
+`bb doctor --fix` saves an orphaned worktree or branch the same way, under a key of its own
+(`orphan-<hash>`, see `orphan_key`): no environment id names it.
+
 Each save leaves a note `<provider data dir>/saved/<environmentId>` naming the repository, written
 before the ref: the retention prune finds the repositories to look in there, on the host that
 made the refs, without asking the core.
@@ -12,6 +15,7 @@ made the refs, without asking the core.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -28,23 +32,34 @@ SAVER_IDENTITY = {
     "GIT_COMMITTER_NAME": "bb environments", "GIT_COMMITTER_EMAIL": "bb-environments@localhost",
 }
 """Who the saved commit is by: bb made it, and a repository without user.name must save too."""
-_ENVIRONMENT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_SAVE_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|orphan-[0-9a-f]{16}")
+"""An environment's id, or an orphan's key."""
+ORPHAN_PREFIX = "orphan-"
 
 
-def saved_ref_name(environment_id: str) -> str:
-    if not _ENVIRONMENT_ID.fullmatch(environment_id):
-        raise ValueError(f"environment id {environment_id!r} cannot name a saved ref")
-    return SAVED_REF_PREFIX + environment_id
+def saved_ref_name(key: str) -> str:
+    if not _SAVE_KEY.fullmatch(key):
+        raise ValueError(f"environment id {key!r} cannot name a saved ref")
+    return SAVED_REF_PREFIX + key
 
 
-def save_work(repo: str, worktree: Path, environment_id: str, notes_dir: Path) -> str | None:
+def orphan_key(*identity: str) -> str:
+    """The save key of an orphan that `identity` (its place, and the commit it stands on) names:
+    no environment id can be it, and a later orphan at the same place on another commit gets
+    another, so an earlier save never stands in for its work."""
+    digest = hashlib.sha256("\0".join(identity).encode("utf-8", "surrogateescape")).hexdigest()
+    return ORPHAN_PREFIX + digest[:16]
+
+
+def save_work(repo: str, worktree: Path, key: str, notes_dir: Path) -> str | None:
     """Save what exists only in `worktree`; the saved ref, or None when there was nothing to save.
+    `key` is the environment's id, or an orphan's key (`orphan_key`).
 
     A ref already there is the save, kept as it is: only this environment's removal writes it,
     before anything is deleted, and by a re-run (after a kill) the worktree may be half deleted.
     Raises GitFailed when the work could not be saved: the worktree must then stay.
     """
-    ref = saved_ref_name(environment_id)
+    ref = saved_ref_name(key)
     if run_git_or_none(repo, "rev-parse", "--verify", "--quiet", ref) is not None:
         return ref
     if not _is_worktree_of(repo, worktree):
@@ -55,13 +70,32 @@ def save_work(repo: str, worktree: Path, environment_id: str, notes_dir: Path) -
     tree = _worktree_tree(worktree)
     if tree == run_git(str(worktree), "rev-parse", "--verify", "HEAD^{tree}") and not _has_own_commits(worktree):
         return None
-    commit = run_git(str(worktree), "commit-tree", "-p", head, "-m", f"bb: work saved from environment {environment_id}",
+    source = f"the orphaned worktree {worktree}" if key.startswith(ORPHAN_PREFIX) else f"environment {key}"
+    commit = run_git(str(worktree), "commit-tree", "-p", head, "-m", f"bb: work saved from {source}",
                      tree, environment=SAVER_IDENTITY)
-    _write_note(notes_dir, environment_id, repo)
-    # The expected old value (none) makes a second writer of the same ref fail instead of replacing it.
-    run_git(repo, "update-ref", "-m", "bb: work saved before removal", ref, commit, "")
-    crash_point("work-saved")
+    _save_as(repo, key, commit, notes_dir)
     return ref
+
+
+def save_commits(repo: str, commit: str, branch: str, key: str, notes_dir: Path) -> str | None:
+    """Save `commit` (the tip of `branch`) when it has commits on no other branch; the saved ref,
+    or None when every commit of it is on another branch. A ref already there is the save."""
+    ref = saved_ref_name(key)
+    if run_git_or_none(repo, "rev-parse", "--verify", "--quiet", ref) is not None:
+        return ref
+    # A commit that a removal saved already (the branch of a removed environment) is not saved twice.
+    if not run_git(repo, "rev-list", "--max-count=1", commit, "--not", f"--exclude={branch}",
+                   "--branches", "--remotes", f"--glob={SAVED_REF_PREFIX}*"):
+        return None
+    _save_as(repo, key, commit, notes_dir)
+    return ref
+
+
+def _save_as(repo: str, key: str, commit: str, notes_dir: Path) -> None:
+    _write_note(notes_dir, key, repo)
+    # The expected old value (none) makes a second writer of the same ref fail instead of replacing it.
+    run_git(repo, "update-ref", "-m", "bb: work saved before removal", saved_ref_name(key), commit, "")
+    crash_point("work-saved")
 
 
 def prune_saved_refs(notes_dir: Path, max_age_s: float, now: float | None = None) -> list[str]:
@@ -131,11 +165,11 @@ def _has_own_commits(worktree: Path) -> bool:
                         *others, "--branches", "--remotes"))
 
 
-def _write_note(notes_dir: Path, environment_id: str, repo: str) -> None:
+def _write_note(notes_dir: Path, key: str, repo: str) -> None:
     notes_dir.mkdir(parents=True, exist_ok=True)
-    temporary = notes_dir / f".{environment_id}.tmp"
+    temporary = notes_dir / f".{key}.tmp"
     temporary.write_text(repo, encoding="utf-8", errors="surrogateescape")
-    os.replace(temporary, notes_dir / environment_id)
+    os.replace(temporary, notes_dir / key)
 
 
 def saved_notes_dir(provider_data_dir: Path) -> Path:
@@ -145,6 +179,6 @@ def saved_notes_dir(provider_data_dir: Path) -> Path:
 
 def _notes(notes_dir: Path) -> list[Path]:
     try:
-        return sorted(entry for entry in notes_dir.iterdir() if _ENVIRONMENT_ID.fullmatch(entry.name))
+        return sorted(entry for entry in notes_dir.iterdir() if _SAVE_KEY.fullmatch(entry.name))
     except FileNotFoundError:
         return []

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from bb_environments.providers.contract import Previous
+from bb_environments.providers.contract import Leftover, Previous
 
 
 class PlanRequest(msgspec.Struct, frozen=True):
@@ -90,3 +90,49 @@ class ResumeFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"
 
 PauseResult = Paused | PauseFailed
 ResumeResult = Resumed | ResumeFailed
+
+
+class SurveyRequest(msgspec.Struct, frozen=True):
+    """What to look for on a host: bb's leftovers, with the worktrees and branches of `repos`,
+    and which of `workspaces` (recorded paths, by provider id) are gone."""
+
+    host_id: str
+    repos: list[str]
+    workspaces: list[tuple[str, str]]
+
+
+class Survey(msgspec.Struct, frozen=True):
+    found: list[Leftover]
+    absent: list[str]
+    """The recorded workspaces asked about that do not exist on the host."""
+
+
+
+class Protected(msgspec.Struct, frozen=True):
+    """What live environments record, which doctor never touches: workspace paths and claimed
+    paths (canonical), branches as `<repo>:<branch>`, and path keys by provider id."""
+
+    paths: list[str]
+    branches: list[str]
+    path_keys: list[tuple[str, str]]
+
+    def covers(self, leftover: Leftover) -> bool:
+        if leftover.kind == "branch" and leftover.path in self.branches:
+            return True
+        if leftover.path_key is not None and (leftover.provider_id, leftover.path_key) in self.path_keys:
+            return True
+        return leftover.kind != "branch" and any(_nested(leftover.path, path) or _nested(path, leftover.path) for path in self.paths)
+
+
+def _nested(inner: str, outer: str) -> bool:
+    """Whether canonical path `inner` is `outer` or lies inside it."""
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+class LeftoverRemoval(msgspec.Struct, frozen=True):
+    """Remove a leftover after saving its work, unless what live environments record covers it
+    now (the host checks again, just before it removes anything)."""
+
+    host_id: str
+    leftover: Leftover
+    protected: Protected

@@ -33,6 +33,7 @@ from bb_environments.providers.contract import (
     RemoveResult,
     Transcript,
     is_pausable,
+    is_surveyed,
 )
 from bb_environments.providers.planning import (
     canonical_path,
@@ -51,6 +52,7 @@ from bb_environments.providers.registry import (
 )
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
+    LeftoverRemoval,
     PauseFailed,
     PauseResult,
     Paused,
@@ -61,6 +63,8 @@ from bb_environments.providers.workspace_messages import (
     ResumeFailed,
     ResumeResult,
     Resumed,
+    Survey,
+    SurveyRequest,
 )
 
 CLEANUPS_AT_ONCE = 4
@@ -196,6 +200,38 @@ class LocalWorkspaces:
             return Resumed(await asyncio.to_thread(provider.resume, request.resource))
         except Exception as error:
             return ResumeFailed(str(error))
+
+    async def survey(self, request: SurveyRequest) -> Survey:
+        """Asks each provider that keeps its workspaces as directories here what exists; a
+        provider that fails to answer fails the survey (a partial one would hide leftovers)."""
+
+        def look() -> Survey:
+            found = []
+            local = set()
+            for provider_id in self._registry.ids():
+                provider = self._provider(provider_id)
+                if is_surveyed(provider):
+                    local.add(provider_id)
+                    found.extend(provider.leftovers(str(provider_dir(self._data_dir, provider_id)), request.repos))
+            absent = [path for provider_id, path in request.workspaces
+                      if provider_id in local and not os.path.lexists(path)]
+            return Survey(found, absent)
+
+        return await asyncio.to_thread(look)
+
+    async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
+        """Saves its work, then removes it, unless a live environment's record covers it now."""
+        leftover = request.leftover
+        if request.protected.covers(leftover):
+            return RemoveFailed(f"{leftover.path} is a live environment's now; it is kept")
+        provider = self._provider(leftover.provider_id)
+        if not is_surveyed(provider):
+            return RemoveFailed(f"the {provider.id!r} provider keeps no workspaces on this host to remove")
+        data_dir = str(provider_dir(self._data_dir, provider.id))
+        try:
+            return Removed(await asyncio.to_thread(provider.remove_leftover, data_dir, leftover))
+        except Exception as error:
+            return RemoveFailed(f"{leftover.path} is kept: {error}")
 
     def _provider(self, provider_id: str) -> EnvironmentProvider:
         provider = self._registry.get(provider_id)

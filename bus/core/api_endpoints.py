@@ -18,6 +18,7 @@ from bb_environments.bus.wire.api_messages import (
     Accepted,
     EnvironmentAt,
     EnvironmentRef,
+    Examine,
     ListEnvironments,
     ListHistory,
     ListThreads,
@@ -33,6 +34,7 @@ from bb_environments.domain.errors import UnknownEnvironment, UnknownThread
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers.api import (
     Api,
+    DoctorRequest,
     EnvironmentQuery,
     HistoryQuery,
     Outcome,
@@ -90,6 +92,33 @@ class EnvironmentHistory(msgspec.Struct, rename="camel"):
         "Null on the last page; otherwise send it as `after` for the next page."))] = None
 
 
+class DoctorOrphan(msgspec.Struct, rename="camel"):
+    host_id: str
+    path: Annotated[str, msgspec.Meta(description=(
+        "The canonical path; a branch's is `<repository>:<branch>`."))]
+    kind: Annotated[str, msgspec.Meta(description=(
+        "`workspace` (a directory under a provider's root), `worktree` (registered in a project repository) "
+        "or `branch` (a `bb/` branch)."))]
+    saved_ref: Annotated[str | None, msgspec.Meta(description=(
+        "Where `fix` saved the work that existed only there (`refs/bb/saved/orphan-<hash>` in its repository), "
+        "or null."))] = None
+    failure: Annotated[str | None, msgspec.Meta(description=(
+        "Why `fix` kept it, in one sentence (the next run tries again), or null."))] = None
+
+
+class DoctorMissing(msgspec.Struct, rename="camel"):
+    environment_id: str
+    host_id: str
+    path: str
+
+
+class DoctorReport(msgspec.Struct, rename="camel"):
+    """What `doctor.run` found (with `fix`: and fixed, but for the orphans with a `failure`)."""
+
+    orphans: list[DoctorOrphan]
+    missing: list[DoctorMissing]
+
+
 Item = TypeVar("Item", EnvironmentView, ThreadView)
 Listing = TypeVar("Listing", EnvironmentList, ThreadList)
 
@@ -117,6 +146,7 @@ class ApiEdge:
             Endpoint("threads", "unarchive", ThreadRef, self.unarchive_thread),
             Endpoint("threads", "cancel", ThreadRef, self.cancel_thread),
             Endpoint("events", "replay", Nothing, self.replay),
+            Endpoint("doctor", "run", Examine, self.doctor),
         ]
 
     async def providers(self, _: Nothing) -> ProviderList:
@@ -173,6 +203,14 @@ class ApiEdge:
 
     async def replay(self, _: Nothing) -> ReplayCounts:
         return await self._api.replay()
+
+    async def doctor(self, request: Examine) -> DoctorReport:
+        found = await self._api.doctor(DoctorRequest(fix=request.fix))
+        return DoctorReport(
+            [DoctorOrphan(orphan.host_id, orphan.path, orphan.kind, orphan.saved_ref, orphan.failure)
+             for orphan in found.orphans],
+            [DoctorMissing(missing.environment_id, missing.host_id, missing.path) for missing in found.missing],
+        )
 
     def _fitted(self, page: Page[Item], listing: Callable[[list[Item], str | None], Listing]) -> Listing:
         """The page as its reply, cut before the first item that would take it past the maximum

@@ -1,15 +1,17 @@
 """The core's periodic sweep: what recovery, deadlines and retries need, driven on from the log,
-and what retention drops."""
+what retention drops, and now and then a line on what `bb doctor` would find."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 from nats.js import JetStreamContext
 
 from bb_environments.bus.core.transcript_retention import forget_removed_transcripts
+from bb_environments.handlers.doctor import Doctor
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import ReadModel
@@ -20,17 +22,38 @@ log = logging.getLogger(__name__)
 
 async def sweep_forever(caught_up: asyncio.Event, threads: ThreadHandlers, provisioner: Provisioner,
                         js: JetStreamContext, read_model: ReadModel, removed_retention_s: float,
-                        interval_s: float, saved_work_notes: Path, saved_ref_retention_s: float) -> None:
+                        interval_s: float, saved_work_notes: Path, saved_ref_retention_s: float,
+                        doctor: Doctor, doctor_interval_s: float) -> None:
     """Once the relay has caught the bus up with the store: threads still waiting for an
     environment, every unfinished environment, transcripts past retention and work saved from
-    removed worktrees past its own, every `interval_s`."""
+    removed worktrees past its own, every `interval_s`; what doctor would find, every
+    `doctor_interval_s` (it asks every host, and git in every project)."""
     await caught_up.wait()
+    examined_at: float | None = None
     while True:
         await threads.resume_waiting()
         await provisioner.sweep()
         await forget_removed_transcripts(js, read_model, removed_retention_s)
         await prune_saved_work(saved_work_notes, saved_ref_retention_s)
+        if examined_at is None or time.monotonic() - examined_at >= doctor_interval_s:
+            examined_at = time.monotonic()
+            await report_findings(doctor)
         await asyncio.sleep(interval_s)
+
+
+async def report_findings(doctor: Doctor) -> None:
+    """One log line when doctor would find something; never a fix: that is for an operator to ask."""
+    try:
+        found = await doctor.examine()
+    except Exception:
+        log.exception("looking for what `bb doctor` would find failed")
+        return
+    if found.orphans or found.missing:
+        examples = [f"{orphan.kind} {orphan.path}" for orphan in found.orphans[:3]] + \
+                   [f"missing {missing.path}" for missing in found.missing[:3]]
+        log.warning("bb doctor would find %d orphans and %d missing workspaces (%s%s); `bb doctor --fix` "
+                    "removes and records them", len(found.orphans), len(found.missing), ", ".join(examples),
+                    ", ..." if len(found.orphans) > 3 or len(found.missing) > 3 else "")
 
 
 async def prune_saved_work(notes_dir: Path, max_age_s: float) -> None:

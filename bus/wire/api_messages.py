@@ -94,6 +94,13 @@ class Nothing(Request):
     pass
 
 
+class Examine(Request):
+    """`doctor.run`: compare the log with what exists on every host."""
+
+    fix: bool = False
+    """Also remove the orphans (their work saved first) and record each missing workspace."""
+
+
 class Spawned(msgspec.Struct, rename="camel"):
     thread_id: str
     environment_id: str | None

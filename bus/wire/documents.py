@@ -383,6 +383,15 @@ class RemoveFailed(EnvironmentEvent, kw_only=True, tag="remove_failed"):
 
 
 
+@publishes(Environment.WorkspaceVanished)
+class WorkspaceVanished(EnvironmentEvent, kw_only=True, tag="workspace_vanished"):
+    """`bb doctor --fix` found the workspace at `path` gone from its host: the environment has no
+    workspace now, and `bb environment retry` creates one again. Status `error`; `statusMessage`
+    says so."""
+
+    path: Annotated[str, _said("The workspace's path, which no longer exists.")]
+
+
 # -- thread and claim facts (stored in the log; not re-published) ----------------------------------
 
 

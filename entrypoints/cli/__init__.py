@@ -2,7 +2,7 @@
 0 success, 1 the operation failed, 2 invalid input, 3 not found, 4 service unreachable.
 
 This module is the root group with its shared options, `bb serve`, and the Modal groups; each
-other group has a module of its own (environment, thread, events). A command imports what only it
+other group has a module of its own (environment, thread, events, doctor). A command imports what only it
 needs when it runs: every command pays for what is imported here.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from bb_environments.entrypoints.cli.doctor import doctor
 from bb_environments.entrypoints.cli.environment import environment_group
 from bb_environments.entrypoints.cli.events import events_group
 from bb_environments.entrypoints.cli.support import LazyGroup, event_loop, fail, json_option, run_cli, stderr
@@ -74,7 +75,7 @@ def serve(settings: Settings, data_dir: str | None, nats_url: str | None, nats_p
         fail("failed", str(failed), as_json)
 
 
-for commands in (environment_group, thread_group, events_group):
+for commands in (environment_group, thread_group, events_group, doctor):
     cli.add_command(commands)
 
 

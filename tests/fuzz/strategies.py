@@ -461,6 +461,9 @@ def api_requests(thread_ids: tuple[str, ...], environment_ids_known: tuple[str, 
         "threads.list": {"environmentId": environment_ids(environment_ids_known)},
         "threads.archive": thread_ref, "threads.unarchive": thread_ref, "threads.cancel": thread_ref,
         "events.replay": {},
+        # Only examinations: a fix removes orphans (the seeded world has one, seeded-gone's
+        # directory) and writes nothing for that, which this fuzz would take for a refusal's damage.
+        "doctor.run": {"fix": Field(st.just(False), hostile_text())},
     }
     requests = {name: documents(shape) for name, shape in shapes.items()}
     # A spawn has the most fields and the most checks behind them: it gets the most examples.

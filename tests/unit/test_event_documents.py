@@ -117,6 +117,7 @@ def record_every_event(app: Application) -> None:
     thread.assign_environment(other.id)
     other.record_created(1, "/data/wt/t-1-1", False, None, None)
     other.skip_setup("the workspace is not the provider's")
+    other.record_workspace_vanished("/data/wt/t-1-1")
     app.save(thread, other, claim)
     third = Environment(provider_id="personal-workspace", host_id="local", project_path=None, inputs=None,
                         path_key="t-4-1", claimed_path=None, thread_id="t-4")

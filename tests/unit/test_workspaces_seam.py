@@ -25,12 +25,14 @@ from bb_environments.providers.contract import (
     CreateResult,
     Policy,
     Removed,
+    RemoveFailed,
     RemoveResult,
     Requires,
 )
 from bb_environments.providers.registry import ProviderDescription, ProviderProfile
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
+    LeftoverRemoval,
     PauseFailed,
     PauseResult,
     Plan,
@@ -39,6 +41,8 @@ from bb_environments.providers.workspace_messages import (
     ResourceRequest,
     ResumeFailed,
     ResumeResult,
+    Survey,
+    SurveyRequest,
 )
 from tests.unit.test_local_workspaces import Lines
 
@@ -89,6 +93,12 @@ class FarHost:
 
     async def resume(self, request: ResourceRequest) -> ResumeResult:
         return ResumeFailed("never asked")
+
+    async def survey(self, request: SurveyRequest) -> Survey:
+        return Survey(found=[], absent=[])
+
+    async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
+        return RemoveFailed("never asked")
 
 
 class FarHooks:
