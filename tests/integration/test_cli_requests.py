@@ -49,7 +49,9 @@ async def test_a_seed_without_the_operators_permissions_is_refused_at_once(servi
     (reader / "server.json").write_text(json.dumps(server))
 
     started = time.monotonic()
-    result = await Service(reader, service_environment(reader)).bb("environment", "list", "--json")
+    # A subscriber may read (list, show); deleting is the operator's alone.
+    result = await Service(reader, service_environment(reader)).bb(
+        "environment", "delete", "8f14e45f-ceea-4e7f-9f2b-6f1bc5e9a0c1", "--json")
 
     assert time.monotonic() - started < 30  # not the request's timeout of a minute
     assert result.returncode == 4, result.stderr
