@@ -1,4 +1,5 @@
-"""Which event store the core opens: the eventsourcing library's settings for BB_EVENT_STORE.
+"""Which event store the core opens (the eventsourcing library's settings for BB_EVENT_STORE), and
+the log read from it without a service.
 
 The core's alone: a host agent keeps no event store, and this is where the event library's
 modules come into a process.
@@ -7,6 +8,7 @@ modules come into a process.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 from bb_environments.entrypoints.config import ConfigError, sync_level
 
@@ -39,3 +41,24 @@ def event_store_environment(url: str) -> dict[str, str]:
             "POSTGRES_PASSWORD": unquote(parsed.password or ""),
         }
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
+
+
+def stored_log(url: str, page: int = 500) -> Iterator[bytes]:
+    """Every document of the log in log order, as the relay publishes it, read from the store
+    itself (for `bb events export` while no service runs). A SQLite store that does not exist is
+    ConfigError, never a new empty file."""
+    from bb_environments.bus.core.log_reader import LogReader
+    from bb_environments.entrypoints.config import event_store_file
+    from bb_environments.handlers.application import Environments
+
+    store = event_store_file(url)
+    if store is not None and not store.is_file():
+        raise ConfigError(f"there is no event store at {store}: nothing was ever served from it")
+    app = Environments(env=event_store_environment(url))
+    try:
+        reader, after = LogReader(app), 0
+        while documents := reader.page(after, page):
+            yield from (logged.payload() for logged in documents)
+            after = documents[-1].notification_id
+    finally:
+        app.close()

@@ -15,7 +15,7 @@ from bb_environments.bus.wire.api_messages import Nothing
 from bb_environments.domain.ids import quoted
 from bb_environments.entrypoints.cli.connection import call, open_client
 from bb_environments.entrypoints.cli.support import Failure, emit, json_option, run_command, stdout
-from bb_environments.entrypoints.config import Settings
+from bb_environments.entrypoints.config import ConfigError, Settings, serving
 from bb_environments.handlers.errors import one_line
 
 
@@ -85,7 +85,11 @@ def _check_tail_filter(subject_filter: str) -> None:
 @click.pass_obj
 @run_command
 async def events_export(settings: Settings, as_json: bool) -> None:
-    """Print the whole log as JSON lines, in log order."""
+    """Print the whole log as JSON lines, in log order (from the event store itself while no `bb
+    serve` runs on this data dir)."""
+    if serving(settings.data_dir) is None:
+        _export_from_store(settings)
+        return
     client = await open_client(settings)
     try:
         js = client.nc.jetstream()
@@ -109,6 +113,16 @@ async def events_export(settings: Settings, as_json: bool) -> None:
                     break
     finally:
         await client.close()
+
+
+def _export_from_store(settings: Settings) -> None:
+    from bb_environments.entrypoints.event_store import stored_log
+
+    try:
+        for payload in stored_log(settings.event_store):
+            sys.stdout.write(payload.decode() + "\n")
+    except ConfigError as missing:
+        raise Failure("not_found", str(missing)) from None
 
 
 @events_group.command("replay")

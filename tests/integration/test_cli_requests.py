@@ -151,3 +151,29 @@ async def test_a_tail_whose_reader_left_ends_at_the_next_event_quietly(service):
             process.kill()
         _, said = await process.communicate()
         assert (process.returncode, said.decode()) == (1, ""), as_json
+
+
+async def test_events_export_reads_the_event_store_itself_once_the_service_is_stopped(service, tmp_path):
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1",
+                               "--json")
+    assert spawned.returncode == 0, spawned.stderr
+    await service.wait_for(spawned.json()["environmentId"], "ready")
+    while_serving = await service.bb("events", "export")
+    assert while_serving.returncode == 0, while_serving.stderr
+    await service.stop()
+
+    stopped = await service.bb("events", "export")
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout == while_serving.stdout  # the same documents, byte for byte, in log order
+    assert [json.loads(line)["type"] for line in stopped.stdout.splitlines()][:1] == ["claimed"]
+
+
+async def test_events_export_of_a_data_dir_nothing_was_served_from_is_not_found_and_creates_nothing(tmp_path):
+    data_dir = tmp_path / "never-served"
+
+    exported = await Service(data_dir, service_environment(data_dir)).bb("events", "export", "--json")
+
+    assert exported.returncode == 3, exported.stderr
+    assert "there is no event store at" in exported.json()["error"]["message"]
+    assert not data_dir.exists()
