@@ -47,8 +47,9 @@ def environment_providers(settings: Settings, as_json: bool) -> None:
 
 
 @environment_group.command("list")
-@click.option("--status", type=click.Choice([s.value for s in EnvironmentStatus]))
-@click.option("--provider")
+@click.option("--status", type=click.Choice([s.value for s in EnvironmentStatus]),
+              help="Only environments in this status (removed ones included when asked for).")
+@click.option("--provider", help="Only environments of this provider id.")
 @click.option("--all", "include_removed", is_flag=True, help="Also list removed environments.")
 @json_option
 @click.pass_obj

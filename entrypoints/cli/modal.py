@@ -64,7 +64,8 @@ def _data_dir(settings: Settings) -> Path:
 
 
 @click.command("create")
-@click.option("--provider", "provider_id", type=click.Choice([PROVIDER_ID]), required=True)
+@click.option("--provider", "provider_id", type=click.Choice([PROVIDER_ID]), required=True,
+              help="The machine's provider (only modal-sandbox makes machines).")
 @json_option
 @click.pass_obj
 @run_command
@@ -152,7 +153,8 @@ async def image_show(settings: Settings, as_json: bool) -> None:
 
 
 @image.command("set")
-@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="The Dockerfile of the image to use.")
 @json_option
 @click.pass_obj
 @run_command

@@ -30,13 +30,13 @@ def thread_group() -> None:
 
 
 @thread_group.command("spawn")
-@click.option("--environment-provider", "provider")
-@click.option("--environment-inputs", "inputs_text")
-@click.option("--environment", "environment_id")
-@click.option("--project")
-@click.option("--thread-id")
-@click.option("--parent")
-@click.option("--host")
+@click.option("--environment-provider", "provider", help="A new environment of this provider (`bb environment providers` lists them).")
+@click.option("--environment-inputs", "inputs_text", help="The provider's inputs as JSON (docs/providers.md); needs --environment-provider.")
+@click.option("--environment", "environment_id", help="Join this existing environment (an id, or its start).")
+@click.option("--project", help="The project the thread works on: an absolute path on its host.")
+@click.option("--thread-id", help="The thread's id (default: a new one); 1-128 letters, digits, '-' or '_'.")
+@click.option("--parent", help="The parent thread: a child shares its environment where the provider says so.")
+@click.option("--host", help="The host its environment runs on (default: the service's).")
 @click.option("--prompt", help="The thread's first message, published on bb.threads.<T>.message for the agent that runs it.")
 @wait_options("Stream progress to stderr until the environment is ready or failed.")
 @json_option
@@ -129,7 +129,7 @@ def _finite_number(text: str) -> float:
 
 
 @thread_group.command("list")
-@click.option("--environment", "environment_id")
+@click.option("--environment", "environment_id", help="Only the threads of this environment (an id, or its start).")
 @json_option
 @click.pass_obj
 @run_command
