@@ -12,7 +12,6 @@ message refused.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from uuid import UUID
@@ -34,12 +33,11 @@ from bb_environments.bus.wire.documents import (
 from bb_environments.bus.wire.placements import PlacementOutcome, PlacementStatus
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import UnknownEnvironment
-from bb_environments.domain.ids import ID_PATTERN
 from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.handlers.placement import THREAD_ID
 from bb_environments.handlers.store import Store
 from bb_environments.providers.host.crash_points import crash_point
 
-_THREAD_ID = re.compile(ID_PATTERN)
 _SETTLING = (Ready, SetupFailed, CreateFailed)
 
 
@@ -67,7 +65,7 @@ class Placements:
     async def refused_at_edge(self, subject_thread_id: str, reason: str, refused: Msg) -> None:
         """A thread event refused before anything was stored. An event on a subject that names no
         valid thread has nobody to tell."""
-        if not _THREAD_ID.match(subject_thread_id):
+        if not THREAD_ID.match(subject_thread_id):
             return
         await self._publish(PlacementOutcome(
             occurred_at=datetime.now(timezone.utc), thread_id=subject_thread_id, environment_id=None,
