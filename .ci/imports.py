@@ -36,7 +36,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "hooks": frozenset({"domain", "providers"}),
     "projections": frozenset({"domain"}),
     "handlers": frozenset({"domain", "providers", "projections"}),
-    "bus.wire": frozenset({"domain"}),
+    # The wire carries the provider contract's own messages to and from a host's agent.
+    "bus.wire": frozenset({"domain", "providers"}),
     "bus": frozenset({"domain", "providers", "bus.wire"}),
     "bus.api_client": frozenset({"domain", "providers", "bus", "bus.wire"}),
     "bus.agent": frozenset({"domain", "providers", "hooks", "bus", "bus.wire"}),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -60,8 +59,8 @@ def host_agent_user(host_id: str) -> str:
 
 
 def host_agent_inbox_prefix(host_id: str) -> str:
-    """A host agent only answers requests, so its user may not read even this; should it ever ask
-    something, the refusal says so instead of its answers reaching clients."""
+    """The replies to a host agent's own requests (its jobs, its reports' acks, the ledger's
+    answers): its user reads these and no other inbox, and no client reads these."""
     return f"_BB_HOST_INBOX.{host_id}"
 
 
@@ -130,10 +129,18 @@ def role_permissions(role: str) -> Permissions:
 
 
 def host_agent_permissions(host_id: str) -> Permissions:
-    """A host agent answers its own host's hook requests and writes transcripts; nothing more."""
+    """A host agent takes its own host's jobs and reports them, answers its own host's requests,
+    asks the core about its own operations, beats its own heart and writes transcripts; nothing
+    more: no thread events, no log, no API, no other host's subjects or consumer."""
+    jobs, consumer = subjects.HOST_JOBS_STREAM, subjects.host_jobs_consumer(host_id)
     return Permissions(
-        publish={"allow": [subjects.host_hooks(host_id, "finished.>"), subjects.TRANSCRIPT_EVENTS]},
-        subscribe={"allow": [subjects.host_hooks(host_id, "*"), "$SRV.>"]},
+        publish={"allow": [
+            f"$JS.API.CONSUMER.MSG.NEXT.{jobs}.{consumer}", f"$JS.ACK.{jobs}.{consumer}.>",
+            subjects.host_reports(host_id), subjects.host_ledger(host_id),
+            f"$KV.{subjects.HOSTS_BUCKET}.{host_id}", subjects.TRANSCRIPT_EVENTS,
+        ]},
+        subscribe={"allow": [subjects.host_hooks(host_id, "*"), subjects.host_workspaces(host_id, "*"), "$SRV.>",
+                             f"{host_agent_inbox_prefix(host_id)}.>"]},
         allow_responses=True,
     )
 
@@ -171,15 +178,32 @@ class Credentials:
                 write_private_file(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
 
     def public_key(self, user: str) -> str:
+        return _public_key_of(self.seed_file(user), f"role {user!r}")
+
+    def host_seed_file(self, host_id: str) -> Path:
+        """The seed of a registered host's agent (`bb machine register`)."""
+        return self.directory / "hosts" / f"{check_host_id(host_id)}.nk"
+
+    def registered_hosts(self) -> list[str]:
+        hosts = self.directory / "hosts"
+        found = sorted(seed.stem for seed in hosts.glob("*.nk")) if hosts.is_dir() else []
+        return [host_id for host_id in found if _HOST_ID.match(host_id)]
+
+    def register_host(self, host_id: str) -> Path:
+        """A new seed for the host's agent, replacing any it had: the old one stops working at the
+        server's next reload."""
         import nkeys
 
-        path = self.seed_file(user)
-        try:
-            public_key: bytes = nkeys.from_seed(bytearray(path.read_bytes().strip())).public_key
-        except (nkeys.NkeysError, ValueError):
-            raise DamagedSeed(f"{path} holds no valid seed; delete it and start `bb serve` again to make a new "
-                              f"one (a client of role {user!r} then needs to read the new file)") from None
-        return public_key.decode()
+        path = self.host_seed_file(host_id)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private_file(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
+        return path
+
+    def forget_host(self, host_id: str) -> None:
+        self.host_seed_file(host_id).unlink(missing_ok=True)
+
+    def host_public_key(self, host_id: str) -> str:
+        return _public_key_of(self.host_seed_file(host_id), f"host {host_id!r}")
 
     def client_files(self) -> dict[str, str]:
         """What server.json names under `credentials`: the clients' seed files, never the seeds."""
@@ -187,24 +211,49 @@ class Credentials:
 
 
 def server_configuration(credentials: Credentials, host_id: str, server_name: str) -> str:
-    """The nats-server configuration (JSON is valid nats-server syntax) that admits only our users.
+    """The nats-server configuration (JSON is valid nats-server syntax) that admits only our users:
+    the clients, the service, the agent of its own host and the agent of each registered host.
 
     It names the server as its command line does: a running server reads the file again on
     SIGHUP and refuses one that leaves out a name it was started with."""
-    authorization = _authorization(lambda user: credentials.public_key(user), host_id)
-    return json.dumps({"server_name": server_name, **authorization}, indent=2)
+    users = [(user, credentials.public_key(user), permissions) for user, permissions in _own_users(host_id)]
+    users += [(host_agent_user(registered), credentials.host_public_key(registered), host_agent_permissions(registered))
+              for registered in credentials.registered_hosts() if registered != host_id]
+    return json.dumps({"server_name": server_name, **_authorization(users)}, indent=2)
 
 
 def deployment_configuration(host_id: str = "HOST_ID") -> str:
     """The same block for an external NATS, with a placeholder for each user's public key (docs/security.md)."""
-    return json.dumps(_authorization(lambda user: f"<public NKEY of {user}>", host_id), indent=2)
+    users = [(user, f"<public NKEY of {user}>", permissions) for user, permissions in _own_users(host_id)]
+    return json.dumps(_authorization(users), indent=2)
 
 
-def _authorization(public_key: Callable[[str], str], host_id: str) -> dict[str, Any]:
+def host_user_block(host_id: str, public_key: str) -> str:
+    """The entry an external NATS adds to its users for a registered host's agent."""
+    return json.dumps(_authorization([(host_agent_user(host_id), public_key, host_agent_permissions(host_id))]),
+                      indent=2)
+
+
+def _own_users(host_id: str) -> list[tuple[str, Permissions]]:
     users = [(role, role_permissions(role)) for role in CLIENT_ROLES]
-    users += [(SERVICE_USER, SERVICE_PERMISSIONS), (host_agent_user(host_id), host_agent_permissions(host_id))]
-    entries = [{"nkey": public_key(user), "permissions": msgspec.to_builtins(permissions)} for user, permissions in users]
+    return users + [(SERVICE_USER, SERVICE_PERMISSIONS), (host_agent_user(host_id), host_agent_permissions(host_id))]
+
+
+def _authorization(users: list[tuple[str, str, Permissions]]) -> dict[str, Any]:
+    entries = [{"nkey": public_key, "permissions": msgspec.to_builtins(permissions)}
+               for _, public_key, permissions in users]
     return {"authorization": {"users": entries}}
+
+
+def _public_key_of(path: Path, whose: str) -> str:
+    import nkeys
+
+    try:
+        public_key: bytes = nkeys.from_seed(bytearray(path.read_bytes().strip())).public_key
+    except (nkeys.NkeysError, ValueError):
+        raise DamagedSeed(f"{path} holds no valid seed; delete it and start `bb serve` again to make a new "
+                          f"one (a client of {whose} then needs to read the new file)") from None
+    return public_key.decode()
 
 
 def all_users(host_id: str) -> list[str]:

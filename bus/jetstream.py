@@ -20,7 +20,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
@@ -36,6 +36,12 @@ TRANSCRIPT_DUPLICATE_WINDOW_S = 3600
 # one (a batch of the log delivered again after a crash) is dropped by its message id.
 PLACEMENTS_MAX_AGE_S = 7 * 24 * 3600
 PLACEMENTS_DUPLICATE_WINDOW_S = 3600
+# A host's job is queued once however often the core asks within the hour (a restart, a drive
+# repeated); its report is kept a day, for a core that was away when it came.
+HOST_JOBS_DUPLICATE_WINDOW_S = 3600
+HOST_REPORTS_MAX_AGE_S = 24 * 3600
+HOST_JOB_ACK_WAIT_S = 6
+"""An agent killed mid-job has it delivered again after this (a running job says it is still at it)."""
 
 
 class ConnectOptions(TypedDict, total=False):
@@ -96,6 +102,15 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
             name=subjects.PLACEMENTS_STREAM, subjects=[subjects.PLACEMENT_EVENTS], storage=api.StorageType.FILE,
             max_age=PLACEMENTS_MAX_AGE_S, duplicate_window=PLACEMENTS_DUPLICATE_WINDOW_S,
         ),
+        # A job is gone once its host's agent acknowledged it (after storing its report).
+        api.StreamConfig(
+            name=subjects.HOST_JOBS_STREAM, subjects=[subjects.HOST_JOBS], storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.WORK_QUEUE, duplicate_window=HOST_JOBS_DUPLICATE_WINDOW_S,
+        ),
+        api.StreamConfig(
+            name=subjects.HOST_REPORTS_STREAM, subjects=[subjects.HOST_REPORTS], storage=api.StorageType.FILE,
+            max_msgs_per_subject=1, max_age=HOST_REPORTS_MAX_AGE_S, allow_direct=True,
+        ),
     )
 
 
@@ -106,6 +121,25 @@ async def ensure_streams(js: JetStreamContext, threads_max_age_s: float, threads
             await js.add_stream(config)
         except BadRequestError:
             await js.update_stream(config)
+
+
+async def ensure_hosts(js: JetStreamContext, host_ids: list[str]) -> None:
+    """The heartbeat bucket, and each host's queue consumer (the agent's own host included)."""
+    try:
+        await js.key_value(subjects.HOSTS_BUCKET)
+    except BucketNotFoundError:
+        await js.create_key_value(api.KeyValueConfig(bucket=subjects.HOSTS_BUCKET, history=1))
+    for host_id in host_ids:
+        await ensure_host_jobs_consumer(js, host_id)
+
+
+async def ensure_host_jobs_consumer(js: JetStreamContext, host_id: str) -> None:
+    """The one consumer of a host's jobs, which only that host's agent (its NATS user) may pull from."""
+    config = api.ConsumerConfig(
+        durable_name=subjects.host_jobs_consumer(host_id), filter_subject=subjects.host_jobs(host_id),
+        ack_policy=api.AckPolicy.EXPLICIT, ack_wait=HOST_JOB_ACK_WAIT_S, max_ack_pending=1000,
+    )
+    await js.add_consumer(subjects.HOST_JOBS_STREAM, config)
 
 
 async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filter_subject: str,

@@ -76,6 +76,8 @@ class Environment(CopiedForCommands, Aggregate):
         WorkSaved: ClassVar[type[Aggregate.Event]]
         Removed: ClassVar[type[Aggregate.Event]]
         RemoveFailed: ClassVar[type[Aggregate.Event]]
+        Planned: ClassVar[type[Aggregate.Event]]
+        HostAwaited: ClassVar[type[Aggregate.Event]]
         WorkspaceVanished: ClassVar[type[Aggregate.Event]]
 
         class SetupStarted(Aggregate.Event):
@@ -94,7 +96,11 @@ class Environment(CopiedForCommands, Aggregate):
         path_key: str,
         claimed_path: str | None,
         thread_id: str,
+        planned: bool = True,
     ) -> None:
+        """`planned` False: placed while its host's agent was away, so the project, inputs and
+        claimed path are as the request gave them, to be planned on the host before its create
+        (see record_planned); environments of earlier releases were all planned at placement."""
         self.provider_id = provider_id
         self.host_id = host_id
         self.project_path = project_path
@@ -102,6 +108,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.path_key = path_key
         self.claimed_path = claimed_path
         self.origin_thread_id = thread_id
+        self.planned = planned
         self.thread_ids: list[str] = [thread_id]
         # The environment's version when each of its threads joined it: a thread that leaves and
         # comes back is placed again, and hears its outcome again (bus/core/placements.py).
@@ -257,6 +264,33 @@ class Environment(CopiedForCommands, Aggregate):
         return Remove(self.removal_attempt)
 
     # -- the create step -----------------------------------------------------------------------
+
+    def record_planned(self, attempt: int, project_path: str | None, inputs: Any, claimed_path: str | None) -> bool:
+        """The host's plan of an environment placed while the host was away; the caller claims
+        `claimed_path` in the same save."""
+        if self.planned or attempt != self.attempt or self.status != EnvironmentStatus.CREATING:
+            return False
+        self._planned(project_path, inputs, claimed_path)
+        return True
+
+    @event("Planned")
+    def _planned(self, project_path: str | None, inputs: Any, claimed_path: str | None) -> None:
+        self.project_path = project_path
+        self.inputs = inputs
+        self.claimed_path = claimed_path
+        self.planned = True
+        self.status_message = None
+
+    def note_host_awaited(self, message: str) -> bool:
+        """The environment's next step waits for its host's agent: its status says so, once."""
+        if self.status not in LIVE_STATUSES or self.status_message == message:
+            return False
+        self._host_awaited(message)
+        return True
+
+    @event("HostAwaited")
+    def _host_awaited(self, message: str) -> None:
+        self.status_message = message
 
     def record_created(
         self,

@@ -1,36 +1,61 @@
-"""The host agent's composition: one machine's hook runtime on the bus, answering to the ledger it is given.
+"""The host agent's composition: one machine's hook runtime and workspaces on the bus.
 
 Assembled apart from the core: this module and everything it imports load no event store, no read
 model and nothing of the core's service layer (tests/unit/test_import_graph.py holds it to that), so
-the same agent runs inside `bb serve` or as a process of its own that shares only the bus.
+the same agent runs inside `bb serve` (`start_host_agent`) or as a process of its own, `bb agent`
+(`run_agent`), that shares only the bus with the core: its root, its hook records and its
+providers' directories are its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 
 from nats.aio.client import Client
+from nats.micro.service import Service
 
+from bb_environments.bus.access import host_agent_inbox_prefix
+from bb_environments.bus.agent.bus_ledger import BusLedger
+from bb_environments.bus.agent.heartbeat import beat
 from bb_environments.bus.agent.host_agent import HostAgent
+from bb_environments.bus.agent.host_jobs import HostJobWorker
+from bb_environments.bus.agent.workspace_answers import add_workspace_answers
 from bb_environments.bus.health import BusHealth
+from bb_environments.bus.jetstream import connect
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.entrypoints.config import Settings, hook_record_sync
+from bb_environments.entrypoints.config import Settings, hook_record_sync, nats_credentials
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.providers.registry import ProviderRegistry
+from bb_environments.providers.workspaces import LocalWorkspaces
+
+log = logging.getLogger("bb.agent")
+
+
+@dataclass(frozen=True)
+class StartedAgent:
+    agent: HostAgent
+    service: Service
 
 
 async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, health: BusHealth,
-                           started: contextlib.AsyncExitStack) -> HostAgent:
-    """The agent of `settings.host_id`, serving on `nc` (its own user's connection); its stopping
-    is pushed on `started`."""
-    runner = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync())
+                           started: contextlib.AsyncExitStack, hook_records: Path) -> StartedAgent:
+    """The agent of `settings.host_id`, serving on `nc` (its own user's connection), its hook
+    records under `hook_records`; its stopping is pushed on `started`."""
+    runner = HookRunner(hook_records, settings.hook_timeout_s, hook_record_sync())
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger, health=health)
     service = await agent.start()
     started.push_async_callback(agent.stop)
     started.push_async_callback(service.stop)
-    return agent
+    return StartedAgent(agent, service)
 
 
 async def keep_hook_records(agent: HostAgent, settings: Settings) -> None:
@@ -38,3 +63,51 @@ async def keep_hook_records(agent: HostAgent, settings: Settings) -> None:
     while True:
         await agent.forget_removed(settings.removed_retention_s)
         await asyncio.sleep(settings.sweep_interval_s)
+
+
+def agent_root(settings: Settings, given: str | None) -> Path:
+    """`--root`, else BB_AGENT_ROOT, else `<data dir>/hosts/<host id>` (SPEC 7.1)."""
+    root = given or os.environ.get("BB_AGENT_ROOT") or str(settings.data_dir / "hosts" / settings.host_id)
+    return Path(os.path.realpath(os.path.expanduser(root)))
+
+
+async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: Path) -> None:
+    """`bb agent`: this host's agent, until SIGTERM or SIGINT. Workspaces go under `root`; what the
+    agent keeps for itself (its hook records) under `root/.bb-agent`, readable by its user only."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    root.mkdir(parents=True, exist_ok=True)
+    state = root / ".bb-agent"
+    state.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(state, 0o700)
+    health = BusHealth()
+    options = {key: value for key, value in nats_credentials(nats_url).items() if key == "tls"}
+    nc = await connect(nats_url, f"bb-agent-{settings.host_id}", health, host_agent_inbox_prefix(settings.host_id),
+                       nkeys_seed=str(credentials), **options)  # type: ignore[arg-type]
+    try:
+        async with contextlib.AsyncExitStack() as started:
+            transcript = TranscriptPublisher(nc, loop, health=health)
+            workspaces = LocalWorkspaces(ProviderRegistry.from_entry_points(settings.extra_providers), root, transcript)
+            running = await start_host_agent(settings, nc, BusLedger(nc, settings.host_id), health, started,
+                                             state / "hooks")
+            await add_workspace_answers(running.service, settings.host_id, workspaces)
+            jobs = HostJobWorker(nc, settings.host_id, workspaces, running.agent, health=health)
+            tasks = [asyncio.create_task(work) for work in (
+                jobs.run(), beat(nc, settings.host_id, str(root), metadata.version("bb-environments"), health),
+                keep_hook_records(running.agent, settings))]
+            log.info("the agent of host %r is serving from %s", settings.host_id, root)
+            stopping = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in (*tasks, stopping):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for task in done:
+                if task is not stopping and not task.cancelled() and (failure := task.exception()) is not None:
+                    raise failure
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

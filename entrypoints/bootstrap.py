@@ -34,7 +34,9 @@ from bb_environments.entrypoints.config import Settings, event_store_file
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
-from bb_environments.handlers.ports import Hooks, Transcript
+from bb_environments.handlers.host_routing import RoutedWorkspaces
+from bb_environments.handlers.machines import Machines
+from bb_environments.handlers.ports import Hooks, HostDirectory, Transcript, Workspaces
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
@@ -57,13 +59,18 @@ class StoreUnusable(RuntimeError):
 
 @dataclass(frozen=True)
 class Ports:
-    """Where the core reaches the bus: the hosts' agents, the transcript, the environments stream's
-    position, and the threads' first messages."""
+    """Where the core reaches the bus: the hosts' agents (their hooks, and the workspaces of every
+    host but the one whose agent runs in this process), the registered hosts, the transcript, the
+    environments stream's position, and the threads' first messages."""
 
     hooks: Hooks
+    workspaces_elsewhere: Workspaces
+    hosts: HostDirectory
     transcript: Transcript
     stream_position: Callable[[], Awaitable[int]]
     publish_thread_message: Callable[[str, str, datetime], Awaitable[None]]
+    agent_here: bool = True
+    """Whether the agent of this service's own host runs in this process (`bb serve` without --no-agent)."""
 
 
 @dataclass(frozen=True)
@@ -78,13 +85,16 @@ class Core:
     provisioner: Provisioner
     doctor: Doctor
     api: Api
+    machines: Machines
 
 
 async def build_core(settings: Settings, registry: ProviderRegistry, ports: Ports,
                      started: contextlib.AsyncExitStack) -> Core:
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
-    workspaces = LocalWorkspaces(registry, settings.data_dir, ports.transcript)
+    here = LocalWorkspaces(registry, settings.data_dir, ports.transcript)
+    workspaces = RoutedWorkspaces(here, ports.workspaces_elsewhere, settings.host_id if ports.agent_here else None,
+                                  registry.cloud_ids())
 
     def grace_for(provider_id: str) -> int | None:
         profile = workspaces.profiles(settings.host_id).get(provider_id)
@@ -102,7 +112,8 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
     started.push_async_callback(read_model.close)
-    placer = Placer(workspaces, settings.host_id)
+    machines = Machines(ports.hosts, read_model, settings.host_id)
+    placer = Placer(workspaces, settings.host_id, machines.known)
     provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
                               timedelta(seconds=settings.transient_retry_s))
     started.push_async_callback(provisioner.stop)
@@ -110,7 +121,7 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     doctor = Doctor(store, workspaces, provisioner, settings.host_id)
     api = Api(store, read_model, placer, workspaces, threads, provisioner, doctor, settings.host_id,
               ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for)
-    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api)
+    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines)
 
 
 def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth) -> OutboxRelay:

@@ -12,7 +12,8 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,15 @@ from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
+from bb_environments.bus.agent.heartbeat import beat
 from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
+from bb_environments.bus.core.host_directory import BusHostDirectory
+from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
+from bb_environments.bus.core.ledger_answers import answer_ledger_questions
+from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
 from bb_environments.bus.jetstream import (
-    ConnectOptions, connect, ensure_streams, ensure_thread_partition_consumers, retire_provisioner_consumer)
+    ConnectOptions, connect, ensure_hosts, ensure_streams, ensure_thread_partition_consumers,
+    retire_provisioner_consumer)
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.thread_messages import StreamPorts
@@ -113,10 +120,29 @@ def hold_event_store(settings: Settings) -> FileLock | None:
 
 def embedded_nats(settings: Settings, credentials: Credentials) -> SupervisedNats:
     """Our own nats-server, admitting only the users whose seeds are in `credentials`."""
-    store_dir, configuration = settings.data_dir / "nats", settings.data_dir / "nats-server.conf"
     credentials.ensure(all_users(settings.host_id))
-    write_private_file(configuration, server_configuration(credentials, settings.host_id, SERVER_NAME))
-    return SupervisedNats.open(store_dir, configuration, settings.data_dir / "nats-port", settings.nats_port)
+    _write_server_configuration(settings, credentials)
+    return SupervisedNats.open(settings.data_dir / "nats", _server_configuration_file(settings),
+                               settings.data_dir / "nats-port", settings.nats_port)
+
+
+def _server_configuration_file(settings: Settings) -> Path:
+    return settings.data_dir / "nats-server.conf"
+
+
+def _write_server_configuration(settings: Settings, credentials: Credentials) -> None:
+    write_private_file(_server_configuration_file(settings),
+                       server_configuration(credentials, settings.host_id, SERVER_NAME))
+
+
+def _admitting_users(settings: Settings, credentials: Credentials, embedded: SupervisedNats) -> Callable[[], None]:
+    """Have the running embedded server admit the users the seeds now name: a host registered,
+    rotated or removed takes effect at once, with no restart of anything."""
+    def admit() -> None:
+        _write_server_configuration(settings, credentials)
+        embedded.server.reload_configuration(settings.data_dir / "nats")
+
+    return admit
 
 
 def connect_options(settings: Settings, credentials: Credentials | None, user: str) -> ConnectOptions:
@@ -126,8 +152,10 @@ def connect_options(settings: Settings, credentials: Credentials | None, user: s
     return {"nkeys_seed": str(credentials.seed_file(user))}
 
 
-async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """Run until SIGTERM or SIGINT. Whatever ends it, everything it started is stopped first (the
+async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None = None, *,
+                agent_here: bool = True) -> None:
+    """Run until SIGTERM or SIGINT; `agent_here` False (`--no-agent`) leaves this host's work to a
+    `bb agent` of its own. Whatever ends it, everything it started is stopped first (the
     nats-server included, and every thread that would keep the process alive); a failure ends it
     with ServeError. Only a SIGKILL leaves the nats-server running, for the next start to reuse."""
     loop = asyncio.get_running_loop()
@@ -145,7 +173,7 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
     try:
         async with contextlib.AsyncExitStack() as started:
             try:
-                await _serve(settings, ready, started, stop, past_start)
+                await _serve(settings, ready, started, stop, past_start, agent_here)
             finally:
                 past_start.set()  # a signal must not cut the stopping of what started short
     except asyncio.CancelledError:
@@ -166,7 +194,7 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
 
 
 async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack,
-                 stop: asyncio.Event, past_start: asyncio.Event) -> None:
+                 stop: asyncio.Event, past_start: asyncio.Event, agent_here: bool) -> None:
     started.callback(hold_data_dir(settings.data_dir).close)
     if store_lock := hold_event_store(settings):
         started.callback(store_lock.close)
@@ -181,32 +209,45 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, SERVICE_INBOX_PREFIX,
                        **connect_options(settings, credentials, SERVICE_USER))
     started.push_async_callback(_close, nc)
-    agent_nc = await connect(nats_url, f"bb-host-agent-{settings.host_id}", health,
-                             host_agent_inbox_prefix(settings.host_id),
-                             **connect_options(settings, credentials, host_agent_user(settings.host_id)))
-    started.push_async_callback(_close, agent_nc)
     js = nc.jetstream()
     await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
     await ensure_thread_partition_consumers(js)
     await retire_provisioner_consumer(js)
+    host_seeds = credentials or Credentials(settings.data_dir / "credentials")
+    await ensure_hosts(js, [settings.host_id, *host_seeds.registered_hosts()])
 
-    hooks = LocalFirstHooks(settings.host_id, HostAgentClient(nc, health=health))
+    liveness = HostLiveness(js)
+    jobs = HostJobs(nc, js, liveness, health=health)
+    registry = ProviderRegistry.from_entry_points(settings.extra_providers)
+    hooks = LocalFirstHooks(settings.host_id, HostAgentClient(nc, jobs))
     stream = StreamPorts(js)
+    hosts = BusHostDirectory(host_seeds, js, liveness,
+                             _admitting_users(settings, credentials, embedded) if credentials and embedded else None)
     core = await build_core(
-        settings, ProviderRegistry.from_entry_points(settings.extra_providers),
-        Ports(hooks, TranscriptPublisher(nc, loop, health=health), stream.stream_position,
-              stream.publish_thread_message),
+        settings, registry,
+        Ports(hooks, RemoteWorkspaces(nc, jobs, registry.profiles()), hosts,
+              TranscriptPublisher(nc, loop, health=health), stream.stream_position, stream.publish_thread_message,
+              agent_here=agent_here),
         started,
     )
-    host_agent = await start_host_agent(settings, agent_nc, StoreLedger(core.store), health, started)
-    hooks.attach(host_agent)
+    started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))
+    agent_work: list[Coroutine[Any, Any, None]] = []
+    if agent_here:
+        agent_nc = await connect(nats_url, f"bb-host-agent-{settings.host_id}", health,
+                                 host_agent_inbox_prefix(settings.host_id),
+                                 **connect_options(settings, credentials, host_agent_user(settings.host_id)))
+        started.push_async_callback(_close, agent_nc)
+        host_agent = await start_host_agent(settings, agent_nc, StoreLedger(core.store), health, started,
+                                            settings.data_dir / "hooks")
+        hooks.attach(host_agent.agent)
+        agent_work = [keep_hook_records(host_agent.agent, settings),
+                      beat(agent_nc, settings.host_id, settings.data_root, metadata.version("bb-environments"), health)]
     relay = relay_of(core, js, nc, health)
     await restore_read_models(core.app, core.store, core.read_model, core.read_model_damage, core.api, js)
-    tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings),
-                                               keep_hook_records(host_agent, settings))]
+    tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings), *agent_work)]
     started.push_async_callback(_cancel, tasks)
 
-    service = await start_api(nc, ApiEdge(core.api, nc.max_payload).endpoints(), translate_error)
+    service = await start_api(nc, ApiEdge(core.api, core.machines, nc.max_payload).endpoints(), translate_error)
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
@@ -231,6 +272,11 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
 async def _close(nc: Any) -> None:
     with contextlib.suppress(Exception):
         await nc.close()
+
+
+async def _unsubscribe(subscription: Any) -> None:
+    with contextlib.suppress(Exception):
+        await subscription.unsubscribe()
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -46,6 +46,8 @@ class Placement:
     claimed_path: str | None
     shares_claimed_path: bool = False
     """A live environment of the same provider holding the path takes the thread (see the contract)."""
+    planned: bool = True
+    """False: placed while the host's agent was away, planned on the host before its create."""
 
 
 class Environments(Application[UUID]):
@@ -269,6 +271,7 @@ class Environments(Application[UUID]):
             path_key=placement.path_key,
             claimed_path=claimed_path,
             thread_id=thread.thread_id,
+            **({} if placement.planned else {"planned": False}),
         )
         thread.assign_environment(environment.id)
         if replaced is not None:
@@ -363,6 +366,26 @@ class Environments(Application[UUID]):
             _take_recording_step(environment, empty)
             self._save(environment, *claims.changed)
         return environment
+
+    def record_planned(self, environment_id: UUID, attempt: int, project_path: str | None, inputs: Any,
+                       claimed_path: str | None) -> Environment:
+        """The host's plan for an environment placed while its host was away, with its claim taken
+        in the same save; a path another environment holds fails the attempt for good instead."""
+        environment = self._changing_environment(environment_id)
+        claims = self.claims.on_host(environment.host_id)
+        if claimed_path and attempt == environment.attempt and not environment.planned:
+            try:
+                claims.take(claimed_path, environment.id)
+            except PathAlreadyClaimed as refused:
+                environment.record_create_failed(attempt, "terminal", f"cannot claim the workspace path: {refused}")
+                self._save(environment)
+                return environment
+        if environment.record_planned(attempt, project_path, inputs, claimed_path):
+            self._save(environment, *claims.changed)
+        return environment
+
+    def note_host_awaited(self, environment_id: UUID, message: str) -> Environment:
+        return self._change(environment_id, lambda e: e.note_host_awaited(message))[0]
 
     def record_create_failed(self, environment_id: UUID, attempt: int, failure: str, message: str) -> Environment:
         return self._change(environment_id, lambda e: e.record_create_failed(attempt, failure, message))[0]

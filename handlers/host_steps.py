@@ -22,12 +22,13 @@ from bb_environments.domain.environment import Environment
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, SCRIPT_NAMES, HookKind, HookOutcome
 from bb_environments.handlers.ports import Hooks, Transcript, Workspaces
 from bb_environments.handlers.store import Store
-from bb_environments.providers.contract import Created, Previous, Removed, RemoveResult
+from bb_environments.providers.contract import Created, InvalidInputs, PlanRefused, Previous, Removed, RemoveResult
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
     PauseFailed,
+    PlanRequest,
     RemoveRequest,
     ResourceRequest,
     ResumeFailed,
@@ -58,6 +59,8 @@ class HostSteps:
             # An unregistered provider cancels the creates it had pending; their cleanup waits for it.
             message = f"the environment provider {env.provider_id!r} is not registered"
             return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
+        if not env.planned:
+            return await self._plan(env)
         self._transcript.line(str(env.id), "step", "core", f"Preparing {profile.display_name} (attempt {env.attempt})")
         request = CreateRequest(
             environment_id=str(env.id), attempt=env.attempt, host_id=env.host_id, provider_id=env.provider_id,
@@ -81,6 +84,23 @@ class HostSteps:
         self._transcript.line(str(env.id), "output", env.provider_id, result.message)
         return await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
 
+    async def _plan(self, env: Environment) -> Environment:
+        """The host's plan for an environment placed while the host was away: what its placement
+        would have checked and claimed then is checked and claimed now, before the host makes anything.
+        HostUnavailable (still away) leaves it as it is."""
+        request = PlanRequest(env.host_id, env.provider_id, env.project_path, env.inputs, env.path_key)
+        try:
+            plan = await self._workspaces.plan(request)
+        except (InvalidInputs, PlanRefused) as refused:
+            return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", str(refused))
+        if plan.shares_claimed_path:
+            message = (f"the workspace {plan.claimed_path} is another environment's; to share it, spawn with "
+                       "--environment and its id")
+            return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
+        self._transcript.line(str(env.id), "step", "core", f"Host {env.host_id!r} planned the workspace")
+        return await self._store.run(self._app.record_planned, env.id, env.attempt, plan.project_path, plan.inputs,
+                                     plan.claimed_path)
+
     async def clean_attempt(self, cancelled: threading.Event, env: Environment) -> Environment | None:
         result = await self._provider_remove(env, cancelled)
         if isinstance(result, Removed):
@@ -102,7 +122,7 @@ class HostSteps:
         request = RemoveRequest(
             environment_id=str(env.id), attempt=env.attempt, host_id=env.host_id, provider_id=env.provider_id,
             project_path=env.project_path, inputs=env.inputs, path=env.path, path_key=env.path_key,
-            resource=env.resource,
+            resource=env.resource, removal_attempt=env.removal_attempt,
         )
         return await self._workspaces.remove(request, cancelled)
 

@@ -9,6 +9,7 @@ the workspace's host (its filesystem, the provider's own validation) are asked o
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -16,7 +17,7 @@ from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN
 from bb_environments.handlers.application import Placement
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.errors import InvalidInput, Refused
-from bb_environments.handlers.ports import Workspaces
+from bb_environments.handlers.ports import HostUnavailable, Workspaces
 from bb_environments.providers.contract import InvalidInputs, PlanRefused, Policy, ProviderMissing
 from bb_environments.providers.registry import ProviderProfile
 from bb_environments.providers.workspace_messages import PlanRequest
@@ -47,9 +48,12 @@ def check_environment_id(text: str) -> UUID:
 
 
 class Placer:
-    def __init__(self, workspaces: Workspaces, host_id: str = "local") -> None:
+    def __init__(self, workspaces: Workspaces, host_id: str = "local",
+                 known_hosts: Callable[[], list[str]] | None = None) -> None:
+        """`known_hosts`: the hosts environments may be placed on (default: this service's own)."""
         self._workspaces = workspaces
         self.host_id = host_id
+        self._known_hosts = known_hosts or (lambda: [host_id])
 
     def profile(self, provider_id: str) -> ProviderProfile:
         """The profile of a provider of this service's host; an unknown one is refused."""
@@ -67,21 +71,32 @@ class Placer:
             raise InvalidInput(str(refused)) from None
 
     async def project(self, project_path: str | None, host_id: str) -> str | None:
-        """The project path as a placement on `host_id` records it."""
+        """The project path as a placement on `host_id` records it (as given, while the host is away)."""
         try:
             return await self._workspaces.canonical_project(host_id, project_path)
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
+        except HostUnavailable:
+            return project_path
+
+    def check_known(self, host_id: str) -> str:
+        known = self._known_hosts()
+        if host_id not in known:
+            raise InvalidInput(f"host {host_id!r} is not registered; the hosts are: {', '.join(known)} "
+                               "(`bb machine register` adds one)")
+        return host_id
 
     async def place(self, thread_id: str, intent: NewEnvironment, project_path: str | None, host_id: str) -> Placement:
+        """Where the thread's new environment lives; while its host's agent is away, the plan the
+        host makes is left for the environment's first step (its path is claimed then)."""
         profile = self.profile(intent.provider_id)
-        if host_id != self.host_id:
-            # Provider calls run where this service runs; only hooks travel to a host's agent.
-            raise InvalidInput(f"host {host_id!r} is not served here: this service places environments on host "
-                               f"{self.host_id!r} only")
+        self.check_known(host_id)
         path_key = _path_key(profile.policy, thread_id, 1, thread_id)
         try:
             plan = await self._workspaces.plan(PlanRequest(host_id, profile.id, project_path, intent.inputs, path_key))
+        except HostUnavailable:
+            return Placement(provider_id=profile.id, host_id=host_id, project_path=project_path,
+                             inputs=intent.inputs, path_key=path_key, claimed_path=None, planned=False)
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
         except PlanRefused as refused:

@@ -107,3 +107,20 @@ class Workspaces(Protocol):
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         """Save a leftover's work, then remove it (`Removed.saved_ref` names the save)."""
         ...
+
+
+class HostDirectory(Protocol):
+    """The hosts whose agents may connect, their credentials and when each was last heard from.
+
+    Registering makes (or, again, replaces) the host agent's seed and has the bus accept it at once;
+    forgetting one makes its seed stop working at once."""
+
+    def registered(self) -> list[str]: ...
+
+    async def register(self, host_id: str) -> str:
+        """The path of the new seed file."""
+        ...
+
+    async def forget(self, host_id: str) -> None: ...
+
+    async def last_seen(self, host_id: str) -> datetime | None: ...

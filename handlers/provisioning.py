@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 
 PROVIDER_RECHECK = timedelta(seconds=30)
+HOST_RECHECK = timedelta(seconds=5)
+"""How soon a step that waits for its host's agent asks again: well within the 30 s in which an
+environment goes on after its agent is back (SPEC 7.1)."""
 FAILED_STEP_RETRY = timedelta(seconds=30)
 """How long a step that failed without recording anything (a cleanup, a pause, a resume) waits
 before it runs again: the environment still asks for it, so at once would be a busy loop."""
@@ -226,9 +229,13 @@ class Provisioner:
             recorded = await work(cancelled, *args, **kwargs)
         except asyncio.CancelledError:
             raise
-        except (ProviderMissing, HostUnavailable) as missing:
+        except ProviderMissing as missing:
             log.warning("%s; environment %s waits for it", missing, step_key[0])
             self._wake_at(step_key[0], _now() + PROVIDER_RECHECK)
+            return
+        except HostUnavailable as away:
+            await self._note_host_awaited(step_key[0], str(away))
+            self._wake_at(step_key[0], _now() + HOST_RECHECK)
             return
         except Exception:
             log.exception("step %s of environment %s failed; the sweep will try again", step_key[1], step_key[0])
@@ -241,6 +248,13 @@ class Provisioner:
             return
         self._failed_steps.pop(step_key, None)
         await self._drive_or_leave_to_sweep(step_key[0], recorded)
+
+    async def _note_host_awaited(self, environment_id: UUID, message: str) -> None:
+        """Say in the environment's status that it waits for its host (once per sentence)."""
+        try:
+            await self._store.run(self._app.note_host_awaited, environment_id, message)
+        except Exception:
+            log.exception("could not note that environment %s waits for its host", environment_id)
 
     async def _drive_or_leave_to_sweep(self, environment_id: UUID, known: Environment | None = None) -> None:
         """Drive from a task of our own, which nobody awaits: a failure is logged here or nowhere."""

@@ -319,6 +319,13 @@ class ReadModel:
         async with self._db.execute(query + " ORDER BY id LIMIT ?", [*args, limit]) as rows:
             return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
 
+    async def live_environments_by_host(self) -> dict[str, int]:
+        """How many environments that are not removed each host holds."""
+        query = ("SELECT json_extract(CAST(document AS TEXT), '$.hostId'), count(*) FROM environments"
+                 " WHERE status != ? GROUP BY 1")
+        async with self._db.execute(query, [EnvironmentStatus.REMOVED]) as rows:
+            return {host_id: count for host_id, count in await rows.fetchall()}
+
     async def thread(self, thread_id: str) -> ThreadView | None:
         async with self._db.execute("SELECT document FROM threads WHERE id = ?", (thread_id,)) as rows:
             row = await rows.fetchone()

@@ -286,6 +286,12 @@ class PausableProvider(EnvironmentProvider, Protocol):
     def resume(self, resource: dict[str, Any]) -> dict[str, Any]: ...
 
 
+def runs_in_the_cloud(provider: EnvironmentProvider) -> bool:
+    """Optional `in_the_cloud = True`: the provider's resources live in no host's filesystem, so
+    the core calls it itself instead of a host's agent (Modal)."""
+    return getattr(provider, "in_the_cloud", False) is True
+
+
 def is_pausable(provider: EnvironmentProvider) -> TypeGuard[PausableProvider]:
     return all(hasattr(provider, method) for method in ("idle_pause_due", "pause", "resume"))
 

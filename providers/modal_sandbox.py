@@ -98,6 +98,7 @@ class ModalSandboxProvider:
     requires = Requires(git_checkout=True)
     policy = Policy(path_keys="per-attempt", retire_grace_ms=300_000)
     inputs_type = ModalInputs
+    in_the_cloud = True
 
     def __init__(self, sdk: ModuleType | None = None, poll_interval_s: float = POLL_INTERVAL_S) -> None:
         """`sdk` is the `modal` module (imported on first use) or a stand-in with the same API."""

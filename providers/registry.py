@@ -17,6 +17,7 @@ from bb_environments.providers.contract import (
     ProjectContext,
     Requires,
     is_pausable,
+    runs_in_the_cloud,
 )
 
 ENTRY_POINT_GROUP = "bb.environment_providers"
@@ -76,6 +77,10 @@ class ProviderRegistry:
 
     def ids(self) -> list[str]:
         return sorted(self._providers)
+
+    def cloud_ids(self) -> frozenset[str]:
+        """The providers the core calls itself, wherever their environments' hosts are."""
+        return frozenset(i for i, p in self._providers.items() if runs_in_the_cloud(p))
 
     def profiles(self) -> dict[str, ProviderProfile]:
         """Each provider's profile, by id in id order."""

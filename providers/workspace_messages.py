@@ -61,6 +61,8 @@ class RemoveRequest(msgspec.Struct, frozen=True):
     path: str | None
     path_key: str
     resource: dict[str, Any] | None
+    removal_attempt: int = 0
+    """The environment's removal attempt this is; 0 for the cleanup of a failed create attempt."""
 
 
 class ResourceRequest(msgspec.Struct, frozen=True):

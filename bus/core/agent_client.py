@@ -1,8 +1,7 @@
 """The core's side of the host agents: run a hook on a host and learn its outcome.
 
 Hooks on the host of the agent in this process go to it directly (`LocalFirstHooks`); every other
-host's go over the bus (`HostAgentClient`), which waits however long the hook takes, and however
-long the bus between them is away meanwhile.
+host's go over the bus (`HostAgentClient`), queued for that host's agent however long it is away.
 """
 
 from __future__ import annotations
@@ -16,17 +15,15 @@ from nats.aio.msg import Msg
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
 from bb_environments.bus.agent.host_agent import HostAgent
-from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, describe
+from bb_environments.bus.core.host_jobs import HostJobs
+from bb_environments.bus.health import BUS_UNAVAILABLE, describe
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import HookCancelled, HookRef, HookState, StartHook
+from bb_environments.bus.wire.host_messages import HookCancelled, HookJob, HookRef, HookReport, StartHook
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
 from bb_environments.handlers.ports import HostUnavailable
 from bb_environments.hooks.ledger import HookRefused
 
 T = TypeVar("T")
-
-STATUS_POLL_S = 5.0
-
 
 class LocalFirstHooks:
     """Hooks on the host of the agent in this process go to that agent directly, once it is
@@ -65,42 +62,22 @@ class LocalFirstHooks:
 
 
 class HostAgentClient:
-    """The core's side: run a hook on a host and wait for its outcome, however long it takes, and
-    however long the bus between them is away meanwhile."""
+    """The core's side for hosts whose agent is elsewhere: a hook is a job queued for the host
+    (bus/core/host_jobs.py), waited for however long it takes; stopping one is a request the
+    agent answers at once."""
 
-    def __init__(self, nc: Client, *, health: BusHealth | None = None) -> None:
+    def __init__(self, nc: Client, jobs: HostJobs) -> None:
         self._nc = nc
-        self._health = health or BusHealth()
+        self._jobs = jobs
 
     async def run(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
                   workspace: str, known: RecordedHook | None = None) -> HookOutcome:
-        """`known` is not sent: the agent on the host asks its own ledger."""
-        bus = self._health.retry(f"the {kind} hook {operation_id} on host {host_id!r}")
-        finished = asyncio.get_running_loop().create_future()
-        finished_subject = subjects.hook_finished(host_id, operation_id)
-
-        async def on_finished(message: Msg) -> None:
-            # Only what the agent published: a copy a client's JetStream consumer pushed here keeps
-            # the subject it was stored under (see bus/micro_requests.py).
-            if message.subject == finished_subject and not finished.done():
-                finished.set_result(msgspec.json.decode(message.data, type=HookState))
-
-        subscription = await self._nc.subscribe(finished_subject, cb=on_finished)
-        try:
-            start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
-            state = await self._until_answered(bus, host_id, "start", start, HookState)
-            while state.state != "finished":
-                try:
-                    state = await asyncio.wait_for(asyncio.shield(finished), STATUS_POLL_S)
-                except asyncio.TimeoutError:
-                    # The finished message may have been lost (a reconnect): ask for the state again.
-                    state = await self._until_answered(bus, host_id, "status", HookRef(operation_id), HookState)
-                    if state.state == "unknown":
-                        state = await self._until_answered(bus, host_id, "start", start, HookState)
-            assert state.outcome is not None
-            return state.outcome
-        finally:
-            await subscription.unsubscribe()
+        """`known` is not sent: the agent on the host asks the log itself."""
+        start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
+        report = await self._jobs.run(host_id, HookJob(operation_id, start), HookReport)
+        if report.outcome is None:
+            raise _unavailable(host_id, "refused", report.refused)
+        return report.outcome
 
     async def cancel(self, host_id: str, operation_id: str) -> str:
         try:
@@ -108,18 +85,6 @@ class HostAgentClient:
         except BUS_UNAVAILABLE as error:
             raise HostUnavailable(f"no host agent answers for host {host_id!r} ({describe(error)})") from None
         return _answer(reply, host_id, HookCancelled).result
-
-    async def _until_answered(self, bus: Retry, host_id: str, verb: str, body: msgspec.Struct, answer: type[T]) -> T:
-        """Asked again after a growing pause for as long as the bus, or the agent on it, is away:
-        the hook runs on meanwhile, and is joined afterwards, not started again."""
-        while True:
-            try:
-                reply = await self._ask(host_id, verb, body)
-            except BUS_UNAVAILABLE as error:
-                await bus.pause(error)
-                continue
-            bus.succeeded()
-            return _answer(reply, host_id, answer)
 
     async def _ask(self, host_id: str, verb: str, body: msgspec.Struct) -> Msg:
         return await self._nc.request(subjects.host_hooks(host_id, verb), msgspec.json.encode(body), timeout=10)

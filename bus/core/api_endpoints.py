@@ -19,11 +19,13 @@ from bb_environments.bus.wire.api_messages import (
     EnvironmentAt,
     EnvironmentRef,
     Examine,
+    HostRef,
     ListEnvironments,
     ListHistory,
     ListThreads,
     Next,
     Nothing,
+    RegisterHost,
     Spawned,
     SpawnThread,
     ThreadRef,
@@ -52,6 +54,7 @@ from bb_environments.handlers.commands import (
     UnarchiveThread,
 )
 from bb_environments.handlers.errors import InvalidInput, RequestError
+from bb_environments.handlers.machines import Machines
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
 from bb_environments.providers.registry import ProviderDescription
@@ -119,6 +122,31 @@ class DoctorReport(msgspec.Struct, rename="camel"):
     missing: list[DoctorMissing]
 
 
+class RegisteredHost(msgspec.Struct, rename="camel"):
+    host_id: str
+    credentials: Annotated[str, msgspec.Meta(description=(
+        "The seed file (mode 0600) the host's agent connects with: copy it to that machine."))]
+
+
+class MachineView(msgspec.Struct, rename="camel"):
+    id: str
+    kind: str
+    status: Annotated[str, msgspec.Meta(description=(
+        "`online`, `offline` (its agent not heard from for 15 s) or `never-seen`."))]
+    last_seen_at: datetime | None
+    environments: Annotated[int, msgspec.Meta(description="Its environments that are not removed.")]
+    own: Annotated[bool, msgspec.Meta(description="The service's own host.")] = False
+
+
+class MachineList(msgspec.Struct):
+    machines: list[MachineView]
+
+
+class HostRemoved(msgspec.Struct, rename="camel"):
+    host_id: str
+    status: str = "removed"
+
+
 Item = TypeVar("Item", EnvironmentView, ThreadView)
 Listing = TypeVar("Listing", EnvironmentList, ThreadList)
 
@@ -127,9 +155,10 @@ REPLY_HEADROOM = 1024
 
 
 class ApiEdge:
-    def __init__(self, api: Api, max_payload: int) -> None:
+    def __init__(self, api: Api, machines: Machines, max_payload: int) -> None:
         """`max_payload`: the largest message the connection that answers may publish."""
         self._api = api
+        self._machines = machines
         self._max_payload = max_payload
 
     def endpoints(self) -> list[Endpoint[Any]]:
@@ -147,7 +176,22 @@ class ApiEdge:
             Endpoint("threads", "cancel", ThreadRef, self.cancel_thread),
             Endpoint("events", "replay", Nothing, self.replay),
             Endpoint("doctor", "run", Examine, self.doctor),
+            Endpoint("machines", "register", RegisterHost, self.register_host),
+            Endpoint("machines", "list", Nothing, self.list_machines),
+            Endpoint("machines", "remove", HostRef, self.remove_host),
         ]
+
+    async def register_host(self, request: RegisterHost) -> RegisteredHost:
+        registered = await self._machines.register(request.host_id, request.rotate)
+        return RegisteredHost(registered.host_id, registered.credentials)
+
+    async def list_machines(self, _: Nothing) -> MachineList:
+        return MachineList([MachineView(m.id, "host", m.status, m.last_seen_at, m.environments, m.own)
+                            for m in await self._machines.machines()])
+
+    async def remove_host(self, request: HostRef) -> HostRemoved:
+        await self._machines.remove(request.host_id)
+        return HostRemoved(request.host_id)
 
     async def providers(self, _: Nothing) -> ProviderList:
         return ProviderList(await self._api.providers())

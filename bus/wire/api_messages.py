@@ -137,3 +137,15 @@ def decode_answer(headers: Mapping[str, str], data: bytes) -> dict[str, Any]:
     if not isinstance(answer, dict):
         raise unreachable("the connection to it failed: an answer that is not the API's (not an object)")
     return answer
+
+
+class RegisterHost(Request):
+    """`machines.register`: a host's agent may connect with the seed this makes."""
+
+    host_id: str
+    rotate: bool = False
+    """Replace the credentials of a host registered already (its agent is disconnected)."""
+
+
+class HostRef(Request):
+    host_id: str

@@ -179,6 +179,26 @@ class Claimed(EnvironmentEvent, kw_only=True, tag="claimed"):
     claimed_path: ClaimedPath
 
 
+@publishes(Environment.Planned)
+class Planned(EnvironmentEvent, kw_only=True, tag="planned"):
+    """The host's agent, away when the environment was claimed (its `claimedPath` was null then),
+    planned it: the project and the path as that host resolves them, the path claimed in the same
+    transaction, before the provider touches it. The create follows. Status `creating`."""
+
+    project_path: Annotated[str | None, _said("The project as the host resolved it (canonical), or null.")]
+    inputs: Annotated[Any, _said("The provider's inputs, as its inputs type reads them on the host.")]
+    claimed_path: ClaimedPath
+
+
+@publishes(Environment.HostAwaited)
+class HostAwaited(EnvironmentEvent, kw_only=True, tag="host_awaited"):
+    """The environment's next step waits for the agent of its host, which is offline or has not
+    connected since it was registered: nothing is failed or released meanwhile, and the step goes
+    on by itself once the agent is back. `statusMessage` (this `message`) names the host."""
+
+    message: Message
+
+
 @publishes(Environment.Created)
 class Created(EnvironmentEvent, kw_only=True, tag="created"):
     """The provider created the workspace (create attempt `attempt`); `ownsPath` says whether the

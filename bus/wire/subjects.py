@@ -45,6 +45,17 @@ API_PREFIX = "bb.api"
 
 HOST_AGENT_SERVICE = "bb-host-agent"
 
+# The work a host's agent must do survives its absence: the core queues each job under the host's
+# own subjects, and only that host's consumer (and NATS user) takes it. Its report is kept, the
+# newest per operation, for a core that was away when it came.
+HOST_JOBS_STREAM = "BB_HOST_JOBS"
+HOST_JOBS = "bb.hosts.*.jobs.>"
+HOST_REPORTS_STREAM = "BB_HOST_REPORTS"
+HOST_REPORTS = "bb.hosts.*.reports.>"
+HOST_LEDGER_REQUESTS = "bb.hosts.*.ledger"
+# Each agent's heartbeat, the newest per host: `bb machine list` and the waiting steps read it.
+HOSTS_BUCKET = "BB_HOSTS"
+
 
 def thread_event(thread_id: str, kind: str) -> str:
     return f"bb.threads.{thread_id}.{kind}"
@@ -99,12 +110,50 @@ def host_hooks(host_id: str, verb: str) -> str:
 
 
 def hook_finished(host_id: str, operation_id: str) -> str:
+    return f"bb.hosts.{host_id}.hooks.finished.{_token(operation_id)}"
+
+
+def host_job(host_id: str, operation_id: str) -> str:
+    return f"bb.hosts.{host_id}.jobs.{_token(operation_id)}"
+
+
+def host_jobs(host_id: str) -> str:
+    return f"bb.hosts.{host_id}.jobs.>"
+
+
+def host_jobs_consumer(host_id: str) -> str:
+    return f"host-{host_id}"
+
+
+def host_report(host_id: str, operation_id: str) -> str:
+    return f"bb.hosts.{host_id}.reports.{_token(operation_id)}"
+
+
+def host_reports(host_id: str) -> str:
+    return f"bb.hosts.{host_id}.reports.>"
+
+
+def host_ledger(host_id: str) -> str:
+    """Where a host's agent asks the core what the log recorded for one of its operations."""
+    return f"bb.hosts.{host_id}.ledger"
+
+
+def host_workspaces(host_id: str, verb: str) -> str:
+    """The host agent's read-only questions about its workspaces (plan, providers, survey, ...)."""
+    return f"bb.hosts.{host_id}.workspaces.{verb}"
+
+
+def host_of(subject: str) -> str:
+    """The host a `bb.hosts.<hostId>...` subject names."""
+    return subject.split(".", 3)[2]
+
+
+def _token(operation_id: str) -> str:
     # Operation ids contain dots; a digest keeps them one subject token. Imported here: hashlib
     # loads OpenSSL, which no `bb` command but serve needs.
     import hashlib
 
-    token = hashlib.sha256(operation_id.encode()).hexdigest()[:32]
-    return f"bb.hosts.{host_id}.hooks.finished.{token}"
+    return hashlib.sha256(operation_id.encode()).hexdigest()[:32]
 
 
 def claimed_notification_id(headers: Mapping[str, str] | None) -> int | None:

@@ -42,10 +42,12 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
 @click.option("--nats-url", help="Same as `bb --nats-url`, accepted here too.")
 @click.option("--nats-port", metavar="PORT", help="The embedded nats-server's port, from now on (default "
               "$BB_NATS_PORT, else the one the data dir remembers, else a free one chosen at first start).")
+@click.option("--no-agent", is_flag=True, help="Leave this host's work (its workspaces and hooks) to a "
+              "`bb agent` of its own, instead of the agent that runs in this process.")
 @json_option
 @click.pass_obj
 def serve(settings: Settings, data_dir: str | None, nats_url: str | None, nats_port: str | None,
-          as_json: bool) -> None:
+          no_agent: bool, as_json: bool) -> None:
     """Run the service: embedded nats-server, event store, read models, host agent."""
     import logging
 
@@ -70,9 +72,52 @@ def serve(settings: Settings, data_dir: str | None, nats_url: str | None, nats_p
 
     try:
         with event_loop() as loop:
-            loop.run(run_service(settings, announce))
+            loop.run(run_service(settings, announce, agent_here=not no_agent))
     except ServeError as failed:
         fail("failed", str(failed), as_json)
+
+
+@cli.command()
+@click.option("--host-id", required=True, help="The registered host this agent works for (`bb machine register`).")
+@click.option("--credentials", required=True, type=click.Path(dir_okay=False),
+              help="The seed file `bb machine register` wrote (mode 0600).")
+@click.option("--nats-url", help="The service's NATS (default $BB_NATS_URL, else the natsUrl of the local "
+              "server.json).")
+@click.option("--root", help="Where this host's providers put the workspaces they own (default $BB_AGENT_ROOT, "
+              "else <data dir>/hosts/<HOST_ID>).")
+@click.pass_obj
+def agent(settings: Settings, host_id: str, credentials: str, nats_url: str | None, root: str | None) -> None:
+    """Run a host's agent in the foreground: it does that host's work, sharing only the bus with the core."""
+    import logging
+    from pathlib import Path
+
+    import msgspec
+
+    from bb_environments.bus.access import check_host_id
+    from bb_environments.entrypoints.agent import agent_root, run_agent
+    from bb_environments.entrypoints.cli.connection import embedded_server
+
+    try:
+        check_host_id(host_id)
+    except ValueError as bad:
+        fail("invalid_input", f"--host-id: {bad}", False)
+    seed = Path(credentials)
+    if not seed.is_file():
+        fail("invalid_input", f"--credentials {credentials}: no such file (the seed `bb machine register` wrote)",
+             False)
+    url = nats_url or settings.nats_url
+    if url is None:
+        server = embedded_server(settings)
+        assert server is not None  # without a NATS url of its own, the settings name the embedded server
+        url = server.nats_url
+    settings = msgspec.structs.replace(settings, host_id=host_id)
+    logging.basicConfig(level=os.environ.get("BB_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        with event_loop() as loop:
+            loop.run(run_agent(settings, seed, url, agent_root(settings, root)))
+    except OSError as failed:
+        fail("failed", f"bb agent failed: {failed}", False)
 
 
 for commands in (environment_group, thread_group, events_group, doctor):
@@ -84,10 +129,14 @@ for commands in (environment_group, thread_group, events_group, doctor):
 MODAL_COMMANDS = "bb_environments.entrypoints.cli.modal"
 
 
+MACHINE_COMMANDS = "bb_environments.entrypoints.cli.machine"
+
+
 @cli.group("machine", cls=LazyGroup,
-           lazy_subcommands={verb: f"{MODAL_COMMANDS}:machine_{verb}" for verb in ("create", "list", "remove")})
+           lazy_subcommands={"create": f"{MODAL_COMMANDS}:machine_create",
+                             **{verb: f"{MACHINE_COMMANDS}:machine_{verb}" for verb in ("register", "list", "remove")}})
 def machine_group() -> None:
-    """Modal sandboxes outside any environment (tagged bb-machine=1)."""
+    """The hosts whose agents do the work, and Modal sandboxes outside any environment."""
 
 
 @cli.group("modal", cls=LazyGroup,

@@ -78,35 +78,17 @@ async def machine_create(settings: Settings, provider_id: str, as_json: bool) ->
     emit({"machine": created}, as_json, lambda d: stdout.print(d["machine"]["id"], markup=False))
 
 
-@click.command("list")
-@json_option
-@click.pass_obj
-@run_command
-async def machine_list(settings: Settings, as_json: bool) -> None:
-    """List running machines."""
+def list_modal_machines(settings: Settings) -> list[dict[str, Any]]:
+    """The running Modal machines (for `bb machine list`)."""
     data_dir = str(_data_dir(settings))
-    machines = await _provider_call(lambda: ModalMachines().list_machines(data_dir))
-
-    def human(d: dict[str, Any]) -> None:
-        for listed in d["machines"]:
-            stdout.print(listed["id"], markup=False)
-
-    emit({"machines": machines}, as_json, human)
+    return asyncio.run(_provider_call(lambda: ModalMachines().list_machines(data_dir)))
 
 
-@click.command("remove")
-@click.argument("machine_id")
-@click.option("--yes", is_flag=True, help="Confirm: the machine is terminated and its files are lost.")
-@json_option
-@run_command
-async def machine_remove(machine_id: str, yes: bool, as_json: bool) -> None:
-    """Terminate a machine."""
-    if not yes:
-        raise Failure("invalid_input", f"removing {machine_id} terminates it and loses its files: pass --yes to confirm")
-    if not await _provider_call(lambda: ModalMachines().remove_machine(machine_id)):
+def remove_modal_machine(machine_id: str) -> dict[str, Any]:
+    """Terminate a Modal machine (for `bb machine remove sb-...`)."""
+    if not asyncio.run(_provider_call(lambda: ModalMachines().remove_machine(machine_id))):
         raise Failure("not_found", f"no Modal sandbox {machine_id}")
-    emit({"machineId": machine_id, "status": "removed"}, as_json,
-         lambda d: stdout.print(f"{d['machineId']}  removed", markup=False))
+    return {"machineId": machine_id, "status": "removed"}
 
 
 # -- bb modal --------------------------------------------------------------------------------------

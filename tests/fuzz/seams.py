@@ -37,7 +37,9 @@ from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.wire.api_messages import ERROR_CODE_HEADER
 from bb_environments.bus.wire.thread_events import ThreadMessageMessage
 from bb_environments.bus.agent.host_agent import HostAgent
-from bb_environments.bus.core.agent_client import HostAgentClient
+from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
+from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
+from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments, Placement
@@ -53,6 +55,22 @@ from tests.fuzz.strategies import CANARY
 
 T = TypeVar("T")
 HOST = "local"
+
+
+class _OneHost:
+    """The fuzzed world's hosts: this service's own, and none registered."""
+
+    def registered(self) -> list[str]:
+        return []
+
+    async def register(self, host_id: str) -> str:
+        raise AssertionError("the fuzzed requests register no host")
+
+    async def forget(self, host_id: str) -> None:
+        raise AssertionError("the fuzzed requests remove no host")
+
+    async def last_seen(self, host_id: str) -> datetime | None:
+        return None
 STORE_FILES = ("events.sqlite", "read-models.sqlite")
 SETTLE_S = 30
 """Generous: a personal workspace is ready in milliseconds, but CI shares its cores."""
@@ -272,9 +290,11 @@ class ServiceWorld(Loop):
     def _open(self) -> None:
         self._started = contextlib.AsyncExitStack()
         # The core as `bb serve` builds it; its ports to the bus go through the edge of NATS.
+        jobs = HostJobs(self.nats, self.nats.jetstream(), HostLiveness(self.nats.jetstream()))
+        hooks = LocalFirstHooks(HOST, HostAgentClient(self.nats, jobs))
         core = self.run(build_core(world_settings(self.data_dir), self.registry, Ports(
-            HostAgentClient(self.nats), TranscriptPublisher(self.nats, self.loop), self._stream_position,
-            self._publish_thread_message,
+            hooks, RemoteWorkspaces(self.nats, jobs, self.registry.profiles()), _OneHost(),
+            TranscriptPublisher(self.nats, self.loop), self._stream_position, self._publish_thread_message,
         ), self._started))
         self.app, self.store, self.read_model = core.app, core.store, core.read_model
         self.placer, self.threads, self.provisioner, self.api = core.placer, core.threads, core.provisioner, core.api
@@ -282,7 +302,9 @@ class ServiceWorld(Loop):
         self.host_agent = HostAgent(self.nats, self.hooks, HOST, TranscriptPublisher(self.nats, self.loop),
                                     StoreLedger(self.store))
         self.run(self.host_agent.start())
-        self.run(start_api(self.nats, ApiEdge(self.api, self.nats.max_payload).endpoints(), translate_error))
+        hooks.attach(self.host_agent)
+        self.run(start_api(self.nats, ApiEdge(self.api, core.machines, self.nats.max_payload).endpoints(),
+                           translate_error))
 
     async def _stream_position(self) -> int:
         return 0

@@ -126,6 +126,11 @@ def record_every_event(app: Application) -> None:
     third.skip_teardown("nothing was created")
     third.record_removed(1)
     app.save(third)
+    away = Environment(provider_id="personal-workspace", host_id="h1", project_path=None, inputs=None,
+                       path_key="t-5", claimed_path=None, thread_id="t-5", planned=False)
+    away.note_host_awaited("waiting for the agent of host 'h1', which has not connected since it was registered")
+    away.record_planned(1, None, None, "/hosts/h1/personal/t-5")
+    app.save(away)
 
 
 @pytest.fixture

@@ -1,0 +1,25 @@
+"""The host agent's ledger when the core's log is elsewhere: it asks the core, over the bus, what
+the log recorded for one of this host's hook operations (answered by bus/core/ledger_answers.py)."""
+
+from __future__ import annotations
+
+import msgspec
+from nats.aio.client import Client
+
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.host_messages import HookRef, RecordedHookAnswer
+from bb_environments.domain.hook_operations import RecordedHook
+
+LEDGER_TIMEOUT_S = 10.0
+
+
+class BusLedger:
+    def __init__(self, nc: Client, host_id: str) -> None:
+        self._nc = nc
+        self._subject = subjects.host_ledger(host_id)
+
+    async def recorded_hook(self, operation_id: str) -> RecordedHook | None:
+        """Raises the bus's own errors while no core answers: nothing is decided without the log."""
+        reply = await self._nc.request(self._subject, msgspec.json.encode(HookRef(operation_id)),
+                                       timeout=LEDGER_TIMEOUT_S)
+        return msgspec.json.decode(reply.data, type=RecordedHookAnswer).recorded

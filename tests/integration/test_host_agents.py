@@ -1,0 +1,226 @@
+"""Hosts and their agents (SPEC 7.1): a registered host's work runs in its agent, a process of its
+own that shares nothing with the service but the bus, and waits for it while it is away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import nats
+import pytest
+from nats.errors import Error as NatsError
+
+from tests.integration.conftest import Service, eventually, write_hooks
+from tests.integration.host_agents import Agent, machines, register, running_agent, spawned
+
+
+async def test_a_host_never_seen_waits_saying_so_and_its_agent_does_the_work_in_its_own_root(
+        service: Service, git_repo: Path, tmp_path: Path):
+    marker = tmp_path / "hooks.log"
+    write_hooks(git_repo, marker, setup="pwd > " + str(tmp_path / "setup-cwd"))
+    credentials = Path((await register(service, "h1"))["credentials"])
+    assert (await machines(service))["h1"]["status"] == "never-seen"
+
+    environment_id = spawned(await service.bb(
+        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+        "--host", "h1", "--thread-id", "t1", "--json"))
+    waiting = await service.wait_for(environment_id, lambda e: "h1" in (e.get("statusMessage") or ""))
+    assert waiting["status"] == "creating"
+    assert "has not connected since it was registered" in waiting["statusMessage"]
+    assert waiting["path"] is None and not marker.exists()
+
+    agent = Agent(service, "h1", credentials, tmp_path / "h1")
+    agent.start()
+    try:
+        ready = await service.wait_for(environment_id, "ready", timeout=30)
+        assert ready["path"].startswith(str(agent.root) + "/"), ready
+        assert (tmp_path / "setup-cwd").read_text().strip() == ready["path"]
+        listed = (await machines(service))["h1"]
+        assert (listed["status"], listed["environments"]) == ("online", 1)
+
+        assert (await service.bb("thread", "archive", "t1")).returncode == 0
+        await service.wait_for(environment_id, "removed")
+        assert marker.read_text().split() == ["setup", "teardown"]
+        assert not Path(ready["path"]).exists()
+    finally:
+        agent.stop()
+    assert "Traceback" not in agent.log() + service.log_tail()
+
+
+async def test_a_spawn_for_a_host_that_is_not_registered_is_refused_naming_the_registered_ones(service: Service):
+    await register(service, "h1")
+    refused = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                               "--host", "nowhere", "--json")
+    assert refused.returncode == 2
+    message = refused.json()["error"]["message"]
+    assert "'nowhere' is not registered" in message and "h1, local" in message
+    assert (await service.bb("thread", "list", "--json")).json()["threads"] == []
+
+
+async def test_registering_twice_is_refused_and_a_rotation_shuts_the_old_seed_out_at_once(
+        service: Service, tmp_path: Path):
+    async with running_agent(service, "h1", tmp_path / "h1") as agent:
+        again = await service.bb("machine", "register", "h1", "--json")
+        assert again.returncode == 2 and "--rotate" in again.json()["error"]["message"]
+        old_seed = agent.credentials.read_text()
+        old_copy = tmp_path / "old.nk"
+        old_copy.write_text(old_seed)
+        old_copy.chmod(0o600)
+
+        rotated = await service.bb("machine", "register", "h1", "--rotate", "--json")
+        assert rotated.returncode == 0, rotated.stderr
+        assert agent.credentials.read_text() != old_seed
+        with pytest.raises(NatsError):
+            await nats.connect(service.info["natsUrl"], nkeys_seed=str(old_copy), max_reconnect_attempts=0,
+                               allow_reconnect=False, connect_timeout=5)
+        fresh = await nats.connect(service.info["natsUrl"], nkeys_seed=str(agent.credentials),
+                                   inbox_prefix="_BB_HOST_INBOX.h1")
+        await fresh.close()
+
+
+async def test_removing_a_host_is_refused_while_it_holds_environments_then_its_seed_stops_working(
+        service: Service, tmp_path: Path):
+    async with running_agent(service, "h1", tmp_path / "h1") as agent:
+        environment_id = spawned(await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1", "--thread-id", "t1",
+            "--json"))
+        await service.wait_for(environment_id, "ready")
+        refused = await service.bb("machine", "remove", "h1", "--yes", "--json")
+        assert refused.returncode == 1 and "1 environment" in refused.json()["error"]["message"]
+
+        assert (await service.bb("thread", "archive", "t1")).returncode == 0
+        await service.wait_for(environment_id, "removed")
+        agents_copy = tmp_path / "h1-copy.nk"  # the agent's machine keeps the file it was given
+        agents_copy.write_text(agent.credentials.read_text())
+        removed = await service.bb("machine", "remove", "h1", "--yes", "--json")
+        assert removed.returncode == 0, removed.stderr
+        assert removed.json() == {"machineId": "h1", "status": "removed"}
+        assert not agent.credentials.exists()
+        with pytest.raises(NatsError):
+            await nats.connect(service.info["natsUrl"], nkeys_seed=str(agents_copy), allow_reconnect=False,
+                               max_reconnect_attempts=0, connect_timeout=5)
+    assert "h1" not in await machines(service)
+    again = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1")
+    assert again.returncode == 2
+
+
+@pytest.mark.parametrize("crash_at", ["agent-job-done#1", "agent-job-reported#1", "agent-job-done#2",
+                                      "agent-job-reported#3", "agent-job-done#4"],
+                         ids=["create-returned", "create-reported", "setup-finished", "teardown-reported",
+                              "remove-returned"])
+async def test_an_agent_killed_at_any_step_and_started_again_keeps_every_guarantee(
+        service: Service, git_repo: Path, tmp_path: Path, crash_at: str):
+    """The agent's jobs for one environment come in order: create (1), setup (2), teardown (3), remove (4)."""
+    marker = tmp_path / "hooks.log"
+    write_hooks(git_repo, marker)
+    credentials = Path((await register(service, "h1"))["credentials"])
+    agent = Agent(service, "h1", credentials, tmp_path / "h1")
+    agent.start(BB_CRASH_AT=crash_at)
+    try:
+        await agent.serving()
+        environment_id = spawned(await service.bb(
+            "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+            "--host", "h1", "--thread-id", "t1", "--json"))
+        crashed_before_ready = crash_at.endswith(("#1", "#2"))
+        if crashed_before_ready:
+            assert await agent.died() == -9
+            agent.start()
+        ready = await service.wait_for(environment_id, "ready", timeout=60)
+        assert (await service.bb("thread", "archive", "t1")).returncode == 0
+        if not crashed_before_ready:
+            assert await agent.died() == -9
+            agent.start()
+        await service.wait_for(environment_id, "removed", timeout=60)
+    finally:
+        agent.stop()
+    assert marker.read_text().split() == ["setup", "teardown"], "each hook ran exactly once"
+    assert not Path(ready["path"]).exists()
+    worktrees = [line for line in (await _git(git_repo, "worktree", "list", "--porcelain")).splitlines()
+                 if line.startswith("worktree ")]
+    assert worktrees == [f"worktree {git_repo}"], worktrees
+    assert "Traceback" not in service.log_tail()
+
+
+async def test_an_agent_killed_during_its_setup_joins_the_same_run_when_started_again(
+        service: Service, git_repo: Path, tmp_path: Path):
+    hold, marker = tmp_path / "hold", tmp_path / "hooks.log"
+    hold.touch()
+    write_hooks(git_repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
+    async with running_agent(service, "h1", tmp_path / "h1") as agent:
+        environment_id = spawned(await service.bb(
+            "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+            "--host", "h1", "--thread-id", "t1", "--json"))
+        await eventually(marker.exists, "the setup's start")
+        agent.kill()
+        agent.start()
+        await agent.serving()
+        hold.unlink()
+        await service.wait_for(environment_id, "ready", timeout=60)
+    assert marker.read_text().split() == ["setup"], "the setup was joined, not run again"
+
+
+async def test_the_seed_of_one_host_reaches_nothing_but_that_hosts_own_work(service: Service, tmp_path: Path):
+    """With h1's seed: no thread event, log, environment event, API request, nor anything of h2."""
+    h1 = Path((await register(service, "h1"))["credentials"])
+    await register(service, "h2")
+    errors: list[str] = []
+
+    async def record(error: Exception) -> None:
+        errors.append(str(error).lower())
+
+    nc = await nats.connect(service.info["natsUrl"], nkeys_seed=str(h1), inbox_prefix="_BB_HOST_INBOX.h1",
+                            error_cb=record)
+    try:
+        forbidden_publications = ["bb.threads.t9.created", "bb.log.environment.x.ready", "bb.environments.x.ready",
+                                  "bb.hosts.h2.reports.x", "bb.hosts.h2.ledger", "$KV.BB_HOSTS.h2",
+                                  "$JS.API.CONSUMER.MSG.NEXT.BB_HOST_JOBS.host-h2", "bb.api.environments.list",
+                                  "bb.placements.t9.ready", "$JS.API.STREAM.PURGE.BB_HOST_JOBS"]
+        for subject in forbidden_publications:
+            await nc.publish(subject, b"{}")
+        await nc.subscribe("bb.hosts.h2.>")
+        await nc.subscribe("bb.threads.>")
+        await nc.flush()
+        for subject in [*forbidden_publications, "bb.hosts.h2.>", "bb.threads.>"]:
+            await eventually(lambda: any(f'"{subject.lower()}"' in e for e in errors),
+                             f"the server refusing {subject}", timeout=10)
+    finally:
+        await nc.close()
+    assert (await service.bb("thread", "list", "--json")).json()["threads"] == []
+
+
+async def test_a_forged_report_for_another_hosts_operation_changes_nothing(service: Service, tmp_path: Path):
+    """h1 reports a create of an environment on h2 (waiting for its agent) on the only subjects it may
+    publish on, its own: the environment goes on waiting, then gets h2's real workspace."""
+    from nats.js.api import StreamConfig  # noqa: F401  # the stream is the service's; only its subject matters
+
+    from bb_environments.bus.wire import subjects
+
+    h1 = Path((await register(service, "h1"))["credentials"])
+    h2 = Path((await register(service, "h2"))["credentials"])
+    environment_id = spawned(await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h2", "--thread-id", "t1",
+        "--json"))
+    await service.wait_for(environment_id, lambda e: "h2" in (e.get("statusMessage") or ""))
+    forged = {"job": "create", "operationId": f"{environment_id}.create.1",
+              "result": {"status": "created", "path": "/tmp/forged", "ownsPath": True}}
+    nc = await nats.connect(service.info["natsUrl"], nkeys_seed=str(h1), inbox_prefix="_BB_HOST_INBOX.h1")
+    try:
+        ack = await nc.jetstream().publish(subjects.host_report("h1", forged["operationId"]),
+                                           json.dumps(forged).encode())
+        assert ack.stream == subjects.HOST_REPORTS_STREAM
+    finally:
+        await nc.close()
+    agent = Agent(service, "h2", h2, tmp_path / "h2")
+    agent.start()
+    try:
+        ready = await service.wait_for(environment_id, "ready", timeout=30)
+    finally:
+        agent.stop()
+    assert ready["path"].startswith(str(agent.root) + "/") and ready["path"] != "/tmp/forged"
+
+
+async def _git(repo: Path, *args: str) -> str:
+    process = await asyncio.create_subprocess_exec("git", "-C", str(repo), *args, stdout=asyncio.subprocess.PIPE)
+    out, _ = await process.communicate()
+    return out.decode()
