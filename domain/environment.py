@@ -283,7 +283,7 @@ class Environment(CopiedForCommands, Aggregate):
 
     def note_host_awaited(self, message: str) -> bool:
         """The environment's next step waits for its host's agent: its status says so, once."""
-        if self.status not in LIVE_STATUSES or self.status_message == message:
+        if self.status == EnvironmentStatus.REMOVED or self.status_message == message:
             return False
         self._host_awaited(message)
         return True

@@ -51,7 +51,7 @@ async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, h
     records under `hook_records`; its stopping is pushed on `started`."""
     runner = HookRunner(hook_records, settings.hook_timeout_s, hook_record_sync())
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
-    agent = HostAgent(nc, runner, settings.host_id, transcript, ledger, health=health)
+    agent = HostAgent(nc, runner, settings.host_id, transcript, ledger)
     service = await agent.start()
     started.push_async_callback(agent.stop)
     started.push_async_callback(service.stop)

@@ -173,9 +173,13 @@ class Api:
     async def providers(self) -> list[ProviderDescription]:
         """The providers of this host, each with the policy in force: BB_RETIRE_GRACE_MS replaces
         the grace a provider declares, and an operator reads what will happen, not the default."""
+        try:
+            described_here = await self._workspaces.providers(self._host_id)
+        except HostUnavailable as away:
+            raise Unavailable(f"the providers of host {self._host_id!r} are unknown while its agent is away: {away}") from None
         return [msgspec.structs.replace(described, policy=msgspec.structs.replace(
                     described.policy, retire_grace_ms=self._grace_for(described.id)))
-                for described in await self._workspaces.providers(self._host_id)]
+                for described in described_here]
 
     async def list_environments(self, query: EnvironmentQuery) -> Page[EnvironmentView]:
         if query.after is not None:

@@ -49,7 +49,9 @@ class RoutedWorkspaces:
         return await self._for(host_id).providers(host_id)
 
     async def inputs(self, host_id: str, provider_id: str, inputs: Any) -> Any:
-        return await self._for(host_id, provider_id).inputs(host_id, provider_id, inputs)
+        # The inputs' type is the provider's, which is the core's release too: read here, so that a
+        # thread event's intent is checked while its host is away.
+        return await self._here.inputs(host_id, provider_id, inputs)
 
     async def canonical_project(self, host_id: str, project_path: str | None) -> str | None:
         return await self._for(host_id).canonical_project(host_id, project_path)

@@ -189,7 +189,8 @@ class HostSteps:
     async def _run_hook(self, env: Environment, operation_id: str, kind: HookKind) -> HookOutcome:
         environment_id = str(env.id)
         script = SCRIPT_NAMES[kind]
-        self._transcript.line(environment_id, "step", kind, f"Running {script}")
+        # Named by its operation, so a step asked again while its host is away says it once.
+        self._transcript.line(environment_id, "step", kind, f"Running {script}", message_id=f"{operation_id}:running")
         assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
         outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path,
                                         env.current_hook(operation_id))

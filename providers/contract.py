@@ -130,7 +130,10 @@ class Transcript(Protocol):
     """An environment's transcript, where the core's steps and a provider's reports are written
     (from any thread)."""
 
-    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str) -> None: ...
+    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str,
+             message_id: str | None = None) -> None:
+        """`message_id` names a line that may be written again: it is kept once."""
+        ...
 
 
 class SilentReporter:

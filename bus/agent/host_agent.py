@@ -1,8 +1,8 @@
 """The host agent on NATS: runs a machine's hooks for the core (its client: bus/core/agent_client.py).
 
 The agent (a micro service per host, `bb.hosts.<hostId>.hooks.*`) wraps the durable hook runner:
-`start` begins or joins an operation and answers at once; the outcome is published on the
-operation's `finished` subject, and `status` answers it again for a caller that missed it.
+`start` begins or joins an operation and answers at once, and `status` tells how it stands; the
+core queues a remote host's hooks as jobs instead (bus/agent/host_jobs.py), which join the same run.
 `cancel` writes the operation's tombstone first, so a cancelled hook can never start later, and
 answers "never-started" for an operation that never ran here, so cleanup is never blocked by it.
 Output lines go straight to the environment's transcript. In the embedded default the agent for
@@ -30,7 +30,6 @@ from nats.micro.service import Service
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.refusals import refusal_reason
-from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.wire.host_messages import HookCancelled, HookRef, HookState, StartHook
@@ -45,9 +44,8 @@ T = TypeVar("T")
 
 class HostAgent:
     def __init__(self, nc: Client, runner: HookRunner, host_id: str, transcript: TranscriptPublisher,
-                 ledger: HookLedger, *, health: BusHealth | None = None) -> None:
+                 ledger: HookLedger) -> None:
         self._nc = nc
-        self._health = health or BusHealth()
         self._runner = runner
         self._host_id = host_id
         self._transcript = transcript
@@ -97,7 +95,7 @@ class HostAgent:
             # Its failure is read even where the announcing task is cancelled before it awaits the
             # run (the agent's stop): the runner has recorded it, nothing else needs to.
             running.add_done_callback(_read_failure)
-            self._running[request.operation_id] = asyncio.create_task(self._announce(recorded, running))
+            self._running[request.operation_id] = asyncio.create_task(self._until_settled(recorded.operation_id, running))
         return self._running[request.operation_id]
 
     def _output_of(self, hook: RecordedHook) -> OutputSink:
@@ -109,19 +107,11 @@ class HostAgent:
 
         return output
 
-    async def _announce(self, hook: RecordedHook, running: asyncio.Future[HookOutcome]) -> HookOutcome:
-        """The run's outcome, once it has one, published on the operation's `finished` subject."""
+    async def _until_settled(self, operation_id: str, running: asyncio.Future[HookOutcome]) -> HookOutcome:
         try:
-            outcome = await running
-            finished = HookState(state="finished", outcome=outcome)
-            try:
-                await self._nc.publish(subjects.hook_finished(self._host_id, hook.operation_id),
-                                       msgspec.json.encode(finished))
-            except BUS_UNAVAILABLE as error:  # the core's next `status` request learns the outcome instead
-                self._health.noticed(f"announcing the end of hook operation {hook.operation_id}", error)
-            return outcome
+            return await running
         finally:
-            self._running.pop(hook.operation_id, None)
+            self._running.pop(operation_id, None)
 
     async def _status(self, data: bytes) -> HookState:
         operation_id = _decode(data, HookRef).operation_id

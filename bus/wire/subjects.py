@@ -109,10 +109,6 @@ def host_hooks(host_id: str, verb: str) -> str:
     return f"bb.hosts.{host_id}.hooks.{verb}"
 
 
-def hook_finished(host_id: str, operation_id: str) -> str:
-    return f"bb.hosts.{host_id}.hooks.finished.{_token(operation_id)}"
-
-
 def host_job(host_id: str, operation_id: str) -> str:
     return f"bb.hosts.{host_id}.jobs.{_token(operation_id)}"
 

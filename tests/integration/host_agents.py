@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import site
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,8 @@ class Agent:
     base: Path
     environment: dict[str, str] = field(default_factory=dict)
     user: str | None = None
+    python: list[str] = field(default_factory=lambda: [sys.executable])
+    """How to start Python (an unprivileged user may not reach this venv's interpreter: see python_for)."""
     process: subprocess.Popen | None = None
 
     @property
@@ -44,7 +48,8 @@ class Agent:
             environment["HOME"] = str(self.base)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [*Service.cli(), "agent", "--host-id", self.host_id, "--credentials", str(self.credentials),
+                [*self.python, "-m", "bb_environments.entrypoints.bb", "agent", "--host-id", self.host_id,
+                 "--credentials", str(self.credentials),
                  "--nats-url", self.service.info["natsUrl"], "--root", str(self.root)],
                 env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=self.user,
                 process_group=0,
@@ -87,6 +92,28 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+# An interpreter found in the venv's own way, for a user that cannot reach the venv's: the same
+# version's system Python, with the venv's site-packages added as site directories (its .pth files
+# included, so the package installed in editable mode is found), then the CLI run as `-m` would.
+_WITH_THE_VENVS_PACKAGES = ("import runpy, site, sys; [site.addsitedir(d) for d in sys.argv.pop(1).split(':')]; "
+                            "assert sys.argv.pop(1) == '-m'; module = sys.argv.pop(1); sys.argv[0] = module; "
+                            "runpy.run_module(module, run_name='__main__', alter_sys=True)")
+
+
+def python_for(user: str, cwd: Path) -> list[str] | None:
+    """A way for `user` to run this checkout's Python with the venv's packages, or None."""
+    system_python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    for python in ([sys.executable], [system_python, "-c", _WITH_THE_VENVS_PACKAGES, ":".join(site.getsitepackages())]):
+        try:
+            probe = subprocess.run([*python, "-m", "bb_environments.entrypoints.bb", "--version"], user=user,
+                                   capture_output=True, env={"PATH": os.environ["PATH"], "HOME": str(cwd)}, cwd=cwd)
+        except OSError:
+            continue
+        if probe.returncode == 0:
+            return python
+    return None
 
 
 async def register(service: Service, host_id: str) -> dict[str, Any]:

@@ -65,7 +65,7 @@ async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, t
         (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "existing", "name": "ghost"}}'),
          "ghost"),
         (("--environment-provider", "git-worktree", "--thread-id", "../escape"), "thread id"),
-        (("--environment-provider", "git-worktree", "--host", "elsewhere"), "'elsewhere' is not served here"),
+        (("--environment-provider", "git-worktree", "--host", "elsewhere"), "'elsewhere' is not registered"),
         (("--environment-provider", "git-worktree", "--host", "--evil"), "host id"),
         (("--environment", "not-a-uuid"), "not a valid id"),
         (("--environment-provider", "git-worktree", "--environment", str(uuid.uuid4())), "either"),
@@ -261,7 +261,7 @@ async def test_a_thread_event_naming_another_machine_is_never_placed_here(servic
 
     away, here = (await service.bb("thread", "list", "--json")).json()["threads"]
     assert away["id"] == "away" and away["environmentId"] is None
-    assert "'elsewhere' is not served here" in away["refusal"], away
+    assert "'elsewhere' is not registered" in away["refusal"], away
     environment = await service.wait_for(here["environmentId"], "ready")
     assert environment["hostId"] == "alpha"
     log = (service.data_dir.parent / "serve.log").read_text()

@@ -108,39 +108,55 @@ async def test_a_recorded_operation_runs_only_where_recorded_and_is_stopped_only
     assert "Traceback" not in log
 
 
-async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_published_it(tmp_path):
+async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_path):
     """A client's push consumer can deliver a stored message onto the subject where the core waits
-    for a remote host's outcome; the copy keeps its stored subject and is not taken for one."""
+    for a remote host's report; the copy keeps its stored subject and is not taken for one."""
+    from datetime import datetime, timezone
+
+    import msgspec
     from nats.js import api
 
     from bb_environments.bus.core.agent_client import HostAgentClient
+    from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
+    from bb_environments.bus.jetstream import ensure_hosts, ensure_streams
+    from bb_environments.bus.wire.host_messages import HookJob, HookReport, HostHeartbeat
     from bb_environments.domain.hook_operations import HookOutcome
 
     server = EmbeddedNats.start(tmp_path / "plain-nats")
     core, agent = await nats.connect(server.url), await nats.connect(server.url)
     try:
         js = agent.jetstream()
+        await ensure_streams(js, 3600, 1 << 20)
+        await ensure_hosts(js, ["remote"])
+        heartbeat = HostHeartbeat(host_id="remote", seen_at=datetime.now(timezone.utc), root=str(tmp_path), pid=1,
+                                  version="test")
+        await js.publish("$KV.BB_HOSTS.remote", msgspec.json.encode(heartbeat))
         await js.add_stream(api.StreamConfig(name="STORED", subjects=["stored.>"]))
-        forged = {"state": "finished", "outcome": {"status": "succeeded", "exit_code": 0}}
-        await js.publish("stored.forged", json.dumps(forged).encode())
-        finished_subject = subjects.hook_finished("remote", "op.1")
+        forged = HookReport("op.1", HookOutcome("succeeded", 0))
+        await js.publish("stored.forged", msgspec.json.encode(forged))
+        report_subject = subjects.host_report("remote", "op.1")
 
-        async def answer_start(message) -> None:
-            await message.respond(b'{"state": "running"}')
+        async def take_the_job() -> None:
+            jobs = await js.pull_subscribe_bind(durable=subjects.host_jobs_consumer("remote"),
+                                                stream=subjects.HOST_JOBS_STREAM)
+            job = (await jobs.fetch(1, timeout=20))[0]
+            assert msgspec.json.decode(job.data, type=HookJob).operation_id == "op.1"
             # Stored copies pushed onto the subject the core listens on, then the agent's own word.
             await js.add_consumer("STORED", api.ConsumerConfig(
-                name="pusher", deliver_subject=finished_subject, ack_policy=api.AckPolicy.NONE))
+                name="pusher", deliver_subject=report_subject, ack_policy=api.AckPolicy.NONE))
             # The copy is on its way to the core first; the outcome below must still be the one taken.
             deadline = asyncio.get_running_loop().time() + 10
             while (await js.consumer_info("STORED", "pusher")).delivered.consumer_seq < 1:
                 assert asyncio.get_running_loop().time() < deadline, "the stored copy was never pushed"
                 await asyncio.sleep(0.02)
-            genuine = {"state": "finished", "outcome": {"status": "failed", "exit_code": 3}}
-            await agent.publish(finished_subject, json.dumps(genuine).encode())
+            genuine = HookReport("op.1", HookOutcome("failed", 3))
+            await js.publish(report_subject, msgspec.json.encode(genuine))
+            await job.ack()
 
-        await agent.subscribe(subjects.host_hooks("remote", "start"), cb=answer_start)
-        outcome = await asyncio.wait_for(HostAgentClient(core).run(
-            "remote", str(uuid.uuid4()), "op.1", "setup", str(tmp_path)), 30)
+        taking = asyncio.create_task(take_the_job())
+        client = HostAgentClient(core, HostJobs(core, core.jetstream(), HostLiveness(core.jetstream())))
+        outcome = await asyncio.wait_for(client.run("remote", str(uuid.uuid4()), "op.1", "setup", str(tmp_path)), 30)
+        await taking
         assert outcome == HookOutcome("failed", 3)
         assert (await js.consumer_info("STORED", "pusher")).delivered.consumer_seq == 1
     finally:

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import nats
@@ -12,7 +17,7 @@ import pytest
 from nats.errors import Error as NatsError
 
 from tests.integration.conftest import Service, eventually, write_hooks
-from tests.integration.host_agents import Agent, machines, register, running_agent, spawned
+from tests.integration.host_agents import Agent, machines, python_for, register, running_agent, spawned
 
 
 async def test_a_host_never_seen_waits_saying_so_and_its_agent_does_the_work_in_its_own_root(
@@ -192,8 +197,6 @@ async def test_the_seed_of_one_host_reaches_nothing_but_that_hosts_own_work(serv
 async def test_a_forged_report_for_another_hosts_operation_changes_nothing(service: Service, tmp_path: Path):
     """h1 reports a create of an environment on h2 (waiting for its agent) on the only subjects it may
     publish on, its own: the environment goes on waiting, then gets h2's real workspace."""
-    from nats.js.api import StreamConfig  # noqa: F401  # the stream is the service's; only its subject matters
-
     from bb_environments.bus.wire import subjects
 
     h1 = Path((await register(service, "h1"))["credentials"])
@@ -224,3 +227,116 @@ async def _git(repo: Path, *args: str) -> str:
     process = await asyncio.create_subprocess_exec("git", "-C", str(repo), *args, stdout=asyncio.subprocess.PIPE)
     out, _ = await process.communicate()
     return out.decode()
+
+
+@pytest.fixture
+def agent_user():
+    """An unprivileged OS user of its own, and a directory it owns outside every test's 0700 tmp dir."""
+    if os.geteuid() != 0:
+        pytest.skip("making an OS user needs root")
+    name = f"bbagent{os.getpid()}"
+    made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.decode().strip()}")
+    home = Path(tempfile.mkdtemp(prefix="bb-agent-user-"))
+    try:
+        account = pwd.getpwnam(name)
+        os.chown(home, account.pw_uid, account.pw_gid)
+        python = python_for(name, home)
+        if python is None:
+            pytest.skip(f"the user {name} can reach neither this venv's Python nor the system's of its version")
+        yield account, home, python
+    finally:
+        subprocess.run(["pkill", "-9", "-u", name], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+async def test_an_agent_of_another_os_user_does_its_hosts_work_and_reads_nothing_of_the_core(
+        service: Service, agent_user):
+    account, home, python = agent_user
+    seed = home / "h1.nk"
+    seed.write_text(Path((await register(service, "h1"))["credentials"]).read_text())
+    os.chown(seed, account.pw_uid, account.pw_gid)
+    seed.chmod(0o600)
+    repo = home / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / ".bb-env-setup.sh").write_text(f"id -u > {home / 'setup-uid'}\n"
+                                           f"cat {service.data_dir / 'credentials' / 'service.nk'} > {home / 'stolen'} || true\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"],
+                   check=True)
+    subprocess.run(["chown", "-R", f"{account.pw_uid}:{account.pw_gid}", str(repo)], check=True)
+    unreadable = subprocess.run(["cat", str(service.data_dir / "credentials" / "service.nk")], user=account.pw_name,
+                                capture_output=True)
+    assert unreadable.returncode != 0, "the agent's user must not read the core's data dir"
+
+    agent = Agent(service, "h1", seed, home / "agent", user=account.pw_name, python=python)
+    (home / "agent").mkdir()
+    os.chown(home / "agent", account.pw_uid, account.pw_gid)
+    agent.start()
+    try:
+        await agent.serving()
+        personal = spawned(await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                            "--host", "h1", "--thread-id", "p1", "--json"))
+        worktree = spawned(await service.bb("thread", "spawn", "--environment-provider", "git-worktree",
+                                            "--project", str(repo), "--host", "h1", "--thread-id", "w1", "--json"))
+        for environment_id in (personal, worktree):
+            ready = await service.wait_for(environment_id, "ready", timeout=60)
+            assert ready["path"].startswith(str(agent.root) + "/")
+            assert os.stat(ready["path"]).st_uid == account.pw_uid
+        assert (home / "setup-uid").read_text().strip() == str(account.pw_uid)
+        assert (home / "stolen").read_text() == "", "the setup could not read the service's seed"
+        for thread_id, environment_id in (("p1", personal), ("w1", worktree)):
+            assert (await service.bb("thread", "archive", thread_id)).returncode == 0
+            await service.wait_for(environment_id, "removed", timeout=60)
+    finally:
+        agent.stop()
+    assert "Traceback" not in agent.log()
+
+
+async def test_an_archive_while_the_host_is_away_waits_in_removing_with_its_claim_held(
+        service: Service, tmp_path: Path):
+    async with running_agent(service, "h1", tmp_path / "h1") as agent:
+        environment_id = spawned(await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1", "--thread-id", "t1",
+            "--json"))
+        ready = await service.wait_for(environment_id, "ready")
+        agent.kill()
+        assert (await service.bb("thread", "archive", "t1")).returncode == 0
+        waiting = await service.wait_for(environment_id, lambda e: "offline since" in (e.get("statusMessage") or ""),
+                                         timeout=60)
+        assert waiting["status"] == "removing" and Path(ready["path"]).exists()
+        assert (await machines(service))["h1"]["status"] == "offline"
+        agent.start()
+        await service.wait_for(environment_id, "removed", timeout=30)
+    assert not Path(ready["path"]).exists()
+
+
+async def test_the_same_path_on_two_hosts_is_two_claims(service: Service, git_repo: Path, tmp_path: Path):
+    """A project checkout is claimed by its path on its host: the same path on another host is
+    another machine's checkout, and holds no claim of the first's."""
+    async with running_agent(service, "h1", tmp_path / "h1"), running_agent(service, "h2", tmp_path / "h2"):
+        on_h1, on_h2 = [spawned(await service.bb(
+            "thread", "spawn", "--environment-provider", "project-checkout", "--project", str(git_repo),
+            "--host", host_id, "--thread-id", f"t-{host_id}", "--json")) for host_id in ("h1", "h2")]
+        first, second = await service.wait_for(on_h1, "ready"), await service.wait_for(on_h2, "ready")
+        assert first["path"] == second["path"] == str(git_repo) and on_h1 != on_h2
+
+
+@pytest.mark.parametrize("service", [{}], indirect=True)
+async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_path: Path, service: Service):
+    """`bb serve --no-agent`: its own host's environments wait for `bb agent --host-id local`."""
+    await service.stop()
+    await service.start("--no-agent")
+    environment_id = spawned(await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"))
+    waiting = await service.wait_for(environment_id, lambda e: "'local'" in (e.get("statusMessage") or ""))
+    assert waiting["status"] == "creating"
+    agent = Agent(service, "local", service.data_dir / "credentials" / "host-local.nk", tmp_path / "local")
+    agent.start()
+    try:
+        ready = await service.wait_for(environment_id, "ready", timeout=30)
+    finally:
+        agent.stop()
+    assert ready["path"].startswith(str(agent.root) + "/")

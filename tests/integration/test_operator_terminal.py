@@ -44,7 +44,7 @@ async def test_thread_list_says_why_a_thread_was_refused(service):
     finally:
         await publisher.close()
     refusal = (await service.wait_for_thread("refused"))["refusal"]
-    assert "'elsewhere' is not served here" in refusal, refusal
+    assert "'elsewhere' is not registered" in refusal, refusal
 
     listed = await service.bb("thread", "list")
 

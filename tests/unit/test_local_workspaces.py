@@ -24,7 +24,7 @@ class Lines:
     def __init__(self) -> None:
         self.lines: list[tuple[str, str, str, str]] = []
 
-    def line(self, environment_id: str, kind: str, source: str, text: str) -> None:
+    def line(self, environment_id: str, kind: str, source: str, text: str, message_id: str | None = None) -> None:
         self.lines.append((environment_id, kind, source, text))
 
 

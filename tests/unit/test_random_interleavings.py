@@ -68,7 +68,7 @@ class InstantProvider:
 
 
 class Silent:
-    def line(self, *args) -> None:
+    def line(self, *args, **kwargs) -> None:
         pass
 
 
