@@ -53,18 +53,21 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def service_environment(data_dir: Path) -> dict[str, str]:
-    return {**os.environ, "BB_DATA_DIR": str(data_dir), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"}
+def service_environment(data_dir: Path, **settings: str) -> dict[str, str]:
+    """`settings`: BB_* variables beside the benches' own."""
+    return {**os.environ, "BB_DATA_DIR": str(data_dir), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING",
+            **settings}
 
 
-async def start_service(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict]:
-    """`bb serve` on `data_dir`, once it serves: its own server.json is written and the API answers."""
+async def start_service(data_dir: Path, **settings: str) -> tuple[subprocess.Popen[bytes], dict]:
+    """`bb serve` on `data_dir` (with `settings`, see service_environment), once it serves: its own
+    server.json is written and the API answers."""
     from bb_environments.bus.wire.api_messages import ListEnvironments
     from bb_environments.bus.api_client.nats_client import ApiClient
 
     server_file = data_dir / "server.json"
     service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", "serve"],
-                               env=service_environment(data_dir), cwd=ROOT, stderr=subprocess.DEVNULL)
+                               env=service_environment(data_dir, **settings), cwd=ROOT, stderr=subprocess.DEVNULL)
     while True:
         if service.poll() is not None:
             raise RuntimeError(f"bb serve on {data_dir} exited with status {service.returncode} before serving")

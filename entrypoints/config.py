@@ -55,8 +55,8 @@ class Settings(msgspec.Struct, frozen=True):
     threads_max_bytes: int
     """Retention of stream BB_THREADS, whose messages carry prompts (BB_THREADS_MAX_AGE_S / _MAX_BYTES)."""
     removed_retention_s: float
-    """How long the hook records and the transcript of a removed environment are kept (BB_REMOVED_RETENTION_S,
-    see hooks.ledger and README's Retention)."""
+    """How long a removed environment's hook records, transcript, read-model row and log stream messages
+    are kept (BB_REMOVED_RETENTION_S, see hooks.ledger, bus/core/retention.py and README's Retention)."""
     saved_ref_retention_s: float
     """How long the work saved from a removed worktree (refs/bb/saved/<id>) is kept (BB_SAVED_REF_RETENTION_S)."""
     doctor_interval_s: float = 3600

@@ -43,22 +43,30 @@ def event_store_environment(url: str) -> dict[str, str]:
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
 
 
-def stored_log(url: str, page: int = 500) -> Iterator[bytes]:
-    """Every document of the log in log order, as the relay publishes it, read from the store
-    itself (for `bb events export` while no service runs). A SQLite store that does not exist is
-    ConfigError, never a new empty file."""
-    from bb_environments.bus.core.log_reader import LogReader
-    from bb_environments.entrypoints.config import event_store_file
-    from bb_environments.handlers.application import Environments
+class StoredLog:
+    """The log's documents, as the relay publishes them, read from the store itself (for `bb events
+    export`: all of it while no service runs, and what the stream no longer holds while one does).
+    A SQLite store that does not exist is ConfigError, never a new empty file."""
 
-    store = event_store_file(url)
-    if store is not None and not store.is_file():
-        raise ConfigError(f"there is no event store at {store}: nothing was ever served from it")
-    app = Environments(env=event_store_environment(url))
-    try:
-        reader, after = LogReader(app), 0
-        while documents := reader.page(after, page):
-            yield from (logged.payload() for logged in documents)
+    def __init__(self, url: str) -> None:
+        from bb_environments.bus.core.log_reader import LogReader
+        from bb_environments.entrypoints.config import event_store_file
+        from bb_environments.handlers.application import Environments
+
+        store = event_store_file(url)
+        if store is not None and not store.is_file():
+            raise ConfigError(f"there is no event store at {store}: nothing was ever served from it")
+        self._app = Environments(env=event_store_environment(url))
+        self._reader = LogReader(self._app)
+
+    def payloads(self, after: int = 0, upto: int | None = None, page: int = 500) -> Iterator[bytes]:
+        """The documents after notification `after`, up to and including `upto` (None: the head)."""
+        while documents := self._reader.page(after, page if upto is None else min(page, upto - after)):
+            yield from (logged.payload() for logged in documents if upto is None or logged.notification_id <= upto)
             after = documents[-1].notification_id
-    finally:
-        app.close()
+            if upto is not None and after >= upto:
+                return
+
+    def close(self) -> None:
+        self._app.close()
+

@@ -23,6 +23,7 @@ from uuid import UUID, uuid4
 import msgspec
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.ids import is_environment_id_prefix, quoted
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import Thread
@@ -210,7 +211,11 @@ class Api:
                                   "ask again shortly") from None
         view = await self._read_model.environment(environment_id)
         if view is None:
-            raise NotFound(f"no environment {request.environment_id}")
+            # Removed long enough ago to be forgotten by the read model: the log still has it.
+            try:
+                return await self._store.read_log(self._history.latest, identity)
+            except UnknownEnvironment:
+                raise NotFound(f"no environment {request.environment_id}") from None
         view.transcript = await self._read_model.transcript(environment_id)
         return view
 

@@ -1,7 +1,12 @@
 """Durable per-operation records of hook runs, their tombstones and output logs.
 
 One directory (mode 0700) holds, per operation, files named by sha256(operation_id):
-`<hash>.json` the record, `<hash>.cancelled` the tombstone, `<hash>.log` the script's output.
+`<hash>.json` the record, `<hash>.cancelled` the tombstone, `<hash>.log` the script's output,
+each in the shard directory named by the hash's first two hex digits (`ab/ab12….json`), so that
+no directory holds more than a 256th of the operations a host keeps. A shard emptied by a
+deletion is removed with it. An operation whose record or tombstone an earlier release wrote
+straight into the directory (the flat layout) keeps all its files there: a supervisor of that
+release may still be running and writes only there.
 Records and tombstones are replaced atomically (a temporary file renamed over the old one), so a
 reader never sees half a file, and a kill -9 of any process never loses a write that returned:
 the kernel holds it. How they survive the machine going down is their sync level (`SyncLevel`,
@@ -54,6 +59,8 @@ OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 HELD_OUTCOME_TIMEOUT_S = 1.0
 PEER_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 TEMPORARY_PREFIX = ".tmp-"  # what a record write begins as, until it is renamed into place
+SHARD_DIGITS = 2
+_SETTLING_SUFFIXES = (".json", ".cancelled")
 
 
 class HookIdentityMismatch(Exception):
@@ -96,6 +103,10 @@ class HookRecords:
         # Only when needed: a chmod is a metadata write even when it changes nothing.
         if stat.S_IMODE(os.stat(self.directory).st_mode) != 0o700:
             os.chmod(self.directory, 0o700)
+        # Whether an earlier release's flat files may be here: only then is every lookup checked
+        # against that layout too. Nothing writes a flat file anew, so one look is enough.
+        with os.scandir(self.directory) as entries:
+            self._flat_layout_seen = any(entry.is_file() for entry in entries)
 
     def read(self, operation_id: str) -> HookRecord | None:
         try:
@@ -156,9 +167,7 @@ class HookRecords:
         Blocking. A file another process replaces or deletes meanwhile is skipped.
         """
         settled = []
-        for path in self.directory.iterdir():
-            if path.suffix not in (".json", ".cancelled"):
-                continue
+        for path in self._stored_files(_SETTLING_SUFFIXES):
             # A record's last write is its outcome: one written since cannot have settled before.
             try:
                 if path.stat().st_mtime >= cutoff.timestamp():
@@ -186,7 +195,8 @@ class HookRecords:
         A write holds its temporary file for the moment between creating and renaming it, so one
         that old was cut short by a crash and nobody will ever rename it.
         """
-        for path in self.directory.glob(f"{TEMPORARY_PREFIX}*"):
+        temporaries = [*self.directory.glob(f"{TEMPORARY_PREFIX}*"), *self.directory.glob(f"*/{TEMPORARY_PREFIX}*")]
+        for path in temporaries:
             try:
                 if path.stat().st_mtime < cutoff.timestamp():
                     path.unlink()
@@ -196,29 +206,60 @@ class HookRecords:
     def delete(self, operation_ids: Iterable[str]) -> None:
         """Delete the operations' logs and tombstones, then their records. Blocking.
 
-        In that order, with the directory synced in between: a crash at any point leaves at most
+        In that order, with the directories synced in between: a crash at any point leaves at most
         a finished record without its log or tombstone, which reads as that outcome and is deleted
         by the next call, never a log or tombstone whose record is gone and which nothing looks for.
+        Then the shards this emptied go.
         """
         operation_ids = list(operation_ids)
         if not operation_ids:
             return
+        places = {self._place(operation_id) for operation_id in operation_ids}
         for operation_id in operation_ids:
             self.log_path(operation_id).unlink(missing_ok=True)
             self._file(operation_id, ".cancelled").unlink(missing_ok=True)
-        self._sync_directory()
+        for place in places:
+            if place.exists():
+                self._sync_directory(place)
         # Not synced: a record that a crash brings back is deleted again by the next call.
         for operation_id in operation_ids:
             self._record_path(operation_id).unlink(missing_ok=True)
+        for place in places - {self.directory}:
+            try:
+                place.rmdir()
+            except OSError:  # another operation's files are in it (ENOTEMPTY), or it is gone already
+                pass
 
     def _record_path(self, operation_id: str) -> Path:
         return self._file(operation_id, ".json")
 
     def _file(self, operation_id: str, suffix: str) -> Path:
-        return self.directory / (hashlib.sha256(operation_id.encode()).hexdigest() + suffix)
+        return self._place(operation_id) / (_digest(operation_id) + suffix)
+
+    def _place(self, operation_id: str) -> Path:
+        """The directory of the operation's files: its shard, or the flat layout's for an operation
+        an earlier release began there."""
+        digest = _digest(operation_id)
+        if self._flat_layout_seen and any((self.directory / (digest + suffix)).exists()
+                                          for suffix in _SETTLING_SUFFIXES):
+            return self.directory
+        return self.directory / digest[:SHARD_DIGITS]
+
+    def _stored_files(self, suffixes: tuple[str, ...]) -> Iterable[Path]:
+        """The files with these suffixes in either layout. A shard removed meanwhile is skipped."""
+        with os.scandir(self.directory) as entries:
+            places = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        for place in [str(self.directory), *places]:
+            try:
+                with os.scandir(place) as entries:
+                    found = [Path(entry.path) for entry in entries
+                             if entry.name.endswith(suffixes) and entry.is_file(follow_symlinks=False)]
+            except FileNotFoundError:
+                continue
+            yield from found
 
     def _write_atomically(self, path: Path, data: bytes) -> None:
-        descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=TEMPORARY_PREFIX)
+        descriptor, temporary = self._temporary_beside(path)
         try:
             with os.fdopen(descriptor, "wb") as file:
                 file.write(data)
@@ -230,14 +271,29 @@ class HookRecords:
             Path(temporary).unlink(missing_ok=True)
             raise
         if self.sync == "full":
-            self._sync_directory()
+            self._sync_directory(path.parent)
 
-    def _sync_directory(self) -> None:
-        directory = os.open(self.directory, os.O_RDONLY)
+    def _temporary_beside(self, path: Path) -> tuple[int, str]:
+        """A new temporary file in `path`'s directory, which is made if missing (a new shard, or
+        one a deletion of its last operation removed a moment ago)."""
+        while True:
+            try:
+                return tempfile.mkstemp(dir=path.parent, prefix=TEMPORARY_PREFIX)
+            except FileNotFoundError:
+                path.parent.mkdir(mode=0o700, exist_ok=True)
+                if self.sync == "full":
+                    self._sync_directory(self.directory)  # which now names the shard
+
+    def _sync_directory(self, path: Path) -> None:
+        directory = os.open(path, os.O_RDONLY)
         try:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _digest(operation_id: str) -> str:
+    return hashlib.sha256(operation_id.encode()).hexdigest()
 
 
 def _parsed_time(text: str) -> datetime:

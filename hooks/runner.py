@@ -21,6 +21,10 @@ This process assumes it is the only service using its records directory: a recor
 supervisor was never adopted (see supervisor) is only waited on while this process's own run
 of that operation is in flight.
 
+A hook whose script is missing runs nothing and leaves no record: its `skipped` is kept in memory
+(the last SKIPS_REMEMBERED of them), so the same operation asked again answers the same while this
+process lives; asked again after a restart it is decided again, and still runs at most once.
+
 Output lines are delivered through `on_output` at most once per process, each with its byte
 offset in the operation's log: each process remembers how far into an operation's log it has
 delivered. A process that replays or joins an operation it has not seen before delivers the log
@@ -35,6 +39,7 @@ import os
 import signal
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -62,6 +67,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.02
 CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
+SKIPS_REMEMBERED = 4096
 
 CancelResult = Literal["never-started", "finished", "terminated"]
 OutputSink = Callable[[str, int], Awaitable[None]]
@@ -94,6 +100,7 @@ class HookRunner:
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
         self._finalize_locks: dict[str, asyncio.Lock] = {}
+        self._skipped: OrderedDict[str, HookRecord] = OrderedDict()
         self._launcher = LauncherClient()
         weakref.finalize(self, self._launcher.close)
 
@@ -110,7 +117,7 @@ class HookRunner:
         record = self._records.read(operation_id)
         if record is not None and record.finished_at is None:
             return self._records.held_outcome(record) or record
-        return record
+        return record or self._skipped.get(operation_id)
 
     def settled_before(self, cutoff: datetime) -> list[str]:
         """Operations whose hook finished (or was cancelled before it started) before `cutoff`. Blocking."""
@@ -131,6 +138,7 @@ class HookRunner:
         for operation_id in idle:
             self._delivered_offsets.pop(operation_id, None)
             self._finalize_locks.pop(operation_id, None)
+            self._skipped.pop(operation_id, None)
         return idle
 
     async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink) -> HookOutcome:
@@ -148,6 +156,11 @@ class HookRunner:
         if kind not in SCRIPT_NAMES:
             raise ValueError(f"unknown hook kind {kind!r}")
         workspace = Path(workspace)
+        if (skipped := self._skipped.get(operation_id)) is not None:
+            _check_identity(skipped, kind, workspace)
+            answered: asyncio.Future[HookOutcome] = asyncio.get_running_loop().create_future()
+            answered.set_result(_outcome(skipped))
+            return answered
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
             in_flight = _InFlight(kind, str(workspace), self._begin_soon(operation_id, kind, workspace))
@@ -203,8 +216,14 @@ class HookRunner:
             return await self._settle_cancelled(record)
         assert record is not None
         if record.outcome == "skipped":  # no script ran, so there is no log: nothing to follow
+            self._remember_skipped(record)
             return _outcome(record)
         return _outcome(await self._follow(record, on_output, supervisor))
+
+    def _remember_skipped(self, record: HookRecord) -> None:
+        self._skipped[record.operation_id] = record
+        if len(self._skipped) > SKIPS_REMEMBERED:
+            self._skipped.popitem(last=False)
 
     def _begin(
         self, operation_id: str, kind: str, workspace: Path
@@ -230,7 +249,8 @@ class HookRunner:
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
     def _start(self, operation_id: str, kind: HookKind, workspace: Path) -> tuple[HookRecord, SupervisorHandle | None]:
-        """Start a supervisor and write the fresh record adopting it; a missing script is recorded as skipped.
+        """Start a supervisor and write the fresh record adopting it; a missing script is skipped,
+        with a record that is not written (see the module).
 
         Blocking: runs in a worker thread.
         """
@@ -242,7 +262,6 @@ class HookRunner:
             record.finished_at = record.started_at
             record.outcome = "skipped"
             record.message = f"no {script.name}"
-            self._records.write(record)
             return record, None
         supervisor = self._launcher.start_supervisor(
             SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,

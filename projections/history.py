@@ -74,6 +74,14 @@ class EnvironmentHistory:
                               f"there is no version {version}")
         return _view_after(map(self._decoder.decode, stored))
 
+    def latest(self, environment_id: UUID) -> EnvironmentView:
+        """The environment's document after its last event: what `show` answers for an environment
+        the read model no longer keeps (removed longer than retention ago)."""
+        stored = self._stored(environment_id)
+        if not stored:
+            raise _unknown(environment_id)
+        return _view_after(map(self._decoder.decode, stored))
+
     def at_instant(self, environment_id: UUID, instant: datetime) -> EnvironmentView:
         """The environment's document just after the last event recorded at `instant` or before."""
         stored = self._stored(environment_id)

@@ -28,7 +28,7 @@ from typing import NamedTuple, TypeVar
 import aiosqlite
 import msgspec
 
-from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.domain.status import EnvironmentStatus, ThreadStatus
 from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage
 
@@ -340,20 +340,35 @@ class ReadModel:
         async with self._db.execute(query + " ORDER BY id LIMIT ?", [*args, limit]) as rows:
             return [msgspec.json.decode(r[0], type=ThreadView) for r in await rows.fetchall()]
 
-    async def transcripts_removed_before(self, cutoff: datetime) -> list[str]:
-        """The environments removed before `cutoff` whose transcript lines are still kept."""
+    async def removed_before(self, cutoff: datetime, limit: int) -> list[EnvironmentView]:
+        """Environments removed before `cutoff`, at most `limit` of them, the earliest removed first."""
         async with self._db.execute(
             # Through the index of removed environments by time: the other documents are never read.
-            f"SELECT id FROM environments WHERE {_IS_REMOVED} AND {_REMOVED_AT} < ? "
-            "AND EXISTS (SELECT 1 FROM transcript WHERE environment_id = environments.id)",
-            (msgspec.json.encode(cutoff).decode().strip('"'),),
+            f"SELECT document FROM environments WHERE {_IS_REMOVED} AND {_REMOVED_AT} < ? "
+            f"ORDER BY {_REMOVED_AT} LIMIT ?",
+            (msgspec.json.encode(cutoff).decode().strip('"'), limit),
         ) as rows:
-            return [r[0] for r in await rows.fetchall()]
+            return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
 
     async def forget_transcripts(self, environment_ids: list[str]) -> None:
         async with self._transaction():
             await self._db.executemany("DELETE FROM transcript WHERE environment_id = ?",
                                        [(environment_id,) for environment_id in environment_ids])
+
+    async def forget_environments(self, environment_ids: list[str]) -> None:
+        """Drop removed environments: their rows, their transcript lines, and the rows of the
+        archived threads last on them (a thread placed again since is on another environment)."""
+        rows = [(environment_id,) for environment_id in environment_ids]
+        async with self._transaction():
+            await self._db.executemany(f"DELETE FROM environments WHERE id = ? AND {_IS_REMOVED}", rows)
+            # Only of those gone now: an environment that is not removed keeps everything.
+            gone = "NOT EXISTS (SELECT 1 FROM environments WHERE id = ?)"
+            await self._db.executemany(f"DELETE FROM transcript WHERE environment_id = ? AND {gone}",
+                                       [row * 2 for row in rows])
+            await self._db.executemany(
+                f"DELETE FROM threads WHERE environment_id = ? AND {gone} AND "
+                f"json_extract(CAST(document AS TEXT), '$.status') = '{ThreadStatus.ARCHIVED.value}'",
+                [row * 2 for row in rows])
 
     async def transcript(self, environment_id: str, last: int = 50) -> list[str]:
         async with self._db.execute(

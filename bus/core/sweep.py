@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 
-from bb_environments.bus.core.transcript_retention import forget_removed_transcripts
+from bb_environments.bus.core.retention import forget_removed_environments
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.threads import ThreadHandlers
@@ -25,15 +25,16 @@ async def sweep_forever(caught_up: asyncio.Event, threads: ThreadHandlers, provi
                         interval_s: float, saved_work_notes: Path, saved_ref_retention_s: float,
                         doctor: Doctor, doctor_interval_s: float) -> None:
     """Once the relay has caught the bus up with the store: threads still waiting for an
-    environment, every unfinished environment, transcripts past retention and work saved from
-    removed worktrees past its own, every `interval_s`; what doctor would find, every
+    environment, every unfinished environment, what the streams and the read model keep of
+    environments removed longer than retention ago, and work saved from removed worktrees past its
+    own retention, every `interval_s`; what doctor would find, every
     `doctor_interval_s` (it asks every host, and git in every project)."""
     await caught_up.wait()
     examined_at: float | None = None
     while True:
         await threads.resume_waiting()
         await provisioner.sweep()
-        await forget_removed_transcripts(js, read_model, removed_retention_s)
+        await forget_removed_environments(js, read_model, removed_retention_s)
         await prune_saved_work(saved_work_notes, saved_ref_retention_s)
         if examined_at is None or time.monotonic() - examined_at >= doctor_interval_s:
             examined_at = time.monotonic()

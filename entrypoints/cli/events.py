@@ -1,12 +1,13 @@
 """`bb events`: follow the live events (tail), print the whole log (export), rebuild the read models
-from it (replay). Tail and export read the streams themselves, with nats-py."""
+from it (replay). Tail and export read the streams themselves, with nats-py; export reads what the
+log stream no longer holds (retention purged it) from the event store."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +18,9 @@ from bb_environments.entrypoints.cli.connection import call, open_client
 from bb_environments.entrypoints.cli.support import Failure, emit, json_option, run_command, stdout
 from bb_environments.entrypoints.config import ConfigError, Settings, serving
 from bb_environments.handlers.errors import one_line
+
+if TYPE_CHECKING:  # loads eventsourcing, which only an export that needs the store imports
+    from bb_environments.entrypoints.event_store import StoredLog
 
 
 TRANSCRIPT_SUBJECTS = subjects.TRANSCRIPT_EVENTS.removesuffix(">")
@@ -91,12 +95,15 @@ async def events_export(settings: Settings, as_json: bool) -> None:
         _export_from_store(settings)
         return
     client = await open_client(settings)
+    # Opened at the first notification the stream no longer holds (retention purged it).
+    store: StoredLog | None = None
     try:
         js = client.nc.jetstream()
         info = await js.stream_info(subjects.ENVIRONMENTS_STREAM)
         if info.state.messages == 0:
             return
         delivered, at = 0, 0  # messages the reader was given, and the stream sequence of the last
+        following = 1  # the notification id the next document should carry
         async with contextlib.aclosing(client.read_stream(subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, 10.0)) as log:
             async for messages in log:
                 if not messages:
@@ -107,22 +114,37 @@ async def events_export(settings: Settings, as_json: bool) -> None:
                     if message.metadata.sequence.consumer != delivered:  # lost on the way: a reconnect, say
                         raise Failure("unreachable", f"a message of the log was lost on the way before stream "
                                                      f"sequence {at}; run the export again")
+                    claimed = subjects.claimed_notification_id(message.headers)
+                    if claimed is not None and claimed > following:
+                        store = store or _store_of(settings)
+                        sys.stdout.writelines(payload.decode() + "\n" for payload in store.payloads(following - 1, claimed - 1))
+                    following = max(following, (claimed or 0) + 1)
                     sys.stdout.write(message.data.decode() + "\n")
                 # The last sequence may be a message the relay deleted (one the store did not write).
                 if at >= info.state.last_seq or messages[-1].metadata.num_pending == 0:
                     break
     finally:
+        if store is not None:
+            store.close()
         await client.close()
 
 
-def _export_from_store(settings: Settings) -> None:
-    from bb_environments.entrypoints.event_store import stored_log
+def _store_of(settings: Settings) -> StoredLog:
+    from bb_environments.entrypoints.event_store import StoredLog
 
     try:
-        for payload in stored_log(settings.event_store):
-            sys.stdout.write(payload.decode() + "\n")
+        return StoredLog(settings.event_store)
     except ConfigError as missing:
         raise Failure("not_found", str(missing)) from None
+
+
+def _export_from_store(settings: Settings) -> None:
+    store = _store_of(settings)
+    try:
+        for payload in store.payloads():
+            sys.stdout.write(payload.decode() + "\n")
+    finally:
+        store.close()
 
 
 @events_group.command("replay")

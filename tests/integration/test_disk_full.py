@@ -53,7 +53,7 @@ def logged(service: Service, text: str) -> int:
 
 
 def hook_records(service: Service) -> list[dict]:
-    return [json.loads(path.read_text()) for path in (service.data_dir / "hooks").glob("*.json")]
+    return [json.loads(path.read_text()) for path in (service.data_dir / "hooks").rglob("*.json")]
 
 
 async def setup_finished_on_a_full_disk(service: Service, disk: SmallDisk, git_repo: Path,

@@ -337,14 +337,17 @@ async def test_a_removed_environment_s_hook_records_and_transcript_are_dropped_a
     removed = await spawn(service, git_repo, "t1")
     live = await spawn(service, git_repo, "t2")
     records = service.data_dir / "hooks"
-    assert len(list(records.glob("*.json"))) == 2  # the two setups
+    assert len(list(records.rglob("*.json"))) == 2  # the two setups
 
     assert (await service.bb("thread", "archive", "t1", "--json")).returncode == 0
     await service.wait_for(removed["environmentId"], "removed")
 
     # The sweep deletes t1's setup and teardown records and logs, and keeps t2's.
-    await eventually(lambda: len(list(records.iterdir())) == 2, "the deletion of the removed environment's records")
-    assert sorted(p.suffix for p in records.iterdir()) == [".json", ".log"]
+    def files() -> list:
+        return [path for path in records.rglob("*") if path.is_file()]
+
+    await eventually(lambda: len(files()) == 2, "the deletion of the removed environment's records")
+    assert sorted(p.suffix for p in files()) == [".json", ".log"]
     shown = (await service.bb("environment", "show", live["environmentId"], "--json")).json()
     assert shown["status"] == "ready" and shown["hooks"]["setup"]["status"] == "succeeded"
     assert shown["transcript"]

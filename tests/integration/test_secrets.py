@@ -100,7 +100,7 @@ async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Ser
         assert f"refused a thread event on {subjects.thread_event(body['threadId'], 'created')}: " in log
     await service.stop()  # so that everything it wrote is on disk
 
-    hook_output = "".join(path.read_text() for path in (service.data_dir / "hooks").glob("*.log"))
+    hook_output = "".join(path.read_text() for path in (service.data_dir / "hooks").rglob("*.log"))
     assert len([line for line in hook_output.splitlines() if line.startswith("PATH=")]) == 2  # both were dumped
     searched = [*files_under(service.data_dir), service.data_dir.parent / "serve.log"]
     found = [(secret, str(path)) for path in searched for secret in [PASSWORD, *secrets.values()]

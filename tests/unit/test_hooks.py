@@ -274,9 +274,11 @@ def test_record_writes_wait_for_the_disk_only_at_the_full_sync_level(
 
     assert records.read("a") is not None and records.is_tombstoned("a")
     if synced:
-        # Each write: its temporary file (renamed since), then the directory that now names it.
-        assert len(fsynced) == 4
-        assert fsynced[1] == fsynced[3] == str(records.directory)
+        # The new shard's parent, which now names it; then each write: its temporary file
+        # (renamed since), then the shard that now names it.
+        shard = str(records.directory / hashlib.sha256(b"a").hexdigest()[:2])
+        assert len(fsynced) == 5
+        assert fsynced[0] == str(records.directory) and fsynced[2] == fsynced[4] == shard
     else:
         assert fsynced == []
 
@@ -284,8 +286,10 @@ def test_record_writes_wait_for_the_disk_only_at_the_full_sync_level(
 def test_a_record_stored_under_another_operation_is_refused(records_dir: Path) -> None:
     records = HookRecords(records_dir)
     records.write(HookRecord(operation_id="a", kind="setup", workspace="/w", script="/w/s", started_at=now_iso()))
-    stored = next(records_dir.glob("*.json"))
-    stored.rename(records_dir / (hashlib.sha256(b"b").hexdigest() + ".json"))
+    stored = next(records_dir.glob("*/*.json"))
+    other = hashlib.sha256(b"b").hexdigest()
+    (records_dir / other[:2]).mkdir(exist_ok=True)
+    stored.rename(records_dir / other[:2] / (other + ".json"))
 
     with pytest.raises(HookIdentityMismatch):
         records.read("b")

@@ -392,16 +392,24 @@ async def _stream_position() -> int:
     return 0
 
 
-async def test_transcripts_kept_past_the_limit_are_those_of_environments_removed_before_it(store, read_model):
+async def test_environments_removed_before_the_limit_are_forgotten_with_their_transcripts_and_threads(
+    store, read_model
+):
     live_environments(store.app, 0, 4)  # t1 and t3 removed, t0 and t2 ready
     for batch in batches(store.app):
         await read_model.apply(batch, no_gap)
-    ids = {thread: store.app.find_thread(thread).environment_id for thread in ("t0", "t1", "t3")}
-    await read_model.add_transcript([TranscriptEntry(n, str(ids[thread]), False, "line")
-                                     for n, thread in enumerate(("t0", "t1"))])  # none for t3
+    ids = {thread: str(store.app.find_thread(thread).environment_id) for thread in ("t0", "t1", "t2", "t3")}
+    await read_model.add_transcript([TranscriptEntry(n, ids[thread], False, "line")
+                                     for n, thread in enumerate(("t0", "t1"))])
     a_day = timedelta(days=1)
 
-    assert await read_model.transcripts_removed_before(datetime.now(timezone.utc) + a_day) == [str(ids["t1"])]
-    assert await read_model.transcripts_removed_before(datetime.now(timezone.utc) - a_day) == []
-    await read_model.forget_transcripts([str(ids["t1"])])
-    assert await read_model.transcripts_removed_before(datetime.now(timezone.utc) + a_day) == []
+    assert await read_model.removed_before(datetime.now(timezone.utc) - a_day, 10) == []
+    removed = await read_model.removed_before(datetime.now(timezone.utc) + a_day, 10)
+    assert sorted(view.id for view in removed) == sorted([ids["t1"], ids["t3"]])
+    assert [view.id for view in await read_model.removed_before(datetime.now(timezone.utc) + a_day, 1)] == \
+        [removed[0].id]
+    await read_model.forget_environments([ids["t0"], ids["t1"]])  # t0 is not removed: it stays
+
+    assert {view.id for view in await read_model.environments()} == {ids["t0"], ids["t2"], ids["t3"]}
+    assert {thread.id for thread in await read_model.threads()} == {"t0", "t2", "t3"}
+    assert await read_model.transcript(ids["t1"]) == [] and await read_model.transcript(ids["t0"]) == ["line"]

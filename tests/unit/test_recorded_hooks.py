@@ -219,7 +219,7 @@ def workspace(tmp_path):
 
 
 def record_files(records_dir: Path) -> list[str]:
-    return sorted(p.suffix for p in records_dir.iterdir())
+    return sorted(p.suffix for p in records_dir.rglob("*") if p.is_file())
 
 
 async def set_up(app, runner, workspace, thread_id, path):
@@ -305,7 +305,7 @@ async def test_a_deletion_cut_short_leaves_a_record_that_still_replays_and_goes_
     environment_id, setup = await set_up(app, runner, workspace, "t1", PATH)
     await remove(app, runner, workspace, environment_id, "t1")
     # What a kill -9 between deletion's two steps leaves: logs and tombstones gone, records not.
-    for log_file in records_dir.glob("*.log"):
+    for log_file in records_dir.glob("*/*.log"):
         log_file.unlink()
     restarted = HookRunner(records_dir, 60)
     try:
@@ -324,7 +324,7 @@ async def test_files_in_the_records_directory_that_are_no_operation_s_own_are_le
 ):
     environment_id, setup = await set_up(app, runner, workspace, "t1", PATH)
     await remove(app, runner, workspace, environment_id, "t1")
-    [record] = [p for p in records_dir.glob("*.json") if b'"kind": "setup"' in p.read_bytes()]
+    [record] = [p for p in records_dir.glob("*/*.json") if b'"kind": "setup"' in p.read_bytes()]
     strangers = {"0" * 64 + ".json": record.read_bytes(), "notes.json": b"{", "list.cancelled": b"[]"}
     for name, data in strangers.items():
         (records_dir / name).write_bytes(data)
@@ -348,6 +348,8 @@ async def test_a_record_write_a_crash_cut_short_is_deleted_once_older_than_the_l
 
 def test_a_record_a_power_loss_left_empty_reads_as_no_record(records_dir):
     records = HookRecords(records_dir)
-    records._record_path("op-1").write_bytes(b"")  # renamed in, its data never reached the disk
+    record = records._record_path("op-1")
+    record.parent.mkdir()
+    record.write_bytes(b"")  # renamed in, its data never reached the disk
 
     assert records.read("op-1") is None
