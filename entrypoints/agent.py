@@ -67,8 +67,9 @@ async def keep_hook_records(agent: HostAgent, settings: Settings) -> None:
 
 def agent_root(settings: Settings, given: str | None) -> Path:
     """`--root`, else BB_AGENT_ROOT, else `<data dir>/hosts/<host id>` (SPEC 7.1)."""
-    root = given or os.environ.get("BB_AGENT_ROOT") or str(settings.data_dir / "hosts" / settings.host_id)
-    return Path(os.path.realpath(os.path.expanduser(root)))
+    if given:
+        return Path(os.path.realpath(os.path.expanduser(given)))
+    return Path(settings.agent_root) if settings.agent_root else settings.data_dir / "hosts" / settings.host_id
 
 
 async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: Path) -> None:

@@ -92,9 +92,13 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
                      started: contextlib.AsyncExitStack) -> Core:
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
-    here = LocalWorkspaces(registry, settings.data_dir, ports.transcript)
-    workspaces = RoutedWorkspaces(here, ports.workspaces_elsewhere, settings.host_id if ports.agent_here else None,
-                                  registry.cloud_ids())
+    # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a root of
+    # their own; what is on disk already keeps its recorded paths either way.
+    cloud = LocalWorkspaces(registry, settings.data_dir, ports.transcript)
+    here = (LocalWorkspaces(registry, settings.workspaces_root, ports.transcript, earlier_data_dir=settings.data_dir)
+            if settings.agent_root else cloud)
+    workspaces = RoutedWorkspaces(here, cloud, ports.workspaces_elsewhere,
+                                  settings.host_id if ports.agent_here else None, registry.cloud_ids())
 
     def grace_for(provider_id: str) -> int | None:
         profile = workspaces.profiles(settings.host_id).get(provider_id)
@@ -154,6 +158,6 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: B
           for partition in range(subjects.THREAD_PARTITIONS)),
         sweep_forever(relay.caught_up, core.threads, core.provisioner, js, core.read_model,
                       settings.removed_retention_s, settings.sweep_interval_s,
-                      saved_notes_dir(provider_dir(settings.data_dir, GitWorktreeProvider.id)),
+                      saved_notes_dir(provider_dir(settings.workspaces_root, GitWorktreeProvider.id)),
                       settings.saved_ref_retention_s, core.doctor, settings.doctor_interval_s),
     ]

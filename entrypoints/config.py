@@ -61,6 +61,9 @@ class Settings(msgspec.Struct, frozen=True):
     """How long the work saved from a removed worktree (refs/bb/saved/<id>) is kept (BB_SAVED_REF_RETENTION_S)."""
     doctor_interval_s: float = 3600
     """How often the sweep looks for what `bb doctor` would find, to log it (BB_DOCTOR_INTERVAL_S)."""
+    agent_root: str | None = None
+    """BB_AGENT_ROOT: where this host's providers put the workspaces they own (`bb agent --root`); for
+    `bb serve`'s own agent None keeps them under the data dir, as earlier releases did."""
     nats_port: int | None = None
     """The embedded nats-server's port as asked for (`bb serve --nats-port`, BB_NATS_PORT); None leaves
     it to the port the data dir remembers (bus/embedded_server.py)."""
@@ -89,6 +92,8 @@ class Settings(msgspec.Struct, frozen=True):
             removed_retention_s=_positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
             saved_ref_retention_s=_positive("BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"),
             doctor_interval_s=_positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
+            agent_root=os.path.realpath(os.path.expanduser(os.environ["BB_AGENT_ROOT"]))
+            if os.environ.get("BB_AGENT_ROOT") else None,
             nats_port=_port("--nats-port", nats_port) if nats_port is not None else
             _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
         )
@@ -98,6 +103,13 @@ class Settings(msgspec.Struct, frozen=True):
         from pathlib import Path
 
         return Path(self.data_root)
+
+    @property
+    def workspaces_root(self) -> "Path":
+        """Where the providers of the agent in `bb serve` keep what they own."""
+        from pathlib import Path
+
+        return Path(self.agent_root) if self.agent_root else self.data_dir
 
     @property
     def server_file(self) -> str:

@@ -1,7 +1,8 @@
 """Which process does an environment's host work: the `Workspaces` port, routed per call.
 
-The host whose agent runs in this process, and the cloud providers (whose resource lives in no
-host's filesystem: Modal), are served here; every other host by its own agent, over the bus.
+The host whose agent runs in this process is served here (its workspaces under its root), the
+cloud providers (whose resource lives in no host's filesystem: Modal) by the core itself (their
+data under its data dir), and every other host by its own agent, over the bus.
 """
 
 from __future__ import annotations
@@ -29,18 +30,19 @@ from bb_environments.providers.workspace_messages import (
 
 
 class RoutedWorkspaces:
-    def __init__(self, here: Workspaces, elsewhere: Workspaces, host_here: str | None,
+    def __init__(self, here: Workspaces, cloud: Workspaces, elsewhere: Workspaces, host_here: str | None,
                  cloud_providers: frozenset[str]) -> None:
         """`host_here`: the host whose agent runs in this process (None: every host's is elsewhere)."""
         self._here = here
+        self._cloud = cloud
         self._elsewhere = elsewhere
         self._host_here = host_here
         self._cloud_providers = cloud_providers
 
     def _for(self, host_id: str, provider_id: str | None = None) -> Workspaces:
-        if host_id == self._host_here or provider_id in self._cloud_providers:
-            return self._here
-        return self._elsewhere
+        if provider_id in self._cloud_providers:
+            return self._cloud
+        return self._here if host_id == self._host_here else self._elsewhere
 
     def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
         return self._for(host_id).profiles(host_id)
@@ -51,7 +53,7 @@ class RoutedWorkspaces:
     async def inputs(self, host_id: str, provider_id: str, inputs: Any) -> Any:
         # The inputs' type is the provider's, which is the core's release too: read here, so that a
         # thread event's intent is checked while its host is away.
-        return await self._here.inputs(host_id, provider_id, inputs)
+        return await self._cloud.inputs(host_id, provider_id, inputs)
 
     async def canonical_project(self, host_id: str, project_path: str | None) -> str | None:
         return await self._for(host_id).canonical_project(host_id, project_path)

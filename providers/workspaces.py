@@ -96,9 +96,13 @@ class LocalWorkspaces:
     places environments on its own host only (handlers/placement.py), so another host is one an
     environment was placed on under an earlier host id."""
 
-    def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript) -> None:
+    def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript,
+                 earlier_data_dir: Path | None = None) -> None:
+        """`earlier_data_dir`: where this host's providers kept their workspaces before `data_dir`
+        (a root moved by BB_AGENT_ROOT); the workspaces there are removed and surveyed there."""
         self._registry = registry
         self._data_dir = data_dir
+        self._earlier_data_dir = earlier_data_dir
         self._transcript = transcript
         self._profiles = registry.profiles()
         self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
@@ -161,7 +165,7 @@ class LocalWorkspaces:
         host_slot = self._host_slots.setdefault(request.host_id, asyncio.Semaphore(1))
         async with host_slot, self._cleanup_slots:
             context = RemoveContext(
-                host_id=request.host_id, data_dir=str(provider_dir(self._data_dir, provider.id)),
+                host_id=request.host_id, data_dir=str(self._provider_dir_of(provider.id, request.path)),
                 project_path=request.project_path, inputs=_typed_inputs(provider, request.inputs),
                 path=request.path, path_key=request.path_key, attempt=request.attempt, resource=request.resource,
                 environment_id=request.environment_id,
@@ -212,7 +216,8 @@ class LocalWorkspaces:
                 provider = self._provider(provider_id)
                 if is_surveyed(provider):
                     local.add(provider_id)
-                    found.extend(provider.leftovers(str(provider_dir(self._data_dir, provider_id)), request.repos))
+                    for root in self._roots():
+                        found.extend(provider.leftovers(str(provider_dir(root, provider_id)), request.repos))
             absent = [path for provider_id, path in request.workspaces
                       if provider_id in local and not os.path.lexists(path)]
             return Survey(found, absent)
@@ -227,11 +232,22 @@ class LocalWorkspaces:
         provider = self._provider(leftover.provider_id)
         if not is_surveyed(provider):
             return RemoveFailed(f"the {provider.id!r} provider keeps no workspaces on this host to remove")
-        data_dir = str(provider_dir(self._data_dir, provider.id))
+        data_dir = str(self._provider_dir_of(provider.id, leftover.path))
         try:
             return Removed(await asyncio.to_thread(provider.remove_leftover, data_dir, leftover))
         except Exception as error:
             return RemoveFailed(f"{leftover.path} is kept: {error}")
+
+    def _roots(self) -> list[Path]:
+        return [self._data_dir, *([self._earlier_data_dir] if self._earlier_data_dir else [])]
+
+    def _provider_dir_of(self, provider_id: str, path: str | None) -> Path:
+        """The provider's directory that holds `path`: the earlier one for a workspace made there."""
+        if self._earlier_data_dir is not None and path is not None:
+            earlier = provider_dir(self._earlier_data_dir, provider_id)
+            if Path(path).is_relative_to(earlier):
+                return earlier
+        return provider_dir(self._data_dir, provider_id)
 
     def _provider(self, provider_id: str) -> EnvironmentProvider:
         provider = self._registry.get(provider_id)

@@ -340,3 +340,25 @@ async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_p
     finally:
         agent.stop()
     assert ready["path"].startswith(str(agent.root) + "/")
+
+
+async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_dir_and_keeps_the_old_ones(
+        service: Service, tmp_path: Path):
+    before = spawned(await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                      "--thread-id", "t-before", "--json"))
+    old = await service.wait_for(before, "ready")
+    assert old["path"].startswith(str(service.data_dir) + "/")
+    await service.stop()
+    root = tmp_path / "workspaces"
+    service.environment["BB_AGENT_ROOT"] = str(root)
+    await service.start()
+
+    after = spawned(await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
+                                     "--thread-id", "t-after", "--json"))
+    new = await service.wait_for(after, "ready")
+    assert new["path"].startswith(str(root) + "/")
+    assert oct(service.data_dir.stat().st_mode & 0o777) == "0o700"
+    for thread_id, environment_id in (("t-before", before), ("t-after", after)):
+        assert (await service.bb("thread", "archive", thread_id)).returncode == 0
+        await service.wait_for(environment_id, "removed")
+    assert not Path(old["path"]).exists() and not Path(new["path"]).exists()
