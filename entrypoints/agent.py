@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from nats.aio.client import Client
 
@@ -19,11 +20,16 @@ from bb_environments.entrypoints.config import Settings, hook_record_sync
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.runner import HookRunner
 
+log = logging.getLogger("bb.agent")
+
 
 async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, health: BusHealth,
                            started: contextlib.AsyncExitStack) -> HostAgent:
     """The agent of `settings.host_id`, serving on `nc` (its own user's connection); its stopping
     is pushed on `started`."""
+    if settings.workspace_user is None:
+        log.warning("BB_WORKSPACE_USER is unset: hooks run as this agent's own user and can read its "
+                    "credentials and data dir (docs/security.md says how to keep them apart)")
     runner = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync())
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger, health=health)

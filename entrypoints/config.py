@@ -64,6 +64,9 @@ class Settings(msgspec.Struct, frozen=True):
     nats_port: int | None = None
     """The embedded nats-server's port as asked for (`bb serve --nats-port`, BB_NATS_PORT); None leaves
     it to the port the data dir remembers (bus/embedded_server.py)."""
+    workspace_user: str | None = None
+    """The user that owns the agent's workspaces and runs their hooks (BB_WORKSPACE_USER); None: the
+    agent's own user, whose credentials the hooks can then read (SPEC 9)."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
@@ -74,6 +77,7 @@ class Settings(msgspec.Struct, frozen=True):
             raise ConfigError(f"the data dir {given!r} names a home directory that cannot be found: "
                               "set BB_DATA_DIR (or `bb serve --data-dir`) to an absolute path")
         root = os.path.realpath(expanded)
+        _refuse_git_hooks()
         return cls(
             data_root=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
@@ -91,6 +95,7 @@ class Settings(msgspec.Struct, frozen=True):
             doctor_interval_s=_positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
             nats_port=_port("--nats-port", nats_port) if nats_port is not None else
             _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
+            workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
         )
 
     @property
@@ -168,6 +173,19 @@ def _host_id(raw: str) -> str:
         return check_host_id(raw)
     except ValueError as bad:
         raise ConfigError(f"BB_HOST_ID: {bad}") from None
+
+
+def _refuse_git_hooks() -> None:
+    """BB_GIT_HOOKS: bb's own git commands never run the repository's git hooks
+    (providers/git_commands.py). `run` would need them under a setup's supervision, which is not
+    built: refused rather than ignored, so nobody believes their hooks run."""
+    raw = os.environ.get("BB_GIT_HOOKS")
+    if raw is None or raw.strip().lower() in ("", "off"):
+        return
+    if raw.strip().lower() == "run":
+        raise ConfigError("BB_GIT_HOOKS=run is not supported yet: bb's own git commands run without the "
+                          "repository's git hooks; unset BB_GIT_HOOKS (or set it to off)")
+    raise ConfigError(f"BB_GIT_HOOKS {raw!r} is not allowed: use off (run is not supported yet)")
 
 
 def _grace_override(raw: str | None) -> tuple[int | None] | None:

@@ -1,0 +1,50 @@
+"""What a repository's code may run, through a real `bb serve` (SPEC 9): only the hooks the core
+runs, never a script that resolves outside its workspace."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.integration.conftest import Service, service_environment, write_hooks
+
+
+async def spawn(service: Service, repo: Path, thread_id: str) -> dict:
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                               str(repo), "--thread-id", thread_id, "--wait", "--json")
+    assert spawned.returncode in (0, 1), spawned.stderr
+    return await service.show(spawned.json()["environmentId"])
+
+
+async def test_a_git_hook_a_setup_plants_in_the_shared_git_dir_does_not_run_at_the_next_create(
+        service, git_repo, tmp_path):
+    marker, ran = tmp_path / "hooks-ran", tmp_path / "post-checkout-ran"
+    hook = '"$(git rev-parse --git-common-dir)/hooks/post-checkout"'
+    write_hooks(git_repo, marker, setup=f"printf '#!/bin/sh\\ntouch {ran}\\n' > {hook} && chmod +x {hook}")
+
+    first = await spawn(service, git_repo, "t1")
+    assert first["status"] == "ready", first
+    assert os.access(git_repo / ".git" / "hooks" / "post-checkout", os.X_OK)
+
+    second = await spawn(service, git_repo, "t2")
+    assert second["status"] == "ready", second
+    assert not ran.exists()
+
+    await service.bb("thread", "archive", "t1")
+    await service.wait_for(first["id"], "removed")
+    assert not ran.exists()
+
+
+async def test_git_hooks_asked_to_run_are_refused_at_start_naming_the_setting(tmp_path):
+    environment = service_environment(tmp_path / "data", BB_GIT_HOOKS="run")
+    started = subprocess.run([*Service.cli(), "serve"], env=environment, capture_output=True, text=True,
+                             timeout=60, stdin=subprocess.DEVNULL)
+    assert started.returncode == 2, started.stderr
+    assert "BB_GIT_HOOKS=run is not supported yet" in started.stderr
+    assert not (tmp_path / "data" / "server.json").exists()
+
+
+async def test_the_start_says_in_one_line_that_hooks_can_read_the_credentials_without_a_workspace_user(service):
+    said = [line for line in service.log_tail().splitlines() if "BB_WORKSPACE_USER" in line]
+    assert len(said) == 1 and "hooks" in said[0] and "can read its credentials" in said[0], said
