@@ -119,8 +119,12 @@ def _supervise(
     environment: dict[str, str],
 ) -> None:
     script = Path(record.script)
+    resolved = _inside_workspace(record)
+    if isinstance(resolved, str):
+        _finish(records, record, "failed", None, resolved)
+        return
     try:
-        pid = _spawn_script(records, record, executable, environment)
+        pid = _spawn_script(records, record, resolved, executable, environment)
     except OSError as error:
         _finish(records, record, "failed", None, f"{script.name} could not start: {error}")
         return
@@ -150,7 +154,27 @@ def _supervise(
     _finish_with_exit_status(records, record, os.waitstatus_to_exitcode(status))
 
 
-def _spawn_script(records: HookRecords, record: HookRecord, executable: str | OSError, environment: dict[str, str]) -> int:
+def _inside_workspace(record: HookRecord) -> Path | str:
+    """The script with its symlinks resolved, if it stays inside the workspace; else why it is not run.
+
+    Checked here, just before bash opens it, rather than when the runner found the script: the
+    repository chooses what a script is, and a symlink would make the hook run a file of the
+    service's user outside the workspace (SPEC 9). bash gets the resolved path, so no symlink is
+    followed again between the check and the open. What remains, a path component swapped in that
+    gap, needs a process already running in the workspace: code of the repository that ran as
+    this same user already."""
+    script = Path(record.script)
+    workspace = os.path.realpath(record.workspace)
+    resolved = os.path.realpath(script)
+    if os.path.commonpath([workspace, resolved]) != workspace:
+        return f"{script.name} is a symlink to {resolved}, outside the workspace: not run"
+    if not os.path.isfile(resolved):
+        return f"{script.name} is not a regular file: not run"
+    return Path(resolved)
+
+
+def _spawn_script(records: HookRecords, record: HookRecord, script: Path, executable: str | OSError,
+                  environment: dict[str, str]) -> int:
     """Start `bash SCRIPT` in the workspace, in its own session, with no signal blocked.
 
     posix_spawn rather than subprocess: it can set the child's signal mask without a preexec_fn,
@@ -165,7 +189,7 @@ def _spawn_script(records: HookRecords, record: HookRecord, executable: str | OS
             raise executable
         return os.posix_spawn(
             executable,
-            ["bash", record.script],
+            ["bash", str(script)],
             environment,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),

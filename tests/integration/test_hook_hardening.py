@@ -48,3 +48,50 @@ async def test_git_hooks_asked_to_run_are_refused_at_start_naming_the_setting(tm
 async def test_the_start_says_in_one_line_that_hooks_can_read_the_credentials_without_a_workspace_user(service):
     said = [line for line in service.log_tail().splitlines() if "BB_WORKSPACE_USER" in line]
     assert len(said) == 1 and "hooks" in said[0] and "can read its credentials" in said[0], said
+
+
+def commit_symlinked_hook(repo: Path, name: str, target: Path) -> None:
+    (repo / name).symlink_to(target)
+    subprocess.run(["git", "-C", str(repo), "add", name], check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", name],
+                   check=True)
+
+
+async def test_a_setup_script_symlinked_outside_the_workspace_is_not_run_and_the_setup_fails_naming_it(
+        service, git_repo, tmp_path):
+    ran = tmp_path / "outside-ran"
+    outside = tmp_path / "outside.sh"
+    outside.write_text(f"touch {ran}\n")
+    commit_symlinked_hook(git_repo, ".bb-env-setup.sh", outside)
+
+    environment = await spawn(service, git_repo, "t1")
+
+    assert environment["status"] == "error", environment
+    assert environment["hooks"]["setup"]["status"] == "failed"
+    assert ".bb-env-setup.sh is a symlink to" in environment["statusMessage"]
+    assert "outside the workspace" in environment["statusMessage"]
+    assert not ran.exists()
+
+
+async def test_a_teardown_script_symlinked_outside_the_workspace_is_not_run_and_the_removal_goes_on(
+        service, git_repo, tmp_path):
+    ran = tmp_path / "outside-ran"
+    outside = tmp_path / "outside.sh"
+    outside.write_text(f"touch {ran}\n")
+    commit_symlinked_hook(git_repo, ".bb-env-teardown.sh", outside)
+    inside = git_repo / "scripts" / "setup.sh"
+    inside.parent.mkdir()
+    inside.write_text(f"touch {tmp_path / 'inside-ran'}\n")
+    subprocess.run(["git", "-C", str(git_repo), "add", "scripts"], check=True)
+    commit_symlinked_hook(git_repo, ".bb-env-setup.sh", Path("scripts", "setup.sh"))  # inside: runs
+
+    environment = await spawn(service, git_repo, "t1")
+    assert environment["status"] == "ready", environment
+    assert (tmp_path / "inside-ran").exists()
+
+    await service.bb("thread", "archive", "t1")
+    removed = await service.wait_for(environment["id"], "removed")
+    assert removed["hooks"]["teardown"]["status"] == "failed"
+    assert not ran.exists() and not Path(environment["path"]).exists()
+    await service.wait_for(environment["id"], lambda e: any(
+        ".bb-env-teardown.sh is a symlink to" in line for line in e["transcript"]))
