@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from bb_environments.bus.agent.host_agent import HostAgent
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.entrypoints.config import Settings, hook_record_sync
+from bb_environments.entrypoints.config import Settings, hook_output_max_bytes, hook_record_sync
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.runner import HookRunner
 
@@ -27,10 +27,11 @@ async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, h
                            started: contextlib.AsyncExitStack) -> HostAgent:
     """The agent of `settings.host_id`, serving on `nc` (its own user's connection); its stopping
     is pushed on `started`."""
+    runner = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync(),
+                        hook_output_max_bytes())
     if settings.workspace_user is None:
         log.warning("BB_WORKSPACE_USER is unset: hooks run as this agent's own user and can read its "
                     "credentials and data dir (docs/security.md says how to keep them apart)")
-    runner = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync())
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger, health=health)
     service = await agent.start()

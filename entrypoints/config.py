@@ -146,6 +146,19 @@ def hook_record_sync() -> "SyncLevel":
     return sync_level("BB_HOOK_RECORD_SYNC", records.SYNC_LEVELS)
 
 
+def hook_output_max_bytes() -> int:
+    """BB_HOOK_OUTPUT_MAX_BYTES: how much of a hook's output its log keeps (hooks/output_log.py)."""
+    from bb_environments.hooks import output_log  # as above: only what runs hooks needs it
+
+    raw = os.environ.get("BB_HOOK_OUTPUT_MAX_BYTES")
+    if not raw:
+        return output_log.DEFAULT_OUTPUT_MAX_BYTES
+    if raw.isascii() and raw.isdigit() and int(raw) >= output_log.MIN_OUTPUT_MAX_BYTES:
+        return int(raw)
+    raise ConfigError(f"BB_HOOK_OUTPUT_MAX_BYTES {raw!r} is not allowed: use a number of bytes, at least "
+                      f"{output_log.MIN_OUTPUT_MAX_BYTES}")
+
+
 Level = TypeVar("Level", bound=str)
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from bb_environments.hooks.records import HookRecords
 from tests.integration.conftest import Service, service_environment, write_hooks
 
 
@@ -95,3 +96,27 @@ async def test_a_teardown_script_symlinked_outside_the_workspace_is_not_run_and_
     assert not ran.exists() and not Path(environment["path"]).exists()
     await service.wait_for(environment["id"], lambda e: any(
         ".bb-env-teardown.sh is a symlink to" in line for line in e["transcript"]))
+
+
+async def test_a_hook_printing_30_mb_keeps_8_mib_on_disk_and_its_transcript_says_how_much_was_dropped(
+        service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "hooks-ran", setup=(
+        "head -c 100000 /dev/zero | tr '\\0' L; echo\n"  # one line of 100 kB
+        "yes 0123456789012345678901234567890123456789012345678 | head -c 30000000\n"))
+
+    environment = await spawn(service, git_repo, "t1")
+
+    assert environment["status"] == "ready", environment
+    operation = environment["hooks"]["setup"]["operationId"]
+    kept = HookRecords(service.data_dir / "hooks").log_path(operation).read_bytes()
+    assert len(kept) <= 8 * 1024 * 1024
+    assert kept.startswith(b"preparing the workspace\n" + b"L" * 16384
+                           + b" [bb: line cut, 83616 more bytes of it not kept]\n")
+    marker = kept.rsplit(b"\n", 2)[1].decode()
+    assert marker.startswith("[bb: ") and marker.endswith(
+        " bytes of output not kept: beyond BB_HOOK_OUTPUT_MAX_BYTES (8388608 bytes)]"), marker
+    printed = 100_001 + 30_000_000
+    assert printed - 83616 - 8 * 1024 * 1024 <= int(marker.split()[1]) <= printed - 83616 - len(kept) + 1000
+    await service.wait_for(environment["id"], lambda e: any(
+        "bytes of output not kept: beyond BB_HOOK_OUTPUT_MAX_BYTES" in line for line in e["transcript"]),
+        timeout=120)
