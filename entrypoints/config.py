@@ -64,6 +64,12 @@ class Settings(msgspec.Struct, frozen=True):
     nats_port: int | None = None
     """The embedded nats-server's port as asked for (`bb serve --nats-port`, BB_NATS_PORT); None leaves
     it to the port the data dir remembers (bus/embedded_server.py)."""
+    max_live_environments: int = 10_000
+    """How many environments that are not removed one host may have (BB_MAX_LIVE_ENVIRONMENTS)."""
+    max_live_environments_per_project: int = 1_000
+    """How many of them one project may have (BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT)."""
+    project_roots: tuple[str, ...] | None = None
+    """The directories a project must lie in (BB_PROJECT_ROOTS, colon-separated, absolute); None: anywhere."""
     workspace_user: str | None = None
     """The user that owns the agent's workspaces and runs their hooks (BB_WORKSPACE_USER); None: the
     agent's own user, whose credentials the hooks can then read (SPEC 9)."""
@@ -95,6 +101,9 @@ class Settings(msgspec.Struct, frozen=True):
             doctor_interval_s=_positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
             nats_port=_port("--nats-port", nats_port) if nats_port is not None else
             _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
+            max_live_environments=_count("BB_MAX_LIVE_ENVIRONMENTS", 10_000),
+            max_live_environments_per_project=_count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
+            project_roots=_project_roots(os.environ.get("BB_PROJECT_ROOTS")),
             workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
         )
 
@@ -226,6 +235,26 @@ def _port(name: str, raw: str | None) -> int | None:
     if raw.isascii() and raw.isdigit() and len(raw) <= 5 and 0 < int(raw) < 65536:
         return int(raw)
     raise ConfigError(f"{name} {raw!r} is not allowed: use a port number from 1 to 65535")
+
+
+def _count(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    if raw.isascii() and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    raise ConfigError(f"{name} {raw!r} is not allowed: use a whole number greater than 0")
+
+
+def _project_roots(raw: str | None) -> tuple[str, ...] | None:
+    """Each root with its symlinks resolved, as project paths are compared once resolved."""
+    if not raw:
+        return None
+    roots = [root for root in raw.split(":") if root]
+    relative = [root for root in roots if not os.path.isabs(root)]
+    if relative or not roots:
+        raise ConfigError(f"BB_PROJECT_ROOTS {raw!r} is not allowed: use absolute paths separated by ':'")
+    return tuple(os.path.realpath(root) for root in roots)
 
 
 def _positive(name: str, default: float, what: str) -> float:

@@ -46,6 +46,12 @@ def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None)
     return completed.stdout.strip("\n")
 
 
+def refused_as_unsafe(failed: GitFailed) -> bool:
+    """Whether git refused a repository owned by another user (its `safe.directory` check): such a
+    repository is refused for that reason, not as "not a git repository"."""
+    return "dubious ownership" in str(failed)
+
+
 def run_git_or_none(repo: str, *args: str, environment: Mapping[str, str] | None = None) -> str | None:
     try:
         return run_git(repo, *args, environment=environment)
