@@ -1,8 +1,9 @@
 """Transcript lines (provider steps, hook output) go to their own size-limited stream.
 
 Publishing is fire-and-forget from any thread: progress must never block or fail a step. Lines
-are sent in order; while the bus is away they wait (the oldest dropped beyond MAX_WAITING_LINES)
-and go out once it is back.
+are sent in order; while the bus is away they wait and go out once it is back. At most
+MAX_WAITING_LINES wait: beyond that the oldest are dropped, whether the bus is away or lines come
+faster than they go out (a hook printing megabytes), and the log says which.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ class TranscriptPublisher:
     def __init__(self, nc: Client, loop: asyncio.AbstractEventLoop, *, health: BusHealth | None = None) -> None:
         self._nc = nc
         self._loop = loop
-        self._bus = (health or BusHealth()).retry("publishing transcript lines")
+        self._health = health or BusHealth()
+        self._bus = self._health.retry("publishing transcript lines")
         self._waiting: deque[Line] = deque()
-        self._dropped = 0
+        self._dropped_while_away = 0
+        self._dropped_behind = 0
         self._sending: asyncio.Task[None] | None = None
 
     def line(self, environment_id: str, kind: TranscriptKind, source: str, text: str, message_id: str | None = None) -> None:
@@ -46,7 +49,10 @@ class TranscriptPublisher:
     def _queue(self, line: Line) -> None:
         if len(self._waiting) == MAX_WAITING_LINES:
             self._waiting.popleft()
-            self._dropped += 1
+            if self._health.available:
+                self._dropped_behind += 1
+            else:
+                self._dropped_while_away += 1
         self._waiting.append(line)
         if self._sending is None or self._sending.done():
             self._sending = self._loop.create_task(self._send_waiting())
@@ -65,6 +71,14 @@ class TranscriptPublisher:
                     break
                 self._bus.succeeded()
                 break
-            if self._dropped:
-                log.warning("%d transcript line(s) were dropped while the bus was away", self._dropped)
-                self._dropped = 0
+            self._tell_dropped()
+
+    def _tell_dropped(self) -> None:
+        if self._dropped_while_away:
+            log.warning("%d transcript line(s) were dropped while the bus was away (at most %d wait)",
+                        self._dropped_while_away, MAX_WAITING_LINES)
+            self._dropped_while_away = 0
+        if self._dropped_behind:
+            log.warning("%d transcript line(s) were dropped: they came faster than they could be published "
+                        "(at most %d wait)", self._dropped_behind, MAX_WAITING_LINES)
+            self._dropped_behind = 0

@@ -23,3 +23,7 @@ class UnknownEnvironment(DomainError):
 
 class UnknownThread(DomainError):
     pass
+
+
+class LimitReached(DomainError):
+    """A new environment would pass a limit on how many may be live at once."""

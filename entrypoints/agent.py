@@ -30,7 +30,7 @@ from bb_environments.bus.agent.workspace_answers import add_workspace_answers
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import connect
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.entrypoints.config import Settings, hook_record_sync, nats_credentials
+from bb_environments.entrypoints.config import Settings, hook_output_max_bytes, hook_record_sync, nats_credentials
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
@@ -49,7 +49,10 @@ async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, h
                            started: contextlib.AsyncExitStack, hook_records: Path) -> StartedAgent:
     """The agent of `settings.host_id`, serving on `nc` (its own user's connection), its hook
     records under `hook_records`; its stopping is pushed on `started`."""
-    runner = HookRunner(hook_records, settings.hook_timeout_s, hook_record_sync())
+    runner = HookRunner(hook_records, settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes())
+    if settings.workspace_user is None:
+        log.warning("BB_WORKSPACE_USER is unset: hooks run as this agent's own user and can read its "
+                    "credentials and data dir (docs/security.md says how to keep them apart)")
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger)
     service = await agent.start()

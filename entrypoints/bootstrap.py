@@ -28,7 +28,7 @@ from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import consume
 from bb_environments.bus.wire import subjects
-from bb_environments.handlers.application import Environments
+from bb_environments.handlers.application import Environments, LiveLimits
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.entrypoints.config import Settings, event_store_file
 from bb_environments.entrypoints.event_store import event_store_environment
@@ -108,7 +108,8 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     writers = SingleWriter() if event_store_file(settings.event_store) else SharedStore()
     try:
         app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
-                           grace_for=grace_for, writers=writers)
+                           grace_for=grace_for, writers=writers,
+                           limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project))
     except Exception as unusable:
         store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
         raise StoreUnusable(f"the event store {store_name} cannot be opened: {unusable}") from None
@@ -117,7 +118,7 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
     started.push_async_callback(read_model.close)
     machines = Machines(ports.hosts, read_model, settings.host_id)
-    placer = Placer(workspaces, settings.host_id, machines.known)
+    placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots)
     provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
                               timedelta(seconds=settings.transient_retry_s))
     started.push_async_callback(provisioner.stop)

@@ -67,6 +67,15 @@ class Settings(msgspec.Struct, frozen=True):
     nats_port: int | None = None
     """The embedded nats-server's port as asked for (`bb serve --nats-port`, BB_NATS_PORT); None leaves
     it to the port the data dir remembers (bus/embedded_server.py)."""
+    max_live_environments: int = 10_000
+    """How many environments that are not removed one host may have (BB_MAX_LIVE_ENVIRONMENTS)."""
+    max_live_environments_per_project: int = 1_000
+    """How many of them one project may have (BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT)."""
+    project_roots: tuple[str, ...] | None = None
+    """The directories a project must lie in (BB_PROJECT_ROOTS, colon-separated, absolute); None: anywhere."""
+    workspace_user: str | None = None
+    """The user that owns the agent's workspaces and runs their hooks (BB_WORKSPACE_USER); None: the
+    agent's own user, whose credentials the hooks can then read (SPEC 9)."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
@@ -77,6 +86,7 @@ class Settings(msgspec.Struct, frozen=True):
             raise ConfigError(f"the data dir {given!r} names a home directory that cannot be found: "
                               "set BB_DATA_DIR (or `bb serve --data-dir`) to an absolute path")
         root = os.path.realpath(expanded)
+        _refuse_git_hooks()
         return cls(
             data_root=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
@@ -96,6 +106,10 @@ class Settings(msgspec.Struct, frozen=True):
             if os.environ.get("BB_AGENT_ROOT") else None,
             nats_port=_port("--nats-port", nats_port) if nats_port is not None else
             _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
+            max_live_environments=_count("BB_MAX_LIVE_ENVIRONMENTS", 10_000),
+            max_live_environments_per_project=_count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
+            project_roots=_project_roots(os.environ.get("BB_PROJECT_ROOTS")),
+            workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
         )
 
     @property
@@ -153,6 +167,19 @@ def hook_record_sync() -> "SyncLevel":
     return sync_level("BB_HOOK_RECORD_SYNC", records.SYNC_LEVELS)
 
 
+def hook_output_max_bytes() -> int:
+    """BB_HOOK_OUTPUT_MAX_BYTES: how much of a hook's output its log keeps (hooks/output_log.py)."""
+    from bb_environments.hooks import output_log  # as above: only what runs hooks needs it
+
+    raw = os.environ.get("BB_HOOK_OUTPUT_MAX_BYTES")
+    if not raw:
+        return output_log.DEFAULT_OUTPUT_MAX_BYTES
+    if raw.isascii() and raw.isdigit() and int(raw) >= output_log.MIN_OUTPUT_MAX_BYTES:
+        return int(raw)
+    raise ConfigError(f"BB_HOOK_OUTPUT_MAX_BYTES {raw!r} is not allowed: use a number of bytes, at least "
+                      f"{output_log.MIN_OUTPUT_MAX_BYTES}")
+
+
 Level = TypeVar("Level", bound=str)
 
 
@@ -182,6 +209,19 @@ def _host_id(raw: str) -> str:
         raise ConfigError(f"BB_HOST_ID: {bad}") from None
 
 
+def _refuse_git_hooks() -> None:
+    """BB_GIT_HOOKS: bb's own git commands never run the repository's git hooks
+    (providers/git_commands.py). `run` would need them under a setup's supervision, which is not
+    built: refused rather than ignored, so nobody believes their hooks run."""
+    raw = os.environ.get("BB_GIT_HOOKS")
+    if raw is None or raw.strip().lower() in ("", "off"):
+        return
+    if raw.strip().lower() == "run":
+        raise ConfigError("BB_GIT_HOOKS=run is not supported yet: bb's own git commands run without the "
+                          "repository's git hooks; unset BB_GIT_HOOKS (or set it to off)")
+    raise ConfigError(f"BB_GIT_HOOKS {raw!r} is not allowed: use off (run is not supported yet)")
+
+
 def _grace_override(raw: str | None) -> tuple[int | None] | None:
     if raw is None or raw == "":
         return None
@@ -207,6 +247,26 @@ def _port(name: str, raw: str | None) -> int | None:
     if raw.isascii() and raw.isdigit() and len(raw) <= 5 and 0 < int(raw) < 65536:
         return int(raw)
     raise ConfigError(f"{name} {raw!r} is not allowed: use a port number from 1 to 65535")
+
+
+def _count(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    if raw.isascii() and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    raise ConfigError(f"{name} {raw!r} is not allowed: use a whole number greater than 0")
+
+
+def _project_roots(raw: str | None) -> tuple[str, ...] | None:
+    """Each root with its symlinks resolved, as project paths are compared once resolved."""
+    if not raw:
+        return None
+    roots = [root for root in raw.split(":") if root]
+    relative = [root for root in roots if not os.path.isabs(root)]
+    if relative or not roots:
+        raise ConfigError(f"BB_PROJECT_ROOTS {raw!r} is not allowed: use absolute paths separated by ':'")
+    return tuple(os.path.realpath(root) for root in roots)
 
 
 def _positive(name: str, default: float, what: str) -> float:

@@ -8,6 +8,7 @@ from its arguments when its save lost a race with another writer (handlers/write
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,7 +20,8 @@ from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification, Recording
 
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.errors import DomainError, IllegalTransition, PathAlreadyClaimed, UnknownEnvironment, UnknownThread
+from bb_environments.domain.errors import (
+    DomainError, IllegalTransition, LimitReached, PathAlreadyClaimed, UnknownEnvironment, UnknownThread)
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, HookKind, RecordedHook
 from bb_environments.domain.status import ThreadStatus
 from bb_environments.domain.steps import SkipSetup, StartSetup
@@ -50,14 +52,24 @@ class Placement:
     """False: placed while the host's agent was away, planned on the host before its create."""
 
 
+@dataclass(frozen=True)
+class LiveLimits:
+    """How many environments that are not removed may live at once (SPEC 9)."""
+
+    per_host: int = 10_000
+    per_project: int = 1_000
+    """Per project on one host; environments without a project count towards their host's limit only."""
+
+
 class Environments(Application[UUID]):
     name = "Environments"
     log_section_size = 500
 
     def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None,
-                 writers: Writers | None = None) -> None:
+                 writers: Writers | None = None, limits: LiveLimits | None = None) -> None:
         """`writers`: who else may write the store (default: nobody, as with SQLite)."""
         self.writers = writers or SingleWriter()
+        self.limits = limits or LiveLimits()
         super().__init__(env={**(env or {}), **self.writers.cache_settings()})
         self._grace_for = grace_for or (lambda provider_id: retire_grace_ms(None, None))
         self.on_saved: Callable[[], object] = lambda: None
@@ -65,7 +77,9 @@ class Environments(Application[UUID]):
         # Indexes folded from the log, each read on from where it left off.
         index, saves = self.writers.log_index, lambda: self._saves
         self.claims = Claims(self, self.writers, saves)
-        self._unfinished: dict[UUID, None] = {}
+        self._unfinished: dict[UUID, tuple[str, str | None]] = {}  # with its host and project
+        self._live_on_host: Counter[str] = Counter()
+        self._live_in_project: Counter[tuple[str, str]] = Counter()
         self._requested: set[UUID] = set()
         self._hook_operations: dict[str, tuple[UUID, HookKind]] = {}
         self._unfinished_index = index(self, saves, Environment, ("Claimed", "Removed"), self._fold_unfinished)
@@ -263,6 +277,7 @@ class Environments(Application[UUID]):
         if placement.shares_claimed_path and holder is not None and holder.takes_threads:
             return self._attach(thread, holder.id)
         replaced = holder if holder is not None and holder.can_give_up_path else None
+        self._refuse_past_limits(placement, replaced)
         environment = Environment(
             provider_id=placement.provider_id,
             host_id=host_id,
@@ -491,9 +506,32 @@ class Environments(Application[UUID]):
 
     def _fold_unfinished(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         if notification.topic.endswith(".Claimed"):
-            self._unfinished[_aggregate_id(notification)] = None
-        else:
-            self._unfinished.pop(_aggregate_id(notification), None)
+            claimed: Any = self.mapper.to_domain_event(notification) if event is None else event
+            place = self._unfinished[_aggregate_id(notification)] = (claimed.host_id, claimed.project_path)
+            self._count_live(place, 1)
+        elif _aggregate_id(notification) in self._unfinished:
+            self._count_live(self._unfinished.pop(_aggregate_id(notification)), -1)
+
+    def _count_live(self, place: tuple[str, str | None], change: int) -> None:
+        host_id, project_path = place
+        self._live_on_host[host_id] += change
+        if project_path is not None:
+            self._live_in_project[host_id, project_path] += change
+
+    def _refuse_past_limits(self, placement: Placement, replaced: Environment | None) -> None:
+        """A new environment is refused while its host, or its project there, has as many live ones
+        as the limits allow; one whose removal this save starts does not count (its place is handed on)."""
+        self._unfinished_index.catch_up()
+        host_id, project_path = placement.host_id, placement.project_path
+        handed_on = 1 if replaced is not None else 0
+        if self._live_on_host[host_id] - handed_on >= self.limits.per_host:
+            raise LimitReached(f"host {host_id} has {self._live_on_host[host_id]} live environments, as many as "
+                               f"BB_MAX_LIVE_ENVIRONMENTS ({self.limits.per_host}) allows: remove one first")
+        in_project = self._live_in_project[host_id, project_path] if project_path is not None else 0
+        if project_path is not None and in_project - handed_on >= self.limits.per_project:
+            raise LimitReached(f"project {project_path} has {in_project} live environments on host {host_id}, as "
+                               f"many as BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT ({self.limits.per_project}) allows: "
+                               "remove one first")
 
 
     # -- what bb doctor compares with the hosts ---------------------------------------------------

@@ -49,11 +49,14 @@ def check_environment_id(text: str) -> UUID:
 
 class Placer:
     def __init__(self, workspaces: Workspaces, host_id: str = "local",
-                 known_hosts: Callable[[], list[str]] | None = None) -> None:
-        """`known_hosts`: the hosts environments may be placed on (default: this service's own)."""
+                 known_hosts: Callable[[], list[str]] | None = None,
+                 project_roots: tuple[str, ...] | None = None) -> None:
+        """`known_hosts`: the hosts environments may be placed on (default: this service's own);
+        `project_roots`: the canonical directories a project must lie in (None: anywhere)."""
         self._workspaces = workspaces
         self.host_id = host_id
         self._known_hosts = known_hosts or (lambda: [host_id])
+        self._project_roots = project_roots
 
     def profile(self, provider_id: str) -> ProviderProfile:
         """The profile of a provider of this service's host; an unknown one is refused."""
@@ -92,6 +95,9 @@ class Placer:
         profile = self.profile(intent.provider_id)
         self.check_known(host_id)
         path_key = _path_key(profile.policy, thread_id, 1, thread_id)
+        # Before the plan, which runs git in the project: whoever holds the publisher seed names the
+        # project, and so whose hooks run.
+        self._refuse_outside_roots(await self.project(project_path, host_id))
         try:
             plan = await self._workspaces.plan(PlanRequest(host_id, profile.id, project_path, intent.inputs, path_key))
         except HostUnavailable:
@@ -103,6 +109,7 @@ class Placer:
             raise Refused(str(refused)) from None
         except ProviderMissing:
             raise self._unknown(profile.id) from None
+        self._refuse_outside_roots(plan.project_path)  # a subdirectory's repository may reach outside
         return Placement(
             provider_id=profile.id, host_id=host_id, project_path=plan.project_path, inputs=plan.inputs,
             path_key=path_key, claimed_path=plan.claimed_path, shares_claimed_path=plan.shares_claimed_path,
@@ -118,6 +125,14 @@ class Placer:
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
         return next_key, claimed
+
+    def _refuse_outside_roots(self, project_path: str | None) -> None:
+        roots = self._project_roots
+        if roots is None or project_path is None:
+            return
+        if not any(project_path == root or project_path.startswith(root.rstrip("/") + "/") for root in roots):
+            raise InvalidInput(f"project {quoted(project_path)} is outside BB_PROJECT_ROOTS: projects must lie in "
+                               f"{', '.join(roots)}")
 
     def _unknown(self, provider_id: str) -> InvalidInput:
         available = ", ".join(self._workspaces.profiles(self.host_id)) or "none"

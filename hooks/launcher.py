@@ -119,11 +119,13 @@ def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
         signal.sigtimedwait({signal.SIGTERM}, 0)  # see above: not a cancel
         if request:
             asked = SupervisorRequest.decode(request)
-            supervisor.main([asked.records_dir, asked.operation_id, asked.timeout, asked.sync], asked.environment)
-        # Right after the last record write: the runner learns it now, not once this process
-        # has been torn down.
-        for fd in fds:
-            os.close(fd)
+            # The done pipe is closed right after the last record write: the runner learns it
+            # then, not once the output of what the hook left running has ended.
+            supervisor.main([asked.records_dir, asked.operation_id, asked.timeout, asked.sync,
+                             asked.output_max_bytes], asked.environment, tuple(fds))
+        else:
+            for fd in fds:
+                os.close(fd)
         status = 0
     finally:
         os._exit(status)

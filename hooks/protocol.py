@@ -52,6 +52,8 @@ class SupervisorRequest:
     sync: str
     environment: dict[str, str]
     """The environment of the moment the hook was asked for, as a freshly spawned supervisor would have had."""
+    output_max_bytes: str
+    """How much of the script's output its log keeps (BB_HOOK_OUTPUT_MAX_BYTES, see output_log)."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

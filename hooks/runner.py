@@ -48,6 +48,7 @@ from typing import Literal, cast
 
 from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookKind, HookOutcome
 from bb_environments.hooks.launcher_client import LauncherClient
+from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL, SupervisorRequest
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
@@ -68,6 +69,7 @@ POLL_S = 0.02
 CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
 SKIPS_REMEMBERED = 4096
+LINES_BETWEEN_YIELDS = 100
 
 CancelResult = Literal["never-started", "finished", "terminated"]
 OutputSink = Callable[[str, int], Awaitable[None]]
@@ -93,10 +95,13 @@ class _InFlight:
 
 
 class HookRunner:
-    def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal") -> None:
-        """`sync`: how the records survive the machine going down (see records.SyncLevel)."""
+    def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal",
+                 output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES) -> None:
+        """`sync`: how the records survive the machine going down (see records.SyncLevel);
+        `output_max_bytes`: how much of a hook's output its log keeps (see output_log)."""
         self._records = HookRecords(records_dir, sync)
         self._timeout_s = timeout_s
+        self._output_max_bytes = output_max_bytes
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
         self._finalize_locks: dict[str, asyncio.Lock] = {}
@@ -265,7 +270,7 @@ class HookRunner:
             return record, None
         supervisor = self._launcher.start_supervisor(
             SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
-                              without_secrets(os.environ))
+                              without_secrets(os.environ), str(self._output_max_bytes))
         )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.
@@ -349,10 +354,13 @@ class HookRunner:
         """Send `data`, read from `offset` of the log; a partial last line only once complete."""
         if not complete:
             data = data[: data.rfind(b"\n") + 1]
-        for line in data.splitlines(keepends=True):
+        for number, line in enumerate(data.splitlines(keepends=True), start=1):
             start, offset = offset, offset + len(line)
             self._delivered_offsets[operation_id] = offset
             await on_output(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), start)
+            if number % LINES_BETWEEN_YIELDS == 0:
+                # A hook printing megabytes must not hold the event loop the API answers on.
+                await asyncio.sleep(0)
 
     async def _record_once_adopted(self, operation_id: str) -> HookRecord | None:
         """The record, after this process's own in-flight run has recorded its supervisor."""

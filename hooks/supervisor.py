@@ -1,6 +1,6 @@
 """Runs one hook script and records its outcome, outliving the service that started it.
 
-    python -m bb_environments.hooks.supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S SYNC_LEVEL
+    python -m bb_environments.hooks.supervisor RECORDS_DIR OPERATION_ID TIMEOUT_S SYNC_LEVEL [OUTPUT_MAX_BYTES]
 
 Standard library only (and so is all it imports from this package), without argparse: its
 start-up time is part of a runner's first hook.
@@ -24,6 +24,11 @@ write, with backoff, for as long as it takes, and meanwhile hands the outcome to
 environment in error, although the script ran to its end.
 
 SIGTERM cancels: the script's process group is killed and the outcome is "cancelled".
+
+The script's output reaches the log through a pipe this process copies, bounded (see output_log);
+the outcome is written once what the script wrote before it ended is in the log. Processes the
+script leaves running keep the pipe, and this process copies their output until they end, after
+it has told the runner it is done.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES, BoundedLog, OutputCopier
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
@@ -63,9 +69,24 @@ RECORD_RETRY_FIRST_S = 0.05
 RECORD_RETRY_MAX_S = 5.0
 
 
-def main(argv: list[str] | None = None, environment: dict[str, str] | None = None) -> None:
-    """Supervise one hook; the script's environment derives from `environment`, else os.environ."""
-    records_dir, operation_id, timeout, sync = sys.argv[1:] if argv is None else argv
+def main(argv: list[str] | None = None, environment: dict[str, str] | None = None,
+         done_fds: tuple[int, ...] = ()) -> None:
+    """Supervise one hook; the script's environment derives from `environment`, else os.environ.
+    `done_fds` are closed once the outcome is recorded (the runner's notice, see launcher)."""
+    records_dir, operation_id, timeout, sync, *bound = sys.argv[1:] if argv is None else argv
+    output_max_bytes = int(bound[0]) if bound else DEFAULT_OUTPUT_MAX_BYTES
+    output = None
+    try:
+        output = _adopt_and_supervise(records_dir, operation_id, float(timeout), sync, output_max_bytes, environment)
+    finally:
+        for fd in done_fds:
+            os.close(fd)
+    if output is not None:
+        output.follow_to_end()
+
+
+def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, sync: str, output_max_bytes: int,
+                         environment: dict[str, str] | None) -> OutputCopier | None:
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
@@ -77,11 +98,11 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
     records = HookRecords(Path(records_dir), sync)
     record = _wait_for_adoption(records, operation_id)
     if record is None:
-        return
+        return None
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
-        return
-    _supervise(records, record, float(timeout), executable, script_environment)
+        return None
+    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment)
 
 
 def _wait_for_adoption(records: HookRecords, operation_id: str) -> HookRecord | None:
@@ -115,15 +136,21 @@ def _supervise(
     records: HookRecords,
     record: HookRecord,
     timeout_s: float,
+    output_max_bytes: int,
     executable: str | OSError,
     environment: dict[str, str],
-) -> None:
+) -> OutputCopier | None:
+    """Run the script to its outcome; the copier of its output, which processes it left may still hold."""
     script = Path(record.script)
+    resolved = _inside_workspace(record)
+    if isinstance(resolved, str):
+        _finish(records, record, "failed", None, resolved)
+        return None
     try:
-        pid = _spawn_script(records, record, executable, environment)
+        pid, output = _spawn_script(records, record, resolved, executable, environment, output_max_bytes)
     except OSError as error:
         _finish(records, record, "failed", None, f"{script.name} could not start: {error}")
-        return
+        return None
     record.script_pid = pid
     record.script_started_at = process_start_ticks(pid)
     try:
@@ -140,44 +167,75 @@ def _supervise(
         if remaining <= 0:
             confirmed = _kill_script(pid)
             message = f"{script.name} timed out after {timeout_s:g}s" + _unconfirmed(confirmed)
+            output.drain()
             _finish(records, record, "timed_out", None, message)
-            return
+            return output
         received = signal.sigtimedwait(HANDLED_SIGNALS, remaining)
         if received is not None and received.si_signo == signal.SIGTERM:
             confirmed = _kill_script(pid)
+            output.drain()
             _finish(records, record, "cancelled", None, f"{script.name} cancelled" + _unconfirmed(confirmed))
-            return
+            return output
+    output.drain()
     _finish_with_exit_status(records, record, os.waitstatus_to_exitcode(status))
+    return output
 
 
-def _spawn_script(records: HookRecords, record: HookRecord, executable: str | OSError, environment: dict[str, str]) -> int:
-    """Start `bash SCRIPT` in the workspace, in its own session, with no signal blocked.
+def _inside_workspace(record: HookRecord) -> Path | str:
+    """The script with its symlinks resolved, if it stays inside the workspace; else why it is not run.
+
+    Checked here, just before bash opens it, rather than when the runner found the script: the
+    repository chooses what a script is, and a symlink would make the hook run a file of the
+    service's user outside the workspace (SPEC 9). bash gets the resolved path, so no symlink is
+    followed again between the check and the open. What remains, a path component swapped in that
+    gap, needs a process already running in the workspace: code of the repository that ran as
+    this same user already."""
+    script = Path(record.script)
+    workspace = os.path.realpath(record.workspace)
+    resolved = os.path.realpath(script)
+    if os.path.commonpath([workspace, resolved]) != workspace:
+        return f"{script.name} is a symlink to {resolved}, outside the workspace: not run"
+    if not os.path.isfile(resolved):
+        return f"{script.name} is not a regular file: not run"
+    return Path(resolved)
+
+
+def _spawn_script(records: HookRecords, record: HookRecord, script: Path, executable: str | OSError,
+                  environment: dict[str, str], output_max_bytes: int) -> tuple[int, OutputCopier]:
+    """Start `bash SCRIPT` in the workspace, in its own session, with no signal blocked, its
+    output into a pipe whose copier this returns.
 
     posix_spawn rather than subprocess: it can set the child's signal mask without a preexec_fn,
     so the child is spawned with vfork instead of a full fork of this process. This process has
     no other use for its working directory (the records directory is absolute), so it changes
     into the workspace itself.
     """
-    log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    read_end, write_end = os.pipe()
     try:
         os.chdir(record.workspace)
         if isinstance(executable, OSError):
             raise executable
-        return os.posix_spawn(
+        pid = os.posix_spawn(
             executable,
-            ["bash", record.script],
+            ["bash", str(script)],
             environment,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, log, 1),
-                (os.POSIX_SPAWN_DUP2, log, 2),
+                (os.POSIX_SPAWN_DUP2, write_end, 1),
+                (os.POSIX_SPAWN_DUP2, write_end, 2),
             ],
             setsid=True,
             setsigmask=(),
             setsigdef=RESTORED_SIGNALS,
         )
-    finally:
+    except BaseException:
+        os.close(read_end)
         os.close(log)
+        raise
+    finally:
+        os.close(write_end)
+    return pid, OutputCopier(read_end, BoundedLog(log, output_max_bytes))
 
 
 def _find_executable(name: str, environment: Mapping[str, str]) -> str | OSError:

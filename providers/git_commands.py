@@ -15,6 +15,11 @@ from bb_environments.providers.host.withheld import without_secrets
 GIT_TIMEOUT_SECONDS = 900
 # Variables that would point git at another repository than the one we pass with -C.
 REPO_LOCATION_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
+WITHOUT_REPOSITORY_HOOKS = ("-c", "core.hooksPath=/dev/null")
+"""Options before a git subcommand that keep the repository's own git hooks from running: a
+setup script may plant `.git/hooks/post-checkout` in the shared git dir, which our next `worktree
+add` would otherwise run outside any hook supervision (SPEC 9). git looks a hook up as
+`<hooksPath>/<name>`, which under /dev/null is never a file."""
 
 
 class GitFailed(Exception):
@@ -28,10 +33,10 @@ def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None)
     `environment` adds variables (a temporary index, an identity) to the sanitized ones."""
     try:
         completed = subprocess.run(
-            ["git", "-C", repo, *args],
+            ["git", *WITHOUT_REPOSITORY_HOOKS, "-C", repo, *args],
             capture_output=True,
             text=True,
-            env=_git_environment() | dict(environment or {}),
+            env=git_environment() | dict(environment or {}),
             timeout=GIT_TIMEOUT_SECONDS,
         )
     except subprocess.TimeoutExpired:
@@ -39,6 +44,12 @@ def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None)
     if completed.returncode != 0:
         raise GitFailed(_one_line(completed.stderr, args), transient=_is_lock_contention(completed.stderr))
     return completed.stdout.strip("\n")
+
+
+def refused_as_unsafe(failed: GitFailed) -> bool:
+    """Whether git refused a repository owned by another user (its `safe.directory` check): such a
+    repository is refused for that reason, not as "not a git repository"."""
+    return "dubious ownership" in str(failed)
 
 
 def run_git_or_none(repo: str, *args: str, environment: Mapping[str, str] | None = None) -> str | None:
@@ -59,8 +70,11 @@ def is_commit(repo: str, revision: str) -> bool:
     )
 
 
-def _git_environment() -> dict[str, str]:
-    # Without secrets: git runs the repository's own hooks (post-checkout on `worktree add`).
+def git_environment() -> dict[str, str]:
+    """The environment every git of ours runs in: this process's, without secrets or variables that
+    would point git elsewhere."""
+    # Without secrets all the same: what the repository configures beyond hooks (a filter, an
+    # fsmonitor command) is still its code.
     environment = {k: v for k, v in without_secrets(os.environ).items() if k not in REPO_LOCATION_VARIABLES}
     # C locale: the lock-contention check below reads git's English messages.
     return environment | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}

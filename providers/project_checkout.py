@@ -37,7 +37,8 @@ from bb_environments.providers.contract import (
     translate_errors,
 )
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
-from bb_environments.providers.git_commands import GitFailed, branch_exists, is_commit, run_git, run_git_or_none
+from bb_environments.providers.git_commands import (
+    GitFailed, branch_exists, is_commit, refused_as_unsafe, run_git, run_git_or_none)
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
 
 LOCK_POLL_SECONDS = 0.05
@@ -155,9 +156,13 @@ def _require_checkout(directory: str) -> str:
     """The real top-level directory of the git checkout holding `directory`."""
     if shutil.which("git") is None:
         raise InvalidInputs("branch: switching branches needs git, which is not on PATH")
-    top_level = run_git_or_none(directory, "rev-parse", "--show-toplevel")
-    if top_level is None:
-        raise InvalidInputs(f"branch: {directory} is not a git checkout, so only kind 'current' is possible")
+    try:
+        top_level = run_git(directory, "rev-parse", "--show-toplevel")
+    except GitFailed as failed:
+        if refused_as_unsafe(failed):
+            raise InvalidInputs(f"project path: git refuses to touch {directory}, which another user owns: "
+                                f"{failed}") from None
+        raise InvalidInputs(f"branch: {directory} is not a git checkout, so only kind 'current' is possible") from None
     return os.path.realpath(top_level)
 
 

@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bb_environments.providers.git_commands import WITHOUT_REPOSITORY_HOOKS, git_environment
+
 INCLUDE_FILE_NAME = ".worktreeinclude"
 COPY_CHUNK_BYTES = 1 << 20
 
@@ -62,8 +64,9 @@ def _has_patterns(text: str) -> bool:
 
 def _matching_untracked_files(source: Path, include_file: Path) -> list[str]:
     completed = subprocess.run(
-        ["git", "ls-files", "--others", "--ignored", f"--exclude-from={include_file}", "-z"],
+        ["git", *WITHOUT_REPOSITORY_HOOKS, "ls-files", "--others", "--ignored", f"--exclude-from={include_file}", "-z"],
         cwd=source,
+        env=git_environment(),
         capture_output=True,
         check=True,
         timeout=60,

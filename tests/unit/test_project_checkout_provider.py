@@ -1,5 +1,7 @@
 import fcntl
 import hashlib
+import os
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -401,13 +403,20 @@ def test_remove_leaves_the_checkout_and_its_branch_alone(
 
 
 def test_concurrent_switches_of_one_checkout_run_one_at_a_time(
-    provider: ProjectCheckoutProvider, git_repo: Path, data_dir: Path, git: Git
+    provider: ProjectCheckoutProvider, git_repo: Path, data_dir: Path, git: Git, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The hook runs inside each `git switch`; overlapping switches would interleave its lines.
+    # A git ahead of the real one on PATH journals each `git switch`; overlapping switches would
+    # interleave its lines. (Not a post-checkout hook: our git runs none.)
     journal = git_repo.parent / "switches.log"
-    hook = git_repo / ".git" / "hooks" / "post-checkout"
-    hook.write_text(f"#!/bin/sh\necho start >> '{journal}'\nsleep 0.3\necho end >> '{journal}'\n")
-    hook.chmod(0o755)
+    wrapper = git_repo.parent / "journaling-git" / "git"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"""#!/bin/sh
+case " $* " in *" switch "*) echo start >> '{journal}'; '{shutil.which("git")}' "$@"; status=$?
+    sleep 0.3; echo end >> '{journal}'; exit $status;; esac
+exec '{shutil.which("git")}' "$@"
+""")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
     contexts = [create_context(git_repo, data_dir, NewBranch(name)) for name in ("one", "two")]
     results: list[object] = [None, None]
 
