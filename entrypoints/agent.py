@@ -9,22 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
+import logging
 
 from nats.aio.client import Client
 
 from bb_environments.bus.agent.host_agent import HostAgent
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.entrypoints.config import Settings, hook_record_sync
+from bb_environments.entrypoints.config import Settings, hook_record_sync, run_hooks_as
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.providers.host.containment import host_containment
+
+log = logging.getLogger(__name__)
 
 
 async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, health: BusHealth,
                            started: contextlib.AsyncExitStack) -> HostAgent:
     """The agent of `settings.host_id`, serving on `nc` (its own user's connection); its stopping
     is pushed on `started`."""
-    runner = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync())
+    run_as = run_hooks_as(settings)
+    if run_as is None:
+        log.warning("BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
+                    "in %s (docs/security.md)", getpass.getuser(), settings.data_dir)
+    runner = HookRunner(settings.data_dir / "hooks", settings.hook_timeout_s, hook_record_sync(),
+                        containment=host_containment(settings.data_dir / "containment"), run_as=run_as)
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger, health=health)
     service = await agent.start()

@@ -30,7 +30,7 @@ from bb_environments.bus.jetstream import consume
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.doctor import Doctor
-from bb_environments.entrypoints.config import Settings, event_store_file
+from bb_environments.entrypoints.config import Settings, event_store_file, run_hooks_as
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
@@ -43,6 +43,7 @@ from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.git_worktree import GitWorktreeProvider
+from bb_environments.providers.host.containment import host_containment
 from bb_environments.providers.saved_work import saved_notes_dir
 from bb_environments.providers.workspaces import LocalWorkspaces, provider_dir
 
@@ -84,7 +85,10 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
                      started: contextlib.AsyncExitStack) -> Core:
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
-    workspaces = LocalWorkspaces(registry, settings.data_dir, ports.transcript)
+    # The containment of the hooks the agent of this host runs (entrypoints/agent.py): one per data dir.
+    workspaces = LocalWorkspaces(registry, settings.data_dir, ports.transcript,
+                                 containment=host_containment(settings.data_dir / "containment"),
+                                 workspace_user=run_hooks_as(settings))
 
     def grace_for(provider_id: str) -> int | None:
         profile = workspaces.profiles(settings.host_id).get(provider_id)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entry
 
     from bb_environments.bus.jetstream import ConnectOptions
     from bb_environments.hooks.records import SyncLevel
+    from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 DEFAULT_DATA_DIR = os.path.join("~", ".local", "share", "bb")
 SERVER_FILE = "server.json"
@@ -64,6 +65,9 @@ class Settings(msgspec.Struct, frozen=True):
     nats_port: int | None = None
     """The embedded nats-server's port as asked for (`bb serve --nats-port`, BB_NATS_PORT); None leaves
     it to the port the data dir remembers (bus/embedded_server.py)."""
+    workspace_user: str | None = None
+    """The user that owns this agent's workspaces and runs their hooks (BB_WORKSPACE_USER); None: the
+    agent's own (see `run_hooks_as`)."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
@@ -91,6 +95,7 @@ class Settings(msgspec.Struct, frozen=True):
             doctor_interval_s=_positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
             nats_port=_port("--nats-port", nats_port) if nats_port is not None else
             _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
+            workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
         )
 
     @property
@@ -139,6 +144,23 @@ def hook_record_sync() -> "SyncLevel":
     from bb_environments.hooks import records
 
     return sync_level("BB_HOOK_RECORD_SYNC", records.SYNC_LEVELS)
+
+
+def run_hooks_as(settings: Settings) -> "WorkspaceUser | None":
+    """BB_WORKSPACE_USER as the user it names, checked: one that exists, is not root, and that
+    this process may run as (it changes users, so it runs as root)."""
+    if settings.workspace_user is None:
+        return None
+    from bb_environments.providers.host.workspace_user import WorkspaceUser
+
+    try:
+        user = WorkspaceUser.named(settings.workspace_user)
+    except ValueError as bad:
+        raise ConfigError(str(bad)) from None
+    if os.geteuid() != 0:
+        raise ConfigError(f"BB_WORKSPACE_USER {settings.workspace_user!r} needs the agent to run as root, "
+                          "which alone may start hooks as another user")
+    return user
 
 
 Level = TypeVar("Level", bound=str)

@@ -44,6 +44,7 @@ from bb_environments.entrypoints.config import (
     SERVE_LOCK,
     SERVER_FILE,
     ClientSeeds,
+    ConfigError,
     Holder,
     ServerFile,
     ServerFileError,
@@ -52,6 +53,7 @@ from bb_environments.entrypoints.config import (
     event_store_file,
     nats_credentials,
     read_server_file,
+    run_hooks_as,
     url_without_credentials,
 )
 from bb_environments.handlers.store import StoreLedger
@@ -153,7 +155,7 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
             raise
     except ServeError:
         raise
-    except (NatsServerUnavailable, StoreUnusable) as failed:
+    except (NatsServerUnavailable, StoreUnusable, ConfigError) as failed:
         raise ServeError(str(failed)) from None
     except Exception as failed:
         # One line for the operator; where it failed is for whoever debugs it.
@@ -167,7 +169,10 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
 
 async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack,
                  stop: asyncio.Event, past_start: asyncio.Event) -> None:
+    run_as = run_hooks_as(settings)
     started.callback(hold_data_dir(settings.data_dir).close)
+    if run_as is not None:
+        run_as.open_data_dir(settings.data_dir)
     if store_lock := hold_event_store(settings):
         started.callback(store_lock.close)
     credentials = None if settings.nats_url else Credentials(settings.data_dir / "credentials")

@@ -119,7 +119,8 @@ def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
         signal.sigtimedwait({signal.SIGTERM}, 0)  # see above: not a cancel
         if request:
             asked = SupervisorRequest.decode(request)
-            supervisor.main([asked.records_dir, asked.operation_id, asked.timeout, asked.sync], asked.environment)
+            supervisor.main([asked.records_dir, asked.operation_id, asked.timeout, asked.sync], asked.environment,
+                            cgroup=asked.cgroup, run_as=asked.run_as)
         # Right after the last record write: the runner learns it now, not once this process
         # has been torn down.
         for fd in fds:

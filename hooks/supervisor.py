@@ -46,8 +46,10 @@ from bb_environments.hooks.records import (
     HookRecords,
     now_iso,
 )
+from bb_environments.providers.host.containment import enter_cgroup
 from bb_environments.providers.host.processes import kill_group_and_wait, process_start_ticks
 from bb_environments.providers.host.withheld import without_secrets
+from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 if TYPE_CHECKING:  # the launcher imports this module without site-packages: names for the checker only
     from bb_environments.domain.hook_operations import HookOutcomeStatus
@@ -63,8 +65,12 @@ RECORD_RETRY_FIRST_S = 0.05
 RECORD_RETRY_MAX_S = 5.0
 
 
-def main(argv: list[str] | None = None, environment: dict[str, str] | None = None) -> None:
-    """Supervise one hook; the script's environment derives from `environment`, else os.environ."""
+def main(argv: list[str] | None = None, environment: dict[str, str] | None = None, *,
+         cgroup: str | None = None, run_as: WorkspaceUser | None = None) -> None:
+    """Supervise one hook; the script's environment derives from `environment`, else os.environ.
+
+    The script runs in `cgroup` (its environment's, see providers/host/containment.py) and as
+    `run_as`, when given."""
     records_dir, operation_id, timeout, sync = sys.argv[1:] if argv is None else argv
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
@@ -81,7 +87,7 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return
-    _supervise(records, record, float(timeout), executable, script_environment)
+    _supervise(records, record, float(timeout), executable, script_environment, cgroup, run_as)
 
 
 def _wait_for_adoption(records: HookRecords, operation_id: str) -> HookRecord | None:
@@ -117,10 +123,19 @@ def _supervise(
     timeout_s: float,
     executable: str | OSError,
     environment: dict[str, str],
+    cgroup: str | None,
+    run_as: WorkspaceUser | None,
 ) -> None:
     script = Path(record.script)
+    if cgroup is not None:
+        # This process first: the script, and all it starts, are then born in the cgroup.
+        try:
+            enter_cgroup(cgroup)
+        except OSError as error:
+            _finish(records, record, "failed", None, f"{script.name} could not be contained in {cgroup}: {error}")
+            return
     try:
-        pid = _spawn_script(records, record, executable, environment)
+        pid = _spawn_script(records, record, executable, environment, run_as)
     except OSError as error:
         _finish(records, record, "failed", None, f"{script.name} could not start: {error}")
         return
@@ -150,19 +165,23 @@ def _supervise(
     _finish_with_exit_status(records, record, os.waitstatus_to_exitcode(status))
 
 
-def _spawn_script(records: HookRecords, record: HookRecord, executable: str | OSError, environment: dict[str, str]) -> int:
+def _spawn_script(records: HookRecords, record: HookRecord, executable: str | OSError, environment: dict[str, str],
+                  run_as: WorkspaceUser | None) -> int:
     """Start `bash SCRIPT` in the workspace, in its own session, with no signal blocked.
 
     posix_spawn rather than subprocess: it can set the child's signal mask without a preexec_fn,
-    so the child is spawned with vfork instead of a full fork of this process. This process has
-    no other use for its working directory (the records directory is absolute), so it changes
-    into the workspace itself.
+    so the child is spawned with vfork instead of a full fork of this process. posix_spawn cannot
+    change the child's user, so a script run as another user is forked and executed by hand
+    (`_fork_as`). This process has no other use for its working directory (the records directory
+    is absolute), so it changes into the workspace itself.
     """
     log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.chdir(record.workspace)
         if isinstance(executable, OSError):
             raise executable
+        if run_as is not None:
+            return _fork_as(run_as, executable, ["bash", record.script], environment | run_as.hook_environment(), log)
         return os.posix_spawn(
             executable,
             ["bash", record.script],
@@ -178,6 +197,42 @@ def _spawn_script(records: HookRecords, record: HookRecord, executable: str | OS
         )
     finally:
         os.close(log)
+
+
+def _fork_as(user: WorkspaceUser, executable: str, arguments: list[str], environment: dict[str, str], log: int) -> int:
+    """What `_spawn_script`'s posix_spawn does, as `user` (its groups, gid and uid, in that order:
+    each step needs the privilege the next one drops). Safe to fork: this process has one thread.
+    An error before the exec comes back through a pipe and is raised here, as posix_spawn's would."""
+    errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            stdin = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(stdin, 0)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            for restored in RESTORED_SIGNALS:
+                signal.signal(restored, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            os.execve(executable, arguments, environment)
+        except OSError as error:
+            os.write(errors_write, str(error.errno).encode())
+        finally:
+            os._exit(127)
+    os.close(errors_write)
+    try:
+        failed = os.read(errors_read, 32)
+    finally:
+        os.close(errors_read)
+    if failed:
+        os.waitpid(pid, 0)
+        code = int(failed)
+        raise OSError(code, f"{os.strerror(code)} (as user {user.name})")
+    return pid
 
 
 def _find_executable(name: str, environment: Mapping[str, str]) -> str | OSError:
