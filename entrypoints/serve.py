@@ -170,6 +170,10 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
 async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack,
                  stop: asyncio.Event, past_start: asyncio.Event) -> None:
     run_as = run_hooks_as(settings)
+    if run_as is not None:
+        # The workspace user passes through the data dir to its workspaces: nothing the service
+        # makes there may be readable to it (providers/host/workspace_user.py).
+        os.umask(0o077)
     started.callback(hold_data_dir(settings.data_dir).close)
     if run_as is not None:
         run_as.open_data_dir(settings.data_dir)

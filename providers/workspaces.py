@@ -166,7 +166,8 @@ class LocalWorkspaces:
             result = msgspec.structs.replace(result, path=canonical_path(result.path))
             if self._workspace_user is not None and result.owns_path and is_surveyed(provider):
                 try:
-                    await asyncio.to_thread(self._workspace_user.hand_over, Path(result.path), request.project_path)
+                    await asyncio.to_thread(self._workspace_user.hand_over, Path(result.path), request.project_path,
+                                            Path(os.path.realpath(self._data_dir)))
                 except OSError as error:
                     return CreateFailed("terminal", f"the workspace could not be handed to user "
                                                      f"{self._workspace_user.name}: {error}")

@@ -7,8 +7,11 @@ directory, `.git` file and admin dir (in the project's `.git/worktrees/`) are th
 git commands need the same of the agent's user, so removal takes those three back first
 (`take_back`), once the environment's processes have ended.
 
-The data dir itself is opened to the user's group for traversal only (mode 0710, `open_data_dir`):
-the workspaces live below it, and nothing else there may be readable by that group or by others.
+The workspaces live below the data dir, so the user must pass through it: the service then
+creates everything with umask 077 (entrypoints/serve.py), and the data dir and each directory on
+the way to a workspace (and to its admin dir) let the user's group pass, nothing more (0710:
+`open_data_dir`, `hand_over`). So the user can reach a file of the service's only by name, and
+none is readable to it.
 
 Standard library only: the hook supervisor, run without site-packages, imports `WorkspaceUser`.
 """
@@ -47,8 +50,9 @@ class WorkspaceUser:
         """What a hook's environment says of the user it runs as, as a login would."""
         return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
 
-    def hand_over(self, workspace: Path, project: str | None) -> None:
-        """Make the user own the new workspace and its git admin dir. Blocking.
+    def hand_over(self, workspace: Path, project: str | None, data_dir: Path) -> None:
+        """Make the user own the new workspace and its git admin dir, and able to reach them from
+        the data dir and the project. Blocking.
 
         Run right after the provider made it, before any hook: what its `.git` says is still git's.
         Symbolic links are changed themselves, never followed.
@@ -57,6 +61,10 @@ class WorkspaceUser:
         admin_dir = _git_admin_dir(workspace)
         if admin_dir is not None and project is not None and _is_admin_dir_of(admin_dir, project):
             roots.append(admin_dir)
+            self._let_pass(admin_dir.parent)
+        for passage in reversed(workspace.parents):
+            if passage.is_relative_to(data_dir) and passage != data_dir:
+                self._let_pass(passage)
         for root in roots:
             os.chown(root, self.uid, self.gid, follow_symlinks=False)
             for directory, dirs, files in os.walk(root):
@@ -83,6 +91,15 @@ class WorkspaceUser:
         """Let the user's group pass through the data dir (0710) to the workspaces below it."""
         os.chown(data_dir, -1, self.gid)
         os.chmod(data_dir, stat.S_IRWXU | stat.S_IXGRP)
+
+    def _let_pass(self, directory: Path) -> None:
+        """The user's group may pass through `directory`, as it may through the data dir; one the
+        user can pass already (made before umask 077, say) is left as it is."""
+        info = os.stat(directory)
+        if info.st_mode & stat.S_IXOTH or (info.st_gid == self.gid and info.st_mode & stat.S_IXGRP):
+            return
+        os.chown(directory, -1, self.gid)
+        os.chmod(directory, stat.S_IMODE(info.st_mode) | stat.S_IXGRP)
 
 
 def _git_admin_dir(workspace: Path) -> Path | None:
