@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import logging
 import os
 import signal
@@ -30,9 +31,11 @@ from bb_environments.bus.agent.workspace_answers import add_workspace_answers
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import connect
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.entrypoints.config import Settings, hook_output_max_bytes, hook_record_sync, nats_credentials
+from bb_environments.entrypoints.config import (
+    Settings, hook_output_max_bytes, hook_record_sync, nats_credentials, run_hooks_as)
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.providers.host.containment import host_containment
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspaces import LocalWorkspaces
 
@@ -46,13 +49,15 @@ class StartedAgent:
 
 
 async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, health: BusHealth,
-                           started: contextlib.AsyncExitStack, hook_records: Path) -> StartedAgent:
-    """The agent of `settings.host_id`, serving on `nc` (its own user's connection), its hook
-    records under `hook_records`; its stopping is pushed on `started`."""
-    runner = HookRunner(hook_records, settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes())
-    if settings.workspace_user is None:
-        log.warning("BB_WORKSPACE_USER is unset: hooks run as this agent's own user and can read its "
-                    "credentials and data dir (docs/security.md says how to keep them apart)")
+                           started: contextlib.AsyncExitStack, state: Path) -> StartedAgent:
+    """The agent of `settings.host_id`, serving on `nc` (its own user's connection), what it keeps
+    of its hooks (their records, their containment) under `state`; its stopping is pushed on `started`."""
+    run_as = run_hooks_as(settings)
+    if run_as is None:
+        log.warning("BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
+                    "in %s (docs/security.md)", getpass.getuser(), state)
+    runner = HookRunner(state / "hooks", settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes(),
+                        containment=host_containment(state / "containment"), run_as=run_as)
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger)
     service = await agent.start()
@@ -93,9 +98,10 @@ async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: 
     try:
         async with contextlib.AsyncExitStack() as started:
             transcript = TranscriptPublisher(nc, loop, health=health)
-            workspaces = LocalWorkspaces(ProviderRegistry.from_entry_points(settings.extra_providers), root, transcript)
-            running = await start_host_agent(settings, nc, BusLedger(nc, settings.host_id), health, started,
-                                             state / "hooks")
+            workspaces = LocalWorkspaces(ProviderRegistry.from_entry_points(settings.extra_providers), root, transcript,
+                                         containment=host_containment(state / "containment"),
+                                         workspace_user=run_hooks_as(settings))
+            running = await start_host_agent(settings, nc, BusLedger(nc, settings.host_id), health, started, state)
             await add_workspace_answers(running.service, settings.host_id, workspaces)
             jobs = HostJobWorker(nc, settings.host_id, workspaces, running.agent, health=health)
             tasks = [asyncio.create_task(work) for work in (

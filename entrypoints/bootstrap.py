@@ -30,7 +30,7 @@ from bb_environments.bus.jetstream import consume
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments, LiveLimits
 from bb_environments.handlers.doctor import Doctor
-from bb_environments.entrypoints.config import Settings, event_store_file
+from bb_environments.entrypoints.config import Settings, event_store_file, run_hooks_as
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
@@ -45,6 +45,7 @@ from bb_environments.projections.read_model import ReadModel
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.git_worktree import GitWorktreeProvider
+from bb_environments.providers.host.containment import host_containment
 from bb_environments.providers.saved_work import saved_notes_dir
 from bb_environments.providers.workspaces import LocalWorkspaces, provider_dir
 
@@ -93,9 +94,13 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
     # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a root of
-    # their own; what is on disk already keeps its recorded paths either way.
-    cloud = LocalWorkspaces(registry, settings.data_dir, ports.transcript)
-    here = (LocalWorkspaces(registry, settings.workspaces_root, ports.transcript, earlier_data_dir=settings.data_dir)
+    # their own; what is on disk already keeps its recorded paths either way. The containment of
+    # the hooks the agent of this host runs (entrypoints/agent.py) is one per data dir.
+    containment, run_as = host_containment(settings.data_dir / "containment"), run_hooks_as(settings)
+    cloud = LocalWorkspaces(registry, settings.data_dir, ports.transcript, containment=containment,
+                            workspace_user=run_as)
+    here = (LocalWorkspaces(registry, settings.workspaces_root, ports.transcript, earlier_data_dir=settings.data_dir,
+                            containment=containment, workspace_user=run_as)
             if settings.agent_root else cloud)
     workspaces = RoutedWorkspaces(here, cloud, ports.workspaces_elsewhere,
                                   settings.host_id if ports.agent_here else None, registry.cloud_ids())

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entry
 
     from bb_environments.bus.jetstream import ConnectOptions
     from bb_environments.hooks.records import SyncLevel
+    from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 DEFAULT_DATA_DIR = os.path.join("~", ".local", "share", "bb")
 SERVER_FILE = "server.json"
@@ -178,6 +179,23 @@ def hook_output_max_bytes() -> int:
         return int(raw)
     raise ConfigError(f"BB_HOOK_OUTPUT_MAX_BYTES {raw!r} is not allowed: use a number of bytes, at least "
                       f"{output_log.MIN_OUTPUT_MAX_BYTES}")
+
+
+def run_hooks_as(settings: Settings) -> "WorkspaceUser | None":
+    """BB_WORKSPACE_USER as the user it names, checked: one that exists, is not root, and that
+    this process may run as (it changes users, so it runs as root)."""
+    if settings.workspace_user is None:
+        return None
+    from bb_environments.providers.host.workspace_user import WorkspaceUser
+
+    try:
+        user = WorkspaceUser.named(settings.workspace_user)
+    except ValueError as bad:
+        raise ConfigError(str(bad)) from None
+    if os.geteuid() != 0:
+        raise ConfigError(f"BB_WORKSPACE_USER {settings.workspace_user!r} needs the agent to run as root, "
+                          "which alone may start hooks as another user")
+    return user
 
 
 Level = TypeVar("Level", bound=str)

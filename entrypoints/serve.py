@@ -51,6 +51,7 @@ from bb_environments.entrypoints.config import (
     SERVE_LOCK,
     SERVER_FILE,
     ClientSeeds,
+    ConfigError,
     Holder,
     ServerFile,
     ServerFileError,
@@ -59,6 +60,7 @@ from bb_environments.entrypoints.config import (
     event_store_file,
     nats_credentials,
     read_server_file,
+    run_hooks_as,
     url_without_credentials,
 )
 from bb_environments.handlers.store import StoreLedger
@@ -181,7 +183,7 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
             raise
     except ServeError:
         raise
-    except (NatsServerUnavailable, StoreUnusable) as failed:
+    except (NatsServerUnavailable, StoreUnusable, ConfigError) as failed:
         raise ServeError(str(failed)) from None
     except Exception as failed:
         # One line for the operator; where it failed is for whoever debugs it.
@@ -195,7 +197,14 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
 
 async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack,
                  stop: asyncio.Event, past_start: asyncio.Event, agent_here: bool) -> None:
+    run_as = run_hooks_as(settings)
+    if run_as is not None:
+        # The workspace user passes through the data dir to its workspaces: nothing the service
+        # makes there may be readable to it (providers/host/workspace_user.py).
+        os.umask(0o077)
     started.callback(hold_data_dir(settings.data_dir).close)
+    if run_as is not None:
+        run_as.open_data_dir(settings.data_dir)
     if store_lock := hold_event_store(settings):
         started.callback(store_lock.close)
     credentials = None if settings.nats_url else Credentials(settings.data_dir / "credentials")
@@ -238,7 +247,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
                                  **connect_options(settings, credentials, host_agent_user(settings.host_id)))
         started.push_async_callback(_close, agent_nc)
         host_agent = await start_host_agent(settings, agent_nc, StoreLedger(core.store), health, started,
-                                            settings.data_dir / "hooks")
+                                            settings.data_dir)
         hooks.attach(host_agent.agent)
         agent_work = [keep_hook_records(host_agent.agent, settings),
                       beat(agent_nc, settings.host_id, settings.data_root, metadata.version("bb-environments"), health)]

@@ -122,7 +122,8 @@ def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
             # The done pipe is closed right after the last record write: the runner learns it
             # then, not once the output of what the hook left running has ended.
             supervisor.main([asked.records_dir, asked.operation_id, asked.timeout, asked.sync,
-                             asked.output_max_bytes], asked.environment, tuple(fds))
+                             asked.output_max_bytes], asked.environment, tuple(fds),
+                            cgroup=asked.cgroup, run_as=asked.run_as)
         else:
             for fd in fds:
                 os.close(fd)

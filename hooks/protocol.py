@@ -34,6 +34,8 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bb_environments.providers.host.workspace_user import WorkspaceUser
+
 FRAME_HEADER = struct.Struct(">IB")  # the document's length, the descriptors attached
 MAX_FDS_PER_RECEIVE = 16
 # The runner's "the record now names you": only a wake-up, the record stays the truth.
@@ -54,13 +56,20 @@ class SupervisorRequest:
     """The environment of the moment the hook was asked for, as a freshly spawned supervisor would have had."""
     output_max_bytes: str
     """How much of the script's output its log keeps (BB_HOOK_OUTPUT_MAX_BYTES, see output_log)."""
+    cgroup: str | None = None
+    """The cgroup the script is to run in (providers/host/containment.py); None: the supervisor's own."""
+    run_as: WorkspaceUser | None = None
+    """The user the script runs as (BB_WORKSPACE_USER); None: the supervisor's own."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> SupervisorRequest:
-        return cls(**json.loads(data))
+        document = json.loads(data)
+        run_as = document.pop("run_as", None)
+        user = None if run_as is None else WorkspaceUser(**{**run_as, "groups": tuple(run_as["groups"])})
+        return cls(**document, run_as=user)
 
 
 def send_frame(channel: socket.socket, document: dict[str, Any], fds: list[int] | None = None) -> None:

@@ -60,8 +60,10 @@ from bb_environments.hooks.records import (
 )
 from bb_environments.hooks.supervisor_watch import SupervisorHandle, SupervisorWatch, open_supervisor_pidfd, supervisor_alive
 from bb_environments.providers.host.backoff import Backoff
+from bb_environments.providers.host.containment import MARKER, Containment
 from bb_environments.providers.host.processes import kill_recorded_group, signal_recorded_process
 from bb_environments.providers.host.withheld import without_secrets
+from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,7 @@ _Begun = asyncio.Future[tuple[HookRecord | None, bool, SupervisorHandle | None]]
 class _InFlight:
     kind: str
     workspace: str
+    environment_id: str | None
     # The current attempt's first step until the run's task has its result (then None): a task
     # that ends without it (cancelled, even before its first step, by the loop shutting down)
     # leaves the supervisor that step started for `_close_untaken` to close.
@@ -96,12 +99,17 @@ class _InFlight:
 
 class HookRunner:
     def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal",
-                 output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES) -> None:
+                 output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES, *,
+                 containment: Containment | None = None, run_as: WorkspaceUser | None = None) -> None:
         """`sync`: how the records survive the machine going down (see records.SyncLevel);
-        `output_max_bytes`: how much of a hook's output its log keeps (see output_log)."""
+        `output_max_bytes`: how much of a hook's output its log keeps (see output_log);
+        `containment` keeps what each environment's hooks start within its removal's reach;
+        `run_as` is the user hooks run as (BB_WORKSPACE_USER), else this process's."""
         self._records = HookRecords(records_dir, sync)
         self._timeout_s = timeout_s
         self._output_max_bytes = output_max_bytes
+        self._containment = containment
+        self._run_as = run_as
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
         self._finalize_locks: dict[str, asyncio.Lock] = {}
@@ -146,15 +154,18 @@ class HookRunner:
             self._skipped.pop(operation_id, None)
         return idle
 
-    async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink) -> HookOutcome:
+    async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
+                  environment_id: str | None = None) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
 
         A concurrent second call waits for the first one's outcome; only the first call's
-        `on_output` receives the lines.
+        `on_output` receives the lines. The hook of an `environment_id` is contained with its
+        environment's others.
         """
-        return await self.start(operation_id, kind, workspace, on_output)
+        return await self.start(operation_id, kind, workspace, on_output, environment_id)
 
-    def start(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink) -> asyncio.Future[HookOutcome]:
+    def start(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
+              environment_id: str | None = None) -> asyncio.Future[HookOutcome]:
         """`run`, begun before this returns: a new operation's first step (reading its record and
         starting its supervisor) is already with a worker thread, rather than waiting for the
         event loop to step a task of its own and then hand the step over."""
@@ -168,7 +179,8 @@ class HookRunner:
             return answered
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            in_flight = _InFlight(kind, str(workspace), self._begin_soon(operation_id, kind, workspace))
+            in_flight = _InFlight(kind, str(workspace), environment_id,
+                                  self._begin_soon(operation_id, kind, workspace, environment_id))
             in_flight.task = asyncio.ensure_future(
                 self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight))
             self._in_flight[operation_id] = in_flight
@@ -178,8 +190,9 @@ class HookRunner:
         # Shielded: a caller that stops waiting must not stop the hook's bookkeeping midway.
         return asyncio.shield(in_flight.task)
 
-    def _begin_soon(self, operation_id: str, kind: str, workspace: Path) -> _Begun:
-        return asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace)
+    def _begin_soon(self, operation_id: str, kind: str, workspace: Path, environment_id: str | None) -> _Begun:
+        return asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace,
+                                                          environment_id)
 
     def _end_in_flight(self, operation_id: str, in_flight: _InFlight) -> None:
         self._in_flight.pop(operation_id, None)
@@ -205,7 +218,7 @@ class HookRunner:
                 if error.errno not in OUT_OF_SPACE:
                     raise
                 await asyncio.sleep(backoff.failed(error))
-                in_flight.begun = self._begin_soon(operation_id, kind, workspace)
+                in_flight.begun = self._begin_soon(operation_id, kind, workspace, in_flight.environment_id)
                 continue
             backoff.succeeded()
             return outcome
@@ -231,7 +244,7 @@ class HookRunner:
             self._skipped.popitem(last=False)
 
     def _begin(
-        self, operation_id: str, kind: str, workspace: Path
+        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None
     ) -> tuple[HookRecord | None, bool, SupervisorHandle | None]:
         """The operation's record and tombstone; if it has neither, the hook is started. Blocking."""
         record = self._records.read(operation_id)
@@ -240,7 +253,7 @@ class HookRunner:
         tombstoned = self._records.is_tombstoned(operation_id)
         if record is not None or tombstoned:
             return record, tombstoned, None
-        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace)
+        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace, environment_id)
         return record, False, supervisor
 
     async def _settle_cancelled(self, record: HookRecord | None) -> HookOutcome:
@@ -253,7 +266,8 @@ class HookRunner:
             return _outcome(settled)
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
-    def _start(self, operation_id: str, kind: HookKind, workspace: Path) -> tuple[HookRecord, SupervisorHandle | None]:
+    def _start(self, operation_id: str, kind: HookKind, workspace: Path,
+               environment_id: str | None) -> tuple[HookRecord, SupervisorHandle | None]:
         """Start a supervisor and write the fresh record adopting it; a missing script is skipped,
         with a record that is not written (see the module).
 
@@ -268,9 +282,15 @@ class HookRunner:
             record.outcome = "skipped"
             record.message = f"no {script.name}"
             return record, None
+        environment = without_secrets(os.environ)
+        cgroup = None
+        if environment_id is not None:
+            environment[MARKER] = environment_id
+            if self._containment is not None:
+                cgroup = self._containment.prepare(environment_id)
         supervisor = self._launcher.start_supervisor(
             SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
-                              without_secrets(os.environ), str(self._output_max_bytes))
+                              environment, str(self._output_max_bytes), cgroup, self._run_as)
         )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.

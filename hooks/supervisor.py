@@ -52,8 +52,10 @@ from bb_environments.hooks.records import (
     HookRecords,
     now_iso,
 )
+from bb_environments.providers.host.containment import enter_cgroup
 from bb_environments.providers.host.processes import kill_group_and_wait, process_start_ticks
 from bb_environments.providers.host.withheld import without_secrets
+from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 if TYPE_CHECKING:  # the launcher imports this module without site-packages: names for the checker only
     from bb_environments.domain.hook_operations import HookOutcomeStatus
@@ -70,14 +72,17 @@ RECORD_RETRY_MAX_S = 5.0
 
 
 def main(argv: list[str] | None = None, environment: dict[str, str] | None = None,
-         done_fds: tuple[int, ...] = ()) -> None:
+         done_fds: tuple[int, ...] = (), *, cgroup: str | None = None, run_as: WorkspaceUser | None = None) -> None:
     """Supervise one hook; the script's environment derives from `environment`, else os.environ.
-    `done_fds` are closed once the outcome is recorded (the runner's notice, see launcher)."""
+    `done_fds` are closed once the outcome is recorded (the runner's notice, see launcher). The
+    script runs in `cgroup` (its environment's, see providers/host/containment.py) and as `run_as`,
+    when given."""
     records_dir, operation_id, timeout, sync, *bound = sys.argv[1:] if argv is None else argv
     output_max_bytes = int(bound[0]) if bound else DEFAULT_OUTPUT_MAX_BYTES
     output = None
     try:
-        output = _adopt_and_supervise(records_dir, operation_id, float(timeout), sync, output_max_bytes, environment)
+        output = _adopt_and_supervise(records_dir, operation_id, float(timeout), sync, output_max_bytes, environment,
+                                      cgroup, run_as)
     finally:
         for fd in done_fds:
             os.close(fd)
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
 
 
 def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, sync: str, output_max_bytes: int,
-                         environment: dict[str, str] | None) -> OutputCopier | None:
+                         environment: dict[str, str] | None, cgroup: str | None,
+                         run_as: WorkspaceUser | None) -> OutputCopier | None:
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
@@ -102,7 +108,7 @@ def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, 
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return None
-    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment)
+    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment, cgroup, run_as)
 
 
 def _wait_for_adoption(records: HookRecords, operation_id: str) -> HookRecord | None:
@@ -139,6 +145,8 @@ def _supervise(
     output_max_bytes: int,
     executable: str | OSError,
     environment: dict[str, str],
+    cgroup: str | None,
+    run_as: WorkspaceUser | None,
 ) -> OutputCopier | None:
     """Run the script to its outcome; the copier of its output, which processes it left may still hold."""
     script = Path(record.script)
@@ -146,8 +154,15 @@ def _supervise(
     if isinstance(resolved, str):
         _finish(records, record, "failed", None, resolved)
         return None
+    if cgroup is not None:
+        # This process first: the script, and all it starts, are then born in the cgroup.
+        try:
+            enter_cgroup(cgroup)
+        except OSError as error:
+            _finish(records, record, "failed", None, f"{script.name} could not be contained in {cgroup}: {error}")
+            return None
     try:
-        pid, output = _spawn_script(records, record, resolved, executable, environment, output_max_bytes)
+        pid, output = _spawn_script(records, record, resolved, executable, environment, output_max_bytes, run_as)
     except OSError as error:
         _finish(records, record, "failed", None, f"{script.name} could not start: {error}")
         return None
@@ -201,14 +216,16 @@ def _inside_workspace(record: HookRecord) -> Path | str:
 
 
 def _spawn_script(records: HookRecords, record: HookRecord, script: Path, executable: str | OSError,
-                  environment: dict[str, str], output_max_bytes: int) -> tuple[int, OutputCopier]:
+                  environment: dict[str, str], output_max_bytes: int,
+                  run_as: WorkspaceUser | None) -> tuple[int, OutputCopier]:
     """Start `bash SCRIPT` in the workspace, in its own session, with no signal blocked, its
     output into a pipe whose copier this returns.
 
     posix_spawn rather than subprocess: it can set the child's signal mask without a preexec_fn,
-    so the child is spawned with vfork instead of a full fork of this process. This process has
-    no other use for its working directory (the records directory is absolute), so it changes
-    into the workspace itself.
+    so the child is spawned with vfork instead of a full fork of this process. posix_spawn cannot
+    change the child's user, so a script run as another user is forked and executed by hand
+    (`_fork_as`). This process has no other use for its working directory (the records directory
+    is absolute), so it changes into the workspace itself.
     """
     log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     read_end, write_end = os.pipe()
@@ -216,19 +233,23 @@ def _spawn_script(records: HookRecords, record: HookRecord, script: Path, execut
         os.chdir(record.workspace)
         if isinstance(executable, OSError):
             raise executable
-        pid = os.posix_spawn(
-            executable,
-            ["bash", str(script)],
-            environment,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, write_end, 1),
-                (os.POSIX_SPAWN_DUP2, write_end, 2),
-            ],
-            setsid=True,
-            setsigmask=(),
-            setsigdef=RESTORED_SIGNALS,
-        )
+        if run_as is not None:
+            pid = _fork_as(run_as, executable, ["bash", str(script)], environment | run_as.hook_environment(),
+                           write_end)
+        else:
+            pid = os.posix_spawn(
+                executable,
+                ["bash", str(script)],
+                environment,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, write_end, 1),
+                    (os.POSIX_SPAWN_DUP2, write_end, 2),
+                ],
+                setsid=True,
+                setsigmask=(),
+                setsigdef=RESTORED_SIGNALS,
+            )
     except BaseException:
         os.close(read_end)
         os.close(log)
@@ -236,6 +257,43 @@ def _spawn_script(records: HookRecords, record: HookRecord, script: Path, execut
     finally:
         os.close(write_end)
     return pid, OutputCopier(read_end, BoundedLog(log, output_max_bytes))
+
+
+def _fork_as(user: WorkspaceUser, executable: str, arguments: list[str], environment: dict[str, str],
+             output: int) -> int:
+    """What `_spawn_script`'s posix_spawn does, as `user` (its groups, gid and uid, in that order:
+    each step needs the privilege the next one drops). Safe to fork: this process has one thread.
+    An error before the exec comes back through a pipe and is raised here, as posix_spawn's would."""
+    errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            stdin = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(stdin, 0)
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            for restored in RESTORED_SIGNALS:
+                signal.signal(restored, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            os.execve(executable, arguments, environment)
+        except OSError as error:
+            os.write(errors_write, str(error.errno).encode())
+        finally:
+            os._exit(127)
+    os.close(errors_write)
+    try:
+        failed = os.read(errors_read, 32)
+    finally:
+        os.close(errors_read)
+    if failed:
+        os.waitpid(pid, 0)
+        code = int(failed)
+        raise OSError(code, f"{os.strerror(code)} (as user {user.name})")
+    return pid
 
 
 def _find_executable(name: str, environment: Mapping[str, str]) -> str | OSError:

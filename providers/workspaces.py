@@ -4,6 +4,10 @@ Each provider call that may take long (planning, create, remove, pause, resume) 
 thread, so the core's loop goes on meanwhile, and its reports go into the environment's
 transcript as they come. A provider that raises or answers nonsense fails its call, never the
 service. Each provider keeps what it needs under its own directory of the data dir.
+
+Nothing a hook started outlives its environment: a removal first ends every process the
+environment's hooks left (providers/host/containment.py), then hands the workspace back from the
+BB_WORKSPACE_USER that owned it (providers/host/workspace_user.py), and only then asks the provider.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 
 import msgspec
 
+from bb_environments.providers.host.containment import Containment
+from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.contract import (
     CreateContext,
     Created,
@@ -96,11 +102,16 @@ class LocalWorkspaces:
     places environments on its own host only (handlers/placement.py), so another host is one an
     environment was placed on under an earlier host id."""
 
-    def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript,
-                 earlier_data_dir: Path | None = None) -> None:
+    def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript, *,
+                 earlier_data_dir: Path | None = None, containment: Containment | None = None,
+                 workspace_user: WorkspaceUser | None = None) -> None:
         """`earlier_data_dir`: where this host's providers kept their workspaces before `data_dir`
-        (a root moved by BB_AGENT_ROOT); the workspaces there are removed and surveyed there."""
+        (a root moved by BB_AGENT_ROOT), whose workspaces are removed and surveyed there;
+        `containment`: where this host's hooks keep what they start (None: no hook runs here);
+        `workspace_user`: who owns the workspaces the providers make (None: this process's user)."""
         self._registry = registry
+        self._containment = containment
+        self._workspace_user = workspace_user
         self._data_dir = data_dir
         self._earlier_data_dir = earlier_data_dir
         self._transcript = transcript
@@ -156,7 +167,14 @@ class LocalWorkspaces:
         )
         result = await asyncio.to_thread(_call_create, provider, context)
         if isinstance(result, Created):
-            return msgspec.structs.replace(result, path=canonical_path(result.path))
+            result = msgspec.structs.replace(result, path=canonical_path(result.path))
+            if self._workspace_user is not None and result.owns_path and is_surveyed(provider):
+                try:
+                    await asyncio.to_thread(self._workspace_user.hand_over, Path(result.path), request.project_path,
+                                            Path(os.path.realpath(self._data_dir)))
+                except OSError as error:
+                    return CreateFailed("terminal", f"the workspace could not be handed to user "
+                                                     f"{self._workspace_user.name}: {error}")
         return result
 
     async def remove(self, request: RemoveRequest, cancelled: threading.Event) -> RemoveResult:
@@ -171,7 +189,19 @@ class LocalWorkspaces:
                 environment_id=request.environment_id,
                 report=_TranscriptReporter(self._transcript, request.environment_id, provider.id), cancelled=cancelled,
             )
-            return await asyncio.to_thread(_call_remove, provider, context)
+            return await asyncio.to_thread(self._remove, provider, context)
+
+    def _remove(self, provider: EnvironmentProvider, context: RemoveContext) -> RemoveResult:
+        if self._containment is not None and not self._containment.end(context.environment_id):
+            return RemoveFailed("processes started by the environment's hooks are still running; "
+                                "the workspace is kept until they have ended")
+        if self._workspace_user is not None and context.path is not None and is_surveyed(provider):
+            try:
+                self._workspace_user.take_back(Path(context.path), context.project_path)
+            except OSError as error:
+                return RemoveFailed(f"the workspace could not be taken back from user "
+                                    f"{self._workspace_user.name}: {error}")
+        return _call_remove(provider, context)
 
     async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
         provider = self._provider(provider_id)

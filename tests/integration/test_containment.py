@@ -1,0 +1,84 @@
+"""Nothing a hook starts outlives its environment (SPEC 9), whatever session, process group or
+working directory it moves to; a setup's dev server runs for as long as the environment is live."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from bb_environments.providers.host.processes import pid_alive
+from tests.integration.conftest import Service, eventually, service_environment
+
+CONTAINMENT_LOG_FRAGMENT = "hook processes are "
+
+
+def daemon_setup(pid_file: Path) -> str:
+    """A setup that leaves a dev server behind the way daemons hide: a new session, `cd /`, and a
+    double fork, so that its parent is gone and its group and cwd are nobody's."""
+    return (
+        "setsid bash -c 'cd / && bash -c \"echo \\$\\$ > " + str(pid_file) + "; exec sleep 600\" "
+        "</dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1 &\n"
+        "echo dev server started\n"
+    )
+
+
+def commit_setup(repo: Path, setup: str) -> None:
+    (repo / ".bb-env-setup.sh").write_text(setup)
+    subprocess.run(["git", "-C", str(repo), "add", ".bb-env-setup.sh"], check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"],
+                   check=True)
+
+
+async def spawn_ready(service: Service, repo: Path, thread_id: str) -> str:
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(repo),
+                               "--thread-id", thread_id, "--wait", "--json")
+    assert spawned.returncode == 0, spawned.stderr
+    return spawned.json()["environmentId"]
+
+
+def daemon_pid(pid_file: Path) -> int:
+    pid = int(pid_file.read_text())
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    assert stat[stat.rindex(")") + 2:].split()[2] != stat.split()[0], "the daemon leads no group of the hook's"
+    assert Path(f"/proc/{pid}/cwd").resolve() == Path("/")
+    return pid
+
+
+async def test_a_daemon_a_setup_left_runs_while_ready_and_ends_with_its_environment(service, git_repo, tmp_path):
+    pid_file = tmp_path / "daemon.pid"
+    commit_setup(git_repo, daemon_setup(pid_file))
+    environment_id = await spawn_ready(service, git_repo, "t1")
+    await eventually(lambda: pid_file.exists() and pid_file.read_text().strip() != "", "the daemon's start")
+    pid = daemon_pid(pid_file)
+    assert (await service.show(environment_id))["status"] == "ready"
+    assert pid_alive(pid), "the setup's dev server must keep running while the environment is ready"
+
+    assert (await service.bb("thread", "archive", "t1")).returncode == 0
+    await service.wait_for(environment_id, "removed")
+    assert not pid_alive(pid), "the daemon outlived its environment's removal"
+    lines = [line for line in service.log_tail().splitlines() if CONTAINMENT_LOG_FRAGMENT in line]
+    assert len(lines) == 1, lines  # one line says how hooks are contained, and what escapes it
+
+
+async def test_a_removal_after_a_crash_still_ends_what_the_hooks_left(tmp_path, git_repo):
+    pid_file = tmp_path / "daemon.pid"
+    commit_setup(git_repo, daemon_setup(pid_file))
+    data_dir = tmp_path / "data"
+    service = Service(data_dir, service_environment(data_dir, BB_CRASH_AT="teardown-finished"))
+    await service.start()
+    try:
+        environment_id = await spawn_ready(service, git_repo, "t1")
+        await eventually(lambda: pid_file.exists() and pid_file.read_text().strip() != "", "the daemon's start")
+        pid = daemon_pid(pid_file)
+        assert (await service.bb("thread", "archive", "t1")).returncode == 0
+        assert service.process is not None
+        await eventually(lambda: service.process.poll() is not None, "the crash after the teardown", 60)
+        assert pid_alive(pid)  # the crash came before the removal: nothing has ended it yet
+
+        await service.stop()
+        service.environment["BB_CRASH_AT"] = ""
+        await service.start()
+        await service.wait_for(environment_id, "removed")
+        assert not pid_alive(pid), "the daemon outlived the removal retried after a crash"
+    finally:
+        await service.stop()
