@@ -14,7 +14,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Nothing
 from bb_environments.domain.ids import quoted
 from bb_environments.entrypoints.cli.connection import call, open_client
-from bb_environments.entrypoints.cli.support import Failure, emit, json_option, run_command, stdout
+from bb_environments.entrypoints.cli.support import Failure, emit, json_lines_option, json_option, run_command, stdout
 from bb_environments.entrypoints.config import ConfigError, Settings, serving
 from bb_environments.handlers.errors import one_line
 
@@ -29,7 +29,7 @@ def events_group() -> None:
 
 @events_group.command("tail")
 @click.argument("subject_filter", default=subjects.ENVIRONMENT_EVENTS)
-@json_option
+@json_lines_option
 @click.pass_obj
 @run_command
 async def events_tail(settings: Settings, subject_filter: str, as_json: bool) -> None:
@@ -81,7 +81,7 @@ def _check_tail_filter(subject_filter: str) -> None:
 
 
 @events_group.command("export")
-@json_option
+@json_lines_option
 @click.pass_obj
 @run_command
 async def events_export(settings: Settings, as_json: bool) -> None:
