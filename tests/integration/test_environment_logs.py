@@ -81,3 +81,42 @@ async def test_the_json_of_streaming_commands_says_json_lines_and_of_waiting_one
     for command in (("thread", "spawn"), ("environment", "retry"), ("thread", "archive")):
         helped = " ".join((await service.bb(*command, "--help")).stdout.split())
         assert "one JSON document on stdout (with --wait, once the wait ends" in helped, helped
+
+
+async def setup_lines(service: Service, environment_id: str) -> list[str]:
+    """The texts of the setup hook's lines in the environment's transcript, in order."""
+    shown = await service.bb("environment", "logs", environment_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    return [line["text"] for line in map(json.loads, shown.stdout.splitlines()) if line["source"] == "setup"]
+
+
+async def test_a_failed_hooks_last_line_comes_after_all_of_its_output(service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "marker", setup="for i in $(seq 1 300); do echo line $i; done\nexit 3")
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+                               "--wait", "--json")
+    assert spawned.returncode == 1, spawned.stderr
+
+    lines = await setup_lines(service, spawned.json()["environmentId"])
+
+    assert lines[0] == "Running .bb-env-setup.sh"
+    assert lines[-1] == ".bb-env-setup.sh failed: .bb-env-setup.sh failed with exit code 3", lines[-5:]
+    assert lines[1:-1] == ["preparing the workspace", *(f"line {i}" for i in range(1, 301))]
+
+
+async def test_a_hook_rejoined_after_a_restart_says_so_and_does_not_look_run_twice(service, git_repo, tmp_path):
+    hold = tmp_path / "hold"
+    environment_id = await spawn_with_setup_held(service, git_repo, hold, tmp_path / "marker")
+    service.kill()  # the hook's supervisor lives on, and so does the nats-server
+    await service.start()
+    rejoined = "Rejoined .bb-env-setup.sh, which kept running across a restart"
+    deadline = time.monotonic() + 60
+    while rejoined not in await setup_lines(service, environment_id):  # joined while it still runs
+        assert time.monotonic() < deadline, "the restarted service never rejoined the hook"
+        await asyncio.sleep(0.1)
+    hold.unlink()
+    await service.wait_for(environment_id, "ready")
+
+    lines = await setup_lines(service, environment_id)
+
+    assert lines == ["Running .bb-env-setup.sh", "preparing the workspace", rejoined, ".bb-env-setup.sh finished"]
+    assert (tmp_path / "marker").read_text() == "setup\n"  # it ran once
