@@ -178,6 +178,7 @@ class Client:
                 if spawned_after is not None or message.metadata.num_pending == 0:
                     outcome = _outcome.decode(message.data)
                     break
+        self._placed_after.pop(thread_id, None)  # answered: from now on its newest outcome counts
         if outcome.status == "refused":
             raise PlacementRefused(outcome)
         if outcome.status == "error":
