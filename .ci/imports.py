@@ -43,6 +43,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "bus.agent": frozenset({"domain", "providers", "hooks", "bus", "bus.wire"}),
     "bus.core": frozenset({"domain", "providers", "hooks", "projections", "handlers", "bus", "bus.wire",
                            "bus.agent"}),
+    "client": frozenset({"domain", "bus.wire"}),
     "entrypoints": frozenset({"domain", "providers", "hooks", "projections", "handlers", "bus", "bus.wire",
                               "bus.agent", "bus.core", "bus.api_client"}),
 }
@@ -52,6 +53,10 @@ AGENT_MAY_NOT_LOAD = ("handlers", "projections", "bus.core")
 """A host agent shares nothing with the core but the bus: none of the core's layers in its closure..."""
 AGENT_MAY_NOT_LOAD_LIBRARIES = ("eventsourcing", "aiosqlite")
 """...and neither the event store's library nor the read models'."""
+CLIENT_ROOT = f"{PACKAGE}.client"
+CLIENT_MAY_NOT_LOAD = ("handlers", "projections", "bus.core", "bus.agent", "bus.api_client", "entrypoints")
+"""The typed client loads the wire and nats-py: an integrator's service carries none of bb's own
+layers, nor its store's or read models' libraries (AGENT_MAY_NOT_LOAD_LIBRARIES)."""
 
 
 def modules() -> dict[str, Path]:
@@ -113,18 +118,25 @@ def wrong_way(edges: dict[str, set[str]]) -> list[str]:
             here, there = layer(source), layer(target)
             if here != there and there not in ALLOWED[here] and not (there == "providers.host" and here != "domain"):
                 faults.append(f"{source} -> {target}: {here} may not import {there}")
-    closure, waiting = set(), [AGENT_ROOT]
+    for root, layers, what in ((AGENT_ROOT, AGENT_MAY_NOT_LOAD, "a host agent"),
+                               (CLIENT_ROOT, CLIENT_MAY_NOT_LOAD, "the typed client")):
+        for module in sorted(_closure(edges, root)):
+            if module in edges and layer(module) in layers:
+                faults.append(f"{root} loads {module}: {what} imports nothing of the core")
+            elif module in AGENT_MAY_NOT_LOAD_LIBRARIES:
+                faults.append(f"{root} loads the library {module}: {what} keeps no event store or read model")
+    return faults
+
+
+def _closure(edges: dict[str, set[str]], root: str) -> set[str]:
+    """Every module (and outside library) importing `root` loads."""
+    closure, waiting = set(), [root]
     while waiting:
         module = waiting.pop()
         if module not in closure:
             closure.add(module)
             waiting.extend(edges.get(module, ()))
-    for module in sorted(closure):
-        if module in edges and layer(module) in AGENT_MAY_NOT_LOAD:
-            faults.append(f"{AGENT_ROOT} loads {module}: a host agent imports nothing of the core")
-        elif module in AGENT_MAY_NOT_LOAD_LIBRARIES:
-            faults.append(f"{AGENT_ROOT} loads the library {module}: a host agent keeps no event store or read model")
-    return faults
+    return closure
 
 
 def main(argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from bb_environments.bus.access import check_host_id, write_private_file
+from bb_environments.bus.wire.server_file import SERVER_FILE, DataDirError, ServerInfo, data_root
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli/connection.py)
     import logging
@@ -23,8 +24,6 @@ if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entry
     from bb_environments.hooks.records import SyncLevel
     from bb_environments.providers.host.workspace_user import WorkspaceUser
 
-DEFAULT_DATA_DIR = os.path.join("~", ".local", "share", "bb")
-SERVER_FILE = "server.json"
 SERVE_LOCK = "serve.lock"
 THREADS_MAX_AGE_S = 7 * 24 * 3600
 THREADS_MAX_BYTES = 1 << 30
@@ -81,12 +80,10 @@ class Settings(msgspec.Struct, frozen=True):
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
              nats_port: str | None = None) -> "Settings":
-        given = data_dir or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR
-        expanded = os.path.expanduser(given)
-        if expanded.startswith("~"):  # left as it was: taken as relative, it would name a dir under the cwd
-            raise ConfigError(f"the data dir {given!r} names a home directory that cannot be found: "
-                              "set BB_DATA_DIR (or `bb serve --data-dir`) to an absolute path")
-        root = os.path.realpath(expanded)
+        try:
+            root = data_root(data_dir)
+        except DataDirError as unusable:
+            raise ConfigError(str(unusable)) from None
         _refuse_git_hooks()
         return cls(
             data_root=root,
@@ -297,44 +294,6 @@ def _positive(name: str, default: float, what: str) -> float:
     except ValueError:
         pass
     raise ConfigError(f"{name} must be {what} greater than 0, got {raw!r}")
-
-
-class ClientSeeds(msgspec.Struct, frozen=True):
-    operator: str
-    publisher: str
-    subscriber: str
-
-
-class ServerInfo(msgspec.Struct, rename="camel", omit_defaults=True, frozen=True):
-    """server.json: how every other `bb` command finds the running service (SPEC section 2). The
-    service writes every field it has; a reader needs only the first two."""
-    nats_url: str
-    pid: int
-    host_id: str | None = None
-    data_dir: str | None = None
-    nats_pid: int | None = None
-    nats_port: int | None = None
-    credentials: ClientSeeds | None = None
-
-
-class ServerFileError(Exception):
-    """server.json is missing or cannot be used; the message says which, in a few words."""
-
-
-def read_server_file(path: "str | os.PathLike[str]") -> ServerInfo:
-    """The running service's server.json, checked for its shape, or ServerFileError."""
-    name = os.path.basename(path)
-    try:
-        with open(path, "rb") as file:
-            content = file.read()
-    except FileNotFoundError:
-        raise ServerFileError(f"no {name}") from None
-    except OSError as unreadable:
-        raise ServerFileError(f"{name} cannot be read: {unreadable.strerror}") from None
-    try:
-        return msgspec.json.decode(content, type=ServerInfo)
-    except msgspec.DecodeError as damaged:
-        raise ServerFileError(f"{name} is damaged: {damaged}") from None
 
 
 class Holder(msgspec.Struct, rename="camel"):

@@ -1,5 +1,5 @@
 """Which event store the core opens (the eventsourcing library's settings for BB_EVENT_STORE), and
-the log read from it without a service.
+the log read from it without a service: exported, or replayed into the read models.
 
 The core's alone: a host agent keeps no event store, and this is where the event library's
 modules come into a process.
@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from bb_environments.entrypoints.config import ConfigError, sync_level
+from bb_environments.entrypoints.config import ConfigError, Settings, sync_level
+
+if TYPE_CHECKING:  # the read models' module loads aiosqlite, the application eventsourcing: only here
+    from bb_environments.handlers.application import Environments
+    from bb_environments.projections.read_model import ReplayCounts
 
 
 def event_store_environment(url: str) -> dict[str, str]:
@@ -50,13 +55,8 @@ class StoredLog:
 
     def __init__(self, url: str) -> None:
         from bb_environments.bus.core.log_reader import LogReader
-        from bb_environments.entrypoints.config import event_store_file
-        from bb_environments.handlers.application import Environments
 
-        store = event_store_file(url)
-        if store is not None and not store.is_file():
-            raise ConfigError(f"there is no event store at {store}: nothing was ever served from it")
-        self._app = Environments(env=event_store_environment(url))
+        self._app = _stored_log_app(url)
         self._reader = LogReader(self._app)
 
     def payloads(self, after: int = 0, upto: int | None = None, page: int = 500) -> Iterator[bytes]:
@@ -70,3 +70,50 @@ class StoredLog:
     def close(self) -> None:
         self._app.close()
 
+
+async def replay_stored(settings: Settings) -> ReplayCounts | None:
+    """Rebuild the read models of `settings`' data dir from the event store itself (`bb events
+    replay` while no service runs), as the service does: into a scratch file, then swapped in.
+
+    The data dir's lock is held meanwhile, so a `bb serve` starting then is refused rather than
+    reading a model half rebuilt; None when a service took the data dir first (ask it). The transcript
+    tails are not in the log and stay as they were; the stream position the model last reached is
+    kept, since only the running service can read the stream."""
+    from bb_environments.bus.core.log_reader import LogReader
+    from bb_environments.entrypoints.config import SERVE_LOCK, Holder
+    from bb_environments.projections.read_model import ReadModel
+    from bb_environments.providers.host.file_lock import FileLock
+
+    app = _stored_log_app(settings.event_store)
+    if not settings.data_dir.is_dir():
+        app.close()
+        raise ConfigError(f"there is no data dir {settings.data_root}: nothing was ever served from it")
+    lock = FileLock(settings.data_dir / SERVE_LOCK)
+    try:
+        if not lock.acquire():
+            return None
+        lock.record(Holder(os.getpid(), settings.data_root))
+        read_model, _ = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
+        try:
+            return await read_model.rebuild(LogReader(app).latest_views, _no_stream_position)
+        finally:
+            await read_model.close()
+    finally:
+        lock.close()
+        app.close()
+
+
+async def _no_stream_position() -> int:
+    return 0  # the swap keeps the larger of this and the stream position the model had reached
+
+
+def _stored_log_app(url: str) -> Environments:
+    """The application on the store `url` names, to read its log; a SQLite store that does not
+    exist is ConfigError, never a new empty file."""
+    from bb_environments.entrypoints.config import event_store_file
+    from bb_environments.handlers.application import Environments
+
+    store = event_store_file(url)
+    if store is not None and not store.is_file():
+        raise ConfigError(f"there is no event store at {store}: nothing was ever served from it")
+    return Environments(env=event_store_environment(url))

@@ -47,19 +47,15 @@ from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.thread_messages import StreamPorts
 from bb_environments.entrypoints.agent import keep_hook_records, start_host_agent
 from bb_environments.entrypoints.bootstrap import Ports, StoreUnusable, build_core, core_workers, relay_of
+from bb_environments.bus.wire.server_file import SERVER_FILE, ClientSeeds, ServerFileError, ServerInfo, read_server_file
 from bb_environments.entrypoints.config import (
     SERVE_LOCK,
-    SERVER_FILE,
-    ClientSeeds,
     ConfigError,
     Holder,
     ServerFile,
-    ServerFileError,
-    ServerInfo,
     Settings,
     event_store_file,
     nats_credentials,
-    read_server_file,
     run_hooks_as,
     url_without_credentials,
 )

@@ -187,14 +187,7 @@ class HostSteps:
             return saved
 
     async def _run_hook(self, env: Environment, operation_id: str, kind: HookKind) -> HookOutcome:
-        environment_id = str(env.id)
-        script = SCRIPT_NAMES[kind]
-        # Named by its operation, so a step asked again while its host is away says it once.
-        self._transcript.line(environment_id, "step", kind, f"Running {script}", message_id=f"{operation_id}:running")
+        # The host's agent writes the hook's steps in the transcript, around its output.
         assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
-        outcome = await self._hooks.run(env.host_id, environment_id, operation_id, kind, env.path,
-                                        env.current_hook(operation_id))
-        verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
-            outcome.status, f"{outcome.status}: {outcome.message}")
-        self._transcript.line(environment_id, "step", kind, f"{script} {verdict}")
-        return outcome
+        return await self._hooks.run(env.host_id, str(env.id), operation_id, kind, env.path,
+                                     env.current_hook(operation_id))

@@ -76,6 +76,11 @@ LINES_BETWEEN_YIELDS = 100
 CancelResult = Literal["never-started", "finished", "terminated"]
 OutputSink = Callable[[str, int], Awaitable[None]]
 """Receives a line of output (without its newline) and the byte offset in the log where it starts."""
+HookBegin = Literal["started", "rejoined", "replayed"]
+"""How a run met its operation: it started the hook, joined one still running (started by an
+earlier process), or found it finished and replays its log."""
+BeginSink = Callable[[HookBegin], None]
+"""Told once per run, before the first line of output, how the run met its operation."""
 
 
 CANCELLED_BEFORE_START = HookOutcome("cancelled", None, "cancelled before it started")
@@ -94,6 +99,7 @@ class _InFlight:
     # that ends without it (cancelled, even before its first step, by the loop shutting down)
     # leaves the supervisor that step started for `_close_untaken` to close.
     begun: _Begun | None
+    on_begin: BeginSink | None = None
     task: asyncio.Task[HookOutcome] = field(init=False)
 
 
@@ -165,10 +171,11 @@ class HookRunner:
         return await self.start(operation_id, kind, workspace, on_output, environment_id)
 
     def start(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
-              environment_id: str | None = None) -> asyncio.Future[HookOutcome]:
+              environment_id: str | None = None, on_begin: BeginSink | None = None) -> asyncio.Future[HookOutcome]:
         """`run`, begun before this returns: a new operation's first step (reading its record and
         starting its supervisor) is already with a worker thread, rather than waiting for the
-        event loop to step a task of its own and then hand the step over."""
+        event loop to step a task of its own and then hand the step over. `on_begin` hears how
+        the run met the operation (not for a hook that had no script, or was cancelled)."""
         if kind not in SCRIPT_NAMES:
             raise ValueError(f"unknown hook kind {kind!r}")
         workspace = Path(workspace)
@@ -180,7 +187,7 @@ class HookRunner:
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
             in_flight = _InFlight(kind, str(workspace), environment_id,
-                                  self._begin_soon(operation_id, kind, workspace, environment_id))
+                                  self._begin_soon(operation_id, kind, workspace, environment_id), on_begin)
             in_flight.task = asyncio.ensure_future(
                 self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight))
             self._in_flight[operation_id] = in_flight
@@ -236,6 +243,10 @@ class HookRunner:
         if record.outcome == "skipped":  # no script ran, so there is no log: nothing to follow
             self._remember_skipped(record)
             return _outcome(record)
+        if in_flight.on_begin is not None:  # once: a later attempt (after a full disk) finds its own record
+            in_flight.on_begin("started" if supervisor is not None else
+                               "rejoined" if record.finished_at is None else "replayed")
+            in_flight.on_begin = None
         return _outcome(await self._follow(record, on_output, supervisor))
 
     def _remember_skipped(self, record: HookRecord) -> None:

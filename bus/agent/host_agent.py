@@ -5,7 +5,8 @@ The agent (a micro service per host, `bb.hosts.<hostId>.hooks.*`) wraps the dura
 core queues a remote host's hooks as jobs instead (bus/agent/host_jobs.py), which join the same run.
 `cancel` writes the operation's tombstone first, so a cancelled hook can never start later, and
 answers "never-started" for an operation that never ran here, so cleanup is never blocked by it.
-Output lines go straight to the environment's transcript. In the embedded default the agent for
+Output lines go straight to the environment's transcript, between the hook's first step (`Running`,
+or `Rejoined` after a restart) and its last (how it ended), which the agent writes too. In the embedded default the agent for
 host `local` runs inside `bb serve`, and the core hands it that host's hooks directly
 (`LocalFirstHooks`), through the same guard.
 
@@ -33,10 +34,10 @@ from bb_environments.bus.wire.refusals import refusal_reason
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.wire.host_messages import HookCancelled, HookRef, HookState, StartHook
-from bb_environments.domain.hook_operations import HookOutcome, RecordedHook
+from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome, RecordedHook
 from bb_environments.domain.ids import quoted
 from bb_environments.hooks.ledger import HookGuard, HookLedger, HookRefused
-from bb_environments.hooks.runner import HookRunner, OutputSink
+from bb_environments.hooks.runner import BeginSink, HookBegin, HookRunner, OutputSink
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,11 +92,12 @@ class HostAgent:
             assert recorded.workspace is not None  # an awaited hook's environment has its path
             # Begun here and now, not when a task of ours is first stepped (see HookRunner.start).
             running = self._runner.start(recorded.operation_id, recorded.kind, Path(recorded.workspace),
-                                         self._output_of(recorded), recorded.environment_id)
+                                         self._output_of(recorded), recorded.environment_id,
+                                         self._begin_of(recorded))
             # Its failure is read even where the announcing task is cancelled before it awaits the
             # run (the agent's stop): the runner has recorded it, nothing else needs to.
             running.add_done_callback(_read_failure)
-            self._running[request.operation_id] = asyncio.create_task(self._until_settled(recorded.operation_id, running))
+            self._running[request.operation_id] = asyncio.create_task(self._until_settled(recorded, running))
         return self._running[request.operation_id]
 
     def _output_of(self, hook: RecordedHook) -> OutputSink:
@@ -107,11 +109,36 @@ class HostAgent:
 
         return output
 
-    async def _until_settled(self, operation_id: str, running: asyncio.Future[HookOutcome]) -> HookOutcome:
+    def _begin_of(self, hook: RecordedHook) -> BeginSink:
+        """The transcript's step before the hook's output: here, on the connection its output goes
+        out on, so that it comes first. A hook a restarted agent joins says so rather than looking
+        as if it ran twice; one it finds finished (its outcome not yet recorded by the core) adds
+        nothing before the output the stream already has."""
+        script = SCRIPT_NAMES[hook.kind]
+
+        def begun(how: HookBegin) -> None:
+            if how == "started":
+                self._step(hook, f"Running {script}", "started")
+            elif how == "rejoined":
+                self._step(hook, f"Rejoined {script}, which kept running across a restart", "rejoined")
+
+        return begun
+
+    def _step(self, hook: RecordedHook, text: str, moment: str) -> None:
+        # Named too: said again after a restart within the stream's duplicate window, it is dropped.
+        self._transcript.line(hook.environment_id, "step", hook.kind, text, message_id=f"{hook.operation_id}@{moment}")
+
+    async def _until_settled(self, hook: RecordedHook, running: asyncio.Future[HookOutcome]) -> HookOutcome:
+        """The run's outcome, once it has one, with its step in the transcript after the hook's
+        last output line (the runner delivers every line before the outcome)."""
         try:
-            return await running
+            outcome = await running
+            verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
+                outcome.status, f"{outcome.status}: {outcome.message}")
+            self._step(hook, f"{SCRIPT_NAMES[hook.kind]} {verdict}", "ended")
+            return outcome
         finally:
-            self._running.pop(operation_id, None)
+            self._running.pop(hook.operation_id, None)
 
     async def _status(self, data: bytes) -> HookState:
         operation_id = _decode(data, HookRef).operation_id

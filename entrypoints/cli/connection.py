@@ -17,7 +17,8 @@ from bb_environments.bus.wire.api_messages import (
     MAX_PAGE, ListEnvironments, ListHistory, ListThreads, Request,
 )
 from bb_environments.entrypoints.cli.support import Failure, event_loop
-from bb_environments.entrypoints.config import ServerFileError, ServerInfo, Settings, nats_credentials, read_server_file, serving
+from bb_environments.bus.wire.server_file import ServerFileError, ServerInfo, read_server_file
+from bb_environments.entrypoints.config import Settings, nats_credentials, serving
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
     from bb_environments.bus.api_client.nats_client import ApiClient

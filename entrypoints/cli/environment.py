@@ -3,6 +3,9 @@ providers, and an environment's history."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sys
 from collections.abc import Coroutine
 from datetime import datetime, timezone
 from typing import Any
@@ -12,11 +15,15 @@ import click
 from bb_environments.bus.wire.api_messages import EnvironmentAt, EnvironmentRef, ListEnvironments, ListHistory, Nothing
 from bb_environments.domain.ids import is_environment_id_prefix, quoted
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.entrypoints.cli.connection import call, listing
+from bb_environments.bus.wire import subjects
+from bb_environments.entrypoints.cli.connection import call, listing, open_client
 from bb_environments.entrypoints.cli.support import (
-    Failure, emit, environment_id_argument, json_option, print_accepted, print_table, run_command, stdout,
+    Failure, emit, environment_id_argument, json_lines_option, json_option, print_accepted, print_table, run_command,
+    stdout, wait_json_option,
 )
-from bb_environments.entrypoints.cli.waiting import REMOVED, SETTLED, Ends, change_and_wait, wait_options
+from bb_environments.entrypoints.cli.waiting import (
+    REMOVED, SETTLED, TRANSCRIPT_POLL_S, Ends, change_and_wait, wait_options,
+)
 from bb_environments.entrypoints.config import Settings
 from bb_environments.handlers.errors import one_line
 
@@ -127,6 +134,42 @@ def environment_history(settings: Settings, environment_id: str, as_json: bool) 
     emit(document, as_json, human)
 
 
+@environment_group.command("logs")
+@click.argument("environment_id")
+@click.option("-f", "--follow", is_flag=True,
+              help="Then print each line as it is written, until interrupted (as `docker logs -f`).")
+@json_lines_option
+@click.pass_obj
+@run_command
+async def environment_logs(settings: Settings, environment_id: str, follow: bool, as_json: bool) -> None:
+    """Print the environment's transcript from its start (the last 2000 lines the stream keeps)."""
+    request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
+    client = await open_client(settings)
+    try:
+        whole_id = (await client.call("environments", "show", request))["id"]  # unknown: exit 3; a start resolved
+        reader = client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(whole_id), TRANSCRIPT_POLL_S)
+        async with contextlib.aclosing(reader) as batches:
+            async for lines in batches:
+                if not lines and not follow:
+                    return  # an empty batch: nothing is stored beyond what was printed
+                for message in lines:
+                    sys.stdout.write((message.data.decode() if as_json else _transcript_line(message.data)) + "\n")
+                sys.stdout.flush()
+                if lines and not follow and lines[-1].metadata.num_pending == 0:
+                    return
+    finally:
+        await client.close()
+
+
+def _transcript_line(data: bytes) -> str:
+    """A line as a person reads it: when, a `»` for a step of the work (its output indented), the text."""
+    try:
+        line = json.loads(data)
+        return f"{_instant(line['occurredAt'])}  {'»' if line['kind'] == 'step' else ' '} {one_line(line['text'])}"
+    except (ValueError, KeyError, TypeError):  # not a line of ours: shown as it came
+        return one_line(data.decode(errors="replace"))
+
+
 def _instant(text: str) -> str:
     # To the millisecond and without the 'T': a table's column, read by a person.
     return datetime.fromisoformat(text).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
@@ -151,7 +194,7 @@ def _environment_command(verb: str, help_text: str, ends: Ends, wait_help: str) 
     @environment_group.command(verb, help=help_text)
     @click.argument("environment_id")
     @wait_options(wait_help)
-    @json_option
+    @wait_json_option
     @click.pass_obj
     @run_command
     def command(settings: Settings, environment_id: str, wait: bool, timeout: float,

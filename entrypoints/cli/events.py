@@ -7,15 +7,17 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Nothing
 from bb_environments.domain.ids import quoted
 from bb_environments.entrypoints.cli.connection import call, open_client
-from bb_environments.entrypoints.cli.support import Failure, emit, json_option, run_command, stdout
+from bb_environments.entrypoints.cli.support import Failure, emit, json_lines_option, json_option, run_command, stdout
 from bb_environments.entrypoints.config import ConfigError, Settings, serving
 from bb_environments.handlers.errors import one_line
 
@@ -33,7 +35,7 @@ def events_group() -> None:
 
 @events_group.command("tail")
 @click.argument("subject_filter", default=subjects.ENVIRONMENT_EVENTS)
-@json_option
+@json_lines_option
 @click.pass_obj
 @run_command
 async def events_tail(settings: Settings, subject_filter: str, as_json: bool) -> None:
@@ -85,7 +87,7 @@ def _check_tail_filter(subject_filter: str) -> None:
 
 
 @events_group.command("export")
-@json_option
+@json_lines_option
 @click.pass_obj
 @run_command
 async def events_export(settings: Settings, as_json: bool) -> None:
@@ -151,8 +153,24 @@ def _export_from_store(settings: Settings) -> None:
 @json_option
 @click.pass_obj
 @run_command
-def events_replay(settings: Settings, as_json: bool) -> None:
-    """Rebuild every read model from the event log; print the counts."""
-    counts = call(settings, "events", "replay", Nothing(), changes=True)
-    emit(counts, as_json, lambda c: stdout.print(
-        f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
+def events_replay(settings: Settings, as_json: bool) -> Coroutine[Any, Any, None] | None:
+    """Rebuild every read model from the event log; print the counts (from the event store itself
+    while no `bb serve` runs on this data dir)."""
+    def show(counts: dict[str, Any]) -> None:
+        emit(counts, as_json, lambda c: stdout.print(
+            f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
+
+    if serving(settings.data_dir) is None:
+        async def from_store() -> None:
+            from bb_environments.entrypoints.event_store import replay_stored
+
+            try:
+                counts = await replay_stored(settings)
+            except ConfigError as missing:
+                raise Failure("not_found", str(missing)) from None
+            # None: a `bb serve` took the data dir meanwhile, and replays for itself.
+            show(msgspec.to_builtins(counts) if counts else call(settings, "events", "replay", Nothing(), changes=True))
+
+        return from_store()
+    show(call(settings, "events", "replay", Nothing(), changes=True))
+    return None

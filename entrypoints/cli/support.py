@@ -255,6 +255,13 @@ class LazyGroup(click.Group):
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+json_lines_option = click.option("--json", "as_json", is_flag=True,
+                                 help="Print JSON lines on stdout: one JSON document per line, as it comes.")
+"""--json of a command that streams: a document per line, each printed as soon as it is read."""
+wait_json_option = click.option("--json", "as_json", is_flag=True,
+                                help="Print one JSON document on stdout (with --wait, once the wait ends; the "
+                                     "transcript streams to stderr as plain lines meanwhile).")
+"""--json of a command that can --wait: still one document, not JSON lines."""
 
 
 class Seconds(click.FloatRange):

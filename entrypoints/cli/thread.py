@@ -16,7 +16,7 @@ from bb_environments.bus.wire.service_errors import AnswerLost, ServiceError
 from bb_environments.entrypoints.cli.connection import call, listing, open_client, sendable
 from bb_environments.entrypoints.cli.support import (
     Failure, emit, environment_id_argument, host_id_argument, id_argument, json_option, print_accepted, print_table,
-    run_command, stdout,
+    run_command, stdout, wait_json_option,
 )
 from bb_environments.entrypoints.cli.waiting import (
     LEFT, SETTLED, SettleWatch, change_and_wait, check_ended, lost, wait_options, wait_until_settled,
@@ -39,7 +39,7 @@ def thread_group() -> None:
 @click.option("--host", help="The host its environment runs on (default: the service's).")
 @click.option("--prompt", help="The thread's first message, published on bb.threads.<T>.message for the agent that runs it.")
 @wait_options("Stream progress to stderr until the environment is ready or failed.")
-@json_option
+@wait_json_option
 @click.pass_obj
 @run_command
 async def thread_spawn(settings: Settings, provider: str | None, inputs_text: str | None, environment_id: str | None,
@@ -170,7 +170,7 @@ def _thread_command(verb: str, help_text: str, without_environment: str, wait_he
         emit(call(settings, "threads", verb, request, changes=True), as_json, human)
         return None
 
-    decorated: Callable[..., Any] = json_option(click.pass_obj(run_command(command)))
+    decorated: Callable[..., Any] = (wait_json_option if wait_help else json_option)(click.pass_obj(run_command(command)))
     if wait_help:
         decorated = wait_options(wait_help)(decorated)
     thread_group.command(verb, help=help_text)(click.argument("thread_id")(decorated))

@@ -130,3 +130,36 @@ async def test_a_service_killed_in_the_middle_of_a_replay_restarts_with_complete
         assert await listed(service) == environments
     finally:
         await service.stop()
+
+
+async def test_replay_with_the_service_stopped_rebuilds_the_read_models_from_the_store_with_the_same_counts(service):
+    ready = await spawn(service, "t1")
+    removed = await spawn(service, "t2")
+    await archive(service, "t2")
+    await settled(service, {ready: "ready", removed: "removed"})
+    while_serving = await service.bb("events", "replay", "--json")
+    assert while_serving.returncode == 0, while_serving.stderr
+    await service.stop()
+    (service.data_dir / "read-models.sqlite").unlink()  # lost while stopped: the replay makes it again
+
+    stopped = await service.bb("events", "replay", "--json")
+    human = await service.bb("events", "replay")
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.json() == while_serving.json()
+    counts = stopped.json()
+    assert human.stdout == (f"replayed {counts['events']} events: {counts['environments']} environments, "
+                            f"{counts['threads']} threads\n"), human.stderr
+    await service.start()  # its read models are there: it rebuilds nothing, and answers from them
+    assert "rebuilt them from the log" not in service.log_tail()
+    assert {e["id"]: e["status"] for e in await listed(service)} == {ready: "ready", removed: "removed"}
+
+
+async def test_replay_of_a_data_dir_nothing_was_served_from_is_not_found_and_creates_nothing(tmp_path: Path):
+    data_dir = tmp_path / "never-served"
+
+    replayed = await Service(data_dir, service_environment(data_dir)).bb("events", "replay", "--json")
+
+    assert replayed.returncode == 3, replayed.stderr
+    assert "there is no event store at" in replayed.json()["error"]["message"]
+    assert not data_dir.exists()

@@ -58,3 +58,33 @@ def test_loading_the_host_agent_loads_no_event_store_read_model_or_service_layer
             or m.startswith(("bb_environments.handlers", "bb_environments.projections", "bb_environments.bus.core"))]
     assert core == []
     assert "bb_environments.bus.agent.host_agent" in loaded and "bb_environments.hooks.runner" in loaded
+
+
+def test_the_rules_catch_the_typed_client_loading_the_service():
+    graph = import_graph()
+    edges = graph.graph()
+    edges["bb_environments.client.client"].add("bb_environments.bus.wire.documents")  # which loads eventsourcing
+    edges["bb_environments.client.streams"].add("bb_environments.bus.api_client.nats_client")
+    faults = graph.wrong_way(edges)
+    assert "bb_environments.client.streams -> bb_environments.bus.api_client.nats_client: " \
+           "client may not import bus.api_client" in faults
+    assert "bb_environments.client loads the library eventsourcing: the typed client keeps no event store " \
+           "or read model" in faults
+
+
+def test_loading_the_typed_client_loads_nothing_of_the_service_its_store_or_read_models():
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, bb_environments.client; print('\\n'.join(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    service = [m for m in loaded if m.split(".")[0] in ("eventsourcing", "aiosqlite", "click", "git")
+               or m.startswith(("bb_environments.handlers", "bb_environments.projections", "bb_environments.bus.core",
+                                "bb_environments.entrypoints", "bb_environments.hooks", "bb_environments.providers"))]
+    assert service == []
+    assert "bb_environments.client.client" in loaded and "nats.aio.client" in loaded
+
+
+def test_the_typed_client_ships_its_py_typed_marker():
+    from importlib.resources import files
+
+    assert files("bb_environments.client").joinpath("py.typed").is_file()

@@ -51,6 +51,7 @@ class ScratchProvider:
         # Known in advance, so the core claims it before create and no two environments share it.
         return str(_scratch_dir(ctx.data_dir, path_key))
 
+    # [create]
     def create(self, ctx: CreateContext) -> CreateResult:
         # The core may ask again with the same path key after a crash: every step must be
         # safe to repeat (mkdir exist_ok, README overwritten with the same text).
@@ -66,6 +67,7 @@ class ScratchProvider:
             # owns_path: the directory is ours alone, so the core may run the setup/teardown hooks in it.
             return Created(path=str(path), owns_path=True)
         return failed.create_failed()
+    # [/create]
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:
         # Called for every attempt, also when create never returned (ctx.path is None), and maybe
