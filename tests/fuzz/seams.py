@@ -290,7 +290,8 @@ class ServiceWorld(Loop):
     def _open(self) -> None:
         self._started = contextlib.AsyncExitStack()
         # The core as `bb serve` builds it; its ports to the bus go through the edge of NATS.
-        jobs = HostJobs(self.nats, self.nats.jetstream(), HostLiveness(self.nats.jetstream()))
+        # The fuzzed world places nothing on another host: no job is ever queued, so no JetStream.
+        jobs = HostJobs(self.nats, None, HostLiveness(None))  # type: ignore[arg-type]
         hooks = LocalFirstHooks(HOST, HostAgentClient(self.nats, jobs))
         core = self.run(build_core(world_settings(self.data_dir), self.registry, Ports(
             hooks, RemoteWorkspaces(self.nats, jobs, self.registry.profiles()), _OneHost(),
