@@ -41,6 +41,8 @@ from bb_environments.providers.workspaces import LocalWorkspaces
 
 log = logging.getLogger("bb.agent")
 
+CREDENTIALS_CHECK_S = 1.0
+
 
 @dataclass(frozen=True)
 class StartedAgent:
@@ -71,6 +73,21 @@ async def keep_hook_records(agent: HostAgent, settings: Settings) -> None:
     while True:
         await agent.forget_removed(settings.removed_retention_s)
         await asyncio.sleep(settings.sweep_interval_s)
+
+
+class CredentialsRefused(RuntimeError):
+    """The server no longer admits this agent's seed: its host was removed, or its seed rotated."""
+
+
+async def _until_refused(nc: Client, host_id: str) -> None:
+    """Return never while the server admits the agent; raise once it refuses its credentials (a
+    reconnect that would otherwise be refused, and logged, twice a second for ever)."""
+    while True:
+        await asyncio.sleep(CREDENTIALS_CHECK_S)
+        if not nc.is_connected and "authorization violation" in str(nc.last_error).lower():
+            raise CredentialsRefused(
+                f"the server refuses the credentials of host {host_id!r}'s agent: the host was removed, or its "
+                "seed replaced (`bb machine register HOST --rotate` writes a new one); start the agent again with it")
 
 
 def agent_root(settings: Settings, given: str | None) -> Path:
@@ -106,7 +123,7 @@ async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: 
             jobs = HostJobWorker(nc, settings.host_id, workspaces, running.agent, health=health)
             tasks = [asyncio.create_task(work) for work in (
                 jobs.run(), beat(nc, settings.host_id, str(root), metadata.version("bb-environments"), health),
-                keep_hook_records(running.agent, settings))]
+                keep_hook_records(running.agent, settings), _until_refused(nc, settings.host_id))]
             log.info("the agent of host %r is serving from %s", settings.host_id, root)
             stopping = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -94,7 +94,7 @@ def agent(settings: Settings, host_id: str, credentials: str, nats_url: str | No
     import msgspec
 
     from bb_environments.bus.access import check_host_id
-    from bb_environments.entrypoints.agent import agent_root, run_agent
+    from bb_environments.entrypoints.agent import CredentialsRefused, agent_root, run_agent
     from bb_environments.entrypoints.cli.connection import embedded_server
 
     try:
@@ -116,6 +116,8 @@ def agent(settings: Settings, host_id: str, credentials: str, nats_url: str | No
     try:
         with event_loop() as loop:
             loop.run(run_agent(settings, seed, url, agent_root(settings, root)))
+    except CredentialsRefused as refused:
+        fail("failed", str(refused), False)
     except OSError as failed:
         fail("failed", f"bb agent failed: {failed}", False)
 

@@ -82,6 +82,8 @@ async def test_registering_twice_is_refused_and_a_rotation_shuts_the_old_seed_ou
         fresh = await nats.connect(service.info["natsUrl"], nkeys_seed=str(agent.credentials),
                                    inbox_prefix="_BB_HOST_INBOX.h1")
         await fresh.close()
+        assert await agent.died() == 1, "the agent whose seed was replaced ends, saying why"
+        assert "the server refuses the credentials of host 'h1'" in agent.log()
 
 
 async def test_removing_a_host_is_refused_while_it_holds_environments_then_its_seed_stops_working(
