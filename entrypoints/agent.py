@@ -80,14 +80,20 @@ class CredentialsRefused(RuntimeError):
 
 
 async def _until_refused(nc: Client, host_id: str) -> None:
-    """Return never while the server admits the agent; raise once it refuses its credentials (a
-    reconnect that would otherwise be refused, and logged, twice a second for ever)."""
+    """Return never while the server admits the agent for its host; raise once it refuses its
+    credentials (a reconnect that would otherwise be refused, and logged, twice a second for ever),
+    or refuses it its own host's subjects (another host's seed: nothing it does would get through)."""
     while True:
         await asyncio.sleep(CREDENTIALS_CHECK_S)
-        if not nc.is_connected and "authorization violation" in str(nc.last_error).lower():
+        said = str(nc.last_error).lower()
+        if not nc.is_connected and "authorization violation" in said:
             raise CredentialsRefused(
                 f"the server refuses the credentials of host {host_id!r}'s agent: the host was removed, or its "
                 "seed replaced (`bb machine register HOST --rotate` writes a new one); start the agent again with it")
+        if "permissions violation" in said:
+            raise CredentialsRefused(
+                f"the server does not let these credentials act for host {host_id!r}: they are another host's "
+                f"seed, or the server's permissions for host-{host_id} are not those docs/security.md gives")
 
 
 def agent_root(settings: Settings, given: str | None) -> Path:
@@ -98,23 +104,44 @@ def agent_root(settings: Settings, given: str | None) -> Path:
 
 
 async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: Path) -> None:
-    """`bb agent`: this host's agent, until SIGTERM or SIGINT. Workspaces go under `root`; what the
-    agent keeps for itself (its hook records) under `root/.bb-agent`, readable by its user only."""
-    stop = asyncio.Event()
+    """`bb agent`: this host's agent, until SIGTERM or SIGINT, which stop it at any moment, its
+    start (reaching the server) included. Workspaces go under `root`; what the agent keeps for
+    itself (its hook records, their containment) under `root/.bb-agent`, readable by its user only."""
     loop = asyncio.get_running_loop()
+    stop, past_start = asyncio.Event(), asyncio.Event()
+    starting = asyncio.current_task()
+
+    def on_signal() -> None:
+        stop.set()
+        if not past_start.is_set() and starting is not None:
+            starting.cancel()  # the start has no stop check of its own: it ends where it is
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        await _serve_until_stopped(settings, credentials, nats_url, root, stop, past_start)
+    except asyncio.CancelledError:
+        if not stop.is_set():
+            raise
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+async def _serve_until_stopped(settings: Settings, credentials: Path, nats_url: str, root: Path,
+                               stop: asyncio.Event, past_start: asyncio.Event) -> None:
     root.mkdir(parents=True, exist_ok=True)
     state = root / ".bb-agent"
     state.mkdir(mode=0o700, exist_ok=True)
     os.chmod(state, 0o700)
     health = BusHealth()
     options = {key: value for key, value in nats_credentials(nats_url).items() if key == "tls"}
+    log.info("the agent of host %r is reaching %s", settings.host_id, nats_url)
     nc = await connect(nats_url, f"bb-agent-{settings.host_id}", health, host_agent_inbox_prefix(settings.host_id),
                        nkeys_seed=str(credentials), **options)  # type: ignore[arg-type]
     try:
         async with contextlib.AsyncExitStack() as started:
-            transcript = TranscriptPublisher(nc, loop, health=health)
+            transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
             workspaces = LocalWorkspaces(ProviderRegistry.from_entry_points(settings.extra_providers), root, transcript,
                                          containment=host_containment(state / "containment"),
                                          workspace_user=run_hooks_as(settings))
@@ -124,6 +151,7 @@ async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: 
             tasks = [asyncio.create_task(work) for work in (
                 jobs.run(), beat(nc, settings.host_id, str(root), metadata.version("bb-environments"), health),
                 keep_hook_records(running.agent, settings), _until_refused(nc, settings.host_id))]
+            past_start.set()
             log.info("the agent of host %r is serving from %s", settings.host_id, root)
             stopping = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -136,5 +164,3 @@ async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: 
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)

@@ -92,6 +92,7 @@ def agent(settings: Settings, host_id: str, credentials: str, nats_url: str | No
     from pathlib import Path
 
     import msgspec
+    import nkeys
 
     from bb_environments.bus.access import check_host_id
     from bb_environments.entrypoints.agent import CredentialsRefused, agent_root, run_agent
@@ -105,6 +106,11 @@ def agent(settings: Settings, host_id: str, credentials: str, nats_url: str | No
     if not seed.is_file():
         fail("invalid_input", f"--credentials {credentials}: no such file (the seed `bb machine register` wrote)",
              False)
+    try:
+        nkeys.from_seed(bytearray(seed.read_bytes().strip()))
+    except (nkeys.NkeysError, ValueError, OSError):
+        fail("invalid_input", f"--credentials {credentials} holds no NKEY seed (the file `bb machine register` "
+             "wrote, copied whole)", False)
     url = nats_url or settings.nats_url
     if url is None:
         server = embedded_server(settings)

@@ -364,3 +364,19 @@ async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_
         assert (await service.bb("thread", "archive", thread_id)).returncode == 0
         await service.wait_for(environment_id, "removed")
     assert not Path(old["path"]).exists() and not Path(new["path"]).exists()
+
+
+async def test_an_agent_started_with_another_hosts_seed_or_no_seed_at_all_ends_saying_why(
+        service: Service, tmp_path: Path):
+    await register(service, "h1")
+    h2 = Path((await register(service, "h2"))["credentials"])
+    wrong = Agent(service, "h1", h2, tmp_path / "wrong")
+    wrong.start()
+    assert await wrong.died() == 1
+    assert "does not let these credentials act for host 'h1'" in wrong.log()
+    garbage = tmp_path / "garbage.nk"
+    garbage.write_text("not a seed\n")
+    broken = Agent(service, "h1", garbage, tmp_path / "broken")
+    broken.start()
+    assert await broken.died() == 2
+    assert "holds no NKEY seed" in broken.log() and "Traceback" not in broken.log()
