@@ -93,20 +93,10 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
                      started: contextlib.AsyncExitStack) -> Core:
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
-    # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a root of
-    # their own; what is on disk already keeps its recorded paths either way. The containment of
-    # the hooks the agent of this host runs (entrypoints/agent.py) is one per data dir.
-    containment, run_as = host_containment(settings.data_dir / "containment"), run_hooks_as(settings)
-    cloud = LocalWorkspaces(registry, settings.data_dir, ports.transcript, containment=containment,
-                            workspace_user=run_as)
-    here = (LocalWorkspaces(registry, settings.workspaces_root, ports.transcript, earlier_data_dir=settings.data_dir,
-                            containment=containment, workspace_user=run_as)
-            if settings.agent_root else cloud)
-    workspaces = RoutedWorkspaces(here, cloud, ports.workspaces_elsewhere,
-                                  settings.host_id if ports.agent_here else None, registry.cloud_ids())
+    profiles = registry.profiles()
 
     def grace_for(provider_id: str) -> int | None:
-        profile = workspaces.profiles(settings.host_id).get(provider_id)
+        profile = profiles.get(provider_id)
         return retire_grace_ms(profile.policy if profile else None, settings.retire_grace_override)
 
     # A SQLite store has one writer, serve's lock beside it says which; a PostgreSQL one may be shared.
@@ -122,6 +112,17 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
     started.push_async_callback(read_model.close)
+    # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a root of
+    # their own; what is on disk already keeps its recorded paths either way. The containment of
+    # the hooks the agent of this host runs (entrypoints/agent.py) is one per data dir.
+    containment, run_as = host_containment(settings.data_dir / "containment"), run_hooks_as(settings)
+    cloud = LocalWorkspaces(registry, settings.data_dir, ports.transcript, containment=containment,
+                            workspace_user=run_as)
+    here = (LocalWorkspaces(registry, settings.workspaces_root, ports.transcript, earlier_data_dir=settings.data_dir,
+                            containment=containment, workspace_user=run_as)
+            if settings.agent_root else cloud)
+    workspaces = RoutedWorkspaces(here, cloud, ports.workspaces_elsewhere,
+                                  settings.host_id if ports.agent_here else None, registry.cloud_ids())
     machines = Machines(ports.hosts, read_model, settings.host_id)
     placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots)
     provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
