@@ -1,5 +1,6 @@
 """Work through host agents: spawn→ready through an agent in its own process vs the agent inside
-`bb serve` vs a bare `git worktree add` + setup, and a burst of personal workspaces over two agents.
+`bb serve` vs a bare `git worktree add` + setup, and a burst of personal workspaces over two agents vs the same
+burst on the agent in `bb serve`.
 
 One real `bb serve`; hosts `a1` and `a2` registered, each with a `bb agent` of its own (its own
 data dir and root). The routes alternate, N times each, on the same repository.
@@ -32,7 +33,8 @@ def start_agent(info: dict, host_id: str, credentials: str, base: Path) -> subpr
     log = open(base.with_suffix(".log"), "wb")
     return subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", "agent", "--host-id", host_id,
                              "--credentials", credentials, "--nats-url", info["natsUrl"], "--root", str(base / "root")],
-                            env=service_environment(base / "data"), cwd=ROOT, stdout=log, stderr=log)
+                            env={**service_environment(base / "data"), "BB_LOG_LEVEL": "INFO"}, cwd=ROOT,
+                            stdout=log, stderr=log)
 
 
 async def serving(log: Path) -> None:
@@ -82,6 +84,9 @@ async def measure(runs: int, burst: int) -> list[Figure]:
                 await api.call("threads", "archive", ThreadRef(thread_id=thread_id))
 
             started = time.perf_counter()
+            await asyncio.gather(*(spawn(f"here-p{i}", "local", "personal-workspace") for i in range(burst)))
+            burst_here_s = time.perf_counter() - started
+            started = time.perf_counter()
             await asyncio.gather(*(spawn(f"p{i}", ("a1", "a2")[i % 2], "personal-workspace") for i in range(burst)))
             burst_s = time.perf_counter() - started
             await listener.close()
@@ -100,8 +105,8 @@ async def measure(runs: int, burst: int) -> list[Figure]:
                               percentile(remote, fraction) * 1000, theirs, "ms", f"bare worktree add + setup {name}"))
         figures.append(Figure(f"spawn→ready {name}, the agent in `bb serve` ({runs} runs)",
                               percentile(here, fraction) * 1000, theirs, "ms", f"bare worktree add + setup {name}"))
-    figures.append(Figure(f"burst of {burst} personal workspaces over two agents", burst / burst_s, None,
-                          "environments/s"))
+    figures.append(Figure(f"burst of {burst} personal workspaces through the API, over two agent processes",
+                          burst / burst_s, burst / burst_here_s, "env/s", "the same burst on the agent in `bb serve`"))
     return figures
 
 
