@@ -20,6 +20,25 @@ def run_git(repo: Path, *args: str) -> str:
     return completed.stdout.strip()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_cgroup_left_behind():
+    """A test that stops a service while its environments live leaves their (empty) cgroups, which
+    only a removal deletes: the session deletes the empty ones it made, so runs do not pile them up."""
+    from bb_environments.providers.host.containment import cgroup_root
+
+    root = cgroup_root()
+    before = {entry.name for entry in root.iterdir()} if root is not None and root.is_dir() else set()
+    yield
+    if root is None or not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if entry.is_dir() and entry.name not in before:
+            try:
+                entry.rmdir()  # refused while a process is still in it: then it is kept
+            except OSError:
+                pass
+
+
 @pytest.fixture
 def git_repo(tmp_path: Path) -> Path:
     """A repository at `tmp_path/repo` with one commit (README.md) on `main`."""

@@ -132,11 +132,17 @@ def host_containment(state_dir: Path) -> Containment:
     return containment
 
 
+def cgroup_root() -> Path | None:
+    """Where this process's environments' cgroups are made (None: no cgroup v2 hierarchy)."""
+    unified = _unified_mount()
+    return None if unified is None else Path(unified + _own_cgroup()) / CGROUP_ROOT_NAME
+
+
 def _choose(state_dir: Path) -> Containment:
     unified = _unified_mount()
-    if unified is None:
+    root = cgroup_root()
+    if unified is None or root is None:
         return MarkerContainment("no cgroup v2 hierarchy is mounted")
-    root = Path(unified + _own_cgroup()) / CGROUP_ROOT_NAME
     try:
         root.mkdir(exist_ok=True)
         writable = os.access(root / "cgroup.procs", os.W_OK)
