@@ -131,7 +131,7 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
     doctor = Doctor(store, workspaces, provisioner, settings.host_id)
     api = Api(store, read_model, placer, workspaces, threads, provisioner, doctor, settings.host_id,
-              ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for)
+              ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for, ports.hooks)
     return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines)
 
 

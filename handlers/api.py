@@ -40,7 +40,7 @@ from bb_environments.handlers.application import GraceLookup
 from bb_environments.handlers.doctor import Doctor, Findings
 from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
-from bb_environments.handlers.ports import HostUnavailable, Workspaces
+from bb_environments.handlers.ports import Hooks, HostUnavailable, Workspaces
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
@@ -102,6 +102,20 @@ class HistoryQuery:
 
 
 @dataclass(frozen=True)
+class HookOutputQuery:
+    environment_id: str
+    operation_id: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class HookOutput:
+    text: str
+    next_offset: int
+    more: bool
+
+
+@dataclass(frozen=True)
 class Spawn:
     """`thread spawn`: a thread, and where it runs: a new environment of a provider (on this spawn's
     host, whatever host the intent names), an existing one, or (None) its parent's."""
@@ -151,7 +165,7 @@ class Api:
                  threads: ThreadHandlers, provisioner: Provisioner, doctor: Doctor, host_id: str,
                  stream_position: Callable[[], Awaitable[int]],
                  publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
-                 log_views: Callable[[], LogViews], grace_for: GraceLookup) -> None:
+                 log_views: Callable[[], LogViews], grace_for: GraceLookup, hooks: Hooks) -> None:
         """`log_views` makes a fresh reader of the log for each replay; `grace_for` is the retire
         grace in force for a provider, as the application service applies it."""
         self._store = store
@@ -167,6 +181,7 @@ class Api:
         self._publish_thread_message = publish_thread_message
         self._log_views = log_views
         self._grace_for = grace_for
+        self._hooks = hooks
         self._history = EnvironmentHistory(self._app)  # read on the store's reader thread alone
 
     # -- queries -------------------------------------------------------------------------------
@@ -237,6 +252,20 @@ class Api:
             raise InvalidInput(f"after {query.after} is not a version: give 0 (from the first) or a version")
         events, more = await self._store.read_log(self._history.events, environment_id, query.after, query.limit)
         return Page(events, more)
+
+    async def hook_output(self, request: HookOutputQuery) -> HookOutput:
+        """A page of one of the environment's hook operations' output, from its host's records."""
+        environment_id = await self._environment_named(request.environment_id)
+        if request.offset < 0:
+            raise InvalidInput(f"offset {request.offset} is not allowed: give 0 (from the start) or a nextOffset")
+        recorded = await self._store.run(self._app.recorded_hook, request.operation_id)
+        if recorded is None or recorded.environment_id != str(environment_id):
+            raise NotFound(f"environment {environment_id} has no hook operation {quoted(request.operation_id)}")
+        try:
+            text, next_offset, more = await self._hooks.output(recorded.host_id, recorded.operation_id, request.offset)
+        except HostUnavailable as away:
+            raise Unavailable(f"the output is on host {recorded.host_id!r}, which does not answer: {away}") from None
+        return HookOutput(text, next_offset, more)
 
     async def list_threads(self, query: ThreadQuery) -> Page[ThreadView]:
         environment_id = str(await self._environment_named(query.environment_id)) if query.environment_id else None

@@ -46,6 +46,11 @@ class Hooks(Protocol):
 
     async def cancel(self, host_id: str, operation_id: str) -> str: ...
 
+    async def output(self, host_id: str, operation_id: str, offset: int) -> tuple[str, int, bool]:
+        """A page of the operation's output as its host keeps it: the text, the offset of the next
+        page, and whether one follows."""
+        ...
+
 
 class Workspaces(Protocol):
     """Everything the core asks of the host where an environment's workspace lives: its providers'

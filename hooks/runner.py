@@ -138,6 +138,19 @@ class HookRunner:
             return self._records.held_outcome(record) or record
         return record or self._skipped.get(operation_id)
 
+    def output_page(self, operation_id: str, offset: int, limit: int) -> tuple[bytes, int] | None:
+        """Up to `limit` bytes of the hook's output log from `offset`, and the offset after them;
+        None when this host keeps no record of the operation. Blocking."""
+        if self._records.read(operation_id) is None:
+            return None
+        try:
+            with open(self._records.log_path(operation_id), "rb") as log:
+                log.seek(offset)
+                data = log.read(limit)
+        except FileNotFoundError:
+            data = b""
+        return data, offset + len(data)
+
     def settled_before(self, cutoff: datetime) -> list[str]:
         """Operations whose hook finished (or was cancelled before it started) before `cutoff`. Blocking."""
         return self._records.settled_before(cutoff)

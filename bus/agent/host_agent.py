@@ -33,7 +33,8 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.refusals import refusal_reason
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.bus.wire.host_messages import HookCancelled, HookRef, HookState, StartHook
+from bb_environments.bus.wire.host_messages import (
+    HookCancelled, HookOutputPage, HookOutputRequest, HookRef, HookState, StartHook)
 from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome, RecordedHook
 from bb_environments.domain.ids import quoted
 from bb_environments.hooks.ledger import HookGuard, HookLedger, HookRefused
@@ -41,6 +42,9 @@ from bb_environments.hooks.runner import BeginSink, HookBegin, HookRunner, Outpu
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+OUTPUT_PAGE_BYTES = 128 * 1024
+"""Below the bus's maximum payload (1 MiB) even if JSON escapes every byte six-fold."""
 
 
 class HostAgent:
@@ -57,7 +61,8 @@ class HostAgent:
         await self._runner.prepare()  # the hook launcher is ready before the first hook
         service = await add_service(self._nc, name=subjects.HOST_AGENT_SERVICE, version="1.0.0",
                                     description=f"hooks on host {self._host_id}")
-        for verb, handler in (("start", self._start), ("status", self._status), ("cancel", self._cancel)):
+        for verb, handler in (("start", self._start), ("status", self._status), ("cancel", self._cancel),
+                              ("output", self._output)):
             subject = subjects.host_hooks(self._host_id, verb)
             await service.add_endpoint(name=f"hooks-{verb}", subject=subject, handler=_replying(subject, handler))
         return service
@@ -159,6 +164,22 @@ class HostAgent:
     async def cancel_hook(self, operation_id: str) -> str:
         recorded = await self._guard.to_stop(operation_id)
         return await self._runner.cancel(recorded.operation_id)
+
+    async def _output(self, data: bytes) -> HookOutputPage:
+        asked = _decode(data, HookOutputRequest)
+        return await self.hook_output(asked.operation_id, asked.offset)
+
+    async def hook_output(self, operation_id: str, offset: int) -> HookOutputPage:
+        """A page of the output of an operation the log recorded for this host."""
+        await self._guard.recorded(operation_id)
+        page = await asyncio.to_thread(self._runner.output_page, operation_id, max(0, offset), OUTPUT_PAGE_BYTES)
+        if page is None:
+            return HookOutputPage(text="", next_offset=offset, more=False)
+        data, _ = page
+        more = len(data) == OUTPUT_PAGE_BYTES
+        if more and (end_of_line := data.rfind(b"\n")) >= 0:
+            data = data[:end_of_line + 1]  # a whole line, so that no character is cut in two
+        return HookOutputPage(text=data.decode(errors="replace"), next_offset=offset + len(data), more=more)
 
 
 def _read_failure(run: asyncio.Future[HookOutcome]) -> None:

@@ -18,7 +18,8 @@ from bb_environments.bus.agent.host_agent import HostAgent
 from bb_environments.bus.core.host_jobs import HostJobs
 from bb_environments.bus.health import BUS_UNAVAILABLE, describe
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import HookCancelled, HookJob, HookRef, HookReport, StartHook
+from bb_environments.bus.wire.host_messages import (
+    HookCancelled, HookJob, HookOutputPage, HookOutputRequest, HookRef, HookReport, StartHook)
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
 from bb_environments.handlers.ports import HostUnavailable
 from bb_environments.hooks.ledger import HookRefused
@@ -61,6 +62,16 @@ class LocalFirstHooks:
             raise _unavailable(host_id, "refused", refused.reason) from None
 
 
+    async def output(self, host_id: str, operation_id: str, offset: int) -> tuple[str, int, bool]:
+        if self._agent is None or host_id != self._host_id:
+            return await self._remote.output(host_id, operation_id, offset)
+        try:
+            page = await self._agent.hook_output(operation_id, offset)
+        except HookRefused as refused:
+            raise _unavailable(host_id, "refused", refused.reason) from None
+        return page.text, page.next_offset, page.more
+
+
 class HostAgentClient:
     """The core's side for hosts whose agent is elsewhere: a hook is a job queued for the host
     (bus/core/host_jobs.py), waited for however long it takes; stopping one is a request the
@@ -85,6 +96,14 @@ class HostAgentClient:
         except BUS_UNAVAILABLE as error:
             raise HostUnavailable(f"no host agent answers for host {host_id!r} ({describe(error)})") from None
         return _answer(reply, host_id, HookCancelled).result
+
+    async def output(self, host_id: str, operation_id: str, offset: int) -> tuple[str, int, bool]:
+        try:
+            reply = await self._ask(host_id, "output", HookOutputRequest(operation_id=operation_id, offset=offset))
+        except BUS_UNAVAILABLE as error:
+            raise HostUnavailable(f"no host agent answers for host {host_id!r} ({describe(error)})") from None
+        page = _answer(reply, host_id, HookOutputPage)
+        return page.text, page.next_offset, page.more
 
     async def _ask(self, host_id: str, verb: str, body: msgspec.Struct) -> Msg:
         return await self._nc.request(subjects.host_hooks(host_id, verb), msgspec.json.encode(body), timeout=10)

@@ -19,6 +19,7 @@ from bb_environments.bus.wire.api_messages import (
     EnvironmentAt,
     EnvironmentRef,
     Examine,
+    HookOutputAt,
     HostRef,
     ListEnvironments,
     ListHistory,
@@ -39,6 +40,7 @@ from bb_environments.handlers.api import (
     DoctorRequest,
     EnvironmentQuery,
     HistoryQuery,
+    HookOutputQuery,
     Outcome,
     Page,
     ShowEnvironment,
@@ -122,6 +124,14 @@ class DoctorReport(msgspec.Struct, rename="camel"):
     missing: list[DoctorMissing]
 
 
+class HookOutputPage(msgspec.Struct, rename="camel"):
+    """A page of a hook's output, cut after a whole line where one ends in it."""
+
+    text: str
+    next_offset: Annotated[int, msgspec.Meta(description="Send it as `offset` for the next page.")]
+    more: Annotated[bool, msgspec.Meta(description="Whether another page follows (as the host keeps it now).")]
+
+
 class RegisteredHost(msgspec.Struct, rename="camel"):
     host_id: str
     credentials: Annotated[str, msgspec.Meta(description=(
@@ -167,6 +177,7 @@ class ApiEdge:
             Endpoint("environments", "list", ListEnvironments, self.list_environments),
             Endpoint("environments", "show", EnvironmentAt, self.show_environment),
             Endpoint("environments", "history", ListHistory, self.environment_history),
+            Endpoint("environments", "output", HookOutputAt, self.hook_output),
             Endpoint("environments", "delete", EnvironmentRef, self.delete_environment),
             Endpoint("environments", "retry", EnvironmentRef, self.retry_environment),
             Endpoint("threads", "spawn", SpawnThread, self.spawn_thread),
@@ -180,6 +191,11 @@ class ApiEdge:
             Endpoint("machines", "list", Nothing, self.list_machines),
             Endpoint("machines", "remove", HostRef, self.remove_host),
         ]
+
+    async def hook_output(self, request: HookOutputAt) -> HookOutputPage:
+        page = await self._api.hook_output(HookOutputQuery(request.environment_id, request.operation_id,
+                                                           request.offset))
+        return HookOutputPage(page.text, page.next_offset, page.more)
 
     async def register_host(self, request: RegisterHost) -> RegisteredHost:
         registered = await self._machines.register(request.host_id, request.rotate)

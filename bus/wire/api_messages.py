@@ -139,6 +139,15 @@ def decode_answer(headers: Mapping[str, str], data: bytes) -> dict[str, Any]:
     return answer
 
 
+class HookOutputAt(Request):
+    """`environments.output`: a page of one of the environment's hook operations' output, as its
+    host's records keep it (the transcript keeps the last 2000 lines of an environment)."""
+
+    environment_id: str
+    operation_id: str
+    offset: int = 0
+
+
 class RegisterHost(Request):
     """`machines.register`: a host's agent may connect with the seed this makes."""
 

@@ -35,6 +35,19 @@ class HookCancelled(msgspec.Struct, rename="camel"):
     result: str
 
 
+class HookOutputRequest(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
+    operation_id: str
+    offset: int = 0
+
+
+class HookOutputPage(msgspec.Struct, rename="camel", kw_only=True):
+    """A page of a hook's output as its host keeps it (at most BB_HOOK_OUTPUT_MAX_BYTES in all), cut
+    after a whole line where one ends in it; `nextOffset` asks for the next."""
+    text: str
+    next_offset: int
+    more: bool
+
+
 # -- jobs and reports ------------------------------------------------------------------------------
 
 class CreateJob(msgspec.Struct, frozen=True, tag="create", tag_field="job", rename="camel"):

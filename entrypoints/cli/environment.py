@@ -8,11 +8,12 @@ import json
 import sys
 from collections.abc import Coroutine
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from bb_environments.bus.wire.api_messages import EnvironmentAt, EnvironmentRef, ListEnvironments, ListHistory, Nothing
+from bb_environments.bus.wire.api_messages import (
+    EnvironmentAt, EnvironmentRef, HookOutputAt, ListEnvironments, ListHistory, Nothing)
 from bb_environments.domain.ids import is_environment_id_prefix, quoted
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.bus.wire import subjects
@@ -26,6 +27,9 @@ from bb_environments.entrypoints.cli.waiting import (
 )
 from bb_environments.entrypoints.config import Settings
 from bb_environments.handlers.errors import one_line
+
+if TYPE_CHECKING:  # opened by open_client, which imports it once the URL is known
+    from bb_environments.bus.api_client.nats_client import ApiClient
 
 
 @click.group("environment")
@@ -138,15 +142,25 @@ def environment_history(settings: Settings, environment_id: str, as_json: bool) 
 @click.argument("environment_id")
 @click.option("-f", "--follow", is_flag=True,
               help="Then print each line as it is written, until interrupted (as `docker logs -f`).")
+@click.option("--hook-output", is_flag=True,
+              help="Instead, print the whole output of its setup and teardown as their host keeps it (the "
+                   "transcript keeps the last 2000 lines of an environment).")
 @json_lines_option
 @click.pass_obj
 @run_command
-async def environment_logs(settings: Settings, environment_id: str, follow: bool, as_json: bool) -> None:
+async def environment_logs(settings: Settings, environment_id: str, follow: bool, hook_output: bool,
+                           as_json: bool) -> None:
     """Print the environment's transcript from its start (the last 2000 lines the stream keeps)."""
     request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
+    if hook_output and follow:
+        raise Failure("invalid_input", "--hook-output prints what the host keeps now: leave out --follow")
     client = await open_client(settings)
     try:
-        whole_id = (await client.call("environments", "show", request))["id"]  # unknown: exit 3; a start resolved
+        shown = await client.call("environments", "show", request)  # unknown: exit 3; a start resolved
+        whole_id = shown["id"]
+        if hook_output:
+            await _print_hook_output(client, shown, as_json)
+            return
         reader = client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(whole_id), TRANSCRIPT_POLL_S)
         async with contextlib.aclosing(reader) as batches:
             async for lines in batches:
@@ -159,6 +173,26 @@ async def environment_logs(settings: Settings, environment_id: str, follow: bool
                     return
     finally:
         await client.close()
+
+
+async def _print_hook_output(client: ApiClient, environment: dict[str, Any], as_json: bool) -> None:
+    """Each hook's whole output, page by page, from its host's records: setup first, then teardown."""
+    for kind in ("setup", "teardown"):
+        operation_id = (environment.get("hooks", {}).get(kind) or {}).get("operationId")
+        if not operation_id:
+            continue
+        if not as_json:
+            sys.stdout.write(f"» {kind} ({operation_id}), as host {environment['hostId']} keeps it\n")
+        offset, more = 0, True
+        while more:
+            page = await client.call("environments", "output", HookOutputAt(
+                environment_id=environment["id"], operation_id=operation_id, offset=offset))
+            if as_json:
+                sys.stdout.write(json.dumps({"operationId": operation_id, "kind": kind, "text": page["text"]}) + "\n")
+            else:
+                sys.stdout.write(page["text"])
+            offset, more = page["nextOffset"], page["more"]
+        sys.stdout.flush()
 
 
 def _transcript_line(data: bytes) -> str:

@@ -120,3 +120,31 @@ async def test_a_hook_rejoined_after_a_restart_says_so_and_does_not_look_run_twi
 
     assert lines == ["Running .bb-env-setup.sh", "preparing the workspace", rejoined, ".bb-env-setup.sh finished"]
     assert (tmp_path / "marker").read_text() == "setup\n"  # it ran once
+
+
+async def test_hook_output_prints_a_hooks_whole_output_from_its_hosts_records(service, git_repo, tmp_path):
+    """The transcript keeps an environment's last 2000 lines; the host keeps a hook's whole output
+    (up to BB_HOOK_OUTPUT_MAX_BYTES), which --hook-output pages through, on a host's agent too."""
+    from tests.integration.host_agents import running_agent
+
+    write_hooks(git_repo, tmp_path / "marker", setup="for i in $(seq 1 3000); do echo \"line $i of many\"; done")
+    async with running_agent(service, "h1", tmp_path / "h1"):
+        for host in ("local", "h1"):
+            spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                                       str(git_repo), "--host", host, "--thread-id", f"t-{host}", "--wait", "--json")
+            assert spawned.returncode == 0, spawned.stderr
+            environment_id = spawned.json()["environmentId"]
+            transcript = await service.bb("environment", "logs", environment_id)
+            # The stream kept the environment's last 2000 lines only.
+            assert "line 3000 of many" in transcript.stdout and "line 1 of many" not in transcript.stdout
+            whole = await service.bb("environment", "logs", environment_id, "--hook-output")
+            assert whole.returncode == 0, whole.stderr
+            output = whole.stdout.splitlines()
+            assert output[0].startswith("» setup (") and f"as host {host} keeps it" in output[0]
+            assert [line for line in output if line.startswith("line ")] == [f"line {i} of many" for i in range(1, 3001)]
+            as_json = await service.bb("environment", "logs", environment_id, "--hook-output", "--json")
+            pages = [json.loads(line) for line in as_json.stdout.splitlines()]
+            assert "".join(p["text"] for p in pages).count(" of many\n") == 3000 and pages[0]["kind"] == "setup"
+
+    unknown = await service.bb("environment", "logs", environment_id, "--hook-output", "--follow")
+    assert unknown.returncode == 2 and "leave out --follow" in unknown.stderr
