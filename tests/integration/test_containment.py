@@ -70,7 +70,10 @@ async def test_a_removal_after_a_crash_still_ends_what_the_hooks_left(tmp_path, 
         environment_id = await spawn_ready(service, git_repo, "t1")
         await eventually(lambda: pid_file.exists() and pid_file.read_text().strip() != "", "the daemon's start")
         pid = daemon_pid(pid_file)
-        assert (await service.bb("thread", "archive", "t1")).returncode == 0
+        archived = await service.bb("thread", "archive", "t1")
+        # With no teardown script the teardown settles at once, so the crash after it may come
+        # before the archive's answer: the CLI then says the request may have taken effect.
+        assert archived.returncode == 0 or "may have taken effect" in archived.stderr, archived.stderr
         assert service.process is not None
         await eventually(lambda: service.process.poll() is not None, "the crash after the teardown", 60)
         assert pid_alive(pid)  # the crash came before the removal: nothing has ended it yet
