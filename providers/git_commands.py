@@ -46,10 +46,12 @@ def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None)
     return completed.stdout.strip("\n")
 
 
-def refused_as_unsafe(failed: GitFailed) -> bool:
-    """Whether git refused a repository owned by another user (its `safe.directory` check): such a
-    repository is refused for that reason, not as "not a git repository"."""
-    return "dubious ownership" in str(failed)
+def unsafe_refusal(directory: str, failed: GitFailed) -> str | None:
+    """Why `directory` is refused when git refused it as owned by another user (its
+    `safe.directory` check): for that reason, not as "not a git repository"; None otherwise."""
+    if "dubious ownership" not in str(failed):
+        return None
+    return f"project path: git refuses to touch {directory}, which another user owns: {failed}"
 
 
 def run_git_or_none(repo: str, *args: str, environment: Mapping[str, str] | None = None) -> str | None:

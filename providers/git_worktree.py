@@ -38,7 +38,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.git_commands import (
-    GitFailed, branch_exists, is_commit, refused_as_unsafe, run_git, run_git_or_none)
+    GitFailed, branch_exists, is_commit, unsafe_refusal, run_git, run_git_or_none)
 from bb_environments.providers.host.processes import command_lines, kill_and_wait
 from bb_environments.providers.workspace_files import (
     delete_tree,
@@ -303,9 +303,8 @@ def _require_repo(project_path: str | None) -> str:
     try:
         repo = run_git(project_path, "rev-parse", "--show-toplevel")
     except GitFailed as failed:
-        if refused_as_unsafe(failed):
-            raise InvalidInputs(f"project path: git refuses to touch {project_path}, which another user owns: "
-                                f"{failed}") from None
+        if (refusal := unsafe_refusal(project_path, failed)) is not None:
+            raise InvalidInputs(refusal) from None
         raise InvalidInputs(f"project path: {project_path} is not a git repository") from None
     if not run_git(repo, "for-each-ref", "--count=1", "--format=%(refname)", "refs/heads"):
         raise InvalidInputs(f"project path: {project_path} has no commits yet")

@@ -38,7 +38,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.git_commands import (
-    GitFailed, branch_exists, is_commit, refused_as_unsafe, run_git, run_git_or_none)
+    GitFailed, branch_exists, is_commit, unsafe_refusal, run_git, run_git_or_none)
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
 
 LOCK_POLL_SECONDS = 0.05
@@ -159,9 +159,8 @@ def _require_checkout(directory: str) -> str:
     try:
         top_level = run_git(directory, "rev-parse", "--show-toplevel")
     except GitFailed as failed:
-        if refused_as_unsafe(failed):
-            raise InvalidInputs(f"project path: git refuses to touch {directory}, which another user owns: "
-                                f"{failed}") from None
+        if (refusal := unsafe_refusal(directory, failed)) is not None:
+            raise InvalidInputs(refusal) from None
         raise InvalidInputs(f"branch: {directory} is not a git checkout, so only kind 'current' is possible") from None
     return os.path.realpath(top_level)
 

@@ -26,25 +26,13 @@ Q = TypeVar("Q")
 
 
 async def add_workspace_answers(service: Service, host_id: str, workspaces: LocalWorkspaces) -> None:
-    def own(request: PlanRequest | SurveyRequest | LeftoverRemoval) -> None:
-        if request.host_id != host_id:
-            raise InvalidInputs(f"host {request.host_id!r} is not this agent's ({host_id!r})")
+    def of_this_host(call: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        async def answer(request: PlanRequest | SurveyRequest | LeftoverRemoval) -> Any:
+            if request.host_id != host_id:
+                raise InvalidInputs(f"host {request.host_id!r} is not this agent's ({host_id!r})")
+            return await call(request)
 
-    async def plan(request: PlanRequest) -> Any:
-        own(request)
-        return await workspaces.plan(request)
-
-    async def planned_path(request: PlanRequest) -> Any:
-        own(request)
-        return await workspaces.planned_path(request)
-
-    async def survey(request: SurveyRequest) -> Any:
-        own(request)
-        return await workspaces.survey(request)
-
-    async def remove_leftover(request: LeftoverRemoval) -> Any:
-        own(request)
-        return await workspaces.remove_leftover(request)
+        return answer
 
     async def inputs(query: InputsQuery) -> Any:
         return await workspaces.inputs(host_id, query.provider_id, query.inputs)
@@ -56,8 +44,10 @@ async def add_workspace_answers(service: Service, host_id: str, workspaces: Loca
         return await workspaces.providers(host_id)
 
     answers: list[tuple[str, type[Any], Callable[[Any], Awaitable[Any]]]] = [
-        ("plan", PlanRequest, plan), ("planned-path", PlanRequest, planned_path), ("survey", SurveyRequest, survey),
-        ("remove-leftover", LeftoverRemoval, remove_leftover), ("inputs", InputsQuery, inputs),
+        ("plan", PlanRequest, of_this_host(workspaces.plan)),
+        ("planned-path", PlanRequest, of_this_host(workspaces.planned_path)),
+        ("survey", SurveyRequest, of_this_host(workspaces.survey)),
+        ("remove-leftover", LeftoverRemoval, of_this_host(workspaces.remove_leftover)), ("inputs", InputsQuery, inputs),
         ("canonical-project", ProjectQuery, canonical_project), ("providers", NoArguments, providers),
     ]
     for verb, query_type, answer in answers:
