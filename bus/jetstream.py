@@ -7,6 +7,7 @@ existing consumer's old settings.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
@@ -20,9 +21,11 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
 from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError
 
 from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.server_file import nats_servers
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
 from bb_environments.providers.host.backoff import Backoff
 
@@ -40,6 +43,11 @@ PLACEMENTS_DUPLICATE_WINDOW_S = 3600
 # repeated); its report is kept a day, for a core that was away when it came.
 HOST_JOBS_DUPLICATE_WINDOW_S = 3600
 HOST_REPORTS_MAX_AGE_S = 24 * 3600
+STREAM_NAME_IN_USE = 10058
+"""JetStream's refusal of a stream that exists with other settings: it is updated instead."""
+LEADER_ELECTION_S = 30.0
+"""How long a start waits for a replicated stream's servers to elect its leader (Raft's election
+timeout is 4 to 9 s, and a node of three may be restarting)."""
 HOST_JOB_ACK_WAIT_S = 6
 """An agent killed mid-job has it delivered again after this (a running job says it is still at it)."""
 
@@ -62,7 +70,7 @@ async def connect(url: str, name: str, health: BusHealth, inbox_prefix: str,
     replies, pull consumer deliveries, acks) is under `inbox_prefix`, which no client may read."""
     nc = Client()
     # nats-py annotates reconnect_time_wait as int, but only sleeps for it: half a second works.
-    await nc.connect(url, name=name, inbox_prefix=inbox_prefix, max_reconnect_attempts=-1,
+    await nc.connect(nats_servers(url), name=name, inbox_prefix=inbox_prefix, max_reconnect_attempts=-1,
                      reconnect_time_wait=0.5,  # type: ignore[arg-type]
                      **health.watch(nc, name), **options)
     return nc
@@ -114,23 +122,44 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
     )
 
 
-async def ensure_streams(js: JetStreamContext, threads_max_age_s: float, threads_max_bytes: int) -> None:
-    """Create the streams, or give existing ones today's settings (a changed retention, say)."""
+async def ensure_streams(js: JetStreamContext, threads_max_age_s: float, threads_max_bytes: int,
+                         replicas: int = 1) -> None:
+    """Create the streams, or give existing ones today's settings (a changed retention, say), each
+    stored on `replicas` servers of the cluster. A replicated stream takes no publish before its
+    servers elected a leader: each is waited for."""
     for config in _streams(threads_max_age_s, threads_max_bytes):
+        config.num_replicas = replicas
         try:
             await js.add_stream(config)
-        except BadRequestError:
+        except BadRequestError as refused:
+            if refused.err_code != STREAM_NAME_IN_USE:  # no room on the servers, say: theirs to say why
+                raise
             await js.update_stream(config)
+        if replicas > 1:
+            await _until_led(js, config.name or "")
 
 
-async def ensure_hosts(js: JetStreamContext, host_ids: list[str]) -> None:
+async def _until_led(js: JetStreamContext, stream: str) -> None:
+    deadline = time.monotonic() + LEADER_ELECTION_S
+    while not ((info := await js.stream_info(stream)).cluster and info.cluster.leader):
+        if time.monotonic() > deadline:
+            raise NatsTimeout
+        await asyncio.sleep(0.1)
+
+
+async def ensure_hosts(js: JetStreamContext, host_ids: list[str], replicas: int = 1) -> None:
     """The heartbeat bucket, and each host's queue consumer (the agent's own host included)."""
-    try:
-        await js.key_value(subjects.HOSTS_BUCKET)
-    except BucketNotFoundError:
-        await js.create_key_value(api.KeyValueConfig(bucket=subjects.HOSTS_BUCKET, history=1))
+    await ensure_bucket(js, api.KeyValueConfig(bucket=subjects.HOSTS_BUCKET, history=1, replicas=replicas))
     for host_id in host_ids:
         await ensure_host_jobs_consumer(js, host_id)
+
+
+async def ensure_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> KeyValue:
+    """A key-value bucket, created with `config` unless it exists (it keeps its own settings then)."""
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        return await js.create_key_value(config)
 
 
 async def ensure_host_jobs_consumer(js: JetStreamContext, host_id: str) -> None:
@@ -345,3 +374,53 @@ async def _settle(messages: list[Msg], settle: Callable[[Msg], Awaitable[None]],
             await settle(message)
     except BUS_UNAVAILABLE as error:
         await bus.pause(error)
+
+
+async def follow(js: JetStreamContext, stream: str, filter_subject: str, after: Callable[[], Awaitable[int]],
+                 handle: Handler, health: BusHealth, name: str, batch: int = 200) -> None:
+    """Feed `handle` every message of `stream` after the sequence `after()` gives, in order, as an
+    ordered consumer of this replica's own (SPEC 7.2: each replica keeps its own read models).
+
+    Nothing of it lives on the server but while it runs: the client makes it again, from where it
+    was, after a gap, a reconnect or a node's loss, and a client that deletes it takes nothing
+    from us. A batch whose handler raised is handled again (from a new consumer that starts at it),
+    so `after()` must name what the handlers have finished with.
+    """
+    bus = health.retry(name)
+    backoff = Backoff(log, f"{name} handling a batch")
+    while True:
+        try:
+            start = await after() + 1
+            subscription = await js.subscribe(filter_subject, stream=stream, ordered_consumer=True, config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start))
+        except BUS_UNAVAILABLE as error:
+            await bus.pause(error)
+            continue
+        try:
+            await _follow_until_failed(subscription, handle, bus, backoff, batch)
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+
+async def _follow_until_failed(subscription: JetStreamContext.PushSubscription, handle: Handler, bus: Retry,
+                               backoff: Backoff, batch: int) -> None:
+    while True:
+        try:
+            messages = [await subscription.next_msg(timeout=1)]
+        except (NatsTimeout, asyncio.TimeoutError):
+            if _this_task().cancelling():
+                raise asyncio.CancelledError from None
+            bus.succeeded()
+            continue
+        while len(messages) < batch and subscription.pending_msgs:
+            messages.append(await subscription.next_msg(timeout=None))
+        try:
+            await handle(messages)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            await asyncio.sleep(bus.failed(error) if unavailable(error) else backoff.failed(error))
+            return
+        backoff.succeeded()
+        bus.succeeded()

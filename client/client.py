@@ -20,7 +20,8 @@ from nats.js import api
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.placements import PlacementOutcome
-from bb_environments.bus.wire.server_file import SERVER_FILE, DataDirError, ServerFileError, data_root, read_server_file
+from bb_environments.bus.wire.server_file import (
+    SERVER_FILE, DataDirError, ServerFileError, data_root, nats_servers, read_server_file)
 from bb_environments.bus.wire.thread_events import (
     InboundThreadMessage, Machine, ProviderIntent, ThreadArchivedMessage, ThreadCreatedMessage, ThreadMessageMessage,
 )
@@ -86,7 +87,7 @@ class Client:
         nc = Nats()
         try:
             # Reconnecting forever: a client outlives restarts of the service however long they take.
-            await asyncio.wait_for(nc.connect(url, max_reconnect_attempts=-1, error_cb=remember, **options),
+            await asyncio.wait_for(nc.connect(nats_servers(url), max_reconnect_attempts=-1, error_cb=remember, **options),
                                    CONNECT_WITHIN_S)
         except (asyncio.TimeoutError, NatsError, OSError):
             await nc.close()

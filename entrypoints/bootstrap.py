@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from bb_environments.bus.core.log_follower import LogFollower, TranscriptFollower
@@ -26,7 +27,8 @@ from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.jetstream import consume
+from bb_environments.bus.jetstream import consume, follow
+from bb_environments.bus.core.replicas import DriveShare, Lease, Presence, while_leased
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments, LiveLimits
 from bb_environments.handlers.doctor import Doctor
@@ -36,12 +38,12 @@ from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.host_routing import RoutedWorkspaces
 from bb_environments.handlers.machines import Machines
-from bb_environments.handlers.ports import Hooks, HostDirectory, Transcript, Workspaces
+from bb_environments.handlers.ports import Everything, Hooks, HostDirectory, Share, Transcript, Workspaces
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.handlers.writers import SharedStore, SingleWriter
-from bb_environments.projections.read_model import ReadModel
+from bb_environments.projections.read_model import TRANSCRIPT, ReadModel
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.git_worktree import GitWorktreeProvider
@@ -72,6 +74,17 @@ class Ports:
     publish_thread_message: Callable[[str, str, datetime], Awaitable[None]]
     agent_here: bool = True
     """Whether the agent of this service's own host runs in this process (`bb serve` without --no-agent)."""
+    share: Share = Everything()
+    """The environments this replica drives (bus/core/replicas.py DriveShare, when several share the store)."""
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What a replica among several on one store runs besides the core (bus/core/replicas.py)."""
+
+    presence: Presence
+    share: DriveShare
+    relay_lease: Lease
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,8 @@ class Core:
     doctor: Doctor
     api: Api
     machines: Machines
+    workspaces_here: LocalWorkspaces
+    """The workspaces of this service's own host, which its agent in this process works on."""
 
 
 async def build_core(settings: Settings, registry: ProviderRegistry, ports: Ports,
@@ -126,38 +141,79 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     machines = Machines(ports.hosts, read_model, settings.host_id)
     placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots)
     provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
-                              timedelta(seconds=settings.transient_retry_s))
+                              timedelta(seconds=settings.transient_retry_s), share=ports.share)
     started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
     doctor = Doctor(store, workspaces, provisioner, settings.host_id)
     api = Api(store, read_model, placer, workspaces, threads, provisioner, doctor, settings.host_id,
               ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for, ports.hooks)
-    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines)
+    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here)
 
 
-def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth) -> OutboxRelay:
-    """The outbox relay of the core's store onto the environments stream, woken by every save."""
+async def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth, replicated: bool) -> OutboxRelay:
+    """The outbox relay of the core's store onto the environments stream, woken by every save:
+    this replica's, and (`replicated`) every other replica's, which says so on the bus."""
     log_reader = LogReader(core.app)
     relay = OutboxRelay(js, AckedPublisher(nc), lambda after: core.store.read_log(log_reader.page, after),
                         lambda ids: core.store.read_log(log_reader.at, ids), health=health)
     loop = asyncio.get_running_loop()
-    core.app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
+    if not replicated:
+        core.app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
+        return relay
+
+    async def wake(_: Msg) -> None:
+        relay.wake()
+
+    async def say_it_grew() -> None:
+        relay.wake()
+        with contextlib.suppress(Exception):  # the relay's poll reads it all the same
+            await nc.publish(subjects.LOG_GREW)
+
+    await nc.subscribe(subjects.LOG_GREW, cb=wake)
+    core.app.on_saved = lambda: loop.call_soon_threadsafe(lambda: loop.create_task(say_it_grew()))
     return relay
 
 
 def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: BusHealth,
-                 settings: Settings) -> list[Coroutine[Any, Any, None]]:
+                 settings: Settings, replication: Replication | None = None) -> list[Coroutine[Any, Any, None]]:
     """The core's loops on the bus: the relay, the log and transcript followers, one in-order
-    consumer per thread partition, and the sweep."""
+    consumer per thread partition, and the sweep; with `replication`, the relay runs only while
+    this replica holds its lease, the followers are this replica's own, and its presence and its
+    share of the environments are kept."""
     placements = Placements(js, core.store)
     follower = LogFollower(core.store, LogReader(core.app), core.read_model, placements, core.provisioner)
     thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
+    transcripts = TranscriptFollower(core.read_model)
+    if replication is None:
+        relaying = relay.run()
+        followers = [
+            consume(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER, subjects.LOG_EVENTS,
+                    follower.handle_batch, health),
+            consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS,
+                    transcripts.handle_batch, health),
+        ]
+    else:
+        # Another replica relaying has caught the stream up as far as this one would.
+        relaying = while_leased(replication.relay_lease, relay.run, health, on_others=relay.caught_up.set)
+
+        async def followed(messages: list[Msg]) -> None:
+            await follower.handle_batch(messages)
+            await core.read_model.note_followed(messages[-1].metadata.sequence.stream)
+
+        async def transcript_position() -> int:
+            return (await core.read_model.stored_position(TRANSCRIPT))[1]
+
+        followers = [
+            follow(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, core.read_model.followed, followed,
+                   health, "log follower"),
+            follow(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPT_EVENTS, transcript_position,
+                   transcripts.handle_batch, health, "transcript follower"),
+            replication.presence.run(health),
+            replication.share.run(health, core.provisioner.sweep, core.provisioner.let_go),
+        ]
     return [
-        relay.run(),
-        consume(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER, subjects.LOG_EVENTS,
-                follower.handle_batch, health),
-        consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS,
-                TranscriptFollower(core.read_model).handle_batch, health),
+        relaying,
+        *followers,
         # A thread's events are handled in the order they were sent, one at a time, by its
         # partition's consumer; the partitions run side by side.
         *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from bb_environments.bus.access import check_host_id, write_private_file
-from bb_environments.bus.wire.server_file import SERVER_FILE, DataDirError, ServerInfo, data_root
+from bb_environments.bus.wire.server_file import SERVER_FILE, DataDirError, ServerInfo, data_root, nats_servers
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli/connection.py)
     import logging
@@ -76,20 +76,27 @@ class Settings(msgspec.Struct, frozen=True):
     workspace_user: str | None = None
     """The user that owns the agent's workspaces and runs their hooks (BB_WORKSPACE_USER); None: the
     agent's own user, whose credentials the hooks can then read (SPEC 9)."""
+    replica_id: str = "local"
+    """Which core replica this `bb serve` is among those sharing one store and one NATS
+    (`--replica-id`, BB_REPLICA_ID; default the host id). Two running with one id are refused."""
+    stream_replicas: int = 1
+    """The replica count of every stream and bucket the service creates (BB_STREAM_REPLICAS): 3 on a
+    3-node NATS cluster, 1 on the embedded server."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
-             nats_port: str | None = None) -> "Settings":
+             nats_port: str | None = None, replica_id: str | None = None) -> "Settings":
         try:
             root = data_root(data_dir)
         except DataDirError as unusable:
             raise ConfigError(str(unusable)) from None
         _refuse_git_hooks()
+        host_id = _host_id(os.environ.get("BB_HOST_ID", "local"))
         return cls(
             data_root=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
             event_store=os.environ.get("BB_EVENT_STORE") or f"sqlite:///{os.path.join(root, 'events.sqlite')}",
-            host_id=_host_id(os.environ.get("BB_HOST_ID", "local")),
+            host_id=host_id,
             retire_grace_override=_grace_override(os.environ.get("BB_RETIRE_GRACE_MS")),
             hook_timeout_s=_number("BB_HOOK_TIMEOUT_S", 900),
             sweep_interval_s=_number("BB_SWEEP_INTERVAL_S", 30),
@@ -108,6 +115,8 @@ class Settings(msgspec.Struct, frozen=True):
             max_live_environments_per_project=_count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
             project_roots=_project_roots(os.environ.get("BB_PROJECT_ROOTS")),
             workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
+            replica_id=_replica_id(replica_id or os.environ.get("BB_REPLICA_ID") or host_id),
+            stream_replicas=_stream_replicas(os.environ.get("BB_STREAM_REPLICAS")),
         )
 
     @property
@@ -153,8 +162,11 @@ def url_without_credentials(url: str) -> str:
     """What may be written down (server.json, logs): credentials stay in the environment."""
     from urllib.parse import urlparse
 
-    parts = urlparse(url)
-    return parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
+    def bare(server: str) -> str:
+        parts = urlparse(server)
+        return parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
+
+    return ",".join(bare(server) for server in nats_servers(url))
 
 
 def hook_record_sync() -> "SyncLevel":
@@ -222,6 +234,22 @@ def _host_id(raw: str) -> str:
         return check_host_id(raw)
     except ValueError as bad:
         raise ConfigError(f"BB_HOST_ID: {bad}") from None
+
+
+def _replica_id(raw: str) -> str:
+    try:
+        return check_host_id(raw)  # the same rule: it names KV keys and log lines
+    except ValueError as bad:
+        raise ConfigError(f"--replica-id (BB_REPLICA_ID): {str(bad).replace('host id', 'replica id')}") from None
+
+
+def _stream_replicas(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= 5:
+        raise ConfigError(f"BB_STREAM_REPLICAS {raw!r} is not a replica count: use 1 to 5 (JetStream's limit), "
+                          "3 on a 3-node cluster")
+    return int(raw)
 
 
 def _refuse_git_hooks() -> None:

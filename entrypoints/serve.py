@@ -12,12 +12,13 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from nats.js import JetStreamContext
 
 from bb_environments.bus.access import (
     SERVICE_INBOX_PREFIX,
@@ -32,8 +33,13 @@ from bb_environments.bus.access import (
 from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
-from bb_environments.bus.health import BusHealth
+from bb_environments.bus.core.replicas import (
+    DriveShare, Lease, ReplicaRefused, join, lease_holder, leases_bucket, live_replica_count)
+from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
+from bb_environments.bus.wire import subjects
 from bb_environments.bus.agent.heartbeat import beat
+from bb_environments.bus.agent.host_jobs import HostJobWorker
+from bb_environments.bus.agent.workspace_answers import add_workspace_answers
 from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
 from bb_environments.bus.core.host_directory import BusHostDirectory
 from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
@@ -46,7 +52,8 @@ from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.thread_messages import StreamPorts
 from bb_environments.entrypoints.agent import keep_hook_records, start_host_agent
-from bb_environments.entrypoints.bootstrap import Ports, StoreUnusable, build_core, core_workers, relay_of
+from bb_environments.entrypoints.bootstrap import (
+    Ports, Replication, StoreUnusable, build_core, core_workers, relay_of)
 from bb_environments.bus.wire.server_file import SERVER_FILE, ClientSeeds, ServerFileError, ServerInfo, read_server_file
 from bb_environments.entrypoints.config import (
     SERVE_LOCK,
@@ -59,6 +66,7 @@ from bb_environments.entrypoints.config import (
     run_hooks_as,
     url_without_credentials,
 )
+from bb_environments.handlers.ports import Everything
 from bb_environments.handlers.store import StoreLedger
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.registry import ProviderRegistry
@@ -215,11 +223,13 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
                        **connect_options(settings, credentials, SERVICE_USER))
     started.push_async_callback(_close, nc)
     js = nc.jetstream()
-    await ensure_streams(js, settings.threads_max_age_s, settings.threads_max_bytes)
-    await ensure_thread_partition_consumers(js)
+    await _until_answered(health, "the streams", lambda: ensure_streams(
+        js, settings.threads_max_age_s, settings.threads_max_bytes, settings.stream_replicas))
+    await _until_answered(health, "the thread partitions' consumers", lambda: ensure_thread_partition_consumers(js))
     await retire_provisioner_consumer(js)
     host_seeds = credentials or Credentials(settings.data_dir / "credentials")
-    await ensure_hosts(js, [settings.host_id, *host_seeds.registered_hosts()])
+    await ensure_hosts(js, [settings.host_id, *host_seeds.registered_hosts()], settings.stream_replicas)
+    replication = await _replication(settings, js, started)
 
     liveness = HostLiveness(js)
     jobs = HostJobs(nc, js, liveness, health=health)
@@ -232,7 +242,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         settings, registry,
         Ports(hooks, RemoteWorkspaces(nc, jobs, registry.profiles()), hosts,
               TranscriptPublisher(nc, loop, health=health), stream.stream_position, stream.publish_thread_message,
-              agent_here=agent_here),
+              agent_here=agent_here, share=replication.share if replication else Everything()),
         started,
     )
     started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))
@@ -247,9 +257,16 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         hooks.attach(host_agent.agent)
         agent_work = [keep_hook_records(host_agent.agent, settings),
                       beat(agent_nc, settings.host_id, settings.data_root, metadata.version("bb-environments"), health)]
-    relay = relay_of(core, js, nc, health)
+        if replication is not None:
+            # Another replica may drive an environment of this host: it asks this agent over the bus,
+            # as it would a `bb agent`.
+            await add_workspace_answers(host_agent.service, settings.host_id, core.workspaces_here)
+            agent_work.append(HostJobWorker(agent_nc, settings.host_id, core.workspaces_here, host_agent.agent,
+                                            health=health).run())
+    relay = await relay_of(core, js, nc, health, replicated=replication is not None)
     await restore_read_models(core.app, core.store, core.read_model, core.read_model_damage, core.api, js)
-    tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings), *agent_work)]
+    tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings, replication),
+                                                   *agent_work)]
     started.push_async_callback(_cancel, tasks)
 
     service = await start_api(nc, ApiEdge(core.api, core.machines, nc.max_payload).endpoints(), translate_error)
@@ -272,6 +289,36 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     if ready:
         ready(msgspec.to_builtins(server_file.info))
     await _until_stopped_or_failed(stop, tasks)
+
+
+async def _replication(settings: Settings, js: JetStreamContext,
+                       started: contextlib.AsyncExitStack) -> Replication | None:
+    """Enter this replica's presence (refused beside a replica of the same id, or beside any other
+    when either's store is SQLite); on a store several replicas may share, also what it shares."""
+    shared_store = event_store_file(settings.event_store) is None
+    try:
+        presence = await join(js, settings.replica_id, settings.data_root, "postgresql" if shared_store else "sqlite",
+                              settings.stream_replicas)
+    except ReplicaRefused as refused:
+        raise ServeError(str(refused)) from None
+    started.push_async_callback(presence.leave)
+    if not shared_store:
+        return None
+    leases, holder = await leases_bucket(js, settings.stream_replicas), lease_holder(settings.replica_id)
+    return Replication(presence, DriveShare(leases, holder, lambda: live_replica_count(js)),
+                       Lease(leases, subjects.RELAY_LEASE, holder))
+
+
+async def _until_answered(health: BusHealth, what: str, ask: Callable[[], Awaitable[None]]) -> None:
+    """A start rides out a server or a stream leader that is away (a node of the cluster restarting)."""
+    bus = health.retry(what)
+    while True:
+        try:
+            await ask()
+            bus.succeeded()
+            return
+        except BUS_UNAVAILABLE as away:
+            await bus.pause(away)
 
 
 async def _close(nc: Any) -> None:

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import Any, Protocol
+from uuid import UUID
 
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
 from bb_environments.providers.contract import CreateResult, RemoveResult
@@ -129,3 +130,17 @@ class HostDirectory(Protocol):
     async def forget(self, host_id: str) -> None: ...
 
     async def last_seen(self, host_id: str) -> datetime | None: ...
+
+
+class Share(Protocol):
+    """Which environments this core replica drives: all of them when it is the only one; a share of
+    them, changing as replicas come and go, when several share a store (SPEC 7.2)."""
+
+    def drives(self, aggregate_id: UUID) -> bool: ...
+
+
+class Everything:
+    """The share of the only replica."""
+
+    def drives(self, aggregate_id: UUID) -> bool:
+        return True

@@ -44,7 +44,8 @@ from bb_environments.domain.steps import (
 )
 from bb_environments.handlers.host_steps import HostSteps
 from bb_environments.handlers.placement import Placer
-from bb_environments.handlers.ports import Hooks, HostUnavailable, ProviderMissing, Transcript, Workspaces
+from bb_environments.handlers.ports import (
+    Everything, Hooks, HostUnavailable, ProviderMissing, Share, Transcript, Workspaces)
 from bb_environments.handlers.store import Store
 from bb_environments.providers.workspace_messages import ResourceRequest
 
@@ -78,8 +79,10 @@ class _Step:
 class Provisioner:
     def __init__(self, store: Store, placer: Placer, workspaces: Workspaces, hooks: Hooks, transcript: Transcript,
                  transient_retry_delay: timedelta = timedelta(seconds=30),
-                 failed_step_retry: timedelta = FAILED_STEP_RETRY) -> None:
+                 failed_step_retry: timedelta = FAILED_STEP_RETRY, share: Share = Everything()) -> None:
+        """`share`: the environments this replica drives; a drive of any other does nothing."""
         self._store = store
+        self._share = share
         self._app = store.app
         self._placer = placer
         self._workspaces = workspaces
@@ -111,6 +114,8 @@ class Provisioner:
         of date: this process advanced from it or a later version already, or a later version was
         handed to a drive that waits for the lock meanwhile (a step that ended while this drive
         waited: advancing from before its outcome would start that step again)."""
+        if not self._share.drives(environment_id):
+            return
         if known is not None:
             self._newest_known[environment_id] = max(known.version, self._newest_known.get(environment_id, 0))
         lock = self._locks.setdefault(environment_id, asyncio.Lock())
@@ -135,6 +140,16 @@ class Provisioner:
                 await self.drive(environment_id)
             except Exception:
                 log.exception("sweep could not drive environment %s", environment_id)
+
+    def let_go(self) -> None:
+        """Stop waiting on the steps and timers of environments this replica no longer drives: the
+        replica that drives them now reads where they stand from the log, as after a crash (a step
+        running on a host goes on there, and its outcome is recorded under its operation once)."""
+        for environment_id in [e for e in self._timers if not self._share.drives(e)]:
+            self._timers.pop(environment_id).cancel()
+        for step_key, step in list(self._steps.items()):
+            if not self._share.drives(step_key[0]):
+                step.task.cancel()
 
     async def stop(self) -> None:
         for timer in self._timers.values():

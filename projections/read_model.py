@@ -56,6 +56,9 @@ CREATE INDEX IF NOT EXISTS removed_environments_by_time ON environments ({_REMOV
 
 LOG = "log"
 TRANSCRIPT = "transcript"
+LOG_FOLLOWED = "log-followed"
+"""How far a replica's own follower of the log got with everything it does with a batch (the read
+model is only its first step): where its ordered consumer starts again (SPEC 7.2)."""
 
 
 View = EnvironmentView | ThreadView | None
@@ -156,7 +159,20 @@ class ReadModel:
             row = await rows.fetchone()
         return (row[0], row[1]) if row else (0, 0)
 
+    async def followed(self) -> int:
+        """The stream sequence after which the log's follower goes on: where it finished a batch,
+        else (a read model new or rebuilt) as far as the read model holds the log."""
+        async with self._db.execute("SELECT stream_sequence FROM positions WHERE name = ?", (LOG_FOLLOWED,)) as rows:
+            row = await rows.fetchone()
+        return row[0] if row else (await self.stored_position(LOG))[1]
+
     # -- writing -------------------------------------------------------------------------------
+
+    async def note_followed(self, stream_sequence: int) -> None:
+        async with self._transaction():
+            await self._db.execute(
+                "INSERT INTO positions VALUES (?, 0, ?) ON CONFLICT(name) DO UPDATE SET "
+                "stream_sequence = excluded.stream_sequence", (LOG_FOLLOWED, stream_sequence))
 
     async def apply(self, batch: Iterable[Applied], fill: GapFiller) -> None:
         """Apply a batch of views in log order, exactly once each, in one transaction.

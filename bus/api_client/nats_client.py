@@ -20,6 +20,7 @@ from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
 from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.bus.wire.server_file import nats_servers
 from bb_environments.providers.host.processes import pid_alive
 
 T = TypeVar("T")
@@ -48,7 +49,7 @@ class ApiClient:
         client = cls(Client(), service_pid)
         try:
             # nats-py annotates reconnect_time_wait as int, but only sleeps for it.
-            await client.nc.connect(url, connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,  # type: ignore[arg-type]
+            await client.nc.connect(nats_servers(url), connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,  # type: ignore[arg-type]
                                     error_cb=remember, disconnected_cb=client._dropped, closed_cb=client._ended,
                                     **options)
         except (NoServersError, OSError, NatsTimeout, NatsError) as error:

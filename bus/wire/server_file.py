@@ -14,6 +14,11 @@ DEFAULT_DATA_DIR = os.path.join("~", ".local", "share", "bb")
 SERVER_FILE = "server.json"
 
 
+
+def nats_servers(url: str) -> list[str]:
+    """The servers a NATS URL names: one, or a cluster's, comma-separated (BB_NATS_URL, `--nats-url`)."""
+    return [server.strip() for server in url.split(",") if server.strip()]
+
 class ClientSeeds(msgspec.Struct, frozen=True):
     operator: str
     publisher: str

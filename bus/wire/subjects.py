@@ -56,6 +56,18 @@ HOST_LEDGER_REQUESTS = "bb.hosts.*.ledger"
 # Each agent's heartbeat, the newest per host: `bb machine list` and the waiting steps read it.
 HOSTS_BUCKET = "BB_HOSTS"
 
+# Core replicas sharing one store (SPEC 7.2): each one's presence, which refuses a second with its
+# id; and the leases that say which replica relays the log and which drives each partition of the
+# environments. A key of either lives only as long as its holder keeps writing it (the bucket's TTL).
+REPLICAS_BUCKET = "BB_REPLICAS"
+LEASES_BUCKET = "BB_LEASES"
+RELAY_LEASE = "relay"
+# Fixed, like the thread partitions: an environment's partition must not move while it is driven.
+DRIVE_PARTITIONS = 16
+# A replica that saved says so here, so that the one relaying reads the log at once instead of at
+# its next poll.
+LOG_GREW = "bb.replicas.log-grew"
+
 
 def thread_event(thread_id: str, kind: str) -> str:
     return f"bb.threads.{thread_id}.{kind}"
@@ -142,6 +154,10 @@ def host_workspaces(host_id: str, verb: str) -> str:
 def host_of(subject: str) -> str:
     """The host a `bb.hosts.<hostId>...` subject names."""
     return subject.split(".", 3)[2]
+
+
+def drive_lease(partition: int) -> str:
+    return f"drive-{partition}"
 
 
 def _token(operation_id: str) -> str:

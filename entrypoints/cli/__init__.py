@@ -44,18 +44,21 @@ def cli(context: click.Context, data_dir: str | None, nats_url: str | None) -> N
               "$BB_NATS_PORT, else the one the data dir remembers, else a free one chosen at first start).")
 @click.option("--no-agent", is_flag=True, help="Leave this host's work (its workspaces and hooks) to a "
               "`bb agent` of its own, instead of the agent that runs in this process.")
+@click.option("--replica-id", metavar="ID", help="Which replica this is among the `bb serve` sharing one "
+              "PostgreSQL store and NATS (default $BB_REPLICA_ID, else the host id).")
 @json_option
 @click.pass_obj
 def serve(settings: Settings, data_dir: str | None, nats_url: str | None, nats_port: str | None,
-          no_agent: bool, as_json: bool) -> None:
+          no_agent: bool, replica_id: str | None, as_json: bool) -> None:
     """Run the service: embedded nats-server, event store, read models, host agent."""
     import logging
 
     from bb_environments.entrypoints.serve import ServeError, serve as run_service
 
     try:
-        if data_dir or nats_url or nats_port is not None:
-            settings = Settings.load(data_dir or settings.data_root, nats_url or settings.nats_url, nats_port)
+        if data_dir or nats_url or nats_port is not None or replica_id is not None:
+            settings = Settings.load(data_dir or settings.data_root, nats_url or settings.nats_url, nats_port,
+                                     replica_id)
     except ConfigError as bad:
         fail("invalid_input", str(bad), as_json)
     if settings.nats_url and settings.nats_port is not None:

@@ -1,0 +1,24 @@
+"""What a core replica writes in the replicas' buckets: its presence, and who holds a lease."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ReplicaPresence(msgspec.Struct, frozen=True, rename="camel"):
+    """A running `bb serve` among the replicas of one store, rewritten every few seconds."""
+
+    replica_id: str
+    pid: int
+    machine: str
+    """The hostname of the machine it runs on (for the operator reading a refusal)."""
+    data_dir: str
+    store: str
+    """The event store's kind: `sqlite` (one replica only) or `postgresql`."""
+    started_at: str
+
+
+class LeaseHolder(msgspec.Struct, frozen=True, rename="camel"):
+    replica_id: str
+    token: str
+    """This run of that replica's: a restarted replica does not take its earlier run's lease for its own."""
