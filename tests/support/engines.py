@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nkeys
 
@@ -218,12 +219,12 @@ class NatsCluster:
                         return node
         return None
 
-    def _monitor(self, node: str, endpoint: str) -> dict[str, object] | None:
+    def _monitor(self, node: str, endpoint: str) -> dict[str, Any] | None:
         """A monitoring endpoint's answer, or None when the node is unreachable or not OK."""
         _, _, monitor = self._ports[node]
         try:
             with urllib.request.urlopen(f"http://{HOST}:{monitor}/{endpoint}", timeout=2) as answer:
-                said: dict[str, object] = json.load(answer)
+                said: dict[str, Any] = json.load(answer)
                 return said
         except (OSError, ValueError):  # refused, timed out, or an error status (urllib.error.HTTPError)
             return None
