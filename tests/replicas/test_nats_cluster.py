@@ -1,5 +1,6 @@
 """The 3-node NATS cluster the replicas run on: it admits the service's users as a deployment's
-NATS does, and a stream on all three nodes takes publishes again soon after its leader dies."""
+NATS does, `bb serve` runs on it (and on PostgreSQL) with the deployment's seeds, and a stream on
+all three nodes takes publishes again soon after its leader dies."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from nats.js import api
 from nats.js.errors import APIError, NoStreamResponseError
 
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX, Credentials, host_agent_inbox_prefix
-from tests.integration.conftest import eventually
+from bb_environments.bus.wire.api_messages import SpawnThread
+from tests.integration.conftest import Service, eventually, service_environment
 from tests.support.engines import NatsCluster
 
 # Raft elects a new leader 4-9 s after the old one stopped answering.
@@ -74,3 +76,19 @@ async def test_a_host_admitted_while_the_cluster_runs_connects_to_every_node_wit
     for url in nats_cluster.urls.split(","):
         admitted = await nats.connect(url, **options)
         await admitted.close()
+
+
+async def test_bb_serve_serves_on_the_cluster_and_postgresql_with_the_deployments_seeds(
+        nats_cluster: NatsCluster, postgres_url: str, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    service = Service(data_dir, service_environment(
+        data_dir, BB_NATS_URL=nats_cluster.urls.split(",")[0], BB_NATS_NKEY=str(nats_cluster.seed_file("service")),
+        BB_EVENT_STORE=postgres_url))
+    service.external_credentials = {"nkeys_seed": str(nats_cluster.seed_file("operator"))}
+    await service.start()
+    try:
+        assert service.api is not None
+        spawned = await service.api.call("threads", "spawn", SpawnThread(environment_provider="personal-workspace"))
+        await service.wait_for(spawned["environmentId"], "ready")
+    finally:
+        await service.stop()
