@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import nkeys
-
 import psycopg
 from psycopg import sql
 
@@ -140,14 +139,14 @@ class NatsCluster:
 
     They admit the service's users as an external deployment does (docs/security.md): the block
     `deployment_configuration` prints, with the public key of a seed of each user filled in, plus
-    the block `host_user_block` prints for each host admitted since. The seeds are in `credentials`
-    (mode 0600), for `bb serve` to be handed as BB_NATS_NKEY."""
+    the block `host_user_block` prints for each host admitted since. Each user's seed is a file
+    (mode 0600, `seed_file`), for `bb serve` and its clients to be handed as BB_NATS_NKEY."""
 
     def __init__(self, base: Path, host_id: str = "local") -> None:
         self.base = base
         self.host_id = host_id
-        self.credentials = Credentials(base / "credentials")
-        self.credentials.ensure(all_users(host_id))
+        self._credentials = Credentials(base / "credentials")
+        self._credentials.ensure(all_users(host_id))
         self._hosts: dict[str, str] = {}
         self._ports = {node: (free_port(HOST), free_port(HOST), free_port(HOST)) for node in NODES}
         self._servers: dict[str, EmbeddedNats] = {}
@@ -172,7 +171,7 @@ class NatsCluster:
 
     def seed_file(self, user: str) -> Path:
         """The seed of a user of the block: a client role, or `service`."""
-        return self.credentials.seed_file(user)
+        return self._credentials.seed_file(user)
 
     def admit_host(self, host_id: str, seed_file: Path) -> None:
         """Admit the agent of `host_id` with the seed `bb machine register` made, on every running node."""
@@ -238,7 +237,7 @@ class NatsCluster:
     def _write_configurations(self) -> None:
         block = deployment_configuration(self.host_id)
         for user in all_users(self.host_id):
-            block = block.replace(f"<public NKEY of {user}>", self.credentials.public_key(user))
+            block = block.replace(f"<public NKEY of {user}>", self._credentials.public_key(user))
         users = json.loads(block)["authorization"]["users"]
         for host_id, public_key in self._hosts.items():
             users += json.loads(host_user_block(host_id, public_key))["authorization"]["users"]
