@@ -44,6 +44,10 @@ def event_store_environment(url: str) -> dict[str, str]:
             "POSTGRES_PORT": str(parsed.port or 5432),
             "POSTGRES_USER": unquote(parsed.username or ""),
             "POSTGRES_PASSWORD": unquote(parsed.password or ""),
+            # Every insert locks the table; the library's default waits forever for that lock, so one
+            # replica stuck in a transaction would hold up every other's saves. Bounded, the save
+            # fails and the library tries it again.
+            "POSTGRES_LOCK_TIMEOUT": "5",
         }
     raise ConfigError(f"BB_EVENT_STORE {parsed.scheme!r} is not supported: use sqlite:///path or postgresql://...")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +17,7 @@ from nats.errors import Error as NatsError
 
 from tests.integration.conftest import Service, eventually, write_hooks
 from tests.integration.host_agents import Agent, machines, python_for, register, running_agent, spawned
+from tests.support.os_users import unprivileged_user
 
 
 async def test_a_host_never_seen_waits_saying_so_and_its_agent_does_the_work_in_its_own_root(
@@ -234,24 +234,17 @@ async def _git(repo: Path, *args: str) -> str:
 @pytest.fixture
 def agent_user():
     """An unprivileged OS user of its own, and a directory it owns outside every test's 0700 tmp dir."""
-    if os.geteuid() != 0:
-        pytest.skip("making an OS user needs root")
-    name = f"bbagent{os.getpid()}"
-    made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"useradd failed: {made.stderr.decode().strip()}")
-    home = Path(tempfile.mkdtemp(prefix="bb-agent-user-"))
-    try:
-        account = pwd.getpwnam(name)
-        os.chown(home, account.pw_uid, account.pw_gid)
-        python = python_for(name, home)
-        if python is None:
-            pytest.skip(f"the user {name} can reach neither this venv's Python nor the system's of its version")
-        yield account, home, python
-    finally:
-        subprocess.run(["pkill", "-9", "-u", name], capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
-        subprocess.run(["userdel", name], capture_output=True)
+    with unprivileged_user(f"bbagent{os.getpid()}") as account:
+        home = Path(tempfile.mkdtemp(prefix="bb-agent-user-"))
+        try:
+            os.chown(home, account.pw_uid, account.pw_gid)
+            python = python_for(account.pw_name, home)
+            if python is None:
+                pytest.skip(f"the user {account.pw_name} can reach neither this venv's Python nor the system's "
+                            "of its version")
+            yield account, home, python
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 async def test_an_agent_of_another_os_user_does_its_hosts_work_and_reads_nothing_of_the_core(

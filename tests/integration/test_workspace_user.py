@@ -7,7 +7,6 @@ import os
 import pwd
 import shutil
 import stat
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 
 from tests.conftest import run_git
 from tests.integration.conftest import Service, service_environment
+from tests.support.os_users import unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
                                 reason="making a user and running hooks as it needs root and useradd")
@@ -24,12 +24,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is 
 
 @pytest.fixture
 def workspace_user() -> Iterator[pwd.struct_passwd]:
-    name = f"bbws{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", "--remove", name], check=False, stderr=subprocess.DEVNULL)
+    with unprivileged_user(f"bbws{uuid.uuid4().hex[:8]}", with_home=True) as account:
+        yield account
 
 
 @pytest.fixture

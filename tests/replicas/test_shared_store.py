@@ -1,13 +1,14 @@
 """Two core replicas on one event store: each sees what the other wrote, the nested-path rule holds
 across them, and a command that lost a race to the other runs again.
 
-Both replicas are Environments with the shared-store strategy on one SQLite file, as two replicas
-on one PostgreSQL store would be; each has its own connection and aggregate cache. Interleavings
+Both replicas are Environments with the shared-store strategy on one event store, a SQLite file or a
+database of a real PostgreSQL server; each has its own connection and aggregate cache. Interleavings
 are made deterministic by letting the other replica save just before one replica's save.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -32,15 +33,24 @@ from bb_environments.handlers.writers import SharedStore, SingleWriter, Writers
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
 
-def replica(path: Path, writers: Writers | None = None) -> Environments:
-    """A core replica's application service, as bootstrap builds it, on the store at `path`."""
-    return Environments(env={**event_store_environment(f"sqlite:///{path}"), **AGGREGATE_CACHE},
+def replica(event_store: str, writers: Writers | None = None) -> Environments:
+    """A core replica's application service, as bootstrap builds it, on the store `event_store` names."""
+    return Environments(env={**event_store_environment(event_store), **AGGREGATE_CACHE},
                         grace_for=lambda _: 0, writers=writers or SharedStore())
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def event_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of a new event store: a SQLite file, or a new database of the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'events.sqlite'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
 @pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[tuple[Environments, Environments]]:
-    a, b = replica(tmp_path / "events.sqlite"), replica(tmp_path / "events.sqlite")
+def replicas(event_store: str) -> Iterator[tuple[Environments, Environments]]:
+    a, b = replica(event_store), replica(event_store)
     yield a, b
     a.close()
     b.close()
@@ -218,13 +228,12 @@ async def test_a_command_that_keeps_losing_races_ends_in_a_clear_error_and_saves
     assert len(b.repository.get(host_claims_id("h1")).paths.holders()) == SharedStore.command_tries
 
 
-def test_a_host_whose_claims_one_writer_decided_starts_its_host_claims_from_the_live_ones(tmp_path):
-    path = tmp_path / "events.sqlite"
-    before = replica(path, SingleWriter())
+def test_a_host_whose_claims_one_writer_decided_starts_its_host_claims_from_the_live_ones(event_store):
+    before = replica(event_store, SingleWriter())
     held = spawn(before, "t1", "h1", "/w/a")
     remove(before, "t2", spawn(before, "t2", "h1", "/w/b"))
     before.close()
-    shared = replica(path)
+    shared = replica(event_store)
     try:
         with pytest.raises(PathAlreadyClaimed, match="/w/a/c overlaps /w/a"):
             spawn(shared, "t3", "h1", "/w/a/c")
@@ -252,8 +261,8 @@ class CountedReads:
         recorder.select_notifications = counted
 
 
-def test_a_single_writer_reads_the_log_only_for_what_others_could_not_have_written(tmp_path):
-    app = replica(tmp_path / "events.sqlite", SingleWriter())
+def test_a_single_writer_reads_the_log_only_for_what_others_could_not_have_written(event_store):
+    app = replica(event_store, SingleWriter())
     reads = CountedReads(app)
     try:
         assert app.find_thread("t1") is None and reads.count == 1
@@ -261,7 +270,7 @@ def test_a_single_writer_reads_the_log_only_for_what_others_could_not_have_writt
         assert app.find_thread("t1") is not None and app.find_thread("t2") is None
         assert reads.count == 1
         # Another writer is what a single writer rules out: what it writes is not read.
-        other = replica(tmp_path / "events.sqlite", SingleWriter())
+        other = replica(event_store, SingleWriter())
         other.register_thread("t2", None, None, "h1", None)
         other.close()
         assert app.find_thread("t2") is None and reads.count == 1
@@ -279,3 +288,23 @@ def test_a_shared_store_replica_reads_what_the_log_gained_since_it_last_looked_w
     a.register_thread("t2", None, None, "h1", None)
     b.register_thread("t3", None, None, "h1", None)
     assert b.find_thread("t2") is not None and b.find_thread("t3") is not None and reads.count == 3
+
+
+async def test_commands_during_and_after_a_restart_of_the_postgresql_server_are_saved(postgres_server, postgres_url):
+    store = Store(replica(postgres_url))
+    try:
+        await store.run(store.app.register_thread, "before", None, None, "h1", None)
+        restarting = asyncio.create_task(asyncio.to_thread(postgres_server.restart))
+        during = []
+        while not restarting.done():  # a save on a connection the restart dropped is tried again by the library
+            during.append(f"during-{len(during)}")
+            await store.run(store.app.register_thread, during[-1], None, None, "h1", None)
+        await restarting
+        await store.run(store.app.register_thread, "after", None, None, "h1", None)
+    finally:
+        store.close()
+    other = replica(postgres_url)
+    try:
+        assert all(other.find_thread(thread) is not None for thread in ["before", *during, "after"])
+    finally:
+        other.close()
