@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification
 
@@ -65,10 +65,8 @@ class HostRegistry:
         self.index.catch_up()  # a new host is not looked up in the store
         if registered_host_id(host_id) not in self._host_ids:
             return None
-        try:
-            return self._app.repository.get(registered_host_id(host_id), deepcopy_from_cache=True)
-        except AggregateNotFoundError:
-            return None
+        host: RegisteredHost = self._app.repository.get(registered_host_id(host_id), deepcopy_from_cache=True)
+        return host
 
     def _save_changed(self, hosts: list[RegisteredHost]) -> None:
         changed: list[Aggregate] = [host for host in hosts if host.pending_events]
