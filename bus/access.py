@@ -168,14 +168,12 @@ class Credentials:
 
     def ensure(self, users: list[str]) -> None:
         """Create the seeds that do not exist yet; existing ones are kept, so clients keep working."""
-        import nkeys
-
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         for user in users:
             path = self.seed_file(user)
             if not path.exists():
-                write_private_file(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
+                write_private_file(path, new_seed())
 
     def public_key(self, user: str) -> str:
         return _public_key_of(self.seed_file(user), f"role {user!r}")
@@ -185,18 +183,18 @@ class Credentials:
         return self.directory / "hosts" / f"{check_host_id(host_id)}.nk"
 
     def registered_hosts(self) -> list[str]:
+        """The hosts whose agent's seed is kept here: the ones this data dir registered (which hosts
+        are registered is the event log's, handlers/host_registry.py)."""
         hosts = self.directory / "hosts"
         found = sorted(seed.stem for seed in hosts.glob("*.nk")) if hosts.is_dir() else []
         return [host_id for host_id in found if _HOST_ID.match(host_id)]
 
-    def register_host(self, host_id: str) -> Path:
-        """A new seed for the host's agent, replacing any it had: the old one stops working at the
+    def register_host(self, host_id: str, seed: str) -> Path:
+        """Keep `seed` as the host's agent's, replacing any it had: the old one stops working at the
         server's next reload."""
-        import nkeys
-
         path = self.host_seed_file(host_id)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_private_file(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
+        write_private_file(path, seed)
         return path
 
     def forget_host(self, host_id: str) -> None:
@@ -245,15 +243,30 @@ def _authorization(users: list[tuple[str, str, Permissions]]) -> dict[str, Any]:
     return {"authorization": {"users": entries}}
 
 
+def new_seed() -> str:
+    """A new NKEY seed of a user (see Credentials for why nkeys is imported here)."""
+    import nkeys
+
+    seed: bytes = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode()
+
+
+def seed_public_key(seed: str) -> str:
+    """The public key of a user's seed: what a NATS server admits it by."""
+    import nkeys
+
+    public_key: bytes = nkeys.from_seed(bytearray(seed.strip().encode())).public_key
+    return public_key.decode()
+
+
 def _public_key_of(path: Path, whose: str) -> str:
     import nkeys
 
     try:
-        public_key: bytes = nkeys.from_seed(bytearray(path.read_bytes().strip())).public_key
+        return seed_public_key(path.read_text())
     except (nkeys.NkeysError, ValueError):
         raise DamagedSeed(f"{path} holds no valid seed; delete it and start `bb serve` again to make a new "
                           f"one (a client of {whose} then needs to read the new file)") from None
-    return public_key.decode()
 
 
 def all_users(host_id: str) -> list[str]:

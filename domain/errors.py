@@ -27,3 +27,7 @@ class UnknownThread(DomainError):
 
 class LimitReached(DomainError):
     """A new environment would pass a limit on how many may be live at once."""
+
+
+class HostAlreadyRegistered(DomainError):
+    pass

@@ -138,7 +138,8 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
             if settings.agent_root else cloud)
     workspaces = RoutedWorkspaces(here, cloud, ports.workspaces_elsewhere,
                                   settings.host_id if ports.agent_here else None, registry.cloud_ids())
-    machines = Machines(ports.hosts, read_model, settings.host_id)
+    machines = Machines(store, ports.hosts, read_model, settings.host_id)
+    await machines.record_seeded_hosts()
     placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots)
     provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
                               timedelta(seconds=settings.transient_retry_s), share=ports.share)

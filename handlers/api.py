@@ -295,7 +295,7 @@ class Api:
 
     async def spawn_thread(self, request: Spawn) -> Spawned:
         thread_id = check_thread_id(request.thread_id or f"t-{uuid4().hex[:16]}")
-        host_id = self._placer.check_known(check_host_id(request.host_id or self._host_id))
+        host_id = await self._placer.check_known(check_host_id(request.host_id or self._host_id))
         if request.parent_thread_id is not None:
             check_thread_id(request.parent_thread_id)
         intent = await self._intent(request, host_id)

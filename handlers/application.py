@@ -27,6 +27,8 @@ from bb_environments.domain.status import ThreadStatus
 from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import Claims
+from bb_environments.handlers.host_registry import HostRegistry
+from bb_environments.handlers.log_indexes import aggregate_id
 from bb_environments.handlers.writers import SingleWriter, Writers
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.worktree_survey import PROVIDER_ID as WORKTREE_PROVIDER_ID
@@ -77,6 +79,7 @@ class Environments(Application[UUID]):
         # Indexes folded from the log, each read on from where it left off.
         index, saves = self.writers.log_index, lambda: self._saves
         self.claims = Claims(self, self.writers, saves)
+        self.hosts = HostRegistry(self, self.writers, saves, self._save)
         self._unfinished: dict[UUID, tuple[str, str | None]] = {}  # with its host and project
         self._live_on_host: Counter[str] = Counter()
         self._live_in_project: Counter[tuple[str, str]] = Counter()
@@ -90,8 +93,8 @@ class Environments(Application[UUID]):
         self._registered_index = index(self, saves, Thread, ("Registered",), self._fold_registered)
         self._worktree_projects: dict[str, set[str]] = {}
         self._projects_index = index(self, saves, Environment, ("Claimed",), self._fold_project)
-        self._indexes = (self.claims.index, self._unfinished_index, self._requested_index, self._hooks_index,
-                         self._registered_index, self._projects_index)
+        self._indexes = (self.claims.index, self.hosts.index, self._unfinished_index, self._requested_index,
+                         self._hooks_index, self._registered_index, self._projects_index)
 
     def _notify(self, recordings: list[Any]) -> None:
         self.on_saved()
@@ -153,7 +156,7 @@ class Environments(Application[UUID]):
         return self.thread(thread_id)
 
     def _fold_registered(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
-        self._registered.add(_aggregate_id(notification))
+        self._registered.add(aggregate_id(notification))
 
     def head(self) -> int:
         return self.recorder.max_notification_id() or 0
@@ -209,9 +212,9 @@ class Environments(Application[UUID]):
 
     def _fold_requested(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         if notification.topic.endswith(".EnvironmentRequested"):
-            self._requested.add(_aggregate_id(notification))
+            self._requested.add(aggregate_id(notification))
         else:
-            self._requested.discard(_aggregate_id(notification))
+            self._requested.discard(aggregate_id(notification))
 
     def refuse_thread(self, thread_id: str, message: str) -> None:
         """Refuse the environment the thread's first message asked for (the request is recorded
@@ -507,10 +510,10 @@ class Environments(Application[UUID]):
     def _fold_unfinished(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         if notification.topic.endswith(".Claimed"):
             claimed: Any = self.mapper.to_domain_event(notification) if event is None else event
-            place = self._unfinished[_aggregate_id(notification)] = (claimed.host_id, claimed.project_path)
+            place = self._unfinished[aggregate_id(notification)] = (claimed.host_id, claimed.project_path)
             self._count_live(place, 1)
-        elif _aggregate_id(notification) in self._unfinished:
-            self._count_live(self._unfinished.pop(_aggregate_id(notification)), -1)
+        elif aggregate_id(notification) in self._unfinished:
+            self._count_live(self._unfinished.pop(aggregate_id(notification)), -1)
 
     def _count_live(self, place: tuple[str, str | None], change: int) -> None:
         host_id, project_path = place
@@ -580,8 +583,3 @@ def _take_recording_step(environment: Environment, empty: bool) -> None:
             environment.start_setup(environment.setup_operation())
         case SkipSetup(reason):
             environment.skip_setup(reason)
-
-
-def _aggregate_id(notification: Notification) -> UUID:
-    assert isinstance(notification.originator_id, UUID)  # our aggregates' ids are UUIDs, and the recorders return them so
-    return notification.originator_id

@@ -16,6 +16,11 @@ Fold = Callable[[Notification, "DomainEventProtocol[UUID] | None"], None]
 (else the fold decodes the notification if it needs the event)."""
 
 
+def aggregate_id(notification: Notification) -> UUID:
+    assert isinstance(notification.originator_id, UUID)  # our aggregates' ids are UUIDs, and the recorders return them so
+    return notification.originator_id
+
+
 class LogIndex:
     """Keeps some state up to date from the log's events of a few types: every `catch_up` reads on
     from where the last one stopped, so it sees what any writer of the store saved since.

@@ -1,8 +1,9 @@
 """`bb machine register|list|remove` for hosts: which hosts' agents may connect, and how each is.
 
 A host is registered before anything is placed on it; its agent connects with the seed made
-here. It is removed only once no environment that is not removed lives on it, and its seed then
-stops working at once.
+here. The registry is the event log's, so every replica knows the same hosts; the seed is kept by
+the replica that made it, and only its public key is recorded. A host is removed only once no
+environment that is not removed lives on it, and its seed then stops working at once.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
+from bb_environments.domain.errors import HostAlreadyRegistered
 from bb_environments.handlers.errors import InvalidInput, NotFound, Refused
 from bb_environments.handlers.placement import check_host_id
 from bb_environments.handlers.ports import HostDirectory
+from bb_environments.handlers.store import Store
 from bb_environments.projections.read_model import ReadModel
 
 OFFLINE_AFTER_S = 15.0
@@ -42,30 +45,43 @@ class Machine:
 
 
 class Machines:
-    def __init__(self, hosts: HostDirectory, read_model: ReadModel, own_host_id: str) -> None:
+    def __init__(self, store: Store, hosts: HostDirectory, read_model: ReadModel, own_host_id: str) -> None:
+        self._store = store
+        self._registry = store.app.hosts
         self._hosts = hosts
         self._read_model = read_model
         self._own_host_id = own_host_id
 
-    def known(self) -> list[str]:
+    async def record_seeded_hosts(self) -> None:
+        """Record as registered each host whose seed this replica keeps and the log never heard of:
+        a data dir of an earlier release kept its registered hosts as seed files only. Safe to
+        repeat: a host the log knows (removed since included) is left as it is."""
+        await self._store.run(self._registry.register_seeded, self._hosts.seeded())
+
+    async def known(self) -> list[str]:
         """Every host an environment may be placed on: this service's own and each registered one."""
-        return sorted({self._own_host_id, *self._hosts.registered()})
+        return sorted({self._own_host_id, *await self._registered()})
 
     async def register(self, host_id: str, rotate: bool) -> Registered:
         check_host_id(host_id)
         if host_id == self._own_host_id:
             raise InvalidInput(f"host {host_id!r} is this service's own host: its agent runs in `bb serve` "
                                "(or, with --no-agent, with the seed credentials/host-" + host_id + ".nk)")
-        if host_id in self._hosts.registered() and not rotate:
-            raise InvalidInput(f"host {host_id!r} is registered already: pass --rotate to replace its credentials "
-                               "(its agent is disconnected and must restart with the new file)")
-        return Registered(host_id, await self._hosts.register(host_id))
+        # Recorded before the seed is written: a refused registration leaves no seed behind, and
+        # a crash in between leaves a registration that `--rotate` gives a seed.
+        seed = self._hosts.new_seed()
+        try:
+            await self._store.run(self._registry.register, host_id, seed.public_key, rotate)
+        except HostAlreadyRegistered as refused:
+            raise InvalidInput(f"{refused}: pass --rotate to replace its credentials "
+                               "(its agent is disconnected and must restart with the new file)") from None
+        return Registered(host_id, await self._hosts.admit(host_id, seed))
 
     async def machines(self) -> list[Machine]:
         counts = await self._read_model.live_environments_by_host()
         now = datetime.now(timezone.utc)
         listed = []
-        for host_id in self.known():
+        for host_id in await self.known():
             seen = await self._hosts.last_seen(host_id)
             status: Literal["online", "offline", "never-seen"] = (
                 "never-seen" if seen is None else "online" if heard_recently(seen, now) else "offline")
@@ -76,9 +92,16 @@ class Machines:
         check_host_id(host_id)
         if host_id == self._own_host_id:
             raise InvalidInput(f"host {host_id!r} is this service's own host; it cannot be removed")
-        if host_id not in self._hosts.registered():
-            raise NotFound(f"no registered host {host_id!r}; registered: {', '.join(self._hosts.registered()) or 'none'}")
+        registered = await self._registered()
+        if host_id not in registered:
+            raise NotFound(f"no registered host {host_id!r}; registered: {', '.join(registered) or 'none'}")
         if live := (await self._read_model.live_environments_by_host()).get(host_id, 0):
             raise Refused(f"host {host_id!r} still holds {live} environment{'s' if live != 1 else ''} that "
                           "are not removed: archive their threads (or delete them) first")
+        # The seed is refused before the removal is recorded: a crash in between leaves the host
+        # registered, and removing it again finishes the job.
         await self._hosts.forget(host_id)
+        await self._store.run(self._registry.remove, host_id)
+
+    async def _registered(self) -> list[str]:
+        return await self._store.run(self._registry.registered)

@@ -9,7 +9,7 @@ the workspace's host (its filesystem, the provider's own validation) are asked o
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
@@ -49,13 +49,13 @@ def check_environment_id(text: str) -> UUID:
 
 class Placer:
     def __init__(self, workspaces: Workspaces, host_id: str = "local",
-                 known_hosts: Callable[[], list[str]] | None = None,
+                 known_hosts: Callable[[], Awaitable[list[str]]] | None = None,
                  project_roots: tuple[str, ...] | None = None) -> None:
         """`known_hosts`: the hosts environments may be placed on (default: this service's own);
         `project_roots`: the canonical directories a project must lie in (None: anywhere)."""
         self._workspaces = workspaces
         self.host_id = host_id
-        self._known_hosts = known_hosts or (lambda: [host_id])
+        self._known_hosts = known_hosts
         self._project_roots = project_roots
 
     def profile(self, provider_id: str) -> ProviderProfile:
@@ -82,8 +82,10 @@ class Placer:
         except HostUnavailable:
             return project_path
 
-    def check_known(self, host_id: str) -> str:
-        known = self._known_hosts()
+    async def check_known(self, host_id: str) -> str:
+        if host_id == self.host_id:
+            return host_id  # always known: a spawn on the service's own host waits on nobody to say so
+        known = await self._known_hosts() if self._known_hosts else [self.host_id]
         if host_id not in known:
             raise InvalidInput(f"host {host_id!r} is not registered; the hosts are: {', '.join(known)} "
                                "(`bb machine register` adds one)")
@@ -93,7 +95,7 @@ class Placer:
         """Where the thread's new environment lives; while its host's agent is away, the plan the
         host makes is left for the environment's first step (its path is claimed then)."""
         profile = self.profile(intent.provider_id)
-        self.check_known(host_id)
+        await self.check_known(host_id)
         path_key = _path_key(profile.policy, thread_id, 1, thread_id)
         # Before the plan, which runs git in the project: whoever holds the publisher seed names the
         # project, and so whose hooks run.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -115,16 +116,30 @@ class Workspaces(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class AgentSeed:
+    """A new seed for a host's agent, kept nowhere yet: the log records only its public key."""
+
+    public_key: str
+    seed: str = field(repr=False)
+
+
 class HostDirectory(Protocol):
-    """The hosts whose agents may connect, their credentials and when each was last heard from.
+    """The registered hosts' agents as the bus knows them: the seeds this replica keeps, the bus's
+    acceptance of them, and when each agent was last heard from. Which hosts are registered is the
+    log's (handlers/host_registry.py), the same for every replica.
 
-    Registering makes (or, again, replaces) the host agent's seed and has the bus accept it at once;
-    forgetting one makes its seed stop working at once."""
+    Admitting a seed keeps it (replacing any the host had) and has the bus accept it at once;
+    forgetting a host makes the seed kept here stop working at once."""
 
-    def registered(self) -> list[str]: ...
+    def seeded(self) -> dict[str, str]:
+        """Each host whose agent's seed this replica keeps, with the seed's public key."""
+        ...
 
-    async def register(self, host_id: str) -> str:
-        """The path of the new seed file."""
+    def new_seed(self) -> AgentSeed: ...
+
+    async def admit(self, host_id: str, seed: AgentSeed) -> str:
+        """The path of the seed's file."""
         ...
 
     async def forget(self, host_id: str) -> None: ...

@@ -1,10 +1,11 @@
-"""The registered hosts as the bus knows them: each agent's seed file (bus/access.py Credentials),
-the NATS users the embedded server admits, each host's queue consumer, and its heartbeat.
+"""The registered hosts' agents as the bus knows them: each agent's seed file that this replica keeps
+(bus/access.py Credentials), the NATS users the embedded server admits, each host's queue
+consumer, and its heartbeat. Which hosts are registered is the event log's.
 
-Registering writes the seed, then has the embedded server admit it (a reload of its configuration,
-no restart), then makes the host's consumer; removing does the same in reverse, so the old seed is
-refused at once. With an external NATS the deployment adds the host's user itself
-(docs/security.md); the seed is still made here.
+Admitting a seed writes it, then has the embedded server admit it (a reload of its configuration,
+no restart), then makes the host's consumer; forgetting a host does the same in reverse, so the
+old seed is refused at once. With an external NATS the deployment adds the host's user itself
+(docs/security.md); the seed is still written here.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from datetime import datetime
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from bb_environments.bus.access import Credentials
+from bb_environments.bus.access import Credentials, new_seed, seed_public_key
 from bb_environments.bus.core.host_jobs import HostLiveness
 from bb_environments.bus.jetstream import ensure_host_jobs_consumer
 from bb_environments.bus.wire import subjects
+from bb_environments.handlers.ports import AgentSeed
 
 
 class BusHostDirectory:
@@ -33,12 +35,16 @@ class BusHostDirectory:
         self._admit_users = admit_users
         self._changing = asyncio.Lock()
 
-    def registered(self) -> list[str]:
-        return self._credentials.registered_hosts()
+    def seeded(self) -> dict[str, str]:
+        return {host_id: self._credentials.host_public_key(host_id) for host_id in self._credentials.registered_hosts()}
 
-    async def register(self, host_id: str) -> str:
+    def new_seed(self) -> AgentSeed:
+        seed = new_seed()
+        return AgentSeed(seed_public_key(seed), seed)
+
+    async def admit(self, host_id: str, seed: AgentSeed) -> str:
         async with self._changing:
-            path = await asyncio.to_thread(self._credentials.register_host, host_id)
+            path = await asyncio.to_thread(self._credentials.register_host, host_id, seed.seed)
             await self._admit()
             await ensure_host_jobs_consumer(self._js, host_id)
             return str(path)

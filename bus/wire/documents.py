@@ -27,6 +27,7 @@ from bb_environments.bus.wire.descriptions import said as _said
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.thread import Thread
 
 
@@ -135,6 +136,7 @@ _OWNERS: dict[type[Aggregate], _Owner] = {
                                      "path": claim.path, "environmentId": _claim_holder(event, claim)},
     ),
     HostClaims: _Owner("host", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}),
+    RegisteredHost: _Owner("machine", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}),
 }
 
 
@@ -526,6 +528,44 @@ class HostClaimsReleased(HostClaimsEvent, kw_only=True, tag="host_claims_release
     path: Annotated[str, msgspec.Meta(description="The released path, in canonical form (symlinks resolved).")]
     environment_id: Annotated[str, msgspec.Meta(description="The environment that held the path.")]
 
+
+
+class RegisteredHostEvent(Document):
+    host_id: Annotated[str, msgspec.Meta(description="The registered host's id.")]
+    version: Annotated[int, msgspec.Meta(description="The version of the host's registration after this event (gap-free).")]
+
+
+AgentPublicKey = Annotated[str, _said(
+    "The public NKEY of the seed the host's agent connects with (the seed itself is never recorded).")]
+
+
+@publishes(RegisteredHost.Registered)
+class HostRegistered(RegisteredHostEvent, kw_only=True, tag="host_registered"):
+    """`bb machine register` registered the host: environments may be placed on it, and its agent
+    connects with the seed of `publicKey`. Also recorded when a service starts on a data dir whose
+    seed file of a host the log does not know was made by an earlier release."""
+
+    public_key: AgentPublicKey
+
+
+@publishes(RegisteredHost.CredentialsRotated)
+class HostCredentialsRotated(RegisteredHostEvent, kw_only=True, tag="host_credentials_rotated"):
+    """`bb machine register --rotate` replaced the seed of the host's agent: the old one is refused."""
+
+    public_key: AgentPublicKey
+
+
+@publishes(RegisteredHost.Removed)
+class HostRemoved(RegisteredHostEvent, kw_only=True, tag="host_removed"):
+    """`bb machine remove` removed the host, which no environment that is not removed lived on: its
+    seed is refused, and nothing may be placed on it until it is registered again."""
+
+
+@publishes(RegisteredHost.RegisteredAgain)
+class HostRegisteredAgain(RegisteredHostEvent, kw_only=True, tag="host_registered_again"):
+    """`bb machine register` registered a removed host again, with a new seed."""
+
+    public_key: AgentPublicKey
 
 
 LogDocument = Union[tuple(dict.fromkeys(p.document for p in PUBLICATIONS.values()))]  # type: ignore[valid-type]

@@ -47,6 +47,7 @@ from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, build_core
 from bb_environments.entrypoints.config import REMOVED_RETENTION_S, SAVED_REF_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings
 from bb_environments.entrypoints.event_store import event_store_environment
+from bb_environments.handlers.ports import AgentSeed
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
@@ -60,10 +61,13 @@ HOST = "local"
 class _OneHost:
     """The fuzzed world's hosts: this service's own, and none registered."""
 
-    def registered(self) -> list[str]:
-        return []
+    def seeded(self) -> dict[str, str]:
+        return {}
 
-    async def register(self, host_id: str) -> str:
+    def new_seed(self) -> AgentSeed:
+        raise AssertionError("the fuzzed requests register no host")
+
+    async def admit(self, host_id: str, seed: AgentSeed) -> str:
         raise AssertionError("the fuzzed requests register no host")
 
     async def forget(self, host_id: str) -> None:

@@ -15,7 +15,8 @@ import nats
 import pytest
 from nats.errors import Error as NatsError
 
-from tests.integration.conftest import Service, eventually, write_hooks
+from bb_environments.bus.access import Credentials, new_seed, seed_public_key
+from tests.integration.conftest import Service, eventually, service_environment, write_hooks
 from tests.integration.host_agents import Agent, machines, python_for, register, running_agent, spawned
 from tests.support.os_users import unprivileged_user
 
@@ -61,6 +62,37 @@ async def test_a_spawn_for_a_host_that_is_not_registered_is_refused_naming_the_r
     message = refused.json()["error"]["message"]
     assert "'nowhere' is not registered" in message and "h1, local" in message
     assert (await service.bb("thread", "list", "--json")).json()["threads"] == []
+
+
+async def test_the_hosts_an_earlier_release_registered_are_recorded_once_from_its_seed_files(tmp_path: Path):
+    """An earlier release kept its registered hosts as seed files only: a start records each one the
+    log never heard of, once, however many times it starts (after a kill -9 too); its agent's seed
+    keeps working and its host takes environments."""
+    data_dir = tmp_path / "data"
+    seed = new_seed()
+    seed_file = Credentials(data_dir / "credentials").register_host("h1", seed)
+    service = Service(data_dir, service_environment(data_dir))
+    await service.start()
+    try:
+        assert (await machines(service))["h1"]["status"] == "never-seen"
+        service.kill()
+        await service.start()
+        agent = Agent(service, "h1", seed_file, tmp_path / "h1")
+        agent.start()
+        try:
+            await agent.serving()
+            environment_id = spawned(await service.bb(
+                "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1", "--thread-id",
+                "t1", "--json"))
+            await service.wait_for(environment_id, "ready")
+        finally:
+            agent.stop()
+    finally:
+        await service.stop()
+    exported = await service.bb("events", "export")  # from the store itself, the service stopped
+    registrations = [(event["hostId"], event["publicKey"]) for event in map(json.loads, exported.stdout.splitlines())
+                     if event["type"] == "host_registered"]
+    assert registrations == [("h1", seed_public_key(seed))]
 
 
 async def test_registering_twice_is_refused_and_a_rotation_shuts_the_old_seed_out_at_once(

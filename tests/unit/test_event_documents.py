@@ -23,12 +23,13 @@ from eventsourcing.persistence import StoredEvent
 
 import bb_environments.domain as domain
 from bb_environments.entrypoints import catalog
-from bb_environments.bus.wire.documents import (PUBLICATIONS, ClaimEvent, EnvironmentEvent, HostClaimsEvent, ThreadEvent,
-                                                 log_decoder)
+from bb_environments.bus.wire.documents import (PUBLICATIONS, ClaimEvent, EnvironmentEvent, HostClaimsEvent,
+                                                 RegisteredHostEvent, ThreadEvent, log_decoder)
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.status import HookStatus
 from bb_environments.domain.thread import Thread
 from bb_environments.projections.views import EnvironmentView, ThreadView, environment_view
@@ -131,6 +132,11 @@ def record_every_event(app: Application) -> None:
     away.note_host_awaited("waiting for the agent of host 'h1', which has not connected since it was registered")
     away.record_planned(1, None, None, "/hosts/h1/personal/t-5")
     app.save(away)
+    registration = RegisteredHost(host_id="h1", public_key="UAH1FIRSTKEY")
+    registration.register("UAH1ROTATEDKEY", rotate=True)
+    registration.remove()
+    registration.register("UAH1AGAINKEY", rotate=False)
+    app.save(registration)
 
 
 @pytest.fixture
@@ -186,7 +192,7 @@ def test_each_view_is_its_aggregate_just_after_the_event(app):
         elif isinstance(document, ThreadEvent):
             assert isinstance(view, ThreadView) and view.id == document.thread_id
         else:
-            assert isinstance(document, (ClaimEvent, HostClaimsEvent)) and view is None
+            assert isinstance(document, (ClaimEvent, HostClaimsEvent, RegisteredHostEvent)) and view is None
 
 
 def test_a_hook_the_host_skipped_after_it_started_shows_no_operation():
