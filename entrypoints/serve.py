@@ -228,7 +228,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await _until_answered(health, "the thread partitions' consumers", lambda: ensure_thread_partition_consumers(js))
     await retire_provisioner_consumer(js)
     host_seeds = credentials or Credentials(settings.data_dir / "credentials")
-    await ensure_hosts(js, [settings.host_id, *host_seeds.registered_hosts()], settings.stream_replicas)
+    await ensure_hosts(js, [settings.host_id], settings.stream_replicas)
     replication = await _replication(settings, js, started)
 
     liveness = HostLiveness(js)
@@ -245,6 +245,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
               agent_here=agent_here, share=replication.share if replication else Everything()),
         started,
     )
+    # Every host the log knows has its queue, whichever replica registered it.
+    await ensure_hosts(js, await core.machines.known(), settings.stream_replicas)
     started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))
     agent_work: list[Coroutine[Any, Any, None]] = []
     if agent_here:

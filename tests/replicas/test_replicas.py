@@ -1,0 +1,273 @@
+"""Two `bb serve` replicas on one PostgreSQL store and a 3-node NATS cluster, with a host agent of
+their own (SPEC 7.2): the work is shared, and the death of a replica, of a NATS node or of the
+store's connection changes none of the guarantees. Every part is a real process on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from bb_environments.bus.access import SERVICE_INBOX_PREFIX
+from bb_environments.bus.api_client.nats_client import ApiClient
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.service_errors import AnswerLost
+from bb_environments.bus.wire.api_messages import RegisterHost, SpawnThread, ThreadRef
+from tests.integration.conftest import Service, eventually, service_environment, write_hooks
+from tests.integration.host_agents import Agent
+from tests.support.engines import NatsCluster, PostgresServer
+
+HOST = "h1"
+SETTLE_S = 90
+
+
+@dataclass
+class Topology:
+    cluster: NatsCluster
+    postgres: PostgresServer
+    replicas: dict[str, Service]
+    agent: Agent
+    base: Path
+    store: str
+
+    def replica(self, replica_id: str) -> Service:
+        return self.replicas[replica_id]
+
+    def environment(self, replica_id: str, **overrides: str) -> dict[str, str]:
+        return service_environment(
+            self.base / replica_id / "data", BB_NATS_URL=self.cluster.urls,
+            BB_NATS_NKEY=str(self.cluster.seed_file("service")), BB_EVENT_STORE=self.store, BB_STREAM_REPLICAS="3",
+            BB_REPLICA_ID=replica_id, BB_HOST_ID=f"core-{replica_id}",
+            # Each node reserves a stream's byte limit in its file store: the default's gigabyte twice over
+            # (BB_THREADS and its partitions) would not fit many clusters on one test machine's disk.
+            BB_THREADS_MAX_BYTES=str(64 << 20), **overrides)
+
+    async def start_replica(self, replica_id: str) -> Service:
+        service = self.replicas.get(replica_id) or Service(self.base / replica_id / "data", self.environment(replica_id))
+        service.external_credentials = {"nkeys_seed": str(self.cluster.seed_file("operator"))}
+        service.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        await service.start("--no-agent")
+        self.replicas[replica_id] = service
+        return service
+
+    async def service_connection(self) -> nats.aio.client.Client:
+        return await nats.connect(self.cluster.urls.split(","), nkeys_seed=str(self.cluster.seed_file("service")),
+                                  inbox_prefix=SERVICE_INBOX_PREFIX)
+
+
+@pytest.fixture
+async def topology(tmp_path: Path, postgres_server: PostgresServer, postgres_url: str) -> AsyncIterator[Topology]:
+    cluster = NatsCluster.start(tmp_path / "nats")
+    topology = Topology(cluster, postgres_server, {}, None, tmp_path, postgres_url)  # type: ignore[arg-type]
+    try:
+        await topology.start_replica("a")
+        await topology.start_replica("b")
+        first = topology.replica("a")
+        assert first.api is not None
+        registered = await ask(first, "machines", "register", RegisterHost(host_id=HOST))
+        seed = Path(registered["credentials"])
+        cluster.admit_host(HOST, seed)
+        topology.agent = Agent(first, HOST, seed, tmp_path / HOST)
+        topology.agent.start()
+        await topology.agent.serving()
+        yield topology
+    finally:
+        if topology.agent is not None:
+            topology.agent.stop()
+        for service in topology.replicas.values():
+            with contextlib.suppress(Exception):
+                if service.process is not None:
+                    service.process.send_signal(signal.SIGCONT)
+                await service.stop()
+        cluster.stop()
+
+
+async def ask(service: Service, area: str, verb: str, body: Any) -> Any:
+    """A request sent again, as an integrator would, while it is cut off or unanswered (a node or a
+    replica gone mid-request); every request these tests send is idempotent."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        if service.api is None or service.api.nc.is_closed:
+            service.api = await ApiClient.connect(service.info["natsUrl"], **service.credentials("operator"))
+        try:
+            return await service.api.call(area, verb, body, timeout=10)
+        except AnswerLost:
+            if time.monotonic() > deadline:
+                raise
+
+
+async def spawn(service: Service, repo: Path | None = None) -> str:
+    thread_id = f"t-{uuid.uuid4().hex[:16]}"
+    request = (SpawnThread(thread_id=thread_id, environment_provider="git-worktree", project_path=str(repo),
+                           host_id=HOST) if repo
+               else SpawnThread(thread_id=thread_id, environment_provider="personal-workspace", host_id=HOST))
+    return (await ask(service, "threads", "spawn", request))["threadId"]
+
+
+async def environment_of(service: Service, thread_id: str) -> str:
+    return (await service.wait_for_thread(thread_id, with_environment=True, timeout=SETTLE_S))["environmentId"]
+
+
+async def settled(service: Service, environment_ids: list[str], status: str) -> None:
+    await asyncio.gather(*(service.wait_for(e, status, timeout=SETTLE_S) for e in environment_ids))
+
+
+async def stream_log(topology: Topology) -> list[tuple[str, dict[str, Any], int]]:
+    """Every message of BB_ENVIRONMENTS in stream order: (subject, document, notification id)."""
+    nc = await topology.service_connection()
+    try:
+        js = nc.jetstream()
+        state = (await js.stream_info(subjects.ENVIRONMENTS_STREAM)).state
+        found = []
+        for sequence in range(state.first_seq, state.last_seq + 1):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                message = await js.get_msg(subjects.ENVIRONMENTS_STREAM, sequence)
+                found.append((message.subject or "", json.loads(message.data or b"{}"),
+                              subjects.claimed_notification_id(message.headers) or 0))
+        return found
+    finally:
+        await nc.close()
+
+
+async def assert_each_event_once_in_order(topology: Topology, environment_ids: list[str]) -> None:
+    """Every environment event once in the stream, versions gap-free from 1; the log in store order."""
+    log = await stream_log(topology)
+    notification_ids = [n for _, _, n in log]
+    assert notification_ids == sorted(set(notification_ids)), "the stream doubled or reordered the log"
+    versions: dict[str, list[int]] = {e: [] for e in environment_ids}
+    for subject, document, _ in log:
+        if subject.startswith("bb.log.environment.") and document.get("environmentId") in versions:
+            versions[document["environmentId"]].append(document["version"])
+    for environment_id, seen in versions.items():
+        assert seen == list(range(1, len(seen) + 1)), f"environment {environment_id}: versions {seen}"
+    ready = Counter(document["environmentId"] for subject, document, _ in log if document.get("type") == "ready")
+    assert all(ready[e] == 1 for e in environment_ids), f"readiness not once each: {ready}"
+
+
+async def test_both_replicas_answer_and_drive_and_each_event_is_stored_once(topology: Topology) -> None:
+    a, b = topology.replica("a"), topology.replica("b")
+    threads = await asyncio.gather(*(spawn(service) for service in [a, b] * 10))
+    environments = [await environment_of(a, t) for t in threads]
+    await settled(a, environments, "ready")
+    await settled(b, environments, "ready")  # each replica's own read model knows them all
+    await assert_each_event_once_in_order(topology, environments)
+    # Each replica drives a share: both drove some of them (each took its partitions).
+    assert "drives partitions" in a.log_tail() and "drives partitions" in b.log_tail()
+
+
+async def test_a_second_replica_of_one_id_and_a_replica_beside_an_sqlite_store_are_refused(
+        topology: Topology) -> None:
+    twin = topology.environment("a")
+    twin["BB_DATA_DIR"] = str(topology.base / "twin" / "data")
+    refused = subprocess.run([*Service.cli(), "serve", "--no-agent"], env=twin, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode != 0
+    assert "replica a is running already" in refused.stderr
+    sqlite = topology.environment("lonely")
+    del sqlite["BB_EVENT_STORE"]
+    refused = subprocess.run([*Service.cli(), "serve", "--no-agent"], env=sqlite, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode != 0
+    assert "an SQLite event store has one replica only" in refused.stderr
+    assert not (topology.base / "lonely" / "data" / "events.sqlite").exists()
+
+
+async def test_the_other_replica_finishes_spawns_and_archives_after_one_is_killed(
+        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "setups"
+    write_hooks(git_repo, marker, setup="sleep 1")
+    a, b = topology.replica("a"), topology.replica("b")
+    early = await asyncio.gather(*(spawn(b) for _ in range(4)))
+    early_environments = [await environment_of(b, t) for t in early]
+    await settled(b, early_environments, "ready")
+    threads = await asyncio.gather(*(spawn(service, git_repo) for service in [a, b] * 4))
+    for thread in early[:2]:
+        await ask(b, "threads", "archive", ThreadRef(thread_id=thread))
+    a.kill()  # while creates, setups and removals are in flight
+    environments = [await environment_of(b, t) for t in threads]
+    await settled(b, environments, "ready")
+    await settled(b, early_environments[:2], "removed")
+    assert marker.read_text().count("setup") == len(environments), "a setup ran twice, or never"
+    await assert_each_event_once_in_order(topology, environments + early_environments)
+
+
+async def test_killing_the_node_leading_the_log_stream_stops_no_replica(topology: Topology) -> None:
+    a, b = topology.replica("a"), topology.replica("b")
+    leader = topology.cluster.leader_of(subjects.ENVIRONMENTS_STREAM)
+    assert leader is not None
+    threads = list(await asyncio.gather(*(spawn(service) for service in [a, b] * 5)))
+    topology.cluster.kill(leader)
+    threads += await asyncio.gather(*(spawn(service) for service in [a, b] * 5))
+    environments = [await environment_of(a, t) for t in threads]
+    await settled(a, environments, "ready")
+    assert a.process is not None and b.process is not None
+    assert a.process.poll() is None and b.process.poll() is None, "a replica exited"
+    topology.cluster.start_node(leader)
+    await assert_each_event_once_in_order(topology, environments)
+
+
+async def test_every_command_completes_across_a_postgresql_restart(topology: Topology) -> None:
+    a, b = topology.replica("a"), topology.replica("b")
+    first = asyncio.gather(*(spawn(service) for service in [a, b] * 5))
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(topology.postgres.restart)
+    threads = list(await first)
+    threads += await asyncio.gather(*(spawn(service) for service in [a, b] * 3))
+    environments = [await environment_of(b, t) for t in threads]
+    await settled(b, environments, "ready")
+    await assert_each_event_once_in_order(topology, environments)
+
+
+async def ready_in_the_stream(topology: Topology, thread_ids: list[str]) -> list[str]:
+    """The environments of these threads once each is ready in the stream, read from the stream
+    alone: a stopped replica still takes its turn at API requests until NATS finds it gone."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        ready = {thread: document["environmentId"] for subject, document, _ in await stream_log(topology)
+                 if document.get("type") == "ready" for thread in document.get("threadIds", [])}
+        if all(t in ready for t in thread_ids):
+            return [ready[t] for t in thread_ids]
+        assert time.monotonic() < deadline, f"not ready within {SETTLE_S} s: {set(thread_ids) - set(ready)}"
+        await asyncio.sleep(0.5)
+
+
+async def relay_holder(topology: Topology) -> str:
+    nc = await topology.service_connection()
+    try:
+        leases = await nc.jetstream().key_value(subjects.LEASES_BUCKET)
+        return json.loads((await leases.get(subjects.RELAY_LEASE)).value or b"{}")["replicaId"]
+    finally:
+        await nc.close()
+
+
+async def test_a_stopped_relay_is_replaced_and_steps_down_when_it_wakes(topology: Topology) -> None:
+    holder_id = await relay_holder(topology)
+    other_id = "b" if holder_id == "a" else "a"
+    holder, other = topology.replica(holder_id), topology.replica(other_id)
+    assert holder.process is not None
+    holder.process.send_signal(signal.SIGSTOP)
+    try:
+        threads = await asyncio.gather(*(spawn(other) for _ in range(6)))
+        environments = await ready_in_the_stream(topology, threads)  # relayed by the other replica
+        assert await relay_holder(topology) == other_id
+    finally:
+        holder.process.send_signal(signal.SIGCONT)
+    await eventually(lambda: "lost lease relay" in holder.log_tail(), "the woken replica stepping down")
+    more = await asyncio.gather(*(spawn(service) for service in (holder, other) * 3))
+    environments += [await environment_of(other, t) for t in more]
+    await settled(other, environments, "ready")
+    await assert_each_event_once_in_order(topology, environments)
+    assert holder.process.poll() is None
