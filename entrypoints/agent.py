@@ -59,7 +59,8 @@ async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, h
         log.warning("BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
                     "in %s (docs/security.md)", getpass.getuser(), state)
     runner = HookRunner(state / "hooks", settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes(),
-                        containment=host_containment(state / "containment"), run_as=run_as)
+                        containment=host_containment(state / "containment"), run_as=run_as,
+                        git_hooks=settings.run_git_hooks)
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger)
     service = await agent.start()

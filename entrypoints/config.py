@@ -76,6 +76,9 @@ class Settings(msgspec.Struct, frozen=True):
     workspace_user: str | None = None
     """The user that owns the agent's workspaces and runs their hooks (BB_WORKSPACE_USER); None: the
     agent's own user, whose credentials the hooks can then read (SPEC 9)."""
+    run_git_hooks: bool = False
+    """BB_GIT_HOOKS=run: a setup first runs the post-checkout hook its workspace's checkout owes
+    (providers/git_commands.py); off, the repository's git hooks never run."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
@@ -84,7 +87,6 @@ class Settings(msgspec.Struct, frozen=True):
             root = data_root(data_dir)
         except DataDirError as unusable:
             raise ConfigError(str(unusable)) from None
-        _refuse_git_hooks()
         return cls(
             data_root=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
@@ -108,6 +110,7 @@ class Settings(msgspec.Struct, frozen=True):
             max_live_environments_per_project=_count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
             project_roots=_project_roots(os.environ.get("BB_PROJECT_ROOTS")),
             workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
+            run_git_hooks=_git_hooks_mode() == "run",
         )
 
     @property
@@ -224,17 +227,13 @@ def _host_id(raw: str) -> str:
         raise ConfigError(f"BB_HOST_ID: {bad}") from None
 
 
-def _refuse_git_hooks() -> None:
-    """BB_GIT_HOOKS: bb's own git commands never run the repository's git hooks
-    (providers/git_commands.py). `run` would need them under a setup's supervision, which is not
-    built: refused rather than ignored, so nobody believes their hooks run."""
-    raw = os.environ.get("BB_GIT_HOOKS")
-    if raw is None or raw.strip().lower() in ("", "off"):
-        return
-    if raw.strip().lower() == "run":
-        raise ConfigError("BB_GIT_HOOKS=run is not supported yet: bb's own git commands run without the "
-                          "repository's git hooks; unset BB_GIT_HOOKS (or set it to off)")
-    raise ConfigError(f"BB_GIT_HOOKS {raw!r} is not allowed: use off (run is not supported yet)")
+def _git_hooks_mode() -> str:
+    from bb_environments.providers.git_commands import git_hooks_mode  # the providers read it there too
+
+    try:
+        return git_hooks_mode()
+    except ValueError as bad:
+        raise ConfigError(str(bad)) from None
 
 
 def _grace_override(raw: str | None) -> tuple[int | None] | None:

@@ -59,6 +59,7 @@ from bb_environments.hooks.records import (
     now_iso,
 )
 from bb_environments.hooks.supervisor_watch import SupervisorHandle, SupervisorWatch, open_supervisor_pidfd, supervisor_alive
+from bb_environments.providers.git_commands import take_owed_post_checkout
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.containment import MARKER, Containment
 from bb_environments.providers.host.processes import kill_recorded_group, signal_recorded_process
@@ -106,16 +107,19 @@ class _InFlight:
 class HookRunner:
     def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal",
                  output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES, *,
-                 containment: Containment | None = None, run_as: WorkspaceUser | None = None) -> None:
+                 containment: Containment | None = None, run_as: WorkspaceUser | None = None,
+                 git_hooks: bool = False) -> None:
         """`sync`: how the records survive the machine going down (see records.SyncLevel);
         `output_max_bytes`: how much of a hook's output its log keeps (see output_log);
         `containment` keeps what each environment's hooks start within its removal's reach;
-        `run_as` is the user hooks run as (BB_WORKSPACE_USER), else this process's."""
+        `run_as` is the user hooks run as (BB_WORKSPACE_USER), else this process's; `git_hooks`
+        (BB_GIT_HOOKS=run): a setup first runs the git hook its workspace's checkout owes."""
         self._records = HookRecords(records_dir, sync)
         self._timeout_s = timeout_s
         self._output_max_bytes = output_max_bytes
         self._containment = containment
         self._run_as = run_as
+        self._git_hooks = git_hooks
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
         self._finalize_locks: dict[str, asyncio.Lock] = {}
@@ -301,7 +305,10 @@ class HookRunner:
         record = HookRecord(
             operation_id=operation_id, kind=kind, workspace=str(workspace), script=str(script), started_at=now_iso()
         )
-        if not script.is_file():
+        git_hook = None
+        if self._git_hooks and kind == "setup" and environment_id is not None:
+            git_hook = take_owed_post_checkout(workspace, environment_id)
+        if git_hook is None and not script.is_file():
             record.finished_at = record.started_at
             record.outcome = "skipped"
             record.message = f"no {script.name}"
@@ -314,7 +321,7 @@ class HookRunner:
                 cgroup = self._containment.prepare(environment_id)
         supervisor = self._launcher.start_supervisor(
             SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
-                              environment, str(self._output_max_bytes), cgroup, self._run_as)
+                              environment, str(self._output_max_bytes), cgroup, self._run_as, git_hook)
         )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.
