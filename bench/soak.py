@@ -9,7 +9,10 @@ store, the read model and the nats-server's store, each shown apart), of the rea
 log stream (BB_ENVIRONMENTS: messages and bytes), of the nats-server's RSS, and the files in the
 hooks directory; beside them the event store's own growth, which is the log itself and the
 truth, kept on purpose. The first 1,000 include the start's own growth (caches, SQLite pages);
-the goals are judged on the last.
+the goals are judged on the last. The nats-server's RSS includes the streams' duplicate maps,
+which keep the id of every message published within their window (120 s for the log stream, an
+hour for transcripts and placements) even once it is purged: it grows with the rate over a run
+shorter than those windows, and shrinks once they pass (README, soak).
 
     python bench/soak.py [--cycles 5000] [--window 100] [--retention 2] [--deadline 900]
 

@@ -44,7 +44,13 @@ class TranscriptPublisher:
                               kind=kind, source=source, text=text.rstrip("\n"))
         payload = msgspec.json.encode(line)
         headers = None if message_id is None else {"Nats-Msg-Id": message_id}
-        self._loop.call_soon_threadsafe(self._queue, (subjects.transcript(environment_id), payload, headers))
+        queued = (subjects.transcript(environment_id), payload, headers)
+        if _running_loop() is self._loop:
+            # A hook's output comes from the loop itself, line after line: call_soon_threadsafe
+            # would wake the loop through its self-pipe once per line.
+            self._queue(queued)
+        else:
+            self._loop.call_soon_threadsafe(self._queue, queued)
 
     def _queue(self, line: Line) -> None:
         if len(self._waiting) == MAX_WAITING_LINES:
@@ -82,3 +88,10 @@ class TranscriptPublisher:
             log.warning("%d transcript line(s) were dropped: they came faster than they could be published "
                         "(at most %d wait)", self._dropped_behind, MAX_WAITING_LINES)
             self._dropped_behind = 0
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # a worker thread's provider report
+        return None

@@ -29,7 +29,7 @@ from bb_environments.bus.agent.host_agent import HostAgent
 from bb_environments.bus.agent.host_jobs import HostJobWorker
 from bb_environments.bus.agent.workspace_answers import add_workspace_answers
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.jetstream import connect
+from bb_environments.bus.jetstream import TRANSCRIPT_LINES_PER_ENVIRONMENT, connect
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.entrypoints.config import (
     Settings, hook_output_max_bytes, hook_record_sync, nats_credentials, run_hooks_as)
@@ -59,7 +59,8 @@ async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, h
         log.warning("BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
                     "in %s (docs/security.md)", getpass.getuser(), state)
     runner = HookRunner(state / "hooks", settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes(),
-                        containment=host_containment(state / "containment"), run_as=run_as)
+                        containment=host_containment(state / "containment"), run_as=run_as,
+                        git_hooks=settings.run_git_hooks, transcript_lines_kept=TRANSCRIPT_LINES_PER_ENVIRONMENT)
     transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
     agent = HostAgent(nc, runner, settings.host_id, transcript, ledger)
     service = await agent.start()

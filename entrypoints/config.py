@@ -82,6 +82,9 @@ class Settings(msgspec.Struct, frozen=True):
     stream_replicas: int = 1
     """The replica count of every stream and bucket the service creates (BB_STREAM_REPLICAS): 3 on a
     3-node NATS cluster, 1 on the embedded server."""
+    run_git_hooks: bool = False
+    """BB_GIT_HOOKS=run: a setup first runs the post-checkout hook its workspace's checkout owes
+    (providers/git_commands.py); off, the repository's git hooks never run."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
@@ -90,7 +93,6 @@ class Settings(msgspec.Struct, frozen=True):
             root = data_root(data_dir)
         except DataDirError as unusable:
             raise ConfigError(str(unusable)) from None
-        _refuse_git_hooks()
         host_id = _host_id(os.environ.get("BB_HOST_ID", "local"))
         return cls(
             data_root=root,
@@ -117,6 +119,7 @@ class Settings(msgspec.Struct, frozen=True):
             workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
             replica_id=_replica_id(replica_id or os.environ.get("BB_REPLICA_ID") or host_id),
             stream_replicas=_stream_replicas(os.environ.get("BB_STREAM_REPLICAS")),
+            run_git_hooks=_git_hooks_mode() == "run",
         )
 
     @property
@@ -252,17 +255,13 @@ def _stream_replicas(raw: str | None) -> int:
     return int(raw)
 
 
-def _refuse_git_hooks() -> None:
-    """BB_GIT_HOOKS: bb's own git commands never run the repository's git hooks
-    (providers/git_commands.py). `run` would need them under a setup's supervision, which is not
-    built: refused rather than ignored, so nobody believes their hooks run."""
-    raw = os.environ.get("BB_GIT_HOOKS")
-    if raw is None or raw.strip().lower() in ("", "off"):
-        return
-    if raw.strip().lower() == "run":
-        raise ConfigError("BB_GIT_HOOKS=run is not supported yet: bb's own git commands run without the "
-                          "repository's git hooks; unset BB_GIT_HOOKS (or set it to off)")
-    raise ConfigError(f"BB_GIT_HOOKS {raw!r} is not allowed: use off (run is not supported yet)")
+def _git_hooks_mode() -> str:
+    from bb_environments.providers.git_commands import git_hooks_mode  # the providers read it there too
+
+    try:
+        return git_hooks_mode()
+    except ValueError as bad:
+        raise ConfigError(str(bad)) from None
 
 
 def _grace_override(raw: str | None) -> tuple[int | None] | None:

@@ -60,6 +60,9 @@ class SupervisorRequest:
     """The cgroup the script is to run in (providers/host/containment.py); None: the supervisor's own."""
     run_as: WorkspaceUser | None = None
     """The user the script runs as (BB_WORKSPACE_USER); None: the supervisor's own."""
+    git_hook: list[str] | None = None
+    """The repository's git hook to run before the script, as its command (BB_GIT_HOOKS=run:
+    the post-checkout hook the workspace's checkout owes, see providers/git_commands.py)."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -29,6 +29,11 @@ Output lines are delivered through `on_output` at most once per process, each wi
 offset in the operation's log: each process remembers how far into an operation's log it has
 delivered. A process that replays or joins an operation it has not seen before delivers the log
 from its start, so a consumer sees lines again after a restart and can tell them by their offset.
+Of a backlog longer than `transcript_lines_kept` (what the transcript keeps of an environment),
+only the newest lines are delivered, after one line saying how many were left out: the transcript
+would drop the older ones as soon as the newer came, and delivering every line of a hook that
+prints megabytes kept the event loop the API answers on busy (bench/hook_output.py). The log on
+disk keeps them all (`bb environment logs --hook-output`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from bb_environments.hooks.records import (
     now_iso,
 )
 from bb_environments.hooks.supervisor_watch import SupervisorHandle, SupervisorWatch, open_supervisor_pidfd, supervisor_alive
+from bb_environments.providers.git_commands import take_owed_post_checkout
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.containment import MARKER, Containment
 from bb_environments.providers.host.processes import kill_recorded_group, signal_recorded_process
@@ -106,16 +112,21 @@ class _InFlight:
 class HookRunner:
     def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal",
                  output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES, *,
-                 containment: Containment | None = None, run_as: WorkspaceUser | None = None) -> None:
+                 containment: Containment | None = None, run_as: WorkspaceUser | None = None,
+                 git_hooks: bool = False, transcript_lines_kept: int | None = None) -> None:
         """`sync`: how the records survive the machine going down (see records.SyncLevel);
         `output_max_bytes`: how much of a hook's output its log keeps (see output_log);
         `containment` keeps what each environment's hooks start within its removal's reach;
-        `run_as` is the user hooks run as (BB_WORKSPACE_USER), else this process's."""
+        `run_as` is the user hooks run as (BB_WORKSPACE_USER), else this process's; `git_hooks`
+        (BB_GIT_HOOKS=run): a setup first runs the git hook its workspace's checkout owes;
+        `transcript_lines_kept`: how much of a backlog of output is delivered (see the module)."""
         self._records = HookRecords(records_dir, sync)
         self._timeout_s = timeout_s
         self._output_max_bytes = output_max_bytes
         self._containment = containment
         self._run_as = run_as
+        self._git_hooks = git_hooks
+        self._transcript_lines_kept = transcript_lines_kept
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered_offsets: dict[str, int] = {}
         self._finalize_locks: dict[str, asyncio.Lock] = {}
@@ -301,7 +312,10 @@ class HookRunner:
         record = HookRecord(
             operation_id=operation_id, kind=kind, workspace=str(workspace), script=str(script), started_at=now_iso()
         )
-        if not script.is_file():
+        git_hook = None
+        if self._git_hooks and kind == "setup" and environment_id is not None:
+            git_hook = take_owed_post_checkout(workspace, environment_id)
+        if git_hook is None and not script.is_file():
             record.finished_at = record.started_at
             record.outcome = "skipped"
             record.message = f"no {script.name}"
@@ -314,7 +328,7 @@ class HookRunner:
                 cgroup = self._containment.prepare(environment_id)
         supervisor = self._launcher.start_supervisor(
             SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
-                              environment, str(self._output_max_bytes), cgroup, self._run_as)
+                              environment, str(self._output_max_bytes), cgroup, self._run_as, git_hook)
         )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.
@@ -398,7 +412,17 @@ class HookRunner:
         """Send `data`, read from `offset` of the log; a partial last line only once complete."""
         if not complete:
             data = data[: data.rfind(b"\n") + 1]
-        for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        lines = data.splitlines(keepends=True)
+        kept = self._transcript_lines_kept
+        if kept is not None and len(lines) > kept:
+            left_out, lines = lines[:len(lines) - kept + 1], lines[len(lines) - kept + 1:]  # +1: the marker's room
+            left_out_bytes = sum(map(len, left_out))
+            await on_output(f"[bb: {len(left_out)} lines ({left_out_bytes} bytes) of output not in the transcript, "
+                            f"which keeps the last {kept} of an environment: bb environment logs --hook-output "
+                            "has them]", offset)
+            offset += left_out_bytes
+            self._delivered_offsets[operation_id] = offset
+        for number, line in enumerate(lines, start=1):
             start, offset = offset, offset + len(line)
             self._delivered_offsets[operation_id] = offset
             await on_output(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), start)

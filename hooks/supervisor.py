@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES, BoundedLog, OutputCopier
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL
@@ -72,17 +72,20 @@ RECORD_RETRY_MAX_S = 5.0
 
 
 def main(argv: list[str] | None = None, environment: dict[str, str] | None = None,
-         done_fds: tuple[int, ...] = (), *, cgroup: str | None = None, run_as: WorkspaceUser | None = None) -> None:
+         done_fds: tuple[int, ...] = (), *, cgroup: str | None = None, run_as: WorkspaceUser | None = None,
+         git_hook: list[str] | None = None) -> None:
     """Supervise one hook; the script's environment derives from `environment`, else os.environ.
     `done_fds` are closed once the outcome is recorded (the runner's notice, see launcher). The
     script runs in `cgroup` (its environment's, see providers/host/containment.py) and as `run_as`,
-    when given."""
+    when given; `git_hook`, the command of a git hook the workspace's checkout owes, runs first,
+    the same way and within the same timeout: its failure is the hook's, as git's post-checkout
+    is the exit status of the checkout that ran it."""
     records_dir, operation_id, timeout, sync, *bound = sys.argv[1:] if argv is None else argv
     output_max_bytes = int(bound[0]) if bound else DEFAULT_OUTPUT_MAX_BYTES
     output = None
     try:
         output = _adopt_and_supervise(records_dir, operation_id, float(timeout), sync, output_max_bytes, environment,
-                                      cgroup, run_as)
+                                      cgroup, run_as, git_hook)
     finally:
         for fd in done_fds:
             os.close(fd)
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
 
 def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, sync: str, output_max_bytes: int,
                          environment: dict[str, str] | None, cgroup: str | None,
-                         run_as: WorkspaceUser | None) -> OutputCopier | None:
+                         run_as: WorkspaceUser | None, git_hook: list[str] | None) -> OutputCopier | None:
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
@@ -108,7 +111,8 @@ def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, 
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return None
-    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment, cgroup, run_as)
+    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment, cgroup, run_as,
+                      git_hook)
 
 
 def _wait_for_adoption(records: HookRecords, operation_id: str) -> HookRecord | None:
@@ -147,13 +151,20 @@ def _supervise(
     environment: dict[str, str],
     cgroup: str | None,
     run_as: WorkspaceUser | None,
+    git_hook: list[str] | None,
 ) -> OutputCopier | None:
-    """Run the script to its outcome; the copier of its output, which processes it left may still hold."""
+    """Run the git hook owed, if any, then the script, to the outcome; the copier of their output,
+    which processes they left may still hold. Without a script, the git hook's outcome is the hook's."""
     script = Path(record.script)
-    resolved = _inside_workspace(record)
-    if isinstance(resolved, str):
-        _finish(records, record, "failed", None, resolved)
-        return None
+    commands: list[tuple[str, str | OSError, list[str]]] = []
+    if git_hook is not None:
+        commands.append((f"{Path(git_hook[0]).name} (the repository's git hook)", git_hook[0], git_hook))
+    if git_hook is None or os.path.lexists(script):
+        resolved = _inside_workspace(record)
+        if isinstance(resolved, str):
+            _finish(records, record, "failed", None, resolved)
+            return None
+        commands.append((script.name, executable, ["bash", str(resolved)]))
     if cgroup is not None:
         # This process first: the script, and all it starts, are then born in the cgroup.
         try:
@@ -161,39 +172,54 @@ def _supervise(
         except OSError as error:
             _finish(records, record, "failed", None, f"{script.name} could not be contained in {cgroup}: {error}")
             return None
-    try:
-        pid, output = _spawn_script(records, record, resolved, executable, environment, output_max_bytes, run_as)
-    except OSError as error:
-        _finish(records, record, "failed", None, f"{script.name} could not start: {error}")
-        return None
-    record.script_pid = pid
-    record.script_started_at = process_start_ticks(pid)
-    try:
-        records.write(record)
-    except OSError as error:
-        # Not worth the script's life: this process knows the pid, and the outcome's write
-        # records it. Only a restarted runner that finds this process killed will lack it.
-        if error.errno not in OUT_OF_SPACE:
-            raise
-
+    output, write_end = _output_pipe(records, record, output_max_bytes)
     deadline = time.monotonic() + timeout_s
+    try:
+        for number, (name, command_executable, arguments) in enumerate(commands, start=1):
+            try:
+                pid = _spawn(record.workspace, command_executable, arguments, environment, write_end, run_as)
+            except OSError as error:
+                _finish(records, record, "failed", None, f"{name} could not start: {error}")
+                return output
+            record.script_pid = pid
+            record.script_started_at = process_start_ticks(pid)
+            try:
+                records.write(record)
+            except OSError as error:
+                # Not worth the script's life: this process knows the pid, and the outcome's write
+                # records it. Only a restarted runner that finds this process killed will lack it.
+                if error.errno not in OUT_OF_SPACE:
+                    raise
+            status = _wait_for_exit(pid, deadline)
+            if isinstance(status, str):
+                confirmed = _kill_script(pid)
+                output.drain()
+                if status == "timed_out":
+                    _finish(records, record, "timed_out", None,
+                            f"{name} timed out after {timeout_s:g}s" + _unconfirmed(confirmed))
+                else:
+                    _finish(records, record, "cancelled", None, f"{name} cancelled" + _unconfirmed(confirmed))
+                return output
+            returncode = os.waitstatus_to_exitcode(status)
+            if returncode != 0 or number == len(commands):
+                output.drain()
+                _finish_with_exit_status(records, record, name, returncode)
+                return output
+    finally:
+        os.close(write_end)
+    return output
+
+
+def _wait_for_exit(pid: int, deadline: float) -> int | Literal["timed_out", "cancelled"]:
+    """The process's wait status once it exited (reaped), or what ended the wait first."""
     while (status := _exit_status(pid)) is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            confirmed = _kill_script(pid)
-            message = f"{script.name} timed out after {timeout_s:g}s" + _unconfirmed(confirmed)
-            output.drain()
-            _finish(records, record, "timed_out", None, message)
-            return output
+            return "timed_out"
         received = signal.sigtimedwait(HANDLED_SIGNALS, remaining)
         if received is not None and received.si_signo == signal.SIGTERM:
-            confirmed = _kill_script(pid)
-            output.drain()
-            _finish(records, record, "cancelled", None, f"{script.name} cancelled" + _unconfirmed(confirmed))
-            return output
-    output.drain()
-    _finish_with_exit_status(records, record, os.waitstatus_to_exitcode(status))
-    return output
+            return "cancelled"
+    return status
 
 
 def _inside_workspace(record: HookRecord) -> Path | str:
@@ -215,11 +241,18 @@ def _inside_workspace(record: HookRecord) -> Path | str:
     return Path(resolved)
 
 
-def _spawn_script(records: HookRecords, record: HookRecord, script: Path, executable: str | OSError,
-                  environment: dict[str, str], output_max_bytes: int,
-                  run_as: WorkspaceUser | None) -> tuple[int, OutputCopier]:
-    """Start `bash SCRIPT` in the workspace, in its own session, with no signal blocked, its
-    output into a pipe whose copier this returns.
+def _output_pipe(records: HookRecords, record: HookRecord, output_max_bytes: int) -> tuple[OutputCopier, int]:
+    """The copier from a pipe into the operation's log, and the pipe's write end for what runs.
+    One pipe for all the hook runs, so that its output has one bound and one order."""
+    log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    read_end, write_end = os.pipe()
+    return OutputCopier(read_end, BoundedLog(log, output_max_bytes)), write_end
+
+
+def _spawn(workspace: str, executable: str | OSError, arguments: list[str], environment: dict[str, str],
+           output: int, run_as: WorkspaceUser | None) -> int:
+    """Start `arguments` in the workspace, in its own session, with no signal blocked, its
+    output into `output`.
 
     posix_spawn rather than subprocess: it can set the child's signal mask without a preexec_fn,
     so the child is spawned with vfork instead of a full fork of this process. posix_spawn cannot
@@ -227,41 +260,29 @@ def _spawn_script(records: HookRecords, record: HookRecord, script: Path, execut
     (`_fork_as`). This process has no other use for its working directory (the records directory
     is absolute), so it changes into the workspace itself.
     """
-    log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    read_end, write_end = os.pipe()
-    try:
-        os.chdir(record.workspace)
-        if isinstance(executable, OSError):
-            raise executable
-        if run_as is not None:
-            pid = _fork_as(run_as, executable, ["bash", str(script)], environment | run_as.hook_environment(),
-                           write_end)
-        else:
-            pid = os.posix_spawn(
-                executable,
-                ["bash", str(script)],
-                environment,
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, write_end, 1),
-                    (os.POSIX_SPAWN_DUP2, write_end, 2),
-                ],
-                setsid=True,
-                setsigmask=(),
-                setsigdef=RESTORED_SIGNALS,
-            )
-    except BaseException:
-        os.close(read_end)
-        os.close(log)
-        raise
-    finally:
-        os.close(write_end)
-    return pid, OutputCopier(read_end, BoundedLog(log, output_max_bytes))
+    os.chdir(workspace)
+    if isinstance(executable, OSError):
+        raise executable
+    if run_as is not None:
+        return _fork_as(run_as, executable, arguments, environment | run_as.hook_environment(), output)
+    return os.posix_spawn(
+        executable,
+        arguments,
+        environment,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, output, 1),
+            (os.POSIX_SPAWN_DUP2, output, 2),
+        ],
+        setsid=True,
+        setsigmask=(),
+        setsigdef=RESTORED_SIGNALS,
+    )
 
 
 def _fork_as(user: WorkspaceUser, executable: str, arguments: list[str], environment: dict[str, str],
              output: int) -> int:
-    """What `_spawn_script`'s posix_spawn does, as `user` (its groups, gid and uid, in that order:
+    """What `_spawn`'s posix_spawn does, as `user` (its groups, gid and uid, in that order:
     each step needs the privilege the next one drops). Safe to fork: this process has one thread.
     An error before the exec comes back through a pipe and is raised here, as posix_spawn's would."""
     errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
@@ -332,8 +353,7 @@ def _unconfirmed(confirmed: bool) -> str:
     return "" if confirmed else "; some of its processes could not be confirmed stopped"
 
 
-def _finish_with_exit_status(records: HookRecords, record: HookRecord, returncode: int) -> None:
-    name = Path(record.script).name
+def _finish_with_exit_status(records: HookRecords, record: HookRecord, name: str, returncode: int) -> None:
     if returncode == 0:
         _finish(records, record, "succeeded", 0, None)
     elif returncode < 0:

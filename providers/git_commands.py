@@ -6,9 +6,13 @@ User text must be validated before it reaches these helpers and placed behind `-
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
+from typing import TypeGuard
 
 from bb_environments.providers.host.withheld import without_secrets
 
@@ -20,6 +24,12 @@ WITHOUT_REPOSITORY_HOOKS = ("-c", "core.hooksPath=/dev/null")
 setup script may plant `.git/hooks/post-checkout` in the shared git dir, which our next `worktree
 add` would otherwise run outside any hook supervision (SPEC 9). git looks a hook up as
 `<hooksPath>/<name>`, which under /dev/null is never a file."""
+GIT_HOOKS_MODES = ("off", "run")
+OWED_POST_CHECKOUT = "bb-owed-post-checkout"
+"""The file in a workspace's own git dir that names the post-checkout hook its checkout owes
+(see owe_post_checkout)."""
+NULL_OID = "0" * 40
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
 class GitFailed(Exception):
@@ -28,12 +38,14 @@ class GitFailed(Exception):
         self.transient = transient
 
 
-def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None) -> str:
+def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None,
+            options: tuple[str, ...] = WITHOUT_REPOSITORY_HOOKS) -> str:
     """Run git in `repo` and return its stripped stdout; raise GitFailed with one line of stderr.
-    `environment` adds variables (a temporary index, an identity) to the sanitized ones."""
+    `environment` adds variables (a temporary index, an identity) to the sanitized ones; `options`
+    go before the subcommand."""
     try:
         completed = subprocess.run(
-            ["git", *WITHOUT_REPOSITORY_HOOKS, "-C", repo, *args],
+            ["git", *options, "-C", repo, *args],
             capture_output=True,
             text=True,
             env=git_environment() | dict(environment or {}),
@@ -70,6 +82,82 @@ def is_commit(repo: str, revision: str) -> bool:
         run_git_or_none(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}")
         is not None
     )
+
+
+def git_hooks_mode() -> str:
+    """BB_GIT_HOOKS: `off` (the default) or `run`; ValueError naming what is allowed otherwise.
+
+    Either way our git commands run with the repository's hooks off. With `run`, a checkout that
+    git would have followed with the repository's post-checkout hook leaves that hook owed to the
+    workspace's setup, whose supervisor runs it before the setup script (hooks/supervisor.py), so
+    it gets a setup's timeout, transcript, containment and user, which a hook run by our git
+    inside the provider's call could not have."""
+    raw = (os.environ.get("BB_GIT_HOOKS") or "off").strip().lower()
+    if raw not in GIT_HOOKS_MODES:
+        raise ValueError(f"BB_GIT_HOOKS {raw!r} is not allowed: use {' or '.join(GIT_HOOKS_MODES)}")
+    return raw
+
+
+def owe_post_checkout(workspace: str, environment_id: str, previous_head: str) -> None:
+    """Under BB_GIT_HOOKS=run, note in the workspace's git dir that the checkout our git just made
+    there, from `previous_head`, owes the repository's post-checkout hook to the setup of
+    `environment_id`; nothing when the repository has no such hook (git runs only an executable
+    one). The hook is looked up where git would, the repository's core.hooksPath included."""
+    if git_hooks_mode() != "run":
+        return
+    hook = run_git(workspace, "rev-parse", "--path-format=absolute", "--git-path", "hooks/post-checkout",
+                   options=())
+    if not (os.path.isfile(hook) and os.access(hook, os.X_OK)):
+        return
+    git_dir = run_git(workspace, "rev-parse", "--absolute-git-dir")
+    head = run_git(workspace, "rev-parse", "--verify", "HEAD")
+    # The arguments git gives post-checkout: the previous HEAD, the new one, 1 for a branch checkout.
+    note = {"environment": environment_id, "command": [hook, previous_head, head, "1"]}
+    Path(git_dir, OWED_POST_CHECKOUT).write_text(json.dumps(note))
+
+
+def take_owed_post_checkout(workspace: Path, environment_id: str) -> list[str] | None:
+    """The post-checkout command the workspace's checkout owes to the setup of `environment_id`,
+    taken: the note is gone afterwards, so the hook runs at most once. A note for another
+    environment (one removed before its setup ran, in a checkout a later one reuses) is dropped.
+    Reads the workspace's `.git` itself rather than asking git, which would refuse a workspace
+    that BB_WORKSPACE_USER owns."""
+    git_dir = _git_dir_of(workspace)
+    if git_dir is None:
+        return None
+    note_path = git_dir / OWED_POST_CHECKOUT
+    try:
+        note = json.loads(note_path.read_text())
+        note_path.unlink()
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        note_path.unlink(missing_ok=True)
+        return None
+    if not isinstance(note, dict) or note.get("environment") != environment_id:
+        return None
+    command = note.get("command")
+    return command if _is_post_checkout_command(command) else None
+
+
+def _git_dir_of(workspace: Path) -> Path | None:
+    """The git dir of a checkout's top level: `.git` itself, or where a linked worktree's `.git` file points."""
+    entry = workspace / ".git"
+    if entry.is_dir():
+        return entry
+    try:
+        pointer = entry.read_text()
+    except OSError:
+        return None
+    if not pointer.startswith("gitdir: "):
+        return None
+    return (workspace / pointer.removeprefix("gitdir: ").strip()).resolve()
+
+
+def _is_post_checkout_command(command: object) -> TypeGuard[list[str]]:
+    return (isinstance(command, list) and len(command) == 4 and all(isinstance(word, str) for word in command)
+            and os.path.isabs(command[0]) and all(_OBJECT_ID.fullmatch(oid) for oid in command[1:3])
+            and command[3] == "1")
 
 
 def git_environment() -> dict[str, str]:

@@ -38,7 +38,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.git_commands import (
-    GitFailed, branch_exists, is_commit, unsafe_refusal, run_git, run_git_or_none)
+    NULL_OID, GitFailed, branch_exists, is_commit, owe_post_checkout, unsafe_refusal, run_git, run_git_or_none)
 from bb_environments.providers.host.processes import command_lines, kill_and_wait
 from bb_environments.providers.workspace_files import (
     delete_tree,
@@ -163,7 +163,8 @@ class GitWorktreeProvider:
                 )
         plan = _plan_branch(repo, branch, ctx.path_key)
         ctx.raise_if_cancelled()
-        if not _added_afresh(ctx, repo, target, plan):
+        added = _added_afresh(ctx, repo, target, plan)
+        if not added:
             worktrees = list_worktrees(repo)
             earlier = os.path.lexists(target) or _find_worktree(worktrees, target) is not None
             interrupted = earlier and _stop_interrupted_add(ctx, target)
@@ -175,7 +176,10 @@ class GitWorktreeProvider:
                     ctx.raise_if_cancelled()
                 ctx.report.step("Creating worktree")
                 _add_worktree(repo, target, plan)
+                added = True
                 ctx.report.log(f"Created worktree at {target} on branch {plan.branch}")
+        if added:
+            owe_post_checkout(str(target), ctx.environment_id, NULL_OID)  # git's own for a new worktree
         ctx.raise_if_cancelled()
         _copy_includes(ctx, repo, target)
         ctx.raise_if_cancelled()

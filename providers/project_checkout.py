@@ -38,7 +38,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.git_commands import (
-    GitFailed, branch_exists, is_commit, unsafe_refusal, run_git, run_git_or_none)
+    GitFailed, branch_exists, is_commit, owe_post_checkout, unsafe_refusal, run_git, run_git_or_none)
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
 
 LOCK_POLL_SECONDS = 0.05
@@ -220,16 +220,18 @@ def _current_branch_if_any(directory: str) -> str | None:
 
 
 def _switch(ctx: CreateContext, checkout: str, branch: ExistingBranch | NewBranch) -> None:
+    previous_head = run_git(checkout, "rev-parse", "--verify", "HEAD")
     if isinstance(branch, ExistingBranch):
         ctx.report.step(f"Switching to branch {branch.name}")
         run_git(checkout, "switch", "--no-guess", "--end-of-options", branch.name)
         ctx.report.log(f"Switched to branch {branch.name}")
-        return
-    base = branch.base or "HEAD"
-    ctx.report.step(f"Creating branch {branch.name} from {base}")
-    # --no-track: the thread's branch must not push to (or pull from) its base.
-    run_git(checkout, "switch", "--no-track", "--create", branch.name, "--end-of-options", base)
-    ctx.report.log(f"Switched to new branch {branch.name}")
+    else:
+        base = branch.base or "HEAD"
+        ctx.report.step(f"Creating branch {branch.name} from {base}")
+        # --no-track: the thread's branch must not push to (or pull from) its base.
+        run_git(checkout, "switch", "--no-track", "--create", branch.name, "--end-of-options", base)
+        ctx.report.log(f"Switched to new branch {branch.name}")
+    owe_post_checkout(checkout, ctx.environment_id, previous_head)
 
 
 def _remember_switched_from(checkout: str, branch_name: str, switched_from: str | None, path_key: str) -> None:

@@ -106,6 +106,11 @@ async def test_a_failed_hooks_last_line_comes_after_all_of_its_output(service, g
 async def test_a_hook_rejoined_after_a_restart_says_so_and_does_not_look_run_twice(service, git_repo, tmp_path):
     hold = tmp_path / "hold"
     environment_id = await spawn_with_setup_held(service, git_repo, hold, tmp_path / "marker")
+    deadline = time.monotonic() + 60
+    # Killed once the hook's first line is out: else the restarted service is the first to say it.
+    while "preparing the workspace" not in await setup_lines(service, environment_id):
+        assert time.monotonic() < deadline, "the hook's first line never reached the transcript"
+        await asyncio.sleep(0.1)
     service.kill()  # the hook's supervisor lives on, and so does the nats-server
     await service.start()
     rejoined = "Rejoined .bb-env-setup.sh, which kept running across a restart"

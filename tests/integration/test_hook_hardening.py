@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bb_environments.hooks.records import HookRecords
 from tests.integration.conftest import Service, service_environment, write_hooks
 
@@ -37,12 +39,53 @@ async def test_a_git_hook_a_setup_plants_in_the_shared_git_dir_does_not_run_at_t
     assert not ran.exists()
 
 
-async def test_git_hooks_asked_to_run_are_refused_at_start_naming_the_setting(tmp_path):
-    environment = service_environment(tmp_path / "data", BB_GIT_HOOKS="run")
+def plant_git_hook(repo: Path, name: str, body: str) -> None:
+    hook = repo / ".git" / "hooks" / name
+    hook.write_text(f"#!/bin/sh\n{body}\n")
+    hook.chmod(0o755)
+
+
+@pytest.mark.parametrize("service", [{"BB_GIT_HOOKS": "run"}], indirect=True)
+async def test_with_git_hooks_run_the_post_checkout_of_a_new_worktree_runs_in_the_setup_and_its_output_is_in_the_transcript(
+        service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "hooks-ran")
+    plant_git_hook(git_repo, "post-checkout", 'echo "post-checkout $* in $PWD"; echo "setup saw $0" > .hook-ran')
+
+    environment = await spawn(service, git_repo, "t1")
+
+    assert environment["status"] == "ready", environment
+    head = subprocess.run(["git", "-C", environment["path"], "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    said = f"post-checkout {'0' * 40} {head} 1 in {environment['path']}"
+    shown = await service.wait_for(environment["id"], lambda e: "preparing the workspace" in "\n".join(e["transcript"]))
+    transcript = "\n".join(shown["transcript"])
+    # In the setup's run, before its script: where a hook's output goes, and as part of its step.
+    assert transcript.index("Running .bb-env-setup.sh") < transcript.index(said) < transcript.index(
+        "preparing the workspace"), transcript
+    kept = HookRecords(service.data_dir / "hooks").log_path(environment["hooks"]["setup"]["operationId"]).read_text()
+    assert kept.startswith(said + "\n"), kept
+    assert (Path(environment["path"]) / ".hook-ran").exists()
+
+
+@pytest.mark.parametrize("service", [{"BB_GIT_HOOKS": "run", "BB_HOOK_TIMEOUT_S": "2"}], indirect=True)
+async def test_with_git_hooks_run_a_hanging_post_checkout_is_cut_off_by_the_hook_timeout(service, git_repo, tmp_path):
+    plant_git_hook(git_repo, "post-checkout", f"echo $$ > {tmp_path / 'hook.pid'}; echo hanging; exec sleep 600")
+
+    environment = await spawn(service, git_repo, "t1")
+
+    assert environment["status"] == "error", environment
+    assert environment["hooks"]["setup"]["status"] == "failed", environment
+    assert "post-checkout (the repository's git hook) timed out after 2s" in environment["statusMessage"]
+    assert "hanging" in environment["transcript"]
+    assert not Path("/proc", (tmp_path / "hook.pid").read_text().strip()).exists()
+
+
+async def test_git_hooks_set_to_anything_but_off_or_run_are_refused_at_start_naming_what_is_allowed(tmp_path):
+    environment = service_environment(tmp_path / "data", BB_GIT_HOOKS="always")
     started = subprocess.run([*Service.cli(), "serve"], env=environment, capture_output=True, text=True,
                              timeout=60, stdin=subprocess.DEVNULL)
     assert started.returncode == 2, started.stderr
-    assert "BB_GIT_HOOKS=run is not supported yet" in started.stderr
+    assert "BB_GIT_HOOKS 'always' is not allowed: use off or run" in started.stderr
     assert not (tmp_path / "data" / "server.json").exists()
 
 

@@ -115,3 +115,24 @@ async def test_a_workspace_user_that_does_not_exist_stops_the_start_naming_it(op
     with pytest.raises(RuntimeError, match="BB_WORKSPACE_USER 'no-such-bb-user' names no user on this machine"):
         await service.start()
     assert service.process is not None and service.process.returncode == 1
+
+
+async def test_with_git_hooks_run_the_post_checkout_hook_runs_as_the_workspace_user_too(workspace_user, open_base):
+    data_dir = open_base / "data"
+    report = open_base / "report"
+    report.mkdir()
+    report.chmod(0o777)
+    repo = project_with_setup(open_base, "echo set up\n")
+    hook = repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text(f"#!/bin/sh\nid -u > {report}/uid\n")
+    hook.chmod(0o755)
+    service = Service(data_dir, service_environment(data_dir, BB_WORKSPACE_USER=workspace_user.pw_name,
+                                                    BB_GIT_HOOKS="run"))
+    await service.start()
+    try:
+        spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                                   str(repo), "--thread-id", "t1", "--wait", "--json")
+        assert spawned.returncode == 0, spawned.stderr + service.log_tail()
+        assert int((report / "uid").read_text()) == workspace_user.pw_uid
+    finally:
+        await service.stop()

@@ -94,6 +94,25 @@ async def test_success_delivers_output_lines_in_order(records_dir: Path, workspa
     assert output.offsets == [0, 4, 8, 13 + len(str(workspace))]  # where each starts in the log
 
 
+async def test_of_a_backlog_longer_than_the_transcript_keeps_only_the_newest_lines_are_delivered_after_a_count(
+    records_dir: Path, workspace: Path
+) -> None:
+    write_setup(workspace, "seq 1 5000\n")
+    await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, Output())
+    replayed = Output()
+
+    # A restarted runner replays the finished log from its start: all 5000 lines are its backlog.
+    outcome = await HookRunner(records_dir, timeout_s=10, transcript_lines_kept=100).run(
+        "op", "setup", workspace, replayed)
+
+    assert outcome == HookOutcome("succeeded", 0, None)
+    left_out = len("".join(f"{n}\n" for n in range(1, 4902)))
+    assert replayed.lines == [
+        f"[bb: 4901 lines ({left_out} bytes) of output not in the transcript, which keeps the last 100 of an "
+        "environment: bb environment logs --hook-output has them]", *map(str, range(4902, 5001))]
+    assert replayed.offsets[:2] == [0, left_out]  # each line still named by its place in the log
+
+
 async def test_script_environment_drops_service_secrets(
     records_dir: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

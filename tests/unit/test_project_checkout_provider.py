@@ -6,6 +6,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -24,6 +25,7 @@ from bb_environments.providers.contract import (
     Removed,
     RemoveContext,
 )
+from bb_environments.providers.git_commands import take_owed_post_checkout
 from bb_environments.providers.project_checkout import (
     CurrentBranch,
     ExistingBranch,
@@ -196,6 +198,35 @@ def test_switching_to_an_existing_branch(
     assert current_branch(git, feature_repo) == "feature"
     assert ctx.report.steps == ["Switching to branch feature"]
     assert ctx.report.logs == ["Switched to branch feature"]
+
+
+def test_with_git_hooks_run_a_switch_owes_the_post_checkout_hook_with_gits_arguments_to_its_setup_once(
+    provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path, git: Git, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = feature_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    monkeypatch.setenv("BB_GIT_HOOKS", "run")
+    ctx = replace(create_context(feature_repo, data_dir, ExistingBranch("feature")), environment_id="env-1")
+
+    provider.create(ctx)
+
+    assert take_owed_post_checkout(feature_repo, "env-2") is None  # another environment's: dropped
+    provider.create(replace(ctx, inputs=inputs(ExistingBranch("main"))))
+    provider.create(ctx)
+    owed = take_owed_post_checkout(feature_repo, "env-1")
+    assert owed == [str(hook), git(feature_repo, "rev-parse", "main"), git(feature_repo, "rev-parse", "feature"), "1"]
+    assert take_owed_post_checkout(feature_repo, "env-1") is None
+
+
+def test_without_git_hooks_run_a_switch_owes_no_hook(
+    provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path
+) -> None:
+    hook = feature_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    provider.create(replace(create_context(feature_repo, data_dir, ExistingBranch("feature")), environment_id="env-1"))
+    assert take_owed_post_checkout(feature_repo, "env-1") is None
 
 
 def test_switching_again_to_the_same_branch_is_a_no_op(
