@@ -1,7 +1,7 @@
 """The host registry (SPEC 7.1) as the log keeps it: one RegisteredHost per host id, with its agent's
 public key, which every core replica on the store reads the same.
 
-The replicas are Environments on one SQLite file, as tests/unit/test_shared_store.py builds them.
+The replicas are Environments on one SQLite file, as tests/replicas/test_shared_store.py builds them.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from bb_environments.domain.registered_host import RegisteredHost, registered_ho
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.writers import SingleWriter
-from tests.unit.test_shared_store import before_next_save, replica
+from tests.replicas.test_shared_store import before_next_save, replica
 
 
 @pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[tuple[Environments, Environments]]:
-    a, b = replica(tmp_path / "events.sqlite"), replica(tmp_path / "events.sqlite")
+    a, b = replica(f"sqlite:///{tmp_path / 'events.sqlite'}"), replica(f"sqlite:///{tmp_path / 'events.sqlite'}")
     yield a, b
     a.close()
     b.close()
@@ -29,7 +29,7 @@ def replicas(tmp_path: Path) -> Iterator[tuple[Environments, Environments]]:
 
 @pytest.fixture
 def app(tmp_path: Path) -> Iterator[Environments]:
-    single = replica(tmp_path / "events.sqlite", SingleWriter())
+    single = replica(f"sqlite:///{tmp_path / 'events.sqlite'}", SingleWriter())
     yield single
     single.close()
 
@@ -74,7 +74,7 @@ def test_the_registry_lists_the_hosts_registered_now_as_the_log_has_them(app: En
     assert app.head() == head  # refused, or removed already: nothing recorded
     assert app.hosts.registered() == ["h1"]
     app.close()
-    reopened = replica(tmp_path / "events.sqlite", SingleWriter())
+    reopened = replica(f"sqlite:///{tmp_path / 'events.sqlite'}", SingleWriter())
     try:
         assert reopened.hosts.registered() == ["h1"]
     finally:
