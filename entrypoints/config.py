@@ -256,7 +256,7 @@ def _stream_replicas(raw: str | None) -> int:
 
 
 def _git_hooks_mode() -> str:
-    from bb_environments.providers.git_commands import git_hooks_mode  # the providers read it there too
+    from bb_environments.providers.git_hooks import git_hooks_mode  # the providers read it there too
 
     try:
         return git_hooks_mode()

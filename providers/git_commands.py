@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeGuard
 
+from bb_environments.providers.git_hooks import git_hooks_mode
 from bb_environments.providers.host.withheld import without_secrets
 
 GIT_TIMEOUT_SECONDS = 900
@@ -24,7 +25,6 @@ WITHOUT_REPOSITORY_HOOKS = ("-c", "core.hooksPath=/dev/null")
 setup script may plant `.git/hooks/post-checkout` in the shared git dir, which our next `worktree
 add` would otherwise run outside any hook supervision (SPEC 9). git looks a hook up as
 `<hooksPath>/<name>`, which under /dev/null is never a file."""
-GIT_HOOKS_MODES = ("off", "run")
 OWED_POST_CHECKOUT = "bb-owed-post-checkout"
 """The file in a workspace's own git dir that names the post-checkout hook its checkout owes
 (see owe_post_checkout)."""
@@ -82,20 +82,6 @@ def is_commit(repo: str, revision: str) -> bool:
         run_git_or_none(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}")
         is not None
     )
-
-
-def git_hooks_mode() -> str:
-    """BB_GIT_HOOKS: `off` (the default) or `run`; ValueError naming what is allowed otherwise.
-
-    Either way our git commands run with the repository's hooks off. With `run`, a checkout that
-    git would have followed with the repository's post-checkout hook leaves that hook owed to the
-    workspace's setup, whose supervisor runs it before the setup script (hooks/supervisor.py), so
-    it gets a setup's timeout, transcript, containment and user, which a hook run by our git
-    inside the provider's call could not have."""
-    raw = (os.environ.get("BB_GIT_HOOKS") or "off").strip().lower()
-    if raw not in GIT_HOOKS_MODES:
-        raise ValueError(f"BB_GIT_HOOKS {raw!r} is not allowed: use {' or '.join(GIT_HOOKS_MODES)}")
-    return raw
 
 
 def owe_post_checkout(workspace: str, environment_id: str, previous_head: str) -> None:

@@ -69,10 +69,15 @@ class Topology:
 
 
 @pytest.fixture
-async def topology(tmp_path: Path, postgres_server: PostgresServer, postgres_url: str) -> AsyncIterator[Topology]:
+async def topology(request: pytest.FixtureRequest, tmp_path: Path, postgres_server: PostgresServer,
+                   postgres_url: str) -> AsyncIterator[Topology]:
+    """Replicas a (started first: it takes the relay) and b, and the agent of host h1. Parametrize it
+    indirectly with a dict to add variables to replica a's environment."""
     cluster = NatsCluster.start(tmp_path / "nats")
     topology = Topology(cluster, postgres_server, {}, None, tmp_path, postgres_url)  # type: ignore[arg-type]
     try:
+        topology.replicas["a"] = Service(tmp_path / "a" / "data",
+                                         topology.environment("a", **getattr(request, "param", {})))
         await topology.start_replica("a")
         await topology.start_replica("b")
         first = topology.replica("a")
@@ -204,6 +209,24 @@ async def test_the_other_replica_finishes_spawns_and_archives_after_one_is_kille
     await assert_each_event_once_in_order(topology, environments + early_environments)
 
 
+@pytest.mark.parametrize("topology", [{"BB_CRASH_AT": f"{point}#2"} for point in (
+    "created-recorded", "relay-published", "placement-published")], indirect=True,
+    ids=lambda overrides: overrides["BB_CRASH_AT"])
+async def test_the_other_replica_finishes_what_one_killed_at_a_crash_point_left(
+        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "setups"
+    write_hooks(git_repo, marker, setup="sleep 0.5")
+    a, b = topology.replica("a"), topology.replica("b")
+    threads = await asyncio.gather(*(spawn(service, git_repo) for service in [b, a] * 4))
+    assert a.process is not None
+    await eventually(lambda: a.process is not None and a.process.poll() is not None,
+                     "replica a reaching its crash point", timeout=SETTLE_S)
+    environments = [await environment_of(b, t) for t in threads]
+    await settled(b, environments, "ready")
+    assert marker.read_text().count("setup") == len(environments), "a setup ran twice, or never"
+    await assert_each_event_once_in_order(topology, environments)
+
+
 async def test_killing_the_node_leading_the_log_stream_stops_no_replica(topology: Topology) -> None:
     a, b = topology.replica("a"), topology.replica("b")
     leader = topology.cluster.leader_of(subjects.ENVIRONMENTS_STREAM)
@@ -271,3 +294,32 @@ async def test_a_stopped_relay_is_replaced_and_steps_down_when_it_wakes(topology
     await settled(other, environments, "ready")
     await assert_each_event_once_in_order(topology, environments)
     assert holder.process.poll() is None
+
+
+async def test_nested_claims_decided_by_both_replicas_at_once_never_overlap(topology: Topology, git_repo: Path) -> None:
+    a, b = topology.replica("a"), topology.replica("b")
+
+    async def checkout(service: Service, inputs: dict[str, str] | None) -> Any:
+        return await ask(service, "threads", "spawn", SpawnThread(
+            thread_id=f"t-{uuid.uuid4().hex[:16]}", environment_provider="project-checkout",
+            project_path=str(git_repo), environment_inputs=inputs, host_id=HOST))
+
+    rounds = 4
+    for round_ in range(rounds):  # each round a directory and one inside it, asked of both replicas at once
+        (git_repo / f"d{round_}" / "inner").mkdir(parents=True)
+        await asyncio.gather(*(checkout(service, {"path": path}) for service, path in
+                               [(a, f"d{round_}"), (b, f"d{round_}/inner"), (b, f"d{round_}"),
+                                (a, f"d{round_}/inner")]), return_exceptions=True)
+    held: dict[str, str] = {}
+    taken = 0
+    for _, document, _ in await stream_log(topology):
+        if document.get("type") == "host_claims_held":
+            path = document["path"]
+            nested = [p for p in held if p == path or p.startswith(path + "/") or path.startswith(p + "/")]
+            assert not nested or held[nested[0]] == document["environmentId"], \
+                f"{path} taken while {nested} was held by {held[nested[0]]}"
+            held[path] = document["environmentId"]
+            taken += 1
+        elif document.get("type") == "host_claims_released":
+            held.pop(document["path"], None)
+    assert taken >= rounds, "a round took no claim at all"
