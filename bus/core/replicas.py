@@ -77,12 +77,18 @@ async def join(js: JetStreamContext, replica_id: str, data_dir: str, store: str,
     return presence
 
 
-async def _present(js: JetStreamContext, bucket: KeyValue) -> list[ReplicaPresence]:
+async def _present_keys(js: JetStreamContext) -> list[str]:
+    """The keys the replicas' bucket holds now: one per replica running (or killed moments ago).
+    One request, where listing a bucket's keys would make and delete a consumer each time."""
     info = await js.stream_info(f"KV_{subjects.REPLICAS_BUCKET}", subjects_filter=f"$KV.{subjects.REPLICAS_BUCKET}.>")
+    return [subject.rpartition(".")[2] for subject in (info.state.subjects or {})]
+
+
+async def _present(js: JetStreamContext, bucket: KeyValue) -> list[ReplicaPresence]:
     found = []
-    for subject in (info.state.subjects or {}):
+    for key in await _present_keys(js):
         with contextlib.suppress(KeyNotFoundError, msgspec.DecodeError):
-            entry = await bucket.get(subject.rpartition(".")[2])
+            entry = await bucket.get(key)
             found.append(_presence_decoder.decode(entry.value or b""))
     return found
 
@@ -284,5 +290,4 @@ class DriveShare:
 
 
 async def live_replica_count(js: JetStreamContext) -> int:
-    info = await js.stream_info(f"KV_{subjects.REPLICAS_BUCKET}", subjects_filter=f"$KV.{subjects.REPLICAS_BUCKET}.>")
-    return len(info.state.subjects or {})
+    return len(await _present_keys(js))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import pytest
 
@@ -25,6 +26,7 @@ from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.api_client.nats_client import ApiClient
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.service_errors import AnswerLost
+from bb_environments.bus.wire.thread_events import Machine, ProviderIntent, ThreadCreatedMessage, ThreadMessageMessage
 from bb_environments.bus.wire.api_messages import RegisterHost, SpawnThread, ThreadRef
 from tests.integration.conftest import Service, eventually, service_environment, write_hooks
 from tests.integration.host_agents import Agent
@@ -227,13 +229,39 @@ async def test_the_other_replica_finishes_what_one_killed_at_a_crash_point_left(
     await assert_each_event_once_in_order(topology, environments)
 
 
-async def test_killing_the_node_leading_the_log_stream_stops_no_replica(topology: Topology) -> None:
+async def publish_threads(topology: Topology, count: int) -> list[str]:
+    """New threads asking for a personal workspace on h1, as a publishing service sends them."""
+    nc = await nats.connect(topology.cluster.urls.split(","), nkeys_seed=str(topology.cluster.seed_file("publisher")))
+    try:
+        js, threads = nc.jetstream(), [f"t-{uuid.uuid4().hex[:16]}" for _ in range(count)]
+        intent = ProviderIntent(environment_provider_id="personal-workspace", machine=Machine(host_id=HOST))
+        for thread in threads:
+            for event in (ThreadCreatedMessage(thread_id=thread, environment=intent),
+                          ThreadMessageMessage(thread_id=thread, text="go")):
+                deadline = time.monotonic() + SETTLE_S
+                while True:  # a publish the stream did not acknowledge is sent again (its id drops a repeat)
+                    try:
+                        await js.publish(subjects.thread_event(thread, type(event).__struct_config__.tag or ""),
+                                         msgspec.json.encode(event), headers={"Nats-Msg-Id": f"{thread}:{event.__struct_config__.tag}"})
+                        break
+                    except (nats.errors.Error, asyncio.TimeoutError):
+                        assert time.monotonic() < deadline, "the thread stream took no publish"
+                        await asyncio.sleep(0.2)
+        return threads
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize("stream", [subjects.ENVIRONMENTS_STREAM, subjects.THREAD_PARTITIONS_STREAM])
+async def test_killing_the_node_leading_a_stream_stops_no_replica(topology: Topology, stream: str) -> None:
     a, b = topology.replica("a"), topology.replica("b")
-    leader = topology.cluster.leader_of(subjects.ENVIRONMENTS_STREAM)
+    leader = topology.cluster.leader_of(stream)
     assert leader is not None
-    threads = list(await asyncio.gather(*(spawn(service) for service in [a, b] * 5)))
+    threads = list(await asyncio.gather(*(spawn(service) for service in [a, b] * 3)))
+    threads += await publish_threads(topology, 4)
     topology.cluster.kill(leader)
-    threads += await asyncio.gather(*(spawn(service) for service in [a, b] * 5))
+    threads += await asyncio.gather(*(spawn(service) for service in [a, b] * 3))
+    threads += await publish_threads(topology, 4)
     environments = [await environment_of(a, t) for t in threads]
     await settled(a, environments, "ready")
     assert a.process is not None and b.process is not None
