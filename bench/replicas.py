@@ -133,7 +133,6 @@ def figures(single: Measured, cluster: Measured, runs: int, burst: int) -> list[
 
 async def measure(runs: int, burst: int, idle_s: float) -> list[Figure]:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-replicas-"))
-    root.chmod(0o711)  # under root, PostgreSQL's own user passes through to its directory (scripts/topology.py)
     try:
         single = await single_node(root, runs, burst, idle_s)
         cluster = await replicated(root, runs, burst, idle_s)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +38,7 @@ class Topology:
         self.event_store = ""
         self.replicas: dict[str, subprocess.Popen[bytes]] = {}
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._postgres_apart: Path | None = None
 
     @classmethod
     def start(cls, base: Path, replicas: tuple[str, ...] = ("r1", "r2"), hosts: tuple[str, ...] = ("h1", "h2"),
@@ -45,10 +48,14 @@ class Topology:
         topology = cls(base, settings or {})
         try:
             owner = postgres_owner()
-            if owner is not None:
-                base.chmod(0o711)  # the server's user passes through to its own directory
-            (base / "postgres").mkdir()
-            topology.postgres = PostgresServer.start(base / "postgres", owner)
+            if owner is None:
+                (base / "postgres").mkdir()
+                topology.postgres = PostgresServer.start(base / "postgres")
+            else:
+                # Apart from `base`, which may lie in a directory that the server's own user cannot
+                # enter (a root's 0700 temporary directory); removed by the stop.
+                topology._postgres_apart = Path(tempfile.mkdtemp(prefix="bb-postgres-"))
+                topology.postgres = PostgresServer.start(topology._postgres_apart, owner)
             topology.event_store = topology.postgres.create_database("bb")
             topology.cluster = NatsCluster.start(base / "nats")
             for replica_id in replicas:  # one after the other: the first creates the streams
@@ -105,6 +112,8 @@ class Topology:
             self.cluster.stop()
         if self.postgres is not None:
             self.postgres.stop()
+        if self._postgres_apart is not None:
+            shutil.rmtree(self._postgres_apart, ignore_errors=True)
 
     def _environment(self, data_dir: Path, **settings: str) -> dict[str, str]:
         # The caller's own BB_* settings (a BB_DATA_DIR of theirs) stay out: each process gets its own.

@@ -30,12 +30,13 @@ READY = "ready: press Ctrl-C or type stop to stop everything"
 
 
 def instructions(topology: Topology) -> str:
+    assert topology.postgres is not None
     bb = shlex.quote(str(Path(sys.executable).parent / "bb"))
     exports = "\n".join(f"export {name}={shlex.quote(value)}" for name, value in topology.cli_environment().items())
     pids = ", ".join(f"{name} {process.pid}" for name, process in (*topology.replicas.items(),
                                                                     *topology.agents.items()))
     return f"""\
-PostgreSQL {topology.event_store}; NATS {topology.nats_urls}
+PostgreSQL {topology.event_store} (data dir {topology.postgres.data}); NATS {topology.nats_urls}
 processes: {pids}; their logs: {topology.base}/<name>.log
 
 In another shell:
