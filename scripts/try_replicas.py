@@ -78,6 +78,8 @@ def main() -> None:
         parser.error(f"--dir {arguments.dir} is not empty: name an empty or a new directory")
     base = arguments.dir.resolve() if arguments.dir else Path(tempfile.mkdtemp(prefix="bb-try-replicas-"))
     base.mkdir(parents=True, exist_ok=True)
+    # A SIGTERM while it starts stops what started, as a Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         print(f"starting PostgreSQL, 3 nats-server, replicas r1 r2, agents h1 h2 in {base} ...", flush=True)
         topology = Topology.start(base)
