@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +139,46 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def tree_cpu_seconds(roots: list[int]) -> float:
+    """The CPU time of every process of the trees below `roots`: each live one's own and that of the
+    children it has reaped (a PostgreSQL backend that ended, a hook), so that none is missed between
+    two readings. A process that ends between them takes its time to its parent."""
+    ticks = 0
+    for pid in {*roots, *(child for root in roots for child in descendants(root))}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended while read
+        ticks += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class Readiness:
+    """When each thread's environment was first announced on `bb.environments.*.ready`, and a wait
+    for a set of threads to get there."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+
+    async def subscribe(self, nc) -> None:
+        await nc.subscribe("bb.environments.*.ready", cb=self._on_ready)
+
+    async def _on_ready(self, message) -> None:
+        for thread_id in json.loads(message.data)["threadIds"]:
+            self.at.setdefault(thread_id, time.perf_counter())
+            if thread_id in self._waiting and not self._waiting[thread_id].done():
+                self._waiting[thread_id].set_result(None)
+
+    async def until(self, thread_ids: list[str], timeout: float = 300) -> None:
+        loop = asyncio.get_running_loop()
+        for thread_id in thread_ids:
+            self._waiting[thread_id] = loop.create_future()
+            if thread_id in self.at:
+                self._waiting[thread_id].set_result(None)
+        await asyncio.wait_for(asyncio.gather(*(self._waiting[t] for t in thread_ids)), timeout)
+
+
 def cpu_seconds(pids: list[int]) -> float:
     ticks = 0
     for pid in pids:
@@ -147,16 +188,18 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def until_idle(pids: list[int], deadline_s: float = 900, window_s: float = 1.0, busy: float = 0.1) -> float:
+async def until_idle(pids: list[int], deadline_s: float = 900, window_s: float = 1.0, busy: float = 0.1,
+                     cpu: Callable[[list[int]], float] = cpu_seconds) -> float:
     """Wait until the processes use under `busy` of a core over two windows in a row (the relay and
-    the consumers done with what a start found in the log); the seconds waited."""
+    the consumers done with what a start found in the log); the seconds waited. `cpu`: how their
+    time is read (tree_cpu_seconds: theirs and their descendants')."""
     started = time.perf_counter()
-    quiet, used = 0, cpu_seconds(pids)
+    quiet, used = 0, cpu(pids)
     while quiet < 2:
         if time.perf_counter() - started > deadline_s:
             raise TimeoutError(f"processes {pids} still busy after {deadline_s} s")
         await asyncio.sleep(window_s)
-        now = cpu_seconds(pids)
+        now = cpu(pids)
         quiet = quiet + 1 if now - used < busy * window_s else 0
         used = now
     return time.perf_counter() - started

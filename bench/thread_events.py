@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 import nats
-from common import Figure, baseline_once, cpu_seconds, make_repository, start_service, stop_service, table
+from common import Figure, Readiness, baseline_once, cpu_seconds, make_repository, start_service, stop_service, \
+    table
 from nats.js import api
 
 from bb_environments.bus.embedded_server import nats_server_binary
@@ -47,11 +48,13 @@ async def publish_thread(js, repo: Path, thread_id: str) -> None:
 PUBLISH_WINDOW = 256
 
 
-def personal_thread_events(thread_ids: list[str]) -> list[tuple[str, bytes]]:
-    """`created` (a personal-workspace intent) and `message` of each thread, all the `created` first."""
+def personal_thread_events(thread_ids: list[str], hosts: tuple[str, ...] = ()) -> list[tuple[str, bytes]]:
+    """`created` (a personal-workspace intent) and `message` of each thread, all the `created` first;
+    the threads spread over `hosts` in turn (none: the service's own host)."""
     intent = {"type": "provider", "environmentProviderId": "personal-workspace"}
-    created = [(f"bb.threads.{t}.created", json.dumps({"type": "created", "threadId": t, "environment": intent}))
-               for t in thread_ids]
+    created = [(f"bb.threads.{t}.created", json.dumps({"type": "created", "threadId": t, "environment": intent,
+                                                       **({"hostId": hosts[n % len(hosts)]} if hosts else {})}))
+               for n, t in enumerate(thread_ids)]
     messages = [(f"bb.threads.{t}.message", json.dumps({"type": "message", "threadId": t})) for t in thread_ids]
     return [(subject, body.encode()) for subject, body in created + messages]
 
@@ -98,30 +101,14 @@ async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
         try:
             publisher = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"])
             js = publisher.jetstream()
-            ready_at: dict[str, float] = {}
-            waiting: dict[str, asyncio.Future] = {}
-
-            async def on_ready(message) -> None:
-                for thread_id in json.loads(message.data)["threadIds"]:
-                    ready_at.setdefault(thread_id, time.perf_counter())
-                    if thread_id in waiting and not waiting[thread_id].done():
-                        waiting[thread_id].set_result(None)
-
-            await publisher.subscribe("bb.environments.*.ready", cb=on_ready)
-
-            async def until_ready(thread_ids: list[str]) -> None:
-                loop = asyncio.get_running_loop()
-                for thread_id in thread_ids:
-                    waiting[thread_id] = loop.create_future()
-                    if thread_id in ready_at:
-                        waiting[thread_id].set_result(None)
-                await asyncio.wait_for(asyncio.gather(*(waiting[t] for t in thread_ids)), 300)
+            readiness = Readiness()
+            await readiness.subscribe(publisher)
 
             async def one(thread_id: str) -> float:
                 started = time.perf_counter()
                 await publish_thread(js, repo, thread_id)
-                await until_ready([thread_id])
-                return ready_at[thread_id] - started
+                await readiness.until([thread_id])
+                return readiness.at[thread_id] - started
 
             await one("warmup")
             if personal:
@@ -131,8 +118,8 @@ async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
                 cpu_before = cpu_seconds([service.pid])
                 started = time.perf_counter()
                 await windowed_publish(windowed, personal_events)
-                await until_ready(personal_ids)
-                personal_seconds = max(ready_at[t] for t in personal_ids) - started
+                await readiness.until(personal_ids)
+                personal_seconds = max(readiness.at[t] for t in personal_ids) - started
                 cpu_ms_per_environment = (cpu_seconds([service.pid]) - cpu_before) * 1000 / personal
                 raw_seconds = await raw_publish_seconds(root, personal_events)
                 events = len(personal_events)
@@ -156,8 +143,8 @@ async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
                 burst_ids = [f"burst{i}" for i in range(burst)]
                 started = time.perf_counter()
                 await asyncio.gather(*(publish_thread(js, repo, t) for t in burst_ids))
-                await until_ready(burst_ids)
-                last_ready = max(ready_at[t] for t in burst_ids) - started
+                await readiness.until(burst_ids)
+                last_ready = max(readiness.at[t] for t in burst_ids) - started
                 bare_started = time.perf_counter()
                 for i in range(burst):
                     baseline_once(repo, root / "bare" / f"b{i}", f"bare/b{i}")

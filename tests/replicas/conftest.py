@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import NatsCluster, PostgresServer
+from scripts.engines import NatsCluster, PostgresServer
 from tests.support.os_users import unprivileged_user
 
 

@@ -19,7 +19,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX, Credentials, host_agent_inbox_prefix
 from bb_environments.bus.wire.api_messages import SpawnThread
 from tests.integration.conftest import Service, eventually, service_environment
-from tests.support.engines import NatsCluster
+from scripts.engines import NatsCluster
 
 # Raft elects a new leader 4-9 s after the old one stopped answering.
 RESUMED_WITHIN_S = 10

