@@ -12,6 +12,7 @@ from nats.js import JetStreamContext
 
 from bb_environments.bus.core.retention import forget_removed_environments
 from bb_environments.handlers.doctor import Doctor
+from bb_environments.handlers.ports import HostUnavailable
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.read_model import ReadModel
@@ -46,6 +47,10 @@ async def report_findings(doctor: Doctor) -> None:
     """One log line when doctor would find something; never a fix: that is for an operator to ask."""
     try:
         found = await doctor.examine()
+    except HostUnavailable as away:
+        # A host's agent away (or a replica's own host, served by no agent): its findings wait for it.
+        log.info("looking for what `bb doctor` would find waits: %s", away)
+        return
     except Exception:
         log.exception("looking for what `bb doctor` would find failed")
         return

@@ -16,7 +16,7 @@ from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import APIError, NoStreamResponseError
 
-from bb_environments.bus.access import SERVICE_INBOX_PREFIX, Credentials, host_agent_inbox_prefix
+from bb_environments.bus.access import SERVICE_INBOX_PREFIX, Credentials, host_agent_inbox_prefix, new_seed
 from bb_environments.bus.wire.api_messages import SpawnThread
 from tests.integration.conftest import Service, eventually, service_environment
 from scripts.engines import NatsCluster
@@ -65,7 +65,7 @@ async def test_publishes_to_a_stream_on_three_nodes_resume_after_its_leader_is_k
 
 async def test_a_host_admitted_while_the_cluster_runs_connects_to_every_node_with_its_seed(
         nats_cluster: NatsCluster, tmp_path: Path) -> None:
-    seed = Credentials(tmp_path / "credentials").register_host("h1")  # as `bb machine register h1` makes it
+    seed = Credentials(tmp_path / "credentials").register_host("h1", new_seed())  # as `bb machine register h1` makes it
     options = {"nkeys_seed": str(seed), "inbox_prefix": host_agent_inbox_prefix("h1"), "allow_reconnect": False,
                "max_reconnect_attempts": 0, "connect_timeout": 5}
     with pytest.raises(NatsError):

@@ -30,7 +30,7 @@ from bb_environments.bus.wire.thread_events import Machine, ProviderIntent, Thre
 from bb_environments.bus.wire.api_messages import RegisterHost, SpawnThread, ThreadRef
 from tests.integration.conftest import Service, eventually, service_environment, write_hooks
 from tests.integration.host_agents import Agent
-from tests.support.engines import NatsCluster, PostgresServer
+from scripts.engines import NatsCluster, PostgresServer
 
 HOST = "h1"
 SETTLE_S = 90
@@ -52,10 +52,7 @@ class Topology:
         return service_environment(
             self.base / replica_id / "data", BB_NATS_URL=self.cluster.urls,
             BB_NATS_NKEY=str(self.cluster.seed_file("service")), BB_EVENT_STORE=self.store, BB_STREAM_REPLICAS="3",
-            BB_REPLICA_ID=replica_id, BB_HOST_ID=f"core-{replica_id}",
-            # Each node reserves a stream's byte limit in its file store: the default's gigabyte twice over
-            # (BB_THREADS and its partitions) would not fit many clusters on one test machine's disk.
-            BB_THREADS_MAX_BYTES=str(64 << 20), **overrides)
+            BB_REPLICA_ID=replica_id, BB_HOST_ID=f"core-{replica_id}", **overrides)
 
     async def start_replica(self, replica_id: str) -> Service:
         service = self.replicas.get(replica_id) or Service(self.base / replica_id / "data", self.environment(replica_id))
