@@ -267,5 +267,8 @@ class NatsCluster:
                 "jetstream": {"store_dir": str(self._store(node)), "max_memory_store": 64 << 20,
                               "max_file_store": 8 << 30},
                 "cluster": {"name": "bb", "host": HOST, "port": route, "routes": routes},
+                # As docs/deploy.md advises: a client that stopped answering pings (a replica
+                # SIGSTOPped) leaves its queue groups within seconds, not the default 2 minutes.
+                "ping_interval": "2s", "ping_max": 2,
                 "authorization": {"users": users},
             }, indent=2))

@@ -41,7 +41,7 @@ from bb_environments.bus.wire.replica_messages import LeaseHolder, ReplicaPresen
 
 log = logging.getLogger(__name__)
 
-PRESENCE_TTL_S = 10.0
+PRESENCE_TTL_S = 6.0
 BEAT_S = 2.0
 LEASE_TTL_S = 6.0
 """A lease outlives its holder's last renewal by this long: the longest a dead or stopped holder's

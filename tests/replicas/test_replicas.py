@@ -25,9 +25,9 @@ import pytest
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.api_client.nats_client import ApiClient
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.service_errors import AnswerLost
+from bb_environments.bus.wire.service_errors import ServiceError
 from bb_environments.bus.wire.thread_events import Machine, ProviderIntent, ThreadCreatedMessage, ThreadMessageMessage
-from bb_environments.bus.wire.api_messages import RegisterHost, SpawnThread, ThreadRef
+from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads, RegisterHost, SpawnThread, ThreadRef
 from tests.integration.conftest import Service, eventually, service_environment, write_hooks
 from tests.integration.host_agents import Agent
 from scripts.engines import NatsCluster, PostgresServer
@@ -108,8 +108,8 @@ async def ask(service: Service, area: str, verb: str, body: Any) -> Any:
             service.api = await ApiClient.connect(service.info["natsUrl"], **service.credentials("operator"))
         try:
             return await service.api.call(area, verb, body, timeout=10)
-        except AnswerLost:
-            if time.monotonic() > deadline:
+        except ServiceError as cut_off:  # lost, or nobody subscribed while both replicas reconnect
+            if cut_off.code != "unreachable" or time.monotonic() > deadline:
                 raise
 
 
@@ -122,11 +122,28 @@ async def spawn(service: Service, repo: Path | None = None) -> str:
 
 
 async def environment_of(service: Service, thread_id: str) -> str:
-    return (await service.wait_for_thread(thread_id, with_environment=True, timeout=SETTLE_S))["environmentId"]
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        after = None
+        while True:
+            page = await ask(service, "threads", "list", ListThreads(after=after))
+            for thread in page["threads"]:
+                if thread["id"] == thread_id and thread["environmentId"]:
+                    return str(thread["environmentId"])
+            if (after := page.get("next")) is None:
+                break
+        assert time.monotonic() < deadline, f"thread {thread_id} has no environment after {SETTLE_S} s"
+        await asyncio.sleep(0.2)
 
 
 async def settled(service: Service, environment_ids: list[str], status: str) -> None:
-    await asyncio.gather(*(service.wait_for(e, status, timeout=SETTLE_S) for e in environment_ids))
+    """Each environment in `status`, as `service`'s read model says."""
+    deadline = time.monotonic() + SETTLE_S
+    for environment_id in environment_ids:
+        while (seen := (await ask(service, "environments", "show",
+                                  EnvironmentRef(environment_id=environment_id)))["status"]) != status:
+            assert time.monotonic() < deadline, f"environment {environment_id} is {seen}, not {status}"
+            await asyncio.sleep(0.2)
 
 
 async def stream_log(topology: Topology) -> list[tuple[str, dict[str, Any], int]]:
