@@ -28,7 +28,7 @@ from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import consume, follow
-from bb_environments.bus.core.replicas import DriveShare, Lease, Presence, while_leased
+from bb_environments.bus.core.replicas import DriveShare, Lease, while_leased
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments, LiveLimits
 from bb_environments.handlers.doctor import Doctor
@@ -82,7 +82,6 @@ class Ports:
 class Replication:
     """What a replica among several on one store runs besides the core (bus/core/replicas.py)."""
 
-    presence: Presence
     share: DriveShare
     relay_lease: Lease
 
@@ -179,8 +178,8 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: B
                  settings: Settings, replication: Replication | None = None) -> list[Coroutine[Any, Any, None]]:
     """The core's loops on the bus: the relay, the log and transcript followers, one in-order
     consumer per thread partition, and the sweep; with `replication`, the relay runs only while
-    this replica holds its lease, the followers are this replica's own, and its presence and its
-    share of the environments are kept."""
+    this replica holds its lease, the followers are this replica's own, and its share of the
+    environments is kept."""
     placements = Placements(js, core.store)
     follower = LogFollower(core.store, LogReader(core.app), core.read_model, placements, core.provisioner)
     thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
@@ -209,7 +208,6 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: B
                    health, "log follower"),
             follow(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPT_EVENTS, transcript_position,
                    transcripts.handle_batch, health, "transcript follower"),
-            replication.presence.run(health),
             replication.share.run(health, core.provisioner.sweep, core.provisioner.let_go),
         ]
     return [

@@ -34,7 +34,7 @@ from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.core.replicas import (
-    DriveShare, Lease, ReplicaRefused, join, lease_holder, leases_bucket, live_replica_count)
+    DriveShare, Lease, Presence, ReplicaRefused, join, lease_holder, leases_bucket, live_replica_count)
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.agent.heartbeat import beat
@@ -229,7 +229,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await retire_provisioner_consumer(js)
     host_seeds = credentials or Credentials(settings.data_dir / "credentials")
     await ensure_hosts(js, [settings.host_id], settings.stream_replicas)
-    replication = await _replication(settings, js, started)
+    presence = await _present(settings, js, started)
+    replication = await _replication(settings, js)
 
     liveness = HostLiveness(js)
     jobs = HostJobs(nc, js, liveness, health=health)
@@ -268,7 +269,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     relay = await relay_of(core, js, nc, health, replicated=replication is not None)
     await restore_read_models(core.app, core.store, core.read_model, core.read_model_damage, core.api, js)
     tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings, replication),
-                                                   *agent_work)]
+                                                   presence.run(health), *agent_work)]
     started.push_async_callback(_cancel, tasks)
 
     service = await start_api(nc, ApiEdge(core.api, core.machines, nc.max_payload).endpoints(), translate_error)
@@ -293,21 +294,24 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await _until_stopped_or_failed(stop, tasks)
 
 
-async def _replication(settings: Settings, js: JetStreamContext,
-                       started: contextlib.AsyncExitStack) -> Replication | None:
-    """Enter this replica's presence (refused beside a replica of the same id, or beside any other
-    when either's store is SQLite); on a store several replicas may share, also what it shares."""
-    shared_store = event_store_file(settings.event_store) is None
+async def _present(settings: Settings, js: JetStreamContext, started: contextlib.AsyncExitStack) -> Presence:
+    """Enter this replica's presence, kept while it runs whatever its store: refused beside a
+    replica of the same id, or beside any other when either's store is SQLite."""
+    store = "sqlite" if event_store_file(settings.event_store) else "postgresql"
     try:
-        presence = await join(js, settings.replica_id, settings.data_root, "postgresql" if shared_store else "sqlite",
-                              settings.stream_replicas)
+        presence = await join(js, settings.replica_id, settings.data_root, store, settings.stream_replicas)
     except ReplicaRefused as refused:
         raise ServeError(str(refused)) from None
     started.push_async_callback(presence.leave)
-    if not shared_store:
+    return presence
+
+
+async def _replication(settings: Settings, js: JetStreamContext) -> Replication | None:
+    """What a replica on a store several replicas may share shares with them (None: an SQLite store)."""
+    if event_store_file(settings.event_store):
         return None
     leases, holder = await leases_bucket(js, settings.stream_replicas), lease_holder(settings.replica_id)
-    return Replication(presence, DriveShare(leases, holder, lambda: live_replica_count(js)),
+    return Replication(DriveShare(leases, holder, lambda: live_replica_count(js)),
                        Lease(leases, subjects.RELAY_LEASE, holder))
 
 

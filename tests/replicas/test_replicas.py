@@ -24,6 +24,7 @@ import pytest
 
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.api_client.nats_client import ApiClient
+from bb_environments.bus.core.replicas import PRESENCE_TTL_S
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.service_errors import ServiceError
 from bb_environments.bus.wire.thread_events import Machine, ProviderIntent, ThreadCreatedMessage, ThreadMessageMessage
@@ -365,3 +366,24 @@ async def test_nested_claims_decided_by_both_replicas_at_once_never_overlap(topo
         elif document.get("type") == "host_claims_released":
             held.pop(document["path"], None)
     assert taken >= rounds, "a round took no claim at all"
+
+
+async def test_a_replica_beside_a_running_sqlite_replica_is_refused_however_long_it_has_run(
+        nats_cluster: NatsCluster, tmp_path: Path, postgres_url: str) -> None:
+    def replica_environment(replica_id: str, **overrides: str) -> dict[str, str]:
+        return service_environment(tmp_path / replica_id / "data", BB_NATS_URL=nats_cluster.urls,
+                                   BB_NATS_NKEY=str(nats_cluster.seed_file("service")), BB_STREAM_REPLICAS="3",
+                                   BB_REPLICA_ID=replica_id, **overrides)
+
+    (tmp_path / "only").mkdir()
+    only = Service(tmp_path / "only" / "data", replica_environment("only"))
+    only.external_credentials = {"nkeys_seed": str(nats_cluster.seed_file("operator"))}
+    await only.start("--no-agent")
+    try:
+        await asyncio.sleep(PRESENCE_TTL_S + 1)  # past the presence a replica would leave if it stopped writing it
+        beside = subprocess.run([*Service.cli(), "serve", "--no-agent"], capture_output=True, text=True, timeout=60,
+                                env=replica_environment("beside", BB_EVENT_STORE=postgres_url))
+        assert beside.returncode != 0
+        assert "replica only" in beside.stderr and "an SQLite event store has one replica only" in beside.stderr
+    finally:
+        await only.stop()
