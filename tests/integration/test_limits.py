@@ -47,7 +47,9 @@ async def test_a_thread_event_past_a_projects_limit_is_refused_as_its_placement_
     for number in range(3):
         assert (await worktree(service, git_repo, f"t{number}")).returncode == 0
     other = tmp_path / "other"
-    shutil.copytree(git_repo, other)
+    # A clone, not a copy: the service may still be adding the worktrees above, whose lock files
+    # come and go under a copy.
+    subprocess.run(["git", "clone", "--quiet", str(git_repo), str(other)], check=True)
     assert (await worktree(service, other, "elsewhere")).returncode == 0  # another project has its own count
 
     nc = await service.connect("publisher")
