@@ -287,8 +287,8 @@ async def test_killing_the_node_leading_a_stream_stops_no_replica(topology: Topo
 
 async def test_every_command_completes_across_a_postgresql_restart(topology: Topology) -> None:
     a, b = topology.replica("a"), topology.replica("b")
+    # The spawns' tasks send their requests while the restart runs on its thread: both in flight at once.
     first = asyncio.gather(*(spawn(service) for service in [a, b] * 5))
-    await asyncio.sleep(0.2)
     await asyncio.to_thread(topology.postgres.restart)
     threads = list(await first)
     threads += await asyncio.gather(*(spawn(service) for service in [a, b] * 3))
