@@ -32,13 +32,14 @@ from bb_environments.providers.host.backoff import Backoff
 log = logging.getLogger(__name__)
 
 TRANSCRIPT_LINES_PER_ENVIRONMENT = 2000
-# How long the transcripts stream remembers a hook output line's id: a service restarted within
-# it replays a running hook's log without doubling the lines already stored.
-TRANSCRIPT_DUPLICATE_WINDOW_S = 3600
-# Placement outcomes are kept a week, for subscribers that were away; within the hour a repeat of
-# one (a batch of the log delivered again after a crash) is dropped by its message id.
+DUPLICATE_WINDOW_S = 120
+"""How long the log, thread, transcript and placement streams remember the id of a message they
+stored: a repeat within it (a batch of the log delivered again after a crash, a restarted agent
+replaying a running hook's log) is dropped. The server keeps every id for that long, purged or
+not, so its memory grows with the publish rate times this window: two minutes covers a restart;
+a placement that may repeat later is looked up in its stream instead (bus/core/placements.py)."""
+# Placement outcomes are kept a week, for subscribers that were away.
 PLACEMENTS_MAX_AGE_S = 7 * 24 * 3600
-PLACEMENTS_DUPLICATE_WINDOW_S = 3600
 # A host's job is queued once however often the core asks within the hour (a restart, a drive
 # repeated); its report is kept a day, for a core that was away when it came.
 HOST_JOBS_DUPLICATE_WINDOW_S = 3600
@@ -82,7 +83,7 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
         # duplicate window longer than the age limit.)
         api.StreamConfig(
             name=subjects.THREADS_STREAM, subjects=[subjects.THREAD_EVENTS],
-            storage=api.StorageType.FILE, duplicate_window=min(120, threads_max_age_s),
+            storage=api.StorageType.FILE, duplicate_window=min(DUPLICATE_WINDOW_S, threads_max_age_s),
             max_age=threads_max_age_s, max_bytes=threads_max_bytes,
         ),
         # The same events, each under its thread's partition, for one in-order consumer per
@@ -98,17 +99,17 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
         ),
         api.StreamConfig(
             name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS],
-            storage=api.StorageType.FILE, duplicate_window=120,
+            storage=api.StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S,
             republish=api.RePublish(src=subjects.LOG_ENVIRONMENT_EVENTS, dest=subjects.ENVIRONMENT_EVENTS),
         ),
         api.StreamConfig(
             name=subjects.TRANSCRIPTS_STREAM, subjects=[subjects.TRANSCRIPT_EVENTS],
             storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
-            duplicate_window=TRANSCRIPT_DUPLICATE_WINDOW_S,
+            duplicate_window=DUPLICATE_WINDOW_S,
         ),
         api.StreamConfig(
             name=subjects.PLACEMENTS_STREAM, subjects=[subjects.PLACEMENT_EVENTS], storage=api.StorageType.FILE,
-            max_age=PLACEMENTS_MAX_AGE_S, duplicate_window=PLACEMENTS_DUPLICATE_WINDOW_S,
+            max_age=PLACEMENTS_MAX_AGE_S, duplicate_window=DUPLICATE_WINDOW_S,
         ),
         # A job is gone once its host's agent acknowledged it (after storing its report).
         api.StreamConfig(

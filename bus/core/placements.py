@@ -4,8 +4,11 @@ They are derived from the log as the log follower receives it, so an outcome is 
 for something the store did not write. A batch of the log may be delivered again (a crash before
 its ack) and an outcome may be reached by two events (a thread joins while its environment gets
 ready): each is published under a message id naming the thread, the environment, the outcome and
-the environment's version when the thread joined it, so the stream drops every repeat and a thread
-that leaves and joins again is placed, and hears, again. Refusals that never reach the log (an
+the environment's version when the thread joined it, so that a thread that leaves and joins again
+is placed, and hears, again, and the stream drops a repeat within its duplicate window. A repeat may
+come later than that (a service, or a replica, back after minutes away reads on where it stopped):
+an outcome due longer ago than half the window is published only if its subject's last message is
+neither that outcome nor a later one. Refusals that never reach the log (an
 event refused at the edge) are published by the thread consumer, under the id of the stream
 message refused.
 """
@@ -13,13 +16,15 @@ message refused.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from uuid import UUID
 
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
+from bb_environments.bus.jetstream import DUPLICATE_WINDOW_S
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.documents import (
     CreateFailed,
@@ -39,6 +44,9 @@ from bb_environments.handlers.store import Store
 from bb_environments.providers.host.crash_points import crash_point
 
 _SETTLING = (Ready, SetupFailed, CreateFailed)
+_BEYOND_THE_WINDOW = timedelta(seconds=DUPLICATE_WINDOW_S / 2)
+"""Half the window: the service's clock may differ from the clock that dated the outcome."""
+_CLOCKS_DIFFER = timedelta(seconds=5)
 
 
 class Placements:
@@ -56,7 +64,8 @@ class Placements:
             if isinstance(document, ThreadRefused):
                 await self._publish(PlacementOutcome(
                     occurred_at=document.occurred_at, thread_id=document.thread_id, environment_id=None,
-                    status="refused", reason=document.message), f"{document.thread_id}:-:refused:{document.version}")
+                    status="refused", reason=document.message),
+                    f"{document.thread_id}:-:refused:{document.version}", due_since=document.occurred_at)
             elif isinstance(document, ThreadAttached):
                 await self._settled(document, [document.thread_id])
             elif isinstance(document, _SETTLING):
@@ -70,7 +79,7 @@ class Placements:
         await self._publish(PlacementOutcome(
             occurred_at=datetime.now(timezone.utc), thread_id=subject_thread_id, environment_id=None,
             status="refused", reason=reason),
-            f"{subject_thread_id}:-:refused:event-{refused.metadata.sequence.stream}")
+            f"{subject_thread_id}:-:refused:event-{refused.metadata.sequence.stream}", due_since=refused.metadata.timestamp)
 
     async def _settled(self, event: EnvironmentEvent, thread_ids: list[str]) -> None:
         try:
@@ -85,12 +94,28 @@ class Placements:
             if joined is not None:  # it has not left since
                 await self._publish(PlacementOutcome(
                     occurred_at=event.occurred_at, thread_id=thread_id, environment_id=event.environment_id,
-                    status=status, reason=reason), f"{thread_id}:{event.environment_id}:{status}:{joined}")
+                    status=status, reason=reason),
+                    f"{thread_id}:{event.environment_id}:{status}:{joined}", due_since=event.occurred_at)
 
-    async def _publish(self, outcome: PlacementOutcome, message_id: str) -> None:
-        await self._js.publish(subjects.placement(outcome.thread_id, outcome.status), msgspec.json.encode(outcome),
-                               headers={"Nats-Msg-Id": message_id})
+    async def _publish(self, outcome: PlacementOutcome, message_id: str, due_since: datetime) -> None:
+        subject = subjects.placement(outcome.thread_id, outcome.status)
+        if datetime.now(timezone.utc) - due_since > _BEYOND_THE_WINDOW and await self._published_since(
+                subject, message_id, due_since):
+            return
+        await self._js.publish(subject, msgspec.json.encode(outcome), headers={"Nats-Msg-Id": message_id})
         crash_point("placement-published")  # before the log's batch is acknowledged: it is delivered again
+
+    async def _published_since(self, subject: str, message_id: str, due_since: datetime) -> bool:
+        """Whether the subject's last outcome is this one, or one stored after this one was due (a
+        later placement of the thread: this one is old news). The server's clock stored it, so a
+        few seconds of difference from the clock that dated the outcome are allowed for."""
+        try:
+            last = await self._js.get_last_msg(subjects.PLACEMENTS_STREAM, subject)
+        except NotFoundError:
+            return False
+        if (last.headers or {}).get("Nats-Msg-Id") == message_id:
+            return True
+        return last.time is not None and last.time >= due_since - _CLOCKS_DIFFER
 
 
 def _outcome(environment: Environment) -> tuple[PlacementStatus | None, str | None]:

@@ -202,3 +202,58 @@ async def test_publishers_and_subscribers_may_read_state_and_change_nothing(serv
     finally:
         await nc.close()
     assert (await service.show(environment_id))["status"] == "ready"
+
+
+async def test_an_outcome_read_again_after_the_duplicate_window_is_not_published_again(tmp_path: Path):
+    """A service or replica back after minutes away reads on from where it stopped, past the stream's
+    duplicate window: what it hears again is looked up in the stream, not published twice, and an
+    old outcome that a later one of the thread's has overtaken stays unpublished."""
+    from datetime import datetime, timedelta, timezone
+    from typing import cast
+
+    import nats
+
+    from bb_environments.bus.core.placements import Placements
+    from bb_environments.bus.embedded_server import EmbeddedNats
+    from bb_environments.bus.jetstream import ensure_streams
+    from bb_environments.bus.wire.documents import ThreadRefused
+    from bb_environments.handlers.store import Store
+
+    server = EmbeddedNats.start(tmp_path / "nats")
+    nc = await nats.connect(server.url)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, 3600, 1 << 20)
+        window_s = 0.5  # the service's is two minutes; its id is forgotten all the same once it passed
+        config = (await js.stream_info(subjects.PLACEMENTS_STREAM)).config
+        config.duplicate_window = window_s
+        await js.update_stream(config)
+        placements = Placements(js, cast(Store, None))  # refusals are announced without reading the store
+        an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+
+        def refusal(thread_id: str, version: int, at: datetime) -> ThreadRefused:
+            return ThreadRefused(occurred_at=at, thread_id=thread_id, version=version, message="refused")
+
+        async def stored(thread_id: str) -> list[str]:
+            consumer = await js.pull_subscribe(subjects.placement(thread_id, "refused"), durable=thread_id,
+                                               stream=subjects.PLACEMENTS_STREAM)
+            pending = (await consumer.consumer_info()).num_pending  # nothing fetched yet: all it holds
+            return [message.headers["Nats-Msg-Id"] for message in await consumer.fetch(pending, timeout=5)] \
+                if pending else []
+
+        await placements.announce([refusal("t1", 2, an_hour_ago)])
+        await asyncio.sleep(window_s * 2)  # past the window: the stream alone would take it again
+        await placements.announce([refusal("t1", 2, an_hour_ago)])
+        assert await stored("t1") == ["t1:-:refused:2"]
+
+        # Overtaken: the thread's later outcome is stored after the old one was due.
+        await placements.announce([refusal("t2", 5, datetime.now(timezone.utc))])
+        await placements.announce([refusal("t2", 2, an_hour_ago)])
+        assert await stored("t2") == ["t2:-:refused:5"]
+
+        # Never published before: an old outcome goes out once all the same.
+        await placements.announce([refusal("t3", 2, an_hour_ago)])
+        assert await stored("t3") == ["t3:-:refused:2"]
+    finally:
+        await nc.close()
+        server.stop()
