@@ -20,6 +20,7 @@ from nats.js import api
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.placements import PlacementOutcome
+from bb_environments.bus.wire.resending import resent_while_nobody_takes
 from bb_environments.bus.wire.server_file import (
     SERVER_FILE, DataDirError, ServerFileError, data_root, nats_servers, read_server_file)
 from bb_environments.bus.wire.thread_events import (
@@ -187,8 +188,10 @@ class Client:
         return outcome
 
     async def _publish(self, event: InboundThreadMessage) -> None:
-        await self._js.publish(subjects.thread_event(event.thread_id, str(type(event).__struct_config__.tag)),
-                               msgspec.json.encode(event), stream=subjects.THREADS_STREAM)
+        subject = subjects.thread_event(event.thread_id, str(type(event).__struct_config__.tag))
+        payload = msgspec.json.encode(event)
+        # A cluster whose node with the stream's leader died answers nobody until it elected another.
+        await resent_while_nobody_takes(lambda: self._js.publish(subject, payload, stream=subjects.THREADS_STREAM))
 
 
 def _now() -> datetime:

@@ -20,6 +20,7 @@ from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
 from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.bus.wire.resending import resent_while_nobody_takes
 from bb_environments.bus.wire.server_file import nats_servers
 from bb_environments.providers.host.processes import pid_alive
 
@@ -64,9 +65,13 @@ class ApiClient:
 
     async def call(self, area: str, verb: str, body: Request, timeout: float = 60) -> dict[str, Any]:
         what = f"{area} {verb}"
-        request = self.nc.request(subjects.api(area, verb), msgspec.json.encode(body), timeout=timeout)
+        payload = msgspec.json.encode(body)
+
+        def request() -> Awaitable[Msg]:
+            return self._unless_lost(self.nc.request(subjects.api(area, verb), payload, timeout=timeout), what)
+
         try:
-            reply = await self._unless_lost(request, what)
+            reply = await resent_while_nobody_takes(request, until=self._service_may_live)
         except NoRespondersError:
             raise unreachable("nothing answers the API") from None
         except NatsTimeout:
@@ -112,6 +117,9 @@ class ApiClient:
         finally:
             answer.cancel()
             lost.cancel()
+
+    def _service_may_live(self) -> bool:
+        return self._service_pid is None or pid_alive(self._service_pid)
 
     async def _answer_lost(self) -> str:
         drop = self._next_drop
