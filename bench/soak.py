@@ -10,9 +10,10 @@ log stream (BB_ENVIRONMENTS: messages and bytes), of the nats-server's RSS, and 
 hooks directory; beside them the event store's own growth, which is the log itself and the
 truth, kept on purpose. The first 1,000 include the start's own growth (caches, SQLite pages);
 the goals are judged on the last. The nats-server's RSS includes the streams' duplicate maps,
-which keep the id of every message published within their window (120 s for the log stream, an
-hour for transcripts and placements) even once it is purged: it grows with the rate over a run
-shorter than those windows, and shrinks once they pass (README, soak).
+which keep the id of every message published within their window (DUPLICATE_WINDOW_S, two
+minutes) even once it is purged: it grows with the rate while they fill. So the bench also waits
+out the window once after the first 1,000 and once after the last, and prints a last row: the
+growth between those two quiet moments, per 1,000, which is what history leaves behind.
 
     python bench/soak.py [--cycles 5000] [--window 100] [--retention 2] [--deadline 900]
 
@@ -37,6 +38,7 @@ from common import rss_mb, start_service, stop_service
 
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.api_client.nats_client import ApiClient
+from bb_environments.bus.jetstream import DUPLICATE_WINDOW_S
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import ListEnvironments
 
@@ -121,6 +123,7 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
         stream = admin.jetstream()
         previous = await sample(data_dir, info, stream)
         previous_done, done = 0, 0
+        quiet_after_first: Sample | None = None
         print(f"soak: {cycles} spawn→remove cycles of personal workspaces, {window} at a time, "
               f"retention {retention_s} s; data under {root}", file=sys.stderr)
         header = ("| removed | data dir | read model | log stream | nats-server RSS | hook files | event store |\n"
@@ -155,8 +158,16 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
                 await asyncio.sleep(0.5)
             await asyncio.sleep(1)  # the host agent's pass over the hook records, on its own clock
             now = await sample(data_dir, info, stream)
-            print(row(done, previous, now, PER / (done - previous_done)), flush=True)
+            print(row(f"{done:,}", previous, now, PER / (done - previous_done)), flush=True)
             previous, previous_done = now, done
+            if done == PER or (done >= cycles and quiet_after_first is not None):
+                await asyncio.sleep(DUPLICATE_WINDOW_S + 5)  # every id of the duplicate maps forgotten
+                quiet = await sample(data_dir, info, stream)
+                if quiet_after_first is None:
+                    quiet_after_first = quiet
+                else:
+                    print(row(f"{PER:,} → {done:,}, both {DUPLICATE_WINDOW_S + 5} s after", quiet_after_first, quiet,
+                              PER / (done - PER)), flush=True)
         await admin.close()
         print(f"goals per {PER:,} removed past retention: {GOALS}; {done} cycles in "
               f"{time.monotonic() - started:.0f} s", file=sys.stderr)
@@ -168,13 +179,13 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
         shutil.rmtree(root, ignore_errors=True)
 
 
-def row(done: int, before: Sample, after: Sample, per: float) -> str:
-    """One line: the growth over the last interval, scaled to 1,000 removed environments."""
+def row(removed: str, before: Sample, after: Sample, per: float) -> str:
+    """One line: the growth over an interval, scaled to 1,000 removed environments."""
     def grown_mb(name: str) -> str:
         return f"{(getattr(after, name) - getattr(before, name)) * per / MB:+.3f} MB"
 
     messages = after.stream_messages - before.stream_messages
-    return (f"| {done:,} | {grown_mb('data_dir')} | {grown_mb('read_model')} | "
+    return (f"| {removed} | {grown_mb('data_dir')} | {grown_mb('read_model')} | "
             f"{messages * per:+.0f} messages ({after.stream_messages} held, {after.stream_bytes / MB:.2f} MB) | "
             f"{(after.nats_rss_mb - before.nats_rss_mb) * per:+.2f} MB ({after.nats_rss_mb:.1f} MB) | "
             f"{after.hook_files} | {grown_mb('event_store')} |")
