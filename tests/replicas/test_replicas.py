@@ -226,6 +226,32 @@ async def test_the_other_replica_finishes_spawns_and_archives_after_one_is_kille
     await assert_each_event_once_in_order(topology, environments + early_environments)
 
 
+async def test_an_agent_killed_mid_flow_and_started_again_runs_each_hook_once_for_both_replicas(
+        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    """Both replicas queue h1's creates, setups and removals; the agent dies with them in flight."""
+    marker = tmp_path / "hooks"
+    write_hooks(git_repo, marker, setup="sleep 1", teardown="true")
+    a, b = topology.replica("a"), topology.replica("b")
+    early = await asyncio.gather(*(spawn(service, git_repo) for service in [a, b]))
+    early_environments = [await environment_of(a, t) for t in early]
+    await settled(a, early_environments, "ready")
+    threads = await asyncio.gather(*(spawn(service, git_repo) for service in [a, b] * 3))
+    for thread in early:
+        await ask(b, "threads", "archive", ThreadRef(thread_id=thread))
+    await eventually(lambda: marker.exists() and marker.read_text().count("setup") > len(early),
+                     "a setup of the second round under way", timeout=SETTLE_S)
+    topology.agent.kill()
+    topology.agent.start()
+    await topology.agent.serving()
+    environments = [await environment_of(b, t) for t in threads]
+    await settled(a, environments, "ready")
+    await settled(b, early_environments, "removed")
+    hooks = marker.read_text().split()
+    assert hooks.count("setup") == len(early) + len(threads), f"a setup ran twice, or never: {hooks}"
+    assert hooks.count("teardown") == len(early), f"a teardown ran twice, or never: {hooks}"
+    await assert_each_event_once_in_order(topology, environments + early_environments)
+
+
 @pytest.mark.parametrize("topology", [{"BB_CRASH_AT": f"{point}#2"} for point in (
     "created-recorded", "relay-published", "placement-published")], indirect=True,
     ids=lambda overrides: overrides["BB_CRASH_AT"])
