@@ -8,9 +8,8 @@ the environment's version when the thread joined it, so that a thread that leave
 is placed, and hears, again, and the stream drops a repeat within its duplicate window. A repeat may
 come later than that (a service, or a replica, back after minutes away reads on where it stopped):
 an outcome due longer ago than half the window is published only if its subject's last message is
-neither that outcome nor a later one. Refusals that never reach the log (an
-event refused at the edge) are published by the thread consumer, under the id of the stream
-message refused.
+neither that outcome nor a later one. Refusals that never reach the log (an event refused at the
+edge) are published by the thread consumer, under the id of the stream message refused.
 """
 
 from __future__ import annotations
@@ -44,6 +43,9 @@ from bb_environments.handlers.store import Store
 from bb_environments.providers.host.crash_points import crash_point
 
 _SETTLING = (Ready, SetupFailed, CreateFailed)
+_READY_THEN = (Ready, ThreadAttached)
+"""Events after which the environment was ready for its threads if it was ready at all: announced
+from the environment as it was then when it has moved on (a failure, though, only as it stands now)."""
 _BEYOND_THE_WINDOW = timedelta(seconds=DUPLICATE_WINDOW_S / 2)
 """Half the window: the service's clock may differ from the clock that dated the outcome."""
 _CLOCKS_DIFFER = timedelta(seconds=5)
@@ -59,7 +61,9 @@ class Placements:
 
         An environment's outcome for its threads is its state now (the store may be ahead of the
         batch): a thread that joins an environment ready already is ready at once, and a failure
-        the environment retries by itself is announced only if its retries run out."""
+        the environment retries by itself is announced only if its retries run out. An environment
+        that was ready at the event and is no longer (its threads archived at once) is announced as
+        it was then: it was ready for them."""
         for document in documents:
             if isinstance(document, ThreadRefused):
                 await self._publish(PlacementOutcome(
@@ -86,6 +90,9 @@ class Placements:
             environment = await self._store.run(self._store.app.environment, UUID(event.environment_id))
         except UnknownEnvironment:
             return
+        if isinstance(event, _READY_THEN) and _outcome(environment)[0] is None and environment.version > event.version:
+            # No longer ready (its threads archived at once, say): it was, for the threads on it then.
+            environment = await self._store.run(self._store.app.repository.get, environment.id, version=event.version)
         status, reason = _outcome(environment)
         if status is None:
             return

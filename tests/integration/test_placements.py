@@ -116,6 +116,31 @@ async def test_a_new_environment_and_the_threads_that_join_it_each_hear_ready_on
     assert shared != environment_id
 
 
+async def test_threads_archived_as_soon_as_their_environment_is_ready_still_hear_ready(service):
+    """A publisher that archives a thread the moment `bb.environments.*.ready` says so: the
+    environment has moved on by the time its `ready` reaches the placements, and was ready all the same."""
+    threads = [f"quick{n}" for n in range(20)]
+    publisher = await service.connect("publisher")
+    try:
+        js = publisher.jetstream()
+
+        async def archive_once_ready(message) -> None:
+            for thread_id in json.loads(message.data)["threadIds"]:
+                body = {"type": "archived", "occurredAt": "2026-12-01T12:00:00Z", "threadId": thread_id}
+                await js.publish(subjects.thread_event(thread_id, "archived"), msgspec.json.encode(body))
+
+        await publisher.subscribe("bb.environments.*.ready", cb=archive_once_ready)
+        for thread_id in threads:
+            await spawn(service, thread_id, environment=PERSONAL)
+        for thread_id in threads:
+            await hears(service, thread_id, "ready")
+        await settled(service)
+        for thread_id in threads:
+            assert [o["status"] for o in await heard(service, thread_id)] == ["ready"], thread_id
+    finally:
+        await publisher.close()
+
+
 async def test_a_failing_setup_is_heard_as_error(service, git_repo, tmp_path):
     write_hooks(git_repo, tmp_path / "hooks.log", setup="echo broken; exit 3")
     await spawn(service, "t1", projectPath=str(git_repo),
