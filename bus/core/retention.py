@@ -9,6 +9,8 @@ The event store keeps its events; `show`, `history` and `events export` read the
   message left. An environment whose end is that message keeps its row until a pass after the
   next event;
 - from BB_TRANSCRIPTS, its transcript, and from the read model its transcript lines, at once;
+- from BB_PLACEMENTS, the outcomes of the threads last on it (it was their last environment, so
+  every outcome they had is about it or an earlier one);
 - from the read model, its row and the rows of the archived threads last on it.
 
 In that order, the environment's own subject last of the stream's: a service killed midway finds
@@ -47,8 +49,11 @@ async def forget_removed_environments(js: JetStreamContext, read_model: ReadMode
         last_sequence = (await js.stream_info(subjects.ENVIRONMENTS_STREAM)).state.last_seq
         purged = []
         for environment in removed:
+            threads = [thread.id for thread in await read_model.threads(environment.id)]
             await js.purge_stream(subjects.TRANSCRIPTS_STREAM, subject=subjects.transcript(environment.id))
-            if await _purge_log(js, read_model, environment, last_sequence):
+            for thread in threads:
+                await js.purge_stream(subjects.PLACEMENTS_STREAM, subject=subjects.placement(thread, ">"))
+            if await _purge_log(js, environment, threads, last_sequence):
                 purged.append(environment.id)
         await read_model.forget_transcripts([environment.id for environment in removed])
         await read_model.forget_environments(purged)
@@ -60,10 +65,10 @@ async def forget_removed_environments(js: JetStreamContext, read_model: ReadMode
         log.info("forgot %d environments removed more than BB_REMOVED_RETENTION_S ago", len(purged))
 
 
-async def _purge_log(js: JetStreamContext, read_model: ReadModel, environment: EnvironmentView,
+async def _purge_log(js: JetStreamContext, environment: EnvironmentView, threads: list[str],
                      last_sequence: int) -> bool:
-    """Purge the environment's log messages below `last_sequence`, the stream's last; whether
-    none of them is left."""
+    """Purge the environment's log messages, and those of the `threads` last on it, below
+    `last_sequence`, the stream's last; whether none of them is left."""
     try:
         removed_at = (await js.get_last_msg(subjects.ENVIRONMENTS_STREAM,
                                             subjects.log_event("environment", environment.id, "removed"))).seq
@@ -73,7 +78,6 @@ async def _purge_log(js: JetStreamContext, read_model: ReadModel, environment: E
     claims = {claim_id(environment.host_id, path) for path in (environment.claimed_path, environment.path) if path}
     # Released in the save that recorded `removed`, so stored right after it, in that order.
     claims_end = removed_at + len(claims)
-    threads = [thread.id for thread in await read_model.threads(environment.id)]
     purges = [*((subjects.log_event("thread", thread, ">"), removed_at) for thread in threads),
               *((subjects.log_event("claim", str(claim), ">"), claims_end) for claim in claims)]
     for subject, upto in purges:

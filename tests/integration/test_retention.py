@@ -1,5 +1,5 @@
 """Bounded growth (SPEC 9): past BB_REMOVED_RETENTION_S a removed environment leaves no file, no
-read-model row and no message in BB_ENVIRONMENTS, while the event store still answers `show`,
+read-model row, no message in BB_ENVIRONMENTS and no placement outcome of its threads, while the event store still answers `show`,
 `history` and `export` for it; a restart, even with the read models lost, publishes nothing again."""
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ async def listed_all(service) -> set[str]:
     return {environment["id"] for environment in result.json()["environments"]}
 
 
-async def stored_messages(service, *filters: str) -> int:
-    """How many messages BB_ENVIRONMENTS holds on these subjects."""
+async def stored_messages(service, *filters: str, stream: str = subjects.ENVIRONMENTS_STREAM) -> int:
+    """How many messages `stream` holds on these subjects."""
     nc = await service.connect("service")
     try:
         js = nc.jetstream()
         total = 0
         for subject_filter in filters:
-            info = await js.stream_info(subjects.ENVIRONMENTS_STREAM, subjects_filter=subject_filter)
+            info = await js.stream_info(stream, subjects_filter=subject_filter)
             total += sum((info.state.subjects or {}).values())
         return total
     finally:
@@ -78,6 +78,9 @@ async def test_past_retention_a_removed_environment_leaves_no_file_row_or_messag
     assert await listed_all(service) == {kept}
     assert await stored_messages(service, *subjects_of(removed, "t1")) == 0
     assert await stored_messages(service, f"bb.log.environment.{kept}.>") > 0
+    placements = subjects.PLACEMENTS_STREAM
+    assert await stored_messages(service, "bb.placements.t1.>", stream=placements) == 0
+    assert await stored_messages(service, "bb.placements.t2.>", stream=placements) == 1
     hooks = service.data_dir / "hooks"
     await eventually(lambda: len(files_under(hooks)) == 2, "the deletion of the removed environment's hook records")
     assert not workspace.exists()
