@@ -38,7 +38,8 @@ from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.host_routing import RoutedWorkspaces
 from bb_environments.handlers.machines import Machines
-from bb_environments.handlers.ports import Everything, Hooks, HostDirectory, Share, Transcript, Workspaces
+from bb_environments.handlers.ports import (
+    ActivityElsewhere, Everything, Hooks, HostDirectory, NoOtherReplica, Share, Transcript, Workspaces)
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
@@ -76,6 +77,8 @@ class Ports:
     """Whether the agent of this service's own host runs in this process (`bb serve` without --no-agent)."""
     share: Share = Everything()
     """The environments this replica drives (bus/core/replicas.py DriveShare, when several share the store)."""
+    activity_elsewhere: ActivityElsewhere = NoOtherReplica()
+    """Where activity on an environment another replica drives is told (bus/core/replicas.py)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     await machines.record_seeded_hosts()
     placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots)
     provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
-                              timedelta(seconds=settings.transient_retry_s), share=ports.share)
+                              timedelta(seconds=settings.transient_retry_s), share=ports.share,
+                              activity_elsewhere=ports.activity_elsewhere)
     started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
     doctor = Doctor(store, workspaces, provisioner, settings.host_id)

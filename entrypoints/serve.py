@@ -34,7 +34,7 @@ from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.core.replicas import (
-    DriveShare, Lease, Presence, ReplicaRefused, join, lease_holder, leases_bucket, live_replica_count)
+    ActivityAcrossReplicas, DriveShare, Lease, Presence, ReplicaRefused, join, lease_holder, leases_bucket, live_replica_count)
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.agent.heartbeat import beat
@@ -66,7 +66,7 @@ from bb_environments.entrypoints.config import (
     run_hooks_as,
     url_without_credentials,
 )
-from bb_environments.handlers.ports import Everything
+from bb_environments.handlers.ports import ActivityElsewhere, Everything, NoOtherReplica
 from bb_environments.handlers.store import StoreLedger
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.registry import ProviderRegistry
@@ -237,15 +237,19 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
     hooks = LocalFirstHooks(settings.host_id, HostAgentClient(nc, jobs))
     stream = StreamPorts(js)
+    activity: ActivityElsewhere = ActivityAcrossReplicas(nc) if replication is not None else NoOtherReplica()
     hosts = BusHostDirectory(host_seeds, js, liveness,
                              _admitting_users(settings, credentials, embedded) if credentials and embedded else None)
     core = await build_core(
         settings, registry,
         Ports(hooks, RemoteWorkspaces(nc, jobs, registry.profiles()), hosts,
               TranscriptPublisher(nc, loop, health=health), stream.stream_position, stream.publish_thread_message,
-              agent_here=agent_here, share=replication.share if replication else Everything()),
+              agent_here=agent_here, share=replication.share if replication else Everything(),
+              activity_elsewhere=activity),
         started,
     )
+    if isinstance(activity, ActivityAcrossReplicas):
+        started.push_async_callback(_unsubscribe, await activity.hear(core.provisioner.heard_activity))
     # Every host the log knows has its queue, whichever replica registered it.
     await ensure_hosts(js, await core.machines.known(), settings.stream_replicas)
     started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))

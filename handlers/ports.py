@@ -159,3 +159,16 @@ class Everything:
 
     def drives(self, aggregate_id: UUID) -> bool:
         return True
+
+
+class ActivityElsewhere(Protocol):
+    """Where a thread's activity on an environment another replica drives goes: to that replica."""
+
+    async def tell_driver(self, environment_id: UUID) -> None: ...
+
+
+class NoOtherReplica:
+    """The only replica drives every environment: there is nobody else to tell."""
+
+    async def tell_driver(self, environment_id: UUID) -> None:
+        raise AssertionError("the only replica drives every environment")

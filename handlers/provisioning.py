@@ -21,6 +21,7 @@ from typing import Concatenate, ParamSpec, assert_never
 from uuid import UUID
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.steps import (
     CancelSetup,
@@ -45,7 +46,8 @@ from bb_environments.domain.steps import (
 from bb_environments.handlers.host_steps import HostSteps
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.ports import (
-    Everything, Hooks, HostUnavailable, ProviderMissing, Share, Transcript, Workspaces)
+    ActivityElsewhere, Everything, Hooks, HostUnavailable, NoOtherReplica, ProviderMissing, Share, Transcript,
+    Workspaces)
 from bb_environments.handlers.store import Store
 from bb_environments.providers.workspace_messages import ResourceRequest
 
@@ -79,10 +81,13 @@ class _Step:
 class Provisioner:
     def __init__(self, store: Store, placer: Placer, workspaces: Workspaces, hooks: Hooks, transcript: Transcript,
                  transient_retry_delay: timedelta = timedelta(seconds=30),
-                 failed_step_retry: timedelta = FAILED_STEP_RETRY, share: Share = Everything()) -> None:
-        """`share`: the environments this replica drives; a drive of any other does nothing."""
+                 failed_step_retry: timedelta = FAILED_STEP_RETRY, share: Share = Everything(),
+                 activity_elsewhere: ActivityElsewhere = NoOtherReplica()) -> None:
+        """`share`: the environments this replica drives; a drive of any other does nothing, and
+        activity on one is told to its driver through `activity_elsewhere`."""
         self._store = store
         self._share = share
+        self._activity_elsewhere = activity_elsewhere
         self._app = store.app
         self._placer = placer
         self._workspaces = workspaces
@@ -104,9 +109,25 @@ class Provisioner:
         """Some long step is running (tests wait for this to settle)."""
         return bool(self._steps)
 
-    def note_activity(self, environment_id: UUID) -> None:
-        """A thread of the environment did something (a message): it is not idle; wake it if paused."""
+    async def note_activity(self, environment_id: UUID) -> None:
+        """A thread of the environment did something (a message): it is not idle; wake it if paused.
+        Kept by the replica that drives it, which decides its pause and resume."""
+        if self._share.drives(environment_id):
+            self._activity[environment_id] = _now()
+        else:
+            await self._activity_elsewhere.tell_driver(environment_id)
+
+    async def heard_activity(self, environment_id: UUID) -> None:
+        """Another replica heard a thread's activity on the environment: counted, and the
+        environment driven (resumed if paused), if this replica drives it."""
+        if not self._share.drives(environment_id):
+            return
         self._activity[environment_id] = _now()
+        try:
+            await self.drive(environment_id)
+        except UnknownEnvironment:
+            del self._activity[environment_id]
+            raise
 
     async def drive(self, environment_id: UUID, known: Environment | None = None) -> None:
         """`known`: the environment as a command of this process has just left it, advanced from

@@ -29,6 +29,9 @@ from datetime import datetime, timezone
 from uuid import UUID
 
 import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -37,7 +40,8 @@ from nats.js.kv import KeyValue
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import ensure_bucket
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.replica_messages import LeaseHolder, ReplicaPresence
+from bb_environments.bus.wire.replica_messages import EnvironmentActivity, LeaseHolder, ReplicaPresence
+from bb_environments.domain.errors import DomainError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ _SAFETY_S = 1.0
 the server's may differ, and it may have been stopped meanwhile."""
 
 _presence_decoder = msgspec.json.Decoder(ReplicaPresence)
+_activity_decoder = msgspec.json.Decoder(EnvironmentActivity)
 
 
 class ReplicaRefused(RuntimeError):
@@ -291,3 +296,32 @@ class DriveShare:
 
 async def live_replica_count(js: JetStreamContext) -> int:
     return len(await _present_keys(js))
+
+
+class ActivityAcrossReplicas:
+    """A thread's activity on an environment another replica drives, told on the bus: every replica
+    hears it and the one that drives the environment takes it (Provisioner.heard_activity). Lost
+    in a failover, it costs at most an early pause, which the thread's next message resumes."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+
+    async def tell_driver(self, environment_id: UUID) -> None:
+        with contextlib.suppress(NatsError):  # as if lost: see above
+            await self._nc.publish(subjects.ACTIVITY, msgspec.json.encode(EnvironmentActivity(str(environment_id))))
+
+    async def hear(self, heard: Callable[[UUID], Awaitable[None]]) -> Subscription:
+        async def told(message: Msg) -> None:
+            try:
+                environment_id = UUID(_activity_decoder.decode(message.data).environment_id)
+            except (msgspec.DecodeError, ValueError) as unreadable:
+                log.warning("ignored a message on %s: %s", subjects.ACTIVITY, unreadable)
+                return
+            try:
+                await heard(environment_id)
+            except DomainError as refused:
+                log.warning("ignored a message on %s: %s", subjects.ACTIVITY, refused)
+            except Exception:
+                log.exception("driving environment %s on a thread's activity failed", environment_id)
+
+        return await self._nc.subscribe(subjects.ACTIVITY, cb=told)

@@ -1,4 +1,5 @@
-"""What a core replica writes in the replicas' buckets: its presence, and who holds a lease."""
+"""What a core replica writes in the replicas' buckets (its presence, who holds a lease) and tells
+the other replicas (a thread's activity)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,9 @@ class LeaseHolder(msgspec.Struct, frozen=True, rename="camel"):
     replica_id: str
     token: str
     """This run of that replica's: a restarted replica does not take its earlier run's lease for its own."""
+
+
+class EnvironmentActivity(msgspec.Struct, frozen=True, rename="camel"):
+    """A thread of the environment sent a message, heard by the replica whose partition got it."""
+
+    environment_id: str

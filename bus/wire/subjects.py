@@ -67,6 +67,9 @@ DRIVE_PARTITIONS = 16
 # A replica that saved says so here, so that the one relaying reads the log at once instead of at
 # its next poll.
 LOG_GREW = "bb.replicas.log-grew"
+# A thread's message on an environment that another replica drives: told to that replica, whose
+# idle pause and resume count it.
+ACTIVITY = "bb.replicas.activity"
 
 
 def thread_event(thread_id: str, kind: str) -> str:

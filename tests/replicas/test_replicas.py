@@ -34,6 +34,7 @@ from tests.integration.host_agents import Agent
 from scripts.engines import NatsCluster, PostgresServer
 
 HOST = "h1"
+CLOUD_PAUSABLE = "tests.support.gated_provider:CloudPausableProvider"
 SETTLE_S = 90
 
 
@@ -45,6 +46,8 @@ class Topology:
     agent: Agent
     base: Path
     store: str
+    everywhere: dict[str, str]
+    """Variables in the environment of every replica and of the agent."""
 
     def replica(self, replica_id: str) -> Service:
         return self.replicas[replica_id]
@@ -53,7 +56,7 @@ class Topology:
         return service_environment(
             self.base / replica_id / "data", BB_NATS_URL=self.cluster.urls,
             BB_NATS_NKEY=str(self.cluster.seed_file("service")), BB_EVENT_STORE=self.store, BB_STREAM_REPLICAS="3",
-            BB_REPLICA_ID=replica_id, BB_HOST_ID=f"core-{replica_id}", **overrides)
+            BB_REPLICA_ID=replica_id, BB_HOST_ID=f"core-{replica_id}", **{**self.everywhere, **overrides})
 
     async def start_replica(self, replica_id: str) -> Service:
         service = self.replicas.get(replica_id) or Service(self.base / replica_id / "data", self.environment(replica_id))
@@ -72,12 +75,14 @@ class Topology:
 async def topology(request: pytest.FixtureRequest, tmp_path: Path, postgres_server: PostgresServer,
                    postgres_url: str) -> AsyncIterator[Topology]:
     """Replicas a (started first: it takes the relay) and b, and the agent of host h1. Parametrize it
-    indirectly with a dict to add variables to replica a's environment."""
+    indirectly with a dict to add variables to replica a's environment; its `everywhere` dict adds
+    them to every replica's and the agent's."""
+    overrides = dict(getattr(request, "param", {}))
+    everywhere = overrides.pop("everywhere", {})
     cluster = NatsCluster.start(tmp_path / "nats")
-    topology = Topology(cluster, postgres_server, {}, None, tmp_path, postgres_url)  # type: ignore[arg-type]
+    topology = Topology(cluster, postgres_server, {}, None, tmp_path, postgres_url, everywhere)  # type: ignore[arg-type]
     try:
-        topology.replicas["a"] = Service(tmp_path / "a" / "data",
-                                         topology.environment("a", **getattr(request, "param", {})))
+        topology.replicas["a"] = Service(tmp_path / "a" / "data", topology.environment("a", **overrides))
         await topology.start_replica("a")
         await topology.start_replica("b")
         first = topology.replica("a")
@@ -86,7 +91,7 @@ async def topology(request: pytest.FixtureRequest, tmp_path: Path, postgres_serv
         seed = Path(registered["credentials"])
         cluster.admit_host(HOST, seed)
         topology.agent = Agent(first, HOST, seed, tmp_path / HOST)
-        topology.agent.start()
+        topology.agent.start(**everywhere)
         await topology.agent.serving()
         yield topology
     finally:
@@ -291,6 +296,49 @@ async def publish_threads(topology: Topology, count: int) -> list[str]:
         return threads
     finally:
         await nc.close()
+
+
+@pytest.mark.parametrize("topology", [{"everywhere": {"BB_EXTRA_PROVIDERS": CLOUD_PAUSABLE}}], indirect=True,
+                         ids=["cloud-pausable"])
+async def test_a_message_resumes_a_paused_environment_whichever_replica_hears_it(
+        topology: Topology, tmp_path: Path) -> None:
+    """A thread's message comes through the replica that consumes its thread's partition, which is
+    often not the one that drives its environment, paused after 0.3 s idle (a cloud provider's,
+    which the replicas run themselves, as Modal's)."""
+    a, b = topology.replica("a"), topology.replica("b")
+    for replica in (a, b):
+        gates = replica.data_dir / "providers" / "cloud-pausable" / "gates"
+        gates.mkdir(parents=True, exist_ok=True)
+        for gate in ("create", "remove"):
+            (gates / gate).touch()
+    project = tmp_path / "project"
+    project.mkdir()
+    threads = [(await ask(service, "threads", "spawn", SpawnThread(
+        thread_id=f"t-{uuid.uuid4().hex[:16]}", environment_provider="cloud-pausable", project_path=str(project),
+        host_id=HOST)))["threadId"] for service in [a, b] * 3]
+    environments = [await environment_of(a, t) for t in threads]
+    deadline = time.monotonic() + SETTLE_S
+    for environment_id in environments:
+        while (await ask(a, "environments", "show", EnvironmentRef(environment_id=environment_id)))["pausedAt"] is None:
+            assert time.monotonic() < deadline, f"environment {environment_id} was never paused"
+            await asyncio.sleep(0.2)
+
+    publisher = await nats.connect(topology.cluster.urls.split(","),
+                                   nkeys_seed=str(topology.cluster.seed_file("publisher")))
+    try:
+        for thread in threads:
+            await publisher.jetstream().publish(subjects.thread_event(thread, "message"),
+                                                msgspec.json.encode(ThreadMessageMessage(thread_id=thread, text="go on")))
+    finally:
+        await publisher.close()
+
+    async def resumed() -> set[str]:
+        return {document["environmentId"] for _, document, _ in await stream_log(topology)
+                if document.get("type") == "resumed"}
+
+    while not set(environments) <= (seen := await resumed()):
+        assert time.monotonic() < deadline + SETTLE_S, f"not resumed: {set(environments) - seen}"
+        await asyncio.sleep(0.5)
 
 
 @pytest.mark.parametrize("stream", [subjects.ENVIRONMENTS_STREAM, subjects.THREAD_PARTITIONS_STREAM])

@@ -128,3 +128,12 @@ class PausableProvider(GatedProvider):
     def resume(self, resource):
         _record(resource["dataDir"], f"resume from {resource['snapshot']}")
         return {**resource, "running": True}
+
+
+class CloudPausableProvider(PausableProvider):
+    """A PausableProvider whose environments live in no host's filesystem: the core runs it, as it
+    runs Modal's, under its own data dir."""
+
+    id = "cloud-pausable"
+    display_name = "Cloud pausable (tests)"
+    in_the_cloud = True
