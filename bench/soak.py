@@ -44,6 +44,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import ListEnvironments
 
 PER = 1000
+THREAD_EVENTS_KEPT_S = 60
 MB = 1 << 20
 GOALS = "data dir ≤ 0.1 MB, read model ≤ 0.1 MB, log stream 0 messages, nats-server RSS ≤ 1 MB, 0 hook files"
 KEPT_APART = ("events.sqlite", "read-models.sqlite", "nats")
@@ -89,7 +90,11 @@ async def removed_still_listed(api: ApiClient) -> int:
 async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) -> int:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-soak-"))
     data_dir = root / "data"
-    settings = {"BB_REMOVED_RETENTION_S": str(retention_s), "BB_SWEEP_INTERVAL_S": "1"}
+    # Thread events are kept for their own age (BB_THREADS_MAX_AGE_S, 7 days by default), whatever
+    # became of their environments: a minute here, so that what is measured is what removed
+    # environments leave.
+    settings = {"BB_REMOVED_RETENTION_S": str(retention_s), "BB_SWEEP_INTERVAL_S": "1",
+                "BB_THREADS_MAX_AGE_S": str(THREAD_EVENTS_KEPT_S)}
     service, info = await start_service(data_dir, **settings)
     started = time.monotonic()
     async def reconnecting(error: Exception) -> None:
