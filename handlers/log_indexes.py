@@ -32,6 +32,9 @@ class LogWatch:
     run, and whatever another writer saves after it, the run could as well have missed by deciding
     a moment sooner (its save then conflicts, or the decision is one the limits already allow to
     race, see README). Outside a run every index reads the head itself.
+
+    An index behind the head catches up every index behind it with one read (`read_up_to`): a
+    command's lookups in several indexes cost one query of the log, not one each.
     """
 
     def __init__(self, app: Application[UUID], saves: Callable[[], int]) -> None:
@@ -39,6 +42,20 @@ class LogWatch:
         self.saves = saves
         self._in_run = False
         self._head: int | None = None
+        self._indexes: list[LogIndex] = []
+
+    def watched_by(self, index: LogIndex) -> None:
+        self._indexes.append(index)
+
+    def read_up_to(self, head: int) -> None:
+        """Bring every index behind `head` up to it: one read of the events of all their types from
+        where the furthest behind stopped, each folded by the indexes that had not read it."""
+        behind = [index for index in self._indexes if index.position < head]
+        notifications = self._app.recorder.select_notifications(
+            start=min(index.position for index in behind) + 1, stop=head, limit=10**9,
+            topics=tuple(sorted({topic for index in behind for topic in index.topics})))
+        for index in behind:
+            index.fold_read(notifications, head)
 
     def head(self) -> int:
         if self._head is not None:
@@ -74,16 +91,24 @@ class LogIndex:
                  fold: Fold) -> None:
         self._app = app
         self._watch = watch
-        self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
+        self.topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
         self._fold = fold
-        self._position = 0
+        self.position = 0
+        """The log is read up to here: whatever comes, comes after it."""
+        watch.watched_by(self)
 
     def catch_up(self) -> None:
         head = self._watch.head()
-        if head > self._position:
-            self._fold_all(self._app.recorder.select_notifications(
-                start=self._position + 1, stop=head, limit=10**9, topics=self._topics))
-            self._position = head
+        if head > self.position:
+            self._watch.read_up_to(head)
+
+    def fold_read(self, notifications: Sequence[Notification], head: int) -> None:
+        """Fold what a read of the log up to `head` found of this index's events past where it stopped."""
+        for notification in notifications:
+            if notification.id > self.position and notification.topic in self.topics:
+                self._fold(notification, None)
+                self.position = notification.id
+        self.position = head
 
     def saved(self, recordings: list[Recording[UUID]]) -> None:
         """A save of the application's own: folded from its recordings as far as they follow on from
@@ -91,16 +116,11 @@ class LogIndex:
         a failed save left a gap), the next `catch_up` reads them, with whatever came before them."""
         for recording in recordings:
             notification = recording.notification
-            if notification.id != self._position + 1:
+            if notification.id != self.position + 1:
                 return
-            if notification.topic in self._topics:
+            if notification.topic in self.topics:
                 self._fold(notification, recording.domain_event)
-            self._position = notification.id
-
-    def _fold_all(self, notifications: Sequence[Notification]) -> None:
-        for notification in notifications:
-            self._fold(notification, None)
-            self._position = notification.id
+            self.position = notification.id
 
 
 class SingleWriterLogIndex(LogIndex):
@@ -120,9 +140,14 @@ class SingleWriterLogIndex(LogIndex):
         saves = self._watch.saves()
         if saves == self._read_after:
             return
-        self._fold_all(self._app.recorder.select_notifications(start=self._position + 1, limit=10**9,
-                                                               topics=self._topics))
+        self._fold_all(self._app.recorder.select_notifications(start=self.position + 1, limit=10**9,
+                                                               topics=self.topics))
         self._read_after = saves
+
+    def _fold_all(self, notifications: Sequence[Notification]) -> None:
+        for notification in notifications:
+            self._fold(notification, None)
+            self.position = notification.id
 
     def saved(self, recordings: list[Recording[UUID]]) -> None:
         """Fold what the save just counted wrote, if the index had read everything before it; else
@@ -132,7 +157,7 @@ class SingleWriterLogIndex(LogIndex):
             return
         for recording in recordings:
             notification = recording.notification
-            if notification.topic in self._topics:
+            if notification.topic in self.topics:
                 self._fold(notification, recording.domain_event)
-                self._position = notification.id
+                self.position = notification.id
         self._read_after = saves

@@ -317,24 +317,26 @@ class CountedHeads:
         recorder.max_notification_id = counted
 
 
-async def test_the_lookups_of_one_run_of_a_command_look_at_the_logs_head_once(replicas):
+async def test_the_lookups_of_one_run_of_a_command_look_at_the_log_once(replicas):
     a, b = replicas
-    heads = CountedHeads(a)
+    heads, reads = CountedHeads(a), CountedReads(a)
     store = Store(a)
     try:
         spawn(b, "t0", "h1", "/w/b")
-        # The thread, the path's holder, the host's live environments and the claim: four lookups.
+        # The thread, the path's holder, the host's live environments and the claim: four lookups
+        # in three indexes, all behind what b wrote.
         await store.run(a.spawn_thread, "t1", None, None, "h1", None,
                         Placement("git-worktree", "h1", None, {}, "t1", "/w/a"))
-        assert heads.count == 1
+        assert (heads.count, reads.count) == (1, 1)
         # A run that lost its race looks again, and decides on what the other writer saved.
         before_next_save(a, lambda: spawn(b, "t2", "h1", "/w/c/inner"))
         with pytest.raises(PathAlreadyClaimed, match="/w/c overlaps /w/c/inner"):
             await store.run(a.spawn_thread, "t3", None, None, "h1", None,
                             Placement("git-worktree", "h1", None, {}, "t3", "/w/c"))
-        assert heads.count == 3
+        assert (heads.count, reads.count) == (3, 2)  # the first run found a's own save folded already
         # Outside a command's run (a direct caller of the application), each lookup looks for itself.
-        assert a.find_thread("t2") is not None and a.find_thread("t0") is not None and heads.count == 5
+        assert a.find_thread("t2") is not None and a.find_thread("t0") is not None
+        assert (heads.count, reads.count) == (5, 2)
     finally:
         store.close()
 
