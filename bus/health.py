@@ -52,7 +52,9 @@ def unavailable(error: BaseException) -> bool:
 
 
 def describe(error: BaseException) -> str:
-    if isinstance(error, APIError):  # its str() lists every field, mostly None
+    # An APIError's str() lists every field, mostly None; nats-py's KeyValue errors (KeyNotFoundError,
+    # a lease's key gone in a leader change) set none of them, and have a str() of their own.
+    if isinstance(error, APIError) and hasattr(error, "description"):
         text = error.description or ""
     else:
         text = str(error).removeprefix("nats: ").removeprefix(f"{type(error).__name__}: ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from typing import Any, Self
 from uuid import UUID
 
 from bb_environments.domain.errors import PathAlreadyClaimed
@@ -16,7 +17,21 @@ class HeldPaths:
     def __init__(self) -> None:
         self._holders: dict[str, UUID] = {}
         self._sorted: list[str] = []
-        self._by_root: dict[str, set[str]] = {}  # each held path under the root it is for `_inside`
+        # Each held path under the root it is for `overlapping`; a tuple, replaced on a change, so
+        # that a copy may share it.
+        self._by_root: dict[str, tuple[str, ...]] = {}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        """Every command that claims on a shared store copies its host's HostClaims, and so these:
+        its containers hold only strings, UUIDs and tuples of strings, which nobody changes in place,
+        so copying the containers is a full copy (`copy.deepcopy` rebuilt every UUID, a seventh of a
+        replica's time in a burst, growing with the host's live environments)."""
+        copied = object.__new__(type(self))
+        memo[id(self)] = copied
+        copied._holders = dict(self._holders)
+        copied._sorted = list(self._sorted)
+        copied._by_root = dict(self._by_root)
+        return copied
 
     def __eq__(self, other: object) -> bool:
         # The rest is an index of the holders: two with the same holders are the same.
@@ -25,14 +40,20 @@ class HeldPaths:
     def hold(self, path: str, holder: UUID) -> None:
         if path not in self._holders:
             bisect.insort(self._sorted, path)
-            self._by_root.setdefault(path.rstrip("/"), set()).add(path)
+            root = path.rstrip("/")
+            self._by_root[root] = (*self._by_root.get(root, ()), path)
         self._holders[path] = holder
 
     def release(self, path: str) -> None:
         if self._holders.pop(path, None) is None:
             return
         del self._sorted[bisect.bisect_left(self._sorted, path)]
-        self._by_root[path.rstrip("/")].discard(path)
+        root = path.rstrip("/")
+        others = tuple(held for held in self._by_root[root] if held != path)
+        if others:
+            self._by_root[root] = others
+        else:
+            del self._by_root[root]
 
     def holder(self, path: str) -> UUID | None:
         return self._holders.get(path)

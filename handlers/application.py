@@ -8,6 +8,7 @@ from its arguments when its save lost a race with another writer (handlers/write
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import Claims
 from bb_environments.handlers.host_registry import HostRegistry
-from bb_environments.handlers.log_indexes import aggregate_id
+from bb_environments.handlers.log_indexes import LogWatch, aggregate_id
 from bb_environments.handlers.writers import SingleWriter, Writers
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.worktree_survey import PROVIDER_ID as WORKTREE_PROVIDER_ID
@@ -77,22 +78,23 @@ class Environments(Application[UUID]):
         self.on_saved: Callable[[], object] = lambda: None
         self._saves = 0
         # Indexes folded from the log, each read on from where it left off.
-        index, saves = self.writers.log_index, lambda: self._saves
-        self.claims = Claims(self, self.writers, saves)
-        self.hosts = HostRegistry(self, self.writers, saves, self._save)
+        self.log_watch = watch = LogWatch(self, lambda: self._saves)
+        index = functools.partial(self.writers.log_index, self, watch)
+        self.claims = Claims(self, self.writers, watch)
+        self.hosts = HostRegistry(self, self.writers, watch, self._save)
         self._unfinished: dict[UUID, tuple[str, str | None]] = {}  # with its host and project
         self._live_on_host: Counter[str] = Counter()
         self._live_in_project: Counter[tuple[str, str]] = Counter()
         self._requested: set[UUID] = set()
         self._hook_operations: dict[str, tuple[UUID, HookKind]] = {}
-        self._unfinished_index = index(self, saves, Environment, ("Claimed", "Removed"), self._fold_unfinished)
-        self._requested_index = index(self, saves, Thread, ("EnvironmentRequested", "EnvironmentAssigned"),
+        self._unfinished_index = index(Environment, ("Claimed", "Removed"), self._fold_unfinished)
+        self._requested_index = index(Thread, ("EnvironmentRequested", "EnvironmentAssigned"),
                                       self._fold_requested)
-        self._hooks_index = index(self, saves, Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
+        self._hooks_index = index(Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
         self._registered: set[UUID] = set()
-        self._registered_index = index(self, saves, Thread, ("Registered",), self._fold_registered)
+        self._registered_index = index(Thread, ("Registered",), self._fold_registered)
         self._worktree_projects: dict[str, set[str]] = {}
-        self._projects_index = index(self, saves, Environment, ("Claimed",), self._fold_project)
+        self._projects_index = index(Environment, ("Claimed",), self._fold_project)
         self._indexes = (self.claims.index, self.hosts.index, self._unfinished_index, self._requested_index,
                          self._hooks_index, self._registered_index, self._projects_index)
 

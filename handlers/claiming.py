@@ -9,7 +9,6 @@ claim taken or released there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
@@ -19,18 +18,19 @@ from eventsourcing.persistence import Notification
 from bb_environments.domain.claims import HeldPaths, refuse_nested
 from bb_environments.domain.host_claims import HostClaims, host_claims_id
 from bb_environments.domain.path_claim import PathClaim, claim_id
+from bb_environments.handlers.log_indexes import LogWatch
 from bb_environments.handlers.writers import Writers
 
 
 class Claims:
     """Every claim ever taken, folded from the log, and the start of each command's claim changes."""
 
-    def __init__(self, app: Application[UUID], writers: Writers, saves: Callable[[], int]) -> None:
+    def __init__(self, app: Application[UUID], writers: Writers, watch: LogWatch) -> None:
         self._app = app
         self.per_host = writers.claims_per_host
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
         self._held: dict[str, HeldPaths] = {}  # the same claims' live ones, by host
-        self.index = writers.log_index(app, saves, PathClaim, ("Taken", "Retaken", "Released"), self._fold)
+        self.index = writers.log_index(app, watch, PathClaim, ("Taken", "Retaken", "Released"), self._fold)
 
     def holder(self, host_id: str, path: str) -> UUID | None:
         """The environment that holds exactly `path` on the host, if one does."""

@@ -15,19 +15,19 @@ from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification
 
 from bb_environments.domain.registered_host import RegisteredHost, registered_host_id
-from bb_environments.handlers.log_indexes import aggregate_id
+from bb_environments.handlers.log_indexes import LogWatch, aggregate_id
 from bb_environments.handlers.writers import Writers
 
 
 class HostRegistry:
-    def __init__(self, app: Application[UUID], writers: Writers, saves: Callable[[], int],
+    def __init__(self, app: Application[UUID], writers: Writers, watch: LogWatch,
                  save: Callable[..., object]) -> None:
         """`save`: the application's save of changed aggregates, in one transaction."""
         self._app = app
         self._save = save
         self._host_ids: dict[UUID, str] = {}  # every host the log ever registered, by aggregate id
         self._registered: set[str] = set()
-        self.index = writers.log_index(app, saves, RegisteredHost, ("Registered", "RegisteredAgain", "Removed"),
+        self.index = writers.log_index(app, watch, RegisteredHost, ("Registered", "RegisteredAgain", "Removed"),
                                        self._fold)
 
     def registered(self) -> list[str]:

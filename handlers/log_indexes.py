@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from uuid import UUID
 
 from eventsourcing.application import Application
@@ -21,6 +22,58 @@ def aggregate_id(notification: Notification) -> UUID:
     return notification.originator_id
 
 
+class LogWatch:
+    """What an application's log indexes know of the log besides its events: how many saves the
+    application made (`saves`), and the log's head (`head`).
+
+    Within `one_run` (one run of a command, handlers/store.py) the head is read once, by the first
+    index that asks: the run's lookups then decide on one look at the log instead of a query of the
+    head each. That look is as recent as each index's own would have been: it is taken within the
+    run, and whatever another writer saves after it, the run could as well have missed by deciding
+    a moment sooner (its save then conflicts, or the decision is one the limits already allow to
+    race, see README). Outside a run every index reads the head itself.
+
+    An index behind the head catches up every index behind it with one read (`read_up_to`): a
+    command's lookups in several indexes cost one query of the log, not one each.
+    """
+
+    def __init__(self, app: Application[UUID], saves: Callable[[], int]) -> None:
+        self._app = app
+        self.saves = saves
+        self._in_run = False
+        self._head: int | None = None
+        self._indexes: list[LogIndex] = []
+
+    def watched_by(self, index: LogIndex) -> None:
+        self._indexes.append(index)
+
+    def read_up_to(self, head: int) -> None:
+        """Bring every index behind `head` up to it: one read of the events of all their types from
+        where the furthest behind stopped, each folded by the indexes that had not read it."""
+        behind = [index for index in self._indexes if index.position < head]
+        notifications = self._app.recorder.select_notifications(
+            start=min(index.position for index in behind) + 1, stop=head, limit=10**9,
+            topics=tuple(sorted({topic for index in behind for topic in index.topics})))
+        for index in behind:
+            index.fold_read(notifications, head)
+
+    def head(self) -> int:
+        if self._head is not None:
+            return self._head
+        head = self._app.recorder.max_notification_id() or 0
+        if self._in_run:
+            self._head = head
+        return head
+
+    @contextlib.contextmanager
+    def one_run(self) -> Iterator[None]:
+        self._in_run, self._head = True, None
+        try:
+            yield
+        finally:
+            self._in_run, self._head = False, None
+
+
 class LogIndex:
     """Keeps some state up to date from the log's events of a few types: every `catch_up` reads on
     from where the last one stopped, so it sees what any writer of the store saved since.
@@ -28,29 +81,46 @@ class LogIndex:
     It reads up to the head it found first, and goes on from there next time: the events of other
     types in between are not scanned again. The head is a safe place to stop because the stores
     commit notifications in id order (SQLite has one writer at a time; eventsourcing's PostgreSQL
-    recorder locks the table for each insert), so no smaller id can still appear behind it.
+    recorder locks the table for each insert), so no smaller id can still appear behind it. For the
+    same reason a save of the application's own whose first notification follows on from where the
+    index stopped has nothing of another writer before it: the index folds it from what it wrote,
+    and reads the log next only once the head has moved past it.
     """
 
-    def __init__(self, app: Application[UUID], aggregate: type, event_names: tuple[str, ...], fold: Fold) -> None:
+    def __init__(self, app: Application[UUID], watch: LogWatch, aggregate: type, event_names: tuple[str, ...],
+                 fold: Fold) -> None:
         self._app = app
-        self._topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
+        self._watch = watch
+        self.topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
         self._fold = fold
-        self._position = 0
+        self.position = 0
+        """The log is read up to here: whatever comes, comes after it."""
+        watch.watched_by(self)
 
     def catch_up(self) -> None:
-        head = self._app.recorder.max_notification_id() or 0
-        if head > self._position:
-            self._fold_all(self._app.recorder.select_notifications(
-                start=self._position + 1, stop=head, limit=10**9, topics=self._topics))
-            self._position = head
+        head = self._watch.head()
+        if head > self.position:
+            self._watch.read_up_to(head)
+
+    def fold_read(self, notifications: Sequence[Notification], head: int) -> None:
+        """Fold what a read of the log up to `head` found of this index's events past where it stopped."""
+        for notification in notifications:
+            if notification.id > self.position and notification.topic in self.topics:
+                self._fold(notification, None)
+                self.position = notification.id
+        self.position = head
 
     def saved(self, recordings: list[Recording[UUID]]) -> None:
-        """A save of the application's own: read by the next `catch_up`, with whatever came before it."""
-
-    def _fold_all(self, notifications: Sequence[Notification]) -> None:
-        for notification in notifications:
-            self._fold(notification, None)
-            self._position = notification.id
+        """A save of the application's own: folded from its recordings as far as they follow on from
+        where the index stopped; from the first that does not (another writer saved in between, or
+        a failed save left a gap), the next `catch_up` reads them, with whatever came before them."""
+        for recording in recordings:
+            notification = recording.notification
+            if notification.id != self.position + 1:
+                return
+            if notification.topic in self.topics:
+                self._fold(notification, recording.domain_event)
+            self.position = notification.id
 
 
 class SingleWriterLogIndex(LogIndex):
@@ -61,29 +131,33 @@ class SingleWriterLogIndex(LogIndex):
     otherwise each command's lookup read the log).
     """
 
-    def __init__(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
+    def __init__(self, app: Application[UUID], watch: LogWatch, aggregate: type,
                  event_names: tuple[str, ...], fold: Fold) -> None:
-        super().__init__(app, aggregate, event_names, fold)
-        self._saves = saves
+        super().__init__(app, watch, aggregate, event_names, fold)
         self._read_after: int | None = None  # the count of saves when it last read the log
 
     def catch_up(self) -> None:
-        saves = self._saves()
+        saves = self._watch.saves()
         if saves == self._read_after:
             return
-        self._fold_all(self._app.recorder.select_notifications(start=self._position + 1, limit=10**9,
-                                                               topics=self._topics))
+        self._fold_all(self._app.recorder.select_notifications(start=self.position + 1, limit=10**9,
+                                                               topics=self.topics))
         self._read_after = saves
+
+    def _fold_all(self, notifications: Sequence[Notification]) -> None:
+        for notification in notifications:
+            self._fold(notification, None)
+            self.position = notification.id
 
     def saved(self, recordings: list[Recording[UUID]]) -> None:
         """Fold what the save just counted wrote, if the index had read everything before it; else
         (never read yet, or behind a save that failed half way) its next `catch_up` reads the log."""
-        saves = self._saves()
+        saves = self._watch.saves()
         if self._read_after != saves - 1:
             return
         for recording in recordings:
             notification = recording.notification
-            if notification.topic in self._topics:
+            if notification.topic in self.topics:
                 self._fold(notification, recording.domain_event)
-                self._position = notification.id
+                self.position = notification.id
         self._read_after = saves

@@ -106,7 +106,8 @@ class Store:
             while batch[-1] is not None and len(batch) < BATCH_LIMIT and not self._commands.empty():
                 batch.append(self._commands.get())
             commands = [command for command in batch if command is not None]
-            outcomes = [_attempt(command.call, self.app.writers.command_tries) for command in commands]
+            outcomes = [_attempt(command.call, self.app.writers.command_tries, self.app.log_watch.one_run)
+                        for command in commands]
             if self._saved:
                 try:
                     self._sync()
@@ -127,12 +128,15 @@ class Store:
                 return
 
 
-def _attempt(call: functools.partial[Any], tries: int) -> tuple[Any, BaseException | None]:
-    """The command's result or error, once it ran without losing a race, or `tries` times."""
+def _attempt(call: functools.partial[Any], tries: int,
+             one_run: Callable[[], contextlib.AbstractContextManager[None]]) -> tuple[Any, BaseException | None]:
+    """The command's result or error, once it ran without losing a race, or `tries` times; each run
+    looks at the log's head afresh (`one_run`, see LogWatch)."""
     run = 1
     while True:
         try:
-            return call(), None
+            with one_run():
+                return call(), None
         except RecordConflictError as lost:
             if run == tries:
                 command = getattr(call.func, "__name__", "a command")

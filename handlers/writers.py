@@ -9,13 +9,12 @@ must expect the log to have grown, and an aggregate to have changed, since it la
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import ClassVar
 from uuid import UUID
 
 from eventsourcing.application import Application
 
-from bb_environments.handlers.log_indexes import Fold, LogIndex, SingleWriterLogIndex
+from bb_environments.handlers.log_indexes import Fold, LogIndex, LogWatch, SingleWriterLogIndex
 
 
 class Writers(ABC):
@@ -31,9 +30,9 @@ class Writers(ABC):
     """How many times the Store runs a command whose save conflicted with another writer's."""
 
     @abstractmethod
-    def log_index(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
+    def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
                   event_names: tuple[str, ...], fold: Fold) -> LogIndex:
-        """An index of the log's `event_names` events of `aggregate`; `saves` counts the app's own saves."""
+        """An index of the log's `event_names` events of `aggregate`; `watch` is the app's (its saves, the head)."""
 
     def cache_settings(self) -> dict[str, str]:
         """The aggregate cache's settings this strategy needs, for the application's environment."""
@@ -50,9 +49,9 @@ class SingleWriter(Writers):
     claims_per_host = False
     command_tries = 1
 
-    def log_index(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
+    def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
                   event_names: tuple[str, ...], fold: Fold) -> LogIndex:
-        return SingleWriterLogIndex(app, saves, aggregate, event_names, fold)
+        return SingleWriterLogIndex(app, watch, aggregate, event_names, fold)
 
 
 class SharedStore(Writers):
@@ -64,6 +63,6 @@ class SharedStore(Writers):
     claims_per_host = True
     command_tries = 5
 
-    def log_index(self, app: Application[UUID], saves: Callable[[], int], aggregate: type,
+    def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
                   event_names: tuple[str, ...], fold: Fold) -> LogIndex:
-        return LogIndex(app, aggregate, event_names, fold)
+        return LogIndex(app, watch, aggregate, event_names, fold)

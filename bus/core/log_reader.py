@@ -80,6 +80,7 @@ class LogReader:
         # Each aggregate id made once, not once per page: an aggregate's events span pages, and one
         # UUID object for all its events makes fold's id check an identity check.
         self._ids: dict[str, UUID | str] = {}
+        self._head_seen = 0  # the head only grows: ids up to it need no look at the head
 
     def head(self) -> int:
         return self._app.recorder.max_notification_id() or 0
@@ -123,7 +124,9 @@ class LogReader:
                 missing.add(n)
         if not missing:
             return found
-        head = self.head()
+        if max(missing) > self._head_seen:
+            self._head_seen = self.head()
+        head = self._head_seen
         for first, last in _runs(sorted({n for n in missing if 0 < n <= head})):
             notifications = self._notifications(first, last - first + 1, last)
             found.update((logged.notification_id, logged) for logged in map(self._document, notifications))

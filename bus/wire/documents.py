@@ -13,6 +13,7 @@ last, knowing that every stored event then reads differently once (the relay rew
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -110,6 +111,7 @@ def document_for(event: DomainEventProtocol[UUID], aggregate: Any) -> tuple[str,
     return subjects.log_event(owner.kind, key, publication.type), document
 
 
+@functools.cache  # an event's field names, a few dozen in all, at every document the relay publishes
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)

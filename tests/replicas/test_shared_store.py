@@ -286,8 +286,59 @@ def test_a_shared_store_replica_reads_what_the_log_gained_since_it_last_looked_w
     assert b.find_thread("t1") is not None and reads.count == 1
     assert b.find_thread("t2") is None and reads.count == 1  # nobody saved since
     a.register_thread("t2", None, None, "h1", None)
-    b.register_thread("t3", None, None, "h1", None)
-    assert b.find_thread("t2") is not None and b.find_thread("t3") is not None and reads.count == 3
+    b.register_thread("t3", None, None, "h1", None)  # reads t2 first; its own save is folded from what it wrote
+    assert b.find_thread("t2") is not None and b.find_thread("t3") is not None and reads.count == 2
+
+
+def test_a_replicas_own_save_after_another_writers_save_is_read_with_it(replicas):
+    a, b = replicas
+    assert b.find_thread("t0") is None
+    # a saves after b looked at the log and before b's save: b's save does not follow on from what it read.
+    before_next_save(b, lambda: a.register_thread("t1", None, None, "h1", None))
+    b.register_thread("t2", None, None, "h1", None)
+    assert b.find_thread("t1") is not None and b.find_thread("t2") is not None
+    assert b.find_thread("t1") is not None  # and a save of a's after those, read too
+    a.register_thread("t3", None, None, "h1", None)
+    assert b.find_thread("t3") is not None
+
+
+class CountedHeads:
+    """Counts the queries of the log's head a recorder answers."""
+
+    def __init__(self, app: Environments) -> None:
+        self.count = 0
+        recorder = app.recorder
+        head = recorder.max_notification_id
+
+        def counted() -> Any:
+            self.count += 1
+            return head()
+
+        recorder.max_notification_id = counted
+
+
+async def test_the_lookups_of_one_run_of_a_command_look_at_the_log_once(replicas):
+    a, b = replicas
+    heads, reads = CountedHeads(a), CountedReads(a)
+    store = Store(a)
+    try:
+        spawn(b, "t0", "h1", "/w/b")
+        # The thread, the path's holder, the host's live environments and the claim: four lookups
+        # in three indexes, all behind what b wrote.
+        await store.run(a.spawn_thread, "t1", None, None, "h1", None,
+                        Placement("git-worktree", "h1", None, {}, "t1", "/w/a"))
+        assert (heads.count, reads.count) == (1, 1)
+        # A run that lost its race looks again, and decides on what the other writer saved.
+        before_next_save(a, lambda: spawn(b, "t2", "h1", "/w/c/inner"))
+        with pytest.raises(PathAlreadyClaimed, match="/w/c overlaps /w/c/inner"):
+            await store.run(a.spawn_thread, "t3", None, None, "h1", None,
+                            Placement("git-worktree", "h1", None, {}, "t3", "/w/c"))
+        assert (heads.count, reads.count) == (3, 2)  # the first run found a's own save folded already
+        # Outside a command's run (a direct caller of the application), each lookup looks for itself.
+        assert a.find_thread("t2") is not None and a.find_thread("t0") is not None
+        assert (heads.count, reads.count) == (5, 2)
+    finally:
+        store.close()
 
 
 async def test_commands_during_and_after_a_restart_of_the_postgresql_server_are_saved(postgres_server, postgres_url):

@@ -15,10 +15,10 @@ import msgspec
 import pytest
 from nats.errors import ConnectionClosedError, NoRespondersError, UnexpectedEOF
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, KeyNotFoundError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from bb_environments.bus import health as health_module
-from bb_environments.bus.health import BusHealth
+from bb_environments.bus.health import BusHealth, describe
 from bb_environments.bus.jetstream import consume
 from bb_environments.bus.core.log_reader import LoggedDocument
 from bb_environments.bus.core.relay import OutboxRelay
@@ -253,3 +253,10 @@ async def test_the_relay_rides_out_no_stream_response_and_503_and_copies_the_log
     assert [int(m.headers[NOTIFICATION_HEADER]) for m in stream.messages] == [1, 2, 3, 4, 5, 6]
     lines = said(caplog)
     assert sum(LOST in line for line in lines) == 2 and sum(BACK in line for line in lines) == 2, lines
+
+
+def test_a_key_value_error_without_the_api_fields_is_described_not_raised_again():
+    # A replica's lease loop met one as its bucket's leader was killed, and the service exited
+    # on an AttributeError while describing it.
+    assert describe(KeyNotFoundError()) == "KeyNotFoundError: key not found"
+    assert describe(APIError(code=503, description="no leader")) == "APIError: no leader"

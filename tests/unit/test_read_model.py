@@ -413,3 +413,26 @@ async def test_environments_removed_before_the_limit_are_forgotten_with_their_tr
     assert {view.id for view in await read_model.environments()} == {ids["t0"], ids["t2"], ids["t3"]}
     assert {thread.id for thread in await read_model.threads()} == {"t0", "t2", "t3"}
     assert await read_model.transcript(ids["t1"]) == [] and await read_model.transcript(ids["t0"]) == ["line"]
+
+def test_the_log_reader_finds_the_ids_a_batch_claims_looking_at_the_head_only_past_the_head_it_saw(tmp_path):
+    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                            "SQLITE_DBNAME": str(tmp_path / "events.sqlite")}, grace_for=lambda _: 0)
+    heads = []
+    head = app.recorder.max_notification_id
+
+    def counted() -> int | None:
+        heads.append(1)
+        return head()
+
+    app.recorder.max_notification_id = counted  # type: ignore[method-assign]
+    try:
+        app.register_thread("t1", None, None, "local", None)
+        assert set(LogReader(app).at([1, 2])) == {1} and len(heads) == 1  # 2 is past the head: never read
+        reader = LogReader(app)
+        assert set(reader.at([1])) == {1} and len(heads) == 2
+        app.register_thread("t2", None, None, "local", None)
+        assert set(reader.at([2, 3])) == {2} and len(heads) == 3  # past the head it saw: looked at again
+        reader._documents.clear()  # as its cache forgets old documents
+        assert set(reader.at([1, 2])) == {1, 2} and len(heads) == 3  # within the head it saw: read at once
+    finally:
+        app.close()
