@@ -154,23 +154,21 @@ class Lease:
         """Take the lease if nobody holds it; True if this replica holds it now."""
         if self.held:
             return await self.renew()
-        asked = time.monotonic()
-        try:
-            self._revision = await self._bucket.create(self.key, self._holder)
-        except KeyWrongLastSequenceError:
-            self._revision = None
-            return False
-        self._valid_until = asked + LEASE_TTL_S - _SAFETY_S
-        return True
+        return await self._written(lambda: self._bucket.create(self.key, self._holder))
 
     async def renew(self) -> bool:
         """Keep the lease; False (and not held from now on) if another took it meanwhile."""
         if not self.held:
             self._revision = None
             return False
+        return await self._written(lambda: self._bucket.update(self.key, self._holder, last=self._revision))
+
+    async def _written(self, write: Callable[[], Awaitable[int]]) -> bool:
+        """Whether `write` (a create or compare-and-set) kept the key this replica's: it is held
+        from the moment it was asked, not answered, for the lease's time."""
         asked = time.monotonic()
         try:
-            self._revision = await self._bucket.update(self.key, self._holder, last=self._revision)
+            self._revision = await write()
         except KeyWrongLastSequenceError:
             self._revision = None
             return False
