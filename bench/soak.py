@@ -14,7 +14,8 @@ not what it keeps: the write cache of each stream's current block (up to 8 MiB a
 when the block is full), the duplicate maps (the id of every message published within
 DUPLICATE_WINDOW_S, purged or not), and heap the Go runtime has not yet handed back. So after the
 first 1,000 and after the last the bench also restarts `bb serve` (its nats-server with it, on the
-same store) and samples once it serves again; the last row is the growth between those two
+same store) and samples once it serves again (its nats-server's least RSS over a quiet minute then:
+what it needs to hold what it keeps); the last row is the growth between those two
 restarts, per 1,000: what the environments removed in between left behind.
 
     python bench/soak.py [--cycles 5000] [--window 100] [--retention 2] [--deadline 900]
@@ -31,7 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import nats
@@ -149,7 +150,14 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
             await publisher.flush(timeout=60)
             await admin.flush(timeout=60)
             await asyncio.sleep(5)  # the sweep's first passes, once it serves
-            return await sample(data_dir, info, stream)
+            settled = await sample(data_dir, info, stream)
+            # The blocks the restarted server read to recover stay cached a while, and Go hands
+            # freed memory back to the system gradually: its least RSS over a quiet minute.
+            least_rss = settled.nats_rss_mb
+            for _ in range(12):
+                await asyncio.sleep(5)
+                least_rss = min(least_rss, rss_mb(info["natsPid"]))
+            return replace(settled, nats_rss_mb=least_rss)
         print(f"soak: {cycles} spawn→remove cycles of personal workspaces, {window} at a time, "
               f"retention {retention_s} s; data under {root}", file=sys.stderr)
         header = ("| removed | data dir | read model | log stream | nats-server RSS | hook files | event store |\n"
