@@ -28,7 +28,7 @@ from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import consume, follow
-from bb_environments.bus.core.replicas import DriveShare, Lease, while_leased
+from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments, LiveLimits
 from bb_environments.handlers.doctor import Doctor
@@ -87,6 +87,7 @@ class Replication:
 
     share: DriveShare
     relay_lease: Lease
+    activity: ActivityAcrossReplicas
 
 
 @dataclass(frozen=True)

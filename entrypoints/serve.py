@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from bb_environments.bus.access import (
@@ -66,7 +67,7 @@ from bb_environments.entrypoints.config import (
     run_hooks_as,
     url_without_credentials,
 )
-from bb_environments.handlers.ports import ActivityElsewhere, Everything, NoOtherReplica
+from bb_environments.handlers.ports import Everything, NoOtherReplica
 from bb_environments.handlers.store import StoreLedger
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.registry import ProviderRegistry
@@ -230,14 +231,13 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     host_seeds = credentials or Credentials(settings.data_dir / "credentials")
     await ensure_hosts(js, [settings.host_id], settings.stream_replicas)
     presence = await _present(settings, js, started)
-    replication = await _replication(settings, js)
+    replication = await _replication(settings, nc, js)
 
     liveness = HostLiveness(js)
     jobs = HostJobs(nc, js, liveness, health=health)
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
     hooks = LocalFirstHooks(settings.host_id, HostAgentClient(nc, jobs))
     stream = StreamPorts(js)
-    activity: ActivityElsewhere = ActivityAcrossReplicas(nc) if replication is not None else NoOtherReplica()
     hosts = BusHostDirectory(host_seeds, js, liveness,
                              _admitting_users(settings, credentials, embedded) if credentials and embedded else None)
     core = await build_core(
@@ -245,11 +245,11 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         Ports(hooks, RemoteWorkspaces(nc, jobs, registry.profiles()), hosts,
               TranscriptPublisher(nc, loop, health=health), stream.stream_position, stream.publish_thread_message,
               agent_here=agent_here, share=replication.share if replication else Everything(),
-              activity_elsewhere=activity),
+              activity_elsewhere=replication.activity if replication else NoOtherReplica()),
         started,
     )
-    if isinstance(activity, ActivityAcrossReplicas):
-        started.push_async_callback(_unsubscribe, await activity.hear(core.provisioner.heard_activity))
+    if replication is not None:
+        started.push_async_callback(_unsubscribe, await replication.activity.hear(core.provisioner.heard_activity))
     # Every host the log knows has its queue, whichever replica registered it.
     await ensure_hosts(js, await core.machines.known(), settings.stream_replicas)
     started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))
@@ -310,13 +310,13 @@ async def _present(settings: Settings, js: JetStreamContext, started: contextlib
     return presence
 
 
-async def _replication(settings: Settings, js: JetStreamContext) -> Replication | None:
+async def _replication(settings: Settings, nc: Client, js: JetStreamContext) -> Replication | None:
     """What a replica on a store several replicas may share shares with them (None: an SQLite store)."""
     if event_store_file(settings.event_store):
         return None
     leases, holder = await leases_bucket(js, settings.stream_replicas), lease_holder(settings.replica_id)
     return Replication(DriveShare(leases, holder, lambda: live_replica_count(js)),
-                       Lease(leases, subjects.RELAY_LEASE, holder))
+                       Lease(leases, subjects.RELAY_LEASE, holder), ActivityAcrossReplicas(nc))
 
 
 async def _until_answered(health: BusHealth, what: str, ask: Callable[[], Awaitable[None]]) -> None:
