@@ -24,7 +24,7 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 from datetime import datetime, timezone
 from uuid import UUID
 
@@ -37,13 +37,14 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from bb_environments.bus.health import BusHealth
+from bb_environments.bus.health import BusHealth, Retry
 from bb_environments.bus.jetstream import ensure_bucket
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.replica_messages import EnvironmentActivity, LeaseHolder, ReplicaPresence
 from bb_environments.domain.errors import DomainError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PRESENCE_TTL_S = 6.0
 BEAT_S = 2.0
@@ -125,11 +126,7 @@ class Presence:
         bus = health.retry("replica presence")
         while True:
             await asyncio.sleep(BEAT_S)
-            try:
-                await self._bucket.put(self.replica_id, self._own)
-                bus.succeeded()
-            except (NatsError, asyncio.TimeoutError) as away:
-                bus.failed(away)
+            await _asked(bus, lambda: self._bucket.put(self.replica_id, self._own), lambda: 0)
 
     async def leave(self) -> None:
         with contextlib.suppress(Exception):
@@ -200,12 +197,7 @@ async def while_leased(lease: Lease, work: Callable[[], Coroutine[Any, Any, None
     running: asyncio.Task[None] | None = None
     try:
         while True:
-            try:
-                holds = await lease.take()
-                bus.succeeded()
-            except (NatsError, asyncio.TimeoutError) as away:
-                bus.failed(away)
-                holds = lease.held
+            holds = await _asked(bus, lease.take, lambda: lease.held)
             if holds and running is None:
                 log.info("took lease %s", lease.key)
                 running = asyncio.create_task(work())
@@ -222,6 +214,18 @@ async def while_leased(lease: Lease, work: Callable[[], Coroutine[Any, Any, None
         if running is not None:
             await _cancelled(running)
         await lease.give_up()
+
+
+async def _asked(bus: Retry, ask: Callable[[], Awaitable[T]], meanwhile: Callable[[], T]) -> T:
+    """`ask()`'s answer, told to the bus's health; while the bus is away, `meanwhile()`: what this
+    replica can tell without it."""
+    try:
+        answer = await ask()
+    except (NatsError, asyncio.TimeoutError) as away:
+        bus.failed(away)
+        return meanwhile()
+    bus.succeeded()
+    return answer
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:
@@ -258,12 +262,7 @@ class DriveShare:
         bus = health.retry("drive leases")
         try:
             while True:
-                try:
-                    held = await self._rebalance()
-                    bus.succeeded()
-                except (NatsError, asyncio.TimeoutError) as away:
-                    bus.failed(away)
-                    held = {p for p in self._held if self._leases[p].held}
+                held = await _asked(bus, self._rebalance, lambda: {p for p in self._held if self._leases[p].held})
                 newly, gone = held - self._held, self._held - held
                 self._held = frozenset(held)
                 if gone:
