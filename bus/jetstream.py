@@ -325,12 +325,15 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
     says so once for every loop.
     """
     bus = health.retry(f"consumer {durable}")
-    while True:
-        try:
-            await ensure_consumer(js, stream, durable, filter_subject, in_order)
-            break
-        except BUS_UNAVAILABLE as error:
-            await bus.pause(error)
+
+    async def consumer_made() -> None:
+        while True:
+            try:
+                return await ensure_consumer(js, stream, durable, filter_subject, in_order)
+            except BUS_UNAVAILABLE as error:
+                await bus.pause(error)
+
+    await consumer_made()
     subscription = await bind(js, durable, stream)
     backoff = Backoff(log, f"consumer {durable} handling a batch")
     while True:
@@ -344,6 +347,9 @@ async def consume(js: JetStreamContext, stream: str, durable: str, filter_subjec
             continue
         except NatsError as error:  # a 503 while a stream has no leader, a closed connection...
             await bus.pause(error)
+            # Made again if it was deleted under us (by an operator, or lost with a node's state),
+            # rather than asked for in vain for ever; otherwise a look that changes nothing.
+            await consumer_made()
             continue
         try:
             await handle(messages)

@@ -1,6 +1,7 @@
 """The consumers' pull feed against a real nats-server: one open pull request brings messages as
 they are published, a fetch hands over all that arrived, an expired request is renewed, and a
-consumer deleted under the feed is reported as an error rather than waited on in silence."""
+consumer deleted under the feed is reported as an error rather than waited on in silence, and the
+consumer that reads through a feed makes a deleted durable again."""
 
 from __future__ import annotations
 
@@ -102,3 +103,23 @@ async def test_a_consumer_deleted_under_the_feed_is_an_error_not_a_silent_wait(j
     await js.delete_consumer("S", "c")
     with pytest.raises((APIError, nats.errors.NoRespondersError)):
         await asyncio.wait_for(fetching, 10)
+
+
+async def test_a_durable_deleted_under_a_running_consumer_is_made_again_and_what_comes_after_is_handled(
+        js: JetStreamContext) -> None:
+    handled: list[bytes] = []
+
+    async def handle(messages: list) -> None:
+        handled.extend(message.data for message in messages)
+
+    consuming = asyncio.create_task(consume(js, "S", "c", "s.>", handle, BusHealth(), in_order=True))
+    try:
+        await js.publish("s.a", b"before")
+        await eventually(lambda: handled == [b"before"], "the message published before the deletion")
+        await js.delete_consumer("S", "c")
+        await js.publish("s.a", b"after")
+        await eventually(lambda: b"after" in handled, "the message published after the deletion")
+        assert (await js.consumer_info("S", "c")).config.max_ack_pending == 1  # made again as it was
+    finally:
+        consuming.cancel()
+        await asyncio.gather(consuming, return_exceptions=True)
