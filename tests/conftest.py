@@ -20,17 +20,33 @@ def run_git(repo: Path, *args: str) -> str:
     return completed.stdout.strip()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_cgroup_left_behind():
-    """A test that stops a service while its environments live leaves their (empty) cgroups, which
-    only a removal deletes: the session deletes the empty ones it made, so runs do not pile them up."""
+_CGROUPS_BEFORE = pytest.StashKey[set[str]]()
+
+
+def _runs_the_session(config: pytest.Config) -> bool:
+    """The process that starts and ends the whole run: not one of pytest-xdist's workers."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
     from bb_environments.providers.host.containment import cgroup_root
 
     root = cgroup_root()
-    before = {entry.name for entry in root.iterdir()} if root is not None and root.is_dir() else set()
-    yield
-    if root is None or not root.is_dir():
+    session.config.stash[_CGROUPS_BEFORE] = (
+        {entry.name for entry in root.iterdir()} if root is not None and root.is_dir() else set())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A test that stops a service while its environments live leaves their (empty) cgroups, which
+    only a removal deletes: the run deletes the empty ones it made, so runs do not pile them up.
+    Only once every worker has finished: a worker's end would delete the cgroup another worker's
+    test has just made and not yet moved a process into."""
+    from bb_environments.providers.host.containment import cgroup_root
+
+    root = cgroup_root()
+    if not _runs_the_session(session.config) or root is None or not root.is_dir():
         return
+    before = session.config.stash.get(_CGROUPS_BEFORE, set())
     for entry in root.iterdir():
         if entry.is_dir() and entry.name not in before:
             try:
