@@ -442,6 +442,24 @@ async def test_nested_claims_decided_by_both_replicas_at_once_never_overlap(topo
     assert taken >= rounds, "a round took no claim at all"
 
 
+LIMIT = 3
+
+
+@pytest.mark.parametrize("topology", [{"everywhere": {"BB_MAX_LIVE_ENVIRONMENTS": str(LIMIT)}}], indirect=True,
+                         ids=["limit-3"])
+async def test_the_host_limit_holds_for_spawns_decided_by_both_replicas_at_once(topology: Topology) -> None:
+    # Each new environment with a path takes it in its host's claims, in the same save: of two
+    # replicas deciding at once, one loses the race, reads the other's environment and decides again.
+    a, b = topology.replica("a"), topology.replica("b")
+    outcomes = await asyncio.gather(*(spawn(service) for service in [a, b] * 4), return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, ServiceError)]
+    assert len(refused) == len(outcomes) - LIMIT, outcomes
+    assert all("BB_MAX_LIVE_ENVIRONMENTS (3)" in str(error) for error in refused), refused
+    claimed = {document["environmentId"] for _, document, _ in await stream_log(topology)
+               if document.get("type") == "claimed"}
+    assert len(claimed) == LIMIT
+
+
 async def test_a_replica_beside_a_running_sqlite_replica_is_refused_however_long_it_has_run(
         nats_cluster: NatsCluster, tmp_path: Path, postgres_url: str) -> None:
     def replica_environment(replica_id: str, **overrides: str) -> dict[str, str]:
