@@ -30,7 +30,7 @@ import msgspec
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.api_client.nkey_signer import SeedError, answer_nonce, user_seed
-from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, refused_request, unreachable
 from bb_environments.providers.host.processes import pid_alive
 
 NO_RESPONDERS_STATUS = "503"
@@ -125,8 +125,8 @@ class BlockingApiClient:
         try:
             self._send(f"PUB {subjects.api(area, verb)} {inbox} {len(payload)}\r\n".encode() + payload + b"\r\n")
             status, headers, data = self._answer(inbox, deadline)
-        except _Refused as refused:
-            raise unreachable(f"{self._url} refused the request: {refused}") from None
+        except _Refused as refusal:
+            raise refused_request(f"{self._url} refused the request: {refusal}") from None
         except _Closed:
             raise AnswerLost(f"the connection to the bb service dropped before it answered {what}") from None
         except _TimedOut:

@@ -19,7 +19,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
-from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, unreachable
+from bb_environments.bus.wire.service_errors import REFUSED_HINT, SERVICE_CHECK_S, AnswerLost, ServiceError, refused_request, unreachable
 from bb_environments.bus.wire.resending import resent_while_nobody_takes
 from bb_environments.bus.wire.server_file import nats_servers
 from bb_environments.providers.host.processes import pid_alive
@@ -38,6 +38,7 @@ class ApiClient:
         self._service_pid = service_pid
         self._next_drop = asyncio.Event()
         self._closed = asyncio.Event()
+        self._violations: list[str] = []
 
     @classmethod
     async def connect(cls, url: str, data_dir: str | None = None, service_pid: int | None = None,
@@ -46,6 +47,7 @@ class ApiClient:
 
         async def remember(error: Exception) -> None:
             errors.append(error)
+            client._note(error)
 
         client = cls(Client(), service_pid)
         try:
@@ -67,8 +69,10 @@ class ApiClient:
         what = f"{area} {verb}"
         payload = msgspec.json.encode(body)
 
+        subject = subjects.api(area, verb)
+
         def request() -> Awaitable[Msg]:
-            return self._unless_lost(self.nc.request(subjects.api(area, verb), payload, timeout=timeout), what)
+            return self._unless_lost(self.nc.request(subject, payload, timeout=timeout), subject, what)
 
         try:
             reply = await resent_while_nobody_takes(request, until=self._service_may_live)
@@ -103,17 +107,17 @@ class ApiClient:
     async def close(self) -> None:
         await self.nc.close()
 
-    async def _unless_lost(self, request: Awaitable[T], what: str) -> T:
-        """`request`'s result, unless its answer can no longer come: a dropped connection took it
-        along, or the service's process ended. Waiting out the timeout would only end in the same
-        doubt, a minute later."""
+    async def _unless_lost(self, request: Awaitable[T], subject: str, what: str) -> T:
+        """`request`'s result, unless its answer can no longer come: the server refused to pass the
+        request on `subject` or its answer, a dropped connection took it along, or the service's
+        process ended. Waiting out the timeout would only end in the same doubt, a minute later."""
         answer = asyncio.ensure_future(request)
-        lost = asyncio.ensure_future(self._answer_lost())
+        lost = asyncio.ensure_future(self._answer_lost(subject, what))
         try:
             done, _ = await asyncio.wait({answer, lost}, return_when=asyncio.FIRST_COMPLETED)
             if answer in done:
                 return answer.result()
-            raise AnswerLost(f"{lost.result()} before it answered {what}")
+            raise lost.result()
         finally:
             answer.cancel()
             lost.cancel()
@@ -121,15 +125,34 @@ class ApiClient:
     def _service_may_live(self) -> bool:
         return self._service_pid is None or pid_alive(self._service_pid)
 
-    async def _answer_lost(self) -> str:
+    async def _answer_lost(self, subject: str, what: str) -> ServiceError:
         drop = self._next_drop
         while True:
             try:
                 await asyncio.wait_for(drop.wait(), SERVICE_CHECK_S)
-                return "the connection to the bb service dropped"
+                return AnswerLost(f"the connection to the bb service dropped before it answered {what}")
             except asyncio.TimeoutError:
+                if (refused := self._refused(subject, what)) is not None:
+                    return refused
                 if self._service_pid is not None and not pid_alive(self._service_pid):
-                    return f"the bb service (pid {self._service_pid}) ended"
+                    return AnswerLost(f"the bb service (pid {self._service_pid}) ended before it answered {what}")
+
+    def _note(self, error: Exception) -> None:
+        said = str(error).removeprefix("nats: ").strip("'")
+        if said.lower().startswith("permissions violation"):
+            self._violations.append(said)
+
+    def _refused(self, subject: str, what: str) -> ServiceError | None:
+        """What the permissions violations the server reported mean for a request on `subject`: a
+        refused publish never reached the service; a refused reply inbox lets none of its answers
+        back, though the request went out. A user's permissions hold for its whole connection."""
+        for said in self._violations:
+            if f'for publish to "{subject}"'.lower() in said.lower():
+                return refused_request(f"the NATS server refused the request: {said}")
+            if 'for subscription to "_inbox.' in said.lower():
+                return AnswerLost(f"the NATS server refuses these credentials their answers ({said}), so the answer to "
+                                  f"{what} cannot come; {REFUSED_HINT}")
+        return None
 
     async def _dropped(self) -> None:
         # One event per drop: a request waits for a drop after it was sent, not for one the

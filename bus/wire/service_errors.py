@@ -27,6 +27,14 @@ def unreachable(detail: str, data_dir: str | Path | None = None, hint: str | Non
                         f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}")
 
 
+REFUSED_HINT = "ask with the credentials of a role that may (docs/security.md, Roles)"
+
+
+def refused_request(detail: str) -> ServiceError:
+    """The NATS server would not pass the request on: the role of these credentials may not ask it."""
+    return unreachable(detail, hint=REFUSED_HINT)
+
+
 class AnswerLost(ServiceError):
     """The request may have reached the service, but its answer cannot come: whether it was done is
     not known (a spawn, say, may have been recorded)."""

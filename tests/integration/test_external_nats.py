@@ -100,3 +100,25 @@ async def test_the_cli_without_the_deployments_credentials_is_refused_in_one_sen
         assert "Authorization Violation" in process.stderr and "Traceback" not in process.stderr
     finally:
         await service.stop()
+
+
+@pytest.mark.parametrize(("seed", "refused"), [
+    ("publisher.nk", 'permissions violation for publish to "bb.api.threads.spawn"'),
+    ("service.nk", 'permissions violation for subscription to "_inbox.'),
+], ids=["publisher-may-not-spawn", "service-hears-no-answers"])
+async def test_a_cli_whose_credentials_the_server_refuses_the_call_says_so_at_once(service, seed, refused):
+    # Through nats-py, as with any --nats-url: the server tells a refusal to the error callback only,
+    # and the request would otherwise wait out its minute.
+    environment = {**service.environment, "BB_NATS_NKEY": str(service.data_dir / "credentials" / seed)}
+    process = subprocess.run([*service.cli(), "--nats-url", service.info["natsUrl"], "thread", "spawn",
+                              "--environment-provider", "personal-workspace", "--thread-id", "t-refused", "--json"],
+                             env=environment, capture_output=True, text=True, timeout=30)
+
+    assert process.returncode == 4, process.stderr
+    said = json.loads(process.stdout)["error"]["message"]
+    assert refused in said and "docs/security.md" in said, said
+    if seed == "publisher.nk":  # the request never left the server: nothing was spawned
+        listed = await service.bb("thread", "list", "--json")
+        assert [t["threadId"] for t in listed.json()["threads"]] == [], listed.stdout
+    else:  # it went out, only its answer is kept back: the user is told it may have been done
+        assert "t-refused may have been spawned all the same" in said, said
