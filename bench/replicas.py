@@ -12,7 +12,9 @@ and readiness awaited on `bb.environments.*.ready`:
 - CPU per environment of that burst, summed over every process of the topology (nats-servers,
   PostgreSQL's processes, replicas, agents; `bb serve` and its nats-server), from /proc, and for
   the replicated one, what each part of it took;
-- CPU per second while idle: what the topology costs doing nothing (heartbeats, leases, presence).
+- CPU per second while idle: what the topology costs doing nothing (heartbeats, leases, presence);
+- the same burst again on the replicated topology with every stream and bucket in one copy
+  (`BB_STREAM_REPLICAS=1`): what keeping three copies costs, measured rather than reckoned.
 
 On the replicated topology the threads alternate between h1 and h2.
 
@@ -97,10 +99,11 @@ async def single_node(root: Path, runs: int, burst: int, idle_s: float) -> Measu
         stop_service(service)
 
 
-async def replicated(root: Path, runs: int, burst: int, idle_s: float) -> Measured:
-    (root / "replicated").mkdir()
-    topology = Topology.start(root / "replicated", hosts=HOSTS,
-                              settings={"BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"})
+async def replicated(root: Path, runs: int, burst: int, idle_s: float, stream_replicas: int) -> Measured:
+    base = root / f"replicated-r{stream_replicas}"
+    base.mkdir()
+    topology = Topology.start(base, hosts=HOSTS, settings={"BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"},
+                              stream_replicas=stream_replicas)
     try:
         assert topology.cluster is not None and topology.postgres is not None and topology.postgres.pid
         parts = {"the 2 replicas": [p.pid for p in topology.replicas.values()],
@@ -112,7 +115,7 @@ async def replicated(root: Path, runs: int, burst: int, idle_s: float) -> Measur
         topology.stop()
 
 
-def figures(single: Measured, cluster: Measured, runs: int, burst: int) -> list[Figure]:
+def figures(single: Measured, cluster: Measured, one_copy: Measured, runs: int, burst: int) -> list[Figure]:
     baseline = "single node"
     rows = [Figure(f"publish → ready {name}, personal workspace ({runs} runs)",
                    percentile(cluster.latencies, fraction) * 1000, percentile(single.latencies, fraction) * 1000,
@@ -128,6 +131,10 @@ def figures(single: Measured, cluster: Measured, runs: int, burst: int) -> list[
              for part, ms in cluster.parts_ms_per_environment.items()]
     rows.append(Figure("CPU while idle, every process of the topology", cluster.idle_cpu_ms_per_s,
                        single.idle_cpu_ms_per_s, "ms/s", baseline))
+    rows.append(Figure("same burst, streams in one copy: CPU per environment, every process",
+                       one_copy.cpu_ms_per_environment, single.cpu_ms_per_environment, "ms", baseline))
+    rows += [Figure(f"same burst, streams in one copy: CPU per environment, {part}", ms, None, "ms")
+             for part, ms in one_copy.parts_ms_per_environment.items()]
     return rows
 
 
@@ -135,10 +142,11 @@ async def measure(runs: int, burst: int, idle_s: float) -> list[Figure]:
     root = Path(tempfile.mkdtemp(prefix="bb-bench-replicas-"))
     try:
         single = await single_node(root, runs, burst, idle_s)
-        cluster = await replicated(root, runs, burst, idle_s)
+        cluster = await replicated(root, runs, burst, idle_s, stream_replicas=3)
+        one_copy = await replicated(root, runs, burst, idle_s, stream_replicas=1)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return figures(single, cluster, runs, burst)
+    return figures(single, cluster, one_copy, runs, burst)
 
 
 if __name__ == "__main__":

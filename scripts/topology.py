@@ -30,9 +30,10 @@ STOP_S = 30.0
 class Topology:
     """Started by `start`, stopped (everything it started, in order) by `stop`."""
 
-    def __init__(self, base: Path, settings: dict[str, str]) -> None:
+    def __init__(self, base: Path, settings: dict[str, str], stream_replicas: int) -> None:
         self.base = base
         self._settings = settings
+        self._stream_replicas = stream_replicas
         self.postgres: PostgresServer | None = None
         self.cluster: NatsCluster | None = None
         self.event_store = ""
@@ -42,10 +43,11 @@ class Topology:
 
     @classmethod
     def start(cls, base: Path, replicas: tuple[str, ...] = ("r1", "r2"), hosts: tuple[str, ...] = ("h1", "h2"),
-              settings: dict[str, str] | None = None) -> Topology:
+              settings: dict[str, str] | None = None, stream_replicas: int = 3) -> Topology:
         """Everything, in `base` (an empty directory), once each replica serves and each agent serves
-        its host; `settings`: BB_* variables for every replica and agent."""
-        topology = cls(base, settings or {})
+        its host; `settings`: BB_* variables for every replica and agent; `stream_replicas`: the
+        replicas' BB_STREAM_REPLICAS (3: every stream survives the loss of a node)."""
+        topology = cls(base, settings or {}, stream_replicas)
         try:
             owner = postgres_owner()
             if owner is None:
@@ -130,8 +132,8 @@ class Topology:
         assert self.cluster is not None
         data_dir = self.base / replica_id
         process = self._spawn(replica_id, ["serve", "--no-agent", "--replica-id", replica_id], self._environment(
-            data_dir, BB_EVENT_STORE=self.event_store, BB_NATS_URL=self.nats_urls, BB_STREAM_REPLICAS="3",
-            BB_NATS_NKEY=str(self.cluster.seed_file("service"))))
+            data_dir, BB_EVENT_STORE=self.event_store, BB_NATS_URL=self.nats_urls,
+            BB_STREAM_REPLICAS=str(self._stream_replicas), BB_NATS_NKEY=str(self.cluster.seed_file("service"))))
         self.replicas[replica_id] = process
         # server.json is written once its API answers on the bus.
         self._until(lambda: _serves(data_dir / "server.json", process.pid), replica_id, f"replica {replica_id}")
