@@ -6,6 +6,7 @@ consumer that reads through a feed makes a deleted durable again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,6 +26,22 @@ async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
     async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
             name="S", subjects=["s.>"], storage=api.StorageType.FILE)) as context:
         yield context
+
+
+@contextlib.asynccontextmanager
+async def consumed_in_order(js: JetStreamContext) -> AsyncIterator[list[bytes]]:
+    """What an in-order `consume` of the stream hands over while the block runs, as it comes."""
+    handled: list[bytes] = []
+
+    async def handle(messages: list) -> None:
+        handled.extend(message.data for message in messages)
+
+    consuming = asyncio.create_task(consume(js, "S", "c", "s.>", handle, BusHealth(), in_order=True))
+    try:
+        yield handled
+    finally:
+        consuming.cancel()
+        await asyncio.gather(consuming, return_exceptions=True)
 
 
 async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_comes(js: JetStreamContext) -> None:
@@ -55,19 +72,10 @@ async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_c
 async def test_a_published_message_dressed_as_a_server_status_is_handed_over_and_blocks_nothing(
         js: JetStreamContext) -> None:
     # What any publisher could send: an empty body with the header the server's status messages carry.
-    handled: list[bytes] = []
-
-    async def handle(messages: list) -> None:
-        handled.extend(message.data for message in messages)
-
-    consuming = asyncio.create_task(consume(js, "S", "c", "s.>", handle, BusHealth(), in_order=True))
-    try:
+    async with consumed_in_order(js) as handled:
         await js.publish("s.a", b"", headers={"Status": "404"})
         await js.publish("s.a", b"genuine")
         await eventually(lambda: handled == [b"", b"genuine"], "both messages handled, in order")
-    finally:
-        consuming.cancel()
-        await asyncio.gather(consuming, return_exceptions=True)
 
 
 async def test_fetches_hand_over_what_arrived_in_order_and_an_expired_request_is_renewed(
@@ -107,19 +115,10 @@ async def test_a_consumer_deleted_under_the_feed_is_an_error_not_a_silent_wait(j
 
 async def test_a_durable_deleted_under_a_running_consumer_is_made_again_and_what_comes_after_is_handled(
         js: JetStreamContext) -> None:
-    handled: list[bytes] = []
-
-    async def handle(messages: list) -> None:
-        handled.extend(message.data for message in messages)
-
-    consuming = asyncio.create_task(consume(js, "S", "c", "s.>", handle, BusHealth(), in_order=True))
-    try:
+    async with consumed_in_order(js) as handled:
         await js.publish("s.a", b"before")
         await eventually(lambda: handled == [b"before"], "the message published before the deletion")
         await js.delete_consumer("S", "c")
         await js.publish("s.a", b"after")
         await eventually(lambda: b"after" in handled, "the message published after the deletion")
         assert (await js.consumer_info("S", "c")).config.max_ack_pending == 1  # made again as it was
-    finally:
-        consuming.cancel()
-        await asyncio.gather(consuming, return_exceptions=True)
