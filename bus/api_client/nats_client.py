@@ -19,7 +19,8 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
-from bb_environments.bus.wire.service_errors import REFUSED_HINT, SERVICE_CHECK_S, AnswerLost, ServiceError, refused_request, unreachable
+from bb_environments.bus.wire.service_errors import (REFUSED_HINT, SERVICE_CHECK_S, AnswerLost, ServiceError,
+                                                     refused_request, unreachable)
 from bb_environments.bus.wire.resending import resent_while_nobody_takes
 from bb_environments.bus.wire.server_file import nats_servers
 from bb_environments.providers.host.processes import pid_alive
@@ -66,10 +67,8 @@ class ApiClient:
         return client
 
     async def call(self, area: str, verb: str, body: Request, timeout: float = 60) -> dict[str, Any]:
-        what = f"{area} {verb}"
+        what, subject = f"{area} {verb}", subjects.api(area, verb)
         payload = msgspec.json.encode(body)
-
-        subject = subjects.api(area, verb)
 
         def request() -> Awaitable[Msg]:
             return self._unless_lost(self.nc.request(subject, payload, timeout=timeout), subject, what)
