@@ -120,7 +120,8 @@ async def test_a_publisher_spawns_by_thread_events_and_hears_readiness(service, 
                          b'{"type": "message", "occurredAt": "2026-12-01T12:00:01Z", "threadId": "pub1"}')
         event = await asyncio.wait_for(ready, 30)
         assert event["threadIds"] == ["pub1"]
-        assert "preparing the workspace" in lines
+        # The setup's lines come on a subject of their own, in no order with readiness.
+        await eventually(lambda: "preparing the workspace" in lines, "the setup's line heard by the publisher")
     finally:
         await publisher.close()
     assert violations.seen == []
