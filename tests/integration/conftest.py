@@ -21,6 +21,7 @@ import pytest
 from nats.js import JetStreamContext, api
 
 from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.subjects import claimed_notification_id
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads
 from bb_environments.bus.api_client.nats_client import ApiClient
@@ -43,6 +44,25 @@ async def plain_jetstream(store_dir: Path, stream: api.StreamConfig) -> AsyncIte
     finally:
         await nc.close()
         server.stop()
+
+
+Stored = tuple[int | None, str, bytes]  # (claimed notification id, subject, payload) of a stream message
+
+
+async def stream_log(js: JetStreamContext) -> list[Stored]:
+    """Every message BB_ENVIRONMENTS holds, in order, read back with an ordered consumer."""
+    if (await js.stream_info(subjects.ENVIRONMENTS_STREAM)).state.messages == 0:
+        return []
+    subscription = await js.subscribe(subjects.LOG_EVENTS, stream=subjects.ENVIRONMENTS_STREAM, ordered_consumer=True)
+    stored: list[Stored] = []
+    try:
+        while True:
+            message = await subscription.next_msg(timeout=10)
+            stored.append((claimed_notification_id(message.headers), message.subject, message.data))
+            if message.metadata.num_pending == 0:
+                return stored
+    finally:
+        await subscription.unsubscribe()
 
 
 @dataclass

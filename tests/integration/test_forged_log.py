@@ -27,12 +27,11 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.core.log_reader import LoggedDocument, LogReader
 from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay, PublishAck, Publisher
-from bb_environments.bus.wire.subjects import NOTIFICATION_HEADER, claimed_notification_id
+from bb_environments.bus.wire.subjects import NOTIFICATION_HEADER
 from bb_environments.bus.core.trusted_log import TrustedLog
 from bb_environments.handlers.application import Environments
-from tests.integration.conftest import Service, plain_jetstream, service_environment, write_hooks
+from tests.integration.conftest import Service, Stored, plain_jetstream, service_environment, stream_log, write_hooks
 
-Stored = tuple[int | None, str, bytes]  # (claimed notification id, subject, payload) of a stream message
 
 
 class Step(msgspec.Struct):
@@ -68,22 +67,6 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30) 
         if time.monotonic() > deadline:
             raise AssertionError(f"{check.__qualname__} did not hold within {timeout} s")
         await asyncio.sleep(0.05)
-
-
-async def stream_log(js: JetStreamContext) -> list[Stored]:
-    """Every message BB_ENVIRONMENTS holds, in order, read back with an ordered consumer."""
-    if (await js.stream_info(subjects.ENVIRONMENTS_STREAM)).state.messages == 0:
-        return []
-    subscription = await js.subscribe(subjects.LOG_EVENTS, stream=subjects.ENVIRONMENTS_STREAM, ordered_consumer=True)
-    stored: list[Stored] = []
-    try:
-        while True:
-            message = await subscription.next_msg(timeout=10)
-            stored.append((claimed_notification_id(message.headers), message.subject, message.data))
-            if message.metadata.num_pending == 0:
-                return stored
-    finally:
-        await subscription.unsubscribe()
 
 
 async def deleted(js: JetStreamContext, sequence: int) -> bool:
