@@ -265,10 +265,18 @@ async def test_the_other_replica_finishes_what_one_killed_at_a_crash_point_left(
     marker = tmp_path / "setups"
     write_hooks(git_repo, marker, setup="sleep 0.5")
     a, b = topology.replica("a"), topology.replica("b")
-    threads = await asyncio.gather(*(spawn(service, git_repo) for service in [b, a] * 4))
+    threads = list(await asyncio.gather(*(spawn(service, git_repo) for service in [b, a] * 4)))
     assert a.process is not None
-    await eventually(lambda: a.process is not None and a.process.poll() is not None,
-                     "replica a reaching its crash point", timeout=SETTLE_S)
+    # Which replica drives an environment falls by its id's partition: should every one be ready
+    # with replica a still running, it drove fewer than two, and more are spawned through b.
+    deadline = time.monotonic() + SETTLE_S
+    while a.process.poll() is None:
+        assert time.monotonic() < deadline, "replica a never reached its crash point"
+        environments = [await environment_of(b, t) for t in threads]
+        shown = [await ask(b, "environments", "show", EnvironmentRef(environment_id=e)) for e in environments]
+        if a.process.poll() is None and all(environment["status"] == "ready" for environment in shown):
+            threads += await asyncio.gather(*(spawn(b, git_repo) for _ in range(4)))
+        await asyncio.sleep(0.2)
     environments = [await environment_of(b, t) for t in threads]
     await settled(b, environments, "ready")
     assert marker.read_text().count("setup") == len(environments), "a setup ran twice, or never"
