@@ -4,7 +4,7 @@ The library opens the database in WAL mode and leaves SQLite's `synchronous=FULL
 write-ahead log at every commit: a few milliseconds each, three times between a spawn and `ready`.
 Here every connection commits with `synchronous=NORMAL`, and the level decides whether the store's
 writer then syncs the log once per batch of commands (handlers/store.py, group commit).
-What the service promises (README, "Recovery guarantees, and their limits") is that every step is safe after a kill -9 of
+What the service promises (docs/guarantees.md) is that every step is safe after a kill -9 of
 `bb serve` at any line. In WAL mode a commit has written its frames into the WAL file before it
 returns, so with `synchronous=NORMAL` a committed transaction survives the death of the process:
 the operating system holds the write and the next open replays the WAL. What NORMAL gives up is a
