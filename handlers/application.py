@@ -16,16 +16,17 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate, DomainEventProtocol, MutableOrImmutableAggregate
-from eventsourcing.persistence import Recording
+from eventsourcing.persistence import JSONTranscoder, Recording
 
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import (
     DomainError, IllegalTransition, LimitReached, PathAlreadyClaimed, UnknownEnvironment, UnknownThread)
+from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, RecordedHook
 from bb_environments.domain.status import CreateFailure, ThreadStatus
 from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
-from bb_environments.handlers.claiming import Claims
+from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL, Claims, HeldPathsAsHolders
 from bb_environments.handlers.host_registry import HostRegistry
 from bb_environments.handlers.indexes import (
     AwaitingThreads, HookOperations, LiveEnvironments, RegisteredThreads, WorktreeProjects)
@@ -66,13 +67,14 @@ class LiveLimits:
 class Environments(Application[UUID]):
     name = "Environments"
     log_section_size = 500
+    snapshotting_intervals = {HostClaims: HOST_CLAIMS_SNAPSHOT_INTERVAL}
 
     def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None,
                  writers: Writers | None = None, limits: LiveLimits | None = None) -> None:
         """`writers`: who else may write the store (default: nobody, as with SQLite)."""
         self.writers = writers or SingleWriter()
         self.limits = limits or LiveLimits()
-        super().__init__(env={**(env or {}), **self.writers.cache_settings()})
+        super().__init__(env={**(env or {}), **self.writers.application_settings()})
         self._grace_for = grace_for or (lambda provider_id: retire_grace_ms(None, None))
         self.on_saved: Callable[[], object] = lambda: None
         """Called by the Store once the saves of a batch of commands are durable (handlers/store.py)."""
@@ -103,6 +105,10 @@ class Environments(Application[UUID]):
         for index in self._indexes:
             index.saved(recordings)
         return recordings
+
+    def register_transcodings(self, transcoder: JSONTranscoder) -> None:
+        super().register_transcodings(transcoder)
+        transcoder.register(HeldPathsAsHolders())
 
     # -- lookups -------------------------------------------------------------------------------
 
