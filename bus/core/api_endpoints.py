@@ -32,7 +32,7 @@ from bb_environments.bus.wire.api_messages import (
     ThreadRef,
 )
 from bb_environments.bus.core.api_service import ApiError, Endpoint
-from bb_environments.bus.wire.documents import PUBLICATIONS
+from bb_environments.bus.core.publications import PUBLICATIONS
 from bb_environments.domain.errors import UnknownEnvironment, UnknownThread
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers.api import (

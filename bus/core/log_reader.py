@@ -1,6 +1,6 @@
 """Turns the event store's notification log into the documents the bus carries.
 
-Each notification becomes its public document (`bus.documents`) and, for the read model, the
+Each notification becomes its public document (bus/core/publications.py) and, for the read model, the
 public view of its aggregate just after it (`projections.views`). One mapping serves the relay,
 the consumers that check the stream against the store, and `bb events replay`, so a rebuilt read
 model equals the live one by construction. The relay and consumers read on the store's log-reader
@@ -26,7 +26,8 @@ from uuid import UUID
 import msgspec
 from eventsourcing.application import Application
 
-from bb_environments.bus.wire.documents import Document, document_for
+from bb_environments.bus.core.publications import document_for
+from bb_environments.bus.wire.documents import Document
 from bb_environments.domain.topics import topic_prefixes
 from bb_environments.projections.fold import EventDecoder, StoredNotification, fold
 from bb_environments.projections.views import VIEWED_AGGREGATES, EnvironmentView, ThreadView, ViewPage, public_view

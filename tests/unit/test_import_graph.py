@@ -63,7 +63,7 @@ def test_loading_the_host_agent_loads_no_event_store_read_model_or_service_layer
 def test_the_rules_catch_the_typed_client_loading_the_service():
     graph = import_graph()
     edges = graph.graph()
-    edges["bb_environments.client.client"].add("bb_environments.bus.wire.documents")  # which loads eventsourcing
+    edges["bb_environments.client.client"].add("bb_environments.domain.topics")  # which loads eventsourcing
     edges["bb_environments.client.streams"].add("bb_environments.bus.api_client.nats_client")
     faults = graph.wrong_way(edges)
     assert "bb_environments.client.streams -> bb_environments.bus.api_client.nats_client: " \
