@@ -55,7 +55,7 @@ from bb_environments.handlers.commands import (
     NewEnvironment,
     UnarchiveThread,
 )
-from bb_environments.handlers.errors import InvalidInput, RequestError
+from bb_environments.domain.request_errors import InvalidInput, RequestError
 from bb_environments.handlers.machines import Machines
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
