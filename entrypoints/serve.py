@@ -47,7 +47,7 @@ from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
 from bb_environments.bus.core.ledger_answers import answer_ledger_questions
 from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
 from bb_environments.bus.jetstream import (
-    ConnectOptions, connect, ensure_hosts, ensure_streams, ensure_thread_partition_consumers,
+    ConnectOptions, JetStream, connect, ensure_hosts, ensure_streams, ensure_thread_partition_consumers,
     retire_provisioner_consumer)
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.core.log_follower import restore_read_models
@@ -223,7 +223,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, SERVICE_INBOX_PREFIX,
                        **connect_options(settings, credentials, SERVICE_USER))
     started.push_async_callback(_close, nc)
-    js = nc.jetstream()
+    js = JetStream(nc)
     await _until_answered(health, "the streams", lambda: ensure_streams(
         js, settings.threads_max_age_s, settings.threads_max_bytes, settings.stream_replicas))
     await _until_answered(health, "the thread partitions' consumers", lambda: ensure_thread_partition_consumers(js))
