@@ -25,8 +25,8 @@ from nats.micro.service import Service
 from bb_environments.bus.access import host_agent_inbox_prefix
 from bb_environments.bus.agent.bus_ledger import BusLedger
 from bb_environments.bus.agent.heartbeat import beat
-from bb_environments.bus.agent.host_agent import HostAgent
-from bb_environments.bus.agent.host_jobs import HostJobWorker
+from bb_environments.bus.agent.host_service import HostAgent
+from bb_environments.bus.agent.job_worker import HostJobWorker
 from bb_environments.bus.agent.workspace_answers import add_workspace_answers
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import TRANSCRIPT_LINES_PER_ENVIRONMENT, connect

@@ -36,7 +36,7 @@ from bb_environments.entrypoints.config import Settings, event_store_file, run_h
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
-from bb_environments.handlers.host_routing import RoutedWorkspaces
+from bb_environments.handlers.hosts import RoutedWorkspaces
 from bb_environments.handlers.machines import Machines
 from bb_environments.handlers.ports import (
     ActivityElsewhere, Everything, Hooks, HostDirectory, NoOtherReplica, Share, Transcript, Workspaces)

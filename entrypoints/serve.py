@@ -39,13 +39,13 @@ from bb_environments.bus.core.replicas import (
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.agent.heartbeat import beat
-from bb_environments.bus.agent.host_jobs import HostJobWorker
+from bb_environments.bus.agent.job_worker import HostJobWorker
 from bb_environments.bus.agent.workspace_answers import add_workspace_answers
 from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
 from bb_environments.bus.core.host_directory import BusHostDirectory
-from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
+from bb_environments.bus.core.job_queue import HostJobs, HostLiveness
 from bb_environments.bus.core.ledger_answers import answer_ledger_questions
-from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
+from bb_environments.bus.core.remote_host import RemoteWorkspaces
 from bb_environments.bus.jetstream import (
     ConnectOptions, connect, ensure_hosts, ensure_streams, ensure_thread_partition_consumers,
     retire_provisioner_consumer)

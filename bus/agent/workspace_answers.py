@@ -15,7 +15,7 @@ from nats.micro.service import Service
 
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import InputsQuery, NoArguments, ProjectQuery, WorkspaceAnswer
+from bb_environments.bus.wire.host_protocol import InputsQuery, NoArguments, ProjectQuery, WorkspaceAnswer
 from bb_environments.bus.wire.refusals import refusal_reason
 from bb_environments.providers.contract import InvalidInputs, PlanRefused, ProviderMissing
 from bb_environments.providers.workspace_messages import LeftoverRemoval, PlanRequest, SurveyRequest

@@ -14,11 +14,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
-from bb_environments.bus.agent.host_agent import HostAgent
-from bb_environments.bus.core.host_jobs import HostJobs
+from bb_environments.bus.agent.host_service import HostAgent
+from bb_environments.bus.core.job_queue import HostJobs
 from bb_environments.bus.health import BUS_UNAVAILABLE, describe
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import (
+from bb_environments.bus.wire.host_protocol import (
     HookCancelled, HookJob, HookOutputPage, HookOutputRequest, HookRef, HookReport, StartHook)
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
 from bb_environments.handlers.ports import HostUnavailable
@@ -74,7 +74,7 @@ class LocalFirstHooks:
 
 class HostAgentClient:
     """The core's side for hosts whose agent is elsewhere: a hook is a job queued for the host
-    (bus/core/host_jobs.py), waited for however long it takes; stopping one is a request the
+    (bus/core/job_queue.py), waited for however long it takes; stopping one is a request the
     agent answers at once."""
 
     def __init__(self, nc: Client, jobs: HostJobs) -> None:

@@ -36,10 +36,10 @@ from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.wire.api_messages import ERROR_CODE_HEADER
 from bb_environments.bus.wire.thread_events import ThreadMessageMessage
-from bb_environments.bus.agent.host_agent import HostAgent
+from bb_environments.bus.agent.host_service import HostAgent
 from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
-from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
-from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
+from bb_environments.bus.core.job_queue import HostJobs, HostLiveness
+from bb_environments.bus.core.remote_host import RemoteWorkspaces
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments, Placement

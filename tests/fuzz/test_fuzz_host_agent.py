@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 from hypothesis import assume, given
 
-from bb_environments.bus.wire.host_messages import StartHook
+from bb_environments.bus.wire.host_protocol import StartHook
 from tests.fuzz.seams import (HostAgentWorld, LogLines, files_under, fuzz_settings, one_sentence, store_file,
                               working_directory)
 from tests.fuzz.strategies import CANARY, host_agent_requests

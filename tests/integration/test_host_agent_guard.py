@@ -117,9 +117,9 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_
     from nats.js import api
 
     from bb_environments.bus.core.agent_client import HostAgentClient
-    from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
+    from bb_environments.bus.core.job_queue import HostJobs, HostLiveness
     from bb_environments.bus.jetstream import ensure_hosts, ensure_streams
-    from bb_environments.bus.wire.host_messages import HookJob, HookReport, HostHeartbeat
+    from bb_environments.bus.wire.host_protocol import HookJob, HookReport, HostHeartbeat
     from bb_environments.domain.hook_operations import HookOutcome
 
     server = EmbeddedNats.start(tmp_path / "plain-nats")

@@ -2,7 +2,7 @@
 
 The agent (a micro service per host, `bb.hosts.<hostId>.hooks.*`) wraps the durable hook runner:
 `start` begins or joins an operation and answers at once, and `status` tells how it stands; the
-core queues a remote host's hooks as jobs instead (bus/agent/host_jobs.py), which join the same run.
+core queues a remote host's hooks as jobs instead (bus/agent/job_worker.py), which join the same run.
 `cancel` writes the operation's tombstone first, so a cancelled hook can never start later, and
 answers "never-started" for an operation that never ran here, so cleanup is never blocked by it.
 Output lines go straight to the environment's transcript, between the hook's first step (`Running`,
@@ -33,7 +33,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.refusals import refusal_reason
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.bus.wire.host_messages import (
+from bb_environments.bus.wire.host_protocol import (
     HookCancelled, HookOutputPage, HookOutputRequest, HookRef, HookState, StartHook)
 from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome, RecordedHook
 from bb_environments.domain.ids import quoted

@@ -1,6 +1,6 @@
 """The `Workspaces` port for a host whose agent is a process of its own, reached only over the bus.
 
-What changes the host (a create, a removal) is a job queued for its agent (bus/core/host_jobs.py)
+What changes the host (a create, a removal) is a job queued for its agent (bus/core/job_queue.py)
 and survives the agent's absence; what only looks (a plan, the providers, a survey) is a request
 the agent answers at once, and waits (HostUnavailable) when nobody answers. The host's provider
 profiles are the core's own: every host runs the same release's providers.
@@ -17,10 +17,10 @@ import msgspec
 from nats.aio.client import Client
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
-from bb_environments.bus.core.host_jobs import HostJobs
+from bb_environments.bus.core.job_queue import HostJobs
 from bb_environments.bus.health import BUS_UNAVAILABLE, describe
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import (
+from bb_environments.bus.wire.host_protocol import (
     CreateJob,
     CreateReport,
     InputsQuery,

@@ -22,10 +22,10 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
-from bb_environments.bus.agent.host_agent import HostAgent
+from bb_environments.bus.agent.host_service import HostAgent
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import (
+from bb_environments.bus.wire.host_protocol import (
     CreateJob,
     CreateReport,
     HookJob,
