@@ -1,87 +1,50 @@
-"""Which process does an environment's host work: the `Workspaces` port, routed per call.
+"""Which `Host` does a host's work: here, the core's own, or the host's agent over the bus.
 
-The host whose agent runs in this process is served here (its workspaces under its root), the
-cloud providers (whose resource lives in no host's filesystem: Modal) by the core itself (their
-data under its data dir), and every other host by its own agent, over the bus.
+- here: the host whose agent runs in this process (`bb serve` without `--no-agent`) is served by
+  its `LocalHost` directly: its workspaces under its root, its hooks through its guard;
+- the core's own: the cloud providers' work (Modal: the resource lives in no host's filesystem)
+  is the core's, its data under the core's data dir, whichever host the environment names;
+- remote: every other host's work goes to its agent over the bus (`RemoteHost`), queued for it
+  however long it is away.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Coroutine, Mapping
-from datetime import datetime
+from collections.abc import Mapping
 from typing import Any
 
-from bb_environments.handlers.ports import Workspaces
-from bb_environments.providers.contract import CreateResult, RemoveResult
-from bb_environments.providers.registry import ProviderDescription, ProviderProfile
-from bb_environments.providers.workspace_messages import (
-    CreateRequest,
-    LeftoverRemoval,
-    PauseResult,
-    Plan,
-    PlanRequest,
-    RemoveRequest,
-    ResourceRequest,
-    ResumeResult,
-    Survey,
-    SurveyRequest,
-)
+import msgspec
+
+from bb_environments.handlers.ports import Host, ProviderMissing
+from bb_environments.providers.planning import decode_inputs
+from bb_environments.providers.registry import ProviderProfile, ProviderRegistry
 
 
-class RoutedWorkspaces:
-    def __init__(self, here: Workspaces, cloud: Workspaces, elsewhere: Workspaces, host_here: str | None,
-                 cloud_providers: frozenset[str]) -> None:
-        """`host_here`: the host whose agent runs in this process (None: every host's is elsewhere)."""
+class HostRouter:
+    def __init__(self, registry: ProviderRegistry, core: Host, remote: Host, here: Host | None = None,
+                 host_here: str | None = None) -> None:
+        """`core`: the host of the core's own (cloud) providers; `here`: the host `host_here`,
+        whose agent runs in this process (None: every host's agent is elsewhere)."""
+        self._registry = registry
+        self._profiles = registry.profiles()
+        self._cloud_providers = registry.cloud_ids()
+        self._core = core
+        self._remote = remote
         self._here = here
-        self._cloud = cloud
-        self._elsewhere = elsewhere
-        self._host_here = host_here
-        self._cloud_providers = cloud_providers
+        self._host_here = host_here if here is not None else None
 
-    def _for(self, host_id: str, provider_id: str | None = None) -> Workspaces:
+    def host(self, host_id: str, provider_id: str | None = None) -> Host:
         if provider_id in self._cloud_providers:
-            return self._cloud
-        return self._here if host_id == self._host_here else self._elsewhere
+            return self._core
+        if host_id == self._host_here and self._here is not None:
+            return self._here
+        return self._remote
 
-    def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
-        return self._for(host_id).profiles(host_id)
+    def profiles(self) -> Mapping[str, ProviderProfile]:
+        return self._profiles
 
-    async def providers(self, host_id: str) -> list[ProviderDescription]:
-        return await self._for(host_id).providers(host_id)
-
-    async def inputs(self, host_id: str, provider_id: str, inputs: Any) -> Any:
-        # The inputs' type is the provider's, which is the core's release too: read here, so that a
-        # thread event's intent is checked while its host is away.
-        return await self._cloud.inputs(host_id, provider_id, inputs)
-
-    async def canonical_project(self, host_id: str, project_path: str | None) -> str | None:
-        return await self._for(host_id).canonical_project(host_id, project_path)
-
-    async def plan(self, request: PlanRequest) -> Plan:
-        return await self._for(request.host_id, request.provider_id).plan(request)
-
-    async def planned_path(self, request: PlanRequest) -> str | None:
-        return await self._for(request.host_id, request.provider_id).planned_path(request)
-
-    async def create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
-        return await self._for(request.host_id, request.provider_id).create(request, cancelled)
-
-    async def remove(self, request: RemoveRequest, cancelled: threading.Event) -> RemoveResult:
-        return await self._for(request.host_id, request.provider_id).remove(request, cancelled)
-
-    async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
-        return await self._for(host_id, provider_id).idle_pause_due(host_id, provider_id, last_activity, now)
-
-    async def pause(self, request: ResourceRequest,
-                    checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]) -> PauseResult:
-        return await self._for(request.host_id, request.provider_id).pause(request, checkpoint)
-
-    async def resume(self, request: ResourceRequest) -> ResumeResult:
-        return await self._for(request.host_id, request.provider_id).resume(request)
-
-    async def survey(self, request: SurveyRequest) -> Survey:
-        return await self._for(request.host_id).survey(request)
-
-    async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
-        return await self._for(request.host_id, request.leftover.provider_id).remove_leftover(request)
+    async def inputs(self, provider_id: str, inputs: Any) -> Any:
+        provider = self._registry.get(provider_id)
+        if provider is None:
+            raise ProviderMissing(f"the environment provider {provider_id!r} is not registered")
+        return msgspec.to_builtins(decode_inputs(provider, inputs))

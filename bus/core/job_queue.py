@@ -79,7 +79,7 @@ def waiting_for(host_id: str, heartbeat: HostHeartbeat | None) -> str:
     return f"waiting for the agent of host {host_id!r}, offline since {seen}"
 
 
-class HostJobs:
+class HostJobQueue:
     def __init__(self, nc: Client, js: JetStreamContext, liveness: HostLiveness, *,
                  health: BusHealth | None = None) -> None:
         self._nc = nc

@@ -1,15 +1,16 @@
-"""The `Workspaces` port for a host whose agent is a process of its own, reached only over the bus.
+"""The `Host` port for a host whose agent runs elsewhere (a `bb agent`, or another replica's
+`bb serve`), reached only over the bus, each verb as bus/wire/host_protocol.py's VERBS says.
 
-What changes the host (a create, a removal) is a job queued for its agent (bus/core/job_queue.py)
-and survives the agent's absence; what only looks (a plan, the providers, a survey) is a request
-the agent answers at once, and waits (HostUnavailable) when nobody answers. The host's provider
-profiles are the core's own: every host runs the same release's providers.
+What changes the host (a create, a removal, a hook) is a job queued for its agent
+(bus/core/job_queue.py) and survives the agent's absence; what only looks (a plan, the providers,
+a survey, a hook's output) or stops a hook is a request the agent answers at once, and waits
+(HostUnavailable) when nobody answers.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -17,23 +18,31 @@ import msgspec
 from nats.aio.client import Client
 from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER
 
-from bb_environments.bus.core.job_queue import HostJobs
+from bb_environments.bus.core.job_queue import HostJobQueue
 from bb_environments.bus.health import BUS_UNAVAILABLE, describe
-from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.host_protocol import (
+    VERB,
     CreateJob,
     CreateReport,
+    HookCancelled,
+    HookJob,
+    HookOutputPage,
+    HookOutputRequest,
+    HookRef,
+    HookReport,
+    HostJob,
     InputsQuery,
     NoArguments,
     ProjectQuery,
-    ProviderList,
     RemoveJob,
     RemoveReport,
+    StartHook,
     WorkspaceAnswer,
 )
+from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
 from bb_environments.handlers.ports import HostUnavailable
 from bb_environments.providers.contract import CreateResult, InvalidInputs, PlanRefused, ProviderMissing, RemoveResult
-from bb_environments.providers.registry import ProviderDescription, ProviderProfile
+from bb_environments.providers.registry import ProviderDescription
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
     LeftoverRemoval,
@@ -66,39 +75,40 @@ def remove_operation(request: RemoveRequest) -> str:
     return f"{request.environment_id}.remove.{request.removal_attempt}"
 
 
-class RemoteWorkspaces:
-    def __init__(self, nc: Client, jobs: HostJobs, profiles: Mapping[str, ProviderProfile]) -> None:
+class RemoteHost:
+    def __init__(self, nc: Client, jobs: HostJobQueue) -> None:
         self._nc = nc
         self._jobs = jobs
-        self._profiles = profiles
-
-    def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
-        return self._profiles
 
     async def providers(self, host_id: str) -> list[ProviderDescription]:
-        return await self._ask(host_id, "providers", NoArguments(), ProviderList)
+        described: list[ProviderDescription] = await self._ask(host_id, "providers", NoArguments())
+        return described
 
     async def inputs(self, host_id: str, provider_id: str, inputs: Any) -> Any:
-        return await self._ask(host_id, "inputs", InputsQuery(provider_id, inputs), Any)
+        return await self._ask(host_id, "inputs", InputsQuery(provider_id, inputs))
 
     async def canonical_project(self, host_id: str, project_path: str | None) -> str | None:
-        return await self._ask(host_id, "canonical-project", ProjectQuery(project_path), str | None)  # type: ignore[arg-type]
+        canonical: str | None = await self._ask(host_id, "canonical-project", ProjectQuery(project_path))
+        return canonical
 
     async def plan(self, request: PlanRequest) -> Plan:
-        return await self._ask(request.host_id, "plan", request, Plan)
+        plan: Plan = await self._ask(request.host_id, "plan", request)
+        return plan
 
     async def planned_path(self, request: PlanRequest) -> str | None:
-        return await self._ask(request.host_id, "planned-path", request, str | None)  # type: ignore[arg-type]
+        planned: str | None = await self._ask(request.host_id, "planned-path", request)
+        return planned
 
     async def create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
         """A create, once queued, runs to its end on the host; a cancelled environment then
         removes what it made (the driver's cleanup), as for a create that was past stopping."""
-        job = CreateJob(create_operation(request), request)
-        return (await self._jobs.run(request.host_id, job, CreateReport)).result
+        report: CreateReport = await self._job(request.host_id, "create", CreateJob(create_operation(request), request))
+        return report.result
 
     async def remove(self, request: RemoveRequest, cancelled: threading.Event) -> RemoveResult:
         job = RemoveJob(remove_operation(request), request)
-        return (await self._jobs.run(request.host_id, job, RemoveReport, again=request.removal_attempt == 0)).result
+        report: RemoveReport = await self._job(request.host_id, "remove", job, again=request.removal_attempt == 0)
+        return report.result
 
     async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
         return False  # no provider of a host pauses: pausing is a cloud provider's, which runs in the core
@@ -111,25 +121,51 @@ class RemoteWorkspaces:
         return ResumeFailed(f"environments on host {request.host_id!r} do not pause")
 
     async def survey(self, request: SurveyRequest) -> Survey:
-        return await self._ask(request.host_id, "survey", request, Survey)
+        survey: Survey = await self._ask(request.host_id, "survey", request)
+        return survey
 
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
-        return await self._ask(request.host_id, "remove-leftover", request, RemoveResult)  # type: ignore[arg-type]
+        result: RemoveResult = await self._ask(request.host_id, "remove-leftover", request)
+        return result
 
-    async def _ask(self, host_id: str, verb: str, body: msgspec.Struct, answer_type: type[T]) -> T:
+    async def run_hook(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
+                       workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+        """`known` is not sent: the agent on the host asks the log itself."""
+        start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
+        report: HookReport = await self._job(host_id, "hook", HookJob(operation_id, start))
+        if report.outcome is None:
+            # A refusal waits too: the agent's ledger may not have caught up with the log yet.
+            raise HostUnavailable(f"the host agent of {host_id!r} answered refused: {report.refused}")
+        return report.outcome
+
+    async def cancel_hook(self, host_id: str, operation_id: str) -> str:
+        cancelled: HookCancelled = await self._ask(host_id, "cancel", HookRef(operation_id))
+        return cancelled.result
+
+    async def hook_output(self, host_id: str, operation_id: str, offset: int) -> tuple[str, int, bool]:
+        page: HookOutputPage = await self._ask(host_id, "output", HookOutputRequest(operation_id=operation_id,
+                                                                                    offset=offset))
+        return page.text, page.next_offset, page.more
+
+    async def _job(self, host_id: str, name: str, job: HostJob, *, again: bool = False) -> Any:
+        return await self._jobs.run(host_id, job, VERB[name].answer, again=again)
+
+    async def _ask(self, host_id: str, name: str, body: msgspec.Struct) -> Any:
+        verb = VERB[name]
         try:
-            reply = await self._nc.request(subjects.host_workspaces(host_id, verb), msgspec.json.encode(body),
-                                           timeout=QUERY_TIMEOUT_S)
+            reply = await self._nc.request(verb.subject(host_id), msgspec.json.encode(body), timeout=QUERY_TIMEOUT_S)
         except BUS_UNAVAILABLE as error:
-            away = await self._jobs.away(host_id, f"asking host {host_id!r} to {verb}")
+            away = await self._jobs.away(host_id, f"asking host {host_id!r} to {name}")
             raise away or HostUnavailable(f"no agent answers for host {host_id!r} ({describe(error)})") from None
         if reply.headers and (code := reply.headers.get(ERROR_CODE_HEADER)):
-            raise HostUnavailable(f"the agent of host {host_id!r} answered {verb} with {code}: "
+            raise HostUnavailable(f"the agent of host {host_id!r} answered {name} with {code}: "
                                   f"{reply.headers.get(ERROR_HEADER)}")
         try:
+            if verb.of_hooks:
+                return msgspec.json.decode(reply.data, type=verb.answer)
             answer = msgspec.json.decode(reply.data, type=WorkspaceAnswer)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            raise HostUnavailable(f"the agent of host {host_id!r} answered {verb} with something else") from None
+            raise HostUnavailable(f"the agent of host {host_id!r} answered {name} with something else") from None
         if answer.refused is not None:
             raise _REFUSALS[answer.refused](answer.message or answer.refused)
-        return msgspec.convert(answer.answer, answer_type)
+        return msgspec.convert(answer.answer, verb.answer)
