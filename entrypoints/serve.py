@@ -108,9 +108,9 @@ def _reached_at(data_dir: Path, holder: Holder | None) -> str:
 
 
 def hold_event_store(settings: Settings) -> FileLock | None:
-    """One writer per event store, whatever data dir names it: the store's consistency (one writer
-    thread, aggregates cached from it, path claims) assumes it. The lock lives beside an SQLite store;
-    a PostgreSQL store is not guarded (README)."""
+    """One service per SQLite store, whatever data dir names it: an SQLite store has one writer
+    (handlers/writers.py SingleWriter). The lock lives beside it; a PostgreSQL store is shared by
+    the replicas that name it (docs/architecture.md, "Several replicas of the core")."""
     store = event_store_file(settings.event_store)
     if store is None:
         return None

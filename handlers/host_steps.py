@@ -1,6 +1,5 @@
-"""The long steps that happen on an environment's host: each asks the host through the `Host` port (its
-workspace's provider, or a hook) and records the answer as the
-environment's next event.
+"""The long steps that happen on an environment's host: each asks the host through the `Host` port
+(its workspace's provider, or a hook) and records the answer as the environment's next event.
 
 A step returns the environment as that event left it, or None when it failed without recording
 anything (the driver runs it again later). The driver (provisioning.py) decides which step runs
