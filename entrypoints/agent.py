@@ -1,10 +1,10 @@
-"""The host agent's composition: one machine's hook runtime and workspaces on the bus.
+"""The host agent's composition: one machine's hooks and workspaces (`LocalHost`) on the bus.
 
 Assembled apart from the core: this module and everything it imports load no event store, no read
 model and nothing of the core's service layer (tests/unit/test_import_graph.py holds it to that), so
-the same agent runs inside `bb serve` (`start_host_agent`) or as a process of its own, `bb agent`
-(`run_agent`), that shares only the bus with the core: its root, its hook records and its
-providers' directories are its own.
+the same host (`build_local_host`) runs inside `bb serve`, where its core also calls it directly,
+or as a process of its own, `bb agent` (`run_agent`), that shares only the bus with the core: its
+root, its hook records and its providers' directories are its own.
 """
 
 from __future__ import annotations
@@ -15,64 +15,63 @@ import getpass
 import logging
 import os
 import signal
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from nats.aio.client import Client
-from nats.micro.service import Service
 
 from bb_environments.bus.access import host_agent_inbox_prefix
 from bb_environments.bus.agent.bus_ledger import BusLedger
 from bb_environments.bus.agent.heartbeat import beat
-from bb_environments.bus.agent.host_agent import HostAgent
-from bb_environments.bus.agent.host_jobs import HostJobWorker
-from bb_environments.bus.agent.workspace_answers import add_workspace_answers
+from bb_environments.bus.agent.host_service import start_host_service
+from bb_environments.bus.agent.job_worker import HostJobWorker
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import TRANSCRIPT_LINES_PER_ENVIRONMENT, connect
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.entrypoints.config import (
     Settings, hook_output_max_bytes, hook_record_sync, nats_credentials, run_hooks_as)
+from bb_environments.hooks.guarded import GuardedHooks
 from bb_environments.hooks.ledger import HookLedger
+from bb_environments.hooks.local_host import LocalHost
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.providers.contract import Transcript
 from bb_environments.providers.host.containment import host_containment
 from bb_environments.providers.registry import ProviderRegistry
-from bb_environments.providers.workspaces import LocalWorkspaces
 
 log = logging.getLogger("bb.agent")
 
 CREDENTIALS_CHECK_S = 1.0
 
 
-@dataclass(frozen=True)
-class StartedAgent:
-    agent: HostAgent
-    service: Service
-
-
-async def start_host_agent(settings: Settings, nc: Client, ledger: HookLedger, health: BusHealth,
-                           started: contextlib.AsyncExitStack, state: Path) -> StartedAgent:
-    """The agent of `settings.host_id`, serving on `nc` (its own user's connection), what it keeps
-    of its hooks (their records, their containment) under `state`; its stopping is pushed on `started`."""
+def build_local_host(settings: Settings, registry: ProviderRegistry, workspaces_root: Path, state: Path,
+                     transcript: Transcript, ledger: HookLedger, *, earlier_data_dir: Path | None = None) -> LocalHost:
+    """The host `settings.host_id` in this process, for `bb agent` and `bb serve` alike: its
+    providers' workspaces under `workspaces_root` (and `earlier_data_dir`, where they were before
+    a root of their own), what it keeps of its hooks (their records, their containment) under
+    `state`, its hooks run as the log that `ledger` reads allows."""
     run_as = run_hooks_as(settings)
     if run_as is None:
         log.warning("BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
                     "in %s (docs/security.md)", getpass.getuser(), state)
+    containment = host_containment(state / "containment")
     runner = HookRunner(state / "hooks", settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes(),
-                        containment=host_containment(state / "containment"), run_as=run_as,
-                        git_hooks=settings.run_git_hooks, transcript_lines_kept=TRANSCRIPT_LINES_PER_ENVIRONMENT)
-    transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
-    agent = HostAgent(nc, runner, settings.host_id, transcript, ledger)
-    service = await agent.start()
-    started.push_async_callback(agent.stop)
+                        containment=containment, run_as=run_as, git_hooks=settings.run_git_hooks,
+                        transcript_lines_kept=TRANSCRIPT_LINES_PER_ENVIRONMENT)
+    return LocalHost(registry, workspaces_root, transcript, hooks=GuardedHooks(runner, settings.host_id, transcript, ledger),
+                     earlier_data_dir=earlier_data_dir, containment=containment, workspace_user=run_as)
+
+
+async def serve_host(nc: Client, settings: Settings, host: LocalHost, started: contextlib.AsyncExitStack) -> None:
+    """`host` answering its agent's queries on `nc` (its own user's connection); its stopping is pushed on `started`."""
+    started.push_async_callback(host.hooks.stop)
+    service = await start_host_service(nc, settings.host_id, host)
     started.push_async_callback(service.stop)
-    return StartedAgent(agent, service)
 
 
-async def keep_hook_records(agent: HostAgent, settings: Settings) -> None:
+async def keep_hook_records(host: LocalHost, settings: Settings) -> None:
     """The agent's upkeep: the records of hooks whose environments were removed long enough ago go."""
     while True:
-        await agent.forget_removed(settings.removed_retention_s)
+        await host.hooks.forget_removed(settings.removed_retention_s)
         await asyncio.sleep(settings.sweep_interval_s)
 
 
@@ -143,15 +142,13 @@ async def _serve_until_stopped(settings: Settings, credentials: Path, nats_url: 
     try:
         async with contextlib.AsyncExitStack() as started:
             transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
-            workspaces = LocalWorkspaces(ProviderRegistry.from_entry_points(settings.extra_providers), root, transcript,
-                                         containment=host_containment(state / "containment"),
-                                         workspace_user=run_hooks_as(settings))
-            running = await start_host_agent(settings, nc, BusLedger(nc, settings.host_id), health, started, state)
-            await add_workspace_answers(running.service, settings.host_id, workspaces)
-            jobs = HostJobWorker(nc, settings.host_id, workspaces, running.agent, health=health)
+            registry = ProviderRegistry.from_entry_points(settings.extra_providers)
+            host = build_local_host(settings, registry, root, state, transcript, BusLedger(nc, settings.host_id))
+            await serve_host(nc, settings, host, started)
+            jobs = HostJobWorker(nc, settings.host_id, host, health=health)
             tasks = [asyncio.create_task(work) for work in (
                 jobs.run(), beat(nc, settings.host_id, str(root), metadata.version("bb-environments"), health),
-                keep_hook_records(running.agent, settings), _until_refused(nc, settings.host_id))]
+                keep_hook_records(host, settings), _until_refused(nc, settings.host_id))]
             past_start.set()
             log.info("the agent of host %r is serving from %s", settings.host_id, root)
             stopping = asyncio.create_task(stop.wait())

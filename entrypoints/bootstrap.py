@@ -36,10 +36,10 @@ from bb_environments.entrypoints.config import Settings, event_store_file, run_h
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
-from bb_environments.handlers.host_routing import RoutedWorkspaces
+from bb_environments.handlers.hosts import HostRouter
 from bb_environments.handlers.machines import Machines
 from bb_environments.handlers.ports import (
-    ActivityElsewhere, Everything, Hooks, HostDirectory, NoOtherReplica, Share, Transcript, Workspaces)
+    ActivityElsewhere, Everything, Host, HostDirectory, NoOtherReplica, Share, Transcript)
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
@@ -50,7 +50,10 @@ from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.git_worktree import GitWorktreeProvider
 from bb_environments.providers.host.containment import host_containment
 from bb_environments.providers.saved_work import saved_notes_dir
-from bb_environments.providers.workspaces import LocalWorkspaces, provider_dir
+from bb_environments.providers.workspaces import provider_dir
+from bb_environments.hooks.ledger import HookLedger
+from bb_environments.hooks.local_host import LocalHost
+from bb_environments.handlers.store import StoreLedger
 
 # Whether a cached aggregate is read again from the store on a hit is the writers' strategy's
 # (handlers/writers.py): with one writer it never is.
@@ -63,18 +66,17 @@ class StoreUnusable(RuntimeError):
 
 @dataclass(frozen=True)
 class Ports:
-    """Where the core reaches the bus: the hosts' agents (their hooks, and the workspaces of every
-    host but the one whose agent runs in this process), the registered hosts, the transcript, the
-    environments stream's position, and the threads' first messages."""
+    """Where the core reaches the world: the hosts whose agents run elsewhere (`remote`), the
+    registered hosts, the transcript, the environments stream's position, and the threads' first
+    messages; and `here`, which makes the host whose agent runs in this process once the core has
+    the log its hooks ask (None: `--no-agent`, every host's agent runs elsewhere)."""
 
-    hooks: Hooks
-    workspaces_elsewhere: Workspaces
+    remote: Host
     hosts: HostDirectory
     transcript: Transcript
     stream_position: Callable[[], Awaitable[int]]
     publish_thread_message: Callable[[str, str, datetime], Awaitable[None]]
-    agent_here: bool = True
-    """Whether the agent of this service's own host runs in this process (`bb serve` without --no-agent)."""
+    here: Callable[[HookLedger], LocalHost] | None = None
     share: Share = Everything()
     """The environments this replica drives (bus/core/replicas.py DriveShare, when several share the store)."""
     activity_elsewhere: ActivityElsewhere = NoOtherReplica()
@@ -103,8 +105,8 @@ class Core:
     doctor: Doctor
     api: Api
     machines: Machines
-    workspaces_here: LocalWorkspaces
-    """The workspaces of this service's own host, which its agent in this process works on."""
+    here: LocalHost | None
+    """This service's own host, when its agent runs in this process (its workspaces and hooks)."""
 
 
 async def build_core(settings: Settings, registry: ProviderRegistry, ports: Ports,
@@ -130,28 +132,24 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
     started.push_async_callback(read_model.close)
-    # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a root of
-    # their own; what is on disk already keeps its recorded paths either way. The containment of
-    # the hooks the agent of this host runs (entrypoints/agent.py) is one per data dir.
-    containment, run_as = host_containment(settings.data_dir / "containment"), run_hooks_as(settings)
-    cloud = LocalWorkspaces(registry, settings.data_dir, ports.transcript, containment=containment,
-                            workspace_user=run_as)
-    here = (LocalWorkspaces(registry, settings.workspaces_root, ports.transcript, earlier_data_dir=settings.data_dir,
-                            containment=containment, workspace_user=run_as)
-            if settings.agent_root else cloud)
-    workspaces = RoutedWorkspaces(here, cloud, ports.workspaces_elsewhere,
-                                  settings.host_id if ports.agent_here else None, registry.cloud_ids())
+    here = ports.here(StoreLedger(store)) if ports.here else None
+    # The cloud providers' work is the core's, under its data dir: the host here's own when its
+    # workspaces lie there too (no BB_AGENT_ROOT), sharing one containment of hooks' processes.
+    core_host = here if here is not None and not settings.agent_root else LocalHost(
+        registry, settings.data_dir, ports.transcript, containment=host_containment(settings.data_dir / "containment"),
+        workspace_user=run_hooks_as(settings))
+    hosts = HostRouter(registry, core_host, ports.remote, here, settings.host_id)
     machines = Machines(store, ports.hosts, read_model, settings.host_id)
     await machines.record_seeded_hosts()
-    placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots)
-    provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
+    placer = Placer(hosts, settings.host_id, machines.known, settings.project_roots)
+    provisioner = Provisioner(store, placer, hosts, ports.transcript,
                               timedelta(seconds=settings.transient_retry_s), share=ports.share,
                               activity_elsewhere=ports.activity_elsewhere)
     started.push_async_callback(provisioner.stop)
-    threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
-    doctor = Doctor(store, workspaces, provisioner, settings.host_id)
-    api = Api(store, read_model, placer, workspaces, threads, provisioner, doctor, settings.host_id,
-              ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for, ports.hooks)
+    threads = ThreadHandlers(store, placer, hosts, settings.host_id)
+    doctor = Doctor(store, hosts, provisioner, settings.host_id)
+    api = Api(store, read_model, placer, hosts, threads, provisioner, doctor, settings.host_id,
+              ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for)
     return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here)
 
 

@@ -39,20 +39,18 @@ from bb_environments.bus.core.replicas import (
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.agent.heartbeat import beat
-from bb_environments.bus.agent.host_jobs import HostJobWorker
-from bb_environments.bus.agent.workspace_answers import add_workspace_answers
-from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
+from bb_environments.bus.agent.job_worker import HostJobWorker
 from bb_environments.bus.core.host_directory import BusHostDirectory
-from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
+from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
 from bb_environments.bus.core.ledger_answers import answer_ledger_questions
-from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
+from bb_environments.bus.core.remote_host import RemoteHost
 from bb_environments.bus.jetstream import (
     ConnectOptions, JetStream, connect, ensure_hosts, ensure_streams, ensure_thread_partition_consumers,
     retire_provisioner_consumer)
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.thread_messages import StreamPorts
-from bb_environments.entrypoints.agent import keep_hook_records, start_host_agent
+from bb_environments.entrypoints.agent import build_local_host, keep_hook_records, serve_host
 from bb_environments.entrypoints.bootstrap import (
     Ports, Replication, StoreUnusable, build_core, core_workers, relay_of)
 from bb_environments.bus.wire.server_file import SERVER_FILE, ClientSeeds, ServerFileError, ServerInfo, read_server_file
@@ -69,6 +67,8 @@ from bb_environments.entrypoints.config import (
 )
 from bb_environments.handlers.ports import Everything, NoOtherReplica
 from bb_environments.handlers.store import StoreLedger
+from bb_environments.hooks.ledger import HookLedger
+from bb_environments.hooks.local_host import LocalHost
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.registry import ProviderRegistry
 
@@ -108,9 +108,9 @@ def _reached_at(data_dir: Path, holder: Holder | None) -> str:
 
 
 def hold_event_store(settings: Settings) -> FileLock | None:
-    """One writer per event store, whatever data dir names it: the store's consistency (one writer
-    thread, aggregates cached from it, path claims) assumes it. The lock lives beside an SQLite store;
-    a PostgreSQL store is not guarded (docs/guarantees.md)."""
+    """One service per SQLite store, whatever data dir names it: an SQLite store has one writer
+    (handlers/writers.py SingleWriter). The lock lives beside it; a PostgreSQL store is shared by
+    the replicas that name it (docs/architecture.md, "Several replicas of the core")."""
     store = event_store_file(settings.event_store)
     if store is None:
         return None
@@ -234,17 +234,30 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     replication = await _replication(settings, nc, js)
 
     liveness = HostLiveness(js)
-    jobs = HostJobs(nc, js, liveness, health=health)
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
-    hooks = LocalFirstHooks(settings.host_id, HostAgentClient(nc, jobs))
     stream = StreamPorts(js)
     hosts = BusHostDirectory(host_seeds, js, liveness,
                              _admitting_users(settings, credentials, embedded) if credentials and embedded else None)
+    agent_nc = None
+    if agent_here:
+        # The agent of this host has a connection of its own user, as a `bb agent` would.
+        agent_nc = await connect(nats_url, f"bb-host-agent-{settings.host_id}", health,
+                                 host_agent_inbox_prefix(settings.host_id),
+                                 **connect_options(settings, credentials, host_agent_user(settings.host_id)))
+        started.push_async_callback(_close, agent_nc)
+        agent_transcript = TranscriptPublisher(agent_nc, loop, health=health)
+
+    def host_here(ledger: HookLedger) -> LocalHost:
+        # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a
+        # root of their own; what is on disk already keeps its recorded paths either way.
+        return build_local_host(settings, registry, settings.workspaces_root, settings.data_dir, agent_transcript,
+                                ledger, earlier_data_dir=settings.data_dir if settings.agent_root else None)
+
     core = await build_core(
         settings, registry,
-        Ports(hooks, RemoteWorkspaces(nc, jobs, registry.profiles()), hosts,
+        Ports(RemoteHost(nc, HostJobQueue(nc, js, liveness, health=health)), hosts,
               TranscriptPublisher(nc, loop, health=health), stream.stream_position, stream.publish_thread_message,
-              agent_here=agent_here, share=replication.share if replication else Everything(),
+              here=host_here if agent_here else None, share=replication.share if replication else Everything(),
               activity_elsewhere=replication.activity if replication else NoOtherReplica()),
         started,
     )
@@ -254,22 +267,14 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await ensure_hosts(js, await core.machines.known(), settings.stream_replicas)
     started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))
     agent_work: list[Coroutine[Any, Any, None]] = []
-    if agent_here:
-        agent_nc = await connect(nats_url, f"bb-host-agent-{settings.host_id}", health,
-                                 host_agent_inbox_prefix(settings.host_id),
-                                 **connect_options(settings, credentials, host_agent_user(settings.host_id)))
-        started.push_async_callback(_close, agent_nc)
-        host_agent = await start_host_agent(settings, agent_nc, StoreLedger(core.store), health, started,
-                                            settings.data_dir)
-        hooks.attach(host_agent.agent)
-        agent_work = [keep_hook_records(host_agent.agent, settings),
+    if core.here is not None and agent_nc is not None:
+        # The core calls its host directly; the bus reaches the same host as it would a `bb agent`'s.
+        await serve_host(agent_nc, settings, core.here, started)
+        agent_work = [keep_hook_records(core.here, settings),
                       beat(agent_nc, settings.host_id, settings.data_root, metadata.version("bb-environments"), health)]
         if replication is not None:
-            # Another replica may drive an environment of this host: it asks this agent over the bus,
-            # as it would a `bb agent`.
-            await add_workspace_answers(host_agent.service, settings.host_id, core.workspaces_here)
-            agent_work.append(HostJobWorker(agent_nc, settings.host_id, core.workspaces_here, host_agent.agent,
-                                            health=health).run())
+            # Another replica may drive an environment of this host: it queues its jobs for this agent.
+            agent_work.append(HostJobWorker(agent_nc, settings.host_id, core.here, health=health).run())
     relay = await relay_of(core, js, nc, health, replicated=replication is not None)
     await restore_read_models(core.app, core.store, core.read_model, core.read_model_damage, core.api, js)
     tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings, replication),

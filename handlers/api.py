@@ -40,7 +40,7 @@ from bb_environments.handlers.application import GraceLookup
 from bb_environments.handlers.doctor import Doctor, Findings
 from bb_environments.domain.request_errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
-from bb_environments.handlers.ports import Hooks, HostUnavailable, Workspaces
+from bb_environments.handlers.ports import Hosts, HostUnavailable
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
@@ -161,18 +161,18 @@ class LogViews(Protocol):
 
 
 class Api:
-    def __init__(self, store: Store, read_model: ReadModel, placer: Placer, workspaces: Workspaces,
+    def __init__(self, store: Store, read_model: ReadModel, placer: Placer, hosts: Hosts,
                  threads: ThreadHandlers, provisioner: Provisioner, doctor: Doctor, host_id: str,
                  stream_position: Callable[[], Awaitable[int]],
                  publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
-                 log_views: Callable[[], LogViews], grace_for: GraceLookup, hooks: Hooks) -> None:
+                 log_views: Callable[[], LogViews], grace_for: GraceLookup) -> None:
         """`log_views` makes a fresh reader of the log for each replay; `grace_for` is the retire
         grace in force for a provider, as the application service applies it."""
         self._store = store
         self._app = store.app
         self._read_model = read_model
         self._placer = placer
-        self._workspaces = workspaces
+        self._hosts = hosts
         self._threads = threads
         self._provisioner = provisioner
         self._doctor = doctor
@@ -181,7 +181,6 @@ class Api:
         self._publish_thread_message = publish_thread_message
         self._log_views = log_views
         self._grace_for = grace_for
-        self._hooks = hooks
         self._history = EnvironmentHistory(self._app)  # read on the store's reader thread alone
 
     # -- queries -------------------------------------------------------------------------------
@@ -190,7 +189,7 @@ class Api:
         """The providers of this host, each with the policy in force: BB_RETIRE_GRACE_MS replaces
         the grace a provider declares, and an operator reads what will happen, not the default."""
         try:
-            described_here = await self._workspaces.providers(self._host_id)
+            described_here = await self._hosts.host(self._host_id).providers(self._host_id)
         except HostUnavailable as away:
             raise Unavailable(f"the providers of host {self._host_id!r} are unknown while its agent is away: {away}") from None
         return [msgspec.structs.replace(described, policy=msgspec.structs.replace(
@@ -262,7 +261,8 @@ class Api:
         if recorded is None or recorded.environment_id != str(environment_id):
             raise NotFound(f"environment {environment_id} has no hook operation {quoted(request.operation_id)}")
         try:
-            text, next_offset, more = await self._hooks.output(recorded.host_id, recorded.operation_id, request.offset)
+            text, next_offset, more = await self._hosts.host(recorded.host_id).hook_output(
+                recorded.host_id, recorded.operation_id, request.offset)
         except HostUnavailable as away:
             raise Unavailable(f"the output is on host {recorded.host_id!r}, which does not answer: {away}") from None
         return HookOutput(text, next_offset, more)

@@ -1,6 +1,6 @@
 """`bb doctor`: what each host holds of bb's layout, compared with what the log records (SPEC §8.2).
 
-Each host lists what exists there (the Workspaces port's `survey`, answered where the host's
+Each host lists what exists there (the Host port's `survey`, answered where the host's
 work runs); the comparison is the core's, against the log: an orphan is something found that no
 environment not yet removed records (its workspace or claimed path, its path key, its branch),
 and a missing workspace is one a settled environment records that its host no longer has.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from bb_environments.domain.environment import Environment
-from bb_environments.handlers.ports import Workspaces
+from bb_environments.handlers.ports import Hosts
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import Leftover, RemoveFailed
@@ -83,10 +83,10 @@ def compare(host_id: str, survey: Survey, environments: list[Environment]) -> Fi
 
 
 class Doctor:
-    def __init__(self, store: Store, workspaces: Workspaces, provisioner: Provisioner, host_id: str) -> None:
+    def __init__(self, store: Store, hosts: Hosts, provisioner: Provisioner, host_id: str) -> None:
         self._store = store
         self._app = store.app
-        self._workspaces = workspaces
+        self._hosts = hosts
         self._provisioner = provisioner
         self._host_id = host_id
 
@@ -101,7 +101,7 @@ class Doctor:
         for host_id in hosts:
             workspaces = [(environment.provider_id, environment.path) for environment in environments
                           if environment.host_id == host_id and environment.workspace_may_vanish and environment.path]
-            survey = await self._workspaces.survey(SurveyRequest(host_id, projects.get(host_id, []), workspaces))
+            survey = await self._hosts.host(host_id).survey(SurveyRequest(host_id, projects.get(host_id, []), workspaces))
             found = compare(host_id, survey, environments)
             # Host ids that one machine answers for (an earlier BB_HOST_ID) find the same things.
             for orphan in found.orphans:
@@ -116,7 +116,7 @@ class Doctor:
         for orphan in found.orphans:
             # What the log records now, not when the host was surveyed: a spawn may have claimed it since.
             protected = protected_by(await self._store.run(self._app.live_environments))
-            result = await self._workspaces.remove_leftover(LeftoverRemoval(orphan.host_id, orphan.leftover, protected))
+            result = await self._hosts.host(orphan.host_id, orphan.leftover.provider_id).remove_leftover(LeftoverRemoval(orphan.host_id, orphan.leftover, protected))
             if isinstance(result, RemoveFailed):
                 fixed.append(Orphan(orphan.host_id, orphan.leftover, failure=result.message))
             else:

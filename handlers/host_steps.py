@@ -1,6 +1,5 @@
-"""The long steps that happen on an environment's host: each asks the host through a port (the
-workspace's provider through `Workspaces`, a hook through `Hooks`) and records the answer as the
-environment's next event.
+"""The long steps that happen on an environment's host: each asks the host through the `Host` port
+(its workspace's provider, or a hook) and records the answer as the environment's next event.
 
 A step returns the environment as that event left it, or None when it failed without recording
 anything (the driver runs it again later). The driver (provisioning.py) decides which step runs
@@ -20,7 +19,7 @@ from eventsourcing.persistence import OperationalError
 
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, SCRIPT_NAMES, HookKind, HookOutcome
-from bb_environments.handlers.ports import Hooks, Transcript, Workspaces
+from bb_environments.handlers.ports import Hosts, Transcript
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import Created, InvalidInputs, PlanRefused, Previous, Removed, RemoveResult
 from bb_environments.providers.host.backoff import Backoff
@@ -46,15 +45,14 @@ def _now() -> datetime:
 
 
 class HostSteps:
-    def __init__(self, store: Store, workspaces: Workspaces, hooks: Hooks, transcript: Transcript) -> None:
+    def __init__(self, store: Store, hosts: Hosts, transcript: Transcript) -> None:
         self._store = store
         self._app = store.app
-        self._workspaces = workspaces
-        self._hooks = hooks
+        self._hosts = hosts
         self._transcript = transcript
 
     async def create(self, cancelled: threading.Event, env: Environment) -> Environment:
-        profile = self._workspaces.profiles(env.host_id).get(env.provider_id)
+        profile = self._hosts.profiles().get(env.provider_id)
         if profile is None:
             # An unregistered provider cancels the creates it had pending; their cleanup waits for it.
             message = f"the environment provider {env.provider_id!r} is not registered"
@@ -68,7 +66,7 @@ class HostSteps:
             path_key=env.path_key,
             previous=Previous(env.attempt - 1, env.path, env.resource) if env.attempt > 1 else None,
         )
-        result = await self._workspaces.create(request, cancelled)
+        result = await self._hosts.host(env.host_id, env.provider_id).create(request, cancelled)
         crash_point("create-returned")
         if isinstance(result, Created):
             if result.empty and result.owns_path:
@@ -90,7 +88,7 @@ class HostSteps:
         HostUnavailable (still away) leaves it as it is."""
         request = PlanRequest(env.host_id, env.provider_id, env.project_path, env.inputs, env.path_key)
         try:
-            plan = await self._workspaces.plan(request)
+            plan = await self._hosts.host(env.host_id, env.provider_id).plan(request)
         except (InvalidInputs, PlanRefused) as refused:
             return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", str(refused))
         if plan.shares_claimed_path:
@@ -124,7 +122,7 @@ class HostSteps:
             project_path=env.project_path, inputs=env.inputs, path=env.path, path_key=env.path_key,
             resource=env.resource, removal_attempt=env.removal_attempt,
         )
-        return await self._workspaces.remove(request, cancelled)
+        return await self._hosts.host(env.host_id, env.provider_id).remove(request, cancelled)
 
     async def pause(self, cancelled: threading.Event, env: Environment, request: ResourceRequest) -> Environment | None:
         self._transcript.line(str(env.id), "step", env.provider_id, "Pausing the idle environment")
@@ -133,7 +131,7 @@ class HostSteps:
             # Called by the provider mid-pause: its new handle is durable before it terminates anything.
             await self._store.run(self._app.record_resource, env.id, resource)
 
-        result = await self._workspaces.pause(request, checkpoint)
+        result = await self._hosts.host(env.host_id, env.provider_id).pause(request, checkpoint)
         if isinstance(result, PauseFailed):
             self._transcript.line(str(env.id), "output", env.provider_id, f"pause failed: {result.message}")
             return None
@@ -141,7 +139,7 @@ class HostSteps:
 
     async def resume(self, cancelled: threading.Event, env: Environment, request: ResourceRequest) -> Environment | None:
         self._transcript.line(str(env.id), "step", env.provider_id, "Resuming the environment")
-        result = await self._workspaces.resume(request)
+        result = await self._hosts.host(env.host_id, env.provider_id).resume(request)
         if isinstance(result, ResumeFailed):
             self._transcript.line(str(env.id), "output", env.provider_id, f"resume failed: {result.message}")
             return None
@@ -189,5 +187,5 @@ class HostSteps:
     async def _run_hook(self, env: Environment, operation_id: str, kind: HookKind) -> HookOutcome:
         # The host's agent writes the hook's steps in the transcript, around its output.
         assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
-        return await self._hooks.run(env.host_id, str(env.id), operation_id, kind, env.path,
-                                     env.current_hook(operation_id))
+        return await self._hosts.host(env.host_id).run_hook(env.host_id, str(env.id), operation_id, kind, env.path,
+                                                            env.current_hook(operation_id))

@@ -17,8 +17,9 @@ from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN
 from bb_environments.handlers.application import Placement
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.domain.request_errors import InvalidInput, Refused
-from bb_environments.handlers.ports import HostUnavailable, Workspaces
+from bb_environments.handlers.ports import Hosts, HostUnavailable
 from bb_environments.providers.contract import InvalidInputs, PlanRefused, Policy, ProviderMissing
+from bb_environments.providers.planning import check_within_roots
 from bb_environments.providers.registry import ProviderProfile
 from bb_environments.providers.workspace_messages import PlanRequest
 
@@ -48,19 +49,19 @@ def check_environment_id(text: str) -> UUID:
 
 
 class Placer:
-    def __init__(self, workspaces: Workspaces, host_id: str = "local",
+    def __init__(self, hosts: Hosts, host_id: str = "local",
                  known_hosts: Callable[[], Awaitable[list[str]]] | None = None,
                  project_roots: tuple[str, ...] | None = None) -> None:
         """`known_hosts`: the hosts environments may be placed on (default: this service's own);
         `project_roots`: the canonical directories a project must lie in (None: anywhere)."""
-        self._workspaces = workspaces
+        self._hosts = hosts
         self.host_id = host_id
         self._known_hosts = known_hosts
         self._project_roots = project_roots
 
     def profile(self, provider_id: str) -> ProviderProfile:
         """The profile of a provider of this service's host; an unknown one is refused."""
-        profile = self._workspaces.profiles(self.host_id).get(provider_id)
+        profile = self._hosts.profiles().get(provider_id)
         if profile is None:
             raise self._unknown(provider_id)
         return profile
@@ -69,14 +70,14 @@ class Placer:
         """A request's inputs as the log keeps them: as their provider's type reads them."""
         profile = self.profile(provider_id)
         try:
-            return await self._workspaces.inputs(self.host_id, profile.id, inputs)
+            return await self._hosts.inputs(profile.id, inputs)
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
 
     async def project(self, project_path: str | None, host_id: str) -> str | None:
         """The project path as a placement on `host_id` records it (as given, while the host is away)."""
         try:
-            return await self._workspaces.canonical_project(host_id, project_path)
+            return await self._hosts.host(host_id).canonical_project(host_id, project_path)
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
         except HostUnavailable:
@@ -97,12 +98,13 @@ class Placer:
         profile = self.profile(intent.provider_id)
         await self.check_known(host_id)
         path_key = _path_key(profile.policy, thread_id, 1, thread_id)
-        # Before the plan, which runs git in the project: whoever holds the publisher seed names the
-        # project, and so whose hooks run.
-        self._refuse_outside_roots(await self.project(project_path, host_id))
+        # One trip to the host: it canonicalises the project and checks it against the roots before
+        # git runs in it (whoever holds the publisher seed names the project, and so whose hooks run).
+        request = PlanRequest(host_id, profile.id, project_path, intent.inputs, path_key, self._project_roots)
         try:
-            plan = await self._workspaces.plan(PlanRequest(host_id, profile.id, project_path, intent.inputs, path_key))
+            plan = await self._hosts.host(host_id, profile.id).plan(request)
         except HostUnavailable:
+            self._refuse_outside_roots(project_path)
             return Placement(provider_id=profile.id, host_id=host_id, project_path=project_path,
                              inputs=intent.inputs, path_key=path_key, claimed_path=None, planned=False)
         except InvalidInputs as refused:
@@ -111,7 +113,8 @@ class Placer:
             raise Refused(str(refused)) from None
         except ProviderMissing:
             raise self._unknown(profile.id) from None
-        self._refuse_outside_roots(plan.project_path)  # a subdirectory's repository may reach outside
+        # A subdirectory's repository may reach outside; and an agent of an earlier release reads no roots.
+        self._refuse_outside_roots(plan.project_path)
         return Placement(
             provider_id=profile.id, host_id=host_id, project_path=plan.project_path, inputs=plan.inputs,
             path_key=path_key, claimed_path=plan.claimed_path, shares_claimed_path=plan.shares_claimed_path,
@@ -123,21 +126,20 @@ class Placer:
         profile = self.profile(provider_id)
         next_key = _path_key(profile.policy, thread_id, attempt + 1, path_key)
         try:
-            claimed = await self._workspaces.planned_path(PlanRequest(host_id, profile.id, project_path, inputs, next_key))
+            claimed = await self._hosts.host(host_id, profile.id).planned_path(
+                PlanRequest(host_id, profile.id, project_path, inputs, next_key))
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
         return next_key, claimed
 
     def _refuse_outside_roots(self, project_path: str | None) -> None:
-        roots = self._project_roots
-        if roots is None or project_path is None:
-            return
-        if not any(project_path == root or project_path.startswith(root.rstrip("/") + "/") for root in roots):
-            raise InvalidInput(f"project {quoted(project_path)} is outside BB_PROJECT_ROOTS: projects must lie in "
-                               f"{', '.join(roots)}")
+        try:
+            check_within_roots(project_path, self._project_roots)
+        except InvalidInputs as refused:
+            raise InvalidInput(str(refused)) from None
 
     def _unknown(self, provider_id: str) -> InvalidInput:
-        available = ", ".join(self._workspaces.profiles(self.host_id)) or "none"
+        available = ", ".join(self._hosts.profiles()) or "none"
         return InvalidInput(f"unknown environment provider {provider_id!r}; available: {available}")
 
 

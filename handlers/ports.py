@@ -11,7 +11,8 @@ from uuid import UUID
 
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
 from bb_environments.providers.contract import CreateResult, RemoveResult
-# The port's failure and the transcript are the contract's too: a host's workspaces raise it and write to it.
+# The port's failures and the transcript are the contract's too: a host raises them and writes to it.
+from bb_environments.providers.contract import HostUnavailable as HostUnavailable
 from bb_environments.providers.contract import ProviderMissing as ProviderMissing
 from bb_environments.providers.contract import Transcript as Transcript
 from bb_environments.providers.registry import ProviderDescription, ProviderProfile
@@ -29,44 +30,18 @@ from bb_environments.providers.workspace_messages import (
 )
 
 
-class HostUnavailable(Exception):
-    """No agent answers for the host (or it refused): the step waits and is asked again later.
+class Host(Protocol):
+    """Everything the core asks of a machine: its providers' workspaces and its hooks. The
+    providers' code, data and filesystem are there, never in the core.
 
-    What a port that reaches its host over a network (the host agent's client) raises; the
-    provisioning driver waits on it without knowing how the work travels."""
-
-
-class Hooks(Protocol):
-    """Runs hooks on the environment's host (the host agent), at most once per operation id.
-
-    `known` is what the log says of the operation, read off the environment as the writer
-    returned it to this process (see Environment.current_hook): an agent in this process may take it instead
-    of asking the log again; any other agent asks its own."""
-
-    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
-                  workspace: str, known: RecordedHook | None = None) -> HookOutcome: ...
-
-    async def cancel(self, host_id: str, operation_id: str) -> str: ...
-
-    async def output(self, host_id: str, operation_id: str, offset: int) -> tuple[str, int, bool]:
-        """A page of the operation's output as its host keeps it: the text, the offset of the next
-        page, and whether one follows."""
-        ...
-
-
-class Workspaces(Protocol):
-    """Everything the core asks of the host where an environment's workspace lives: its providers'
-    code, data and filesystem are there, never in the core.
-
-    The core keeps each host's provider profiles and asks the rest, with the messages of
-    providers/workspace_messages.py. A call raises `ProviderMissing` when the host has no such
-    provider now, and `HostUnavailable` when nobody answers for the host: the step waits and asks
-    again. A refused request raises the contract's `InvalidInputs` (its message names the field)
-    or `PlanRefused` (the provider cannot create there now)."""
-
-    def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
-        """The host's providers, by id in id order."""
-        ...
+    Every call names the host it is for (its `host_id`, or its request's), with the messages of
+    providers/workspace_messages.py. The in-process host is hooks/local_host.py's `LocalHost`; a
+    host whose agent runs elsewhere is bus/core/remote_host.py's `RemoteHost`, which asks the
+    agent over the bus as bus/wire/host_protocol.py's VERBS say; handlers/hosts.py picks one per
+    call. A call raises `ProviderMissing` when the host has no such provider now, and
+    `HostUnavailable` when nobody answers for the host (or its agent refused a hook the log does
+    not back yet): the step waits and asks again. A refused request raises the contract's
+    `InvalidInputs` (its message names the field) or `PlanRefused` (the provider cannot create there now)."""
 
     async def providers(self, host_id: str) -> list[ProviderDescription]:
         """The host's providers with whether each can create there now, in id order."""
@@ -81,7 +56,8 @@ class Workspaces(Protocol):
         ...
 
     async def plan(self, request: PlanRequest) -> Plan:
-        """Check a new environment's request on its host and plan the path it claims."""
+        """Check a new environment's request on its host (its project within `project_roots`
+        before anything runs in it) and plan the path it claims."""
         ...
 
     async def planned_path(self, request: PlanRequest) -> str | None:
@@ -113,6 +89,41 @@ class Workspaces(Protocol):
 
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         """Save a leftover's work, then remove it (`Removed.saved_ref` names the save)."""
+        ...
+
+    async def run_hook(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
+                       workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+        """Run a hook at most once per operation id, as the log allows (hooks/ledger.py).
+
+        `known` is what the log says of the operation, read off the environment as the writer
+        returned it to this process (see Environment.current_hook): a host in this process may
+        take it instead of asking the log again; any other asks its own."""
+        ...
+
+    async def cancel_hook(self, host_id: str, operation_id: str) -> str: ...
+
+    async def hook_output(self, host_id: str, operation_id: str, offset: int) -> tuple[str, int, bool]:
+        """A page of the operation's output as its host keeps it: the text, the offset of the next
+        page, and whether one follows."""
+        ...
+
+
+class Hosts(Protocol):
+    """Which `Host` does a host's work: the one in this process, the core's own (the cloud
+    providers'), or the host's agent over the bus (handlers/hosts.py)."""
+
+    def host(self, host_id: str, provider_id: str | None = None) -> Host:
+        """The host that does `host_id`'s work; for a call about one provider's environment,
+        `provider_id` (a cloud provider's work is the core's, whichever host it names)."""
+        ...
+
+    def profiles(self) -> Mapping[str, ProviderProfile]:
+        """The providers every host runs (every host runs the core's release), by id in id order."""
+        ...
+
+    async def inputs(self, provider_id: str, inputs: Any) -> Any:
+        """`inputs` as the provider's type reads them, read by the core (the provider's type is
+        its release's), so that a thread event's intent is checked while its host is away."""
         ...
 
 

@@ -46,8 +46,7 @@ from bb_environments.domain.steps import (
 from bb_environments.handlers.host_steps import HostSteps
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.ports import (
-    ActivityElsewhere, Everything, Hooks, HostUnavailable, NoOtherReplica, ProviderMissing, Share, Transcript,
-    Workspaces)
+    ActivityElsewhere, Everything, Hosts, HostUnavailable, NoOtherReplica, ProviderMissing, Share, Transcript)
 from bb_environments.handlers.store import Store
 from bb_environments.providers.workspace_messages import ResourceRequest
 
@@ -79,7 +78,7 @@ class _Step:
 
 
 class Provisioner:
-    def __init__(self, store: Store, placer: Placer, workspaces: Workspaces, hooks: Hooks, transcript: Transcript,
+    def __init__(self, store: Store, placer: Placer, hosts: Hosts, transcript: Transcript,
                  transient_retry_delay: timedelta = timedelta(seconds=30),
                  failed_step_retry: timedelta = FAILED_STEP_RETRY, share: Share = Everything(),
                  activity_elsewhere: ActivityElsewhere = NoOtherReplica()) -> None:
@@ -90,10 +89,9 @@ class Provisioner:
         self._activity_elsewhere = activity_elsewhere
         self._app = store.app
         self._placer = placer
-        self._workspaces = workspaces
-        self._hooks = hooks
+        self._hosts = hosts
         self._transcript = transcript
-        self._on_host = HostSteps(store, workspaces, hooks, transcript)
+        self._on_host = HostSteps(store, hosts, transcript)
         self._locks: dict[UUID, asyncio.Lock] = {}
         self._steps: dict[tuple[UUID, str], _Step] = {}
         self._timers: dict[UUID, asyncio.TimerHandle] = {}
@@ -202,7 +200,7 @@ class Provisioner:
             case CancelSetup(operation_id):
                 self._start(env, operation_id, self._on_host.run_setup, env, operation_id)  # its outcome is still recorded
                 try:
-                    await self._hooks.cancel(env.host_id, operation_id)
+                    await self._hosts.host(env.host_id).cancel_hook(env.host_id, operation_id)
                 except HostUnavailable as unavailable:
                     # Asked again at the next drive (the sweep's at the latest); an outage of the
                     # bus is reported once, by the bus's health, not here at every sweep.
@@ -323,7 +321,7 @@ class Provisioner:
 
     def _pausable(self, env: Environment) -> ResourceRequest | None:
         """The environment's resource to pause or resume, if its provider can suspend it."""
-        profile = self._workspaces.profiles(env.host_id).get(env.provider_id)
+        profile = self._hosts.profiles().get(env.provider_id)
         if profile is None or env.resource is None or not profile.pausable:
             return None
         return ResourceRequest(str(env.id), env.host_id, env.provider_id, env.resource)
@@ -335,7 +333,7 @@ class Provisioner:
             return
         # Nothing seen since this process started: count from the last event.
         last_activity = self._activity.get(env.id, quiet_since)
-        if await self._workspaces.idle_pause_due(env.host_id, env.provider_id, last_activity, now):
+        if await self._hosts.host(env.host_id, env.provider_id).idle_pause_due(env.host_id, env.provider_id, last_activity, now):
             self._start(env, "pause", self._on_host.pause, env, request)
 
     def _resume_on_activity(self, env: Environment, paused_at: datetime) -> None:

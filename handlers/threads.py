@@ -34,7 +34,7 @@ from bb_environments.handlers.commands import (
 )
 from bb_environments.domain.request_errors import InvalidInput, NotFound, Refused, RequestError, UnknownThreadMessage
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
-from bb_environments.handlers.ports import Workspaces
+from bb_environments.handlers.ports import Hosts
 from bb_environments.handlers.store import Store
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,11 @@ def _now() -> datetime:
 
 
 class ThreadHandlers:
-    def __init__(self, store: Store, placer: Placer, workspaces: Workspaces, default_host_id: str) -> None:
+    def __init__(self, store: Store, placer: Placer, hosts: Hosts, default_host_id: str) -> None:
         self._store = store
         self._app = store.app
         self._placer = placer
-        self._workspaces = workspaces
+        self._hosts = hosts
         self._default_host_id = default_host_id
 
     async def handle(self, message: ThreadCommand) -> Environment | None:
@@ -160,7 +160,7 @@ class ThreadHandlers:
             raise NotFound(f"no parent thread {thread.parent_thread_id}") from None
         if thread.project_path is None and parent.environment_id is not None:
             environment = await self._environment(parent.environment_id)
-            profile = self._workspaces.profiles(environment.host_id).get(environment.provider_id)
+            profile = self._hosts.profiles().get(environment.provider_id)
             if profile is not None and profile.policy.children == "share" and environment.is_live:
                 return ExistingEnvironment(str(environment.id)), None
         if parent.intent is not None:

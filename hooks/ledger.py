@@ -21,17 +21,19 @@ from typing import Protocol
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.domain.ids import quoted
 from bb_environments.hooks.runner import HookRunner
+from bb_environments.providers.contract import HostUnavailable
 
 
 class HookLedger(Protocol):
     """What the log recorded for a hook operation id. In `bb serve` it is the event store itself;
-    an agent on another machine would ask the core for the same answer."""
+    a `bb agent` asks the core for the same answer (bus/agent/bus_ledger.py)."""
 
     async def recorded_hook(self, operation_id: str) -> RecordedHook | None: ...
 
 
-class HookRefused(Exception):
-    """A request the log does not back: nothing runs or stops."""
+class HookRefused(HostUnavailable):
+    """A request the log does not back: nothing runs or stops. To the core a host that refused
+    waits like one that is away: its ledger may not have caught up with the log yet."""
 
     def __init__(self, operation_id: str | None, reason: str) -> None:
         super().__init__(reason)

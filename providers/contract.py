@@ -112,6 +112,14 @@ class ProviderMissing(Exception):
     """The environment's provider is not registered now; its cleanup waits for it to return."""
 
 
+class HostUnavailable(Exception):
+    """No agent answers for the host (or it refused): the step waits and is asked again later.
+
+    What a host reached over a network raises, and a hook request the log does not back yet (the
+    agent's ledger may not have caught up with it); the provisioning driver waits on it without
+    knowing how the work travels."""
+
+
 class Cancelled(Exception):
     """The core asked the call to stop (`ctx.raise_if_cancelled()`); reported as "cancelled"."""
 

@@ -46,6 +46,15 @@ def canonical_project(project_path: str | None) -> str | None:
     return canonical
 
 
+def check_within_roots(project_path: str | None, roots: tuple[str, ...] | None) -> None:
+    """Refuse a project outside BB_PROJECT_ROOTS (`roots`, canonical; None: anywhere)."""
+    if roots is None or project_path is None:
+        return
+    if not any(project_path == root or project_path.startswith(root.rstrip("/") + "/") for root in roots):
+        raise InvalidInputs(f"project {quoted(project_path)} is outside BB_PROJECT_ROOTS: projects must lie in "
+                            f"{', '.join(roots)}")
+
+
 def checked_project(provider: EnvironmentProvider, project_path: str | None, data_dir: str) -> str | None:
     """The request's project in canonical form, if this provider can serve it (`data_dir`: bb's, canonical)."""
     project = canonical_project(project_path)

@@ -1,4 +1,4 @@
-"""The messages of the core's `Workspaces` port (handlers/ports.py): what the core asks of the host
+"""The messages of the core's `Host` port (handlers/ports.py): what the core asks of the host
 where an environment's workspace lives, keyed by environment and attempt.
 
 The host answers with the provider contract's own results (`Created`, `CreateFailed`, `Removed`,
@@ -15,7 +15,7 @@ import msgspec
 from bb_environments.providers.contract import Leftover, Previous
 
 
-class PlanRequest(msgspec.Struct, frozen=True):
+class PlanRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     """A path key to plan a workspace for, with the request's project and inputs as they came."""
 
     host_id: str
@@ -23,6 +23,9 @@ class PlanRequest(msgspec.Struct, frozen=True):
     project_path: str | None
     inputs: Any
     path_key: str
+    project_roots: tuple[str, ...] | None = None
+    """The canonical directories the project must lie in (None: anywhere), checked before anything
+    runs in it; left out on the wire when None, as an agent of an earlier release sent it."""
 
 
 class Plan(msgspec.Struct, frozen=True):

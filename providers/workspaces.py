@@ -1,4 +1,5 @@
-"""The workspaces of this machine: the core's `Workspaces` port (handlers/ports.py), in process.
+"""The workspaces of this machine: the workspace verbs of the core's `Host` port (handlers/ports.py),
+in process (hooks/local_host.py adds the hooks).
 
 Each provider call that may take long (planning, create, remove, pause, resume) runs on a worker
 thread, so the core's loop goes on meanwhile, and its reports go into the environment's
@@ -45,6 +46,7 @@ from bb_environments.providers.planning import (
     canonical_path,
     canonical_project,
     check_available,
+    check_within_roots,
     checked_project,
     claimed_path,
     decode_inputs,
@@ -98,9 +100,8 @@ class _TranscriptReporter:
 
 
 class LocalWorkspaces:
-    """The registry's providers, run on this machine for whichever host a call names: the service
-    places environments on its own host only (handlers/placement.py), so another host is one an
-    environment was placed on under an earlier host id."""
+    """The registry's providers, run on this machine for whichever host a call names: the host
+    whose agent runs here, or, for the core's own (cloud) providers, any host an environment names."""
 
     def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript, *,
                  earlier_data_dir: Path | None = None, containment: Containment | None = None,
@@ -141,6 +142,8 @@ class LocalWorkspaces:
         provider = self._provider(request.provider_id)
         data_dir = os.path.realpath(self._data_dir)
         project = checked_project(provider, request.project_path, data_dir)
+        # Before git runs in it: whoever holds the publisher seed names the project, and so whose hooks run.
+        check_within_roots(project, request.project_roots)
         inputs = decode_inputs(provider, request.inputs)
         context = self._context(provider, request.host_id, project, inputs)
         check_available(provider, context)

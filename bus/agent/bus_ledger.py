@@ -7,7 +7,7 @@ import msgspec
 from nats.aio.client import Client
 
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import HookRef, RecordedHookAnswer
+from bb_environments.bus.wire.host_protocol import HookRef, RecordedHookAnswer
 from bb_environments.domain.hook_operations import RecordedHook
 
 LEDGER_TIMEOUT_S = 10.0

@@ -1,5 +1,5 @@
 """The host agent's heartbeat: what it says of itself every few seconds into bucket BB_HOSTS, under
-its host id, for `bb machine list` and for the core's waiting steps (bus/core/host_jobs.py)."""
+its host id, for `bb machine list` and for the core's waiting steps (bus/core/job_queue.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from nats.aio.client import Client
 
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import HostHeartbeat
+from bb_environments.bus.wire.host_protocol import HostHeartbeat
 
 HEARTBEAT_S = 5.0
 """A third of the time after which an agent is offline, so one lost beat changes nothing."""

@@ -13,7 +13,7 @@ from nats.aio.subscription import Subscription
 
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import HookRef, RecordedHookAnswer
+from bb_environments.bus.wire.host_protocol import HookRef, RecordedHookAnswer
 from bb_environments.domain.ids import quoted
 from bb_environments.hooks.ledger import HookLedger
 

@@ -19,5 +19,5 @@ def edge(monkeypatch: pytest.MonkeyPatch) -> EdgeOfNats:
 def micro(monkeypatch: pytest.MonkeyPatch, edge: EdgeOfNats) -> MicroEndpoints:
     endpoints = MicroEndpoints(edge)
     monkeypatch.setattr("bb_environments.bus.core.api_service.add_service", endpoints.add_service)
-    monkeypatch.setattr("bb_environments.bus.agent.host_agent.add_service", endpoints.add_service)
+    monkeypatch.setattr("bb_environments.bus.agent.host_service.add_service", endpoints.add_service)
     return endpoints

@@ -36,10 +36,9 @@ from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.wire.api_messages import ERROR_CODE_HEADER
 from bb_environments.bus.wire.thread_events import ThreadMessageMessage
-from bb_environments.bus.agent.host_agent import HostAgent
-from bb_environments.bus.core.agent_client import HostAgentClient, LocalFirstHooks
-from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
-from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
+from bb_environments.bus.agent.host_service import start_host_service
+from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
+from bb_environments.bus.core.remote_host import RemoteHost
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments, Placement
@@ -49,6 +48,9 @@ from bb_environments.entrypoints.config import REMOVED_RETENTION_S, SAVED_REF_RE
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.ports import AgentSeed
 from bb_environments.handlers.store import Store, StoreLedger
+from bb_environments.hooks.guarded import GuardedHooks
+from bb_environments.hooks.ledger import HookLedger
+from bb_environments.hooks.local_host import LocalHost
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspaces import provider_dir
@@ -295,19 +297,22 @@ class ServiceWorld(Loop):
         self._started = contextlib.AsyncExitStack()
         # The core as `bb serve` builds it; its ports to the bus go through the edge of NATS.
         # The fuzzed world places nothing on another host: no job is ever queued, so no JetStream.
-        jobs = HostJobs(self.nats, None, HostLiveness(None))  # type: ignore[arg-type]
-        hooks = LocalFirstHooks(HOST, HostAgentClient(self.nats, jobs))
+        jobs = HostJobQueue(self.nats, None, HostLiveness(None))  # type: ignore[arg-type]
+        transcript = TranscriptPublisher(self.nats, self.loop)
+
+        def host_here(ledger: HookLedger) -> LocalHost:
+            return LocalHost(self.registry, self.data_dir, transcript,
+                             hooks=GuardedHooks(self.hooks, HOST, TranscriptPublisher(self.nats, self.loop), ledger))
+
         core = self.run(build_core(world_settings(self.data_dir), self.registry, Ports(
-            hooks, RemoteWorkspaces(self.nats, jobs, self.registry.profiles()), _OneHost(),
-            TranscriptPublisher(self.nats, self.loop), self._stream_position, self._publish_thread_message,
-        ), self._started))
+            RemoteHost(self.nats, jobs), _OneHost(), transcript, self._stream_position, self._publish_thread_message,
+            here=host_here), self._started))
         self.app, self.store, self.read_model = core.app, core.store, core.read_model
         self.placer, self.threads, self.provisioner, self.api = core.placer, core.threads, core.provisioner, core.api
-        # The core asks this host's agent whether a workspace has a setup script, as in `bb serve`.
-        self.host_agent = HostAgent(self.nats, self.hooks, HOST, TranscriptPublisher(self.nats, self.loop),
-                                    StoreLedger(self.store))
-        self.run(self.host_agent.start())
-        hooks.attach(self.host_agent)
+        # The core runs this host's hooks in process, and its agent answers the bus, as in `bb serve`.
+        assert core.here is not None
+        self.here = core.here
+        self.run(start_host_service(self.nats, HOST, self.here))
         self.run(start_api(self.nats, ApiEdge(self.api, core.machines, self.nats.max_payload).endpoints(),
                            translate_error))
 
@@ -323,7 +328,7 @@ class ServiceWorld(Loop):
 
     def close(self) -> None:
         self._close()
-        self.run(self.host_agent.stop())  # the hook runner's too, which a reset keeps
+        self.run(self.here.hooks.stop())  # the hook runner's too, which a reset keeps
         super().close()
 
     def head(self) -> int:
@@ -418,13 +423,14 @@ class HostAgentWorld(Loop):
         self.planted = [str(root / "planted" / name) for name in ("a", "b")]
         for directory in self.planted:
             planted_hooks(Path(directory), self.markers)
-        self.agent = HostAgent(nats, HookRunner(self.hooks_dir, 5), HOST, TranscriptPublisher(nats, self.loop),
-                               StoreLedger(self.store))
-        self.service = self.run(self.agent.start())
+        transcript = TranscriptPublisher(nats, self.loop)
+        self.host = LocalHost(ProviderRegistry([]), root / "workspaces", transcript,
+                              hooks=GuardedHooks(HookRunner(self.hooks_dir, 5), HOST, transcript, StoreLedger(self.store)))
+        self.service = self.run(start_host_service(nats, HOST, self.host))
 
     def close(self) -> None:
         self.run(self.service.stop())
-        self.run(self.agent.stop())
+        self.run(self.host.hooks.stop())
         self.store.close()
         super().close()
 

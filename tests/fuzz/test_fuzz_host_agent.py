@@ -2,7 +2,7 @@
 and refuses each in one log line that nobody can forge.
 
 The seam is the handler the agent's micro service registers for each verb, handed a real
-`nats.micro` Request, with the real HostAgent behind it: its HookRunner on a temp dir and the
+`nats.micro` Request, with the real host service behind it: its HookRunner on a temp dir and the
 store-backed ledger over an SQLite log that recorded hook operations in every state a request
 can aim at. Every directory a request can name holds hook scripts that would leave a marker.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 from hypothesis import assume, given
 
-from bb_environments.bus.wire.host_messages import StartHook
+from bb_environments.bus.wire.host_protocol import StartHook
 from tests.fuzz.seams import (HostAgentWorld, LogLines, files_under, fuzz_settings, one_sentence, store_file,
                               working_directory)
 from tests.fuzz.strategies import CANARY, host_agent_requests

@@ -116,10 +116,10 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_
     import msgspec
     from nats.js import api
 
-    from bb_environments.bus.core.agent_client import HostAgentClient
-    from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
+    from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
+    from bb_environments.bus.core.remote_host import RemoteHost
     from bb_environments.bus.jetstream import ensure_hosts, ensure_streams
-    from bb_environments.bus.wire.host_messages import HookJob, HookReport, HostHeartbeat
+    from bb_environments.bus.wire.host_protocol import HookJob, HookReport, HostHeartbeat
     from bb_environments.domain.hook_operations import HookOutcome
 
     server = EmbeddedNats.start(tmp_path / "plain-nats")
@@ -154,8 +154,8 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_
             await job.ack()
 
         taking = asyncio.create_task(take_the_job())
-        client = HostAgentClient(core, HostJobs(core, core.jetstream(), HostLiveness(core.jetstream())))
-        outcome = await asyncio.wait_for(client.run("remote", str(uuid.uuid4()), "op.1", "setup", str(tmp_path)), 30)
+        client = RemoteHost(core, HostJobQueue(core, core.jetstream(), HostLiveness(core.jetstream())))
+        outcome = await asyncio.wait_for(client.run_hook("remote", str(uuid.uuid4()), "op.1", "setup", str(tmp_path)), 30)
         await taking
         assert outcome == HookOutcome("failed", 3)
         assert (await js.consumer_info("STORED", "pusher")).delivered.consumer_seq == 1

@@ -57,7 +57,7 @@ def test_loading_the_host_agent_loads_no_event_store_read_model_or_service_layer
     core = [m for m in loaded if m.split(".")[0] in ("eventsourcing", "aiosqlite")
             or m.startswith(("bb_environments.handlers", "bb_environments.projections", "bb_environments.bus.core"))]
     assert core == []
-    assert "bb_environments.bus.agent.host_agent" in loaded and "bb_environments.hooks.runner" in loaded
+    assert "bb_environments.bus.agent.host_service" in loaded and "bb_environments.hooks.runner" in loaded
 
 
 def test_the_rules_catch_the_typed_client_loading_the_service():

@@ -15,6 +15,7 @@ from bb_environments.providers.contract import Created, CreateFailed, InvalidInp
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspace_messages import CreateRequest, PlanRequest, RemoveRequest
 from bb_environments.providers.workspaces import LocalWorkspaces
+from tests.unit.one_machine import OneMachine
 from tests.unit.test_random_interleavings import InstantProvider
 
 ENVIRONMENT_ID = "0b6c1f5e-3d1a-4c53-9d0e-5b3f0c2a7e41"
@@ -96,5 +97,5 @@ async def test_a_project_inside_the_data_dir_is_refused_with_the_reason(tmp_path
     assert str(refused.value) == reason
     # The core's placement answers the request with the same words.
     with pytest.raises(InvalidInput) as answered:
-        await Placer(workspaces).place("t1", NewEnvironment("instant", "local", None), str(project), "local")
+        await Placer(OneMachine(workspaces)).place("t1", NewEnvironment("instant", "local", None), str(project), "local")
     assert str(answered.value) == reason

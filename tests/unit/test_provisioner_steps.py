@@ -22,6 +22,7 @@ from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.providers.contract import Created, CreateFailed, RemoveFailed
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspaces import LocalWorkspaces
+from tests.unit.one_machine import OneMachine
 from tests.unit.test_random_interleavings import HostWithoutScripts, InstantProvider, Silent
 
 
@@ -32,11 +33,11 @@ class Running:
         self.store = Store(self.app)
         self.provider = provider
         workspaces = LocalWorkspaces(ProviderRegistry([provider]), root, Silent())
-        placer = Placer(workspaces)
         self.hooks = HostWithoutScripts()
-        self.provisioner = Provisioner(self.store, placer, workspaces, self.hooks, Silent(),
-                                       failed_step_retry=failed_step_retry)
-        self.threads = ThreadHandlers(self.store, placer, workspaces, "local")
+        hosts = OneMachine(workspaces, self.hooks)
+        placer = Placer(hosts)
+        self.provisioner = Provisioner(self.store, placer, hosts, Silent(), failed_step_retry=failed_step_retry)
+        self.threads = ThreadHandlers(self.store, placer, hosts, "local")
 
     async def spawn(self, thread_id: str):
         return await self.threads.spawn(RegisterThread(thread_id=thread_id, host_id="local",

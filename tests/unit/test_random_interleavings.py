@@ -36,6 +36,7 @@ from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome
 from bb_environments.hooks.runner import CANCELLED_BEFORE_START
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspaces import LocalWorkspaces
+from tests.unit.one_machine import OneMachine
 
 THREADS = ("a", "b", "c")
 KINDS = ("created", "message", "archived", "unarchived", "message_cancelled", "pause")
@@ -81,7 +82,7 @@ class HostWithoutScripts:
         self.asked: set[str] = set()
         self.tombstoned: set[str] = set()
 
-    async def run(self, host_id, environment_id, operation_id, kind, workspace, known=None):
+    async def run_hook(self, host_id, environment_id, operation_id, kind, workspace, known=None):
         assert not (Path(workspace) / SCRIPT_NAMES[kind]).exists()
         assert operation_id not in self.asked, f"hook operation {operation_id} was asked for twice"
         self.asked.add(operation_id)
@@ -90,7 +91,7 @@ class HostWithoutScripts:
             return CANCELLED_BEFORE_START
         return HookOutcome("skipped", None, f"no {SCRIPT_NAMES[kind]}")
 
-    async def cancel(self, host_id, operation_id):
+    async def cancel_hook(self, host_id, operation_id):
         self.tombstoned.add(operation_id)
         return "finished" if operation_id in self.asked else "never-started"
 
@@ -141,9 +142,10 @@ async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
     app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
     store = Store(app)
     workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), root, Silent())
-    placer = Placer(workspaces)
-    provisioner = Provisioner(store, placer, workspaces, HostWithoutScripts(), Silent())
-    threads = ThreadHandlers(store, placer, workspaces, "local")
+    hosts = OneMachine(workspaces, HostWithoutScripts())
+    placer = Placer(hosts)
+    provisioner = Provisioner(store, placer, hosts, Silent())
+    threads = ThreadHandlers(store, placer, hosts, "local")
     try:
         for kind, thread_id in steps:
             if kind == "pause":

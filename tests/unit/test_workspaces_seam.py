@@ -1,4 +1,4 @@
-"""The core's handlers drive an environment through any Workspaces port, not only this machine's:
+"""The core's handlers drive an environment through any Host port, not only this machine's:
 a stand-in host whose workspaces exist nowhere on this filesystem takes a thread from spawn to
 ready to removed, asked for each step by environment id and attempt."""
 
@@ -44,6 +44,7 @@ from bb_environments.providers.workspace_messages import (
     Survey,
     SurveyRequest,
 )
+from tests.unit.one_machine import OneMachine
 from tests.unit.test_local_workspaces import Lines
 
 WORKSPACE = "/elsewhere/workspaces/t1"
@@ -105,12 +106,12 @@ class FarHooks:
     def __init__(self) -> None:
         self.ran: list[tuple[HookKind, str]] = []
 
-    async def run(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
-                  workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+    async def run_hook(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
+                       workspace: str, known: RecordedHook | None = None) -> HookOutcome:
         self.ran.append((kind, workspace))
         return HookOutcome("succeeded", 0)
 
-    async def cancel(self, host_id: str, operation_id: str) -> str:
+    async def cancel_hook(self, host_id: str, operation_id: str) -> str:
         return "never-started"
 
 
@@ -125,9 +126,10 @@ async def test_an_environment_lives_and_is_removed_through_a_host_the_core_only_
     app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}, grace_for=lambda _: 0)
     store = Store(app)
     host, hooks, transcript = FarHost(), FarHooks(), Lines()
-    placer = Placer(host)
-    provisioner = Provisioner(store, placer, host, hooks, transcript)
-    threads = ThreadHandlers(store, placer, host, "local")
+    hosts = OneMachine(host, hooks)
+    placer = Placer(hosts)
+    provisioner = Provisioner(store, placer, hosts, transcript)
+    threads = ThreadHandlers(store, placer, hosts, "local")
     try:
         environment = await threads.spawn(RegisterThread(thread_id="t1", host_id="local",
                                                          environment=NewEnvironment("far", "local", None)), None)

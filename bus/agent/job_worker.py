@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 
 import msgspec
 from nats.aio.client import Client
@@ -22,24 +21,12 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
-from bb_environments.bus.agent.host_agent import HostAgent
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import (
-    CreateJob,
-    CreateReport,
-    HookJob,
-    HookReport,
-    HostJob,
-    HostReport,
-    RemoveJob,
-    RemoveReport,
-)
+from bb_environments.bus.wire.host_protocol import VERB, HookReport, HostJob, HostReport
 from bb_environments.domain.ids import quoted
-from bb_environments.hooks.ledger import HookRefused
-from bb_environments.providers.contract import CreateFailed, RemoveFailed
+from bb_environments.hooks.local_host import LocalHost
 from bb_environments.providers.host.crash_points import crash_point
-from bb_environments.providers.workspaces import LocalWorkspaces
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +37,11 @@ LEDGER_AWAY_RETRY_S = 2.0
 
 
 class HostJobWorker:
-    def __init__(self, nc: Client, host_id: str, workspaces: LocalWorkspaces, agent: HostAgent,
-                 *, health: BusHealth | None = None) -> None:
+    def __init__(self, nc: Client, host_id: str, host: LocalHost, *, health: BusHealth | None = None) -> None:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream()
         self._host_id = host_id
-        self._workspaces = workspaces
-        self._agent = agent
+        self._host = host
         self._health = health or BusHealth()
         self._doing: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(JOBS_AT_ONCE)
@@ -116,25 +101,16 @@ class HostJobWorker:
             self._doing.pop(job.operation_id, None)
 
     async def _do(self, job: HostJob) -> HostReport | None:
-        """The job's report; None when it cannot be decided now (the core's log is out of reach)."""
-        match job:
-            case CreateJob(operation_id, request):
-                if request.host_id != self._host_id:
-                    return CreateReport(operation_id, CreateFailed("terminal", _not_ours(request.host_id, self._host_id)))
-                return CreateReport(operation_id, await self._workspaces.create(request, threading.Event()))
-            case RemoveJob(operation_id, request):
-                if request.host_id != self._host_id:
-                    return RemoveReport(operation_id, RemoveFailed(_not_ours(request.host_id, self._host_id)))
-                return RemoveReport(operation_id, await self._workspaces.remove(request, threading.Event()))
-            case HookJob(operation_id, start):
-                try:
-                    running = await self._agent.start_or_join(start)
-                except HookRefused as refused:
-                    log.warning("refused hook job %s: %s", quoted(operation_id), refused.reason)
-                    return HookReport(operation_id, None, refused.reason)
-                except BUS_UNAVAILABLE:
-                    return None
-                return HookReport(operation_id, await asyncio.shield(running))
+        """The job's report, as its verb's row answers it; None when it cannot be decided now (the
+        core's log is out of reach)."""
+        verb = VERB[type(job).__struct_config__.tag]  # type: ignore[index]  # every job type is tagged
+        try:
+            report: HostReport = await verb.answered_by(self._host, self._host_id, job)
+        except BUS_UNAVAILABLE:
+            return None
+        if isinstance(report, HookReport) and report.refused is not None:
+            log.warning("refused hook job %s: %s", quoted(job.operation_id), report.refused)
+        return report
 
     async def _report(self, report: HostReport) -> None:
         await self._js.publish(subjects.host_report(self._host_id, report.operation_id), msgspec.json.encode(report),
@@ -149,6 +125,3 @@ async def _keep_telling(message: Msg) -> None:
         except BUS_UNAVAILABLE:
             pass  # the job may be handed out again meanwhile; the operation id makes that harmless
 
-
-def _not_ours(asked: str, ours: str) -> str:
-    return f"this job names host {asked!r}; it was queued for host {ours!r}"

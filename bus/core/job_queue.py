@@ -25,7 +25,7 @@ from nats.js.kv import KeyValue
 
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, describe
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.host_messages import HostHeartbeat, HostJob, HostReport
+from bb_environments.bus.wire.host_protocol import HostHeartbeat, HostJob, HostReport
 from bb_environments.handlers.machines import heard_recently
 from bb_environments.handlers.ports import HostUnavailable
 
@@ -79,7 +79,7 @@ def waiting_for(host_id: str, heartbeat: HostHeartbeat | None) -> str:
     return f"waiting for the agent of host {host_id!r}, offline since {seen}"
 
 
-class HostJobs:
+class HostJobQueue:
     def __init__(self, nc: Client, js: JetStreamContext, liveness: HostLiveness, *,
                  health: BusHealth | None = None) -> None:
         self._nc = nc
