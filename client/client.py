@@ -93,7 +93,8 @@ class Client:
         errors: list[str] = []
 
         async def remember(error: Exception) -> None:
-            errors.append(str(error).removeprefix("nats: ").strip("'") or type(error).__name__)
+            # The last only: it goes on hearing each failed reconnect for as long as it is open.
+            errors[:] = [str(error).removeprefix("nats: ").strip("'") or type(error).__name__]
 
         nc = Nats()
         try:
