@@ -127,6 +127,9 @@ class ApiClient:
         request on `subject` or its answer, a dropped connection to the embedded server took it
         along, or the service's process ended. Waiting out the timeout would only end in the same doubt, a minute later."""
         answer = asyncio.ensure_future(request)
+        # Taken however it ends: nats-py ends a wait cancelled on a closed connection with an error
+        # rather than the cancellation, and what made the answer lost says what happened.
+        answer.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
         lost = asyncio.ensure_future(self._answer_lost(subject, what))
         try:
             done, _ = await asyncio.wait({answer, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -136,6 +139,7 @@ class ApiClient:
         finally:
             answer.cancel()
             lost.cancel()
+            await asyncio.wait({answer, lost})  # ended here, not left to the loop's shutdown to report
 
     def _service_may_live(self) -> bool:
         return self._service_pid is None or pid_alive(self._service_pid)
