@@ -11,8 +11,10 @@ from bb_environments.bus.wire.placements import PlacementOutcome
 from bb_environments.bus.wire.transcript_lines import TranscriptLine
 from bb_environments.client.client import Client
 from bb_environments.client.errors import (
-    ClientError, EnvironmentFailed, PlacementFailed, PlacementRefused, ServiceNotFound,
+    ClientError, EnvironmentFailed, InvalidId, PlacementFailed, PlacementRefused, PlacementTimedOut, ServiceNotFound,
+    ServiceUnavailable,
 )
 
-__all__ = ["Client", "ClientError", "EnvironmentEvent", "EnvironmentFailed", "PlacementFailed", "PlacementOutcome",
-           "PlacementRefused", "ServiceNotFound", "TranscriptLine"]
+__all__ = ["Client", "ClientError", "EnvironmentEvent", "EnvironmentFailed", "InvalidId", "PlacementFailed",
+           "PlacementOutcome", "PlacementRefused", "PlacementTimedOut", "ServiceNotFound", "ServiceUnavailable",
+           "TranscriptLine"]

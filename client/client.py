@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncGenerator
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
+from uuid import uuid4
 
 import msgspec
 import nats
@@ -21,18 +23,26 @@ from nats.js import api
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.documents import EnvironmentDocument, EnvironmentEvent
 from bb_environments.bus.wire.placements import PlacementOutcome
-from bb_environments.bus.wire.resending import resent_while_nobody_takes
+from bb_environments.bus.wire.resending import NOBODY_TOOK_IT, sent_until_answered
 from bb_environments.bus.wire.server_file import (
     SERVER_FILE, DataDirError, ServerFileError, data_root, nats_servers, read_server_file)
 from bb_environments.bus.wire.thread_events import (
     InboundThreadMessage, Machine, ProviderIntent, ThreadArchivedMessage, ThreadCreatedMessage, ThreadMessageMessage,
 )
 from bb_environments.bus.wire.transcript_lines import TranscriptLine
-from bb_environments.client.errors import EnvironmentFailed, PlacementRefused, ServiceNotFound
+from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
+from bb_environments.client.errors import (
+    EnvironmentFailed, InvalidId, PlacementRefused, PlacementTimedOut, ServiceNotFound, ServiceUnavailable,
+)
 from bb_environments.client import streams
+
+T = TypeVar("T")
 
 CONNECT_WITHIN_S = 10.0
 """How long `connect` tries before it says the service cannot be reached."""
+SEND_WITHIN_S = 60.0
+"""How long a thread event is sent again (bus/wire/resending.py: each attempt has seconds) before
+ServiceUnavailable: a restart of the service, a cluster electing a stream's leader, take less."""
 
 
 _outcome = msgspec.json.Decoder(PlacementOutcome)
@@ -71,7 +81,8 @@ class Client:
         errors: list[str] = []
 
         async def remember(error: Exception) -> None:
-            errors.append(str(error).removeprefix("nats: ").strip("'") or type(error).__name__)
+            # The last only: it goes on hearing each failed reconnect for as long as it is open.
+            errors[:] = [str(error).removeprefix("nats: ").strip("'") or type(error).__name__]
 
         nc = Nats()
         try:
@@ -88,8 +99,19 @@ class Client:
                     inputs: Any = None, host: str | None = None, prompt: str | None = None) -> None:
         """Publish the thread's `created` (an environment of `provider` with `inputs`, on `host`)
         and its first `message` (`prompt`), each once JetStream has stored it. Where the thread
-        then stands comes as its placement outcome: see `wait_ready`."""
-        self._placed_after[thread_id] = (await self._js.stream_info(subjects.PLACEMENTS_STREAM)).state.last_seq
+        then stands comes as its placement outcome: see `wait_ready`.
+
+        Safe to call again with the same thread id (after a ServiceUnavailable, say): a thread is
+        placed once, and a spawn of a thread placed already changes nothing; `wait_ready` then
+        returns the outcome it had. Each event is sent again while unanswered (the stream keeps it
+        once) until SEND_WITHIN_S; then ServiceUnavailable. InvalidId, before anything is sent,
+        for a thread or host id the service does not allow."""
+        _check(thread_id, "thread id", _THREAD_ID, ID_RULE)
+        if host is not None:
+            _check(host, "host id", _HOST_ID, HOST_ID_RULE)
+        info = await self._answered(lambda wait: self._js.stream_info(subjects.PLACEMENTS_STREAM),
+                                    f"the stream {subjects.PLACEMENTS_STREAM}")
+        self._placed_after[thread_id] = info.state.last_seq
         intent = ProviderIntent(environment_provider_id=provider, inputs=inputs,
                                 machine=Machine(host_id=host) if host is not None else None)
         await self._publish(ThreadCreatedMessage(thread_id=thread_id, occurred_at=_now(), environment=intent,
@@ -97,20 +119,25 @@ class Client:
         await self._publish(ThreadMessageMessage(thread_id=thread_id, occurred_at=_now(), text=prompt))
 
     async def archive(self, thread_id: str) -> None:
-        """Publish that the thread was archived: its environment retires once no live thread uses it."""
+        """Publish that the thread was archived: its environment retires once no live thread uses it.
+        Safe to call again: archiving an archived thread changes nothing. Sent again and raising
+        as `spawn` does."""
+        _check(thread_id, "thread id", _THREAD_ID, ID_RULE)
         await self._publish(ThreadArchivedMessage(thread_id=thread_id, occurred_at=_now()))
 
     async def wait_ready(self, thread_id: str, *, timeout: float) -> PlacementOutcome:
         """The thread's placement outcome once it is `ready`; PlacementRefused or EnvironmentFailed
-        (naming the reason) when it is `refused` or `error`, TimeoutError after `timeout` seconds.
+        (naming the reason) when it is `refused` or `error`, PlacementTimedOut (a TimeoutError)
+        after `timeout` seconds.
 
         An outcome published before this was called counts: the thread's outcomes are read from
-        the stream: the first after its spawn, when this client spawned it, else the newest there
-        is (or the next to come)."""
+        the stream. After a spawn by this client: the first outcome after it, or, when the thread
+        had been placed before that spawn (a spawn sent again), the outcome it had; else the
+        newest there is (or the next to come)."""
         try:
             return await asyncio.wait_for(self._settled(thread_id, self._placed_after.get(thread_id)), timeout)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"thread {thread_id} heard no placement outcome within {timeout:g} s") from None
+            raise PlacementTimedOut(f"thread {thread_id} heard no placement outcome within {timeout:g} s") from None
 
     async def placements(self, thread_id: str | None = None, *, history: bool = False) -> AsyncGenerator[PlacementOutcome, None]:
         """Placement outcomes as they come (of one thread, or of every thread): those published
@@ -154,20 +181,26 @@ class Client:
         await self.close()
 
     async def _settled(self, thread_id: str, spawned_after: int | None) -> PlacementOutcome:
-        # After its spawn here, the first outcome is the answer to it (a refused `created` comes
-        # before the refusal of the `message` that followed it); else the newest stored, then what comes.
         subject = subjects.placement(thread_id, "*")
+        outcome = None
         if spawned_after is not None:
-            reader = streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, api.DeliverPolicy.ALL,
-                                    start_sequence=spawned_after + 1)
+            # Placed before this client's spawn, and not refused: the spawn changed nothing, and no
+            # outcome follows it. Else the first outcome after it is its answer (a refused
+            # `created` comes before the refusal of the `message` that followed it).
+            before = await self._newest(subject, until_caught_up=True)
+            if before is not None and before.outcome.status != "refused" and before.sequence <= spawned_after:
+                outcome = before.outcome
+            else:
+                reader = streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, api.DeliverPolicy.ALL,
+                                        start_sequence=spawned_after + 1)
+                async with contextlib.aclosing(reader) as messages:
+                    async for message in messages:
+                        outcome = _outcome.decode(message.data)
+                        break
         else:
-            reader = streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, api.DeliverPolicy.LAST_PER_SUBJECT)
-        async with contextlib.aclosing(reader) as messages:
-            async for message in messages:
-                # The last of each kind that was stored come first, in order: the newest of them counts.
-                if spawned_after is not None or message.metadata.num_pending == 0:
-                    outcome = _outcome.decode(message.data)
-                    break
+            newest = await self._newest(subject, until_caught_up=False)
+            outcome = newest.outcome if newest is not None else None
+        assert outcome is not None  # a reader that is not caught up only ends with a message
         self._placed_after.pop(thread_id, None)  # answered: from now on its newest outcome counts
         if outcome.status == "refused":
             raise PlacementRefused(outcome)
@@ -175,11 +208,51 @@ class Client:
             raise EnvironmentFailed(outcome)
         return outcome
 
+    async def _newest(self, subject: str, until_caught_up: bool) -> _Stored | None:
+        """The newest outcome on `subject` the stream holds (None: none, when `until_caught_up`),
+        else the next to come."""
+        reader = streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, api.DeliverPolicy.LAST_PER_SUBJECT,
+                                until_caught_up=until_caught_up)
+        async with contextlib.aclosing(reader) as messages:
+            async for message in messages:
+                # The last of each kind that was stored come first, in order: the newest of them counts.
+                if message.metadata.num_pending == 0:
+                    return _Stored(message.metadata.sequence.stream, _outcome.decode(message.data))
+        return None
+
     async def _publish(self, event: InboundThreadMessage) -> None:
         subject = subjects.thread_event(event.thread_id, str(type(event).__struct_config__.tag))
         payload = msgspec.json.encode(event)
-        # A cluster whose node with the stream's leader died answers nobody until it elected another.
-        await resent_while_nobody_takes(lambda: self._js.publish(subject, payload, stream=subjects.THREADS_STREAM))
+        # Each attempt is this one publish: the stream keeps one of them, however many it took.
+        headers = {"Nats-Msg-Id": f"{event.thread_id}:{uuid4().hex}"}
+        await self._answered(lambda wait: self._js.publish(subject, payload, timeout=wait, stream=subjects.THREADS_STREAM,
+                                                           headers=headers), f"thread {event.thread_id}'s event")
+
+    async def _answered(self, attempt: Callable[[float], Awaitable[T]], what: str) -> T:
+        """`attempt`'s answer, sent again while unanswered (bus/wire/resending.py), or ServiceUnavailable."""
+        try:
+            return await sent_until_answered(attempt, timeout=SEND_WITHIN_S)
+        except (TimeoutError, *NOBODY_TOOK_IT):
+            raise ServiceUnavailable(f"the bb service took no message for {what} within {SEND_WITHIN_S:g} s; "
+                                     "it is down or restarting: sending it again is safe") from None
+        except NatsError as error:
+            raise ServiceUnavailable(f"the connection to the bb service failed ({type(error).__name__}) before "
+                                     f"it took {what}; sending it again is safe") from None
+
+
+class _Stored(msgspec.Struct):
+    sequence: int
+    outcome: PlacementOutcome
+
+
+_THREAD_ID = re.compile(ID_PATTERN)
+_HOST_ID = re.compile(HOST_ID_PATTERN)
+
+
+def _check(value: str, what: str, pattern: re.Pattern[str], rule: str) -> None:
+    """As the service checks it: an id it would refuse is the caller's to fix, and is never sent."""
+    if not isinstance(value, str) or not pattern.match(value):
+        raise InvalidId(f"{what} {quoted(str(value))} is not allowed: use {rule}")
 
 
 def _now() -> datetime:

@@ -13,6 +13,19 @@ class ServiceNotFound(ClientError):
     """No service to connect to: no server.json in the data dir, or its server refused or did not answer."""
 
 
+class InvalidId(ClientError, ValueError):
+    """A thread or host id the service does not allow (SPEC's rule, named in the message); nothing was sent."""
+
+
+class ServiceUnavailable(ClientError):
+    """The service took no message within the time allowed: it is down or restarting for longer,
+    or the connection is closed. Whatever was sent again meanwhile is taken once, if it was taken."""
+
+
+class PlacementTimedOut(ClientError, TimeoutError):
+    """`wait_ready` heard no placement outcome within its timeout; the thread may still be placed."""
+
+
 class PlacementFailed(ClientError):
     """A thread's placement outcome was not `ready`; `outcome` is the outcome itself."""
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar, Unpack
 
 import msgspec
-from nats.aio.client import Client
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
@@ -16,12 +16,12 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
 
 from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.api_messages import Request, decode_answer
+from bb_environments.bus.wire.api_messages import LONG_WORK, Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
 from bb_environments.bus.wire.service_errors import (REFUSED_HINT, SERVICE_CHECK_S, AnswerLost, ServiceError,
                                                      refused_request, unreachable)
-from bb_environments.bus.wire.resending import resent_while_nobody_takes
+from bb_environments.bus.wire.resending import ATTEMPT_S, sent_until_answered
 from bb_environments.bus.wire.server_file import nats_servers
 from bb_environments.providers.host.processes import pid_alive
 
@@ -67,20 +67,36 @@ class ApiClient:
         return client
 
     async def call(self, area: str, verb: str, body: Request, timeout: float = 60) -> dict[str, Any]:
+        """The service's answer, the request sent again to the API's queue group each time an
+        attempt goes unanswered (bus/wire/resending.py) until `timeout` seconds have passed: a
+        replica killed or stopped with the request never answers it, another one does. Whatever
+        replica answers first is heard, one that was only slow too. LONG_WORK is sent once."""
         what, subject = f"{area} {verb}", subjects.api(area, verb)
         payload = msgspec.json.encode(body)
+        inbox = self.nc.new_inbox()
+        answers = await self.nc.subscribe(inbox)
 
-        def request() -> Awaitable[Msg]:
-            return self._unless_lost(self.nc.request(subject, payload, timeout=timeout), subject, what)
+        async def attempt(wait: float) -> Msg:
+            await self.nc.publish(subject, payload, reply=inbox)
+            answer = await answers.next_msg(timeout=wait)  # raises nats-py's TimeoutError (a TimeoutError)
+            if (answer.headers or {}).get(api.Header.STATUS) == NO_RESPONDERS_STATUS:
+                raise NoRespondersError
+            return answer
 
         try:
-            reply = await resent_while_nobody_takes(request, until=self._service_may_live)
+            attempt_s = timeout if (area, verb) in LONG_WORK else ATTEMPT_S
+            reply = await self._unless_lost(
+                sent_until_answered(attempt, timeout=timeout, attempt_s=attempt_s, until=self._service_may_live),
+                subject, what)
         except NoRespondersError:
             raise unreachable("nothing answers the API") from None
         except NatsTimeout:
             raise AnswerLost(f"the bb service did not answer {what} within {timeout:.0f} s") from None
         except NatsError as error:  # the connection is closed or its buffer full: the request never left
             raise unreachable(f"the connection to it failed: {describe(error)}") from None
+        finally:
+            with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
+                await answers.unsubscribe()
         return decode_answer(reply.headers or {}, reply.data)
 
     async def read_stream(self, stream: str, subject: str, wait: float) -> AsyncGenerator[list[Msg], None]:
@@ -108,9 +124,12 @@ class ApiClient:
 
     async def _unless_lost(self, request: Awaitable[T], subject: str, what: str) -> T:
         """`request`'s result, unless its answer can no longer come: the server refused to pass the
-        request on `subject` or its answer, a dropped connection took it along, or the service's
-        process ended. Waiting out the timeout would only end in the same doubt, a minute later."""
+        request on `subject` or its answer, a dropped connection to the embedded server took it
+        along, or the service's process ended. Waiting out the timeout would only end in the same doubt, a minute later."""
         answer = asyncio.ensure_future(request)
+        # Taken however it ends: nats-py ends a wait cancelled on a closed connection with an error
+        # rather than the cancellation, and what made the answer lost says what happened.
+        answer.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
         lost = asyncio.ensure_future(self._answer_lost(subject, what))
         try:
             done, _ = await asyncio.wait({answer, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -120,12 +139,15 @@ class ApiClient:
         finally:
             answer.cancel()
             lost.cancel()
+            await asyncio.wait({answer, lost})  # ended here, not left to the loop's shutdown to report
 
     def _service_may_live(self) -> bool:
         return self._service_pid is None or pid_alive(self._service_pid)
 
     async def _answer_lost(self, subject: str, what: str) -> ServiceError:
-        drop = self._next_drop
+        # The embedded server's connection drops with its service; a node of a cluster that drops
+        # it leaves the client to reconnect to another, where the request is sent again.
+        drop = self._next_drop if self._service_pid is not None else asyncio.Event()
         while True:
             try:
                 await asyncio.wait_for(drop.wait(), SERVICE_CHECK_S)

@@ -38,7 +38,6 @@ from bb_environments.bus.wire.placements import PlacementOutcome, PlacementStatu
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.status import EnvironmentStatus
-from bb_environments.handlers.placement import THREAD_ID
 from bb_environments.handlers.store import Store
 from bb_environments.providers.host.crash_points import crash_point
 
@@ -49,6 +48,7 @@ from the environment as it was then when it has moved on (a failure, though, onl
 _BEYOND_THE_WINDOW = timedelta(seconds=DUPLICATE_WINDOW_S / 2)
 """Half the window: the service's clock may differ from the clock that dated the outcome."""
 _CLOCKS_DIFFER = timedelta(seconds=5)
+_WILDCARDS = ("*", ">")
 
 
 class Placements:
@@ -76,9 +76,10 @@ class Placements:
                 await self._settled(document, document.thread_ids)
 
     async def refused_at_edge(self, subject_thread_id: str, reason: str, refused: Msg) -> None:
-        """A thread event refused before anything was stored. An event on a subject that names no
-        valid thread has nobody to tell."""
-        if not THREAD_ID.match(subject_thread_id):
+        """A thread event refused before anything was stored, told on its subject's thread token
+        whatever it holds (a thread id the service does not allow, `a/b`, is still where its
+        publisher waits); only a wildcard token has no subject of its own to be told on."""
+        if subject_thread_id in _WILDCARDS:
             return
         await self._publish(PlacementOutcome(
             occurred_at=datetime.now(timezone.utc), thread_id=subject_thread_id, environment_id=None,

@@ -18,6 +18,10 @@ ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 """The header a NATS micro service's error reply carries (its body is an ErrorReply): nats.micro's
 constant, which `bb` cannot import without loading all of nats-py."""
 
+LONG_WORK = frozenset({("events", "replay"), ("doctor", "run")})
+"""The requests (area, verb) whose work may take longer than an attempt (bus/wire/resending.py):
+sent once and waited for, since each attempt more would start the whole work again."""
+
 DEFAULT_PAGE = 200
 MAX_PAGE = 1000
 """The most items a listing page holds; fewer come when more would not fit in one NATS message."""

@@ -27,7 +27,13 @@ async def main(count: int) -> None:
         await heard.put(json.loads(message.data)["environmentId"])
 
     # [ready]
-    nc = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["subscriber"])
+    async def reconnecting(error: Exception) -> None:
+        """nats-py logs each failed reconnect with a traceback by default, every 2 s while the service
+        restarts; it reconnects by itself (for good, with max_reconnect_attempts=-1), so say nothing.
+        Credentials it refuses still fail nats.connect itself."""
+
+    nc = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["subscriber"],
+                            error_cb=reconnecting, max_reconnect_attempts=-1)
     await nc.subscribe("bb.environments.*.ready", cb=on_ready)  # each readiness once
     # [/ready]
     try:

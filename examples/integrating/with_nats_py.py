@@ -21,7 +21,14 @@ async def main(thread_id: str, provider: str) -> int:
     # [connect]
     with open(os.path.join(data_dir, "server.json")) as file:
         info = json.load(file)
-    nc = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"])
+
+    async def reconnecting(error: Exception) -> None:
+        """nats-py logs each failed reconnect with a traceback by default, every 2 s while the service
+        restarts; it reconnects by itself (for good, with max_reconnect_attempts=-1), so say nothing.
+        Credentials it refuses still fail nats.connect itself."""
+
+    nc = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"],
+                            error_cb=reconnecting, max_reconnect_attempts=-1)
     # [/connect]
     try:
         js = nc.jetstream()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.client import Client, EnvironmentFailed, PlacementRefused, ServiceNotFound
+from bb_environments.client import Client, EnvironmentFailed, InvalidId, PlacementRefused, ServiceNotFound
 from tests.integration.conftest import Service, write_hooks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrating"
@@ -154,3 +154,58 @@ async def test_a_client_connected_before_a_restart_keeps_hearing_outcomes_after_
         heard = await asyncio.wait_for(anext(outcomes), 60)
         assert (heard.thread_id, heard.status) == ("t2", "ready")
         await outcomes.aclose()
+
+
+async def test_ids_the_service_would_refuse_are_refused_before_anything_is_sent(service):
+    async with await Client.connect(service.data_dir) as client:
+        for thread_id in ("a/b", "", "x" * 129, "t.1"):
+            with pytest.raises(InvalidId, match="thread id .* is not allowed: use 1-128 letters"):
+                await client.spawn(thread_id, provider="personal-workspace")
+            with pytest.raises(InvalidId):
+                await client.archive(thread_id)
+        with pytest.raises(InvalidId, match="host id 'h/1' is not allowed"):
+            await client.spawn("t1", provider="personal-workspace", host="h/1")
+    assert (await service.bb("thread", "list", "--json")).json()["threads"] == []
+
+
+async def test_a_spawn_sent_again_makes_no_second_environment_and_wait_ready_returns_its_outcome(service):
+    async with await Client.connect(service.data_dir) as client:
+        await client.spawn("t1", provider="personal-workspace")
+        first = await client.wait_ready("t1", timeout=60)
+        await client.spawn("t1", provider="personal-workspace")  # a natural retry
+        again = await client.wait_ready("t1", timeout=30)
+        assert (again.status, again.environment_id) == ("ready", first.environment_id)
+    environments = (await service.bb("environment", "list", "--json")).json()["environments"]
+    assert [e["id"] for e in environments] == [first.environment_id]
+
+
+async def test_a_spawn_during_a_restart_is_taken_once_the_service_is_back(service):
+    async with await Client.connect(service.data_dir) as client:
+        await service.stop()
+        spawned = asyncio.ensure_future(client.spawn("t1", provider="personal-workspace"))
+        await service.start()
+        await asyncio.wait_for(spawned, 60)
+        assert (await client.wait_ready("t1", timeout=60)).status == "ready"
+
+
+async def test_the_subscriber_example_rides_a_restart_out_quietly(service):
+    async with running_example(service, "subscriber.py", "1") as subscriber:
+        await service.stop()
+        await asyncio.sleep(3)  # long enough for a reconnect to fail: nats-py tries every 2 s
+        await service.start()
+
+        async def spawn_until_heard() -> None:  # it hears them once it has reconnected, in its own time
+            while True:
+                await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--wait")
+
+        spawning = asyncio.ensure_future(spawn_until_heard())
+        try:
+            heard = await line_with(subscriber, "ready: ")
+        finally:
+            spawning.cancel()
+        listed = (await service.bb("environment", "list", "--json")).json()["environments"]
+        assert heard.removeprefix("ready: ").strip() in [e["id"] for e in listed]
+        subscriber.kill()
+        assert subscriber.stderr is not None
+        said = (await subscriber.stderr.read()).decode()
+        assert "Traceback" not in said and said == "", said

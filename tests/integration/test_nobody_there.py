@@ -18,7 +18,7 @@ from bb_environments.bus.api_client.nats_client import ApiClient
 from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import ListEnvironments
-from bb_environments.bus.wire.resending import NOBODY_THERE_PATIENCE_S
+from bb_environments.bus.wire.resending import ATTEMPT_S, NOBODY_THERE_PATIENCE_S
 from bb_environments.bus.wire.service_errors import ServiceError
 from bb_environments.client import Client
 
@@ -49,6 +49,58 @@ async def test_an_api_request_nobody_takes_yet_is_answered_once_a_replica_is_bac
         await service.subscribe(subjects.api("environments", "list"), cb=answer)
         assert await asyncio.wait_for(asked, 10) == {"environments": []}
         assert taken == 1
+    finally:
+        await client.close()
+        await service.close()
+
+
+async def test_an_api_request_its_taker_never_answers_is_sent_again_and_answered_by_another(server):
+    """A replica killed or stopped with the request: it took it and never answers; the request
+    sent again reaches the replica that answers."""
+    service = await nats.connect(server.url)
+    client = await ApiClient.connect(server.url)
+    try:
+        subject = subjects.api("environments", "list")
+        swallowed = asyncio.Event()
+
+        async def swallow(message) -> None:
+            swallowed.set()
+            await stalled.unsubscribe()  # its server finds it gone: it leaves the queue group
+
+        stalled = await service.subscribe(subject, queue="replicas", cb=swallow)
+        asked = asyncio.ensure_future(client.call("environments", "list", ListEnvironments()))
+        await asyncio.wait_for(swallowed.wait(), 10)
+        answered = 0
+
+        async def answer(message) -> None:
+            nonlocal answered
+            answered += 1
+            await message.respond(b'{"environments": []}')
+
+        await service.subscribe(subject, queue="replicas", cb=answer)
+        assert await asyncio.wait_for(asked, 15) == {"environments": []}
+        assert answered == 1
+    finally:
+        await client.close()
+        await service.close()
+
+
+async def test_a_slow_answer_to_an_earlier_attempt_counts(server):
+    service = await nats.connect(server.url)
+    client = await ApiClient.connect(server.url)
+    try:
+        requests: list[str] = []
+
+        async def answer_the_first_late(message) -> None:
+            requests.append(message.reply)
+            if len(requests) == 1:
+                await asyncio.sleep(ATTEMPT_S * 1.5)  # the request is sent again meanwhile
+                await message.respond(b'{"environments": ["late"]}')
+
+        await service.subscribe(subjects.api("environments", "list"), cb=answer_the_first_late)
+        assert await asyncio.wait_for(client.call("environments", "list", ListEnvironments()), 15) == {
+            "environments": ["late"]}
+        assert len(requests) == 2 and requests[0] == requests[1]  # sent again, to the same inbox
     finally:
         await client.close()
         await service.close()

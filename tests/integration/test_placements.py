@@ -186,6 +186,20 @@ async def test_refusals_are_heard_with_their_reason_and_never_the_events_content
         assert [o["status"] for o in await heard(service, thread_id)] == ["refused"], thread_id
 
 
+async def test_a_thread_id_its_subject_carries_but_the_service_does_not_allow_is_refused_once(service):
+    # Each is a token NATS carries (no dot, no space, no wildcard) and no valid thread id.
+    for thread_id in ("a/b", "x" * 129, "caf\u00e9"):
+        await spawn(service, thread_id, environment=PERSONAL)
+        refused = await hears(service, thread_id, "refused")
+        assert refused["threadId"] == thread_id and refused["environmentId"] is None
+        assert "threadId" in refused["reason"]
+        assert_content_withheld(refused)
+    await settled(service)
+    for thread_id in ("a/b", "x" * 129, "caf\u00e9"):
+        # Its `created` was refused, then its `message` (for no thread): each heard once.
+        assert [o["status"] for o in await heard(service, thread_id)] == ["refused", "refused"], thread_id
+
+
 async def test_a_service_killed_after_publishing_an_outcome_publishes_it_no_second_time(tmp_path: Path):
     service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_CRASH_AT="placement-published"))
     await service.start()

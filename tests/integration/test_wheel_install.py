@@ -13,6 +13,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # A hook run by the installed package: its launcher and supervisor (`python -I -S`, no
@@ -59,7 +62,17 @@ def serving_line(service: subprocess.Popen, deadline: float) -> str:
     return "".join(printed)
 
 
-def test_a_spawn_from_the_installed_wheel(tmp_path):
+class Installed(NamedTuple):
+    venv: Path
+    python: Path
+    site: Path
+    environment: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel built from this tree, installed into a fresh venv (once for this file's tests)."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     # Built from a copy: an in-tree build would leave build/ in the checkout, whose stale files
     # (of modules since moved or deleted) a later build would ship.
     source = tmp_path / "source"
@@ -82,8 +95,8 @@ def test_a_spawn_from_the_installed_wheel(tmp_path):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("BB_") and k != "PYTHONPATH"}
     environment.update(PATH=f"{venv / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                        BB_DATA_DIR=str(tmp_path / "data"), BB_RETIRE_GRACE_MS="0")
-    installed = run(python, "-m", "pip", "install", "--quiet", "--no-deps", wheel, env=environment, timeout=300)
-    assert installed.returncode == 0, installed.stderr
+    pip_installed = run(python, "-m", "pip", "install", "--quiet", "--no-deps", wheel, env=environment, timeout=300)
+    assert pip_installed.returncode == 0, pip_installed.stderr
 
     where = run(python, "-c", "import bb_environments.domain as d, bb_environments.providers.modal_settings as m; "
                 "print(d.__file__); print(m.SHIPPED_DOCKERFILE.is_file())", env=environment)
@@ -92,6 +105,12 @@ def test_a_spawn_from_the_installed_wheel(tmp_path):
     for generic in ("domain", "bus", "handlers", "providers", "projections", "entrypoints"):
         assert run(python, "-c", f"import {generic}", env=environment).returncode != 0, generic
 
+    return Installed(venv, python, venv_site, environment)
+
+
+def test_a_spawn_from_the_installed_wheel(installed: Installed, tmp_path: Path) -> None:
+    venv, python, venv_site, environment = installed
+    environment = environment | {"BB_DATA_DIR": str(tmp_path / "data")}
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     (workspace / ".bb-env-setup.sh").write_text("echo set up\n")
@@ -121,3 +140,33 @@ def test_a_spawn_from_the_installed_wheel(tmp_path):
     finally:
         service.terminate()
         service.wait(timeout=30)
+
+
+CONSUMER = """\
+from bb_environments.client import Client, EnvironmentEvent, PlacementOutcome, PlacementRefused
+
+
+async def placed(thread_id: str) -> str | None:
+    async with await Client.connect() as client:
+        await client.spawn(thread_id, provider="personal-workspace")
+        try:
+            outcome: PlacementOutcome = await client.wait_ready(thread_id, timeout=60)
+        except PlacementRefused as refused:
+            return refused.outcome.reason
+        async for event in client.environment_events(outcome.environment_id or "", follow=False):
+            version: int = event.version
+            print(version)
+        not_a_number: int = outcome.thread_id
+        return outcome.environment_id
+"""
+
+
+def test_a_consumer_s_type_checker_reads_the_client_s_types_from_the_installed_wheel(installed: Installed,
+                                                                                   tmp_path: Path) -> None:
+    consumer = tmp_path / "consumer.py"
+    consumer.write_text(CONSUMER)
+    checked = run(installed.python, "-m", "mypy", "--strict", "--no-incremental", consumer, env=installed.environment,
+                  timeout=300)
+    # One error, where the script is wrong on purpose: its types are the client's, not Any.
+    errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "consumer.py:14: error: Incompatible types in assignment" in errors[0], checked.stdout
