@@ -292,9 +292,10 @@ def unsettled(threads: dict[str, Thread], log: list[dict[str, Any]]) -> list[str
     wrong = []
     for thread in threads.values():
         wanted = "removed" if thread.archive_after_s is not None else "ready"
-        statuses = {e: environments[e][-1]["status"] for e in held.get(thread.id, set())}
-        if list(statuses.values()) != [wanted]:
-            wrong.append(f"{thread.id} wants {wanted}: {statuses or 'no environment'}")
+        last = {e: environments[e][-1] for e in held.get(thread.id, set())}
+        if [event["status"] for event in last.values()] != [wanted]:
+            seen = {e: f"{event['status']} ({event['statusMessage']})" for e, event in last.items()}
+            wrong.append(f"{thread.id} wants {wanted}: {seen or 'no environment'}")
     return wrong
 
 
