@@ -100,9 +100,14 @@ class PostgresServer:
         """Stop it, dropping every connection (fast shutdown), and start it again on the same port."""
         self._pg_ctl("restart", "-m", "fast", "-l", str(self.log))
 
+    def start_again(self) -> None:
+        """Start it again after a `stop`, on the same port and data: it recovers from its WAL, as after a crash."""
+        self._pg_ctl("start", "-l", str(self.log))
+
     def stop(self) -> None:
-        """Stop it at once: its data is thrown away after. A postmaster that would not stop is
-        killed, and its children (each in a session of its own) end as soon as they notice."""
+        """Stop it at once, as a crash would (an immediate shutdown: no checkpoint, every connection
+        cut). A postmaster that would not stop is killed, and its children (each in a session of
+        its own) end as soon as they notice."""
         try:
             self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
         except subprocess.CalledProcessError:
@@ -215,6 +220,14 @@ class NatsCluster:
             os.killpg(server.pid, signal.SIGKILL)  # it leads a session of its own
         assert server.process is not None
         server.process.wait()
+
+    def pause(self, node: str) -> None:
+        """SIGSTOP `node`, as a frozen VM would: its peers and clients hear nothing more from it."""
+        os.kill(self._servers[node].pid, signal.SIGSTOP)
+
+    def resume(self, node: str) -> None:
+        """SIGCONT `node` after a `pause`."""
+        os.kill(self._servers[node].pid, signal.SIGCONT)
 
     def stop(self) -> None:
         for node in list(self._servers):

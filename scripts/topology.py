@@ -21,14 +21,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.engines import NatsCluster, PostgresServer, postgres_owner
+from scripts.engines import NODES, NatsCluster, PostgresServer, postgres_owner
 
 STOP_S = 30.0
 """How long a replica or an agent is given to stop on its signal before it is killed."""
+POSTGRES = "postgres"
+"""The PostgreSQL server's name among the parts (beside replica ids, host ids and NATS nodes)."""
 
 
 class Topology:
-    """Started by `start`, stopped (everything it started, in order) by `stop`."""
+    """Started by `start`, stopped (everything it started, in order) by `stop`.
+
+    Its parts, by name: each replica (its id), each host's agent (the host id), each NATS node
+    (n1, n2, n3) and PostgreSQL (`postgres`). `kill`, `pause`, `resume` and `start_again` do to
+    one of them what a crash, a frozen machine and a restart would."""
 
     def __init__(self, base: Path, settings: dict[str, str], stream_replicas: int) -> None:
         self.base = base
@@ -40,6 +46,8 @@ class Topology:
         self.replicas: dict[str, subprocess.Popen[bytes]] = {}
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._postgres_apart: Path | None = None
+        self._seeds: dict[str, Path] = {}
+        self._paused: set[str] = set()
 
     @classmethod
     def start(cls, base: Path, replicas: tuple[str, ...] = ("r1", "r2"), hosts: tuple[str, ...] = ("h1", "h2"),
@@ -95,8 +103,62 @@ class Topology:
         """The output of a replica or an agent, by its id."""
         return self.base / f"{name}.log"
 
+    def kill(self, part: str) -> None:
+        """SIGKILL a replica or an agent (its process alone: a hook's supervisor outlives it) or a NATS
+        node; PostgreSQL stops as a crash would (an immediate shutdown). `start_again` brings it back."""
+        if part == POSTGRES:
+            assert self.postgres is not None
+            self.postgres.stop()
+        elif part in NODES:
+            assert self.cluster is not None
+            self.cluster.kill(part)
+        else:
+            process = self._process(part)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+        self._paused.discard(part)
+
+    def pause(self, part: str) -> None:
+        """SIGSTOP a replica, an agent or a NATS node, as a frozen machine (or a long GC) would."""
+        if part in NODES:
+            assert self.cluster is not None
+            self.cluster.pause(part)
+        else:
+            self._process(part).send_signal(signal.SIGSTOP)
+        self._paused.add(part)
+
+    def resume(self, part: str) -> None:
+        """SIGCONT a paused part; a NATS node is back once it is healthy again (caught up)."""
+        self._continue(part)
+        if part in NODES:
+            assert self.cluster is not None
+            self.cluster.wait_healthy()
+
+    def start_again(self, part: str) -> None:
+        """Start a killed part again, on its own data, and return once it serves (a NATS node: once
+        it is healthy, caught up with the cluster)."""
+        if part == POSTGRES:
+            assert self.postgres is not None
+            self.postgres.start_again()
+        elif part in NODES:
+            assert self.cluster is not None
+            self.cluster.start_node(part)
+            self.cluster.wait_healthy()
+        elif part in self.replicas:
+            self._start_replica(part)
+        else:
+            self._run_agent(part)
+
+    def exited(self) -> dict[str, int]:
+        """The replicas and agents whose process has ended, with its exit status."""
+        return {name: status for name, process in (*self.replicas.items(), *self.agents.items())
+                if (status := process.poll()) is not None}
+
     def stop(self) -> None:
         """Stop whatever runs of it, however far its start got."""
+        for part in list(self._paused):  # a stopped process would not hear its signal
+            self._continue(part)
         for process in (*self.agents.values(), *self.replicas.values()):
             # SIGINT: a replica stopped just after its start has not yet put its SIGTERM handler in place
             # (see bench/common.py's stop_service); the agent takes either.
@@ -148,15 +210,39 @@ class Topology:
             raise RuntimeError(f"bb machine register {host_id} failed: {registered.stderr.strip()}")
         seed = Path(json.loads(registered.stdout)["credentials"])
         self.cluster.admit_host(host_id, seed)
-        process = self._spawn(host_id, ["agent", "--host-id", host_id, "--credentials", str(seed),
-                                        "--nats-url", self.nats_urls, "--root", str(self.base / host_id / "root")],
+        self._seeds[host_id] = seed
+        self._run_agent(host_id)
+
+    def agent_root(self, host_id: str) -> Path:
+        """Where the agent of `host_id` keeps the workspaces it owns (its `--root`)."""
+        return self.base / host_id / "root"
+
+    def _run_agent(self, host_id: str) -> None:
+        """The agent of a registered host, once it serves (says so in its log after this start)."""
+        log = self.log(host_id)
+        start = log.stat().st_size if log.exists() else 0
+        process = self._spawn(host_id, ["agent", "--host-id", host_id, "--credentials", str(self._seeds[host_id]),
+                                        "--nats-url", self.nats_urls, "--root", str(self.agent_root(host_id))],
                               self._environment(self.base / host_id / "data", BB_LOG_LEVEL="INFO"))
         self.agents[host_id] = process
-        self._until(lambda: "is serving from" in self.log(host_id).read_text(), host_id, f"the agent of {host_id}")
+        self._until(lambda: "is serving from" in _read_from(log, start), host_id, f"the agent of {host_id}")
+
+    def _continue(self, part: str) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if part in NODES:
+                assert self.cluster is not None
+                self.cluster.resume(part)
+            else:
+                self._process(part).send_signal(signal.SIGCONT)
+        self._paused.discard(part)
+
+    def _process(self, name: str) -> subprocess.Popen[bytes]:
+        """The process of a replica or an agent, by its id."""
+        return {**self.replicas, **self.agents}[name]
 
     def _until(self, condition: Callable[[], bool], name: str, what: str, timeout: float = 60) -> None:
         """Wait for `condition` of the process `name` (a replica or agent id), `what` for the error."""
-        process = {**self.replicas, **self.agents}[name]
+        process = self._process(name)
         deadline = time.monotonic() + timeout
         while not condition():
             if process.poll() is not None:
@@ -165,6 +251,12 @@ class Topology:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} did not serve within {timeout:.0f} s")
             time.sleep(0.05)
+
+
+def _read_from(log: Path, start: int) -> str:
+    with open(log, "rb") as file:
+        file.seek(start)
+        return file.read().decode(errors="replace")
 
 
 def _serves(server_file: Path, pid: int) -> bool:

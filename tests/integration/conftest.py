@@ -17,6 +17,7 @@ from typing import Any
 
 import nats
 import nats.aio.client
+from nats.aio.msg import Msg
 import pytest
 from nats.js import JetStreamContext, api
 
@@ -52,14 +53,20 @@ Stored = tuple[int | None, str, bytes]  # (claimed notification id, subject, pay
 
 async def stream_log(js: JetStreamContext) -> list[Stored]:
     """Every message BB_ENVIRONMENTS holds, in order, read back with an ordered consumer."""
-    if (await js.stream_info(subjects.ENVIRONMENTS_STREAM)).state.messages == 0:
+    return [(claimed_notification_id(message.headers), message.subject, message.data)
+            for message in await stored_messages(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS)]
+
+
+async def stored_messages(js: JetStreamContext, stream: str, subject: str) -> list[Msg]:
+    """Every message of `stream` on `subject` (a filter), in stream order, read back with an ordered consumer."""
+    if (await js.stream_info(stream)).state.messages == 0:
         return []
-    subscription = await js.subscribe(subjects.LOG_EVENTS, stream=subjects.ENVIRONMENTS_STREAM, ordered_consumer=True)
-    stored: list[Stored] = []
+    subscription = await js.subscribe(subject, stream=stream, ordered_consumer=True)
+    stored: list[Msg] = []
     try:
         while True:
             message = await subscription.next_msg(timeout=10)
-            stored.append((claimed_notification_id(message.headers), message.subject, message.data))
+            stored.append(message)
             if message.metadata.num_pending == 0:
                 return stored
     finally:

@@ -6,16 +6,23 @@ Both start in about a second; each is torn down however its tests ended.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+import nats
 import pytest
+from nats.js import JetStreamContext
 
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.thread_events import InboundThreadEvent
 from scripts.engines import NatsCluster, PostgresServer
 from tests.support.os_users import unprivileged_user
 
@@ -45,3 +52,19 @@ def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsClust
         yield cluster
     finally:
         cluster.stop()
+
+
+async def publish_stored(js: JetStreamContext, event: InboundThreadEvent, timeout: float) -> None:
+    """Publish a thread event as a publishing service does, sent again until the stream acknowledges
+    it (a node gone, an election): its message id makes the stream drop a repeat."""
+    kind = event.__struct_config__.tag
+    assert isinstance(kind, str)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await js.publish(subjects.thread_event(event.thread_id, kind), msgspec.json.encode(event),
+                             headers={"Nats-Msg-Id": f"{event.thread_id}:{kind}"})
+            return
+        except (nats.errors.Error, asyncio.TimeoutError):
+            assert time.monotonic() < deadline, f"the thread stream took no {kind} of {event.thread_id} in {timeout} s"
+            await asyncio.sleep(0.2)

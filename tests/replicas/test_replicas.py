@@ -32,6 +32,7 @@ from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads, R
 from tests.integration.conftest import Service, eventually, service_environment, write_hooks
 from tests.integration.host_agents import Agent
 from scripts.engines import NatsCluster, PostgresServer
+from tests.replicas.conftest import publish_stored
 
 HOST = "h1"
 CLOUD_PAUSABLE = "tests.support.gated_provider:CloudPausableProvider"
@@ -292,15 +293,7 @@ async def publish_threads(topology: Topology, count: int) -> list[str]:
         for thread in threads:
             for event in (ThreadCreatedMessage(thread_id=thread, environment=intent),
                           ThreadMessageMessage(thread_id=thread, text="go")):
-                deadline = time.monotonic() + SETTLE_S
-                while True:  # a publish the stream did not acknowledge is sent again (its id drops a repeat)
-                    try:
-                        await js.publish(subjects.thread_event(thread, type(event).__struct_config__.tag or ""),
-                                         msgspec.json.encode(event), headers={"Nats-Msg-Id": f"{thread}:{event.__struct_config__.tag}"})
-                        break
-                    except (nats.errors.Error, asyncio.TimeoutError):
-                        assert time.monotonic() < deadline, "the thread stream took no publish"
-                        await asyncio.sleep(0.2)
+                await publish_stored(js, event, SETTLE_S)
         return threads
     finally:
         await nc.close()
