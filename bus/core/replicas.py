@@ -10,7 +10,8 @@ The relay and the driving of each partition of the environments are leases: a ke
 bucket, taken with `create` (refused while another holds it), renewed with a compare-and-set on its
 revision, and forgotten by the bucket a few seconds after its holder stopped renewing it. A lease
 only saves doubled work: every effect is fenced where it lands (the stream's expected last
-sequence for the relay, optimistic concurrency in the store, operation ids at the agents).
+sequence for the relay, optimistic concurrency in the store, operation ids at the agents). The
+relay also confirms its lease in the bucket before each window it publishes (`Lease.confirmed`).
 """
 
 from __future__ import annotations
@@ -146,6 +147,18 @@ class Lease:
     @property
     def held(self) -> bool:
         return self._revision is not None and time.monotonic() < self._valid_until
+
+    async def confirmed(self) -> bool:
+        """Whether this run holds the lease now by the bucket's word as well as its own clock: the
+        key's latest revision is this run's (its value carries this run's token; a renewal still in
+        flight may have moved the revision on) and not older than the last one it wrote."""
+        if not self.held:
+            return False
+        try:
+            entry = await self._bucket.get(self.key)
+        except KeyNotFoundError:  # forgotten (its holder stopped renewing it) or given up
+            return False
+        return entry.value == self._holder and (entry.revision or 0) >= (self._revision or 0) and self.held
 
     async def take(self) -> bool:
         """Take the lease if nobody holds it; True if this replica holds it now."""
