@@ -181,6 +181,10 @@ class NatsCluster:
     def urls(self) -> str:
         return ",".join(f"nats://{HOST}:{client}" for client, _, _ in self._ports.values())
 
+    def urls_of(self, nodes: list[str]) -> str:
+        """The client URLs of `nodes` alone, as BB_NATS_URL lists them."""
+        return ",".join(f"nats://{HOST}:{self._ports[node][0]}" for node in nodes)
+
     @property
     def pids(self) -> list[int]:
         """The running nodes' processes."""
@@ -212,9 +216,21 @@ class NatsCluster:
         """SIGKILL `node`, as a crash of its machine would."""
         server = self._servers.pop(node)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)  # it leads a session of its own
+            os.killpg(server.pid, signal.SIGKILL)  # it leads a session of its own (paused or not)
         assert server.process is not None
         server.process.wait()
+
+    def pause(self, node: str) -> None:
+        """SIGSTOP `node`: its clients and peers find it silent, its sockets open (a frozen machine,
+        a partition), until `resume`."""
+        os.killpg(self._servers[node].pid, signal.SIGSTOP)
+
+    def resume(self, node: str) -> None:
+        os.killpg(self._servers[node].pid, signal.SIGCONT)
+
+    def log(self, node: str) -> str:
+        """What `node` logged, across its restarts."""
+        return (self._store(node) / "nats-server.log").read_text(errors="replace")
 
     def stop(self) -> None:
         for node in list(self._servers):
