@@ -162,14 +162,17 @@ class Lease:
 
     async def take(self) -> bool:
         """Take the lease if nobody holds it; True if this replica holds it now."""
-        if self.held:
-            return await self.renew()
+        if await self.renew():
+            return True
         return await self._written(lambda: self._bucket.create(self.key, self._holder))
 
     async def renew(self) -> bool:
-        """Keep the lease; False (and not held from now on) if another took it meanwhile."""
-        if not self.held:
-            self._revision = None
+        """Keep the lease: a compare-and-set on the revision this run wrote last, which the bucket
+        takes only if nobody wrote the key since and it was not forgotten. Tried also when this
+        run's own clock says the lease lapsed (its renewals came late: a long pause, an election of
+        the bucket's leader): the bucket, not the clock, says whether another took it. False (and
+        not held from now on) if another did, or it was forgotten."""
+        if self._revision is None:
             return False
         return await self._written(lambda: self._bucket.update(self.key, self._holder, last=self._revision))
 
@@ -273,6 +276,10 @@ class DriveShare:
         """Keep a fair share: `gained` runs after partitions were taken (a sweep of what they
         hold), `lost` after some were lost or given up (stop driving what they hold)."""
         bus = health.retry("drive leases")
+        # The sweep runs beside the renewals: with a backlog it takes longer than a lease lasts,
+        # and leases not renewed meanwhile lapsed, were taken again, and swept again.
+        sweep_due = asyncio.Event()
+        sweeping = asyncio.create_task(_sweeps(sweep_due, gained))
         try:
             while True:
                 held = await _asked(bus, self._rebalance, lambda: {p for p in self._held if self._leases[p].held})
@@ -283,9 +290,10 @@ class DriveShare:
                     lost()
                 if newly:
                     log.info("drives partitions %s", sorted(newly))
-                    await gained()
+                    sweep_due.set()
                 await asyncio.sleep(RENEW_S)
         finally:
+            await _cancelled(sweeping)
             for partition in self._held:
                 await self._leases[partition].give_up()
 
@@ -302,6 +310,17 @@ class DriveShare:
             if partition not in kept and await self._leases[partition].take():
                 kept.add(partition)
         return kept
+
+
+async def _sweeps(due: asyncio.Event, sweep: Callable[[], Awaitable[None]]) -> None:
+    """Sweep each time partitions were gained, once for all gained while the last sweep ran."""
+    while True:
+        await due.wait()
+        due.clear()
+        try:
+            await sweep()
+        except Exception:  # the store away, say: the periodic sweep drives them all the same
+            log.exception("sweeping the partitions this replica took failed")
 
 
 async def live_replica_count(js: JetStreamContext) -> int:
