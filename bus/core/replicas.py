@@ -218,7 +218,8 @@ async def while_leased(lease: Lease, work: Callable[[], Coroutine[Any, Any, None
                 log.info("took lease %s", lease.key)
                 running = asyncio.create_task(work())
             elif not holds and running is not None:
-                log.warning("lost lease %s: another replica has it now", lease.key)
+                log.warning("lost lease %s: another replica has it now, or the bucket could not say in time",
+                            lease.key)
                 await _cancelled(running)
                 running = None
             elif not holds:
