@@ -197,7 +197,9 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
         ]
     else:
         # Another replica relaying has caught the stream up as far as this one would.
-        relaying = while_leased(replication.relay_lease, relay.run, health, on_others=relay.caught_up.set)
+        lease = replication.relay_lease
+        relaying = while_leased(lease, lambda: relay.run(still_leased=lease.confirmed), health,
+                                on_others=relay.caught_up.set)
 
         async def followed(messages: list[Msg]) -> None:
             await follower.handle_batch(messages)

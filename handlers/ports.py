@@ -172,6 +172,22 @@ class Everything:
         return True
 
 
+class Outcomes(Protocol):
+    """Whether the threads' placement outcomes an environment's log reached are out: published by
+    this replica's follower of the log (bus/core/log_follower.py)."""
+
+    async def out_for(self, environment_id: UUID, version: int) -> bool:
+        """True once every outcome the environment's events up to `version` reached was published."""
+        ...
+
+
+class OutcomesUntold:
+    """No placement outcomes are published (a core without the bus): nothing to wait for."""
+
+    async def out_for(self, environment_id: UUID, version: int) -> bool:
+        return True
+
+
 class ActivityElsewhere(Protocol):
     """Where a thread's activity on an environment another replica drives goes: to that replica."""
 

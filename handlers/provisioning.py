@@ -46,7 +46,8 @@ from bb_environments.domain.steps import (
 from bb_environments.handlers.host_steps import HostSteps
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.ports import (
-    ActivityElsewhere, Everything, Hosts, HostUnavailable, NoOtherReplica, ProviderMissing, Share, Transcript)
+    ActivityElsewhere, Everything, Hosts, HostUnavailable, NoOtherReplica, Outcomes, OutcomesUntold, ProviderMissing,
+    Share, Transcript)
 from bb_environments.handlers.store import Store
 from bb_environments.providers.workspace_messages import ResourceRequest
 
@@ -87,6 +88,8 @@ class Provisioner:
         self._store = store
         self._share = share
         self._activity_elsewhere = activity_elsewhere
+        self._outcomes: Outcomes = OutcomesUntold()
+        self._removals_waiting: set[UUID] = set()  # for their outcomes to be out (see _outcomes_out)
         self._app = store.app
         self._placer = placer
         self._hosts = hosts
@@ -101,6 +104,11 @@ class Provisioner:
         self._activity: dict[UUID, datetime] = {}
         self._advanced_from: dict[UUID, int] = {}
         self._newest_known: dict[UUID, int] = {}  # see drive
+
+    def wait_for_outcomes(self, outcomes: Outcomes) -> None:
+        """Start an environment's removal only once `outcomes` says the placement outcomes of its
+        life so far are published: set where the core runs a follower of the log that publishes them."""
+        self._outcomes = outcomes
 
     @property
     def busy(self) -> bool:
@@ -148,8 +156,10 @@ class Provisioner:
 
     async def catch_up(self, environment_id: UUID, version: int) -> None:
         """Drive an environment for an event from the log, unless this process already advanced
-        from that version (it usually recorded the event itself a moment ago)."""
-        if self._advanced_from.get(environment_id, 0) < version:
+        from that version (it usually recorded the event itself a moment ago) and its removal does
+        not wait for the outcomes that the log's follower has published now."""
+        if self._advanced_from.get(environment_id, 0) < version or environment_id in self._removals_waiting:
+            self._removals_waiting.discard(environment_id)
             await self.drive(environment_id)
 
     async def sweep(self) -> None:
@@ -206,7 +216,8 @@ class Provisioner:
                     # bus is reported once, by the bus's health, not here at every sweep.
                     log.debug("could not stop the setup of environment %s yet: %s", env.id, unavailable)
             case StartRemoval() | RetryRemoval():
-                await self._record(env, self._app.start_removal, now)
+                if await self._outcomes_out(env):
+                    await self._record(env, self._app.start_removal, now)
             case CleanAttempt(attempt):
                 self._start(env, f"cleanup.{attempt}", self._on_host.clean_attempt, env)
             case RetryTransient():
@@ -230,6 +241,15 @@ class Provisioner:
                     self._forget(env.id)
             case unexpected:
                 assert_never(unexpected)
+
+    async def _outcomes_out(self, env: Environment) -> bool:
+        """Whether the placement outcomes of the environment's life so far are published: until
+        they are, its removal waits (the log's follower drives it on when they are), so that a
+        thread never hears `ready` after its environment's `removed` (SPEC 8.1)."""
+        if await self._outcomes.out_for(env.id, env.version):
+            return True
+        self._removals_waiting.add(env.id)
+        return False
 
     async def _record(self, env: Environment, command: Callable[Concatenate[UUID, P], object],
                       *args: P.args, **kwargs: P.kwargs) -> None:

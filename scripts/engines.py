@@ -186,6 +186,10 @@ class NatsCluster:
     def urls(self) -> str:
         return ",".join(f"nats://{HOST}:{client}" for client, _, _ in self._ports.values())
 
+    def urls_of(self, nodes: list[str]) -> str:
+        """The client URLs of `nodes` alone, as BB_NATS_URL lists them."""
+        return ",".join(f"nats://{HOST}:{self._ports[node][0]}" for node in nodes)
+
     @property
     def pids(self) -> list[int]:
         """The running nodes' processes."""
@@ -217,7 +221,7 @@ class NatsCluster:
         """SIGKILL `node`, as a crash of its machine would."""
         server = self._servers.pop(node)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)  # it leads a session of its own
+            os.killpg(server.pid, signal.SIGKILL)  # it leads a session of its own (paused or not)
         assert server.process is not None
         server.process.wait()
 
@@ -228,6 +232,10 @@ class NatsCluster:
     def resume(self, node: str) -> None:
         """SIGCONT `node` after a `pause`."""
         os.kill(self._servers[node].pid, signal.SIGCONT)
+
+    def log(self, node: str) -> str:
+        """What `node` logged, across its restarts."""
+        return (self._store(node) / "nats-server.log").read_text(errors="replace")
 
     def stop(self) -> None:
         for node in list(self._servers):

@@ -32,6 +32,29 @@ from bb_environments.projections.views import TranscriptEntry
 log = logging.getLogger(__name__)
 
 
+class OutcomesOut:
+    """How far the follower has published the threads' placement outcomes, per environment (the
+    provisioner's `Outcomes` port): up to the version its read model holds, unless a batch holding
+    events of the environment is applied there and its outcomes are not all published yet (or
+    failed to be: that batch comes again)."""
+
+    def __init__(self, read_model: ReadModel) -> None:
+        self._read_model = read_model
+        self._pending: set[str] = set()
+
+    async def out_for(self, environment_id: UUID, version: int) -> bool:
+        if str(environment_id) in self._pending:
+            return False
+        view = await self._read_model.environment(str(environment_id))
+        return view is not None and view.version >= version
+
+    def pending(self, environment_ids: set[str]) -> None:
+        self._pending |= environment_ids
+
+    def published(self, environment_ids: set[str]) -> None:
+        self._pending -= environment_ids
+
+
 class LogFollower:
     """Handles the batches of the log consumer: read model first (a thread that hears its outcome
     finds it there), then the outcomes, then every environment they moved."""
@@ -43,15 +66,20 @@ class LogFollower:
         self._read_model = read_model
         self._placements = placements
         self._provisioner = provisioner
+        self._outcomes = OutcomesOut(read_model)
+        provisioner.wait_for_outcomes(self._outcomes)
         self._trusted = TrustedLog(lambda ids: store.read_log(log_reader.at, ids), subjects.LOG_CONSUMER)
 
     async def handle_batch(self, messages: list[Msg]) -> None:
         admitted = await self._trusted.admit(messages)
+        moved = {event.environment_id for a in admitted if isinstance(event := a.logged.document, EnvironmentEvent)}
+        self._outcomes.pending(moved)
         await self._read_model.apply(
             [Applied(a.logged.notification_id, a.message.metadata.sequence.stream, a.logged.view) for a in admitted],
             self._fill_gap,
         )
         await self._placements.announce(a.logged.document for a in admitted)
+        self._outcomes.published(moved)
         latest: dict[str, int] = {}
         for a in admitted:
             if isinstance(event := a.logged.document, EnvironmentEvent):

@@ -62,8 +62,9 @@ class Placements:
         An environment's outcome for its threads is its state now (the store may be ahead of the
         batch): a thread that joins an environment ready already is ready at once, and a failure
         the environment retries by itself is announced only if its retries run out. An environment
-        that was ready at the event and is no longer (its threads archived at once) is announced as
-        it was then: it was ready for them."""
+        that was ready at the event and is no longer, or has lost threads since (archived at once),
+        is announced as it was then: it was ready for them. Its removal waits until this has run
+        for its events (handlers/provisioning.py), so no thread hears `ready` after `removed`."""
         for document in documents:
             if isinstance(document, ThreadRefused):
                 await self._publish(PlacementOutcome(
@@ -91,8 +92,10 @@ class Placements:
             environment = await self._store.run(self._store.app.environment, UUID(event.environment_id))
         except UnknownEnvironment:
             return
-        if isinstance(event, _READY_THEN) and _outcome(environment)[0] is None and environment.version > event.version:
-            # No longer ready (its threads archived at once, say): it was, for the threads on it then.
+        if isinstance(event, _READY_THEN) and environment.version > event.version and (
+                _outcome(environment)[0] is None or any(t not in environment.joined_at for t in thread_ids)):
+            # No longer ready, or some of its threads gone (archived at once, say; its removal
+            # waits for this outcome): it was ready for the threads on it then.
             environment = await self._store.run(self._store.app.repository.get, environment.id, version=event.version)
         status, reason = _outcome(environment)
         if status is None:

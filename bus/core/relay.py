@@ -9,20 +9,32 @@ when the stream grew while the relay was idle; each heal that deletes logs one w
 
 The relay publishes a window of messages at once and awaits their acks together. Each publish
 carries `Nats-Expected-Last-Sequence` = the sequence it must follow (the stream's last sequence as
-the relay last checked it, plus its place in the window), so a second relay with a stale view, or
-a retry of a publish that did land, is refused instead of reordering or doubling the log. Every
-message of a window but the first also carries `Nats-Expected-Last-Msg-Id` = the id of the one
-before it: a position alone can be taken by a forged message landing mid-window, after which the
-next message's expected sequence would hold and the message before it would be missing; the id
-chain refuses every message after a gap, so the stream only ever holds the store's messages in
-order, up to the first refusal. `Nats-Msg-Id` is `bb:<notification id>:<random token>`: nobody can
-take an id before the relay uses it, and a stored message sent again within the duplicate window
-is dropped (so the stream's RePublish does not emit it twice).
+the relay last checked it, plus its place in the window). A replicated stream's leader checks it
+against every publish it has accepted, committed or not, before it proposes the message: a refusal
+never enters the stream's Raft log. That is the fence between two relays (one woken from a pause,
+one that took the lease meanwhile): each message names the place it must take, and a place after
+the store's messages holds, whoever published them, the store's next one; so a second relay, or a
+retry of a publish that did land, is refused instead of reordering or doubling the log. No header
+checked only when a message is applied is sent (`Nats-Expected-Last-Msg-Id` is one): a replicated
+stream that refuses a message at that point takes it as a write error and stops for good.
+
+A position alone can be taken by a forged message landing mid-window, after which the next
+message's expected sequence would hold with the message before it missing. The relay checks the
+acks: a message stored after one of its window that was not is kept only if the message it follows
+is the store's one it should follow; otherwise it and the rest of the window are deleted (their
+copies on `bb.environments.>` went out already: a forger with the service's credentials can make a
+subscriber see an event twice, never make the stream skip or reorder one) and the heal runs.
+`Nats-Msg-Id` is `bb:<notification id>:<random token>`: nobody can take an id before the relay uses
+it, and a stored message sent again within the duplicate window is dropped.
+
+With replicas, the relay runs while its replica holds the relay lease, and confirms the lease
+(`still_leased`) before each heal and each window: a relay woken from a pause publishes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -44,7 +56,6 @@ from bb_environments.bus.core.log_reader import LoggedDocument
 log = logging.getLogger(__name__)
 
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when Nats-Expected-Last-Sequence does not hold
-WRONG_LAST_MSG_ID = 10070  # ... and when Nats-Expected-Last-Msg-Id does not
 WINDOW = 64
 """Publishes in flight at once: a page of the log goes out in round trips of this many messages."""
 PUBLISH_TIMEOUT_S = 5.0
@@ -55,6 +66,10 @@ NotificationReader = Callable[[Iterable[int]], Awaitable[dict[int, LoggedDocumen
 
 class StreamMoved(Exception):
     """The stream holds something the relay did not check: heal before publishing again."""
+
+
+class LeaseLost(Exception):
+    """This replica no longer holds the relay lease: publish nothing until it is taken again."""
 
 
 class _Refusal(msgspec.Struct):
@@ -142,18 +157,25 @@ class OutboxRelay:
         # there: all of them the store's, in order, ending with `position`.
         self._sequence = 0
         self._held = 0
+        self._still_leased: Callable[[], Awaitable[bool]] | None = None
         self.caught_up = asyncio.Event()
 
     def wake(self) -> None:
         self._wakeup.set()
 
-    async def run(self) -> None:
+    async def run(self, still_leased: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """Relay for ever; `still_leased`: whether this replica holds the relay lease now, asked
+        before each heal and each window (the lease's loop cancels this run once it sees it lost)."""
+        self._still_leased = still_leased
         while True:
             try:
+                await self._fenced()
                 await self._heal()
                 await self._relay()
             except StreamMoved:
                 continue
+            except LeaseLost:
+                await asyncio.sleep(self._poll_seconds)
             except (NatsError, asyncio.TimeoutError) as ambiguous:
                 # Stored or not, we cannot tell: the stream knows, and the next heal reads it.
                 await self._bus.pause(ambiguous)
@@ -163,6 +185,7 @@ class OutboxRelay:
             self._wakeup.clear()
             page = await self._read_page(self.position)
             for start in range(0, len(page), WINDOW):
+                await self._fenced()
                 await self._publish(page[start:start + WINDOW])
             self._bus.succeeded()  # only now: a stream that is read but refuses every publish is no success
             if not page:
@@ -177,20 +200,20 @@ class OutboxRelay:
             if (await self._stream_state()).last_seq != self._sequence:
                 raise StreamMoved from None
 
+    async def _fenced(self) -> None:
+        if self._still_leased is not None and not await self._still_leased():
+            raise LeaseLost
+
     async def _publish(self, window: list[LoggedDocument]) -> None:
-        """Publish the window in order, each message chained to the one before it, and take the
-        acks in order: the position moves only over messages the stream stored, one after another."""
-        published, previous_id = [], None
+        """Publish the window in order, each message naming the sequence it must follow, and take
+        the acks in order: the position moves only over messages the stream stored one after another."""
+        published = []
         for place, logged in enumerate(window):
-            message_id = f"bb:{logged.notification_id}:{secrets.token_hex(8)}"
             headers = {
-                "Nats-Msg-Id": message_id,
+                "Nats-Msg-Id": f"bb:{logged.notification_id}:{secrets.token_hex(8)}",
                 subjects.NOTIFICATION_HEADER: str(logged.notification_id),
                 "Nats-Expected-Last-Sequence": str(self._sequence + place),
             }
-            if previous_id is not None:
-                headers["Nats-Expected-Last-Msg-Id"] = previous_id
-            previous_id = message_id
             try:
                 # Sent in the window's order; their acks are awaited together.
                 published.append(await self._publisher.publish_async(logged.subject, logged.payload(), headers))
@@ -200,15 +223,40 @@ class OutboxRelay:
                 raise
         # Given up on (a timeout, a cancellation), the gather cancels the acks still out.
         acks = await asyncio.wait_for(asyncio.gather(*published, return_exceptions=True), PUBLISH_TIMEOUT_S)
-        for logged, ack in zip(window, acks):
-            if isinstance(ack, APIError) and ack.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
-                raise StreamMoved
-            if isinstance(ack, BaseException):
+        for place, (logged, ack) in enumerate(zip(window, acks)):
+            if isinstance(ack, BaseException) or ack.duplicate:  # a duplicate: the stream kept another message
+                await self._after_a_miss(window[place:], acks[place:])
+                if not isinstance(ack, BaseException) or isinstance(ack, APIError) and ack.err_code == WRONG_LAST_SEQUENCE:
+                    raise StreamMoved
                 raise ack
-            if ack.duplicate:  # the id was taken: the stream kept another message, not this one
-                raise StreamMoved
             crash_point("relay-published")
             self.position, self._sequence, self._held = logged.notification_id, ack.seq, self._held + 1
+
+    async def _after_a_miss(self, rest: list[LoggedDocument], acks: list[PublishAck | BaseException]) -> None:
+        """`rest[0]` was not stored: keep each later message of the window the stream stored only
+        if it follows the store's message it should (another relay's copy of `rest[0]`, say);
+        from the first that does not, delete them all."""
+        stored_at: int | None = None  # where the message before this one was stored by this window
+        for place, (logged, ack) in enumerate(zip(rest, acks)):
+            if isinstance(ack, BaseException) or ack.duplicate:
+                stored_at = None
+                continue
+            if place and stored_at != ack.seq - 1 and not await self._holds(ack.seq - 1, rest[place - 1]):
+                out_of_place = [a.seq for a in acks[place:] if not isinstance(a, BaseException) and not a.duplicate]
+                for sequence in out_of_place:
+                    with contextlib.suppress(NotFoundError):
+                        await self._js.delete_msg(subjects.ENVIRONMENTS_STREAM, sequence)
+                log.warning("relay deleted %d message(s) it published after a message the event store did not "
+                            "write (%s); they are published again in place", len(out_of_place), _span(out_of_place))
+                return
+            stored_at = ack.seq
+
+    async def _holds(self, sequence: int, logged: LoggedDocument) -> bool:
+        """Whether the stream's message at `sequence` is exactly `logged`."""
+        message = await self._message_at(sequence)
+        return (message is not None and message.subject is not None
+                and subjects.claimed_notification_id(message.headers) == logged.notification_id
+                and logged.matches(message.subject, message.data))
 
     async def _heal(self) -> None:
         """Make the stream end with its last message the store wrote, and go on from there."""

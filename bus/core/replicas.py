@@ -10,7 +10,8 @@ The relay and the driving of each partition of the environments are leases: a ke
 bucket, taken with `create` (refused while another holds it), renewed with a compare-and-set on its
 revision, and forgotten by the bucket a few seconds after its holder stopped renewing it. A lease
 only saves doubled work: every effect is fenced where it lands (the stream's expected last
-sequence for the relay, optimistic concurrency in the store, operation ids at the agents).
+sequence for the relay, optimistic concurrency in the store, operation ids at the agents). The
+relay also confirms its lease in the bucket before each window it publishes (`Lease.confirmed`).
 """
 
 from __future__ import annotations
@@ -147,16 +148,31 @@ class Lease:
     def held(self) -> bool:
         return self._revision is not None and time.monotonic() < self._valid_until
 
+    async def confirmed(self) -> bool:
+        """Whether this run holds the lease now by the bucket's word as well as its own clock: the
+        key's latest revision is this run's (its value carries this run's token; a renewal still in
+        flight may have moved the revision on) and not older than the last one it wrote."""
+        if not self.held:
+            return False
+        try:
+            entry = await self._bucket.get(self.key)
+        except KeyNotFoundError:  # forgotten (its holder stopped renewing it) or given up
+            return False
+        return entry.value == self._holder and (entry.revision or 0) >= (self._revision or 0) and self.held
+
     async def take(self) -> bool:
         """Take the lease if nobody holds it; True if this replica holds it now."""
-        if self.held:
-            return await self.renew()
+        if await self.renew():
+            return True
         return await self._written(lambda: self._bucket.create(self.key, self._holder))
 
     async def renew(self) -> bool:
-        """Keep the lease; False (and not held from now on) if another took it meanwhile."""
-        if not self.held:
-            self._revision = None
+        """Keep the lease: a compare-and-set on the revision this run wrote last, which the bucket
+        takes only if nobody wrote the key since and it was not forgotten. Tried also when this
+        run's own clock says the lease lapsed (its renewals came late: a long pause, an election of
+        the bucket's leader): the bucket, not the clock, says whether another took it. False (and
+        not held from now on) if another did, or it was forgotten."""
+        if self._revision is None:
             return False
         return await self._written(lambda: self._bucket.update(self.key, self._holder, last=self._revision))
 
@@ -202,7 +218,8 @@ async def while_leased(lease: Lease, work: Callable[[], Coroutine[Any, Any, None
                 log.info("took lease %s", lease.key)
                 running = asyncio.create_task(work())
             elif not holds and running is not None:
-                log.warning("lost lease %s: another replica has it now", lease.key)
+                log.warning("lost lease %s: another replica has it now, or the bucket could not say in time",
+                            lease.key)
                 await _cancelled(running)
                 running = None
             elif not holds:
@@ -260,6 +277,10 @@ class DriveShare:
         """Keep a fair share: `gained` runs after partitions were taken (a sweep of what they
         hold), `lost` after some were lost or given up (stop driving what they hold)."""
         bus = health.retry("drive leases")
+        # The sweep runs beside the renewals: with a backlog it takes longer than a lease lasts,
+        # and leases not renewed meanwhile lapsed, were taken again, and swept again.
+        sweep_due = asyncio.Event()
+        sweeping = asyncio.create_task(_sweeps(sweep_due, gained))
         try:
             while True:
                 held = await _asked(bus, self._rebalance, lambda: {p for p in self._held if self._leases[p].held})
@@ -270,9 +291,10 @@ class DriveShare:
                     lost()
                 if newly:
                     log.info("drives partitions %s", sorted(newly))
-                    await gained()
+                    sweep_due.set()
                 await asyncio.sleep(RENEW_S)
         finally:
+            await _cancelled(sweeping)
             for partition in self._held:
                 await self._leases[partition].give_up()
 
@@ -289,6 +311,17 @@ class DriveShare:
             if partition not in kept and await self._leases[partition].take():
                 kept.add(partition)
         return kept
+
+
+async def _sweeps(due: asyncio.Event, sweep: Callable[[], Awaitable[None]]) -> None:
+    """Sweep each time partitions were gained, once for all gained while the last sweep ran."""
+    while True:
+        await due.wait()
+        due.clear()
+        try:
+            await sweep()
+        except Exception:  # the store away, say: the periodic sweep drives them all the same
+            log.exception("sweeping the partitions this replica took failed")
 
 
 async def live_replica_count(js: JetStreamContext) -> int:

@@ -132,13 +132,26 @@ async def test_threads_archived_as_soon_as_their_environment_is_ready_still_hear
         await publisher.subscribe("bb.environments.*.ready", cb=archive_once_ready)
         for thread_id in threads:
             await spawn(service, thread_id, environment=PERSONAL)
-        for thread_id in threads:
-            await hears(service, thread_id, "ready")
+        environments = {thread_id: (await hears(service, thread_id, "ready"))["environmentId"] for thread_id in threads}
         await settled(service)
         for thread_id in threads:
             assert [o["status"] for o in await heard(service, thread_id)] == ["ready"], thread_id
+        # In the order the environment lived it: each `ready` stored before its environment's `removed`.
+        for thread_id, environment_id in environments.items():
+            await service.wait_for(environment_id, "removed")
+            ready = await last_stored(service, subjects.PLACEMENTS_STREAM, subjects.placement(thread_id, "ready"))
+            removed = await last_stored(service, subjects.ENVIRONMENTS_STREAM, f"bb.log.environment.{environment_id}.removed")
+            assert ready.time is not None and removed.time is not None and ready.time < removed.time, thread_id
     finally:
         await publisher.close()
+
+
+async def last_stored(service: Service, stream: str, subject: str) -> Any:
+    nc = await service.connect("service")
+    try:
+        return await nc.jetstream().get_last_msg(stream, subject)
+    finally:
+        await nc.close()
 
 
 async def test_a_failing_setup_is_heard_as_error(service, git_repo, tmp_path):

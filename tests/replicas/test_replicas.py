@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,16 @@ class Topology:
     store: str
     everywhere: dict[str, str]
     """Variables in the environment of every replica and of the agent."""
+    nodes: dict[str, list[str]] = field(default_factory=dict)
+    """The nodes a replica is given in BB_NATS_URL, if not all (it learns of the others from them)."""
 
     def replica(self, replica_id: str) -> Service:
         return self.replicas[replica_id]
 
     def environment(self, replica_id: str, **overrides: str) -> dict[str, str]:
         return service_environment(
-            self.base / replica_id / "data", BB_NATS_URL=self.cluster.urls,
+            self.base / replica_id / "data",
+            BB_NATS_URL=self.cluster.urls_of(self.nodes[replica_id]) if replica_id in self.nodes else self.cluster.urls,
             BB_NATS_NKEY=str(self.cluster.seed_file("service")), BB_EVENT_STORE=self.store, BB_STREAM_REPLICAS="3",
             BB_REPLICA_ID=replica_id, BB_HOST_ID=f"core-{replica_id}", **{**self.everywhere, **overrides})
 
@@ -77,11 +80,11 @@ async def topology(request: pytest.FixtureRequest, tmp_path: Path, postgres_serv
                    postgres_url: str) -> AsyncIterator[Topology]:
     """Replicas a (started first: it takes the relay) and b, and the agent of host h1. Parametrize it
     indirectly with a dict to add variables to replica a's environment; its `everywhere` dict adds
-    them to every replica's and the agent's."""
+    them to every replica's and the agent's, its `nodes` dict names the nodes a replica connects to."""
     overrides = dict(getattr(request, "param", {}))
-    everywhere = overrides.pop("everywhere", {})
+    everywhere, nodes = overrides.pop("everywhere", {}), overrides.pop("nodes", {})
     cluster = NatsCluster.start(tmp_path / "nats")
-    topology = Topology(cluster, postgres_server, {}, None, tmp_path, postgres_url, everywhere)  # type: ignore[arg-type]
+    topology = Topology(cluster, postgres_server, {}, None, tmp_path, postgres_url, everywhere, nodes)  # type: ignore[arg-type]
     try:
         topology.replicas["a"] = Service(tmp_path / "a" / "data", topology.environment("a", **overrides))
         await topology.start_replica("a")
@@ -288,15 +291,19 @@ async def publish_threads(topology: Topology, count: int) -> list[str]:
     """New threads asking for a personal workspace on h1, as a publishing service sends them."""
     nc = await nats.connect(topology.cluster.urls.split(","), nkeys_seed=str(topology.cluster.seed_file("publisher")))
     try:
-        js, threads = nc.jetstream(), [f"t-{uuid.uuid4().hex[:16]}" for _ in range(count)]
-        intent = ProviderIntent(environment_provider_id="personal-workspace", machine=Machine(host_id=HOST))
+        threads = [f"t-{uuid.uuid4().hex[:16]}" for _ in range(count)]
         for thread in threads:
-            for event in (ThreadCreatedMessage(thread_id=thread, environment=intent),
-                          ThreadMessageMessage(thread_id=thread, text="go")):
-                await publish_stored(js, event, SETTLE_S)
+            await publish_thread(nc.jetstream(), thread)
         return threads
     finally:
         await nc.close()
+
+
+async def publish_thread(js: nats.js.JetStreamContext, thread: str) -> None:
+    """A thread's `created` (asking for a personal workspace on h1) and first message."""
+    intent = ProviderIntent(environment_provider_id="personal-workspace", machine=Machine(host_id=HOST))
+    for event in (ThreadCreatedMessage(thread_id=thread, environment=intent), ThreadMessageMessage(thread_id=thread, text="go")):
+        await publish_stored(js, event, SETTLE_S)
 
 
 @pytest.mark.parametrize("topology", [{"everywhere": {"BB_EXTRA_PROVIDERS": CLOUD_PAUSABLE}}], indirect=True,
