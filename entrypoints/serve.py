@@ -108,9 +108,10 @@ def _reached_at(data_dir: Path, holder: Holder | None) -> str:
 
 
 def hold_event_store(settings: Settings) -> FileLock | None:
-    """One writer per event store, whatever data dir names it: the store's consistency (one writer
-    thread, aggregates cached from it, path claims) assumes it. The lock lives beside an SQLite store;
-    a PostgreSQL store is not guarded (docs/guarantees.md)."""
+    """One service per SQLite store, whatever data dir names it: the store's consistency (one writer
+    thread, aggregates cached from it, path claims) assumes it (handlers/writers.py). The lock lives
+    beside the file; a PostgreSQL store takes several replicas, which expect each other's writes, and
+    is not locked (docs/guarantees.md)."""
     store = event_store_file(settings.event_store)
     if store is None:
         return None

@@ -25,7 +25,7 @@ from bb_environments.hooks.runner import HookRunner
 
 class HookLedger(Protocol):
     """What the log recorded for a hook operation id. In `bb serve` it is the event store itself;
-    an agent on another machine would ask the core for the same answer."""
+    `bb agent` on another machine asks the core for the same answer (bus/agent/bus_ledger.py)."""
 
     async def recorded_hook(self, operation_id: str) -> RecordedHook | None: ...
 
