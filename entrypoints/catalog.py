@@ -206,7 +206,7 @@ def _type_name(t: mi.Type) -> str:
         case mi.LiteralType():
             return " \\| ".join(json.dumps(v) for v in t.values)
         case mi.StructType():
-            return t.cls.__name__
+            return catalog_name(t.cls)
         case mi.UnionType():
             return " \\| ".join(_type_name(member) for member in t.types)
     return type(t).__name__
