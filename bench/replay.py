@@ -34,7 +34,8 @@ from uuid import UUID
 from common import Figure, table
 
 from bb_environments.bus.core.log_reader import LogReader
-from bb_environments.handlers.application import Environments, Placement
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.placement import Placement
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.projections.read_model import ReadModel
 

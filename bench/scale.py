@@ -51,7 +51,8 @@ from pathlib import Path
 from common import ROOT, Figure, descendants, rss_mb, service_environment, start_service, stop_service, table, until_idle
 from replay import retirement, write_log
 
-from bb_environments.handlers.application import Environments, Placement
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.placement import Placement
 from bb_environments.providers.personal_workspace import workspace_path
 
 PRIMED = "bench-primed"

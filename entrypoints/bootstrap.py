@@ -30,7 +30,8 @@ from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import JetStream, consume, follow
 from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
 from bb_environments.bus.wire import subjects
-from bb_environments.handlers.application import Environments, LiveLimits
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.indexes import LiveLimits
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.entrypoints.config import Settings, event_store_file, run_hooks_as
 from bb_environments.entrypoints.event_store import event_store_environment

@@ -50,6 +50,39 @@ class Entry:
         return f"schemas/{self.family}/{self.type}.json"
 
 
+def catalog_name(struct: type[msgspec.Struct]) -> str:
+    """A message's name in the schemas: a log document's is its `type` in CamelCase (`create_failed`:
+    `CreateFailed`), so that its class may say it is a document (`CreateFailedDocument`, not the
+    provider's `CreateFailed`) while the published schemas keep their names; any other message's is
+    its class name."""
+    if issubclass(struct, d.Document):
+        return "".join(word.title() for word in d.type_tag(struct).split("_"))
+    return struct.__name__
+
+
+def _named(schema: Any, structs: list[type[msgspec.Struct]]) -> Any:
+    """`schema` as msgspec made it from `structs`, with each component, its title and the references
+    to it under the struct's catalog name instead of its class name."""
+    renames = {struct.__name__: catalog_name(struct) for struct in structs if struct.__name__ != catalog_name(struct)}
+
+    def rename(value: Any, key: str | None = None) -> Any:
+        if isinstance(value, dict):
+            renamed = {renames.get(k, k): rename(v, k) for k, v in value.items()}
+            if len(renamed) < len(value):
+                raise ValueError(f"two messages are called one of {sorted(set(renames.values()) & set(value))} in the schemas")
+            return renamed
+        if isinstance(value, list):
+            return [rename(v) for v in value]
+        if key == "$ref" and isinstance(value, str):
+            prefix, _, name = value.rpartition("/")
+            return f"{prefix}/{renames.get(name, name)}"
+        if key == "title" and isinstance(value, str):
+            return renames.get(value, value)
+        return value
+
+    return rename(schema)
+
+
 def entries() -> list[Entry]:
     """Every message type the service publishes or takes, in catalog order."""
     published = list(PUBLICATIONS.values())
@@ -173,7 +206,7 @@ def _type_name(t: mi.Type) -> str:
         case mi.LiteralType():
             return " \\| ".join(json.dumps(v) for v in t.values)
         case mi.StructType():
-            return t.cls.__name__
+            return catalog_name(t.cls)
         case mi.UnionType():
             return " \\| ".join(_type_name(member) for member in t.types)
     return type(t).__name__
@@ -220,7 +253,9 @@ def asyncapi() -> dict[str, Any]:
     found, endpoints = entries(), api_endpoints()
     found = [entry for entry in found if entry.family != "log"]  # only the service reads bb.log.>
     structs = [e.struct for e in found] + [t for _, request, reply in endpoints for t in (request, reply)] + [ErrorReply]
-    _, schemas = msgspec.json.schema_components(list(dict.fromkeys(structs)), ref_template="#/components/schemas/{name}")
+    structs = list(dict.fromkeys(structs))
+    _, schemas = msgspec.json.schema_components(structs, ref_template="#/components/schemas/{name}")
+    schemas = _named(schemas, structs)
     for schema in schemas.values():
         _drop_discriminators(schema)
     channels: dict[str, Any] = {}
@@ -229,8 +264,8 @@ def asyncapi() -> dict[str, Any]:
 
     def message(key: str, struct: type[msgspec.Struct], summary: str | None = None) -> dict[str, str]:
         doc = " ".join(inspect.cleandoc(struct.__doc__ or "").split())
-        messages[key] = {"name": key, "title": struct.__name__, "contentType": "application/json",
-                         "payload": {"$ref": f"#/components/schemas/{struct.__name__}"},
+        messages[key] = {"name": key, "title": catalog_name(struct), "contentType": "application/json",
+                         "payload": {"$ref": f"#/components/schemas/{catalog_name(struct)}"},
                          **({"summary": summary or doc} if summary or doc else {})}
         return {"$ref": f"#/components/messages/{key}"}
 
@@ -310,7 +345,7 @@ def artifacts() -> dict[str, str]:
     """Every generated file, by its path under docs/, with its content."""
     files = {"events.md": events_markdown(), "asyncapi.json": _json(asyncapi())}
     for entry in entries():
-        schema = msgspec.json.schema(entry.struct)
+        schema = _named(msgspec.json.schema(entry.struct), [entry.struct])
         files[entry.schema_path] = _json({"$schema": SCHEMA_DIALECT, "$comment": GENERATED, **schema})
     return files
 

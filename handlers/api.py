@@ -142,7 +142,10 @@ CANDIDATES_NAMED = 5
 
 
 @dataclass(frozen=True)
-class Spawned:
+class SpawnedThread:
+    """What `thread spawn` made: the thread, its environment (if it has one yet) with its status,
+    and the log's position after the spawn (as an `Outcome`'s)."""
+
     thread_id: str
     environment_id: str | None
     status: str
@@ -293,7 +296,7 @@ class Api:
         await self._provisioner.drive(environment.id, environment)
         return await self._accepted(environment)
 
-    async def spawn_thread(self, request: Spawn) -> Spawned:
+    async def spawn_thread(self, request: Spawn) -> SpawnedThread:
         thread_id = check_thread_id(request.thread_id or f"t-{uuid4().hex[:16]}")
         host_id = await self._placer.check_known(check_host_id(request.host_id or self._host_id))
         if request.parent_thread_id is not None:
@@ -332,7 +335,7 @@ class Api:
                     f"the same spawn sent again publishes it"
                 ) from None
         accepted = await self._accepted(environment)
-        return Spawned(thread_id, accepted.environment_id, accepted.status or EnvironmentStatus.CREATING, accepted.position)
+        return SpawnedThread(thread_id, accepted.environment_id, accepted.status or EnvironmentStatus.CREATING, accepted.position)
 
     async def _spawned_before(self, thread: Thread, request: Spawn, intent: Intent | None,
                               host_id: str) -> Environment:

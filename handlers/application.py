@@ -9,7 +9,6 @@ from its arguments when its save lost a race with another writer (handlers/write
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 from uuid import UUID
@@ -20,7 +19,7 @@ from eventsourcing.persistence import JSONTranscoder, Recording
 
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import (
-    DomainError, IllegalTransition, LimitReached, PathAlreadyClaimed, UnknownEnvironment, UnknownThread)
+    DomainError, IllegalTransition, PathAlreadyClaimed, UnknownEnvironment, UnknownThread)
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, RecordedHook
 from bb_environments.domain.status import CreateFailure, ThreadStatus
@@ -29,39 +28,15 @@ from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL, Claims, HeldPathsAsHolders
 from bb_environments.handlers.host_registry import HostRegistry
 from bb_environments.handlers.indexes import (
-    AwaitingThreads, HookOperations, LiveEnvironments, RegisteredThreads, WorktreeProjects)
+    AwaitingThreads, HookOperations, LiveEnvironments, LiveLimits, RegisteredThreads, WorktreeProjects)
 from bb_environments.handlers.log_indexes import LogWatch
+from bb_environments.handlers.placement import Placement
 from bb_environments.handlers.writers import SingleWriter, Writers
 from bb_environments.providers.contract import retire_grace_ms
 
 T = TypeVar("T")
 A = TypeVar("A", bound=Aggregate)
 GraceLookup = Callable[[str], "int | None"]
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a thread's new environment will live, decided before anything is written."""
-
-    provider_id: str
-    host_id: str
-    project_path: str | None
-    inputs: Any
-    path_key: str
-    claimed_path: str | None
-    shares_claimed_path: bool = False
-    """A live environment of the same provider holding the path takes the thread (see the contract)."""
-    planned: bool = True
-    """False: placed while the host's agent was away, planned on the host before its create."""
-
-
-@dataclass(frozen=True)
-class LiveLimits:
-    """How many environments that are not removed may live at once (SPEC 9)."""
-
-    per_host: int = 10_000
-    per_project: int = 1_000
-    """Per project on one host; environments without a project count towards their host's limit only."""
 
 
 class Environments(Application[UUID]):
@@ -258,7 +233,8 @@ class Environments(Application[UUID]):
         if placement.shares_claimed_path and holder is not None and holder.takes_threads:
             return self._attach(thread, holder.id)
         replaced = holder if holder is not None and holder.can_give_up_path else None
-        self._refuse_past_limits(placement, replaced)
+        # One whose removal this save starts does not count: its place is handed on.
+        self._live.refuse_past(self.limits, host_id, placement.project_path, handed_on=1 if replaced else 0)
         environment = Environment(
             provider_id=placement.provider_id,
             host_id=host_id,
@@ -477,21 +453,6 @@ class Environments(Application[UUID]):
     def unfinished_environment_ids(self) -> list[UUID]:
         """Every environment whose log does not end in Removed: what recovery must drive on."""
         return self._live.ids()
-
-    def _refuse_past_limits(self, placement: Placement, replaced: Environment | None) -> None:
-        """A new environment is refused while its host, or its project there, has as many live ones
-        as the limits allow; one whose removal this save starts does not count (its place is handed on)."""
-        host_id, project_path = placement.host_id, placement.project_path
-        handed_on = 1 if replaced is not None else 0
-        on_host = self._live.on_host(host_id)
-        if on_host - handed_on >= self.limits.per_host:
-            raise LimitReached(f"host {host_id} has {on_host} live environments, as many as "
-                               f"BB_MAX_LIVE_ENVIRONMENTS ({self.limits.per_host}) allows: remove one first")
-        in_project = self._live.in_project(host_id, project_path) if project_path is not None else 0
-        if project_path is not None and in_project - handed_on >= self.limits.per_project:
-            raise LimitReached(f"project {project_path} has {in_project} live environments on host {host_id}, as "
-                               f"many as BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT ({self.limits.per_project}) allows: "
-                               "remove one first")
 
     # -- what bb doctor compares with the hosts ---------------------------------------------------
 

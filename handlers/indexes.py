@@ -5,6 +5,7 @@ up to date from the log's events of a few types (handlers/log_indexes.py), besid
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -13,6 +14,7 @@ from eventsourcing.domain import DomainEventProtocol
 from eventsourcing.persistence import Notification
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import LimitReached
 from bb_environments.domain.hook_operations import HookKind
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.log_indexes import LogWatch, aggregate_id
@@ -74,6 +76,15 @@ class HookOperations:
         self._started[event.operation_id] = (event.originator_id, kind)
 
 
+@dataclass(frozen=True)
+class LiveLimits:
+    """How many environments that are not removed may live at once (SPEC 9)."""
+
+    per_host: int = 10_000
+    per_project: int = 1_000
+    """Per project on one host; environments without a project count towards their host's limit only."""
+
+
 class LiveEnvironments:
     """Every environment whose log does not end in Removed, and how many of them live on each host
     and in each project there: what recovery drives on, and what the live limits count."""
@@ -96,6 +107,19 @@ class LiveEnvironments:
     def in_project(self, host_id: str, project_path: str) -> int:
         self.index.catch_up()
         return self._in_project[host_id, project_path]
+
+    def refuse_past(self, limits: LiveLimits, host_id: str, project_path: str | None, handed_on: int) -> None:
+        """Refuse a new environment while its host, or its project there, has as many live ones as
+        `limits` allow, not counting the `handed_on` ones whose removal makes room for it."""
+        on_host = self.on_host(host_id)
+        if on_host - handed_on >= limits.per_host:
+            raise LimitReached(f"host {host_id} has {on_host} live environments, as many as "
+                               f"BB_MAX_LIVE_ENVIRONMENTS ({limits.per_host}) allows: remove one first")
+        in_project = self.in_project(host_id, project_path) if project_path is not None else 0
+        if project_path is not None and in_project - handed_on >= limits.per_project:
+            raise LimitReached(f"project {project_path} has {in_project} live environments on host {host_id}, as "
+                               f"many as BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT ({limits.per_project}) allows: "
+                               "remove one first")
 
     def _fold(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         if notification.topic.endswith(".Claimed"):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
-from bb_environments.handlers.application import Placement
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.domain.request_errors import InvalidInput, Refused
 from bb_environments.handlers.ports import Hosts, HostUnavailable
@@ -22,6 +22,23 @@ from bb_environments.providers.contract import InvalidInputs, PlanRefused, Polic
 from bb_environments.providers.planning import check_within_roots
 from bb_environments.providers.registry import ProviderProfile
 from bb_environments.providers.workspace_messages import PlanRequest
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a thread's new environment will live, decided before anything is written: what
+    the application service's claim takes (handlers/application.py)."""
+
+    provider_id: str
+    host_id: str
+    project_path: str | None
+    inputs: Any
+    path_key: str
+    claimed_path: str | None
+    shares_claimed_path: bool = False
+    """A live environment of the same provider holding the path takes the thread (see the contract)."""
+    planned: bool = True
+    """False: placed while the host's agent was away, planned on the host before its create."""
+
 
 THREAD_ID = re.compile(ID_PATTERN)
 HOST_ID = re.compile(HOST_ID_PATTERN)

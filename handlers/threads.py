@@ -15,7 +15,6 @@ from typing import Any, ParamSpec
 from uuid import UUID
 
 from bb_environments.domain.errors import UnknownThread
-from bb_environments.handlers.application import Placement
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, PathAlreadyClaimed
 from bb_environments.domain.thread import Thread
@@ -33,7 +32,7 @@ from bb_environments.handlers.commands import (
     intent_from_document,
 )
 from bb_environments.domain.request_errors import InvalidInput, NotFound, Refused, RequestError, UnknownThreadMessage
-from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
+from bb_environments.handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.ports import Hosts
 from bb_environments.handlers.store import Store
 

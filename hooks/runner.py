@@ -26,14 +26,7 @@ A hook whose script is missing runs nothing and leaves no record: its `skipped` 
 process lives; asked again after a restart it is decided again, and still runs at most once.
 
 Output lines are delivered through `on_output` at most once per process, each with its byte
-offset in the operation's log: each process remembers how far into an operation's log it has
-delivered. A process that replays or joins an operation it has not seen before delivers the log
-from its start, so a consumer sees lines again after a restart and can tell them by their offset.
-Of a backlog longer than `transcript_lines_kept` (what the transcript keeps of an environment),
-only the newest lines are delivered, after one line saying how many were left out: the transcript
-would drop the older ones as soon as the newer came, and delivering every line of a hook that
-prints megabytes kept the event loop the API answers on busy (bench/hook_output.py). The log on
-disk keeps them all (`bb environment logs --hook-output`).
+offset in the operation's log (see output_delivery).
 """
 
 from __future__ import annotations
@@ -45,7 +38,7 @@ import signal
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -53,6 +46,8 @@ from typing import Literal, cast
 
 from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookKind, HookOutcome
 from bb_environments.hooks.launcher_client import LauncherClient
+from bb_environments.hooks.output_delivery import OutputDelivery, read_from
+from bb_environments.hooks.output_delivery import OutputSink as OutputSink  # `run`'s callers name it from here
 from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL, SupervisorRequest
 from bb_environments.hooks.records import (
@@ -77,11 +72,8 @@ POLL_S = 0.02
 CANCEL_WAIT_S = 10.0
 SUPERVISOR_EXIT_WAIT_S = 2.0
 SKIPS_REMEMBERED = 4096
-LINES_BETWEEN_YIELDS = 100
 
 CancelResult = Literal["never-started", "finished", "terminated"]
-OutputSink = Callable[[str, int], Awaitable[None]]
-"""Receives a line of output (without its newline) and the byte offset in the log where it starts."""
 HookBegin = Literal["started", "rejoined", "replayed"]
 """How a run met its operation: it started the hook, joined one still running (started by an
 earlier process), or found it finished and replays its log."""
@@ -119,16 +111,15 @@ class HookRunner:
         `containment` keeps what each environment's hooks start within its removal's reach;
         `run_as` is the user hooks run as (BB_WORKSPACE_USER), else this process's; `git_hooks`
         (BB_GIT_HOOKS=run): a setup first runs the git hook its workspace's checkout owes;
-        `transcript_lines_kept`: how much of a backlog of output is delivered (see the module)."""
+        `transcript_lines_kept`: how much of a backlog of output is delivered (see output_delivery)."""
         self._records = HookRecords(records_dir, sync)
         self._timeout_s = timeout_s
         self._output_max_bytes = output_max_bytes
         self._containment = containment
         self._run_as = run_as
         self._git_hooks = git_hooks
-        self._transcript_lines_kept = transcript_lines_kept
         self._in_flight: dict[str, _InFlight] = {}
-        self._delivered_offsets: dict[str, int] = {}
+        self._delivered = OutputDelivery(transcript_lines_kept)
         self._finalize_locks: dict[str, asyncio.Lock] = {}
         self._skipped: OrderedDict[str, HookRecord] = OrderedDict()
         self._launcher = LauncherClient()
@@ -179,7 +170,7 @@ class HookRunner:
         idle = [operation_id for operation_id in operation_ids if operation_id not in self._in_flight]
         await asyncio.to_thread(self._records.delete, idle)
         for operation_id in idle:
-            self._delivered_offsets.pop(operation_id, None)
+            self._delivered.forget(operation_id)
             self._finalize_locks.pop(operation_id, None)
             self._skipped.pop(operation_id, None)
         return idle
@@ -368,10 +359,10 @@ class HookRunner:
                     await watch.wait(POLL_S)
             while True:
                 exited = watch is not None and watch.exited
-                offset = self._delivered_offsets.get(operation_id, 0)
+                offset = self._delivered.offset(operation_id)
                 record, data = await asyncio.to_thread(self._snapshot, operation_id, offset)
                 finished = record.finished_at is not None
-                await self._deliver(operation_id, data, offset, on_output, complete=finished)
+                await self._delivered.deliver(operation_id, data, offset, on_output, complete=finished)
                 if finished:
                     return record
                 if exited:
@@ -388,7 +379,7 @@ class HookRunner:
             elif supervisor is not None:
                 supervisor.close()
         record = await self._close_orphaned(operation_id)
-        await self._deliver_log(operation_id, on_output, complete=True)
+        await self._delivered.deliver_log(operation_id, self._records.log_path(operation_id), on_output, complete=True)
         return record
 
     def _snapshot(self, operation_id: str, offset: int) -> tuple[HookRecord, bytes]:
@@ -398,37 +389,7 @@ class HookRunner:
             raise FileNotFoundError(f"hook record for {operation_id!r} disappeared")
         if record.finished_at is None:
             record = self._records.held_outcome(record) or record
-        return record, _read_from(self._records.log_path(operation_id), offset)
-
-    async def _deliver_log(self, operation_id: str, on_output: OutputSink, complete: bool) -> None:
-        """Send the lines this process has not delivered yet; a partial last line only once complete."""
-        offset = self._delivered_offsets.get(operation_id, 0)
-        data = await asyncio.to_thread(_read_from, self._records.log_path(operation_id), offset)
-        await self._deliver(operation_id, data, offset, on_output, complete)
-
-    async def _deliver(
-        self, operation_id: str, data: bytes, offset: int, on_output: OutputSink, complete: bool
-    ) -> None:
-        """Send `data`, read from `offset` of the log; a partial last line only once complete."""
-        if not complete:
-            data = data[: data.rfind(b"\n") + 1]
-        lines = data.splitlines(keepends=True)
-        kept = self._transcript_lines_kept
-        if kept is not None and len(lines) > kept:
-            left_out, lines = lines[:len(lines) - kept + 1], lines[len(lines) - kept + 1:]  # +1: the marker's room
-            left_out_bytes = sum(map(len, left_out))
-            await on_output(f"[bb: {len(left_out)} lines ({left_out_bytes} bytes) of output not in the transcript, "
-                            f"which keeps the last {kept} of an environment: bb environment logs --hook-output "
-                            "has them]", offset)
-            offset += left_out_bytes
-            self._delivered_offsets[operation_id] = offset
-        for number, line in enumerate(lines, start=1):
-            start, offset = offset, offset + len(line)
-            self._delivered_offsets[operation_id] = offset
-            await on_output(line.rstrip(b"\r\n").decode("utf-8", errors="replace"), start)
-            if number % LINES_BETWEEN_YIELDS == 0:
-                # A hook printing megabytes must not hold the event loop the API answers on.
-                await asyncio.sleep(0)
+        return record, read_from(self._records.log_path(operation_id), offset)
 
     async def _record_once_adopted(self, operation_id: str) -> HookRecord | None:
         """The record, after this process's own in-flight run has recorded its supervisor."""
@@ -516,15 +477,6 @@ def _close_untaken(begun: _Begun) -> None:
             supervisor.close()
 
     begun.add_done_callback(close)
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            return file.read()
-    except FileNotFoundError:
-        return b""
 
 
 def _outcome(record: HookRecord) -> HookOutcome:

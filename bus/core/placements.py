@@ -26,13 +26,13 @@ from nats.js.errors import NotFoundError
 from bb_environments.bus.jetstream import DUPLICATE_WINDOW_S
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.documents import (
-    CreateFailed,
+    CreateFailedDocument,
     Document,
     EnvironmentEvent,
-    Ready,
-    SetupFailed,
-    ThreadAttached,
-    ThreadRefused,
+    ReadyDocument,
+    SetupFailedDocument,
+    ThreadAttachedDocument,
+    ThreadRefusedDocument,
 )
 from bb_environments.bus.wire.placements import PlacementOutcome, PlacementStatus
 from bb_environments.domain.environment import Environment
@@ -41,8 +41,8 @@ from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.handlers.store import Store
 from bb_environments.providers.host.crash_points import crash_point
 
-_SETTLING = (Ready, SetupFailed, CreateFailed)
-_READY_THEN = (Ready, ThreadAttached)
+_SETTLING = (ReadyDocument, SetupFailedDocument, CreateFailedDocument)
+_READY_THEN = (ReadyDocument, ThreadAttachedDocument)
 """Events after which the environment was ready for its threads if it was ready at all: announced
 from the environment as it was then when it has moved on (a failure, though, only as it stands now)."""
 _BEYOND_THE_WINDOW = timedelta(seconds=DUPLICATE_WINDOW_S / 2)
@@ -66,12 +66,12 @@ class Placements:
         is announced as it was then: it was ready for them. Its removal waits until this has run
         for its events (handlers/provisioning.py), so no thread hears `ready` after `removed`."""
         for document in documents:
-            if isinstance(document, ThreadRefused):
+            if isinstance(document, ThreadRefusedDocument):
                 await self._publish(PlacementOutcome(
                     occurred_at=document.occurred_at, thread_id=document.thread_id, environment_id=None,
                     status="refused", reason=document.message),
                     f"{document.thread_id}:-:refused:{document.version}", due_since=document.occurred_at)
-            elif isinstance(document, ThreadAttached):
+            elif isinstance(document, ThreadAttachedDocument):
                 await self._settled(document, [document.thread_id])
             elif isinstance(document, _SETTLING):
                 await self._settled(document, document.thread_ids)

@@ -2,8 +2,13 @@
 
 Stored event classes are not public: each is published as one of these documents, as the table in
 bus/core/publications.py says. This module is wire only (no event library, no aggregate), so a
-client reads the documents without loading the service. A document's docstring says when it happens; `python -m bb_environments.entrypoints.catalog --write` makes docs/events.md, the JSON
+client reads the documents without loading the service. A document's docstring says when it
+happens; `python -m bb_environments.entrypoints.catalog --write` makes docs/events.md, the JSON
 Schemas and the AsyncAPI document from these structs.
+
+Each document's class is called after its `type` with `Document` added (`created`: `CreatedDocument`),
+which tells it from the aggregate's event (`Environment.Created`) and the provider's result
+(`providers.contract.Created`); the catalog names its schema after the `type` alone.
 
 The bytes of a document are part of the log's identity on the bus (the relay compares stream
 messages to the store byte for byte): a field is never renamed or moved, and a new one is added
@@ -64,7 +69,7 @@ class EnvironmentEvent(Document, kw_only=True):
         "What to know about that status (an error, a running hook, a cancellation), or null."))] = None
 
 
-class Claimed(EnvironmentEvent, kw_only=True, tag="claimed"):
+class ClaimedDocument(EnvironmentEvent, kw_only=True, tag="claimed"):
     """A thread's first message got a new environment: it is recorded together with the claim on its
     path (one transaction), before any provider touches the path. Status `creating`."""
 
@@ -76,7 +81,7 @@ class Claimed(EnvironmentEvent, kw_only=True, tag="claimed"):
     claimed_path: ClaimedPath
 
 
-class Planned(EnvironmentEvent, kw_only=True, tag="planned"):
+class PlannedDocument(EnvironmentEvent, kw_only=True, tag="planned"):
     """The host's agent, away when the environment was claimed (its `claimedPath` was null then),
     planned it: the project and the path as that host resolves them, the path claimed in the same
     transaction, before the provider touches it. The create follows. Status `creating`."""
@@ -86,7 +91,7 @@ class Planned(EnvironmentEvent, kw_only=True, tag="planned"):
     claimed_path: ClaimedPath
 
 
-class HostAwaited(EnvironmentEvent, kw_only=True, tag="host_awaited"):
+class HostAwaitedDocument(EnvironmentEvent, kw_only=True, tag="host_awaited"):
     """The environment's next step waits for the agent of its host, which is offline or has not
     connected since it was registered: nothing is failed or released meanwhile, and the step goes
     on by itself once the agent is back. `statusMessage` (this `message`) names the host."""
@@ -94,7 +99,7 @@ class HostAwaited(EnvironmentEvent, kw_only=True, tag="host_awaited"):
     message: Message
 
 
-class Created(EnvironmentEvent, kw_only=True, tag="created"):
+class CreatedDocument(EnvironmentEvent, kw_only=True, tag="created"):
     """The provider created the workspace (create attempt `attempt`); `ownsPath` says whether the
     setup and teardown hooks may run in it. Status `provisioning`."""
 
@@ -104,7 +109,7 @@ class Created(EnvironmentEvent, kw_only=True, tag="created"):
     merge_base_branch: Annotated[str | None, _said("The branch the work merges back into, if the provider says.")]
 
 
-class CreateFailed(EnvironmentEvent, kw_only=True, tag="create_failed"):
+class CreateFailedDocument(EnvironmentEvent, kw_only=True, tag="create_failed"):
     """The provider's create attempt `attempt` failed. A `transient` failure is retried by itself (3
     times, after `attempt_cleaned`); a `terminal` one waits for `bb environment retry`. Status `error`."""
 
@@ -113,13 +118,13 @@ class CreateFailed(EnvironmentEvent, kw_only=True, tag="create_failed"):
     message: Message
 
 
-class AttemptCleaned(EnvironmentEvent, kw_only=True, tag="attempt_cleaned"):
+class AttemptCleanedDocument(EnvironmentEvent, kw_only=True, tag="attempt_cleaned"):
     """What a failed create attempt may have left under its path key was removed; a retry may start."""
 
     attempt: Attempt
 
 
-class CreateRetried(EnvironmentEvent, kw_only=True, tag="create_retried"):
+class CreateRetriedDocument(EnvironmentEvent, kw_only=True, tag="create_retried"):
     """A failed create is tried again as attempt `attempt` on `pathKey` (`bb environment retry`, or
     by itself after a transient failure). Status `creating`."""
 
@@ -128,27 +133,27 @@ class CreateRetried(EnvironmentEvent, kw_only=True, tag="create_retried"):
     claimed_path: ClaimedPath
 
 
-class SetupStarted(EnvironmentEvent, kw_only=True, tag="setup_started"):
+class SetupStartedDocument(EnvironmentEvent, kw_only=True, tag="setup_started"):
     """The repository's `.bb-env-setup.sh` started in the workspace as hook operation `operationId`."""
 
     operation_id: OperationId
 
 
-class SetupSkipped(EnvironmentEvent, kw_only=True, tag="setup_skipped"):
+class SetupSkippedDocument(EnvironmentEvent, kw_only=True, tag="setup_skipped"):
     """No setup runs (the provider does not own the workspace, made it empty, or the workspace has
     no `.bb-env-setup.sh`); `ready` follows in the same transaction."""
 
     reason: Reason
 
 
-class SetupSucceeded(EnvironmentEvent, kw_only=True, tag="setup_succeeded"):
+class SetupSucceededDocument(EnvironmentEvent, kw_only=True, tag="setup_succeeded"):
     """The setup hook `operationId` succeeded; `ready` follows in the same transaction unless the
     environment was cancelled meanwhile."""
 
     operation_id: OperationId
 
 
-class SetupFailed(EnvironmentEvent, kw_only=True, tag="setup_failed"):
+class SetupFailedDocument(EnvironmentEvent, kw_only=True, tag="setup_failed"):
     """The setup hook `operationId` failed (`message` says how). Status `error`; `bb environment retry`
     runs the setup again in the same workspace."""
 
@@ -156,50 +161,50 @@ class SetupFailed(EnvironmentEvent, kw_only=True, tag="setup_failed"):
     message: Message
 
 
-class SetupRetried(EnvironmentEvent, kw_only=True, tag="setup_retried"):
+class SetupRetriedDocument(EnvironmentEvent, kw_only=True, tag="setup_retried"):
     """A failed setup will run again in the same workspace (`bb environment retry`). Status
     `provisioning`."""
 
 
-class Ready(EnvironmentEvent, kw_only=True, tag="ready"):
+class ReadyDocument(EnvironmentEvent, kw_only=True, tag="ready"):
     """The environment is ready for its threads, at `path`. Status `ready`. A subscriber to
     `bb.environments.*.ready` hears each readiness once."""
 
     path: Annotated[str | None, _said("The workspace's path.")]
 
 
-class ThreadAttached(EnvironmentEvent, kw_only=True, tag="thread_attached"):
+class ThreadAttachedDocument(EnvironmentEvent, kw_only=True, tag="thread_attached"):
     """Thread `threadId` joined the environment (sharing it, or unarchived); a retirement under way is
     cancelled (`retire_cancelled` follows)."""
 
     thread_id: ThreadId
 
 
-class ThreadDetached(EnvironmentEvent, kw_only=True, tag="thread_detached"):
+class ThreadDetachedDocument(EnvironmentEvent, kw_only=True, tag="thread_detached"):
     """Thread `threadId` left the environment (archived, or its message cancelled)."""
 
     thread_id: ThreadId
 
 
-class RetireScheduled(EnvironmentEvent, kw_only=True, tag="retire_scheduled"):
+class RetireScheduledDocument(EnvironmentEvent, kw_only=True, tag="retire_scheduled"):
     """The environment's last live thread left: it is removed at `retireAt` unless a thread comes back
     (a deletion schedules a deadline that has passed). Status `retiring`."""
 
     retire_at: Annotated[datetime, _said("When removal starts unless a thread comes back.")]
 
 
-class RetireCancelled(EnvironmentEvent, kw_only=True, tag="retire_cancelled"):
+class RetireCancelledDocument(EnvironmentEvent, kw_only=True, tag="retire_cancelled"):
     """A thread came back before the retire deadline: the environment stays."""
 
 
-class Cancelled(EnvironmentEvent, kw_only=True, tag="cancelled"):
+class CancelledDocument(EnvironmentEvent, kw_only=True, tag="cancelled"):
     """The environment was cancelled while being prepared (`reason`: its last thread left, its
     thread's message was cancelled, or it was deleted); removal follows once no create runs."""
 
     reason: Reason
 
 
-class RemovalStarted(EnvironmentEvent, kw_only=True, tag="removal_started"):
+class RemovalStartedDocument(EnvironmentEvent, kw_only=True, tag="removal_started"):
     """Removal attempt `removalAttempt` started (the retire deadline passed, a deletion, a
     cancellation, a retry after `remove_failed`, or an idle environment giving up its path).
     Status `removing`."""
@@ -207,21 +212,21 @@ class RemovalStarted(EnvironmentEvent, kw_only=True, tag="removal_started"):
     removal_attempt: RemovalAttempt
 
 
-class TeardownStarted(EnvironmentEvent, kw_only=True, tag="teardown_started"):
+class TeardownStartedDocument(EnvironmentEvent, kw_only=True, tag="teardown_started"):
     """The repository's `.bb-env-teardown.sh` started in the workspace as hook operation
     `operationId`."""
 
     operation_id: OperationId
 
 
-class TeardownSkipped(EnvironmentEvent, kw_only=True, tag="teardown_skipped"):
+class TeardownSkippedDocument(EnvironmentEvent, kw_only=True, tag="teardown_skipped"):
     """No teardown runs (the provider does not own the workspace, or the repository has no
     `.bb-env-teardown.sh`)."""
 
     reason: Reason
 
 
-class TeardownFinished(EnvironmentEvent, kw_only=True, tag="teardown_finished"):
+class TeardownFinishedDocument(EnvironmentEvent, kw_only=True, tag="teardown_finished"):
     """The teardown hook `operationId` ended with `outcome`; a failure is reported in `statusMessage`
     and does not block removal."""
 
@@ -230,23 +235,23 @@ class TeardownFinished(EnvironmentEvent, kw_only=True, tag="teardown_finished"):
     message: Annotated[str | None, _said("What went wrong, or null.")]
 
 
-class ResourceRecorded(EnvironmentEvent, kw_only=True, tag="resource_recorded"):
+class ResourceRecordedDocument(EnvironmentEvent, kw_only=True, tag="resource_recorded"):
     """The provider's private handle of the workspace changed (kept in the log; the document does not
     carry it)."""
 
 
-class Paused(EnvironmentEvent, kw_only=True, tag="paused"):
+class PausedDocument(EnvironmentEvent, kw_only=True, tag="paused"):
     """An idle environment of a provider that can suspend it (modal-sandbox) was paused at
     `pausedAt`; its status stays `ready`."""
 
     paused_at: Annotated[datetime, _said("When it was paused.")]
 
 
-class Resumed(EnvironmentEvent, kw_only=True, tag="resumed"):
+class ResumedDocument(EnvironmentEvent, kw_only=True, tag="resumed"):
     """A paused environment was resumed (a thread's message came)."""
 
 
-class WorkSaved(EnvironmentEvent, kw_only=True, tag="work_saved"):
+class WorkSavedDocument(EnvironmentEvent, kw_only=True, tag="work_saved"):
     """Before the workspace was deleted, what existed only in it (uncommitted changes, commits on
     no other branch) was saved as one commit under `savedRef` in the project repository; `removed`
     follows in the same transaction. Status `removing`."""
@@ -256,14 +261,14 @@ class WorkSaved(EnvironmentEvent, kw_only=True, tag="work_saved"):
         "`git worktree add <dir> <savedRef>` gets it back.")]
 
 
-class Removed(EnvironmentEvent, kw_only=True, tag="removed"):
+class RemovedDocument(EnvironmentEvent, kw_only=True, tag="removed"):
     """The provider removed the workspace (removal attempt `removalAttempt`); the path claim is
     released in the same transaction. Status `removed`."""
 
     removal_attempt: RemovalAttempt
 
 
-class RemoveFailed(EnvironmentEvent, kw_only=True, tag="remove_failed"):
+class RemoveFailedDocument(EnvironmentEvent, kw_only=True, tag="remove_failed"):
     """Removal attempt `removalAttempt` failed (`message`); removal starts again at `retryAt` (60 s
     later), until it succeeds. Status `removing`."""
 
@@ -273,7 +278,7 @@ class RemoveFailed(EnvironmentEvent, kw_only=True, tag="remove_failed"):
 
 
 
-class WorkspaceVanished(EnvironmentEvent, kw_only=True, tag="workspace_vanished"):
+class WorkspaceVanishedDocument(EnvironmentEvent, kw_only=True, tag="workspace_vanished"):
     """`bb doctor --fix` found the workspace at `path` gone from its host: the environment has no
     workspace now, and `bb environment retry` creates one again. Status `error`; `statusMessage`
     says so."""
@@ -293,7 +298,7 @@ class ThreadEvent(Document):
     version: Annotated[int, msgspec.Meta(description="The thread's version after this event (gap-free).")]
 
 
-class ThreadRegistered(ThreadEvent, kw_only=True, tag="thread_registered"):
+class ThreadRegisteredDocument(ThreadEvent, kw_only=True, tag="thread_registered"):
     """A thread became known to the service (its `created` event, or `bb thread spawn`), with its
     project, parent and host."""
 
@@ -302,36 +307,36 @@ class ThreadRegistered(ThreadEvent, kw_only=True, tag="thread_registered"):
     host_id: Annotated[str, _said("The host its environment runs on.")]
 
 
-class ThreadEnvironmentAssigned(ThreadEvent, kw_only=True, tag="thread_environment_assigned"):
+class ThreadEnvironmentAssignedDocument(ThreadEvent, kw_only=True, tag="thread_environment_assigned"):
     """The thread got environment `environmentId` (a new one, or one it joined)."""
 
     environment_id: Annotated[str, _said("The environment the thread uses now.")]
 
 
-class ThreadEnvironmentRequested(ThreadEvent, kw_only=True, tag="thread_environment_requested"):
+class ThreadEnvironmentRequestedDocument(ThreadEvent, kw_only=True, tag="thread_environment_requested"):
     """The thread's first message asked for an environment; recorded before one is given, so a crash
     cannot lose the request."""
 
 
-class ThreadEnvironmentLeft(ThreadEvent, kw_only=True, tag="thread_environment_left"):
+class ThreadEnvironmentLeftDocument(ThreadEvent, kw_only=True, tag="thread_environment_left"):
     """The thread no longer uses environment `environmentId` (its message was cancelled, or it was
     unarchived after the environment ended)."""
 
     environment_id: Annotated[str, _said("The environment the thread left.")]
 
 
-class ThreadRefused(ThreadEvent, kw_only=True, tag="thread_refused"):
+class ThreadRefusedDocument(ThreadEvent, kw_only=True, tag="thread_refused"):
     """The thread's request for an environment was refused (`message`: a blocked provider, a claimed
     path, ...); `bb thread list` shows it as `refusal`."""
 
     message: Annotated[str, _said("Why the thread got no environment, in one sentence.")]
 
 
-class ThreadArchived(ThreadEvent, kw_only=True, tag="thread_archived"):
+class ThreadArchivedDocument(ThreadEvent, kw_only=True, tag="thread_archived"):
     """The thread was archived; its environment retires once no live thread uses it."""
 
 
-class ThreadUnarchived(ThreadEvent, kw_only=True, tag="thread_unarchived"):
+class ThreadUnarchivedDocument(ThreadEvent, kw_only=True, tag="thread_unarchived"):
     """The thread was unarchived; it rejoins its environment if that is still live."""
 
 
@@ -343,16 +348,16 @@ class ClaimEvent(Document):
     environment_id: Annotated[str | None, msgspec.Meta(description="The environment taking or giving up the path.")]
 
 
-class ClaimTaken(ClaimEvent, kw_only=True, tag="claim_taken"):
+class ClaimTakenDocument(ClaimEvent, kw_only=True, tag="claim_taken"):
     """A path (its canonical form) on a host was claimed for environment `environmentId`, in the
     transaction of that environment's `claimed` (or of a retry on a new path)."""
 
 
-class ClaimRetaken(ClaimEvent, kw_only=True, tag="claim_retaken"):
+class ClaimRetakenDocument(ClaimEvent, kw_only=True, tag="claim_retaken"):
     """A released path was claimed again, by environment `environmentId`."""
 
 
-class ClaimReleased(ClaimEvent, kw_only=True, tag="claim_released"):
+class ClaimReleasedDocument(ClaimEvent, kw_only=True, tag="claim_released"):
     """Environment `environmentId` gave the path up: in the transaction of its `removed`, or of
     handing the path to the environment that replaces it."""
 
@@ -362,7 +367,7 @@ class HostClaimsEvent(Document):
     version: Annotated[int, msgspec.Meta(description="The version of the host's claims after this event (gap-free).")]
 
 
-class HostClaimsStarted(HostClaimsEvent, kw_only=True, tag="host_claims_started"):
+class HostClaimsStartedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_started"):
     """A store that several core replicas may write began to keep the host's live claims together,
     so that the claims on one host are decided one at a time: in the transaction of the first claim
     taken or released there, holding the claims live until then."""
@@ -371,7 +376,7 @@ class HostClaimsStarted(HostClaimsEvent, kw_only=True, tag="host_claims_started"
         description="Each path (canonical form) held on the host until then, with the environment holding it.")]
 
 
-class HostClaimsHeld(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
+class HostClaimsHeldDocument(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
     """Environment `environmentId` holds the path on the host now: in the transaction of its
     `claim_taken` or `claim_retaken` (on a store that several core replicas may write)."""
 
@@ -379,7 +384,7 @@ class HostClaimsHeld(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
     environment_id: Annotated[str, msgspec.Meta(description="The environment holding the path.")]
 
 
-class HostClaimsReleased(HostClaimsEvent, kw_only=True, tag="host_claims_released"):
+class HostClaimsReleasedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_released"):
     """Environment `environmentId` no longer holds the path on the host: in the transaction of its
     `claim_released` (on a store that several core replicas may write)."""
 
@@ -397,7 +402,7 @@ AgentPublicKey = Annotated[str, _said(
     "The public NKEY of the seed the host's agent connects with (the seed itself is never recorded).")]
 
 
-class HostRegistered(RegisteredHostEvent, kw_only=True, tag="host_registered"):
+class HostRegisteredDocument(RegisteredHostEvent, kw_only=True, tag="host_registered"):
     """`bb machine register` registered the host: environments may be placed on it, and its agent
     connects with the seed of `publicKey`. Also recorded when a service starts on a data dir whose
     seed file of a host the log does not know was made by an earlier release."""
@@ -405,18 +410,18 @@ class HostRegistered(RegisteredHostEvent, kw_only=True, tag="host_registered"):
     public_key: AgentPublicKey
 
 
-class HostCredentialsRotated(RegisteredHostEvent, kw_only=True, tag="host_credentials_rotated"):
+class HostCredentialsRotatedDocument(RegisteredHostEvent, kw_only=True, tag="host_credentials_rotated"):
     """`bb machine register --rotate` replaced the seed of the host's agent: the old one is refused."""
 
     public_key: AgentPublicKey
 
 
-class HostRemoved(RegisteredHostEvent, kw_only=True, tag="host_removed"):
+class HostRemovedDocument(RegisteredHostEvent, kw_only=True, tag="host_removed"):
     """`bb machine remove` removed the host, which no environment that is not removed lived on: its
     seed is refused, and nothing may be placed on it until it is registered again."""
 
 
-class HostRegisteredAgain(RegisteredHostEvent, kw_only=True, tag="host_registered_again"):
+class HostRegisteredAgainDocument(RegisteredHostEvent, kw_only=True, tag="host_registered_again"):
     """`bb machine register` registered a removed host again, with a new seed."""
 
     public_key: AgentPublicKey

@@ -41,7 +41,8 @@ from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
 from bb_environments.bus.core.remote_host import RemoteHost
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.domain.hook_operations import RecordedHook
-from bb_environments.handlers.application import Environments, Placement
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.placement import Placement
 from bb_environments.domain.environment import Environment
 from bb_environments.entrypoints.bootstrap import Ports, build_core
 from bb_environments.entrypoints.config import REMOVED_RETENTION_S, SAVED_REF_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings

@@ -268,7 +268,7 @@ async def test_an_outcome_read_again_after_the_duplicate_window_is_not_published
     from bb_environments.bus.core.placements import Placements
     from bb_environments.bus.embedded_server import EmbeddedNats
     from bb_environments.bus.jetstream import ensure_streams
-    from bb_environments.bus.wire.documents import ThreadRefused
+    from bb_environments.bus.wire.documents import ThreadRefusedDocument
     from bb_environments.handlers.store import Store
 
     server = EmbeddedNats.start(tmp_path / "nats")
@@ -283,8 +283,8 @@ async def test_an_outcome_read_again_after_the_duplicate_window_is_not_published
         placements = Placements(js, cast(Store, None))  # refusals are announced without reading the store
         an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
 
-        def refusal(thread_id: str, version: int, at: datetime) -> ThreadRefused:
-            return ThreadRefused(occurred_at=at, thread_id=thread_id, version=version, message="refused")
+        def refusal(thread_id: str, version: int, at: datetime) -> ThreadRefusedDocument:
+            return ThreadRefusedDocument(occurred_at=at, thread_id=thread_id, version=version, message="refused")
 
         async def stored(thread_id: str) -> list[str]:
             consumer = await js.pull_subscribe(subjects.placement(thread_id, "refused"), durable=thread_id,

@@ -26,7 +26,8 @@ from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.thread import Thread
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
 from bb_environments.entrypoints.event_store import event_store_environment
-from bb_environments.handlers.application import Environments, Placement
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.placement import Placement
 from bb_environments.handlers.store import CommandConflicted, Store
 from bb_environments.handlers.writers import SharedStore, SingleWriter, Writers
 

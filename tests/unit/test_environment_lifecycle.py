@@ -4,7 +4,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from bb_environments.handlers.application import Environments, Placement
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.placement import Placement
 from bb_environments.domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
 from bb_environments.projections.views import environment_view

@@ -217,5 +217,18 @@ def test_every_event_is_in_the_catalog():
             assert f"environments.{publication.type}" in json.loads(generated["asyncapi.json"])["channels"]
 
 
+def test_a_document_is_named_after_its_type_and_its_schema_after_the_type_alone():
+    """The class says it is a document, so no document shares a name with an aggregate's event or a
+    provider's result; the published schemas keep the names they have always had."""
+    generated = catalog.artifacts()
+    for publication in PUBLICATIONS.values():
+        name = "".join(word.title() for word in publication.type.split("_"))
+        assert publication.document.__name__ == f"{name}Document"
+        assert catalog.catalog_name(publication.document) == name
+        family = "environments" if publication.kind == "environment" else "log"
+        schema = json.loads(generated[f"schemas/{family}/{publication.type}.json"])
+        assert schema["$ref"] == f"#/$defs/{name}" and schema["$defs"][name]["title"] == name
+
+
 def test_the_committed_catalog_is_the_generated_one():
     assert catalog.differences() == [], "run `python -m bb_environments.entrypoints.catalog --write` and commit docs/"
