@@ -105,6 +105,9 @@ class Core:
     machines: Machines
     workspaces_here: LocalWorkspaces
     """The workspaces of this service's own host, which its agent in this process works on."""
+    log_reader: LogReader
+    """The log as the relay publishes it and the log follower checks it: one reader, so that the
+    follower finds each document the relay of this replica made a moment before, not read again."""
 
 
 async def build_core(settings: Settings, registry: ProviderRegistry, ports: Ports,
@@ -152,13 +155,14 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     doctor = Doctor(store, workspaces, provisioner, settings.host_id)
     api = Api(store, read_model, placer, workspaces, threads, provisioner, doctor, settings.host_id,
               ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for, ports.hooks)
-    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here)
+    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here,
+                LogReader(app))
 
 
 async def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth, replicated: bool) -> OutboxRelay:
     """The outbox relay of the core's store onto the environments stream, woken by every save:
     this replica's, and (`replicated`) every other replica's, which says so on the bus."""
-    log_reader = LogReader(core.app)
+    log_reader = core.log_reader
     relay = OutboxRelay(js, AckedPublisher(nc), lambda after: core.store.read_log(log_reader.page, after),
                         lambda ids: core.store.read_log(log_reader.at, ids), health=health)
     loop = asyncio.get_running_loop()
@@ -186,7 +190,7 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
     this replica holds its lease, the followers are this replica's own, and its share of the
     environments is kept."""
     placements = Placements(js, core.store)
-    follower = LogFollower(core.store, LogReader(core.app), core.read_model, placements, core.provisioner)
+    follower = LogFollower(core.store, core.log_reader, core.read_model, placements, core.provisioner)
     thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
     transcripts = TranscriptFollower(core.read_model)
     if replication is None:
