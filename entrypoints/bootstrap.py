@@ -108,6 +108,9 @@ class Core:
     machines: Machines
     here: LocalHost | None
     """This service's own host, when its agent runs in this process (its workspaces and hooks)."""
+    log_reader: LogReader
+    """The log as the relay publishes it and the log follower checks it: one reader, so that the
+    follower finds each document the relay of this replica made a moment before, not read again."""
 
 
 async def build_core(settings: Settings, registry: ProviderRegistry, ports: Ports,
@@ -151,31 +154,52 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     doctor = Doctor(store, hosts, provisioner, settings.host_id)
     api = Api(store, read_model, placer, hosts, threads, provisioner, doctor, settings.host_id,
               ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for)
-    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here)
+    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here,
+                LogReader(app))
 
 
 async def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth, replicated: bool) -> OutboxRelay:
-    """The outbox relay of the core's store onto the environments stream, woken by every save:
-    this replica's, and (`replicated`) every other replica's, which says so on the bus."""
-    log_reader = LogReader(core.app)
+    """The outbox relay of the core's store onto the environments stream, woken by every save of
+    this service; (`replicated`) core_workers adds the wake-ups from the other replicas' saves."""
+    log_reader = core.log_reader
     relay = OutboxRelay(js, AckedPublisher(nc), lambda after: core.store.read_log(log_reader.page, after),
                         lambda ids: core.store.read_log(log_reader.at, ids), health=health)
-    loop = asyncio.get_running_loop()
     if not replicated:
+        loop = asyncio.get_running_loop()
         core.app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
-        return relay
+    return relay
+
+
+def _woken_across_replicas(core: Core, relay: OutboxRelay, nc: Client,
+                           relay_lease: Lease) -> Callable[[], Coroutine[Any, Any, None]]:
+    """The relay's run while this replica holds the relay lease, woken by every save: its own
+    directly, another replica's by that replica's word on the bus. Only the holder listens, and a
+    holder's own saves are not told: every other replica would otherwise be sent a message per
+    save of every replica, for a relay it does not run."""
+    loop = asyncio.get_running_loop()
+
+    async def tell_the_holder() -> None:
+        with contextlib.suppress(Exception):  # the relay's poll reads it all the same
+            await nc.publish(subjects.LOG_GREW)
+
+    def grew() -> None:
+        relay.wake()
+        if not relay_lease.held:
+            loop.create_task(tell_the_holder())
 
     async def wake(_: Msg) -> None:
         relay.wake()
 
-    async def say_it_grew() -> None:
-        relay.wake()
-        with contextlib.suppress(Exception):  # the relay's poll reads it all the same
-            await nc.publish(subjects.LOG_GREW)
+    async def relaying() -> None:
+        told = await nc.subscribe(subjects.LOG_GREW, cb=wake)
+        try:
+            await relay.run(still_leased=relay_lease.confirmed)
+        finally:
+            with contextlib.suppress(Exception):
+                await told.unsubscribe()
 
-    await nc.subscribe(subjects.LOG_GREW, cb=wake)
-    core.app.on_saved = lambda: loop.call_soon_threadsafe(lambda: loop.create_task(say_it_grew()))
-    return relay
+    core.app.on_saved = lambda: loop.call_soon_threadsafe(grew)
+    return relaying
 
 
 def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealth,
@@ -185,7 +209,7 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
     this replica holds its lease, the followers are this replica's own, and its share of the
     environments is kept."""
     placements = Placements(js, core.store)
-    follower = LogFollower(core.store, LogReader(core.app), core.read_model, placements, core.provisioner)
+    follower = LogFollower(core.store, core.log_reader, core.read_model, placements, core.provisioner)
     thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
     transcripts = TranscriptFollower(core.read_model)
     if replication is None:
@@ -198,8 +222,8 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
         ]
     else:
         # Another replica relaying has caught the stream up as far as this one would.
-        lease = replication.relay_lease
-        relaying = while_leased(lease, lambda: relay.run(still_leased=lease.confirmed), health,
+        relaying = while_leased(replication.relay_lease,
+                                _woken_across_replicas(core, relay, js.nc, replication.relay_lease), health,
                                 on_others=relay.caught_up.set)
 
         async def followed(messages: list[Msg]) -> None:
