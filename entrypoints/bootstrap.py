@@ -141,15 +141,16 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
             if settings.agent_root else cloud)
     workspaces = RoutedWorkspaces(here, cloud, ports.workspaces_elsewhere,
                                   settings.host_id if ports.agent_here else None, registry.cloud_ids())
-    machines = Machines(store, ports.hosts, read_model, settings.host_id)
+    machines = Machines(store, ports.hosts, read_model, settings.host_id, ports.agent_here)
     await machines.record_seeded_hosts()
-    placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots)
+    placer = Placer(workspaces, settings.host_id, machines.known, settings.project_roots,
+                    default_host=settings.default_host, agent_here=ports.agent_here)
     provisioner = Provisioner(store, placer, workspaces, ports.hooks, ports.transcript,
                               timedelta(seconds=settings.transient_retry_s), share=ports.share,
                               activity_elsewhere=ports.activity_elsewhere)
     started.push_async_callback(provisioner.stop)
-    threads = ThreadHandlers(store, placer, workspaces, settings.host_id)
-    doctor = Doctor(store, workspaces, provisioner, settings.host_id)
+    threads = ThreadHandlers(store, placer, workspaces)
+    doctor = Doctor(store, workspaces, provisioner, settings.host_id, machines.known)
     api = Api(store, read_model, placer, workspaces, threads, provisioner, doctor, settings.host_id,
               ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for, ports.hooks)
     return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here)

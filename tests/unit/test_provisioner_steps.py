@@ -36,7 +36,7 @@ class Running:
         self.hooks = HostWithoutScripts()
         self.provisioner = Provisioner(self.store, placer, workspaces, self.hooks, Silent(),
                                        failed_step_retry=failed_step_retry)
-        self.threads = ThreadHandlers(self.store, placer, workspaces, "local")
+        self.threads = ThreadHandlers(self.store, placer, workspaces)
 
     async def spawn(self, thread_id: str):
         return await self.threads.spawn(RegisterThread(thread_id=thread_id, host_id="local",

@@ -143,7 +143,7 @@ async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
     workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), root, Silent())
     placer = Placer(workspaces)
     provisioner = Provisioner(store, placer, workspaces, HostWithoutScripts(), Silent())
-    threads = ThreadHandlers(store, placer, workspaces, "local")
+    threads = ThreadHandlers(store, placer, workspaces)
     try:
         for kind, thread_id in steps:
             if kind == "pause":

@@ -127,7 +127,7 @@ async def test_an_environment_lives_and_is_removed_through_a_host_the_core_only_
     host, hooks, transcript = FarHost(), FarHooks(), Lines()
     placer = Placer(host)
     provisioner = Provisioner(store, placer, host, hooks, transcript)
-    threads = ThreadHandlers(store, placer, host, "local")
+    threads = ThreadHandlers(store, placer, host)
     try:
         environment = await threads.spawn(RegisterThread(thread_id="t1", host_id="local",
                                                          environment=NewEnvironment("far", "local", None)), None)
