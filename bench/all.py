@@ -4,7 +4,7 @@
     python bench/all.py --quick    # small sizes: checks that everything runs, in about a minute
     python bench/all.py --list-size 100000   # `bb environment list` with 100,000 environments too
 
-The table is Markdown, ready for the README. Progress goes to stderr.
+The table is Markdown, ready for docs/benchmarks.md. Progress goes to stderr.
 """
 
 from __future__ import annotations

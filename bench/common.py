@@ -38,7 +38,7 @@ def _number(value: float, unit: str) -> str:
 
 
 def table(figures: list[Figure]) -> str:
-    """A Markdown table: as readable in a terminal as it is pasted into the README."""
+    """A Markdown table: as readable in a terminal as it is pasted into docs/benchmarks.md."""
     lines = ["| measure | ours | baseline | ratio | goal | met? |", "|---|---:|---|---:|---|---|"]
     for f in figures:
         baseline = "-" if f.baseline is None else f"{_number(f.baseline, f.unit)} ({f.baseline_name})"

@@ -276,6 +276,16 @@ PULL_EXPIRES_S = 5.0
 _LOST_AFTER_S = 1.0
 
 
+class JetStream(JetStreamContext):
+    """nats-py's JetStream context, made on `nc` as `nc.jetstream()` makes it, with the connection
+    and the JetStream API prefix in view: a PullFeed sends its pull requests on them."""
+
+    def __init__(self, nc: Client, api_prefix: str = api.DEFAULT_PREFIX) -> None:
+        super().__init__(nc, prefix=api_prefix)
+        self.nc = nc
+        self.api_prefix = api_prefix
+
+
 class Fetcher(Protocol):
     async def fetch(self, batch: int, timeout: float) -> list[Msg]: ...
 
@@ -303,9 +313,8 @@ class PullFeed:
         self._connection = -1  # the connection (count of reconnects) the open request was sent on
 
     @classmethod
-    async def bind(cls, js: JetStreamContext, durable: str, stream: str) -> PullFeed:
-        # The context's connection and API prefix, which nats-py keeps without a public accessor.
-        feed = cls(js._nc, js._prefix, stream, durable)
+    async def bind(cls, js: JetStream, durable: str, stream: str) -> PullFeed:
+        feed = cls(js.nc, js.api_prefix, stream, durable)
         await feed._nc.subscribe(feed._inbox, cb=feed._receive)
         return feed
 
@@ -355,10 +364,10 @@ class PullFeed:
         await self._nc.publish(self._next, json.dumps(request).encode(), reply=self._inbox)
 
 
-Binder = Callable[[JetStreamContext, str, str], Awaitable[Fetcher]]
+Binder = Callable[[JetStream, str, str], Awaitable[Fetcher]]
 
 
-async def consume(js: JetStreamContext, stream: str, durable: str, filter_subject: str, handle: Handler,
+async def consume(js: JetStream, stream: str, durable: str, filter_subject: str, handle: Handler,
                   health: BusHealth, batch: int = 200, in_order: bool = False, *,
                   bind: Binder = PullFeed.bind) -> None:
     """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered.

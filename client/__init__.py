@@ -6,9 +6,10 @@ section 8.1, docs/integrating.md). It loads the wire's structs and nats-py, noth
         outcome = await client.wait_ready("t1", timeout=60)
 """
 
+from bb_environments.bus.wire.documents import EnvironmentEvent
 from bb_environments.bus.wire.placements import PlacementOutcome
 from bb_environments.bus.wire.transcript_lines import TranscriptLine
-from bb_environments.client.client import Client, EnvironmentEvent
+from bb_environments.client.client import Client
 from bb_environments.client.errors import (
     ClientError, EnvironmentFailed, PlacementFailed, PlacementRefused, ServiceNotFound,
 )

@@ -19,6 +19,7 @@ from nats.errors import Error as NatsError
 from nats.js import api
 
 from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.documents import EnvironmentDocument, EnvironmentEvent
 from bb_environments.bus.wire.placements import PlacementOutcome
 from bb_environments.bus.wire.resending import resent_while_nobody_takes
 from bb_environments.bus.wire.server_file import (
@@ -34,21 +35,8 @@ CONNECT_WITHIN_S = 10.0
 """How long `connect` tries before it says the service cannot be reached."""
 
 
-class EnvironmentEvent(msgspec.Struct, rename="camel", kw_only=True):
-    """An environment event as `bb.environments.<id>.<type>` carries it (docs/events.md lists every
-    type and its own fields; these are the ones every one of them has)."""
-
-    type: str
-    occurred_at: datetime
-    environment_id: str
-    version: int
-    thread_ids: list[str]
-    status: str
-    status_message: str | None = None
-
-
 _outcome = msgspec.json.Decoder(PlacementOutcome)
-_event = msgspec.json.Decoder(EnvironmentEvent)
+_event: msgspec.json.Decoder[EnvironmentEvent] = msgspec.json.Decoder(EnvironmentDocument)
 _line = msgspec.json.Decoder(TranscriptLine)
 
 

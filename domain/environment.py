@@ -21,7 +21,8 @@ from eventsourcing.domain import Aggregate, event
 from bb_environments.domain.copying import CopiedForCommands
 from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
 from bb_environments.domain.hook_operations import HookKind, RecordedHook
-from bb_environments.domain.status import LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, EnvironmentStatus, HookStatus
+from bb_environments.domain.status import (
+    LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, CreateFailure, EnvironmentStatus, HookStatus)
 from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
@@ -127,7 +128,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.teardown_operation_id: str | None = None
         self.retire_at: datetime | None = None
         self.cancelled = False
-        self.failure: str | None = None
+        self.failure: CreateFailure | None = None
         self.transient_failures = 0
         self.cleaned_attempt = 0
         self.removal_attempt = 0
@@ -305,7 +306,7 @@ class Environment(CopiedForCommands, Aggregate):
         self._created(attempt, path, owns_path, merge_base_branch, resource)
         return True
 
-    def record_create_failed(self, attempt: int, failure: str, message: str) -> bool:
+    def record_create_failed(self, attempt: int, failure: CreateFailure, message: str) -> bool:
         if attempt != self.attempt or self.status != EnvironmentStatus.CREATING:
             return False
         self._create_failed(attempt, failure, message)
@@ -328,7 +329,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.resource = resource
 
     @event("CreateFailed")
-    def _create_failed(self, attempt: int, failure: str, message: str) -> None:
+    def _create_failed(self, attempt: int, failure: CreateFailure, message: str) -> None:
         self.status = EnvironmentStatus.ERROR
         self.status_message = message
         self.failure = failure

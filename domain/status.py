@@ -9,6 +9,10 @@ derived when an event is applied), so no log written before these enums existed 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
+
+CreateFailure = Literal["transient", "terminal"]
+"""Why a create failed: `transient` ones are retried after cleanup; `terminal` ones are final."""
 
 
 class EnvironmentStatus(StrEnum):

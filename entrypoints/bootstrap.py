@@ -27,7 +27,7 @@ from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.jetstream import consume, follow
+from bb_environments.bus.jetstream import JetStream, consume, follow
 from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments, LiveLimits
@@ -180,7 +180,7 @@ async def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHeal
     return relay
 
 
-def core_workers(core: Core, relay: OutboxRelay, js: JetStreamContext, health: BusHealth,
+def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealth,
                  settings: Settings, replication: Replication | None = None) -> list[Coroutine[Any, Any, None]]:
     """The core's loops on the bus: the relay, the log and transcript followers, one in-order
     consumer per thread partition, and the sweep; with `replication`, the relay runs only while

@@ -4,7 +4,7 @@
     python -m bb_environments.entrypoints.catalog            # list what differs from the committed files; exit 1 if any
 
 Nothing here is written by hand: what an event means is its struct's docstring, its fields are the
-struct's, and its subject comes from the registry (`bus.documents.PUBLICATIONS`). A unit test fails
+struct's, and its subject comes from the registry (`bus.core.publications.PUBLICATIONS`). A unit test fails
 when the committed files differ from what this writes.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from msgspec import inspect as mi
 
+from bb_environments.bus.core.publications import PUBLICATIONS
 from bb_environments.bus.wire import documents as d
 from bb_environments.bus.wire import placements, thread_events, transcript_lines
 from bb_environments.bus.wire import subjects
@@ -51,7 +52,7 @@ class Entry:
 
 def entries() -> list[Entry]:
     """Every message type the service publishes or takes, in catalog order."""
-    published = list(d.PUBLICATIONS.values())
+    published = list(PUBLICATIONS.values())
     found = [Entry("environments", p.document, f"bb.environments.<environmentId>.{p.type}")
              for p in published if p.kind == "environment"]
     found += [Entry("log", p.document, f"bb.log.{p.kind}.<{p.kind}Id>.{p.type}")

@@ -56,7 +56,7 @@ class Settings(msgspec.Struct, frozen=True):
     """Retention of stream BB_THREADS, whose messages carry prompts (BB_THREADS_MAX_AGE_S / _MAX_BYTES)."""
     removed_retention_s: float
     """How long a removed environment's hook records, transcript, read-model row and log stream messages
-    are kept (BB_REMOVED_RETENTION_S, see hooks.ledger, bus/core/retention.py and README's Retention)."""
+    are kept (BB_REMOVED_RETENTION_S, see hooks.ledger, bus/core/retention.py and docs/guarantees.md, Retention)."""
     saved_ref_retention_s: float
     """How long the work saved from a removed worktree (refs/bb/saved/<id>) is kept (BB_SAVED_REF_RETENTION_S)."""
     doctor_interval_s: float = 3600

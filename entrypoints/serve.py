@@ -46,7 +46,7 @@ from bb_environments.bus.core.host_directory import BusHostDirectory
 from bb_environments.bus.core.host_jobs import HostJobs, HostLiveness
 from bb_environments.bus.core.ledger_answers import answer_ledger_questions
 from bb_environments.bus.core.remote_workspaces import RemoteWorkspaces
-from bb_environments.bus.jetstream import ConnectOptions, NoRoomForStreams, connect, ensure_hosts, prepare_bus
+from bb_environments.bus.jetstream import ConnectOptions, JetStream, NoRoomForStreams, connect, ensure_hosts, prepare_bus
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.thread_messages import StreamPorts
@@ -108,7 +108,7 @@ def _reached_at(data_dir: Path, holder: Holder | None) -> str:
 def hold_event_store(settings: Settings) -> FileLock | None:
     """One writer per event store, whatever data dir names it: the store's consistency (one writer
     thread, aggregates cached from it, path claims) assumes it. The lock lives beside an SQLite store;
-    a PostgreSQL store is not guarded (README)."""
+    a PostgreSQL store is not guarded (docs/guarantees.md)."""
     store = event_store_file(settings.event_store)
     if store is None:
         return None
@@ -221,7 +221,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, SERVICE_INBOX_PREFIX,
                        **connect_options(settings, credentials, SERVICE_USER))
     started.push_async_callback(_close, nc)
-    js = nc.jetstream()
+    js = JetStream(nc)
     await prepare_bus(js, health, settings.threads_max_age_s, settings.threads_max_bytes, settings.stream_replicas,
                       settings.host_id)
     host_seeds = credentials or Credentials(settings.data_dir / "credentials")

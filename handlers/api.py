@@ -38,7 +38,7 @@ from bb_environments.handlers.commands import (
 )
 from bb_environments.handlers.application import GraceLookup
 from bb_environments.handlers.doctor import Doctor, Findings
-from bb_environments.handlers.errors import InvalidInput, NotFound, RequestError, Unavailable
+from bb_environments.domain.request_errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.ports import Hooks, HostUnavailable, Workspaces
 from bb_environments.handlers.provisioning import Provisioner

@@ -8,31 +8,31 @@ from its arguments when its save lost a race with another writer (handlers/write
 
 from __future__ import annotations
 
-import functools
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
-from eventsourcing.domain import Aggregate, DomainEventProtocol
-from eventsourcing.persistence import Notification, Recording
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.domain import Aggregate, DomainEventProtocol, MutableOrImmutableAggregate
+from eventsourcing.persistence import JSONTranscoder, Recording
 
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import (
     DomainError, IllegalTransition, LimitReached, PathAlreadyClaimed, UnknownEnvironment, UnknownThread)
-from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, HookKind, RecordedHook
-from bb_environments.domain.status import ThreadStatus
+from bb_environments.domain.host_claims import HostClaims
+from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, RecordedHook
+from bb_environments.domain.status import CreateFailure, ThreadStatus
 from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
-from bb_environments.handlers.claiming import Claims
+from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL, Claims, HeldPathsAsHolders
 from bb_environments.handlers.host_registry import HostRegistry
-from bb_environments.handlers.log_indexes import LogWatch, aggregate_id
+from bb_environments.handlers.indexes import (
+    AwaitingThreads, HookOperations, LiveEnvironments, RegisteredThreads, WorktreeProjects)
+from bb_environments.handlers.log_indexes import LogWatch
 from bb_environments.handlers.writers import SingleWriter, Writers
 from bb_environments.providers.contract import retire_grace_ms
-from bb_environments.providers.worktree_survey import PROVIDER_ID as WORKTREE_PROVIDER_ID
 
 T = TypeVar("T")
 A = TypeVar("A", bound=Aggregate)
@@ -67,61 +67,48 @@ class LiveLimits:
 class Environments(Application[UUID]):
     name = "Environments"
     log_section_size = 500
+    snapshotting_intervals = {HostClaims: HOST_CLAIMS_SNAPSHOT_INTERVAL}
 
     def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None,
                  writers: Writers | None = None, limits: LiveLimits | None = None) -> None:
         """`writers`: who else may write the store (default: nobody, as with SQLite)."""
         self.writers = writers or SingleWriter()
         self.limits = limits or LiveLimits()
-        super().__init__(env={**(env or {}), **self.writers.cache_settings()})
+        super().__init__(env={**(env or {}), **self.writers.application_settings()})
         self._grace_for = grace_for or (lambda provider_id: retire_grace_ms(None, None))
         self.on_saved: Callable[[], object] = lambda: None
+        """Called by the Store once the saves of a batch of commands are durable (handlers/store.py)."""
         self._saves = 0
         # Indexes folded from the log, each read on from where it left off.
         self.log_watch = watch = LogWatch(self, lambda: self._saves)
-        index = functools.partial(self.writers.log_index, self, watch)
         self.claims = Claims(self, self.writers, watch)
-        self.hosts = HostRegistry(self, self.writers, watch, self._save)
-        self._unfinished: dict[UUID, tuple[str, str | None]] = {}  # with its host and project
-        self._live_on_host: Counter[str] = Counter()
-        self._live_in_project: Counter[tuple[str, str]] = Counter()
-        self._requested: set[UUID] = set()
-        self._hook_operations: dict[str, tuple[UUID, HookKind]] = {}
-        self._unfinished_index = index(Environment, ("Claimed", "Removed"), self._fold_unfinished)
-        self._requested_index = index(Thread, ("EnvironmentRequested", "EnvironmentAssigned"),
-                                      self._fold_requested)
-        self._hooks_index = index(Environment, ("SetupStarted", "TeardownStarted"), self._fold_hook)
-        self._registered: set[UUID] = set()
-        self._registered_index = index(Thread, ("Registered",), self._fold_registered)
-        self._worktree_projects: dict[str, set[str]] = {}
-        self._projects_index = index(Environment, ("Claimed",), self._fold_project)
-        self._indexes = (self.claims.index, self.hosts.index, self._unfinished_index, self._requested_index,
-                         self._hooks_index, self._registered_index, self._projects_index)
+        self.hosts = HostRegistry(self, self.writers, watch, self.save)
+        self._registered = RegisteredThreads(self, self.writers, watch)
+        self._awaiting = AwaitingThreads(self, self.writers, watch)
+        self._hooks = HookOperations(self, self.writers, watch)
+        self._live = LiveEnvironments(self, self.writers, watch)
+        self._worktree_projects = WorktreeProjects(self, self.writers, watch)
+        self._indexes = tuple(holder.index for holder in (
+            self.claims, self.hosts, self._registered, self._awaiting, self._hooks, self._live,
+            self._worktree_projects))
 
-    def _notify(self, recordings: list[Any]) -> None:
-        self.on_saved()
+    @property
+    def saves(self) -> int:
+        """How many saves the application began: one that failed half way may still have written."""
+        return self._saves
 
-    def _save(self, *aggregates: Aggregate) -> list[Recording[UUID]]:
-        """The library's `save`, for aggregates only: its `collect_events` tells an aggregate from an
-        event by two runtime protocol checks per object, each walking the protocol's members on
-        Python 3.11 (a twentieth of the writer's time in a burst); every command here saves aggregates."""
-        processing_event: ProcessingEvent[UUID] = ProcessingEvent()
-        for aggregate in aggregates:
-            processing_event.events.extend(aggregate.collect_events())
-            processing_event.aggregates[aggregate.id] = aggregate
-        recordings = self._record(processing_event)
-        self._take_snapshots(processing_event)
-        self._notify(recordings)
+    def save(self, *objs: MutableOrImmutableAggregate[UUID] | DomainEventProtocol[UUID] | None,
+             **kwargs: Any) -> list[Recording[UUID]]:
+        """The library's save, counted, with its recordings folded into the log indexes."""
+        self._saves += 1  # before the write: a save that fails half way may still have written
+        recordings = super().save(*objs, **kwargs)
+        for index in self._indexes:
+            index.saved(recordings)
         return recordings
 
-    def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
-        # Counted before the write: a save that fails half way may still have written.
-        self._saves += 1
-        recordings = super()._record(processing_event)
-        if len(recordings) == len(processing_event.events):  # each with its place in the log
-            for index in self._indexes:
-                index.saved(recordings)
-        return recordings
+    def register_transcodings(self, transcoder: JSONTranscoder) -> None:
+        super().register_transcodings(transcoder)
+        transcoder.register(HeldPathsAsHolders())
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -152,13 +139,9 @@ class Environments(Application[UUID]):
 
     def find_thread(self, thread_id: str) -> Thread | None:
         # Every new thread is looked up first: answered from the index, not by a query of the store.
-        self._registered_index.catch_up()
-        if thread_aggregate_id(thread_id) not in self._registered:
+        if thread_id not in self._registered:
             return None
         return self.thread(thread_id)
-
-    def _fold_registered(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
-        self._registered.add(aggregate_id(notification))
 
     def head(self) -> int:
         return self.recorder.max_notification_id() or 0
@@ -184,7 +167,7 @@ class Environments(Application[UUID]):
             host_id=host_id,
             intent=intent,
         )
-        self._save(thread)
+        self.save(thread)
         return thread
 
     def spawn_thread(
@@ -204,19 +187,12 @@ class Environments(Application[UUID]):
                         host_id=host_id, intent=intent)
         thread.request_environment()
         environment, changed = self._provide(thread, target)
-        self._save(*changed)
+        self.save(*changed)
         return environment
 
     def threads_awaiting_environment(self) -> list[str]:
-        self._requested_index.catch_up()
-        threads: Iterator[Thread] = (self.repository.get(identity) for identity in self._requested)
+        threads: Iterator[Thread] = (self.repository.get(identity) for identity in self._awaiting.thread_ids())
         return [thread.thread_id for thread in threads if thread.awaits_environment]
-
-    def _fold_requested(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
-        if notification.topic.endswith(".EnvironmentRequested"):
-            self._requested.add(aggregate_id(notification))
-        else:
-            self._requested.discard(aggregate_id(notification))
 
     def refuse_thread(self, thread_id: str, message: str) -> None:
         """Refuse the environment the thread's first message asked for (the request is recorded
@@ -225,7 +201,7 @@ class Environments(Application[UUID]):
         if thread.needs_environment and thread.refusal != message:
             thread.request_environment()
             thread.refuse(message)
-            self._save(thread)
+            self.save(thread)
 
     def answer_first_message(self, thread_id: str, target: UUID | Placement) -> Environment:
         """Record the request of the thread's first message and give it its environment (`target`
@@ -233,14 +209,14 @@ class Environments(Application[UUID]):
         thread = self._changing_thread(thread_id)
         thread.request_environment()
         environment, changed = self._provide(thread, target)
-        self._save(*changed)
+        self.save(*changed)
         return environment
 
     def provide_environment(self, thread_id: str, target: UUID | Placement) -> Environment:
         """Give the thread the environment its first message asked for: join `target`, or claim
         the placed new one."""
         environment, changed = self._provide(self._changing_thread(thread_id), target)
-        self._save(*changed)
+        self.save(*changed)
         return environment
 
     def claim_environment(
@@ -324,7 +300,7 @@ class Environments(Application[UUID]):
         environment = self._environment_of(thread)
         if environment is not None:
             environment.detach_thread(thread_id, now, self._grace_for(environment.provider_id))
-        self._save(thread, *([environment] if environment else []))
+        self.save(thread, *([environment] if environment else []))
         return environment
 
     def unarchive_thread(self, thread_id: str) -> Environment | None:
@@ -337,7 +313,7 @@ class Environments(Application[UUID]):
         else:
             thread.leave_environment()
             environment = None
-        self._save(thread, *([environment] if environment else []))
+        self.save(thread, *([environment] if environment else []))
         return environment
 
     def cancel_thread_message(self, thread_id: str) -> Environment | None:
@@ -346,7 +322,7 @@ class Environments(Application[UUID]):
         if environment is None or not environment.cancel_for_thread(thread_id):
             return None
         thread.leave_environment()
-        self._save(environment, thread)
+        self.save(environment, thread)
         return environment
 
     def _environment_of(self, thread: Thread) -> Environment | None:
@@ -357,7 +333,7 @@ class Environments(Application[UUID]):
     def _change(self, environment_id: UUID, change: Callable[[Environment], T]) -> tuple[Environment, T]:
         environment = self._changing_environment(environment_id)
         outcome = change(environment)
-        self._save(environment)
+        self.save(environment)
         return environment, outcome
 
     def record_created(
@@ -380,11 +356,11 @@ class Environments(Application[UUID]):
                 claims.take(path, environment.id)
             except PathAlreadyClaimed as refused:
                 environment.record_create_failed(attempt, "terminal", f"{path} is already claimed: {refused}")
-                self._save(environment)
+                self.save(environment)
                 return environment
         if environment.record_created(attempt, path, owns_path, merge_base_branch, resource):
             _take_recording_step(environment, empty)
-            self._save(environment, *claims.changed)
+            self.save(environment, *claims.changed)
         return environment
 
     def record_planned(self, environment_id: UUID, attempt: int, project_path: str | None, inputs: Any,
@@ -398,16 +374,17 @@ class Environments(Application[UUID]):
                 claims.take(claimed_path, environment.id)
             except PathAlreadyClaimed as refused:
                 environment.record_create_failed(attempt, "terminal", f"cannot claim the workspace path: {refused}")
-                self._save(environment)
+                self.save(environment)
                 return environment
         if environment.record_planned(attempt, project_path, inputs, claimed_path):
-            self._save(environment, *claims.changed)
+            self.save(environment, *claims.changed)
         return environment
 
     def note_host_awaited(self, environment_id: UUID, message: str) -> Environment:
         return self._change(environment_id, lambda e: e.note_host_awaited(message))[0]
 
-    def record_create_failed(self, environment_id: UUID, attempt: int, failure: str, message: str) -> Environment:
+    def record_create_failed(self, environment_id: UUID, attempt: int, failure: CreateFailure,
+                             message: str) -> Environment:
         return self._change(environment_id, lambda e: e.record_create_failed(attempt, failure, message))[0]
 
     def start_setup(self, environment_id: UUID) -> tuple[Environment, bool]:
@@ -444,7 +421,7 @@ class Environments(Application[UUID]):
                 claims.take(environment.claimed_path, environment.id)
             if previous_claim:
                 claims.release(previous_claim, environment.id)
-        self._save(environment, *claims.changed)
+        self.save(environment, *claims.changed)
         return environment
 
     def record_attempt_cleaned(self, environment_id: UUID, attempt: int) -> Environment:
@@ -480,7 +457,7 @@ class Environments(Application[UUID]):
         claims = self.claims.on_host(environment.host_id)
         for path in claimed:
             claims.release(path, environment.id)
-        self._save(environment, *claims.changed)
+        self.save(environment, *claims.changed)
         return environment
 
     def record_remove_failed(
@@ -491,53 +468,30 @@ class Environments(Application[UUID]):
     def recorded_hook(self, operation_id: str) -> RecordedHook | None:
         """Whose hook the log started under this operation id, where, and whether it may run or be
         stopped now; None when the log never started one (whatever the id looks like)."""
-        self._hooks_index.catch_up()
-        started = self._hook_operations.get(operation_id)
+        started = self._hooks.started(operation_id)
         if started is None:
             return None
         environment_id, kind = started
         return self.environment(environment_id).hook_record(operation_id, kind)
 
-    def _fold_hook(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
-        event = self.mapper.to_domain_event(notification) if saved is None else saved
-        assert isinstance(event, (Environment.SetupStarted, Environment.TeardownStarted))  # the index reads only these
-        kind: HookKind = "setup" if isinstance(event, Environment.SetupStarted) else "teardown"
-        self._hook_operations[event.operation_id] = (event.originator_id, kind)
-
     def unfinished_environment_ids(self) -> list[UUID]:
         """Every environment whose log does not end in Removed: what recovery must drive on."""
-        self._unfinished_index.catch_up()
-        return list(self._unfinished)
-
-    def _fold_unfinished(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
-        if notification.topic.endswith(".Claimed"):
-            claimed: Any = self.mapper.to_domain_event(notification) if event is None else event
-            place = self._unfinished[aggregate_id(notification)] = (claimed.host_id, claimed.project_path)
-            self._count_live(place, 1)
-        elif aggregate_id(notification) in self._unfinished:
-            self._count_live(self._unfinished.pop(aggregate_id(notification)), -1)
-
-    def _count_live(self, place: tuple[str, str | None], change: int) -> None:
-        host_id, project_path = place
-        self._live_on_host[host_id] += change
-        if project_path is not None:
-            self._live_in_project[host_id, project_path] += change
+        return self._live.ids()
 
     def _refuse_past_limits(self, placement: Placement, replaced: Environment | None) -> None:
         """A new environment is refused while its host, or its project there, has as many live ones
         as the limits allow; one whose removal this save starts does not count (its place is handed on)."""
-        self._unfinished_index.catch_up()
         host_id, project_path = placement.host_id, placement.project_path
         handed_on = 1 if replaced is not None else 0
-        if self._live_on_host[host_id] - handed_on >= self.limits.per_host:
-            raise LimitReached(f"host {host_id} has {self._live_on_host[host_id]} live environments, as many as "
+        on_host = self._live.on_host(host_id)
+        if on_host - handed_on >= self.limits.per_host:
+            raise LimitReached(f"host {host_id} has {on_host} live environments, as many as "
                                f"BB_MAX_LIVE_ENVIRONMENTS ({self.limits.per_host}) allows: remove one first")
-        in_project = self._live_in_project[host_id, project_path] if project_path is not None else 0
+        in_project = self._live.in_project(host_id, project_path) if project_path is not None else 0
         if project_path is not None and in_project - handed_on >= self.limits.per_project:
             raise LimitReached(f"project {project_path} has {in_project} live environments on host {host_id}, as "
                                f"many as BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT ({self.limits.per_project}) allows: "
                                "remove one first")
-
 
     # -- what bb doctor compares with the hosts ---------------------------------------------------
 
@@ -548,13 +502,7 @@ class Environments(Application[UUID]):
     def worktree_projects(self) -> dict[str, list[str]]:
         """By host, the projects git-worktree environments were claimed in, removed ones included:
         where worktrees and branches of bb's layout can be."""
-        self._projects_index.catch_up()
-        return {host: sorted(projects) for host, projects in sorted(self._worktree_projects.items())}
-
-    def _fold_project(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
-        claimed: Any = self.mapper.to_domain_event(notification) if event is None else event
-        if claimed.provider_id == WORKTREE_PROVIDER_ID and claimed.project_path:
-            self._worktree_projects.setdefault(claimed.host_id, set()).add(claimed.project_path)
+        return self._worktree_projects.by_host()
 
     def record_workspace_vanished(self, environment_id: UUID, path: str) -> Environment:
         """The workspace at `path` is gone from its host; a claim on it beside the claimed path
@@ -565,7 +513,7 @@ class Environments(Application[UUID]):
         claims = self.claims.on_host(environment.host_id)
         if path != environment.claimed_path:
             claims.release(path, environment.id)
-        self._save(environment, *claims.changed)
+        self.save(environment, *claims.changed)
         return environment
 
 

@@ -13,13 +13,34 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate, DomainEventProtocol
-from eventsourcing.persistence import Notification
+from eventsourcing.persistence import Notification, Transcoding
 
 from bb_environments.domain.claims import HeldPaths, refuse_nested
 from bb_environments.domain.host_claims import HostClaims, host_claims_id
 from bb_environments.domain.path_claim import PathClaim, claim_id
 from bb_environments.handlers.log_indexes import LogWatch
 from bb_environments.handlers.writers import Writers
+
+
+HOST_CLAIMS_SNAPSHOT_INTERVAL = 100
+"""Each host's HostClaims gains an event per claim taken and released there, for ever: a snapshot
+every this many bounds what a replica that has not cached it replays to decide a claim."""
+
+
+class HeldPathsAsHolders(Transcoding):
+    """A HostClaims snapshot's held paths, stored as the holder of each path."""
+
+    type = HeldPaths
+    name = "held_paths"
+
+    def encode(self, obj: HeldPaths) -> dict[str, UUID]:
+        return obj.holders()
+
+    def decode(self, data: dict[str, UUID]) -> HeldPaths:
+        held = HeldPaths()
+        for path, holder in data.items():
+            held.hold(path, holder)
+        return held
 
 
 class Claims:

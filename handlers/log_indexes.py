@@ -31,7 +31,7 @@ class LogWatch:
     head each. That look is as recent as each index's own would have been: it is taken within the
     run, and whatever another writer saves after it, the run could as well have missed by deciding
     a moment sooner (its save then conflicts, or the decision is one the limits already allow to
-    race, see README). Outside a run every index reads the head itself.
+    race, see docs/guarantees.md). Outside a run every index reads the head itself.
 
     An index behind the head catches up every index behind it with one read (`read_up_to`): a
     command's lookups in several indexes cost one query of the log, not one each.

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Literal
 
 from bb_environments.domain.errors import HostAlreadyRegistered
-from bb_environments.handlers.errors import InvalidInput, NotFound, Refused
+from bb_environments.domain.request_errors import InvalidInput, NotFound, Refused
 from bb_environments.handlers.placement import check_host_id
 from bb_environments.handlers.ports import HostDirectory
 from bb_environments.handlers.store import Store

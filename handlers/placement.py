@@ -16,7 +16,7 @@ from uuid import UUID
 from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
 from bb_environments.handlers.application import Placement
 from bb_environments.handlers.commands import NewEnvironment
-from bb_environments.handlers.errors import InvalidInput, Refused
+from bb_environments.domain.request_errors import InvalidInput, Refused
 from bb_environments.handlers.ports import HostUnavailable, Workspaces
 from bb_environments.providers.contract import InvalidInputs, PlanRefused, Policy, ProviderMissing
 from bb_environments.providers.registry import ProviderProfile

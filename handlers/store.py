@@ -69,10 +69,6 @@ class Store:
     def __init__(self, app: Environments) -> None:
         self.app = app
         self._sync = app.factory.sync_to_disk if isinstance(app.factory, DiskSync) else lambda: None
-        self._saved = False
-        # Every save of the application ends here (the writer's alone): whoever forwards new
-        # events is woken only once they are on disk.
-        app._notify = self._note_saved  # type: ignore[method-assign]
         self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write, name="event-store", daemon=True)
         self._writer.start()
@@ -97,24 +93,22 @@ class Store:
         self._writer.join()
         self.app.close()
 
-    def _note_saved(self, recordings: list[Any]) -> None:
-        self._saved = True
-
     def _write(self) -> None:
         while True:
             batch = [self._commands.get()]
             while batch[-1] is not None and len(batch) < BATCH_LIMIT and not self._commands.empty():
                 batch.append(self._commands.get())
             commands = [command for command in batch if command is not None]
+            saves_before = self.app.saves
             outcomes = [_attempt(command.call, self.app.writers.command_tries, self.app.log_watch.one_run)
                         for command in commands]
-            if self._saved:
+            # Whoever forwards new events is woken only once the batch's saves are on disk.
+            if self.app.saves != saves_before:
                 try:
                     self._sync()
                 except OSError as failed:
                     # Written, maybe not on disk: no caller may take it as done.
                     outcomes = [(None, failed)] * len(commands)
-                self._saved = False
                 self.app.on_saved()
             # One wake-up per loop for the whole batch: each call_soon_threadsafe writes to the
             # loop's self-pipe, a system call and a turn of the loop per command otherwise.

@@ -32,7 +32,7 @@ from bb_environments.handlers.commands import (
     intent_document,
     intent_from_document,
 )
-from bb_environments.handlers.errors import InvalidInput, NotFound, Refused, RequestError, UnknownThreadMessage
+from bb_environments.domain.request_errors import InvalidInput, NotFound, Refused, RequestError, UnknownThreadMessage
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.ports import Workspaces
 from bb_environments.handlers.store import Store

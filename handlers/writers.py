@@ -28,15 +28,20 @@ class Writers(ABC):
     a claim there, so that the store serialises the nested-path decisions (domain/host_claims.py)."""
     command_tries: ClassVar[int]
     """How many times the Store runs a command whose save conflicted with another writer's."""
+    snapshots: ClassVar[bool]
+    """Whether the application keeps snapshots (of the HostClaims aggregates, which only this kind
+    of store keeps, and which grow for ever): a store without them saves every lookup of an
+    aggregate not cached a query of the snapshots."""
 
     @abstractmethod
     def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
                   event_names: tuple[str, ...], fold: Fold) -> LogIndex:
         """An index of the log's `event_names` events of `aggregate`; `watch` is the app's (its saves, the head)."""
 
-    def cache_settings(self) -> dict[str, str]:
-        """The aggregate cache's settings this strategy needs, for the application's environment."""
-        return {"AGGREGATE_CACHE_FASTFORWARD": "y" if self.fastforward else "n"}
+    def application_settings(self) -> dict[str, str]:
+        """The settings of the application's cache and snapshots this strategy needs, for its environment."""
+        return {"AGGREGATE_CACHE_FASTFORWARD": "y" if self.fastforward else "n",
+                "IS_SNAPSHOTTING_ENABLED": "y" if self.snapshots else "n"}
 
 
 class SingleWriter(Writers):
@@ -48,6 +53,7 @@ class SingleWriter(Writers):
     fastforward = False
     claims_per_host = False
     command_tries = 1
+    snapshots = False
 
     def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
                   event_names: tuple[str, ...], fold: Fold) -> LogIndex:
@@ -62,6 +68,7 @@ class SharedStore(Writers):
     fastforward = True
     claims_per_host = True
     command_tries = 5
+    snapshots = True
 
     def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
                   event_names: tuple[str, ...], fold: Fold) -> LogIndex:

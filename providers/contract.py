@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import msgspec
 
+from bb_environments.domain.status import CreateFailure
 
 T = TypeVar("T")
 
@@ -80,7 +81,7 @@ class Created(msgspec.Struct, frozen=True, tag="created", tag_field="status", re
 class CreateFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"):
     """`transient` failures are retried by the core after cleanup; `terminal` ones are final."""
 
-    failure: Literal["transient", "terminal"]
+    failure: CreateFailure
     message: str
 
 

@@ -32,7 +32,7 @@ from bb_environments.bus.wire.api_messages import (
     ThreadRef,
 )
 from bb_environments.bus.core.api_service import ApiError, Endpoint
-from bb_environments.bus.wire.documents import PUBLICATIONS
+from bb_environments.bus.core.publications import PUBLICATIONS
 from bb_environments.domain.errors import UnknownEnvironment, UnknownThread
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers.api import (
@@ -55,7 +55,7 @@ from bb_environments.handlers.commands import (
     NewEnvironment,
     UnarchiveThread,
 )
-from bb_environments.handlers.errors import InvalidInput, RequestError
+from bb_environments.domain.request_errors import InvalidInput, RequestError
 from bb_environments.handlers.machines import Machines
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView

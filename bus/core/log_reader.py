@@ -1,6 +1,6 @@
 """Turns the event store's notification log into the documents the bus carries.
 
-Each notification becomes its public document (`bus.documents`) and, for the read model, the
+Each notification becomes its public document (bus/core/publications.py) and, for the read model, the
 public view of its aggregate just after it (`projections.views`). One mapping serves the relay,
 the consumers that check the stream against the store, and `bb events replay`, so a rebuilt read
 model equals the live one by construction. The relay and consumers read on the store's log-reader
@@ -10,9 +10,9 @@ A rebuild reads `latest_views` instead of `page`: it needs neither the bus docum
 per event, only each aggregate's latest view per page, and making those was most of its time.
 
 Every read goes through `_notifications`, and every event through `projections.fold` (decoded with
-msgspec, folded by the aggregate's own methods). A SQLite log is read as plain rows, each
-aggregate id made once per reader: the library's `select_notifications` builds a frozen dataclass
-and a new UUID for every row, which cost a replay more than decoding and folding the event.
+msgspec, folded by the aggregate's own methods). A recorder that reads the log as plain rows
+(`select_rows`, the SQLite store's: entrypoints/sqlite_event_store.py) is read so; any other
+through the library's `select_notifications`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 from uuid import UUID
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.sqlite import SQLiteApplicationRecorder
 
-from bb_environments.bus.wire.documents import Document, document_for
+from bb_environments.bus.core.publications import document_for
+from bb_environments.bus.wire.documents import Document
 from bb_environments.domain.topics import topic_prefixes
 from bb_environments.projections.fold import EventDecoder, StoredNotification, fold
 from bb_environments.projections.views import VIEWED_AGGREGATES, EnvironmentView, ThreadView, ViewPage, public_view
@@ -35,7 +35,6 @@ from bb_environments.projections.views import VIEWED_AGGREGATES, EnvironmentView
 _CACHED_AGGREGATES = 4096
 # The relay reads each notification first; both log consumers then ask for it again a moment later.
 _CACHED_DOCUMENTS = 4096
-_CACHED_IDS = 4 * _CACHED_AGGREGATES
 # A rebuild writes each aggregate's latest view once per page: fewer, larger pages write fewer
 # (a page of rows is a few MB).
 REBUILD_PAGE = 10000
@@ -57,17 +56,12 @@ class LoggedDocument(NamedTuple):
         return subject == self.subject and (payload or b"") == self.payload()
 
 
-class _Row(NamedTuple):
-    """A notification of a SQLite log, as `_notifications` reads it."""
+@runtime_checkable
+class RowsRecorder(Protocol):
+    """A recorder that reads the log as plain rows, cheaper than its notifications."""
 
-    id: int
-    originator_id: UUID | str
-    originator_version: int
-    topic: str
-    state: bytes
-
-
-_new_row = tuple.__new__
+    def select_rows(self, start: int, limit: int, stop: int | None = None) -> Sequence[StoredNotification]:
+        """The notifications from `start` on, up to `stop` (None: the head), at most `limit` of them."""
 
 
 class LogReader:
@@ -77,9 +71,8 @@ class LogReader:
         self._states: OrderedDict[int, Any] = OrderedDict()
         # Notifications never change once written, so a document made from one serves every reader.
         self._documents: OrderedDict[int, LoggedDocument] = OrderedDict()
-        # Each aggregate id made once, not once per page: an aggregate's events span pages, and one
-        # UUID object for all its events makes fold's id check an identity check.
-        self._ids: dict[str, UUID | str] = {}
+        recorder = app.recorder
+        self._select_rows = recorder.select_rows if isinstance(recorder, RowsRecorder) else None
         self._head_seen = 0  # the head only grows: ids up to it need no look at the head
 
     def head(self) -> int:
@@ -134,23 +127,9 @@ class LogReader:
 
     def _notifications(self, start: int, limit: int, stop: int | None = None) -> Sequence[StoredNotification]:
         """The notifications from `start` on, up to `stop` (None: the head), at most `limit` of them."""
-        recorder = self._app.recorder
-        if not isinstance(recorder, SQLiteApplicationRecorder):
-            return recorder.select_notifications(start=start, limit=limit, stop=stop)
-        with recorder.datastore.transaction(commit=False) as cursor:
-            cursor.sqlite_cursor.row_factory = None  # tuples: the pool's sqlite3.Row is read by position anyway
-            cursor.execute(
-                f"SELECT rowid, originator_id, originator_version, topic, state FROM {recorder.events_table_name} "
-                "WHERE rowid >= ? AND rowid <= ? ORDER BY rowid LIMIT ?",
-                (start, (1 << 63) - 1 if stop is None else stop, limit))
-            rows = cursor.fetchall()
-        ids = self._ids
-        if len(ids) > _CACHED_IDS:
-            ids.clear()
-        convert = recorder.convert_originator_id
-        # tuple.__new__ makes a _Row without the Python call _Row(...) makes per row.
-        return [_new_row(_Row, (row[0], ids.get(row[1]) or ids.setdefault(row[1], convert(row[1])),
-                                row[2], row[3], row[4])) for row in rows]
+        if self._select_rows is not None:
+            return self._select_rows(start, limit, stop)
+        return self._app.recorder.select_notifications(start=start, limit=limit, stop=stop)
 
     def _document(self, notification: StoredNotification) -> LoggedDocument:
         event = self._decoder.decode(notification)

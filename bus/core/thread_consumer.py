@@ -29,7 +29,7 @@ from bb_environments.bus.wire.thread_events import (
 )
 from bb_environments.domain.errors import DomainError
 from bb_environments.handlers import commands
-from bb_environments.handlers.errors import RequestError, UnknownThreadMessage
+from bb_environments.domain.request_errors import RequestError, UnknownThreadMessage
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.providers.host.crash_points import crash_point

@@ -137,7 +137,7 @@ def may_have_taken_effect(lost: AnswerLost) -> AnswerLost:
 
 def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads | ListHistory,
             key: str) -> dict[str, Any]:
-    """Every page of a listing, as one document `{key: [...]}` (the API pages; see README). Pages
+    """Every page of a listing, as one document `{key: [...]}` (the API pages; see docs/bus.md). Pages
     as large as may be asked: the service still cuts each to what one message can carry."""
     request = msgspec.structs.replace(sendable(request), limit=MAX_PAGE)
     found: list[Any] = []

@@ -26,7 +26,7 @@ from bb_environments.entrypoints.cli.waiting import (
     REMOVED, SETTLED, TRANSCRIPT_POLL_S, Ends, change_and_wait, wait_options,
 )
 from bb_environments.entrypoints.config import Settings
-from bb_environments.handlers.errors import one_line
+from bb_environments.domain.request_errors import one_line
 
 if TYPE_CHECKING:  # opened by open_client, which imports it once the URL is known
     from bb_environments.bus.api_client.nats_client import ApiClient

@@ -19,7 +19,7 @@ from bb_environments.domain.ids import quoted
 from bb_environments.entrypoints.cli.connection import call, open_client
 from bb_environments.entrypoints.cli.support import Failure, emit, json_lines_option, json_option, run_command, stdout
 from bb_environments.entrypoints.config import ConfigError, Settings, serving
-from bb_environments.handlers.errors import one_line
+from bb_environments.domain.request_errors import one_line
 
 if TYPE_CHECKING:  # loads eventsourcing, which only an export that needs the store imports
     from bb_environments.entrypoints.event_store import StoredLog

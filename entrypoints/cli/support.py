@@ -20,7 +20,7 @@ from bb_environments.domain.ids import (
     HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, is_environment_id_prefix, quoted,
 )
 from bb_environments.entrypoints.config import ConfigError
-from bb_environments.handlers.errors import EXIT_CODES, one_line
+from bb_environments.domain.request_errors import EXIT_CODES, one_line
 
 if TYPE_CHECKING:
     import asyncio

@@ -20,6 +20,7 @@ import nats.aio.client
 import pytest
 from nats.js import JetStreamContext, api
 
+from bb_environments.bus.jetstream import JetStream
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.subjects import claimed_notification_id
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
@@ -33,12 +34,12 @@ SETTLED = {"ready", "error", "removed"}
 
 
 @contextlib.asynccontextmanager
-async def plain_jetstream(store_dir: Path, stream: api.StreamConfig) -> AsyncIterator[JetStreamContext]:
+async def plain_jetstream(store_dir: Path, stream: api.StreamConfig) -> AsyncIterator[JetStream]:
     """A nats-server without permissions, holding `stream`, and a JetStream context on it."""
     server = EmbeddedNats.start(store_dir)
     nc = await nats.connect(server.url)
     try:
-        context = nc.jetstream()
+        context = JetStream(nc)
         await context.add_stream(stream)
         yield context
     finally:

@@ -1,6 +1,7 @@
-"""docs/integrating.md's examples (examples/integrating/*.py), run as written against a real
-`bb serve`: a publisher with the typed client and with nats-py alone, a service reacting to
-outcomes, a subscriber; and the typed client's promises beyond them."""
+"""The examples of README and docs/integrating.md (examples/integrating/*.py), run as written
+against a real `bb serve`: a service getting a worktree for a thread, a publisher with the typed
+client and with nats-py alone, a service reacting to outcomes, a subscriber; and the typed
+client's promises beyond them."""
 
 from __future__ import annotations
 
@@ -53,6 +54,15 @@ async def line_with(process: asyncio.subprocess.Process, fragment: str, timeout:
         assert line, f"the example ended before printing {fragment!r}"
         if fragment in line:
             return line
+
+
+async def test_the_readme_example_gets_a_worktree_ready_for_its_thread_and_archives_it(service, git_repo):
+    code, out, err = await run_example(service, "quickstart.py", "t1", str(git_repo))
+    assert code == 0, err
+    assert out.startswith("thread t1 is ready in environment "), out
+    environment = await service.show(out.split()[-1])
+    assert (environment["providerId"], environment["projectPath"]) == ("git-worktree", str(git_repo))
+    assert (await service.wait_for(environment["id"], "removed"))["threadIds"] == []  # archived, so retired
 
 
 async def test_the_client_example_spawns_waits_for_ready_prints_the_events_and_archives(service):

@@ -12,24 +12,24 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js import JetStreamContext, api
+from nats.js import api
 from nats.js.errors import APIError
 
 from bb_environments.bus import jetstream
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.jetstream import PullFeed, consume, ensure_consumer
+from bb_environments.bus.jetstream import JetStream, PullFeed, consume, ensure_consumer
 from tests.integration.conftest import eventually, plain_jetstream
 
 
 @pytest.fixture
-async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
+async def js(tmp_path: Path) -> AsyncIterator[JetStream]:
     async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
             name="S", subjects=["s.>"], storage=api.StorageType.FILE)) as context:
         yield context
 
 
 @contextlib.asynccontextmanager
-async def consumed_in_order(js: JetStreamContext) -> AsyncIterator[list[bytes]]:
+async def consumed_in_order(js: JetStream) -> AsyncIterator[list[bytes]]:
     """What an in-order `consume` of the stream hands over while the block runs, as it comes."""
     handled: list[bytes] = []
 
@@ -44,7 +44,7 @@ async def consumed_in_order(js: JetStreamContext) -> AsyncIterator[list[bytes]]:
         await asyncio.gather(consuming, return_exceptions=True)
 
 
-async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_comes(js: JetStreamContext) -> None:
+async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_comes(js: JetStream) -> None:
     handled: list[bytes] = []
     batches: list[int] = []
     busy = asyncio.Event()
@@ -70,7 +70,7 @@ async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_c
 
 
 async def test_a_published_message_dressed_as_a_server_status_is_handed_over_and_blocks_nothing(
-        js: JetStreamContext) -> None:
+        js: JetStream) -> None:
     # What any publisher could send: an empty body with the header the server's status messages carry.
     async with consumed_in_order(js) as handled:
         await js.publish("s.a", b"", headers={"Status": "404"})
@@ -79,7 +79,7 @@ async def test_a_published_message_dressed_as_a_server_status_is_handed_over_and
 
 
 async def test_fetches_hand_over_what_arrived_in_order_and_an_expired_request_is_renewed(
-        js: JetStreamContext, monkeypatch: pytest.MonkeyPatch) -> None:
+        js: JetStream, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jetstream, "PULL_EXPIRES_S", 0.2)
     # Only the server's word that a request expired renews it within these fetches' timeouts: the
     # feed's own deadline for a request it never heard the end of lies far beyond them.
@@ -102,19 +102,19 @@ async def test_fetches_hand_over_what_arrived_in_order_and_an_expired_request_is
     assert [m.data for m in await feed.fetch(100, timeout=5)] == [b"late"]
 
 
-async def test_a_consumer_deleted_under_the_feed_is_an_error_not_a_silent_wait(js: JetStreamContext) -> None:
+async def test_a_consumer_deleted_under_the_feed_is_an_error_not_a_silent_wait(js: JetStream) -> None:
     await ensure_consumer(js, "S", "c", "s.>", in_order=False)
     feed = await PullFeed.bind(js, "c", "S")
     fetching = asyncio.create_task(feed.fetch(100, timeout=30))
     await asyncio.sleep(0)  # the fetch sends its request...
-    await js._nc.flush()  # ...which the server has once it answers a ping sent after it
+    await js.nc.flush()  # ...which the server has once it answers a ping sent after it
     await js.delete_consumer("S", "c")
     with pytest.raises((APIError, nats.errors.NoRespondersError)):
         await asyncio.wait_for(fetching, 10)
 
 
 async def test_a_durable_deleted_under_a_running_consumer_is_made_again_and_what_comes_after_is_handled(
-        js: JetStreamContext) -> None:
+        js: JetStream) -> None:
     async with consumed_in_order(js) as handled:
         await js.publish("s.a", b"before")
         await eventually(lambda: handled == [b"before"], "the message published before the deletion")

@@ -2,7 +2,7 @@
 described in the generated catalog; a stored log keeps its bytes; the read model's views are the
 aggregate's state.
 
-The registry (`bus.documents.PUBLICATIONS`) is keyed by the domain event class, so the events are
+The registry (`bus.core.publications.PUBLICATIONS`) is keyed by the domain event class, so the events are
 found by walking the aggregates, not by a list kept beside them.
 """
 
@@ -23,8 +23,9 @@ from eventsourcing.persistence import StoredEvent
 
 import bb_environments.domain as domain
 from bb_environments.entrypoints import catalog
-from bb_environments.bus.wire.documents import (PUBLICATIONS, ClaimEvent, EnvironmentEvent, HostClaimsEvent,
-                                                 RegisteredHostEvent, ThreadEvent, log_decoder)
+from bb_environments.bus.core.publications import PUBLICATIONS, log_decoder
+from bb_environments.bus.wire.documents import (ClaimEvent, EnvironmentEvent, HostClaimsEvent, RegisteredHostEvent,
+                                                ThreadEvent)
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
@@ -149,7 +150,7 @@ def app():
 def test_every_event_of_every_aggregate_has_a_document():
     assert {Environment, Thread, PathClaim} <= set(aggregates())
     missing = sorted(e.__qualname__ for e in ALL_EVENTS - set(PUBLICATIONS))
-    assert not missing, f"no public document for {missing}: declare one with @publishes in bus/wire/documents.py"
+    assert not missing, f"no public document for {missing}: give it one in bus/core/publications.py"
     assert set(PUBLICATIONS) == ALL_EVENTS
     types = [p.type for p in PUBLICATIONS.values()]
     assert len(set(types)) == len(types), "two documents of the log share a `type`: the log decoder cannot tell them apart"

@@ -8,7 +8,7 @@ from bb_environments.bus.access import check_host_id
 from bb_environments.entrypoints.cli.support import Failure, host_id_argument
 from bb_environments.entrypoints.config import ConfigError, Settings
 from bb_environments.handlers import placement
-from bb_environments.handlers.errors import InvalidInput
+from bb_environments.domain.request_errors import InvalidInput
 
 
 def test_a_host_id_that_does_not_start_with_a_letter_or_digit_is_refused_at_start(monkeypatch):

@@ -63,7 +63,7 @@ def test_loading_the_host_agent_loads_no_event_store_read_model_or_service_layer
 def test_the_rules_catch_the_typed_client_loading_the_service():
     graph = import_graph()
     edges = graph.graph()
-    edges["bb_environments.client.client"].add("bb_environments.bus.wire.documents")  # which loads eventsourcing
+    edges["bb_environments.client.client"].add("bb_environments.domain.topics")  # which loads eventsourcing
     edges["bb_environments.client.streams"].add("bb_environments.bus.api_client.nats_client")
     faults = graph.wrong_way(edges)
     assert "bb_environments.client.streams -> bb_environments.bus.api_client.nats_client: " \
@@ -88,3 +88,19 @@ def test_the_typed_client_ships_its_py_typed_marker():
     from importlib.resources import files
 
     assert files("bb_environments.client").joinpath("py.typed").is_file()
+
+
+def test_loading_every_cli_command_loads_nothing_of_the_service_layer_or_event_store():
+    """`bb` reads its errors' exit codes from domain/request_errors.py, not from the core's handlers."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, importlib, pkgutil, bb_environments.entrypoints.bb, "
+                               "bb_environments.entrypoints.cli as cli\n"
+                               "for m in pkgutil.iter_modules(cli.__path__): "
+                               "m.name == '__main__' or importlib.import_module(cli.__name__ + '.' + m.name)\n"
+                               "print('\\n'.join(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    core = [m for m in loaded if m.split(".")[0] in ("eventsourcing", "aiosqlite")
+            or m.startswith(("bb_environments.handlers", "bb_environments.projections", "bb_environments.bus.core"))]
+    assert core == []
+    assert "bb_environments.entrypoints.cli.environment" in loaded

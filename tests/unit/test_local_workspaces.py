@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.handlers.errors import InvalidInput
+from bb_environments.domain.request_errors import InvalidInput
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.providers.contract import Created, CreateFailed, InvalidInputs, Previous, ProviderMissing

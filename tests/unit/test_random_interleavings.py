@@ -26,7 +26,7 @@ from bb_environments.bus.wire.thread_events import (
 )
 from bb_environments.handlers.application import Environments
 from bb_environments.domain.errors import DomainError
-from bb_environments.handlers.errors import RequestError
+from bb_environments.domain.request_errors import RequestError
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store

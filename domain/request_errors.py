@@ -1,4 +1,5 @@
-"""Errors a request can end in, each with the code the CLI maps to its exit status (SPEC §3)."""
+"""Errors a request can end in, each with the code the CLI maps to its exit status (SPEC §3): shared by
+the core, which answers with them, and the CLI, which loads nothing of the core to read them."""
 
 from __future__ import annotations
 
