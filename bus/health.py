@@ -54,6 +54,7 @@ yet, insufficient storage...)."""
 STORAGE_EXCEEDED = 10047
 INSUFFICIENT_RESOURCES = 10023
 """A single server's refusals of a stream it has no room for."""
+STREAM_NOT_FOUND = 10059
 
 
 def unavailable(error: BaseException) -> bool:
@@ -69,6 +70,12 @@ def short_of_room(error: BaseException) -> bool:
         error.err_code in (STORAGE_EXCEEDED, INSUFFICIENT_RESOURCES)
         or (_refused_placement(error) and "insufficient storage" in (error.description or "")
             and "offline" not in (error.description or "")))  # a peer that is back may have the room
+
+
+def _not_caught_up(error: BaseException) -> bool:
+    """At a start, a stream that was made a moment ago (by this replica or another) is unknown to
+    a server whose share of the cluster's metadata is not current yet."""
+    return isinstance(error, APIError) and error.err_code == STREAM_NOT_FOUND
 
 
 def _refused_placement(error: BaseException) -> bool:
@@ -187,7 +194,7 @@ class BusHealth:
             try:
                 answer = await ask()
             except Exception as error:
-                if not unavailable(error):
+                if not (unavailable(error) or _not_caught_up(error)):
                     raise
                 await bus.pause(error)
                 continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventsourcing.persistence import IntegrityError, InternalError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -55,6 +56,8 @@ from bb_environments.providers.workspaces import LocalWorkspaces, provider_dir
 # Whether a cached aggregate is read again from the store on a hit is the writers' strategy's
 # (handlers/writers.py): with one writer it never is.
 AGGREGATE_CACHE = {"AGGREGATE_CACHE_MAXSIZE": "10000"}
+TABLES_RACED = 5
+"""How often a start tries to open a new PostgreSQL store whose tables other replicas make at once."""
 
 
 class StoreUnusable(RuntimeError):
@@ -119,13 +122,24 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
 
     # A SQLite store has one writer, serve's lock beside it says which; a PostgreSQL one may be shared.
     writers = SingleWriter() if event_store_file(settings.event_store) else SharedStore()
-    try:
-        app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
-                           grace_for=grace_for, writers=writers,
-                           limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project))
-    except Exception as unusable:
-        store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
-        raise StoreUnusable(f"the event store {store_name} cannot be opened: {unusable}") from None
+    for attempt in range(1, TABLES_RACED + 1):
+        try:
+            app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
+                               grace_for=grace_for, writers=writers,
+                               limits=LiveLimits(settings.max_live_environments,
+                                                 settings.max_live_environments_per_project))
+            break
+        except (IntegrityError, InternalError):
+            # Replicas starting together on a new database each create its tables: PostgreSQL lets
+            # one win and fails the others' CREATE ("tuple concurrently updated", a duplicate
+            # type). Asked again, the tables are there.
+            if attempt == TABLES_RACED:
+                raise StoreUnusable(f"the event store named by BB_EVENT_STORE cannot be opened: its tables "
+                                    f"could not be made in {TABLES_RACED} attempts") from None
+            await asyncio.sleep(0.2 * attempt)
+        except Exception as unusable:
+            store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
+            raise StoreUnusable(f"the event store {store_name} cannot be opened: {unusable}") from None
     store = Store(app)
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
