@@ -119,6 +119,7 @@ async def test_a_start_waits_for_a_forming_cluster_and_says_once_what_it_waits_f
     health.back(nc)  # connected at last (jetstream.connect says so)
     answers = iter([ServiceUnavailableError(code=503), NoStreamResponseError(),
                     BadRequestError(code=400, err_code=10005, description="no suitable peers for placement, peer offline"),
+                    NotFoundError(code=404, err_code=10059, description="stream not found"),  # a server not current yet
                     "made"])
 
     async def make_streams() -> str:
