@@ -6,6 +6,7 @@ requests) finds out on its own too, as timeouts, 503s, "no responders" or a clos
 They all report here instead of logging: the first report of an outage logs it, and the last
 one to recover logs that it is over. A loop waits between attempts (0.1 s, doubling up to 5 s)
 and then simply goes on; nothing the service runs ends because the bus was away for a while.
+A start waits the same way (`once_answered`) for a cluster still forming, and says once what for.
 Errors that are not the bus being away (a permissions violation, a refused request) are logged
 as they come.
 """
@@ -16,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 from nats.aio.client import Client
 from nats.errors import (
@@ -33,6 +34,7 @@ from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableEr
 from bb_environments.providers.host.backoff import Backoff
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FIRST_PAUSE_S = 0.1
 LONGEST_PAUSE_S = 5.0
@@ -46,9 +48,38 @@ BUS_UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+NO_SUITABLE_PEERS = 10005
+"""JetStream's refusal to place a stream: its description says why (a peer offline or not current
+yet, insufficient storage...)."""
+STORAGE_EXCEEDED = 10047
+INSUFFICIENT_RESOURCES = 10023
+"""A single server's refusals of a stream it has no room for."""
+STREAM_NOT_FOUND = 10059
+
+
 def unavailable(error: BaseException) -> bool:
-    """The bus (a server, a stream's leader, a responder) is away: worth waiting for, not a failure."""
-    return isinstance(error, BUS_UNAVAILABLE)
+    """The bus (a server, a stream's leader, a responder, a peer of the cluster) is away: worth
+    waiting for, not a failure."""
+    return isinstance(error, BUS_UNAVAILABLE) or (_refused_placement(error) and not short_of_room(error))
+
+
+def short_of_room(error: BaseException) -> bool:
+    """The servers have no room for a stream: no wait makes it (JetStream's code on a single
+    server, its placement's reason in a cluster)."""
+    return isinstance(error, APIError) and (
+        error.err_code in (STORAGE_EXCEEDED, INSUFFICIENT_RESOURCES)
+        or (_refused_placement(error) and "insufficient storage" in (error.description or "")
+            and "offline" not in (error.description or "")))  # a peer that is back may have the room
+
+
+def _not_caught_up(error: BaseException) -> bool:
+    """At a start, a stream that was made a moment ago (by this replica or another) is unknown to
+    a server whose share of the cluster's metadata is not current yet."""
+    return isinstance(error, APIError) and error.err_code == STREAM_NOT_FOUND
+
+
+def _refused_placement(error: BaseException) -> bool:
+    return isinstance(error, APIError) and error.err_code == NO_SUITABLE_PEERS
 
 
 def describe(error: BaseException) -> str:
@@ -68,11 +99,14 @@ class ConnectionCallbacks(TypedDict):
 
 
 class BusHealth:
-    def __init__(self) -> None:
+    def __init__(self, starting: bool = False) -> None:
+        """`starting`: the service waits for the bus before it serves, until `started()`: what it
+        waits for meanwhile (a cluster still forming, its servers still starting) is told once."""
         self._troubles: dict[object, str] = {}  # who is waiting for the bus, and why
         self._since: float | None = None  # when the outage being told began
         self._cleared = 0.0
         self._telling_back: asyncio.TimerHandle | None = None
+        self._starting = starting
 
     @property
     def available(self) -> bool:
@@ -84,21 +118,35 @@ class BusHealth:
             self._telling_back = None
         elif self._since is None:
             self._since = time.monotonic()
-            log.warning("lost the NATS bus (%s); waiting for it to come back", why)
+            if self._starting:
+                log.warning("waiting for the NATS cluster before serving (%s); a cluster still forming is "
+                            "waited for as long as it takes", why)
+            else:
+                log.warning("lost the NATS bus (%s); waiting for it to come back", why)
         self._troubles.setdefault(who, why)
 
     def back(self, who: object) -> None:
         if self._troubles.pop(who, None) is None or self._troubles or self._since is None:
             return
         # Told a moment later: a connection that came back to another node of a cluster whose
-        # stream is still without its leader is the same outage, not a second one.
+        # stream is still without its leader is the same outage, not a second one. A start's
+        # waits are one, told when it is over.
         self._cleared = time.monotonic()
+        if self._starting:
+            return
         self._telling_back = asyncio.get_running_loop().call_later(SETTLE_S, self._tell_back)
 
     def _tell_back(self) -> None:
         assert self._since is not None  # `back` schedules this only during an outage, and `lost` cancels it
         log.warning("the NATS bus is back after %.1f s", self._cleared - self._since)
         self._since, self._telling_back = None, None
+
+    def started(self) -> None:
+        """The service serves: an outage from now on is one of its own."""
+        self._starting = False
+        if self._since is not None and not self._troubles:
+            log.warning("the NATS cluster answered after %.1f s", self._cleared - self._since)
+            self._since = None
 
     def noticed(self, what: str, error: BaseException) -> None:
         """A failure that nobody retries (a reply, a notice that is asked for again anyway):
@@ -109,11 +157,18 @@ class BusHealth:
     def watch(self, nc: Client, name: str) -> ConnectionCallbacks:
         """nats-py callbacks for `nc`, to pass to its `connect`."""
 
+        refused = [0]
+
         async def error(error: Exception) -> None:
             # The end of the connection (EOF, a stale one), then each failed attempt to reconnect;
             # anything else, a refusal of our credentials included, is worth its line.
             if isinstance(error, StaleConnectionError) or (nc.is_reconnecting and isinstance(error, OSError)):
                 self.lost(nc, f"connection {name}: {describe(error)}")
+            elif isinstance(error, OSError) and not nc.is_connected:
+                # The first connection goes on to the next server: a wait once none answered.
+                refused[0] += 1
+                if refused[0] >= len(nc.servers):
+                    self.lost(nc, f"connection {name}: no server answers, the last {describe(error)}")
             else:
                 self.noticed(f"nats ({name})", error)
 
@@ -128,6 +183,23 @@ class BusHealth:
 
     def retry(self, what: str) -> Retry:
         return Retry(self, what)
+
+    async def once_answered(self, what: str, ask: Callable[[], Awaitable[T]]) -> T:
+        """`ask()`'s answer, asked again for as long as the bus is away: at a start, a cluster
+        still forming (no meta leader, a stream or bucket whose leader is not elected yet, a peer
+        offline or catching up) is waited for, with one line saying what for. Anything else,
+        a cluster without room for a stream included, is `ask`'s to raise."""
+        bus = self.retry(what)
+        while True:
+            try:
+                answer = await ask()
+            except Exception as error:
+                if not (unavailable(error) or _not_caught_up(error)):
+                    raise
+                await bus.pause(error)
+                continue
+            bus.succeeded()
+            return answer
 
 
 class Retry:

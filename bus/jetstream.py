@@ -26,7 +26,7 @@ from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFo
 
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.server_file import nats_servers
-from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
+from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, short_of_room, unavailable
 from bb_environments.providers.host.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ async def connect(url: str, name: str, health: BusHealth, inbox_prefix: str,
     await nc.connect(nats_servers(url), name=name, inbox_prefix=inbox_prefix, max_reconnect_attempts=-1,
                      reconnect_time_wait=0.5,  # type: ignore[arg-type]
                      **health.watch(nc, name), **options)
+    health.back(nc)  # no longer waiting for a server, if it was
     return nc
 
 
@@ -123,21 +124,60 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
     )
 
 
+class NoRoomForStreams(RuntimeError):
+    """The NATS servers cannot hold a stream the service needs; the message says which, the room it
+    needs and what changes it, in one sentence."""
+
+
+async def prepare_bus(js: JetStreamContext, health: BusHealth, threads_max_age_s: float, threads_max_bytes: int,
+                      replicas: int, host_id: str) -> None:
+    """The streams, the thread partitions' consumers and the hosts' bucket a core needs before it
+    starts, each waited for while the cluster forms (BusHealth.once_answered)."""
+    await health.once_answered("the streams", lambda: ensure_streams(js, threads_max_age_s, threads_max_bytes, replicas))
+    await health.once_answered("the thread partitions' consumers", lambda: ensure_thread_partition_consumers(js))
+    await health.once_answered("the retired consumers", lambda: retire_provisioner_consumer(js))
+    await health.once_answered("the hosts' bucket", lambda: ensure_hosts(js, [host_id], replicas))
+
+
 async def ensure_streams(js: JetStreamContext, threads_max_age_s: float, threads_max_bytes: int,
                          replicas: int = 1) -> None:
     """Create the streams, or give existing ones today's settings (a changed retention, say), each
     stored on `replicas` servers of the cluster. A replicated stream takes no publish before its
-    servers elected a leader: each is waited for."""
+    servers elected a leader: each is waited for. Servers without room for one: NoRoomForStreams."""
     for config in _streams(threads_max_age_s, threads_max_bytes):
         config.num_replicas = replicas
         try:
             await js.add_stream(config)
-        except BadRequestError as refused:
-            if refused.err_code != STREAM_NAME_IN_USE:  # no room on the servers, say: theirs to say why
+        except APIError as refused:
+            if short_of_room(refused):
+                raise NoRoomForStreams(_no_room(config, threads_max_bytes, replicas)) from None
+            if not isinstance(refused, BadRequestError) or refused.err_code != STREAM_NAME_IN_USE:
                 raise
             await js.update_stream(config)
         if replicas > 1:
             await _until_led(js, config.name or "")
+
+
+def _no_room(refused: api.StreamConfig, threads_max_bytes: int, replicas: int) -> str:
+    servers = "the NATS server has" if replicas == 1 else "the NATS servers have"
+    reserved = f"{_size(threads_max_bytes)} (BB_THREADS_MAX_BYTES)"
+    threads, mirror = subjects.THREADS_STREAM, subjects.THREAD_PARTITIONS_STREAM
+    if refused.name in (threads, mirror):
+        other = f"its mirror {mirror}" if refused.name == threads else threads
+        why = f"it reserves {reserved} on each server that holds it, as does {other}"
+    else:
+        why = f"{threads} and its mirror {mirror} reserve {reserved} each on every server that holds them"
+    return (f"{servers} no room for stream {refused.name}: {why}, so give each server a max_file_store above "
+            f"{_size(2 * threads_max_bytes)} or lower BB_THREADS_MAX_BYTES")
+
+
+def _size(count: int) -> str:
+    size = float(count)
+    for unit in ("bytes", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:g} {unit}"
+        size /= 1024
+    return f"{size:g} GiB"
 
 
 async def _until_led(js: JetStreamContext, stream: str) -> None:
@@ -156,11 +196,15 @@ async def ensure_hosts(js: JetStreamContext, host_ids: list[str], replicas: int 
 
 
 async def ensure_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> KeyValue:
-    """A key-value bucket, created with `config` unless it exists (it keeps its own settings then)."""
+    """A key-value bucket, created with `config` unless it exists (it keeps its own settings then),
+    once its servers elected a leader (a new one takes no write before)."""
     try:
-        return await js.key_value(config.bucket)
+        bucket = await js.key_value(config.bucket)
     except BucketNotFoundError:
-        return await js.create_key_value(config)
+        bucket = await js.create_key_value(config)
+    if config.replicas > 1:
+        await _until_led(js, f"KV_{config.bucket}")
+    return bucket
 
 
 async def ensure_host_jobs_consumer(js: JetStreamContext, host_id: str) -> None:

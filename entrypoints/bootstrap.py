@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventsourcing.persistence import IntegrityError, InternalError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -59,6 +60,8 @@ from bb_environments.handlers.store import StoreLedger
 # Whether a cached aggregate is read again from the store on a hit is the writers' strategy's
 # (handlers/writers.py): with one writer it never is.
 AGGREGATE_CACHE = {"AGGREGATE_CACHE_MAXSIZE": "10000"}
+TABLES_RACED = 5
+"""How often a start tries to open a new PostgreSQL store whose tables other replicas make at once."""
 
 
 class StoreUnusable(RuntimeError):
@@ -125,13 +128,24 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
 
     # A SQLite store has one writer, serve's lock beside it says which; a PostgreSQL one may be shared.
     writers = SingleWriter() if event_store_file(settings.event_store) else SharedStore()
-    try:
-        app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
-                           grace_for=grace_for, writers=writers,
-                           limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project))
-    except Exception as unusable:
-        store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
-        raise StoreUnusable(f"the event store {store_name} cannot be opened: {unusable}") from None
+    for attempt in range(1, TABLES_RACED + 1):
+        try:
+            app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
+                               grace_for=grace_for, writers=writers,
+                               limits=LiveLimits(settings.max_live_environments,
+                                                 settings.max_live_environments_per_project))
+            break
+        except (IntegrityError, InternalError):
+            # Replicas starting together on a new database each create its tables: PostgreSQL lets
+            # one win and fails the others' CREATE ("tuple concurrently updated", a duplicate
+            # type). Asked again, the tables are there.
+            if attempt == TABLES_RACED:
+                raise StoreUnusable(f"the event store named by BB_EVENT_STORE cannot be opened: its tables "
+                                    f"could not be made in {TABLES_RACED} attempts") from None
+            await asyncio.sleep(0.2 * attempt)
+        except Exception as unusable:
+            store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
+            raise StoreUnusable(f"the event store {store_name} cannot be opened: {unusable}") from None
     store = Store(app)
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
@@ -143,15 +157,16 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
         registry, settings.data_dir, ports.transcript, containment=host_containment(settings.data_dir / "containment"),
         workspace_user=run_hooks_as(settings))
     hosts = HostRouter(registry, core_host, ports.remote, here, settings.host_id)
-    machines = Machines(store, ports.hosts, read_model, settings.host_id)
+    machines = Machines(store, ports.hosts, read_model, settings.host_id, agent_here=here is not None)
     await machines.record_seeded_hosts()
-    placer = Placer(hosts, settings.host_id, machines.known, settings.project_roots)
+    placer = Placer(hosts, settings.host_id, machines.known, settings.project_roots,
+                    default_host=settings.default_host, agent_here=here is not None)
     provisioner = Provisioner(store, placer, hosts, ports.transcript,
                               timedelta(seconds=settings.transient_retry_s), share=ports.share,
                               activity_elsewhere=ports.activity_elsewhere)
     started.push_async_callback(provisioner.stop)
-    threads = ThreadHandlers(store, placer, hosts, settings.host_id)
-    doctor = Doctor(store, hosts, provisioner, settings.host_id)
+    threads = ThreadHandlers(store, placer, hosts)
+    doctor = Doctor(store, hosts, provisioner, settings.host_id, machines.known)
     api = Api(store, read_model, placer, hosts, threads, provisioner, doctor, settings.host_id,
               ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for)
     return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here,

@@ -82,6 +82,9 @@ class Settings(msgspec.Struct, frozen=True):
     stream_replicas: int = 1
     """The replica count of every stream and bucket the service creates (BB_STREAM_REPLICAS): 3 on a
     3-node NATS cluster, 1 on the embedded server."""
+    default_host: str | None = None
+    """The host a spawn that names none goes to (BB_DEFAULT_HOST); None: this service's own host,
+    while an agent serves it (its own, or a `bb agent` of that id), and otherwise such a spawn is refused."""
     run_git_hooks: bool = False
     """BB_GIT_HOOKS=run: a setup first runs the post-checkout hook its workspace's checkout owes
     (providers/git_commands.py); off, the repository's git hooks never run."""
@@ -119,6 +122,8 @@ class Settings(msgspec.Struct, frozen=True):
             workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
             replica_id=_replica_id(replica_id or os.environ.get("BB_REPLICA_ID") or host_id),
             stream_replicas=_stream_replicas(os.environ.get("BB_STREAM_REPLICAS")),
+            default_host=_host_id(os.environ["BB_DEFAULT_HOST"], "BB_DEFAULT_HOST")
+            if os.environ.get("BB_DEFAULT_HOST") else None,
             run_git_hooks=_git_hooks_mode() == "run",
         )
 
@@ -232,11 +237,11 @@ def event_store_file(url: str) -> "Path | None":
     return Path(unquote(parsed.path)).resolve() if parsed.scheme == "sqlite" else None
 
 
-def _host_id(raw: str) -> str:
+def _host_id(raw: str, setting: str = "BB_HOST_ID") -> str:
     try:
         return check_host_id(raw)
     except ValueError as bad:
-        raise ConfigError(f"BB_HOST_ID: {bad}") from None
+        raise ConfigError(f"{setting}: {bad}") from None
 
 
 def _replica_id(raw: str) -> str:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.core.replicas import (
     ActivityAcrossReplicas, DriveShare, Lease, Presence, ReplicaRefused, join, lease_holder, leases_bucket, live_replica_count)
-from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
+from bb_environments.bus.health import BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.agent.heartbeat import beat
 from bb_environments.bus.agent.job_worker import HostJobWorker
@@ -44,9 +44,7 @@ from bb_environments.bus.core.host_directory import BusHostDirectory
 from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
 from bb_environments.bus.core.ledger_answers import answer_ledger_questions
 from bb_environments.bus.core.remote_host import RemoteHost
-from bb_environments.bus.jetstream import (
-    ConnectOptions, JetStream, connect, ensure_hosts, ensure_streams, ensure_thread_partition_consumers,
-    retire_provisioner_consumer)
+from bb_environments.bus.jetstream import ConnectOptions, JetStream, NoRoomForStreams, connect, ensure_hosts, prepare_bus
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.thread_messages import StreamPorts
@@ -188,7 +186,7 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
             raise
     except ServeError:
         raise
-    except (NatsServerUnavailable, StoreUnusable, ConfigError) as failed:
+    except (NatsServerUnavailable, StoreUnusable, ConfigError, NoRoomForStreams) as failed:
         raise ServeError(str(failed)) from None
     except Exception as failed:
         # One line for the operator; where it failed is for whoever debugs it.
@@ -219,19 +217,16 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     nats_url = embedded.url if embedded else settings.nats_url
     assert nats_url  # without a NATS url of its own, serve starts an embedded server
     loop = asyncio.get_running_loop()
-    health = BusHealth()  # one report of an outage for every connection and loop below
+    health = BusHealth(starting=True)  # one report of an outage for every connection and loop below
     nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, SERVICE_INBOX_PREFIX,
                        **connect_options(settings, credentials, SERVICE_USER))
     started.push_async_callback(_close, nc)
     js = JetStream(nc)
-    await _until_answered(health, "the streams", lambda: ensure_streams(
-        js, settings.threads_max_age_s, settings.threads_max_bytes, settings.stream_replicas))
-    await _until_answered(health, "the thread partitions' consumers", lambda: ensure_thread_partition_consumers(js))
-    await retire_provisioner_consumer(js)
+    await prepare_bus(js, health, settings.threads_max_age_s, settings.threads_max_bytes, settings.stream_replicas,
+                      settings.host_id)
     host_seeds = credentials or Credentials(settings.data_dir / "credentials")
-    await ensure_hosts(js, [settings.host_id], settings.stream_replicas)
-    presence = await _present(settings, js, started)
-    replication = await _replication(settings, nc, js)
+    presence = await _present(settings, js, health, started)
+    replication = await _replication(settings, nc, js, health)
 
     liveness = HostLiveness(js)
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
@@ -264,7 +259,8 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     if replication is not None:
         started.push_async_callback(_unsubscribe, await replication.activity.hear(core.provisioner.heard_activity))
     # Every host the log knows has its queue, whichever replica registered it.
-    await ensure_hosts(js, await core.machines.known(), settings.stream_replicas)
+    known_hosts = await core.machines.known()
+    await health.once_answered("the hosts' job queues", lambda: ensure_hosts(js, known_hosts, settings.stream_replicas))
     started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))
     agent_work: list[Coroutine[Any, Any, None]] = []
     if core.here is not None and agent_nc is not None:
@@ -298,42 +294,32 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
         kept.append(embedded.watch(lambda server: server_file.update(nats_pid=server.pid)))
     tasks.extend(asyncio.create_task(k) for k in kept)
     past_start.set()
+    health.started()
     if ready:
         ready(msgspec.to_builtins(server_file.info))
     await _until_stopped_or_failed(stop, tasks)
 
 
-async def _present(settings: Settings, js: JetStreamContext, started: contextlib.AsyncExitStack) -> Presence:
+async def _present(settings: Settings, js: JetStreamContext, health: BusHealth,
+                   started: contextlib.AsyncExitStack) -> Presence:
     """Enter this replica's presence, kept while it runs whatever its store: refused beside a
     replica of the same id, or beside any other when either's store is SQLite."""
     store = "sqlite" if event_store_file(settings.event_store) else "postgresql"
     try:
-        presence = await join(js, settings.replica_id, settings.data_root, store, settings.stream_replicas)
+        presence = await join(js, settings.replica_id, settings.data_root, store, settings.stream_replicas, health)
     except ReplicaRefused as refused:
         raise ServeError(str(refused)) from None
     started.push_async_callback(presence.leave)
     return presence
 
 
-async def _replication(settings: Settings, nc: Client, js: JetStreamContext) -> Replication | None:
+async def _replication(settings: Settings, nc: Client, js: JetStreamContext, health: BusHealth) -> Replication | None:
     """What a replica on a store several replicas may share shares with them (None: an SQLite store)."""
     if event_store_file(settings.event_store):
         return None
-    leases, holder = await leases_bucket(js, settings.stream_replicas), lease_holder(settings.replica_id)
+    leases, holder = await leases_bucket(js, settings.stream_replicas, health), lease_holder(settings.replica_id)
     return Replication(DriveShare(leases, holder, lambda: live_replica_count(js)),
                        Lease(leases, subjects.RELAY_LEASE, holder), ActivityAcrossReplicas(nc))
-
-
-async def _until_answered(health: BusHealth, what: str, ask: Callable[[], Awaitable[None]]) -> None:
-    """A start rides out a server or a stream leader that is away (a node of the cluster restarting)."""
-    bus = health.retry(what)
-    while True:
-        try:
-            await ask()
-            bus.succeeded()
-            return
-        except BUS_UNAVAILABLE as away:
-            await bus.pause(away)
 
 
 async def _close(nc: Any) -> None:

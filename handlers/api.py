@@ -47,6 +47,7 @@ from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.projections.history import EnvironmentHistory, LoggedEvent, NotRecorded
 from bb_environments.projections.read_model import ReadModel, ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView, ViewPage
+from bb_environments.providers.contract import Availability
 from bb_environments.providers.registry import ProviderDescription
 
 T = TypeVar("T")
@@ -189,15 +190,23 @@ class Api:
     # -- queries -------------------------------------------------------------------------------
 
     async def providers(self) -> list[ProviderDescription]:
-        """The providers of this host, each with the policy in force: BB_RETIRE_GRACE_MS replaces
-        the grace a provider declares, and an operator reads what will happen, not the default."""
+        """The providers of the host a spawn goes to by default (else this service's own), each
+        with the policy in force: BB_RETIRE_GRACE_MS replaces the grace a provider declares, and
+        an operator reads what will happen, not the default. While that host's agent is away, each
+        is as this service's release declares it, its availability waiting for the agent."""
         try:
-            described_here = await self._hosts.host(self._host_id).providers(self._host_id)
+            host_id = await self._placer.default_host()
+        except InvalidInput:  # no host to place on by default: the providers are the same everywhere
+            host_id = self._host_id
+        try:
+            described_there = await self._hosts.host(host_id).providers(host_id)
         except HostUnavailable as away:
-            raise Unavailable(f"the providers of host {self._host_id!r} are unknown while its agent is away: {away}") from None
+            waiting = Availability("blocked", str(away))  # which host, and since when
+            described_there = [ProviderDescription.of(profile, waiting)
+                               for profile in self._hosts.profiles().values()]
         return [msgspec.structs.replace(described, policy=msgspec.structs.replace(
                     described.policy, retire_grace_ms=self._grace_for(described.id)))
-                for described in described_here]
+                for described in described_there]
 
     async def list_environments(self, query: EnvironmentQuery) -> Page[EnvironmentView]:
         if query.after is not None:
@@ -298,7 +307,7 @@ class Api:
 
     async def spawn_thread(self, request: Spawn) -> SpawnedThread:
         thread_id = check_thread_id(request.thread_id or f"t-{uuid4().hex[:16]}")
-        host_id = await self._placer.check_known(check_host_id(request.host_id or self._host_id))
+        host_id = await self._placer.check_known(check_host_id(request.host_id or await self._placer.default_host()))
         if request.parent_thread_id is not None:
             check_thread_id(request.parent_thread_id)
         intent = await self._intent(request, host_id)

@@ -12,7 +12,7 @@ on its environment. Each step is safe to repeat: a kill leaves what the next doc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -83,19 +83,24 @@ def compare(host_id: str, survey: Survey, environments: list[Environment]) -> Fi
 
 
 class Doctor:
-    def __init__(self, store: Store, hosts: Hosts, provisioner: Provisioner, host_id: str) -> None:
+    def __init__(self, store: Store, hosts: Hosts, provisioner: Provisioner, host_id: str,
+                 known_hosts: Callable[[], Awaitable[list[str]]] | None = None) -> None:
+        """`known_hosts`: the hosts environments may be placed on (default: this service's own)."""
         self._store = store
         self._app = store.app
         self._hosts = hosts
         self._provisioner = provisioner
         self._host_id = host_id
+        self._known_hosts = known_hosts
 
     async def examine(self) -> Findings:
-        """Every host's findings: this service's own host, and every host the log places work on.
+        """Every host's findings: this service's own host (while an agent serves it: a replica with
+        --no-agent is no machine), and every host the log places work on.
         Raises HostUnavailable when a host does not answer (its findings would be unknown)."""
         environments = await self._store.run(self._app.live_environments)
         projects = await self._store.run(self._app.worktree_projects)
-        hosts = sorted({self._host_id, *projects, *(environment.host_id for environment in environments)})
+        own = [self._host_id] if self._known_hosts is None or self._host_id in await self._known_hosts() else []
+        hosts = sorted({*own, *projects, *(environment.host_id for environment in environments)})
         orphans: dict[tuple[str, str], Orphan] = {}
         missing: list[Missing] = []
         for host_id in hosts:

@@ -45,12 +45,15 @@ class Machine:
 
 
 class Machines:
-    def __init__(self, store: Store, hosts: HostDirectory, read_model: ReadModel, own_host_id: str) -> None:
+    def __init__(self, store: Store, hosts: HostDirectory, read_model: ReadModel, own_host_id: str,
+                 agent_here: bool = True) -> None:
+        """`agent_here`: the agent of this service's own host runs in it (`bb serve` without --no-agent)."""
         self._store = store
         self._registry = store.app.hosts
         self._hosts = hosts
         self._read_model = read_model
         self._own_host_id = own_host_id
+        self._agent_here = agent_here
 
     async def record_seeded_hosts(self) -> None:
         """Record as registered each host whose seed this replica keeps and the log never heard of:
@@ -59,8 +62,11 @@ class Machines:
         await self._store.run(self._registry.register_seeded, self._hosts.seeded())
 
     async def known(self) -> list[str]:
-        """Every host an environment may be placed on: this service's own and each registered one."""
-        return sorted({self._own_host_id, *await self._registered()})
+        """Every host an environment may be placed on: each registered one, and this service's own
+        while an agent serves it (its own, or a `bb agent` of that id that has been heard from).
+        A replica with --no-agent is not a machine of its own: it only decides."""
+        own = [self._own_host_id] if self._agent_here or await self._hosts.last_seen(self._own_host_id) else []
+        return sorted({*own, *await self._registered()})
 
     async def register(self, host_id: str, rotate: bool) -> Registered:
         check_host_id(host_id)
@@ -81,7 +87,9 @@ class Machines:
         counts = await self._read_model.live_environments_by_host()
         now = datetime.now(timezone.utc)
         listed = []
-        for host_id in await self.known():
+        # The own host of a service without its agent is listed only while environments live on it.
+        hosts = {*await self.known(), *([self._own_host_id] if counts.get(self._own_host_id) else [])}
+        for host_id in sorted(hosts):
             seen = await self._hosts.last_seen(host_id)
             status: Literal["online", "offline", "never-seen"] = (
                 "never-seen" if seen is None else "online" if heard_recently(seen, now) else "offline")

@@ -68,13 +68,18 @@ def check_environment_id(text: str) -> UUID:
 class Placer:
     def __init__(self, hosts: Hosts, host_id: str = "local",
                  known_hosts: Callable[[], Awaitable[list[str]]] | None = None,
-                 project_roots: tuple[str, ...] | None = None) -> None:
+                 project_roots: tuple[str, ...] | None = None, *, default_host: str | None = None,
+                 agent_here: bool = True) -> None:
         """`known_hosts`: the hosts environments may be placed on (default: this service's own);
-        `project_roots`: the canonical directories a project must lie in (None: anywhere)."""
+        `project_roots`: the canonical directories a project must lie in (None: anywhere);
+        `default_host`: where a spawn that names no host goes (None: this service's own host, if
+        known); `agent_here`: whether the agent of this service's own host runs in it."""
         self._hosts = hosts
         self.host_id = host_id
         self._known_hosts = known_hosts
         self._project_roots = project_roots
+        self._default_host = default_host
+        self._agent_here = agent_here
 
     def profile(self, provider_id: str) -> ProviderProfile:
         """The profile of a provider of this service's host; an unknown one is refused."""
@@ -101,13 +106,30 @@ class Placer:
             return project_path
 
     async def check_known(self, host_id: str) -> str:
-        if host_id == self.host_id:
+        if host_id == self.host_id and self._agent_here:
             return host_id  # always known: a spawn on the service's own host waits on nobody to say so
-        known = await self._known_hosts() if self._known_hosts else [self.host_id]
+        known = await self._known()
         if host_id not in known:
-            raise InvalidInput(f"host {host_id!r} is not registered; the hosts are: {', '.join(known)} "
+            raise InvalidInput(f"host {host_id!r} is not registered; the hosts are: {', '.join(known) or 'none'} "
                                "(`bb machine register` adds one)")
         return host_id
+
+    async def default_host(self) -> str:
+        """The host of a spawn that names none: BB_DEFAULT_HOST, else this service's own while an
+        agent serves it; otherwise the spawn is refused, naming the hosts there are."""
+        if self._default_host is not None:
+            return self._default_host
+        if self._agent_here:
+            return self.host_id
+        known = await self._known()
+        if self.host_id in known:
+            return self.host_id
+        raise InvalidInput(f"the spawn names no host and this service's own host {self.host_id!r} has no agent: "
+                           f"name one (--host, or the thread event's hostId); the hosts are: {', '.join(known) or 'none'} "
+                           "(`bb machine register` adds one, BB_DEFAULT_HOST names the one a spawn goes to by default)")
+
+    async def _known(self) -> list[str]:
+        return await self._known_hosts() if self._known_hosts else [self.host_id]
 
     async def place(self, thread_id: str, intent: NewEnvironment, project_path: str | None, host_id: str) -> Placement:
         """Where the thread's new environment lives; while its host's agent is away, the plan the

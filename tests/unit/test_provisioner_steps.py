@@ -37,7 +37,7 @@ class Running:
         hosts = OneMachine(workspaces, self.hooks)
         placer = Placer(hosts)
         self.provisioner = Provisioner(self.store, placer, hosts, Silent(), failed_step_retry=failed_step_retry)
-        self.threads = ThreadHandlers(self.store, placer, hosts, "local")
+        self.threads = ThreadHandlers(self.store, placer, hosts)
 
     async def spawn(self, thread_id: str):
         return await self.threads.spawn(RegisterThread(thread_id=thread_id, host_id="local",

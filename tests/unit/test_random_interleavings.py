@@ -145,7 +145,7 @@ async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
     hosts = OneMachine(workspaces, HostWithoutScripts())
     placer = Placer(hosts)
     provisioner = Provisioner(store, placer, hosts, Silent())
-    threads = ThreadHandlers(store, placer, hosts, "local")
+    threads = ThreadHandlers(store, placer, hosts)
     try:
         for kind, thread_id in steps:
             if kind == "pause":

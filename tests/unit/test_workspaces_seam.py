@@ -129,7 +129,7 @@ async def test_an_environment_lives_and_is_removed_through_a_host_the_core_only_
     hosts = OneMachine(host, hooks)
     placer = Placer(hosts)
     provisioner = Provisioner(store, placer, hosts, transcript)
-    threads = ThreadHandlers(store, placer, hosts, "local")
+    threads = ThreadHandlers(store, placer, hosts)
     try:
         environment = await threads.spawn(RegisterThread(thread_id="t1", host_id="local",
                                                          environment=NewEnvironment("far", "local", None)), None)
