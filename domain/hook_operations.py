@@ -42,3 +42,11 @@ class RecordedHook:
     """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
     environment_removed: bool
     """Its environment is removed: nothing will wait for this operation's outcome again."""
+
+    def given_variables(self) -> dict[str, str]:
+        """The variables the core gives the hook on purpose (docs/concepts.md, Hooks), from what the
+        log recorded: the only ones of the service's kind a hook sees (providers/host/withheld.py).
+        One line each."""
+        return {
+            "BB_ENVIRONMENT_ID": self.environment_id,
+        }

@@ -38,7 +38,7 @@ import signal
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -63,7 +63,7 @@ from bb_environments.providers.git_commands import take_owed_post_checkout
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.containment import MARKER, Containment
 from bb_environments.providers.host.processes import kill_recorded_group, signal_recorded_process
-from bb_environments.providers.host.withheld import without_secrets
+from bb_environments.providers.host.withheld import hook_environment
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class _InFlight:
     kind: str
     workspace: str
     environment_id: str | None
+    variables: Mapping[str, str]
     # The current attempt's first step until the run's task has its result (then None): a task
     # that ends without it (cancelled, even before its first step, by the loop shutting down)
     # leaves the supervisor that step started for `_close_untaken` to close.
@@ -176,17 +177,19 @@ class HookRunner:
         return idle
 
     async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
-                  environment_id: str | None = None) -> HookOutcome:
+                  environment_id: str | None = None, variables: Mapping[str, str] | None = None) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
 
         A concurrent second call waits for the first one's outcome; only the first call's
         `on_output` receives the lines. The hook of an `environment_id` is contained with its
-        environment's others.
+        environment's others. `variables` are those the core gives the hook on purpose
+        (RecordedHook.given_variables); no other variable of the service's reaches it.
         """
-        return await self.start(operation_id, kind, workspace, on_output, environment_id)
+        return await self.start(operation_id, kind, workspace, on_output, environment_id, variables=variables)
 
     def start(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
-              environment_id: str | None = None, on_begin: BeginSink | None = None) -> asyncio.Future[HookOutcome]:
+              environment_id: str | None = None, on_begin: BeginSink | None = None,
+              variables: Mapping[str, str] | None = None) -> asyncio.Future[HookOutcome]:
         """`run`, begun before this returns: a new operation's first step (reading its record and
         starting its supervisor) is already with a worker thread, rather than waiting for the
         event loop to step a task of its own and then hand the step over. `on_begin` hears how
@@ -201,8 +204,9 @@ class HookRunner:
             return answered
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            in_flight = _InFlight(kind, str(workspace), environment_id,
-                                  self._begin_soon(operation_id, kind, workspace, environment_id), on_begin)
+            given = dict(variables or {})
+            in_flight = _InFlight(kind, str(workspace), environment_id, given,
+                                  self._begin_soon(operation_id, kind, workspace, environment_id, given), on_begin)
             in_flight.task = asyncio.ensure_future(
                 self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight))
             self._in_flight[operation_id] = in_flight
@@ -212,9 +216,10 @@ class HookRunner:
         # Shielded: a caller that stops waiting must not stop the hook's bookkeeping midway.
         return asyncio.shield(in_flight.task)
 
-    def _begin_soon(self, operation_id: str, kind: str, workspace: Path, environment_id: str | None) -> _Begun:
+    def _begin_soon(self, operation_id: str, kind: str, workspace: Path, environment_id: str | None,
+                    variables: Mapping[str, str]) -> _Begun:
         return asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace,
-                                                          environment_id)
+                                                          environment_id, variables)
 
     def _end_in_flight(self, operation_id: str, in_flight: _InFlight) -> None:
         self._in_flight.pop(operation_id, None)
@@ -240,7 +245,8 @@ class HookRunner:
                 if error.errno not in OUT_OF_SPACE:
                     raise
                 await asyncio.sleep(backoff.failed(error))
-                in_flight.begun = self._begin_soon(operation_id, kind, workspace, in_flight.environment_id)
+                in_flight.begun = self._begin_soon(operation_id, kind, workspace, in_flight.environment_id,
+                                                   in_flight.variables)
                 continue
             backoff.succeeded()
             return outcome
@@ -270,7 +276,7 @@ class HookRunner:
             self._skipped.popitem(last=False)
 
     def _begin(
-        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None
+        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None, variables: Mapping[str, str]
     ) -> tuple[HookRecord | None, bool, SupervisorHandle | None]:
         """The operation's record and tombstone; if it has neither, the hook is started. Blocking."""
         record = self._records.read(operation_id)
@@ -279,7 +285,7 @@ class HookRunner:
         tombstoned = self._records.is_tombstoned(operation_id)
         if record is not None or tombstoned:
             return record, tombstoned, None
-        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace, environment_id)
+        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace, environment_id, variables)
         return record, False, supervisor
 
     async def _settle_cancelled(self, record: HookRecord | None) -> HookOutcome:
@@ -292,8 +298,8 @@ class HookRunner:
             return _outcome(settled)
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
-    def _start(self, operation_id: str, kind: HookKind, workspace: Path,
-               environment_id: str | None) -> tuple[HookRecord, SupervisorHandle | None]:
+    def _start(self, operation_id: str, kind: HookKind, workspace: Path, environment_id: str | None,
+               variables: Mapping[str, str]) -> tuple[HookRecord, SupervisorHandle | None]:
         """Start a supervisor and write the fresh record adopting it; a missing script is skipped,
         with a record that is not written (see the module).
 
@@ -311,9 +317,10 @@ class HookRunner:
             record.outcome = "skipped"
             record.message = f"no {script.name}"
             return record, None
-        environment = without_secrets(os.environ)
+        environment = hook_environment(os.environ, variables)
         cgroup = None
         if environment_id is not None:
+            # What the fallback containment finds the environment's processes by, whoever runs the hook.
             environment[MARKER] = environment_id
             if self._containment is not None:
                 cgroup = self._containment.prepare(environment_id)

@@ -74,7 +74,8 @@ RECORD_RETRY_MAX_S = 5.0
 def main(argv: list[str] | None = None, environment: dict[str, str] | None = None,
          done_fds: tuple[int, ...] = (), *, cgroup: str | None = None, run_as: WorkspaceUser | None = None,
          git_hook: list[str] | None = None) -> None:
-    """Supervise one hook; the script's environment derives from `environment`, else os.environ.
+    """Supervise one hook; the script's environment is `environment`, else os.environ without the
+    service's variables.
     `done_fds` are closed once the outcome is recorded (the runner's notice, see launcher). The
     script runs in `cgroup` (its environment's, see providers/host/containment.py) and as `run_as`,
     when given; `git_hook`, the command of a git hook the workspace's checkout owes, runs first,
@@ -99,8 +100,9 @@ def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, 
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
-    # Prepared while the runner writes the record; none of it touches the hook.
-    script_environment = without_secrets(os.environ if environment is None else environment)
+    # Prepared while the runner writes the record; none of it touches the hook. The runner's
+    # environment is the hook's as it built it (withheld.hook_environment), given variables included.
+    script_environment = without_secrets(os.environ) if environment is None else dict(environment)
     executable = _find_executable("bash", script_environment)
     if sync not in SYNC_LEVELS:
         raise ValueError(f"unknown sync level {sync!r}")

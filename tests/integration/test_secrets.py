@@ -1,6 +1,6 @@
 """Secrets planted where a careless service would keep them are found nowhere it writes.
 
-A credential in the service's environment, secrets in fields no thread event declares and one in
+Credentials in the service's environment, secrets in fields no thread event declares and one in
 a message's text (which this service never needs) are planted; a setup hook dumps its own
 environment and its parent's into the transcript. Then every file under the data dir and the
 service's log are searched for them.
@@ -25,6 +25,8 @@ from bb_environments.entrypoints.config import THREADS_MAX_AGE_S, THREADS_MAX_BY
 from tests.integration.conftest import Service, write_hooks
 
 PASSWORD = f"SECRET-password-{uuid.uuid4()}"
+SERVICE_CREDENTIALS = {"BB_NATS_PASSWORD": PASSWORD, "POSTGRES_PASSWORD": f"SECRET-postgres-{uuid.uuid4()}",
+                       "PGPASSWORD": f"SECRET-libpq-{uuid.uuid4()}", "MODAL_TOKEN_SECRET": f"SECRET-modal-{uuid.uuid4()}"}
 NANOSECONDS = 1_000_000_000
 
 
@@ -61,7 +63,7 @@ def threads_stream_limits(data_dir: Path) -> tuple[int, int]:
     return both
 
 
-@pytest.mark.parametrize("service", [{"BB_NATS_PASSWORD": PASSWORD}], indirect=True)
+@pytest.mark.parametrize("service", [SERVICE_CREDENTIALS], indirect=True)
 async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Service, git_repo: Path,
                                                                   tmp_path: Path) -> None:
     write_hooks(git_repo, tmp_path / "hooks.log",
@@ -102,8 +104,11 @@ async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Ser
 
     hook_output = "".join(path.read_text() for path in (service.data_dir / "hooks").rglob("*.log"))
     assert len([line for line in hook_output.splitlines() if line.startswith("PATH=")]) == 2  # both were dumped
+    # Of the service's kind, the hook holds only what the core gives it on purpose.
+    assert [line for line in hook_output.splitlines() if line.startswith("BB_")] == [
+        f"BB_ENVIRONMENT_ID={kept['environmentId']}"]
     searched = [*files_under(service.data_dir), service.data_dir.parent / "serve.log"]
-    found = [(secret, str(path)) for path in searched for secret in [PASSWORD, *secrets.values()]
+    found = [(secret, str(path)) for path in searched for secret in [*SERVICE_CREDENTIALS.values(), *secrets.values()]
              if secret.encode() in path.read_bytes()]
     assert found == []
     assert threads_stream_limits(service.data_dir) == (THREADS_MAX_AGE_S * NANOSECONDS, THREADS_MAX_BYTES)

@@ -113,19 +113,25 @@ async def test_of_a_backlog_longer_than_the_transcript_keeps_only_the_newest_lin
     assert replayed.offsets[:2] == [0, left_out]  # each line still named by its place in the log
 
 
-async def test_script_environment_drops_service_secrets(
+WITHHELD = {"BB_PROJECT_ID": "p", "NATS_URL": "nats://x", "MODAL_TOKEN_SECRET": "s", "POSTGRES_PASSWORD": "pg",
+            "ENVIRONMENTS_POSTGRES_PASSWORD": "app-pg", "PGPASSWORD": "libpq", "CIPHER_KEY": "cipher"}
+
+
+async def test_script_environment_drops_service_secrets_and_keeps_the_variables_given_it(
     records_dir: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("BB_PROJECT_ID", "p")
-    monkeypatch.setenv("NATS_URL", "nats://x")
-    monkeypatch.setenv("MODAL_TOKEN_SECRET", "s")
+    for name, value in WITHHELD.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("BB_ENVIRONMENT_ID", "the service's own")
     monkeypatch.setenv("KEPT_VARIABLE", "kept")
-    write_setup(workspace, "echo \"[$BB_PROJECT_ID][$NATS_URL][$MODAL_TOKEN_SECRET][$KEPT_VARIABLE]\"\n")
+    write_setup(workspace, "".join(f"echo \"{name}=[${name}]\"\n" for name in [*WITHHELD, "KEPT_VARIABLE"])
+                + "echo \"[$BB_ENVIRONMENT_ID]\"\n")
     output = Output()
 
-    await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, output)
+    await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, output, "env-1",
+                                                    {"BB_ENVIRONMENT_ID": "env-1"})
 
-    assert output.lines == ["[][][][kept]"]
+    assert output.lines == [*(f"{name}=[]" for name in WITHHELD), "KEPT_VARIABLE=[kept]", "[env-1]"]
 
 
 NATS_CREDENTIAL_VARIABLES = ("BB_NATS_CREDS", "BB_NATS_NKEY", "BB_NATS_USER", "BB_NATS_PASSWORD", "BB_NATS_TOKEN",
