@@ -92,13 +92,16 @@ class Service:
     api: ApiClient | None = None
     external_credentials: dict[str, Any] = field(default_factory=dict)
     """Connect options for a service on an external NATS, whose server.json names no seeds."""
+    wrapper: tuple[str, ...] = ()
+    """A command `bb serve` runs under, which executes its arguments in the same process (the
+    service's pid is the one Popen starts)."""
 
     async def start(self, *options: str) -> None:
         """`bb serve OPTIONS`, once it wrote its server.json."""
         previous_pid = self.info.get("pid")
         log = open(self.data_dir.parent / "serve.log", "ab")
         self.process = subprocess.Popen(
-            [*self.cli(), "serve", *options], env=self.environment,
+            [*self.wrapper, *self.cli(), "serve", *options], env=self.environment,
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
         )
         log.close()

@@ -3,9 +3,13 @@ working directory it moves to; a setup's dev server runs for as long as the envi
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from bb_environments.providers.host.containment import _unified_mount
 from bb_environments.providers.host.processes import pid_alive
 from tests.integration.conftest import Service, eventually, service_environment
 
@@ -83,5 +87,40 @@ async def test_a_removal_after_a_crash_still_ends_what_the_hooks_left(tmp_path, 
         await service.start()
         await service.wait_for(environment_id, "removed")
         assert not pid_alive(pid), "the daemon outlived the removal retried after a crash"
+    finally:
+        await service.stop()
+
+
+
+def without_a_writable_cgroup_hierarchy() -> tuple[str, ...]:
+    """A command prefix that runs its command in a mount namespace of its own where the cgroup v2
+    hierarchy is read-only, as it is for an agent that is not root (whose hooks run as itself);
+    a test skips where that cannot be made."""
+    mount = _unified_mount()
+    remount = "mount -o remount,bind,ro \"$0\" && exec \"$@\""
+    if mount is None or shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "--mount", "sh", "-c", remount, mount, "true"], capture_output=True).returncode != 0:
+        pytest.skip("a mount namespace with a read-only cgroup hierarchy cannot be made here (needs root and unshare)")
+    return ("unshare", "--mount", "sh", "-c", remount, mount)
+
+
+async def test_an_agent_that_cannot_write_the_cgroup_hierarchy_still_ends_a_daemon_its_setup_left(tmp_path, git_repo):
+    """Its hooks' processes are found by the variable in their environment (providers/host/containment.py,
+    MarkerContainment), which every process a hook starts must therefore hold."""
+    pid_file = tmp_path / "daemon.pid"
+    commit_setup(git_repo, daemon_setup(pid_file))
+    data_dir = tmp_path / "data"
+    service = Service(data_dir, service_environment(data_dir), wrapper=without_a_writable_cgroup_hierarchy())
+    await service.start()
+    try:
+        assert "hook processes are found by the BB_ENVIRONMENT_ID in their environment" in service.log_tail()
+        environment_id = await spawn_ready(service, git_repo, "t1")
+        await eventually(lambda: pid_file.exists() and pid_file.read_text().strip() != "", "the daemon's start")
+        pid = daemon_pid(pid_file)
+        assert pid_alive(pid), "the setup's dev server must keep running while the environment is ready"
+
+        assert (await service.bb("thread", "archive", "t1")).returncode == 0
+        await service.wait_for(environment_id, "removed")
+        assert not pid_alive(pid), "the daemon outlived its environment's removal"
     finally:
         await service.stop()
