@@ -29,7 +29,7 @@ from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import TRANSCRIPT_LINES_PER_ENVIRONMENT, connect
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.entrypoints.config import (
-    Settings, hook_output_max_bytes, hook_record_sync, nats_credentials, run_hooks_as)
+    Settings, hook_limits, hook_output_max_bytes, hook_record_sync, nats_credentials, run_hooks_as)
 from bb_environments.hooks.guarded import GuardedHooks
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.local_host import LocalHost
@@ -53,7 +53,7 @@ def build_local_host(settings: Settings, registry: ProviderRegistry, workspaces_
     if run_as is None:
         log.warning("BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
                     "in %s (docs/security.md)", getpass.getuser(), state)
-    containment = host_containment(state / "containment")
+    containment = host_containment(state / "containment", hook_limits(settings))
     runner = HookRunner(state / "hooks", settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes(),
                         containment=containment, run_as=run_as, git_hooks=settings.run_git_hooks,
                         transcript_lines_kept=TRANSCRIPT_LINES_PER_ENVIRONMENT)

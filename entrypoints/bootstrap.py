@@ -34,7 +34,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.indexes import LiveLimits
 from bb_environments.handlers.doctor import Doctor
-from bb_environments.entrypoints.config import Settings, event_store_file, run_hooks_as
+from bb_environments.entrypoints.config import Settings, event_store_file, hook_limits, run_hooks_as
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.placement import Placer
@@ -154,7 +154,7 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     # The cloud providers' work is the core's, under its data dir: the host here's own when its
     # workspaces lie there too (no BB_AGENT_ROOT), sharing one containment of hooks' processes.
     core_host = here if here is not None and not settings.agent_root else LocalHost(
-        registry, settings.data_dir, ports.transcript, containment=host_containment(settings.data_dir / "containment"),
+        registry, settings.data_dir, ports.transcript, containment=host_containment(settings.data_dir / "containment", hook_limits(settings)),
         workspace_user=run_hooks_as(settings))
     hosts = HostRouter(registry, core_host, ports.remote, here, settings.host_id)
     machines = Machines(store, ports.hosts, read_model, settings.host_id, agent_here=here is not None)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entry
 
     from bb_environments.bus.jetstream import ConnectOptions
     from bb_environments.hooks.records import SyncLevel
+    from bb_environments.providers.host.containment import Limits
     from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 SERVE_LOCK = "serve.lock"
@@ -29,6 +30,16 @@ THREADS_MAX_AGE_S = 7 * 24 * 3600
 THREADS_MAX_BYTES = 1 << 30
 REMOVED_RETENTION_S = 7 * 24 * 3600
 SAVED_REF_RETENTION_S = 30 * 24 * 3600
+MAX_PIDS_PER_ENVIRONMENT = 4096
+"""Far above what a setup's build (make -j, npm, a test database) runs at once, far below the
+host's pid_max (32768 by default): a fork bomb in one environment leaves the others room."""
+MAX_MEMORY_PER_ENVIRONMENT = 8 << 30
+"""Enough for a large build or a dev server with its database; on a host with less memory it
+still keeps one environment from setting off the host's OOM killer against the others."""
+MIN_PIDS_PER_ENVIRONMENT = 16
+"""The hook's supervisor (two threads), bash and a few commands."""
+MIN_MEMORY_PER_ENVIRONMENT = 64 << 20
+"""The hook's supervisor (a Python process) and bash, with room for a small command."""
 
 
 class ConfigError(ValueError):
@@ -88,6 +99,11 @@ class Settings(msgspec.Struct, frozen=True):
     run_git_hooks: bool = False
     """BB_GIT_HOOKS=run: a setup first runs the post-checkout hook its workspace's checkout owes
     (providers/git_commands.py); off, the repository's git hooks never run."""
+    max_pids_per_environment: int = MAX_PIDS_PER_ENVIRONMENT
+    """BB_MAX_PIDS_PER_ENVIRONMENT: the processes (and threads) one environment's hooks, and what
+    they leave running, may have at once, where a cgroup holds them to it (providers/host/containment.py)."""
+    max_memory_per_environment: int = MAX_MEMORY_PER_ENVIRONMENT
+    """BB_MAX_MEMORY_PER_ENVIRONMENT: the bytes of memory they may use together, likewise."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
@@ -125,6 +141,10 @@ class Settings(msgspec.Struct, frozen=True):
             default_host=_host_id(os.environ["BB_DEFAULT_HOST"], "BB_DEFAULT_HOST")
             if os.environ.get("BB_DEFAULT_HOST") else None,
             run_git_hooks=_git_hooks_mode() == "run",
+            max_pids_per_environment=_at_least("BB_MAX_PIDS_PER_ENVIRONMENT", MAX_PIDS_PER_ENVIRONMENT,
+                                               MIN_PIDS_PER_ENVIRONMENT, "a number of processes"),
+            max_memory_per_environment=_at_least("BB_MAX_MEMORY_PER_ENVIRONMENT", MAX_MEMORY_PER_ENVIRONMENT,
+                                                 MIN_MEMORY_PER_ENVIRONMENT, "a number of bytes"),
         )
 
     @property
@@ -196,6 +216,13 @@ def hook_output_max_bytes() -> int:
         return int(raw)
     raise ConfigError(f"BB_HOOK_OUTPUT_MAX_BYTES {raw!r} is not allowed: use a number of bytes, at least "
                       f"{output_log.MIN_OUTPUT_MAX_BYTES}")
+
+
+def hook_limits(settings: Settings) -> "Limits":
+    """What each environment's hooks may use together (BB_MAX_PIDS_PER_ENVIRONMENT, BB_MAX_MEMORY_PER_ENVIRONMENT)."""
+    from bb_environments.providers.host.containment import Limits  # as above: only what runs hooks needs it
+
+    return Limits(settings.max_pids_per_environment, settings.max_memory_per_environment)
 
 
 def run_hooks_as(settings: Settings) -> "WorkspaceUser | None":
@@ -303,6 +330,15 @@ def _count(name: str, default: int) -> int:
     if raw.isascii() and raw.isdigit() and int(raw) > 0:
         return int(raw)
     raise ConfigError(f"{name} {raw!r} is not allowed: use a whole number greater than 0")
+
+
+def _at_least(name: str, default: int, minimum: int, what: str) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    if raw.isascii() and raw.isdigit() and int(raw) >= minimum:
+        return int(raw)
+    raise ConfigError(f"{name} {raw!r} is not allowed: use {what}, at least {minimum}")
 
 
 def _project_roots(raw: str | None) -> tuple[str, ...] | None:

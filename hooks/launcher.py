@@ -123,7 +123,7 @@ def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
             # then, not once the output of what the hook left running has ended.
             supervisor.main([asked.records_dir, asked.operation_id, asked.timeout, asked.sync,
                              asked.output_max_bytes], asked.environment, tuple(fds),
-                            cgroup=asked.cgroup, run_as=asked.run_as, git_hook=asked.git_hook)
+                            cgroups=asked.cgroups, run_as=asked.run_as, git_hook=asked.git_hook)
         else:
             for fd in fds:
                 os.close(fd)

@@ -31,7 +31,7 @@ import os
 import signal
 import socket
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bb_environments.providers.host.workspace_user import WorkspaceUser
@@ -56,8 +56,9 @@ class SupervisorRequest:
     """The environment of the moment the hook was asked for, as a freshly spawned supervisor would have had."""
     output_max_bytes: str
     """How much of the script's output its log keeps (BB_HOOK_OUTPUT_MAX_BYTES, see output_log)."""
-    cgroup: str | None = None
-    """The cgroup the script is to run in (providers/host/containment.py); None: the supervisor's own."""
+    cgroups: list[str] = field(default_factory=list)
+    """The cgroups the script is to run in, one per hierarchy (providers/host/containment.py);
+    none: the supervisor's own."""
     run_as: WorkspaceUser | None = None
     """The user the script runs as (BB_WORKSPACE_USER); None: the supervisor's own."""
     git_hook: list[str] | None = None

@@ -318,15 +318,15 @@ class HookRunner:
             record.message = f"no {script.name}"
             return record, None
         environment = hook_environment(os.environ, variables)
-        cgroup = None
+        cgroups: list[str] = []
         if environment_id is not None:
             # What the fallback containment finds the environment's processes by, whoever runs the hook.
             environment[MARKER] = environment_id
             if self._containment is not None:
-                cgroup = self._containment.prepare(environment_id)
+                cgroups = self._containment.prepare(environment_id)
         supervisor = self._launcher.start_supervisor(
             SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
-                              environment, str(self._output_max_bytes), cgroup, self._run_as, git_hook)
+                              environment, str(self._output_max_bytes), cgroups, self._run_as, git_hook)
         )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.

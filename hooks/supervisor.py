@@ -38,7 +38,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -52,7 +52,7 @@ from bb_environments.hooks.records import (
     HookRecords,
     now_iso,
 )
-from bb_environments.providers.host.containment import enter_cgroup
+from bb_environments.providers.host.containment import enter_cgroup, limit_counts, limits_hit
 from bb_environments.providers.host.processes import kill_group_and_wait, process_start_ticks
 from bb_environments.providers.host.withheld import without_secrets
 from bb_environments.providers.host.workspace_user import WorkspaceUser
@@ -72,12 +72,12 @@ RECORD_RETRY_MAX_S = 5.0
 
 
 def main(argv: list[str] | None = None, environment: dict[str, str] | None = None,
-         done_fds: tuple[int, ...] = (), *, cgroup: str | None = None, run_as: WorkspaceUser | None = None,
+         done_fds: tuple[int, ...] = (), *, cgroups: list[str] | None = None, run_as: WorkspaceUser | None = None,
          git_hook: list[str] | None = None) -> None:
     """Supervise one hook; the script's environment is `environment`, else os.environ without the
     service's variables.
     `done_fds` are closed once the outcome is recorded (the runner's notice, see launcher). The
-    script runs in `cgroup` (its environment's, see providers/host/containment.py) and as `run_as`,
+    script runs in `cgroups` (its environment's, see providers/host/containment.py) and as `run_as`,
     when given; `git_hook`, the command of a git hook the workspace's checkout owes, runs first,
     the same way and within the same timeout: its failure is the hook's, as git's post-checkout
     is the exit status of the checkout that ran it."""
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
     output = None
     try:
         output = _adopt_and_supervise(records_dir, operation_id, float(timeout), sync, output_max_bytes, environment,
-                                      cgroup, run_as, git_hook)
+                                      cgroups or [], run_as, git_hook)
     finally:
         for fd in done_fds:
             os.close(fd)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
 
 
 def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, sync: str, output_max_bytes: int,
-                         environment: dict[str, str] | None, cgroup: str | None,
+                         environment: dict[str, str] | None, cgroups: list[str],
                          run_as: WorkspaceUser | None, git_hook: list[str] | None) -> OutputCopier | None:
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
@@ -113,7 +113,7 @@ def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, 
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return None
-    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment, cgroup, run_as,
+    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment, cgroups, run_as,
                       git_hook)
 
 
@@ -151,7 +151,7 @@ def _supervise(
     output_max_bytes: int,
     executable: str | OSError,
     environment: dict[str, str],
-    cgroup: str | None,
+    cgroups: list[str],
     run_as: WorkspaceUser | None,
     git_hook: list[str] | None,
 ) -> OutputCopier | None:
@@ -167,13 +167,20 @@ def _supervise(
             _finish(records, record, "failed", None, resolved)
             return None
         commands.append((script.name, executable, ["bash", str(resolved)]))
-    if cgroup is not None:
+    for cgroup in cgroups:
         # This process first: the script, and all it starts, are then born in the cgroup.
         try:
             enter_cgroup(cgroup)
         except OSError as error:
             _finish(records, record, "failed", None, f"{script.name} could not be contained in {cgroup}: {error}")
             return None
+    # A hook that fails having hit its environment's limits says so: counted from here.
+    counted = limit_counts(cgroups)
+
+    def limits(message: str) -> str:
+        hit = limits_hit(cgroups, counted)
+        return f"{message}: the {record.kind} hit {' and '.join(hit)}" if hit else message
+
     output, write_end = _output_pipe(records, record, output_max_bytes)
     deadline = time.monotonic() + timeout_s
     try:
@@ -198,14 +205,14 @@ def _supervise(
                 output.drain()
                 if status == "timed_out":
                     _finish(records, record, "timed_out", None,
-                            f"{name} timed out after {timeout_s:g}s" + _unconfirmed(confirmed))
+                            limits(f"{name} timed out after {timeout_s:g}s") + _unconfirmed(confirmed))
                 else:
                     _finish(records, record, "cancelled", None, f"{name} cancelled" + _unconfirmed(confirmed))
                 return output
             returncode = os.waitstatus_to_exitcode(status)
             if returncode != 0 or number == len(commands):
                 output.drain()
-                _finish_with_exit_status(records, record, name, returncode)
+                _finish_with_exit_status(records, record, name, returncode, limits)
                 return output
     finally:
         os.close(write_end)
@@ -355,13 +362,15 @@ def _unconfirmed(confirmed: bool) -> str:
     return "" if confirmed else "; some of its processes could not be confirmed stopped"
 
 
-def _finish_with_exit_status(records: HookRecords, record: HookRecord, name: str, returncode: int) -> None:
+def _finish_with_exit_status(records: HookRecords, record: HookRecord, name: str, returncode: int,
+                             limits: Callable[[str], str]) -> None:
+    """`limits` adds to a failure's message the limits the hook hit."""
     if returncode == 0:
         _finish(records, record, "succeeded", 0, None)
     elif returncode < 0:
-        _finish(records, record, "failed", None, f"{name} exited via signal {signal.Signals(-returncode).name}")
+        _finish(records, record, "failed", None, limits(f"{name} exited via signal {signal.Signals(-returncode).name}"))
     else:
-        _finish(records, record, "failed", returncode, f"{name} failed with exit code {returncode}")
+        _finish(records, record, "failed", returncode, limits(f"{name} failed with exit code {returncode}"))
 
 
 def _finish(

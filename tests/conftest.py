@@ -20,7 +20,7 @@ def run_git(repo: Path, *args: str) -> str:
     return completed.stdout.strip()
 
 
-_CGROUPS_BEFORE = pytest.StashKey[set[str]]()
+_CGROUPS_BEFORE = pytest.StashKey[set[Path]]()
 
 
 def _runs_the_session(config: pytest.Config) -> bool:
@@ -29,11 +29,9 @@ def _runs_the_session(config: pytest.Config) -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    from bb_environments.providers.host.containment import cgroup_root
+    from bb_environments.providers.host.containment import cgroup_roots
 
-    root = cgroup_root()
-    session.config.stash[_CGROUPS_BEFORE] = (
-        {entry.name for entry in root.iterdir()} if root is not None and root.is_dir() else set())
+    session.config.stash[_CGROUPS_BEFORE] = {entry for root in cgroup_roots() if root.is_dir() for entry in root.iterdir()}
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -41,14 +39,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     only a removal deletes: the run deletes the empty ones it made, so runs do not pile them up.
     Only once every worker has finished: a worker's end would delete the cgroup another worker's
     test has just made and not yet moved a process into."""
-    from bb_environments.providers.host.containment import cgroup_root
+    from bb_environments.providers.host.containment import cgroup_roots
 
-    root = cgroup_root()
-    if not _runs_the_session(session.config) or root is None or not root.is_dir():
+    if not _runs_the_session(session.config):
         return
     before = session.config.stash.get(_CGROUPS_BEFORE, set())
-    for entry in root.iterdir():
-        if entry.is_dir() and entry.name not in before:
+    for entry in (entry for root in cgroup_roots() if root.is_dir() for entry in root.iterdir()):
+        if entry.is_dir() and entry not in before:
             try:
                 entry.rmdir()  # refused while a process is still in it: then it is kept
             except OSError:

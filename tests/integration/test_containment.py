@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,31 @@ async def test_an_agent_that_cannot_write_the_cgroup_hierarchy_still_ends_a_daem
         assert not pid_alive(pid), "the daemon outlived its environment's removal"
     finally:
         await service.stop()
+
+
+LIMITS = {"BB_MAX_PIDS_PER_ENVIRONMENT": "32", "BB_MAX_MEMORY_PER_ENVIRONMENT": str(128 << 20)}
+
+
+@pytest.mark.parametrize("service", [LIMITS], indirect=True)
+@pytest.mark.parametrize(("setup", "named"), [
+    # More processes at once than the environment may have: the fork that passes the limit is refused.
+    (f"{sys.executable} -c 'import subprocess\nfor _ in range(64): subprocess.Popen([\"sleep\", \"60\"])'\n",
+     "BB_MAX_PIDS_PER_ENVIRONMENT (32 processes)"),
+    # More memory than it may use, written so that it is really used: the kernel kills the process.
+    (f"{sys.executable} -c 'hog = b\"x\" * (512 << 20)'\n", "BB_MAX_MEMORY_PER_ENVIRONMENT (128 MiB)"),
+], ids=["pids", "memory"])
+async def test_a_setup_that_hits_its_environments_limit_fails_naming_it(service, git_repo, setup, named):
+    if f"{named} in " not in service.log_tail():
+        pytest.skip(f"no writable cgroup holds {named} here: {service.log_tail()}")
+    commit_setup(git_repo, setup)
+    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
+                               str(git_repo), "--thread-id", "t1", "--json")
+    assert spawned.returncode == 0, spawned.stderr
+    environment_id = spawned.json()["environmentId"]
+
+    failed = await service.wait_for(environment_id, "error")
+    assert failed["statusMessage"].endswith(f": the setup hit {named}"), failed["statusMessage"]
+    transcript = (await service.bb("environment", "logs", environment_id)).stdout
+    assert f"the setup hit {named}" in transcript
+    assert (await service.bb("thread", "archive", "t1")).returncode == 0
+    await service.wait_for(environment_id, "removed")

@@ -8,11 +8,13 @@ from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.config import (
     ConfigError,
     Settings,
+    hook_limits,
     hook_record_sync,
     url_without_credentials,
 )
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.store import Store
+from bb_environments.providers.host.containment import Limits
 
 
 def test_credentials_in_a_nats_url_are_never_written_down():
@@ -83,6 +85,28 @@ def test_saved_work_is_kept_thirty_days_unless_configured(monkeypatch):
 def test_a_retention_limit_must_be_one(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ConfigError, match=name):
+        Settings.load("/tmp/bb-config-test")
+
+
+def test_an_environments_hooks_may_have_4096_processes_and_8_gib_unless_configured(monkeypatch):
+    monkeypatch.delenv("BB_MAX_PIDS_PER_ENVIRONMENT", raising=False)
+    monkeypatch.delenv("BB_MAX_MEMORY_PER_ENVIRONMENT", raising=False)
+    assert hook_limits(Settings.load("/tmp/bb-config-test")) == Limits(4096, 8 << 30)
+    monkeypatch.setenv("BB_MAX_PIDS_PER_ENVIRONMENT", "100")
+    monkeypatch.setenv("BB_MAX_MEMORY_PER_ENVIRONMENT", str(1 << 30))
+    assert hook_limits(Settings.load("/tmp/bb-config-test")) == Limits(100, 1 << 30)
+
+
+@pytest.mark.parametrize(("name", "raw", "allowed"), [
+    ("BB_MAX_PIDS_PER_ENVIRONMENT", "15", "a number of processes, at least 16"),
+    ("BB_MAX_PIDS_PER_ENVIRONMENT", "many", "a number of processes, at least 16"),
+    ("BB_MAX_MEMORY_PER_ENVIRONMENT", "8G", "a number of bytes, at least 67108864"),
+    ("BB_MAX_MEMORY_PER_ENVIRONMENT", "-1", "a number of bytes, at least 67108864"),
+])
+def test_a_limit_an_environments_hooks_could_not_run_under_is_refused_naming_what_is_allowed(
+        monkeypatch, name, raw, allowed):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ConfigError, match=f"^{name} '{raw}' is not allowed: use {allowed}$"):
         Settings.load("/tmp/bb-config-test")
 
 

@@ -10,26 +10,29 @@ from pathlib import Path
 
 import pytest
 
+from bb_environments.entrypoints.config import MAX_MEMORY_PER_ENVIRONMENT, MAX_PIDS_PER_ENVIRONMENT
 from bb_environments.providers.host.containment import (
     MARKER,
     CgroupContainment,
     Containment,
+    Limits,
     MarkerContainment,
     _choose,
     enter_cgroup,
 )
 from bb_environments.providers.host.processes import pid_alive
 
+LIMITS = Limits(MAX_PIDS_PER_ENVIRONMENT, MAX_MEMORY_PER_ENVIRONMENT)
 DAEMON = ("setsid bash -c 'cd / && bash -c \"echo \\$\\$ > {pid_file}; exec sleep 600\" "
           "</dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1 &")
 
 
-def start_daemon(tmp_path: Path, environment_id: str, cgroup: str | None) -> int:
+def start_daemon(tmp_path: Path, environment_id: str, cgroups: list[str]) -> int:
     """What a hook does that leaves a daemon, started the way a supervisor starts the hook."""
     pid_file = tmp_path / f"{environment_id}.pid"
     subprocess.run(["bash", "-c", DAEMON.format(pid_file=pid_file)], check=True,
                    env={**os.environ, MARKER: environment_id},
-                   preexec_fn=(lambda: enter_cgroup(cgroup)) if cgroup else None)
+                   preexec_fn=lambda: [enter_cgroup(cgroup) for cgroup in cgroups])
     deadline = time.monotonic() + 10
     while not (pid_file.exists() and pid_file.read_text().strip()):
         assert time.monotonic() < deadline, "the daemon did not start"
@@ -38,7 +41,7 @@ def start_daemon(tmp_path: Path, environment_id: str, cgroup: str | None) -> int
 
 
 def cgroup_containment(tmp_path: Path) -> CgroupContainment:
-    chosen = _choose(tmp_path / "state")
+    chosen = _choose(tmp_path / "state", LIMITS)
     if not isinstance(chosen, CgroupContainment):
         pytest.skip(f"no writable cgroup v2 here: {chosen.description}")
     return chosen
@@ -60,12 +63,12 @@ def test_the_environments_processes_end_and_another_environments_live_on(tmp_pat
 def test_a_cgroup_is_found_again_by_a_process_that_did_not_make_it(tmp_path):
     """What a restart after a crash does: a new containment on the same state dir."""
     first = cgroup_containment(tmp_path)
-    cgroup = first.prepare("env")
-    pid = start_daemon(tmp_path, "env", cgroup)
-    restarted: Containment = _choose(tmp_path / "state")
+    cgroups = first.prepare("env")
+    pid = start_daemon(tmp_path, "env", cgroups)
+    restarted: Containment = _choose(tmp_path / "state", LIMITS)
     assert restarted.end("env")
     assert not pid_alive(pid)
-    assert not Path(cgroup).exists()
+    assert not any(Path(cgroup).exists() for cgroup in cgroups)
     assert list((tmp_path / "state").iterdir()) == []  # nothing kept for a removed environment
     assert restarted.end("env")  # a removal retried finds nothing left to end
 
