@@ -638,13 +638,15 @@ class Environment(CopiedForCommands, Aggregate):
         self._teardown_skipped(reason)
         return True
 
-    def record_removed(self, removal_attempt: int, saved_ref: str | None = None) -> bool:
-        """`saved_ref`: where the provider saved the work that was only in the workspace, if any."""
+    def record_removed(self, removal_attempt: int, saved_ref: str | None = None,
+                       not_saved: list[dict[str, Any]] | None = None) -> bool:
+        """`saved_ref`: where the provider saved the work that was only in the workspace, if any;
+        `not_saved`: the files ({"path", "bytes"}) that save left out, deleted with the workspace."""
         if removal_attempt != self.removal_attempt or self.status != EnvironmentStatus.REMOVING:
             return False
         if saved_ref is not None:
             self._work_saved(saved_ref)
-        self._removed(removal_attempt)
+        self._removed(removal_attempt, not_saved or None)
         return True
 
     def record_remove_failed(self, removal_attempt: int, message: str, retry_at: datetime) -> bool:
@@ -687,7 +689,9 @@ class Environment(CopiedForCommands, Aggregate):
         self.saved_ref = saved_ref
 
     @event("Removed")
-    def _removed(self, removal_attempt: int) -> None:
+    def _removed(self, removal_attempt: int, not_saved: list[dict[str, Any]] | None = None) -> None:
+        """`not_saved`: the files the saved work left out, None when none was (and absent from the
+        events of releases before it, which saved every file)."""
         self.status = EnvironmentStatus.REMOVED
         self.path = None
         self.resource = None

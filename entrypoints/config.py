@@ -104,6 +104,9 @@ class Settings(msgspec.Struct, frozen=True):
     they leave running, may have at once, where a cgroup holds them to it (providers/host/containment.py)."""
     max_memory_per_environment: int = MAX_MEMORY_PER_ENVIRONMENT
     """BB_MAX_MEMORY_PER_ENVIRONMENT: the bytes of memory they may use together, likewise."""
+    saved_work_max_bytes: int = 10 << 20
+    """BB_SAVED_WORK_MAX_BYTES: the largest file the work saved from a removed worktree keeps
+    (providers/saved_work.py, which reads it there too)."""
 
     @classmethod
     def load(cls, data_dir: str | None = None, nats_url: str | None = None,
@@ -145,6 +148,7 @@ class Settings(msgspec.Struct, frozen=True):
                                                MIN_PIDS_PER_ENVIRONMENT, "a number of processes"),
             max_memory_per_environment=_at_least("BB_MAX_MEMORY_PER_ENVIRONMENT", MAX_MEMORY_PER_ENVIRONMENT,
                                                  MIN_MEMORY_PER_ENVIRONMENT, "a number of bytes"),
+            saved_work_max_bytes=_saved_work_max_bytes(),
         )
 
     @property
@@ -292,6 +296,15 @@ def _git_hooks_mode() -> str:
 
     try:
         return git_hooks_mode()
+    except ValueError as bad:
+        raise ConfigError(str(bad)) from None
+
+
+def _saved_work_max_bytes() -> int:
+    from bb_environments.providers.saved_work import saved_work_max_bytes  # the providers read it there too
+
+    try:
+        return saved_work_max_bytes()
     except ValueError as bad:
         raise ConfigError(str(bad)) from None
 

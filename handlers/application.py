@@ -423,12 +423,13 @@ class Environments(Application[UUID]):
     def record_teardown_skipped(self, environment_id: UUID, operation_id: str, reason: str) -> Environment:
         return self._change(environment_id, lambda e: e.record_teardown_skipped(operation_id, reason))[0]
 
-    def record_removed(self, environment_id: UUID, removal_attempt: int, saved_ref: str | None = None) -> Environment:
-        """Removal succeeded: the environment ends (with where its work was saved) and its path
-        claims are released in the same save."""
+    def record_removed(self, environment_id: UUID, removal_attempt: int, saved_ref: str | None = None,
+                       not_saved: list[dict[str, Any]] | None = None) -> Environment:
+        """Removal succeeded: the environment ends (with where its work was saved, and which files
+        that save left out) and its path claims are released in the same save."""
         environment = self._changing_environment(environment_id)
         claimed = {p for p in (environment.claimed_path, environment.path) if p}
-        if not environment.record_removed(removal_attempt, saved_ref):
+        if not environment.record_removed(removal_attempt, saved_ref, not_saved):
             return environment
         claims = self.claims.on_host(environment.host_id)
         for path in claimed:

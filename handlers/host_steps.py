@@ -110,7 +110,8 @@ class HostSteps:
         result = await self._provider_remove(env, cancelled)
         crash_point("remove-returned")
         if isinstance(result, Removed):
-            return await self._store.run(self._app.record_removed, env.id, env.removal_attempt, result.saved_ref)
+            return await self._store.run(self._app.record_removed, env.id, env.removal_attempt, result.saved_ref,
+                                         [{"path": file.path, "bytes": file.bytes} for file in result.not_saved])
         self._transcript.line(str(env.id), "output", env.provider_id, f"removal failed: {result.message}")
         return await self._store.run(
             self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY

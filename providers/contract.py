@@ -85,11 +85,22 @@ class CreateFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"
     message: str
 
 
+class NotSavedFile(msgspec.Struct, frozen=True):
+    """A file of the workspace its saved work left out, being larger than BB_SAVED_WORK_MAX_BYTES
+    (providers/saved_work.py): deleted with the workspace."""
+
+    path: str
+    """Relative to the workspace."""
+    bytes: int
+
+
 class Removed(msgspec.Struct, frozen=True, tag="removed", tag_field="status"):
     """`saved_ref` names where the work that existed only in the workspace was saved before it
-    was deleted (a git ref in the project repository), or None when nothing needed saving."""
+    was deleted (a git ref in the project repository), or None when nothing needed saving;
+    `not_saved`, the largest of the files that save left out (deleted with the workspace)."""
 
     saved_ref: str | None = None
+    not_saved: list[NotSavedFile] = []
 
 
 class RemoveFailed(msgspec.Struct, frozen=True, tag="failed", tag_field="status"):

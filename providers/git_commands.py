@@ -47,7 +47,9 @@ def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None,
         completed = subprocess.run(
             ["git", *options, "-C", repo, *args],
             capture_output=True,
-            text=True,
+            # A file name is bytes: one that is not UTF-8 comes back as it would go to git again.
+            encoding="utf-8",
+            errors="surrogateescape",
             env=git_environment() | dict(environment or {}),
             timeout=GIT_TIMEOUT_SECONDS,
         )

@@ -49,7 +49,13 @@ from bb_environments.providers.workspace_files import (
     stop_processes_in,
 )
 from bb_environments.providers.refnames import validate_branch_name
-from bb_environments.providers.saved_work import save_work, saved_notes_dir
+from bb_environments.providers.saved_work import (
+    SavedWork,
+    not_saved_notice,
+    save_work,
+    saved_notes_dir,
+    saved_work_max_bytes,
+)
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 from bb_environments.providers.worktree_survey import (
     BRANCH_PREFIX,
@@ -197,7 +203,7 @@ class GitWorktreeProvider:
             root = worktrees_root(ctx.data_dir)
             key_dir = root / require_path_key(ctx.path_key)
             paths = [Path(ctx.path)] if ctx.path is not None else _entries(key_dir)
-            saved_ref = None
+            saved = SavedWork(None)
             for path in paths:
                 ctx.raise_if_cancelled()
                 if not is_strictly_inside(path, root):
@@ -206,10 +212,10 @@ class GitWorktreeProvider:
                 stop_processes_in(path, ctx.report, "worktree")
                 with _repository_lock(ctx.project_path):
                     if ctx.path is not None:
-                        saved_ref = _save_work(ctx, path)
+                        saved = _save_work(ctx, path)
                     _remove_worktree(ctx.project_path, path)
             remove_if_empty(key_dir)
-            return Removed(saved_ref)
+            return Removed(saved.ref, saved.not_saved)
         return failed.remove_failed()
 
     def leftovers(self, data_dir: str, repos: list[str]) -> list[Leftover]:
@@ -220,19 +226,23 @@ class GitWorktreeProvider:
             return remove_worktree_leftover(Path(data_dir), worktrees_root(data_dir), leftover, _remove_worktree)
 
 
-def _save_work(ctx: RemoveContext, path: Path) -> str | None:
+def _save_work(ctx: RemoveContext, path: Path) -> SavedWork:
     """Save what exists only in the worktree, after its processes stopped (nothing writes to it
     any more); a failure keeps the worktree, for the removal's retry. Only a worktree that create
     returned is saved: one that a failed create left was never handed to a thread."""
     if ctx.project_path is None:
         raise WorkNotSaved(f"cannot save the work in {path}: the environment names no project")
+    max_file_bytes = saved_work_max_bytes()
     try:
-        saved_ref = save_work(ctx.project_path, path, ctx.environment_id, saved_notes_dir(Path(ctx.data_dir)))
+        saved = save_work(ctx.project_path, path, ctx.environment_id, saved_notes_dir(Path(ctx.data_dir)),
+                          max_file_bytes)
     except GitFailed as error:
         raise WorkNotSaved(f"the work in {path} could not be saved, so it is kept: {error}") from None
-    if saved_ref is not None:
-        ctx.report.log(f"Saved the work that was only in the worktree as {saved_ref}")
-    return saved_ref
+    if saved.ref is not None:
+        ctx.report.log(f"Saved the work that was only in the worktree as {saved.ref}")
+    if saved.not_saved:
+        ctx.report.log(not_saved_notice(saved, max_file_bytes, path))
+    return saved
 
 
 class WorkNotSaved(ValueError):

@@ -8,6 +8,11 @@ built on a temporary index, so the user's index, stash and branches stay as they
 `bb doctor --fix` saves an orphaned worktree or branch the same way, under a key of its own
 (`orphan-<hash>`, see `orphan_key`): no environment id names it.
 
+A file the save would add that is larger than BB_SAVED_WORK_MAX_BYTES (untracked, or tracked and
+changed) is left out, with its changes: a tenant's 50 MB dump saved into the project's `.git` would
+stay there (git's objects outlive the ref) and grow every clone and backup of it. Those files are
+named to whoever removes the workspace (`SavedWork.not_saved`), and are deleted with it.
+
 Each save leaves a note `<provider data dir>/saved/<environmentId>` naming the repository, written
 before the ref: the retention prune finds the repositories to look in there, on the host that
 made the refs, without asking the core.
@@ -19,10 +24,14 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bb_environments.providers.contract import NotSavedFile
 from bb_environments.providers.git_commands import GitFailed, run_git, run_git_or_none
 from bb_environments.providers.host.crash_points import crash_point
 
@@ -35,6 +44,48 @@ SAVER_IDENTITY = {
 _SAVE_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|orphan-[0-9a-f]{16}")
 """An environment's id, or an orphan's key."""
 ORPHAN_PREFIX = "orphan-"
+SAVED_WORK_MAX_BYTES = 10 << 20
+"""Far above a source file, a lock file or a small fixture; below the build outputs, dumps, archives
+and databases that would make the project's `.git` grow for good."""
+NOT_SAVED_NAMED = 100
+"""How many of the files left out are named (the largest), so that the removal's event stays small."""
+
+
+@dataclass(frozen=True)
+class SavedWork:
+    ref: str | None
+    """The saved ref, or None when there was nothing to save."""
+    not_saved: list[NotSavedFile] = field(default_factory=list)
+    """The largest of the files left out (at most NOT_SAVED_NAMED of them), largest first."""
+    not_saved_count: int = 0
+    """How many were left out in all."""
+
+
+def not_saved_notice(saved: SavedWork, max_file_bytes: int, worktree: Path) -> str:
+    """What the transcript says of the files a save left out: which, and where they went."""
+    named = ", ".join(f"{file.path} ({_size(file.bytes)})" for file in saved.not_saved)
+    more = saved.not_saved_count - len(saved.not_saved)
+    where = f"in the saved work {saved.ref}" if saved.ref is not None else "anywhere"
+    return (f"Not saved, being larger than BB_SAVED_WORK_MAX_BYTES ({_size(max_file_bytes)}): {named}"
+            + (f" and {more} more" if more > 0 else "")
+            + f". They are not {where}: they are deleted with the worktree {worktree}.")
+
+
+def _size(size: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}".replace(".0 ", " ")
+    return f"{size} bytes"
+
+
+def saved_work_max_bytes() -> int:
+    """BB_SAVED_WORK_MAX_BYTES: the largest file a save keeps; ValueError naming what is allowed otherwise."""
+    raw = os.environ.get("BB_SAVED_WORK_MAX_BYTES")
+    if not raw:
+        return SAVED_WORK_MAX_BYTES
+    if raw.isascii() and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    raise ValueError(f"BB_SAVED_WORK_MAX_BYTES {raw!r} is not allowed: use a number of bytes greater than 0")
 
 
 def saved_ref_name(key: str) -> str:
@@ -51,30 +102,35 @@ def orphan_key(*identity: str) -> str:
     return ORPHAN_PREFIX + digest[:16]
 
 
-def save_work(repo: str, worktree: Path, key: str, notes_dir: Path) -> str | None:
-    """Save what exists only in `worktree`; the saved ref, or None when there was nothing to save.
-    `key` is the environment's id, or an orphan's key (`orphan_key`).
+def save_work(repo: str, worktree: Path, key: str, notes_dir: Path,
+              max_file_bytes: int = SAVED_WORK_MAX_BYTES) -> SavedWork:
+    """Save what exists only in `worktree`, but its files larger than `max_file_bytes` (see the
+    module); `key` is the environment's id, or an orphan's key (`orphan_key`).
 
     A ref already there is the save, kept as it is: only this environment's removal writes it,
     before anything is deleted, and by a re-run (after a kill) the worktree may be half deleted.
+    The files left out are found again by a re-run, as far as they are still there.
     Raises GitFailed when the work could not be saved: the worktree must then stay.
     """
     ref = saved_ref_name(key)
-    if run_git_or_none(repo, "rev-parse", "--verify", "--quiet", ref) is not None:
-        return ref
+    saved_already = run_git_or_none(repo, "rev-parse", "--verify", "--quiet", ref) is not None
     if not _is_worktree_of(repo, worktree):
         # Gone, or no longer a worktree git can read (git's own removal was cut short after a
         # save that found nothing to save): there is nothing git could save.
-        return None
+        return SavedWork(ref if saved_already else None)
+    too_large = _too_large(worktree, max_file_bytes)
+    named = _readable(too_large[:NOT_SAVED_NAMED])
+    if saved_already:
+        return SavedWork(ref, named, len(too_large))
     head = run_git(str(worktree), "rev-parse", "--verify", "HEAD")
-    tree = _worktree_tree(worktree)
+    tree = _worktree_tree(worktree, [file.path for file in too_large])
     if tree == run_git(str(worktree), "rev-parse", "--verify", "HEAD^{tree}") and not _has_own_commits(worktree):
-        return None
+        return SavedWork(None, named, len(too_large))
     source = f"the orphaned worktree {worktree}" if key.startswith(ORPHAN_PREFIX) else f"environment {key}"
     commit = run_git(str(worktree), "commit-tree", "-p", head, "-m", f"bb: work saved from {source}",
                      tree, environment=SAVER_IDENTITY)
     _save_as(repo, key, commit, notes_dir)
-    return ref
+    return SavedWork(ref, named, len(too_large))
 
 
 def save_commits(repo: str, commit: str, branch: str, key: str, notes_dir: Path) -> str | None:
@@ -140,9 +196,33 @@ def _is_worktree_of(repo: str, worktree: Path) -> bool:
         os.path.realpath(worktree_common) == os.path.realpath(common)
 
 
-def _worktree_tree(worktree: Path) -> str:
+def _too_large(worktree: Path, max_file_bytes: int) -> list[NotSavedFile]:
+    """The files a save would add to the repository's objects (untracked and not ignored, or
+    tracked and changed) that are larger than `max_file_bytes`, largest first."""
+    listed = run_git(str(worktree), "ls-files", "-z", "--others", "--exclude-standard", "--modified")
+    too_large = []
+    for path in dict.fromkeys(name for name in listed.split("\0") if name):
+        try:
+            info = os.lstat(worktree / path)
+        except OSError:
+            continue  # deleted: nothing to add
+        if stat.S_ISREG(info.st_mode) and info.st_size > max_file_bytes:
+            too_large.append(NotSavedFile(path, info.st_size))
+    return sorted(too_large, key=lambda file: (-file.bytes, file.path))
+
+
+def _readable(files: list[NotSavedFile]) -> list[NotSavedFile]:
+    """`files` named as text can say: a name that is not UTF-8 has its bytes replaced (for the event
+    and the transcript; the files themselves were found by their real names)."""
+    return [NotSavedFile(file.path.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), file.bytes)
+            for file in files]
+
+
+def _worktree_tree(worktree: Path, left_out: Sequence[str] = ()) -> str:
     """The tree of the worktree's files as they are: its index's entries (staged and tracked files,
-    ignored or not) updated from the files, plus every untracked file that is not ignored."""
+    ignored or not) updated from the files, plus every untracked file that is not ignored; but
+    `left_out`, whose index entries stay as they were (none, for an untracked file). Left out of
+    `git add` itself, not removed afterwards: the add would write their objects into the repository."""
     index = run_git(str(worktree), "rev-parse", "--path-format=absolute", "--git-path", "index")
     with tempfile.TemporaryDirectory(prefix="bb-save-") as scratch:
         temporary = os.path.join(scratch, "index")
@@ -151,7 +231,8 @@ def _worktree_tree(worktree: Path) -> str:
             shutil.copyfile(index, temporary)
         else:
             run_git(str(worktree), "read-tree", "HEAD", environment=environment)
-        run_git(str(worktree), "add", "--all", environment=environment)
+        run_git(str(worktree), "add", "--all", "--", ".", *(f":(exclude,literal){path}" for path in left_out),
+                environment=environment)
         return run_git(str(worktree), "write-tree", environment=environment)
 
 

@@ -19,7 +19,13 @@ from typing import Protocol
 
 from bb_environments.providers.contract import Leftover, SilentReporter
 from bb_environments.providers.git_commands import GitFailed, run_git, run_git_or_none
-from bb_environments.providers.saved_work import orphan_key, save_commits, save_work, saved_notes_dir
+from bb_environments.providers.saved_work import (
+    orphan_key,
+    save_commits,
+    save_work,
+    saved_notes_dir,
+    saved_work_max_bytes,
+)
 from bb_environments.providers.workspace_files import is_strictly_inside, remove_if_empty, stop_processes_in
 
 PROVIDER_ID = "git-worktree"
@@ -89,7 +95,7 @@ def remove_worktree_leftover(data_dir: Path, root: Path, leftover: Leftover,
         stop_processes_in(path, SilentReporter(), "worktree")  # nothing writes to it any more
         if repo is not None:
             head = run_git_or_none(str(path), "rev-parse", "--verify", "--quiet", "HEAD") or ""
-            saved = save_work(repo, path, orphan_key(os.path.realpath(path), head), notes)
+            saved = save_work(repo, path, orphan_key(os.path.realpath(path), head), notes, saved_work_max_bytes()).ref
     remove_worktree(repo, path)
     if is_strictly_inside(path.parent, root):
         remove_if_empty(path.parent)

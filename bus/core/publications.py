@@ -65,10 +65,18 @@ def document_for(event: DomainEventProtocol[UUID], aggregate: Any) -> tuple[str,
     fields = {_camel(k): (str(v) if isinstance(v, UUID) else v) for k, v in vars(event).items()
               if k not in ("originator_id", "originator_version", "timestamp")}
     fields |= {_camel(name): getattr(aggregate, name) for name in publication.from_aggregate}
+    # An event records its optional fields as None where they do not apply; the document leaves them out.
+    fields = {name: value for name, value in fields.items() if value is not None or name not in _optional(publication.document)}
     common = {"occurredAt": event.timestamp, "version": event.originator_version} | owner.common(event, aggregate)
     document = msgspec.convert(fields | common, publication.document, strict=False)
     key = owner.key(event, aggregate)
     return subjects.log_event(owner.kind, key, publication.type), document
+
+
+@functools.cache
+def _optional(document: type[Document]) -> frozenset[str]:
+    """The fields of `document` that may be absent (msgspec.UNSET), by their name on the wire."""
+    return frozenset(field.encode_name for field in msgspec.structs.fields(document) if field.default is msgspec.UNSET)
 
 
 @functools.cache  # an event's field names, a few dozen in all, at every document the relay publishes

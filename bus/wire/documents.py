@@ -261,11 +261,20 @@ class WorkSavedDocument(EnvironmentEvent, kw_only=True, tag="work_saved"):
         "`git worktree add <dir> <savedRef>` gets it back.")]
 
 
+class NotSavedFile(msgspec.Struct, kw_only=True):
+    path: Annotated[str, _said("The file, relative to the workspace.")]
+    bytes: Annotated[int, _said("Its size.")]
+
+
 class RemovedDocument(EnvironmentEvent, kw_only=True, tag="removed"):
     """The provider removed the workspace (removal attempt `removalAttempt`); the path claim is
     released in the same transaction. Status `removed`."""
 
     removal_attempt: RemovalAttempt
+    not_saved: Annotated[list[NotSavedFile] | msgspec.UnsetType, _said(
+        "Present only when the work saved before the removal (`work_saved`) left files out: those larger "
+        "than BB_SAVED_WORK_MAX_BYTES (untracked, or tracked and changed), the largest 100 at most, "
+        "largest first. They are in no saved ref: they were deleted with the workspace.")] = msgspec.UNSET
 
 
 class RemoveFailedDocument(EnvironmentEvent, kw_only=True, tag="remove_failed"):

@@ -57,11 +57,11 @@ async def start(tmp_path: Path, crash_at: str | None = None) -> Service:
 
 
 async def restart(service: Service, crash_at: str | None = None) -> Service:
-    """Start the service again on the same data dir (and the embedded nats-server it left)."""
+    """Start the service again on the same data dir (and the embedded nats-server it left), with
+    the settings it had but its crash point."""
     if service.process is not None and service.process.poll() is None:
         service.kill()
-    overrides = {"BB_EXTRA_PROVIDERS": GATED, "BB_CRASH_AT": crash_at or ""}
-    service.environment = service_environment(service.data_dir, **overrides)
+    service.environment = service.environment | {"BB_EXTRA_PROVIDERS": GATED, "BB_CRASH_AT": crash_at or ""}
     await service.start()
     return service
 
@@ -394,7 +394,8 @@ def worktree_adds_in(repo: Path) -> list[int]:
 
 
 async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_one_save(tmp_path, git_repo, git):
-    service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_CRASH_AT="work-saved"))
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_CRASH_AT="work-saved",
+                                                             BB_SAVED_WORK_MAX_BYTES="100000"))
     await service.start()
     try:
         spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
@@ -403,6 +404,8 @@ async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_
         environment_id = spawned.json()["environmentId"]
         workspace = Path((await service.wait_for(environment_id, "ready"))["path"])
         (workspace / "unsaved.txt").write_text("an agent's work, committed nowhere\n")
+        dump = b"a tenant's database dump\n" * 10_000  # 250000 bytes: more than BB_SAVED_WORK_MAX_BYTES
+        (workspace / "dump.sql").write_bytes(dump)
         await service.bb("thread", "archive", "t1")
         await died(service)
         saved_ref = f"refs/bb/saved/{environment_id}"
@@ -421,6 +424,15 @@ async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_
         exported = [json.loads(line) for line in (await service.bb("events", "export")).stdout.splitlines()]
         saves = [e for e in exported if e.get("environmentId") == environment_id and e["type"] == "work_saved"]
         assert [e["savedRef"] for e in saves] == [saved_ref]
+        [removed_event] = [e for e in exported if e.get("environmentId") == environment_id and e["type"] == "removed"]
+        assert removed_event["notSaved"] == [{"path": "dump.sql", "bytes": len(dump)}]
+        assert git(git_repo, "ls-tree", "--name-only", saved_ref).splitlines() == ["README.md", "unsaved.txt"]
+        dump_blob = subprocess.run(["git", "-C", str(git_repo), "hash-object", "--stdin"], input=dump,
+                                   capture_output=True, check=True).stdout.decode().strip()
+        assert subprocess.run(["git", "-C", str(git_repo), "cat-file", "-e", dump_blob]).returncode != 0
+        transcript = (await service.bb("environment", "logs", environment_id)).stdout
+        assert "Not saved, being larger than BB_SAVED_WORK_MAX_BYTES (97.7 KiB): dump.sql (244.1 KiB). They are " \
+               f"not in the saved work {saved_ref}: they are deleted with the worktree {workspace}." in transcript
         await assert_consistent_log(service, environment_id)
     finally:
         await service.stop()

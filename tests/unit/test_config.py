@@ -97,13 +97,22 @@ def test_an_environments_hooks_may_have_4096_processes_and_8_gib_unless_configur
     assert hook_limits(Settings.load("/tmp/bb-config-test")) == Limits(100, 1 << 30)
 
 
+def test_saved_work_keeps_files_up_to_ten_mebibytes_unless_configured(monkeypatch):
+    monkeypatch.delenv("BB_SAVED_WORK_MAX_BYTES", raising=False)
+    assert Settings.load("/tmp/bb-config-test").saved_work_max_bytes == 10 << 20
+    monkeypatch.setenv("BB_SAVED_WORK_MAX_BYTES", "1000")
+    assert Settings.load("/tmp/bb-config-test").saved_work_max_bytes == 1000
+
+
 @pytest.mark.parametrize(("name", "raw", "allowed"), [
     ("BB_MAX_PIDS_PER_ENVIRONMENT", "15", "a number of processes, at least 16"),
     ("BB_MAX_PIDS_PER_ENVIRONMENT", "many", "a number of processes, at least 16"),
     ("BB_MAX_MEMORY_PER_ENVIRONMENT", "8G", "a number of bytes, at least 67108864"),
     ("BB_MAX_MEMORY_PER_ENVIRONMENT", "-1", "a number of bytes, at least 67108864"),
+    ("BB_SAVED_WORK_MAX_BYTES", "0", "a number of bytes greater than 0"),
+    ("BB_SAVED_WORK_MAX_BYTES", "10M", "a number of bytes greater than 0"),
 ])
-def test_a_limit_an_environments_hooks_could_not_run_under_is_refused_naming_what_is_allowed(
+def test_a_limit_that_cannot_be_held_is_refused_naming_what_is_allowed(
         monkeypatch, name, raw, allowed):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ConfigError, match=f"^{name} '{raw}' is not allowed: use {allowed}$"):

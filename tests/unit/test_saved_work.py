@@ -7,13 +7,15 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import RecordingReporter
 from tests.unit.test_git_worktree_provider import ENVIRONMENT_ID, create, remove_context
 
-from bb_environments.providers.contract import Removed, RemoveFailed
+from bb_environments.providers.contract import NotSavedFile, Removed, RemoveFailed
 from bb_environments.providers.git_worktree import GitWorktreeProvider
 from bb_environments.providers.saved_work import prune_saved_refs, save_work, saved_notes_dir
 
@@ -102,6 +104,36 @@ def test_file_names_git_would_quote_are_saved(
         assert blob == b"content of " + name
 
 
+def test_files_larger_than_the_limit_are_left_out_of_the_save_and_of_the_repository_and_named(
+    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BB_SAVED_WORK_MAX_BYTES", "1000")
+    (git_repo / "fixture.bin").write_bytes(b"f" * 5000)  # tracked and large: already in the repository
+    git(git_repo, "add", "fixture.bin")
+    git(git_repo, "commit", "--quiet", "-m", "a large fixture")
+    worktree = Path(create(provider, git_repo, data_dir).path)
+    dump, changed = b"d" * 4000, b"c" * 2000
+    (worktree / "dump.sql").write_bytes(dump)
+    (worktree / "fixture.bin").write_bytes(changed)
+    (worktree / "small.txt").write_bytes(b"s" * 1000)
+    report = RecordingReporter()
+
+    result = provider.remove(replace(remove_context(git_repo, data_dir, str(worktree)), report=report))
+
+    assert result == Removed(SAVED_REF, [NotSavedFile("dump.sql", 4000), NotSavedFile("fixture.bin", 2000)])
+    assert tree_names(git_repo, SAVED_REF) == [b"README.md", b"fixture.bin", b"small.txt"]
+    assert show(git_repo, f"{SAVED_REF}:fixture.bin") == b"f" * 5000  # as committed: its change is left out
+    for content in (dump, changed):
+        blob = subprocess.run(["git", "-C", str(git_repo), "hash-object", "--stdin"], input=content,
+                              capture_output=True, check=True).stdout.decode().strip()
+        assert subprocess.run(["git", "-C", str(git_repo), "cat-file", "-e", blob]).returncode != 0, \
+            "a file left out of the save was written into the repository all the same"
+    assert report.logs[-1] == (
+        "Not saved, being larger than BB_SAVED_WORK_MAX_BYTES (1000 bytes): dump.sql (3.9 KiB), "
+        f"fixture.bin (2 KiB). They are not in the saved work {SAVED_REF}: they are deleted with the "
+        f"worktree {worktree}.")
+
+
 def test_a_clean_worktree_whose_commits_are_on_other_branches_saves_nothing(
     provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
 ) -> None:
@@ -147,7 +179,7 @@ def test_a_removal_run_again_after_the_save_keeps_the_one_ref_and_names_it(
     worktree = Path(create(provider, git_repo, data_dir).path)
     (worktree / "work.txt").write_text("precious\n")
     # A kill just after the ref was written: the worktree is still there.
-    assert save_work(str(git_repo), worktree, ENVIRONMENT_ID, saved_notes_dir(data_dir)) == SAVED_REF
+    assert save_work(str(git_repo), worktree, ENVIRONMENT_ID, saved_notes_dir(data_dir)).ref == SAVED_REF
     first = git(git_repo, "rev-parse", SAVED_REF)
     (worktree / "work.txt").unlink()  # as git's own removal, cut short, might have left it
 
