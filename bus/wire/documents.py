@@ -272,7 +272,8 @@ class RemovedDocument(EnvironmentEvent, kw_only=True, tag="removed"):
 
     removal_attempt: RemovalAttempt
     not_saved: Annotated[list[NotSavedFile] | msgspec.UnsetType, _said(
-        "Present only when the work saved before the removal (`work_saved`) left files out: those larger "
+        "Present only when the work saved before the removal (`work_saved`) left files out, each with its "
+        "`path` (relative to the workspace) and `bytes`: those larger "
         "than BB_SAVED_WORK_MAX_BYTES (untracked, or tracked and changed), the largest 100 at most, "
         "largest first. They are in no saved ref: they were deleted with the workspace.")] = msgspec.UNSET
 
