@@ -42,3 +42,14 @@ class RecordedHook:
     """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
     environment_removed: bool
     """Its environment is removed: nothing will wait for this operation's outcome again."""
+    slug: str | None = None
+    """The environment's name on its host (None: claimed by a release before leases, or a core of one)."""
+    ports: str | None = None
+    """The environment's port block, `first-last` (None: as `slug`)."""
+
+    def leased_variables(self) -> dict[str, str]:
+        """What the environment leased, as its hooks' environment variables (SPEC 11)."""
+        variables = {"BB_ENVIRONMENT_SLUG": self.slug} if self.slug else {}
+        if self.ports:
+            variables |= {"BB_PORT": self.ports.split("-")[0], "BB_PORTS": self.ports}
+        return variables

@@ -32,6 +32,7 @@ from bb_environments.bus.jetstream import JetStream, consume, follow
 from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments
+from bb_environments.domain.leases import PortRange
 from bb_environments.handlers.indexes import LiveLimits
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.entrypoints.config import Settings, event_store_file, run_hooks_as
@@ -133,7 +134,8 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
             app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
                                grace_for=grace_for, writers=writers,
                                limits=LiveLimits(settings.max_live_environments,
-                                                 settings.max_live_environments_per_project))
+                                                 settings.max_live_environments_per_project),
+                               ports=PortRange(*settings.port_range, settings.ports_per_environment))
             break
         except (IntegrityError, InternalError):
             # Replicas starting together on a new database each create its tables: PostgreSQL lets

@@ -22,10 +22,12 @@ from bb_environments.domain.errors import (
     DomainError, IllegalTransition, PathAlreadyClaimed, UnknownEnvironment, UnknownThread)
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, RecordedHook
+from bb_environments.domain.leases import NoFreePorts, PortRange, slug_base
 from bb_environments.domain.status import CreateFailure, ThreadStatus
 from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.domain.thread import Thread, thread_aggregate_id
-from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL, Claims, HeldPathsAsHolders
+from bb_environments.handlers.claiming import (
+    HOST_CLAIMS_SNAPSHOT_INTERVAL, Claims, HeldPathsAsHolders, HostLeasesAsRecorded)
 from bb_environments.handlers.host_registry import HostRegistry
 from bb_environments.handlers.indexes import (
     AwaitingThreads, HookOperations, LiveEnvironments, LiveLimits, RegisteredThreads, WorktreeProjects)
@@ -45,10 +47,13 @@ class Environments(Application[UUID]):
     snapshotting_intervals = {HostClaims: HOST_CLAIMS_SNAPSHOT_INTERVAL}
 
     def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None,
-                 writers: Writers | None = None, limits: LiveLimits | None = None) -> None:
-        """`writers`: who else may write the store (default: nobody, as with SQLite)."""
+                 writers: Writers | None = None, limits: LiveLimits | None = None,
+                 ports: PortRange | None = None) -> None:
+        """`writers`: who else may write the store (default: nobody, as with SQLite); `ports`: where
+        each new environment's block of ports is leased from on its host."""
         self.writers = writers or SingleWriter()
         self.limits = limits or LiveLimits()
+        self.ports = ports or PortRange()
         super().__init__(env={**(env or {}), **self.writers.application_settings()})
         self._grace_for = grace_for or (lambda provider_id: retire_grace_ms(None, None))
         self.on_saved: Callable[[], object] = lambda: None
@@ -63,9 +68,9 @@ class Environments(Application[UUID]):
         self._hooks = HookOperations(self, self.writers, watch)
         self._live = LiveEnvironments(self, self.writers, watch)
         self._worktree_projects = WorktreeProjects(self, self.writers, watch)
-        self._indexes = tuple(holder.index for holder in (
+        self._indexes = (*(holder.index for holder in (
             self.claims, self.hosts, self._registered, self._awaiting, self._hooks, self._live,
-            self._worktree_projects))
+            self._worktree_projects)), self.claims.leases_index)
 
     @property
     def saves(self) -> int:
@@ -84,6 +89,7 @@ class Environments(Application[UUID]):
     def register_transcodings(self, transcoder: JSONTranscoder) -> None:
         super().register_transcodings(transcoder)
         transcoder.register(HeldPathsAsHolders())
+        transcoder.register(HostLeasesAsRecorded())
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -235,6 +241,11 @@ class Environments(Application[UUID]):
         replaced = holder if holder is not None and holder.can_give_up_path else None
         # One whose removal this save starts does not count: its place is handed on.
         self._live.refuse_past(self.limits, host_id, placement.project_path, handed_on=1 if replaced else 0)
+        claims = self.claims.on_host(host_id)
+        # The block is chosen against the ports the host's plan found listening: one placed while
+        # the host was away leases its block when it is planned there (record_planned).
+        slug, ports = claims.choose_lease(slug_base(placement.project_path, placement.provider_id),
+                                          self.ports if placement.planned else None, placement.listening)
         environment = Environment(
             provider_id=placement.provider_id,
             host_id=host_id,
@@ -244,11 +255,12 @@ class Environments(Application[UUID]):
             claimed_path=claimed_path,
             thread_id=thread.thread_id,
             **({} if placement.planned else {"planned": False}),
+            slug=slug, ports=ports.recorded() if ports else None,
         )
+        claims.lease(environment.id, slug, ports)
         thread.assign_environment(environment.id)
         if replaced is not None:
             replaced.give_up_path()
-        claims = self.claims.on_host(host_id)
         if claimed_path:
             claims.take(claimed_path, environment.id, replaced.id if replaced else None)
         return environment, [environment, thread, *([replaced] if replaced else []), *claims.changed]
@@ -340,19 +352,30 @@ class Environments(Application[UUID]):
         return environment
 
     def record_planned(self, environment_id: UUID, attempt: int, project_path: str | None, inputs: Any,
-                       claimed_path: str | None) -> Environment:
+                       claimed_path: str | None, listening: tuple[int, ...] = ()) -> Environment:
         """The host's plan for an environment placed while its host was away, with its claim taken
-        in the same save; a path another environment holds fails the attempt for good instead."""
+        and its block of ports leased (free of the `listening` ports the host found) in the same
+        save; a path another environment holds, or no free block, fails the attempt for good instead.
+        One claimed by a release before leases (no slug) leases none: its release promised none."""
         environment = self._changing_environment(environment_id)
         claims = self.claims.on_host(environment.host_id)
-        if claimed_path and attempt == environment.attempt and not environment.planned:
+        ports = None
+        if environment.may_plan(attempt):
             try:
-                claims.take(claimed_path, environment.id)
+                if claimed_path:
+                    claims.take(claimed_path, environment.id)
+                if environment.slug is not None:
+                    _, ports = claims.choose_lease(None, self.ports, listening)
+                    claims.lease(environment.id, environment.slug, ports)
             except PathAlreadyClaimed as refused:
                 environment.record_create_failed(attempt, "terminal", f"cannot claim the workspace path: {refused}")
                 self.save(environment)
                 return environment
-        if environment.record_planned(attempt, project_path, inputs, claimed_path):
+            except NoFreePorts as refused:
+                environment.record_create_failed(attempt, "terminal", str(refused))
+                self.save(environment)
+                return environment
+        if environment.record_planned(attempt, project_path, inputs, claimed_path, ports):
             self.save(environment, *claims.changed)
         return environment
 
@@ -433,6 +456,7 @@ class Environments(Application[UUID]):
         claims = self.claims.on_host(environment.host_id)
         for path in claimed:
             claims.release(path, environment.id)
+        claims.end_lease(environment.id)
         self.save(environment, *claims.changed)
         return environment
 

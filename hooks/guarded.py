@@ -68,7 +68,7 @@ class GuardedHooks:
             # Begun here and now, not when a task of ours is first stepped (see HookRunner.start).
             running = self._runner.start(recorded.operation_id, recorded.kind, Path(recorded.workspace),
                                          self._output_of(recorded), recorded.environment_id,
-                                         self._begin_of(recorded))
+                                         self._begin_of(recorded), recorded.leased_variables())
             # Its failure is read even where the announcing task is cancelled before it awaits the
             # run (the agent's stop): the runner has recorded it, nothing else needs to.
             running.add_done_callback(_read_failure)

@@ -38,7 +38,7 @@ import signal
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -93,6 +93,7 @@ class _InFlight:
     kind: str
     workspace: str
     environment_id: str | None
+    variables: Mapping[str, str]
     # The current attempt's first step until the run's task has its result (then None): a task
     # that ends without it (cancelled, even before its first step, by the loop shutting down)
     # leaves the supervisor that step started for `_close_untaken` to close.
@@ -186,11 +187,13 @@ class HookRunner:
         return await self.start(operation_id, kind, workspace, on_output, environment_id)
 
     def start(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
-              environment_id: str | None = None, on_begin: BeginSink | None = None) -> asyncio.Future[HookOutcome]:
+              environment_id: str | None = None, on_begin: BeginSink | None = None,
+              variables: Mapping[str, str] | None = None) -> asyncio.Future[HookOutcome]:
         """`run`, begun before this returns: a new operation's first step (reading its record and
         starting its supervisor) is already with a worker thread, rather than waiting for the
         event loop to step a task of its own and then hand the step over. `on_begin` hears how
-        the run met the operation (not for a hook that had no script, or was cancelled)."""
+        the run met the operation (not for a hook that had no script, or was cancelled).
+        `variables`: what the environment leased, for the hook's environment (SPEC 11)."""
         if kind not in SCRIPT_NAMES:
             raise ValueError(f"unknown hook kind {kind!r}")
         workspace = Path(workspace)
@@ -201,8 +204,9 @@ class HookRunner:
             return answered
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            in_flight = _InFlight(kind, str(workspace), environment_id,
-                                  self._begin_soon(operation_id, kind, workspace, environment_id), on_begin)
+            variables = dict(variables or {})
+            in_flight = _InFlight(kind, str(workspace), environment_id, variables,
+                                  self._begin_soon(operation_id, kind, workspace, environment_id, variables), on_begin)
             in_flight.task = asyncio.ensure_future(
                 self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight))
             self._in_flight[operation_id] = in_flight
@@ -212,9 +216,10 @@ class HookRunner:
         # Shielded: a caller that stops waiting must not stop the hook's bookkeeping midway.
         return asyncio.shield(in_flight.task)
 
-    def _begin_soon(self, operation_id: str, kind: str, workspace: Path, environment_id: str | None) -> _Begun:
+    def _begin_soon(self, operation_id: str, kind: str, workspace: Path, environment_id: str | None,
+                    variables: Mapping[str, str]) -> _Begun:
         return asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace,
-                                                          environment_id)
+                                                          environment_id, variables)
 
     def _end_in_flight(self, operation_id: str, in_flight: _InFlight) -> None:
         self._in_flight.pop(operation_id, None)
@@ -240,7 +245,8 @@ class HookRunner:
                 if error.errno not in OUT_OF_SPACE:
                     raise
                 await asyncio.sleep(backoff.failed(error))
-                in_flight.begun = self._begin_soon(operation_id, kind, workspace, in_flight.environment_id)
+                in_flight.begun = self._begin_soon(operation_id, kind, workspace, in_flight.environment_id,
+                                                   in_flight.variables)
                 continue
             backoff.succeeded()
             return outcome
@@ -270,7 +276,8 @@ class HookRunner:
             self._skipped.popitem(last=False)
 
     def _begin(
-        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None
+        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None,
+        variables: Mapping[str, str],
     ) -> tuple[HookRecord | None, bool, SupervisorHandle | None]:
         """The operation's record and tombstone; if it has neither, the hook is started. Blocking."""
         record = self._records.read(operation_id)
@@ -279,7 +286,7 @@ class HookRunner:
         tombstoned = self._records.is_tombstoned(operation_id)
         if record is not None or tombstoned:
             return record, tombstoned, None
-        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace, environment_id)
+        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace, environment_id, variables)
         return record, False, supervisor
 
     async def _settle_cancelled(self, record: HookRecord | None) -> HookOutcome:
@@ -293,7 +300,7 @@ class HookRunner:
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
     def _start(self, operation_id: str, kind: HookKind, workspace: Path,
-               environment_id: str | None) -> tuple[HookRecord, SupervisorHandle | None]:
+               environment_id: str | None, variables: Mapping[str, str]) -> tuple[HookRecord, SupervisorHandle | None]:
         """Start a supervisor and write the fresh record adopting it; a missing script is skipped,
         with a record that is not written (see the module).
 
@@ -317,6 +324,7 @@ class HookRunner:
             environment[MARKER] = environment_id
             if self._containment is not None:
                 cgroup = self._containment.prepare(environment_id)
+        environment.update(variables)
         supervisor = self._launcher.start_supervisor(
             SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
                               environment, str(self._output_max_bytes), cgroup, self._run_as, git_hook)

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from bb_environments.providers.host.containment import Containment
+from bb_environments.providers.host.listening import listening_ports
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.contract import (
     CreateContext,
@@ -149,7 +150,8 @@ class LocalWorkspaces:
         check_available(provider, context)
         planned, shares = await asyncio.to_thread(plan_path, provider, context, request.path_key)
         return Plan(project_path=project, inputs=msgspec.to_builtins(inputs),
-                    claimed_path=claimed_path(planned, data_dir), shares_claimed_path=shares)
+                    claimed_path=claimed_path(planned, data_dir), shares_claimed_path=shares,
+                    listening=await asyncio.to_thread(listening_ports))
 
     async def planned_path(self, request: PlanRequest) -> str | None:
         provider = self._provider(request.provider_id)

@@ -151,6 +151,8 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict([
     _published(HostClaims.Started, wire.HostClaimsStartedDocument),
     _published(HostClaims.Held, wire.HostClaimsHeldDocument),
     _published(HostClaims.Released, wire.HostClaimsReleasedDocument),
+    _published(HostClaims.Leased, wire.HostClaimsLeasedDocument),
+    _published(HostClaims.LeaseEnded, wire.HostClaimsLeaseEndedDocument),
     _published(RegisteredHost.Registered, wire.HostRegisteredDocument),
     _published(RegisteredHost.CredentialsRotated, wire.HostCredentialsRotatedDocument),
     _published(RegisteredHost.Removed, wire.HostRemovedDocument),

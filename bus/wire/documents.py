@@ -51,6 +51,23 @@ PathKey = Annotated[str, _said("The key under which the provider places this att
 ClaimedPath = Annotated[str | None, _said(
     "The path claimed (canonical form) before the provider runs, or null when none is claimed in advance.")]
 Reason = Annotated[str, _said("Why, in one sentence.")]
+
+
+class Ports(msgspec.Struct, frozen=True):
+    """A block of `count` consecutive TCP ports from `first`, leased on the environment's host."""
+
+    first: Annotated[int, msgspec.Meta(description="The block's first port (the hooks' `BB_PORT`).")]
+    count: Annotated[int, msgspec.Meta(description="How many ports it holds (BB_PORTS_PER_ENVIRONMENT when leased).")]
+
+
+Slug = Annotated[str | None, _said(
+    "The environment's name, unique among the live environments of its host (at most 40 characters of "
+    "`[a-z0-9-]`, starting with a letter); left out by a release before slugs.")]
+LeasedPorts = Annotated[Ports | None, _said(
+    "The block of ports leased to the environment on its host, or null: none yet (placed while its host's "
+    "agent was away: leased when it is planned); left out by a release before leases.")]
+# Fields added to documents a release before recorded without them are left out of those (UNSET), so
+# that a stored event keeps its bytes on the bus (see the module's docstring).
 Message = Annotated[str, _said("What went wrong, in one sentence.")]
 ThreadId = Annotated[str, _said("The thread's id.")]
 
@@ -79,6 +96,8 @@ class ClaimedDocument(EnvironmentEvent, kw_only=True, tag="claimed"):
     inputs: Annotated[Any, _said("The provider's inputs, as its inputs type reads them.")]
     path_key: PathKey
     claimed_path: ClaimedPath
+    slug: Slug | msgspec.UnsetType = msgspec.UNSET
+    ports: LeasedPorts | msgspec.UnsetType = msgspec.UNSET
 
 
 class PlannedDocument(EnvironmentEvent, kw_only=True, tag="planned"):
@@ -89,6 +108,7 @@ class PlannedDocument(EnvironmentEvent, kw_only=True, tag="planned"):
     project_path: Annotated[str | None, _said("The project as the host resolved it (canonical), or null.")]
     inputs: Annotated[Any, _said("The provider's inputs, as its inputs type reads them on the host.")]
     claimed_path: ClaimedPath
+    ports: LeasedPorts | msgspec.UnsetType = msgspec.UNSET
 
 
 class HostAwaitedDocument(EnvironmentEvent, kw_only=True, tag="host_awaited"):
@@ -367,6 +387,13 @@ class HostClaimsEvent(Document):
     version: Annotated[int, msgspec.Meta(description="The version of the host's claims after this event (gap-free).")]
 
 
+class HostLease(msgspec.Struct, frozen=True):
+    """What one environment holds on its host besides its path."""
+
+    slug: Slug
+    ports: LeasedPorts
+
+
 class HostClaimsStartedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_started"):
     """A store that several core replicas may write began to keep the host's live claims together,
     so that the claims on one host are decided one at a time: in the transaction of the first claim
@@ -374,6 +401,9 @@ class HostClaimsStartedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_
 
     held: Annotated[dict[str, UUID], msgspec.Meta(
         description="Each path (canonical form) held on the host until then, with the environment holding it.")]
+    leases: Annotated[dict[str, HostLease] | None, msgspec.Meta(
+        description="Each live environment's lease on the host until then, by environment id; left out by a "
+                    "release before leases.")] | msgspec.UnsetType = msgspec.UNSET
 
 
 class HostClaimsHeldDocument(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
@@ -390,6 +420,23 @@ class HostClaimsReleasedDocument(HostClaimsEvent, kw_only=True, tag="host_claims
 
     path: Annotated[str, msgspec.Meta(description="The released path, in canonical form (symlinks resolved).")]
     environment_id: Annotated[str, msgspec.Meta(description="The environment that held the path.")]
+
+
+class HostClaimsLeasedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_leased"):
+    """Environment `environmentId` holds this slug and block of ports on the host now: in the
+    transaction of its `claimed` (or `planned`), on a store that several core replicas may write,
+    so that two replicas never lease one slug or overlapping blocks on one host."""
+
+    environment_id: Annotated[str, msgspec.Meta(description="The environment holding the lease.")]
+    slug: Slug
+    ports: LeasedPorts
+
+
+class HostClaimsLeaseEndedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_lease_ended"):
+    """Environment `environmentId` no longer holds a slug or ports on the host: in the transaction of
+    its `removed` (on a store that several core replicas may write)."""
+
+    environment_id: Annotated[str, msgspec.Meta(description="The environment that held the lease.")]
 
 
 
