@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from uuid import uuid4
 
 import pytest
 
 from bb_environments.domain.leases import SLUG_PATTERN, HostLeases, NoFreePorts, PortBlock, PortRange, slug_base
-from bb_environments.providers.host.listening import listening_ports
+from bb_environments.providers.host.listening import ListeningPorts, listening_ports
 
 
 def test_a_block_skips_leased_blocks_and_listening_ports_and_a_full_range_names_both_and_the_settings():
@@ -42,3 +43,18 @@ def test_the_probe_finds_a_port_something_listens_on():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         assert sock.getsockname()[1] in listening_ports()
+
+
+async def test_plans_asking_together_share_one_read_of_the_socket_tables_and_a_later_one_reads_again():
+    reads, clock = [], [100.0]
+
+    def read() -> tuple[int, ...]:
+        reads.append(clock[0])
+        return (len(reads),)
+
+    ports = ListeningPorts(read, fresh_s=0.5, clock=lambda: clock[0])
+    assert await asyncio.gather(*(ports.now() for _ in range(50))) == [(1,)] * 50
+    clock[0] += 0.4
+    assert await ports.now() == (1,)
+    clock[0] += 0.2  # past its freshness: a listener may have started since
+    assert await ports.now() == (2,) and len(reads) == 2
