@@ -34,7 +34,8 @@ SERVICE_INBOX_PREFIX = "_BB_SERVICE_INBOX"
 # of them could hide events from the read model or the provisioning driver. The retired ones are
 # included: a start still hands over from them, so no client may hold those names.
 SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.RETIRED_PROVISIONER_CONSUMER,
-                     subjects.TRANSCRIPTS_CONSUMER, subjects.RETIRED_THREADS_CONSUMER)
+                     subjects.TRANSCRIPTS_CONSUMER, subjects.RETIRED_THREADS_CONSUMER,
+                     subjects.TRANSCRIPT_INTAKE_CONSUMER)
 # The streams clients may read, each with the part of it that is theirs: BB_ENVIRONMENTS stores the
 # whole log, and its threads' and claims' events are the service's.
 READABLE_STREAMS = {subjects.ENVIRONMENTS_STREAM: subjects.LOG_ENVIRONMENT_EVENTS,
@@ -130,14 +131,15 @@ def role_permissions(role: str) -> Permissions:
 
 def host_agent_permissions(host_id: str) -> Permissions:
     """A host agent takes its own host's jobs and reports them, answers its own host's requests,
-    asks the core about its own operations, beats its own heart and writes transcripts; nothing
-    more: no thread events, no log, no API, no other host's subjects or consumer."""
+    asks the core about its own operations, beats its own heart and writes its own host's
+    transcript lines, which the core checks before anyone reads them; nothing more: no thread
+    events, no log, no transcripts, no API, no other host's subjects or consumer."""
     jobs, consumer = subjects.HOST_JOBS_STREAM, subjects.host_jobs_consumer(host_id)
     return Permissions(
         publish={"allow": [
             f"$JS.API.CONSUMER.MSG.NEXT.{jobs}.{consumer}", f"$JS.ACK.{jobs}.{consumer}.>",
             subjects.host_reports(host_id), subjects.host_ledger(host_id),
-            f"$KV.{subjects.HOSTS_BUCKET}.{host_id}", subjects.TRANSCRIPT_EVENTS,
+            f"$KV.{subjects.HOSTS_BUCKET}.{host_id}", subjects.host_transcripts(host_id),
         ]},
         subscribe={"allow": [subjects.host_hooks(host_id, "*"), subjects.host_workspaces(host_id, "*"), "$SRV.>",
                              f"{host_agent_inbox_prefix(host_id)}.>"]},

@@ -240,7 +240,7 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
                                  host_agent_inbox_prefix(settings.host_id),
                                  **connect_options(settings, credentials, host_agent_user(settings.host_id)))
         started.push_async_callback(_close, agent_nc)
-        agent_transcript = TranscriptPublisher(agent_nc, loop, health=health)
+        agent_transcript = TranscriptPublisher(agent_nc, loop, health=health, host_id=settings.host_id)
 
     def host_here(ledger: HookLedger) -> LocalHost:
         # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a
@@ -319,7 +319,8 @@ async def _replication(settings: Settings, nc: Client, js: JetStreamContext, hea
         return None
     leases, holder = await leases_bucket(js, settings.stream_replicas, health), lease_holder(settings.replica_id)
     return Replication(DriveShare(leases, holder, lambda: live_replica_count(js)),
-                       Lease(leases, subjects.RELAY_LEASE, holder), ActivityAcrossReplicas(nc))
+                       Lease(leases, subjects.RELAY_LEASE, holder),
+                       Lease(leases, subjects.TRANSCRIPT_INTAKE_LEASE, holder), ActivityAcrossReplicas(nc))
 
 
 async def _close(nc: Any) -> None:
