@@ -34,8 +34,7 @@ SERVICE_INBOX_PREFIX = "_BB_SERVICE_INBOX"
 # of them could hide events from the read model or the provisioning driver. The retired ones are
 # included: a start still hands over from them, so no client may hold those names.
 SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.RETIRED_PROVISIONER_CONSUMER,
-                     subjects.TRANSCRIPTS_CONSUMER, subjects.RETIRED_THREADS_CONSUMER,
-                     subjects.TRANSCRIPT_INTAKE_CONSUMER)
+                     subjects.TRANSCRIPTS_CONSUMER, subjects.RETIRED_THREADS_CONSUMER)
 # The streams clients may read, each with the part of it that is theirs: BB_ENVIRONMENTS stores the
 # whole log, and its threads' and claims' events are the service's.
 READABLE_STREAMS = {subjects.ENVIRONMENTS_STREAM: subjects.LOG_ENVIRONMENT_EVENTS,
