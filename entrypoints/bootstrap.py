@@ -27,6 +27,7 @@ from bb_environments.bus.core.placements import Placements
 from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
+from bb_environments.bus.core.transcript_intake import TranscriptIntake
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import JetStream, consume, follow
 from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
@@ -94,6 +95,7 @@ class Replication:
 
     share: DriveShare
     relay_lease: Lease
+    transcript_intake_lease: Lease
     activity: ActivityAcrossReplicas
 
 
@@ -221,14 +223,20 @@ def _woken_across_replicas(core: Core, relay: OutboxRelay, nc: Client,
 
 def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealth,
                  settings: Settings, replication: Replication | None = None) -> list[Coroutine[Any, Any, None]]:
-    """The core's loops on the bus: the relay, the log and transcript followers, one in-order
-    consumer per thread partition, and the sweep; with `replication`, the relay runs only while
-    this replica holds its lease, the followers are this replica's own, and its share of the
-    environments is kept."""
+    """The core's loops on the bus: the relay, the log and transcript followers, the hosts'
+    transcript intake, one in-order consumer per thread partition, and the sweep; with
+    `replication`, the relay and the intake run only while this replica holds their leases, the
+    followers are this replica's own, and its share of the environments is kept."""
     placements = Placements(js, core.store)
     follower = LogFollower(core.store, core.log_reader, core.read_model, placements, core.provisioner)
     thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
     transcripts = TranscriptFollower(core.read_model)
+    intake = TranscriptIntake(AckedPublisher(js.nc), lambda ids: core.store.run(core.store.app.environment_hosts, ids))
+
+    def taking_in() -> Coroutine[Any, Any, None]:
+        return consume(js, subjects.TRANSCRIPT_INTAKE_STREAM, subjects.TRANSCRIPT_INTAKE_CONSUMER,
+                       subjects.HOST_TRANSCRIPTS, intake.handle_batch, health)
+
     if replication is None:
         relaying = relay.run()
         followers = [
@@ -236,6 +244,7 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
                     follower.handle_batch, health),
             consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS,
                     transcripts.handle_batch, health),
+            taking_in(),
         ]
     else:
         # Another replica relaying has caught the stream up as far as this one would.
@@ -256,6 +265,8 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
             follow(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPT_EVENTS, transcript_position,
                    transcripts.handle_batch, health, "transcript follower"),
             replication.share.run(health, core.provisioner.sweep, core.provisioner.let_go),
+            # One replica at a time, so that a host's lines keep their order.
+            while_leased(replication.transcript_intake_lease, taking_in, health),
         ]
     return [
         relaying,

@@ -465,6 +465,19 @@ class Environments(Application[UUID]):
     ) -> Environment:
         return self._change(environment_id, lambda e: e.record_remove_failed(removal_attempt, message, retry_at))[0]
 
+    def environment_hosts(self, environment_ids: list[UUID]) -> dict[UUID, str]:
+        """The host each of these environments was placed on, for those the log has (an
+        environment's host never changes)."""
+        hosts = {}
+        for environment_id in environment_ids:
+            try:
+                found: Aggregate = self.repository.get(environment_id, deepcopy_from_cache=self.repository.fastforward)
+            except AggregateNotFoundError:
+                continue
+            if isinstance(found, Environment):  # an id of another aggregate names no environment
+                hosts[environment_id] = found.host_id
+        return hosts
+
     def recorded_hook(self, operation_id: str) -> RecordedHook | None:
         """Whose hook the log started under this operation id, where, and whether it may run or be
         stopped now; None when the log never started one (whatever the id looks like)."""
