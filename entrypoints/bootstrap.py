@@ -48,7 +48,8 @@ from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.handlers.writers import SharedStore, SingleWriter
-from bb_environments.projections.read_model import TRANSCRIPT, ReadModel
+from bb_environments.projections.read_model import ReadModel
+from bb_environments.projections.tables import TRANSCRIPT
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.git_worktree import GitWorktreeProvider

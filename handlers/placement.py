@@ -26,7 +26,7 @@ from bb_environments.providers.workspace_messages import PlanRequest
 @dataclass(frozen=True)
 class Placement:
     """Where a thread's new environment will live, decided before anything is written: what
-    the application service's claim takes (handlers/application.py)."""
+    the application service's claim takes (handlers/thread_use_cases.py)."""
 
     provider_id: str
     host_id: str

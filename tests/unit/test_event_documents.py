@@ -24,8 +24,8 @@ from eventsourcing.persistence import StoredEvent
 import bb_environments.domain as domain
 from bb_environments.entrypoints import catalog
 from bb_environments.bus.core.publications import PUBLICATIONS, log_decoder
-from bb_environments.bus.wire.documents import (ClaimEvent, EnvironmentEvent, HostClaimsEvent, RegisteredHostEvent,
-                                                ThreadEvent)
+from bb_environments.bus.wire.documents import EnvironmentEvent
+from bb_environments.bus.wire.log_only_documents import ClaimEvent, HostClaimsEvent, RegisteredHostEvent, ThreadEvent
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
