@@ -130,14 +130,15 @@ def role_permissions(role: str) -> Permissions:
 
 def host_agent_permissions(host_id: str) -> Permissions:
     """A host agent takes its own host's jobs and reports them, answers its own host's requests,
-    asks the core about its own operations, beats its own heart and writes transcripts; nothing
-    more: no thread events, no log, no API, no other host's subjects or consumer."""
+    asks the core about its own operations, beats its own heart and writes its own host's
+    transcript lines, which the core checks before anyone reads them; nothing more: no thread
+    events, no log, no transcripts, no API, no other host's subjects or consumer."""
     jobs, consumer = subjects.HOST_JOBS_STREAM, subjects.host_jobs_consumer(host_id)
     return Permissions(
         publish={"allow": [
             f"$JS.API.CONSUMER.MSG.NEXT.{jobs}.{consumer}", f"$JS.ACK.{jobs}.{consumer}.>",
             subjects.host_reports(host_id), subjects.host_ledger(host_id),
-            f"$KV.{subjects.HOSTS_BUCKET}.{host_id}", subjects.TRANSCRIPT_EVENTS,
+            f"$KV.{subjects.HOSTS_BUCKET}.{host_id}", subjects.host_transcripts(host_id),
         ]},
         subscribe={"allow": [subjects.host_hooks(host_id, "*"), subjects.host_workspaces(host_id, "*"), "$SRV.>",
                              f"{host_agent_inbox_prefix(host_id)}.>"]},

@@ -108,6 +108,13 @@ def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.Stre
             storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
             duplicate_window=DUPLICATE_WINDOW_S,
         ),
+        # The hosts' agents' lines, each gone once the core has checked it and kept it in
+        # BB_TRANSCRIPTS (or dropped it); a flood waiting here is bounded like the transcripts.
+        api.StreamConfig(
+            name=subjects.TRANSCRIPT_INTAKE_STREAM, subjects=[subjects.HOST_TRANSCRIPTS],
+            storage=api.StorageType.FILE, retention=api.RetentionPolicy.WORK_QUEUE,
+            max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT, duplicate_window=DUPLICATE_WINDOW_S,
+        ),
         api.StreamConfig(
             name=subjects.PLACEMENTS_STREAM, subjects=[subjects.PLACEMENT_EVENTS], storage=api.StorageType.FILE,
             max_age=PLACEMENTS_MAX_AGE_S, duplicate_window=DUPLICATE_WINDOW_S,

@@ -1,4 +1,5 @@
-"""Transcript lines (provider steps, hook output) go to their own size-limited stream.
+"""Transcript lines (provider steps, hook output) go to their own size-limited stream; a host's
+agent's go there through the core, which checks them first.
 
 Publishing is fire-and-forget from any thread: progress must never block or fail a step. Lines
 are sent in order; while the bus is away they wait and go out once it is back. At most
@@ -9,8 +10,10 @@ faster than they go out (a hook printing megabytes), and the log says which.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import msgspec
@@ -28,8 +31,13 @@ Line = tuple[str, bytes, dict[str, str] | None]  # subject, payload, headers
 
 
 class TranscriptPublisher:
-    def __init__(self, nc: Client, loop: asyncio.AbstractEventLoop, *, health: BusHealth | None = None) -> None:
+    def __init__(self, nc: Client, loop: asyncio.AbstractEventLoop, *, health: BusHealth | None = None,
+                 host_id: str | None = None) -> None:
+        """`host_id`: the host whose agent writes these lines, under its own subjects, for the core to
+        check (bus/core/transcript_intake.py); None: the service's own lines, written where they are read."""
         self._nc = nc
+        self._subject: Callable[[str], str] = (
+            subjects.transcript if host_id is None else functools.partial(subjects.host_transcript, host_id))
         self._loop = loop
         self._health = health or BusHealth()
         self._bus = self._health.retry("publishing transcript lines")
@@ -44,7 +52,7 @@ class TranscriptPublisher:
                               kind=kind, source=source, text=text.rstrip("\n"))
         payload = msgspec.json.encode(line)
         headers = None if message_id is None else {"Nats-Msg-Id": message_id}
-        queued = (subjects.transcript(environment_id), payload, headers)
+        queued = (self._subject(environment_id), payload, headers)
         if _running_loop() is self._loop:
             # A hook's output comes from the loop itself, line after line: call_soon_threadsafe
             # would wake the loop through its self-pipe once per line.

@@ -21,6 +21,7 @@ from eventsourcing.domain import Aggregate, event
 from bb_environments.domain.copying import CopiedForCommands
 from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
 from bb_environments.domain.hook_operations import HookKind, RecordedHook
+from bb_environments.domain.leases import PortBlock
 from bb_environments.domain.status import (
     LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, CreateFailure, EnvironmentStatus, HookStatus)
 from bb_environments.domain.steps import (
@@ -98,10 +99,14 @@ class Environment(CopiedForCommands, Aggregate):
         claimed_path: str | None,
         thread_id: str,
         planned: bool = True,
+        slug: str | None = None,
+        ports: dict[str, int] | None = None,
     ) -> None:
         """`planned` False: placed while its host's agent was away, so the project, inputs and
         claimed path are as the request gave them, to be planned on the host before its create
-        (see record_planned); environments of earlier releases were all planned at placement."""
+        (see record_planned); environments of earlier releases were all planned at placement.
+        `slug` and `ports`: what it leased on its host (domain/leases.py; `ports` once planned);
+        None in environments claimed by a release before leases, which keep none."""
         self.provider_id = provider_id
         self.host_id = host_id
         self.project_path = project_path
@@ -110,6 +115,8 @@ class Environment(CopiedForCommands, Aggregate):
         self.claimed_path = claimed_path
         self.origin_thread_id = thread_id
         self.planned = planned
+        self.slug = slug
+        self.ports = PortBlock.from_recorded(ports)
         self.thread_ids: list[str] = [thread_id]
         # The environment's version when each of its threads joined it: a thread that leaves and
         # comes back is placed again, and hears its outcome again (bus/core/placements.py).
@@ -185,6 +192,7 @@ class Environment(CopiedForCommands, Aggregate):
             operation_id=operation_id, environment_id=str(self.id), kind=kind, host_id=self.host_id,
             workspace=self.path, awaited=self.awaits_hook(operation_id), stoppable=self.may_stop_hook(operation_id),
             environment_removed=self.status == EnvironmentStatus.REMOVED,
+            slug=self.slug, ports=str(self.ports) if self.ports else None,
         )
 
     def current_hook(self, operation_id: str) -> RecordedHook | None:
@@ -266,19 +274,26 @@ class Environment(CopiedForCommands, Aggregate):
 
     # -- the create step -----------------------------------------------------------------------
 
-    def record_planned(self, attempt: int, project_path: str | None, inputs: Any, claimed_path: str | None) -> bool:
+    def may_plan(self, attempt: int) -> bool:
+        """The host's plan of this attempt is still to be recorded."""
+        return not self.planned and attempt == self.attempt and self.status == EnvironmentStatus.CREATING
+
+    def record_planned(self, attempt: int, project_path: str | None, inputs: Any, claimed_path: str | None,
+                       ports: PortBlock | None = None) -> bool:
         """The host's plan of an environment placed while the host was away; the caller claims
-        `claimed_path` in the same save."""
-        if self.planned or attempt != self.attempt or self.status != EnvironmentStatus.CREATING:
+        `claimed_path` and leases `ports` (probed on the host as it planned) in the same save."""
+        if not self.may_plan(attempt):
             return False
-        self._planned(project_path, inputs, claimed_path)
+        self._planned(project_path, inputs, claimed_path, **({"ports": ports.recorded()} if ports else {}))
         return True
 
     @event("Planned")
-    def _planned(self, project_path: str | None, inputs: Any, claimed_path: str | None) -> None:
+    def _planned(self, project_path: str | None, inputs: Any, claimed_path: str | None,
+                 ports: dict[str, int] | None = None) -> None:
         self.project_path = project_path
         self.inputs = inputs
         self.claimed_path = claimed_path
+        self.ports = PortBlock.from_recorded(ports) or self.ports
         self.planned = True
         self.status_message = None
 

@@ -42,11 +42,17 @@ class RecordedHook:
     """Stopping it loses nothing the log still waits for (see Environment.may_stop_hook)."""
     environment_removed: bool
     """Its environment is removed: nothing will wait for this operation's outcome again."""
+    slug: str | None = None
+    """The environment's name on its host (None: claimed by a release before leases, or a core of one)."""
+    ports: str | None = None
+    """The environment's port block, `first-last` (None: as `slug`)."""
 
     def given_variables(self) -> dict[str, str]:
         """The variables the core gives the hook on purpose (docs/concepts.md, Hooks), from what the
         log recorded: the only ones of the service's kind a hook sees (providers/host/withheld.py).
-        One line each."""
+        One line each; what the environment leased (SPEC 11) only where it has it."""
         return {
             "BB_ENVIRONMENT_ID": self.environment_id,
+            **({"BB_ENVIRONMENT_SLUG": self.slug} if self.slug else {}),
+            **({"BB_PORT": self.ports.split("-")[0], "BB_PORTS": self.ports} if self.ports else {}),
         }

@@ -1,5 +1,5 @@
-"""HostClaims: the paths that live environments hold on one host, in one aggregate, so that every
-claim decision on that host is made against one version of them.
+"""HostClaims: the paths, port blocks and slugs that live environments hold on one host, in one
+aggregate, so that every claim decision on that host is made against one version of them.
 
 The nested-path rule (domain/claims.py) asks of every live claim on the host at once, which no
 single PathClaim can answer. Saved with every claim taken or released there, this aggregate makes
@@ -10,7 +10,7 @@ one (handlers/writers.py); a single writer checks the rule against what it read 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
@@ -18,6 +18,7 @@ from eventsourcing.domain import Aggregate, event
 from bb_environments.domain.claims import HeldPaths, refuse_nested
 from bb_environments.domain.copying import CopiedForCommands
 from bb_environments.domain.errors import PathAlreadyClaimed
+from bb_environments.domain.leases import HostLeases, PortBlock
 
 
 def host_claims_id(host_id: str) -> UUID:
@@ -29,6 +30,7 @@ class HostClaims(CopiedForCommands, Aggregate):
         class Started(Aggregate.Created):
             host_id: str
             held: dict[str, UUID]
+            leases: dict[str, dict[str, Any]] | None
 
         class Held(Aggregate.Event):
             path: str
@@ -38,18 +40,33 @@ class HostClaims(CopiedForCommands, Aggregate):
             path: str
             environment_id: UUID
 
+        class Leased(Aggregate.Event):
+            environment_id: UUID
+            slug: str | None
+            ports: dict[str, int] | None
+
+        class LeaseEnded(Aggregate.Event):
+            environment_id: UUID
+
     @staticmethod
-    def create_id(host_id: str, held: dict[str, UUID]) -> UUID:
+    def create_id(host_id: str, held: dict[str, UUID], leases: dict[str, dict[str, Any]] | None = None) -> UUID:
         return host_claims_id(host_id)
 
     @event("Started")
-    def __init__(self, host_id: str, held: dict[str, UUID]) -> None:
-        """`held`: the claims live on the host when its claims began to be kept here (a store whose
-        claims were decided by one writer until then)."""
+    def __init__(self, host_id: str, held: dict[str, UUID], leases: dict[str, dict[str, Any]] | None = None) -> None:
+        """`held` and `leases`: the claims and leases live on the host when its claims began to be
+        kept here (a store whose claims were decided by one writer until then)."""
         self.host_id = host_id
         self.paths = HeldPaths()
         for path, holder in held.items():
             self.paths.hold(path, holder)
+        self._leases = HostLeases.from_recorded(leases)
+
+    @property
+    def leases(self) -> HostLeases:
+        # A snapshot taken by a release before leases has none: nothing was leased then.
+        leases: HostLeases = self.__dict__.setdefault("_leases", HostLeases())
+        return leases
 
     def hold(self, path: str, environment_id: UUID) -> None:
         """Hold `path` for the environment; refused when another environment holds it, or a path
@@ -64,6 +81,23 @@ class HostClaims(CopiedForCommands, Aggregate):
     def release(self, path: str, environment_id: UUID) -> None:
         if self.paths.holder(path) == environment_id:
             self._released(path, environment_id)
+
+    def lease(self, environment_id: UUID, slug: str | None, block: PortBlock | None) -> None:
+        """Record what the environment holds on the host (chosen free against `leases`)."""
+        if self.leases.of(environment_id) != (slug, block):
+            self._leased(environment_id, slug, block.recorded() if block else None)
+
+    def end_lease(self, environment_id: UUID) -> None:
+        if self.leases.of(environment_id) != (None, None):
+            self._lease_ended(environment_id)
+
+    @event("Leased")
+    def _leased(self, environment_id: UUID, slug: str | None, ports: dict[str, int] | None) -> None:
+        self.leases.lease(environment_id, slug, PortBlock.from_recorded(ports))
+
+    @event("LeaseEnded")
+    def _lease_ended(self, environment_id: UUID) -> None:
+        self.leases.end(environment_id)
 
     @event("Held")
     def _held(self, path: str, environment_id: UUID) -> None:

@@ -141,7 +141,7 @@ async def _serve_until_stopped(settings: Settings, credentials: Path, nats_url: 
                        nkeys_seed=str(credentials), **options)  # type: ignore[arg-type]
     try:
         async with contextlib.AsyncExitStack() as started:
-            transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health)
+            transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health, host_id=settings.host_id)
             registry = ProviderRegistry.from_entry_points(settings.extra_providers)
             host = build_local_host(settings, registry, root, state, transcript, BusLedger(nc, settings.host_id))
             await serve_host(nc, settings, host, started)

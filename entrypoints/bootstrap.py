@@ -27,11 +27,13 @@ from bb_environments.bus.core.placements import Placements
 from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
+from bb_environments.bus.core.transcript_intake import TranscriptIntake
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import JetStream, consume, follow
 from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.application import Environments
+from bb_environments.domain.leases import PortRange
 from bb_environments.handlers.indexes import LiveLimits
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.entrypoints.config import Settings, event_store_file, hook_limits, run_hooks_as
@@ -46,7 +48,8 @@ from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.handlers.writers import SharedStore, SingleWriter
-from bb_environments.projections.read_model import TRANSCRIPT, ReadModel
+from bb_environments.projections.read_model import ReadModel
+from bb_environments.projections.tables import TRANSCRIPT
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.git_worktree import GitWorktreeProvider
@@ -93,6 +96,7 @@ class Replication:
 
     share: DriveShare
     relay_lease: Lease
+    transcript_intake_lease: Lease
     activity: ActivityAcrossReplicas
 
 
@@ -133,7 +137,8 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
             app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
                                grace_for=grace_for, writers=writers,
                                limits=LiveLimits(settings.max_live_environments,
-                                                 settings.max_live_environments_per_project))
+                                                 settings.max_live_environments_per_project),
+                               ports=PortRange(*settings.port_range, settings.ports_per_environment))
             break
         except (IntegrityError, InternalError):
             # Replicas starting together on a new database each create its tables: PostgreSQL lets
@@ -219,14 +224,20 @@ def _woken_across_replicas(core: Core, relay: OutboxRelay, nc: Client,
 
 def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealth,
                  settings: Settings, replication: Replication | None = None) -> list[Coroutine[Any, Any, None]]:
-    """The core's loops on the bus: the relay, the log and transcript followers, one in-order
-    consumer per thread partition, and the sweep; with `replication`, the relay runs only while
-    this replica holds its lease, the followers are this replica's own, and its share of the
-    environments is kept."""
+    """The core's loops on the bus: the relay, the log and transcript followers, the hosts'
+    transcript intake, one in-order consumer per thread partition, and the sweep; with
+    `replication`, the relay and the intake run only while this replica holds their leases, the
+    followers are this replica's own, and its share of the environments is kept."""
     placements = Placements(js, core.store)
     follower = LogFollower(core.store, core.log_reader, core.read_model, placements, core.provisioner)
     thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
     transcripts = TranscriptFollower(core.read_model)
+    intake = TranscriptIntake(AckedPublisher(js.nc), lambda ids: core.store.run(core.store.app.environment_hosts, ids))
+
+    def taking_in() -> Coroutine[Any, Any, None]:
+        return consume(js, subjects.TRANSCRIPT_INTAKE_STREAM, subjects.TRANSCRIPT_INTAKE_CONSUMER,
+                       subjects.HOST_TRANSCRIPTS, intake.handle_batch, health)
+
     if replication is None:
         relaying = relay.run()
         followers = [
@@ -234,6 +245,7 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
                     follower.handle_batch, health),
             consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS,
                     transcripts.handle_batch, health),
+            taking_in(),
         ]
     else:
         # Another replica relaying has caught the stream up as far as this one would.
@@ -254,6 +266,8 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
             follow(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPT_EVENTS, transcript_position,
                    transcripts.handle_batch, health, "transcript follower"),
             replication.share.run(health, core.provisioner.sweep, core.provisioner.let_go),
+            # One replica at a time, so that a host's lines keep their order.
+            while_leased(replication.transcript_intake_lease, taking_in, health),
         ]
     return [
         relaying,

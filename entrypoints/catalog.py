@@ -23,6 +23,7 @@ from msgspec import inspect as mi
 
 from bb_environments.bus.core.publications import PUBLICATIONS
 from bb_environments.bus.wire import documents as d
+from bb_environments.bus.wire import log_only_documents as log_only
 from bb_environments.bus.wire import placements, thread_events, transcript_lines
 from bb_environments.bus.wire import subjects
 
@@ -122,13 +123,13 @@ def events_markdown() -> str:
         "only by a store several replicas write) and `bb.log.machine.<machineId>.<event>` (the registered",
         "hosts, by host id), never re-published (only the service reads `bb.log.>`); `bb events export`",
         "prints them with the environment events, in log order. Every thread fact carries:", "",
-        *_fields_table(d.ThreadEvent),
+        *_fields_table(log_only.ThreadEvent),
         "every claim fact:", "",
-        *_fields_table(d.ClaimEvent),
+        *_fields_table(log_only.ClaimEvent),
         "every fact of a host's claims:", "",
-        *_fields_table(d.HostClaimsEvent),
+        *_fields_table(log_only.HostClaimsEvent),
         "and every fact of a host's registration:", "",
-        *_fields_table(d.RegisteredHostEvent),
+        *_fields_table(log_only.RegisteredHostEvent),
         *_event_sections(by_family["log"]),
         "## Inbound thread events", "",
         "Published by other services (role `publisher`) on `bb.threads.<threadId>.<event>`, stream",

@@ -82,6 +82,10 @@ class Settings(msgspec.Struct, frozen=True):
     """How many environments that are not removed one host may have (BB_MAX_LIVE_ENVIRONMENTS)."""
     max_live_environments_per_project: int = 1_000
     """How many of them one project may have (BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT)."""
+    port_range: tuple[int, int] = (20000, 29999)
+    """The ports each host leases environments' blocks from, first and last (BB_PORT_RANGE `first-last`)."""
+    ports_per_environment: int = 10
+    """How many consecutive ports each environment leases (BB_PORTS_PER_ENVIRONMENT)."""
     project_roots: tuple[str, ...] | None = None
     """The directories a project must lie in (BB_PROJECT_ROOTS, colon-separated, absolute); None: anywhere."""
     workspace_user: str | None = None
@@ -137,6 +141,8 @@ class Settings(msgspec.Struct, frozen=True):
             _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
             max_live_environments=_count("BB_MAX_LIVE_ENVIRONMENTS", 10_000),
             max_live_environments_per_project=_count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
+            port_range=(port_range := _port_range(os.environ.get("BB_PORT_RANGE"))),
+            ports_per_environment=_ports_per_environment(port_range),
             project_roots=_project_roots(os.environ.get("BB_PROJECT_ROOTS")),
             workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
             replica_id=_replica_id(replica_id or os.environ.get("BB_REPLICA_ID") or host_id),
@@ -352,6 +358,26 @@ def _at_least(name: str, default: int, minimum: int, what: str) -> int:
     if raw.isascii() and raw.isdigit() and int(raw) >= minimum:
         return int(raw)
     raise ConfigError(f"{name} {raw!r} is not allowed: use {what}, at least {minimum}")
+
+
+def _port_range(raw: str | None) -> tuple[int, int]:
+    if not raw:
+        return 20000, 29999
+    first, dash, last = (part.strip() for part in raw.partition("-"))
+    if dash and all(p.isascii() and p.isdigit() and len(p) <= 5 for p in (first, last)):
+        if 1024 <= int(first) <= int(last) <= 65535:
+            return int(first), int(last)
+    raise ConfigError(f"BB_PORT_RANGE {raw!r} is not allowed: use `first-last`, two port numbers from 1024 to "
+                      "65535, the first not above the last (default 20000-29999)")
+
+
+def _ports_per_environment(port_range: tuple[int, int]) -> int:
+    count = _count("BB_PORTS_PER_ENVIRONMENT", 10)
+    first, last = port_range
+    if count > last - first + 1:
+        raise ConfigError(f"BB_PORTS_PER_ENVIRONMENT {count} is not allowed: BB_PORT_RANGE {first}-{last} holds "
+                          f"only {last - first + 1} ports; use a smaller number or a wider range")
+    return count
 
 
 def _project_roots(raw: str | None) -> tuple[str, ...] | None:

@@ -240,18 +240,21 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
                                  host_agent_inbox_prefix(settings.host_id),
                                  **connect_options(settings, credentials, host_agent_user(settings.host_id)))
         started.push_async_callback(_close, agent_nc)
-        agent_transcript = TranscriptPublisher(agent_nc, loop, health=health)
+    # The service's own lines, and those of the agent in this process, which is the service too: written
+    # where they are read, in the order they were said, with no check (bus/core/transcript_intake.py
+    # is for the agents of other processes, whose credentials may be another's).
+    transcript = TranscriptPublisher(nc, loop, health=health)
 
     def host_here(ledger: HookLedger) -> LocalHost:
         # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a
         # root of their own; what is on disk already keeps its recorded paths either way.
-        return build_local_host(settings, registry, settings.workspaces_root, settings.data_dir, agent_transcript,
+        return build_local_host(settings, registry, settings.workspaces_root, settings.data_dir, transcript,
                                 ledger, earlier_data_dir=settings.data_dir if settings.agent_root else None)
 
     core = await build_core(
         settings, registry,
         Ports(RemoteHost(nc, HostJobQueue(nc, js, liveness, health=health)), hosts,
-              TranscriptPublisher(nc, loop, health=health), stream.stream_position, stream.publish_thread_message,
+              transcript, stream.stream_position, stream.publish_thread_message,
               here=host_here if agent_here else None, share=replication.share if replication else Everything(),
               activity_elsewhere=replication.activity if replication else NoOtherReplica()),
         started,
@@ -319,7 +322,8 @@ async def _replication(settings: Settings, nc: Client, js: JetStreamContext, hea
         return None
     leases, holder = await leases_bucket(js, settings.stream_replicas, health), lease_holder(settings.replica_id)
     return Replication(DriveShare(leases, holder, lambda: live_replica_count(js)),
-                       Lease(leases, subjects.RELAY_LEASE, holder), ActivityAcrossReplicas(nc))
+                       Lease(leases, subjects.RELAY_LEASE, holder),
+                       Lease(leases, subjects.TRANSCRIPT_INTAKE_LEASE, holder), ActivityAcrossReplicas(nc))
 
 
 async def _close(nc: Any) -> None:

@@ -36,7 +36,7 @@ from bb_environments.handlers.commands import (
     RegisterThread,
     UnarchiveThread,
 )
-from bb_environments.handlers.application import GraceLookup
+from bb_environments.handlers.indexed_application import GraceLookup
 from bb_environments.handlers.doctor import Doctor, Findings
 from bb_environments.domain.request_errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id

@@ -4,21 +4,26 @@ A claim's id is derived from its host and path, so the store itself refuses two 
 path (the second save conflicts). The nested-path rule (domain/claims.py) is enforced as the store's
 writers allow (handlers/writers.py): a single writer checks it against the live claims it indexed
 from the log; on a shared store each host's live claims are a HostClaims aggregate, saved with every
-claim taken or released there.
+claim taken or released there. The leases of ports and slugs (domain/leases.py) are decided beside
+the claims, in the same way: against an index of the log's environments, or in the HostClaims.
 """
 
 from __future__ import annotations
 
-from uuid import UUID
+from collections.abc import Iterable
+from typing import Any
+from uuid import UUID, uuid4
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate, DomainEventProtocol
 from eventsourcing.persistence import Notification, Transcoding
 
 from bb_environments.domain.claims import HeldPaths, refuse_nested
+from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims, host_claims_id
+from bb_environments.domain.leases import HostLeases, PortBlock, PortRange
 from bb_environments.domain.path_claim import PathClaim, claim_id
-from bb_environments.handlers.log_indexes import LogWatch
+from bb_environments.handlers.log_indexes import LogWatch, aggregate_id
 from bb_environments.handlers.writers import Writers
 
 
@@ -43,6 +48,19 @@ class HeldPathsAsHolders(Transcoding):
         return held
 
 
+class HostLeasesAsRecorded(Transcoding):
+    """A HostClaims snapshot's leases, stored as each environment's slug and port block."""
+
+    type = HostLeases
+    name = "host_leases"
+
+    def encode(self, obj: HostLeases) -> dict[str, dict[str, Any]]:
+        return obj.recorded()
+
+    def decode(self, data: dict[str, dict[str, Any]]) -> HostLeases:
+        return HostLeases.from_recorded(data)
+
+
 class Claims:
     """Every claim ever taken, folded from the log, and the start of each command's claim changes."""
 
@@ -52,6 +70,10 @@ class Claims:
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
         self._held: dict[str, HeldPaths] = {}  # the same claims' live ones, by host
         self.index = writers.log_index(app, watch, PathClaim, ("Taken", "Retaken", "Released"), self._fold)
+        self._leases: dict[str, HostLeases] = {}  # the live environments' leases, by host
+        self._hosts_of: dict[UUID, str] = {}  # each live environment's host
+        self.leases_index = writers.log_index(app, watch, Environment, ("Claimed", "Planned", "Removed"),
+                                              self._fold_lease)
 
     def holder(self, host_id: str, path: str) -> UUID | None:
         """The environment that holds exactly `path` on the host, if one does."""
@@ -95,7 +117,33 @@ class Claims:
             # this save conflict, and the command decides again on that one.
             self.index.catch_up()
             held = self._held.get(host_id)
-            return HostClaims(host_id=host_id, held=held.holders() if held else {})
+            return HostClaims(host_id=host_id, held=held.holders() if held else {},
+                              leases=self.leases_on(host_id).recorded())
+
+    def leases_on(self, host_id: str) -> HostLeases:
+        """The leases of the host's live environments, as this index read them from the log."""
+        self.leases_index.catch_up()
+        return self._leases.get(host_id) or HostLeases()
+
+    def _fold_lease(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
+        environment_id = aggregate_id(notification)
+        if notification.topic.endswith(".Removed"):
+            host_id = self._hosts_of.pop(environment_id, None)
+            if host_id is not None:
+                self._leases[host_id].end(environment_id)
+            return
+        event: Any = self._app.mapper.to_domain_event(notification) if saved is None else saved
+        if notification.topic.endswith(".Claimed"):
+            host_id = self._hosts_of[environment_id] = event.host_id
+            slug, block = None, None
+        else:  # Planned
+            host_id = self._hosts_of[environment_id]
+            slug, block = self._leases.setdefault(host_id, HostLeases()).of(environment_id)
+        # Events of a release before leases have neither field.
+        slug = getattr(event, "slug", None) or slug
+        block = PortBlock.from_recorded(getattr(event, "ports", None)) or block
+        if slug is not None or block is not None:
+            self._leases.setdefault(host_id, HostLeases()).lease(environment_id, slug, block)
 
     def _fold(self, notification: Notification, saved: DomainEventProtocol[UUID] | None) -> None:
         event = self._app.mapper.to_domain_event(notification) if saved is None else saved
@@ -145,6 +193,31 @@ class ClaimChanges:
                 claim.release(replaced)
             claim.retake(environment_id)
         self._path_claims.append(claim)
+
+    def choose_lease(self, base: str | None, ports: PortRange | None, listening: Iterable[int],
+                     ) -> tuple[str | None, PortBlock | None]:
+        """A slug from `base` and a block of `ports` (each only if asked for), free on the host now:
+        no live environment's, and no port of the block in `listening` (refused: NoFreePorts)."""
+        leases = self._host_leases()
+        slug = leases.free_slug(base, uuid4().hex) if base is not None else None
+        block = leases.free_block(self._host_id, ports, listening) if ports is not None else None
+        return slug, block
+
+    def lease(self, environment_id: UUID, slug: str | None, block: PortBlock | None) -> None:
+        """Record the environment's lease on the host's claims, where the writers keep them (the
+        environment's own event records it in any case)."""
+        host = self._host_claims()
+        if host is not None:
+            host.lease(environment_id, slug, block)
+
+    def end_lease(self, environment_id: UUID) -> None:
+        host = self._host_claims()
+        if host is not None:
+            host.end_lease(environment_id)
+
+    def _host_leases(self) -> HostLeases:
+        host = self._host_claims()
+        return host.leases if host is not None else self._claims.leases_on(self._host_id)
 
     def release(self, path: str, environment_id: UUID) -> None:
         """Give up the environment's claim on `path`, if it holds one."""

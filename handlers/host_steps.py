@@ -97,7 +97,7 @@ class HostSteps:
             return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
         self._transcript.line(str(env.id), "step", "core", f"Host {env.host_id!r} planned the workspace")
         return await self._store.run(self._app.record_planned, env.id, env.attempt, plan.project_path, plan.inputs,
-                                     plan.claimed_path)
+                                     plan.claimed_path, plan.listening)
 
     async def clean_attempt(self, cancelled: threading.Event, env: Environment) -> Environment | None:
         result = await self._provider_remove(env, cancelled)

@@ -26,7 +26,7 @@ from bb_environments.providers.workspace_messages import PlanRequest
 @dataclass(frozen=True)
 class Placement:
     """Where a thread's new environment will live, decided before anything is written: what
-    the application service's claim takes (handlers/application.py)."""
+    the application service's claim takes (handlers/thread_use_cases.py)."""
 
     provider_id: str
     host_id: str
@@ -38,6 +38,8 @@ class Placement:
     """A live environment of the same provider holding the path takes the thread (see the contract)."""
     planned: bool = True
     """False: placed while the host's agent was away, planned on the host before its create."""
+    listening: tuple[int, ...] = ()
+    """The ports something listened on on the host when it planned: none is leased (SPEC 11)."""
 
 
 THREAD_ID = re.compile(ID_PATTERN)
@@ -157,6 +159,7 @@ class Placer:
         return Placement(
             provider_id=profile.id, host_id=host_id, project_path=plan.project_path, inputs=plan.inputs,
             path_key=path_key, claimed_path=plan.claimed_path, shares_claimed_path=plan.shares_claimed_path,
+            listening=plan.listening,
         )
 
     async def next_attempt(self, provider_id: str, thread_id: str, attempt: int, host_id: str,

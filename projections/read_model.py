@@ -7,62 +7,32 @@ so a restart neither skips nor double-applies; a notification at or below the st
 ignored. Of the views in one batch only each aggregate's last is written: it replaces the others.
 
 A rebuild (`bb events replay`, or a start that lost the read models) runs beside the live
-consumer: it writes a new model into a scratch file and swaps it in, in one transaction.
+consumer: it writes a new model into a scratch file (projections/rebuild_scratch.py) and swaps it
+in, in one transaction. The tables and the rows a view makes are in projections/tables.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import gc
 import os
 import sqlite3
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import aiosqlite
 import msgspec
 
 from bb_environments.domain.status import EnvironmentStatus, ThreadStatus
 from bb_environments.providers.host.crash_points import crash_point
-from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage
+from bb_environments.projections.rebuild_scratch import PageReader, Scratch, scratch_file
+from bb_environments.projections.tables import (
+    IS_REMOVED, LIVE_INDEXES, LOG, LOG_FOLLOWED, REMOVED_AT, SCHEMA, TRANSCRIPT, View, write_views)
+from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry
 
 TRANSCRIPT_LINES_KEPT = 500
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS environments (
-    id TEXT PRIMARY KEY, status TEXT NOT NULL, provider_id TEXT NOT NULL, document BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS threads (id TEXT PRIMARY KEY, environment_id TEXT, document BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS threads_by_environment_then_id ON threads (environment_id, id);
-DROP INDEX IF EXISTS threads_by_environment;
-CREATE TABLE IF NOT EXISTS transcript (
-    environment_id TEXT NOT NULL, sequence INTEGER NOT NULL, line TEXT NOT NULL,
-    PRIMARY KEY (environment_id, sequence));
-CREATE TABLE IF NOT EXISTS positions (
-    name TEXT PRIMARY KEY, notification_id INTEGER NOT NULL, stream_sequence INTEGER NOT NULL);
-"""
-
-_REMOVED_AT = "json_extract(CAST(document AS TEXT), '$.updatedAt')"
-_IS_REMOVED = f"status = '{EnvironmentStatus.REMOVED.value}'"
-LIVE_INDEXES = f"""
-CREATE INDEX IF NOT EXISTS removed_environments_by_time ON environments ({_REMOVED_AT}) WHERE {_IS_REMOVED};
-"""
-"""Indexes of the live tables only: a rebuild's scratch file is read once, by the swap."""
-
-LOG = "log"
-TRANSCRIPT = "transcript"
-LOG_FOLLOWED = "log-followed"
-"""How far a replica's own follower of the log got with everything it does with a batch (the read
-model is only its first step): where its ordered consumer starts again (SPEC 7.2)."""
-
-
-View = EnvironmentView | ThreadView | None
-"""An aggregate's public view just after a notification (None: the read model keeps nothing of it)."""
 
 
 class Applied(NamedTuple):
@@ -72,12 +42,6 @@ class Applied(NamedTuple):
 
 
 GapFiller = Callable[[int, int], Awaitable[list[tuple[int, View]]]]
-PageReader = Callable[[int, "int | None"], ViewPage]
-"""`read(after, upto)`: the log's next page after `after`, not past `upto` (None: the head).
-Called on a worker thread of the rebuild's own, never on the event loop."""
-
-
-T = TypeVar("T")
 
 
 class ReplayCounts(msgspec.Struct, rename="camel"):
@@ -90,10 +54,6 @@ class DamagedReadModel(Exception):
     pass
 
 
-class RebuildAbandoned(Exception):
-    pass
-
-
 class ReadModel:
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
@@ -101,13 +61,13 @@ class ReadModel:
         self._advanced = asyncio.Condition()
         self._writing = asyncio.Lock()  # see _transaction
         self._rebuilding = asyncio.Lock()
-        self._scratch: _Scratch | None = None  # a rebuild's, while one runs
+        self._scratch: Scratch | None = None  # a rebuild's, while one runs
         self.position = 0
 
     @classmethod
     async def open(cls, path: Path) -> ReadModel:
         """Raises DamagedReadModel when the file is not a database or fails SQLite's quick check."""
-        _scratch(path).unlink(missing_ok=True)  # a rebuild's, cut off by a crash
+        scratch_file(path).unlink(missing_ok=True)  # a rebuild's, cut off by a crash
         db = await aiosqlite.connect(path)
         try:
             await db.execute("PRAGMA journal_mode=WAL")
@@ -194,7 +154,7 @@ class ReadModel:
                     views.extend(view for _, view in await fill(reached, item.notification_id - 1))
                 views.append(item.view)
                 reached = item.notification_id
-            await _write_views(self._db, views)
+            await write_views(self._db, views)
             await self._db.execute(
                 "INSERT INTO positions VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
                 "notification_id = excluded.notification_id, stream_sequence = excluded.stream_sequence",
@@ -251,7 +211,7 @@ class ReadModel:
         as they were (and the scratch file, which the next open deletes).
         """
         async with self._rebuilding:
-            scratch = self._scratch = _Scratch(_scratch(self._path))
+            scratch = self._scratch = Scratch(scratch_file(self._path))
             try:
                 await scratch.create()
                 events, reached = await scratch.write_pages(read_page, 0)
@@ -360,8 +320,8 @@ class ReadModel:
         """Environments removed before `cutoff`, at most `limit` of them, the earliest removed first."""
         async with self._db.execute(
             # Through the index of removed environments by time: the other documents are never read.
-            f"SELECT document FROM environments WHERE {_IS_REMOVED} AND {_REMOVED_AT} < ? "
-            f"ORDER BY {_REMOVED_AT} LIMIT ?",
+            f"SELECT document FROM environments WHERE {IS_REMOVED} AND {REMOVED_AT} < ? "
+            f"ORDER BY {REMOVED_AT} LIMIT ?",
             (msgspec.json.encode(cutoff).decode().strip('"'), limit),
         ) as rows:
             return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
@@ -376,7 +336,7 @@ class ReadModel:
         archived threads last on them (a thread placed again since is on another environment)."""
         rows = [(environment_id,) for environment_id in environment_ids]
         async with self._transaction():
-            await self._db.executemany(f"DELETE FROM environments WHERE id = ? AND {_IS_REMOVED}", rows)
+            await self._db.executemany(f"DELETE FROM environments WHERE id = ? AND {IS_REMOVED}", rows)
             # Only of those gone now: an environment that is not removed keeps everything.
             gone = "NOT EXISTS (SELECT 1 FROM environments WHERE id = ?)"
             await self._db.executemany(f"DELETE FROM transcript WHERE environment_id = ? AND {gone}",
@@ -392,144 +352,6 @@ class ReadModel:
             "ORDER BY sequence DESC LIMIT ?) ORDER BY sequence", (environment_id, last)
         ) as rows:
             return [r[0] for r in await rows.fetchall()]
-
-
-def _latest_rows(views: Iterable[View]) -> tuple[list[tuple[str, str, str, bytes]],
-                                                 list[tuple[str, str | None, bytes]]]:
-    """The rows of the environments and threads tables for each aggregate's last view of `views`
-    only. INSERT OR REPLACE gives a replaced row a new rowid, so the rows end in the order (by
-    rowid) that writing every view would leave."""
-    latest: dict[tuple[type, str], EnvironmentView | ThreadView] = {}
-    for view in views:
-        if view is not None:
-            key = (type(view), view.id)
-            latest.pop(key, None)
-            latest[key] = view
-    environments = [(view.id, view.status, view.provider_id, msgspec.json.encode(view))
-                    for view in latest.values() if isinstance(view, EnvironmentView)]
-    threads = [(view.id, view.environment_id, msgspec.json.encode(view))
-               for view in latest.values() if isinstance(view, ThreadView)]
-    return environments, threads
-
-
-_INSERT_ENVIRONMENTS = "INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)"
-_INSERT_THREADS = "INSERT OR REPLACE INTO threads VALUES (?, ?, ?)"
-
-
-async def _write_views(db: aiosqlite.Connection, views: Iterable[View]) -> None:
-    environments, threads = _latest_rows(views)
-    if environments:
-        await db.executemany(_INSERT_ENVIRONMENTS, environments)
-    if threads:
-        await db.executemany(_INSERT_THREADS, threads)
-
-
-class _Scratch:
-    """A rebuild's scratch file. It is read, folded and written on one worker thread of its own,
-    with plain sqlite3: handing each page between a reader thread, the event loop and aiosqlite's
-    thread cost a replay more than the writes (they share one interpreter lock). Every call runs on
-    that thread, one after another: a rebuild cancelled mid-page stops at the end of that page, and
-    only then is the file closed and deleted."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._db: sqlite3.Connection | None = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-model-rebuild")
-        self._discarded = threading.Event()
-        self._abandoned = False
-
-    async def create(self) -> None:
-        await self._on_worker(self._create)
-
-    async def write_pages(self, read_page: PageReader, after: int, upto: int | None = None) -> tuple[int, int]:
-        """Write the views of the log after `after` (up to `upto`); the number of events read and
-        the position reached."""
-        written = await self._on_worker(functools.partial(self._write_pages, read_page, after, upto))
-        self._check_not_abandoned()  # else what was written may be a part, or deleted meanwhile
-        return written
-
-    async def close(self) -> None:
-        """Commit what was written and close the file, for the swap to read it."""
-        await self._on_worker(self._close)
-        self._check_not_abandoned()
-
-    async def discard(self) -> None:
-        """Close the file if open and delete it; the thread ends."""
-        if self._abandoned:
-            return  # the worker is gone, and the file with it
-        self._discarded.set()
-        try:
-            await self._on_worker(self._discard)
-        finally:
-            self._worker.shutdown(wait=False)
-
-    async def abandon(self) -> None:
-        """Stop at the end of the page being written, wait for the worker, delete the file: for a
-        close that must not leave the worker reading, whatever became of the rebuild's task, which
-        fails at its next step."""
-        self._abandoned = True
-        self._discarded.set()
-        await asyncio.to_thread(self._worker.shutdown, wait=True)
-        self._discard()
-
-    def _on_worker(self, call: Callable[[], T]) -> asyncio.Future[T]:
-        self._check_not_abandoned()
-        return asyncio.get_running_loop().run_in_executor(self._worker, call)
-
-    def _check_not_abandoned(self) -> None:
-        if self._abandoned:
-            raise RebuildAbandoned("the read models closed during the rebuild (the service is stopping)")
-
-    def _create(self) -> None:
-        self.path.unlink(missing_ok=True)
-        # Used on the worker only, but for `abandon`, which closes it once the worker has ended.
-        self._db = sqlite3.connect(self.path, check_same_thread=False)
-        # Nothing in it is needed after a crash (the next open deletes it): no journal, no fsync.
-        self._db.execute("PRAGMA journal_mode=OFF")
-        self._db.execute("PRAGMA synchronous=OFF")
-        self._db.executescript(SCHEMA)
-
-    def _write_pages(self, read_page: PageReader, after: int, upto: int | None) -> tuple[int, int]:
-        assert self._db is not None, "written before it was created"
-        events, reached = 0, after
-        with _collector_paused():
-            while not self._discarded.is_set() and (page := read_page(reached, upto)).events:
-                environments, threads = _latest_rows(page.views)
-                self._db.executemany(_INSERT_ENVIRONMENTS, environments)
-                self._db.executemany(_INSERT_THREADS, threads)
-                events, reached = events + page.events, page.reached
-        return events, reached
-
-    def _close(self) -> None:
-        if self._db is not None:
-            self._db.commit()
-            self._db.close()
-            self._db = None
-
-    def _discard(self) -> None:
-        if self._db is not None:
-            self._db.close()  # without its commit: nothing in it is kept
-            self._db = None
-        self.path.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cycle collector off for the process meanwhile. A rebuild allocates millions of
-    short-lived objects and frees them all by reference counting (it leaves no cycles), yet they set
-    off collections that walk the whole heap of a service holding thousands of aggregates. A replay
-    asked of a running service pauses them for its event loop too, for the seconds the pages take."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _scratch(path: Path) -> Path:
-    return path.with_name(f"{path.name}.rebuilding")
 
 
 def _render(line: TranscriptEntry) -> str:

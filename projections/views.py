@@ -27,6 +27,11 @@ class HooksView(msgspec.Struct):
     teardown: HookView = msgspec.field(default_factory=HookView)
 
 
+class PortsView(msgspec.Struct):
+    first: int
+    count: int
+
+
 class EnvironmentView(msgspec.Struct, rename="camel", kw_only=True):
     id: str
     status: str
@@ -50,6 +55,8 @@ class EnvironmentView(msgspec.Struct, rename="camel", kw_only=True):
     removal_attempt: int = 0
     paused_at: datetime | None = None
     saved_ref: str | None = None
+    slug: str | None = None
+    ports: PortsView | None = None
     transcript: list[str] = msgspec.field(default_factory=list)
 
 
@@ -108,7 +115,8 @@ def environment_view(environment: Environment) -> EnvironmentView:
         created_at=environment.created_on, updated_at=environment.modified_on, version=environment.version,
         attempt=environment.attempt, claimed_path=environment.claimed_path, retire_at=environment.retire_at,
         removal_attempt=environment.removal_attempt, paused_at=environment.paused_at,
-        saved_ref=environment.saved_ref,
+        saved_ref=environment.saved_ref, slug=environment.slug,
+        ports=PortsView(environment.ports.first, environment.ports.count) if environment.ports else None,
     )
 
 

@@ -36,6 +36,9 @@ class Plan(msgspec.Struct, frozen=True):
     inputs: Any
     claimed_path: str | None
     shares_claimed_path: bool
+    listening: tuple[int, ...] = ()
+    """The TCP ports something listens on on the host now (providers/host/listening.py), which no
+    environment's block may hold; an agent of an earlier release leaves it out (none found)."""
 
 
 class CreateRequest(msgspec.Struct, frozen=True):

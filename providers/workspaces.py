@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from bb_environments.providers.host.containment import Containment
+from bb_environments.providers.host.listening import ListeningPorts
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.contract import (
     CreateContext,
@@ -119,6 +120,7 @@ class LocalWorkspaces:
         self._profiles = registry.profiles()
         self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
         self._host_slots: dict[str, asyncio.Semaphore] = {}
+        self._listening = ListeningPorts()
 
     def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
         return self._profiles
@@ -149,7 +151,8 @@ class LocalWorkspaces:
         check_available(provider, context)
         planned, shares = await asyncio.to_thread(plan_path, provider, context, request.path_key)
         return Plan(project_path=project, inputs=msgspec.to_builtins(inputs),
-                    claimed_path=claimed_path(planned, data_dir), shares_claimed_path=shares)
+                    claimed_path=claimed_path(planned, data_dir), shares_claimed_path=shares,
+                    listening=await self._listening.now())
 
     async def planned_path(self, request: PlanRequest) -> str | None:
         provider = self._provider(request.provider_id)

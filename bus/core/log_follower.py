@@ -26,7 +26,8 @@ from bb_environments.handlers.api import Api
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
-from bb_environments.projections.read_model import Applied, ReadModel, View
+from bb_environments.projections.read_model import Applied, ReadModel
+from bb_environments.projections.tables import View
 from bb_environments.projections.views import TranscriptEntry
 
 log = logging.getLogger(__name__)

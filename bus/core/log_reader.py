@@ -4,7 +4,7 @@ Each notification becomes its public document (bus/core/publications.py) and, fo
 public view of its aggregate just after it (`projections.views`). One mapping serves the relay,
 the consumers that check the stream against the store, and `bb events replay`, so a rebuilt read
 model equals the live one by construction. The relay and consumers read on the store's log-reader
-thread; a rebuild on its own worker thread (projections/read_model.py).
+thread; a rebuild on its own worker thread (projections/rebuild_scratch.py).
 
 A rebuild reads `latest_views` instead of `page`: it needs neither the bus documents nor a view
 per event, only each aggregate's latest view per page, and making those was most of its time.

@@ -32,8 +32,8 @@ from bb_environments.bus.wire.documents import (
     ReadyDocument,
     SetupFailedDocument,
     ThreadAttachedDocument,
-    ThreadRefusedDocument,
 )
+from bb_environments.bus.wire.log_only_documents import ThreadRefusedDocument
 from bb_environments.bus.wire.placements import PlacementOutcome, PlacementStatus
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import UnknownEnvironment

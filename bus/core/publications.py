@@ -18,6 +18,7 @@ import msgspec
 from eventsourcing.domain import Aggregate, DomainEventProtocol
 
 from bb_environments.bus.wire import documents as wire
+from bb_environments.bus.wire import log_only_documents as log_only
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.documents import Document, type_tag
 from bb_environments.domain.environment import Environment
@@ -146,23 +147,25 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict([
     _published(Environment.Removed, wire.RemovedDocument),
     _published(Environment.RemoveFailed, wire.RemoveFailedDocument),
     _published(Environment.WorkspaceVanished, wire.WorkspaceVanishedDocument),
-    _published(Thread.Registered, wire.ThreadRegisteredDocument),
-    _published(Thread.EnvironmentAssigned, wire.ThreadEnvironmentAssignedDocument),
-    _published(Thread.EnvironmentRequested, wire.ThreadEnvironmentRequestedDocument),
-    _published(Thread.EnvironmentLeft, wire.ThreadEnvironmentLeftDocument),
-    _published(Thread.Refused, wire.ThreadRefusedDocument),
-    _published(Thread.Archived, wire.ThreadArchivedDocument),
-    _published(Thread.Unarchived, wire.ThreadUnarchivedDocument),
-    _published(PathClaim.Taken, wire.ClaimTakenDocument),
-    _published(PathClaim.Retaken, wire.ClaimRetakenDocument),
-    _published(PathClaim.Released, wire.ClaimReleasedDocument),
-    _published(HostClaims.Started, wire.HostClaimsStartedDocument),
-    _published(HostClaims.Held, wire.HostClaimsHeldDocument),
-    _published(HostClaims.Released, wire.HostClaimsReleasedDocument),
-    _published(RegisteredHost.Registered, wire.HostRegisteredDocument),
-    _published(RegisteredHost.CredentialsRotated, wire.HostCredentialsRotatedDocument),
-    _published(RegisteredHost.Removed, wire.HostRemovedDocument),
-    _published(RegisteredHost.RegisteredAgain, wire.HostRegisteredAgainDocument),
+    _published(Thread.Registered, log_only.ThreadRegisteredDocument),
+    _published(Thread.EnvironmentAssigned, log_only.ThreadEnvironmentAssignedDocument),
+    _published(Thread.EnvironmentRequested, log_only.ThreadEnvironmentRequestedDocument),
+    _published(Thread.EnvironmentLeft, log_only.ThreadEnvironmentLeftDocument),
+    _published(Thread.Refused, log_only.ThreadRefusedDocument),
+    _published(Thread.Archived, log_only.ThreadArchivedDocument),
+    _published(Thread.Unarchived, log_only.ThreadUnarchivedDocument),
+    _published(PathClaim.Taken, log_only.ClaimTakenDocument),
+    _published(PathClaim.Retaken, log_only.ClaimRetakenDocument),
+    _published(PathClaim.Released, log_only.ClaimReleasedDocument),
+    _published(HostClaims.Started, log_only.HostClaimsStartedDocument),
+    _published(HostClaims.Held, log_only.HostClaimsHeldDocument),
+    _published(HostClaims.Released, log_only.HostClaimsReleasedDocument),
+    _published(HostClaims.Leased, log_only.HostClaimsLeasedDocument),
+    _published(HostClaims.LeaseEnded, log_only.HostClaimsLeaseEndedDocument),
+    _published(RegisteredHost.Registered, log_only.HostRegisteredDocument),
+    _published(RegisteredHost.CredentialsRotated, log_only.HostCredentialsRotatedDocument),
+    _published(RegisteredHost.Removed, log_only.HostRemovedDocument),
+    _published(RegisteredHost.RegisteredAgain, log_only.HostRegisteredAgainDocument),
 ])
 """Every domain event class that is recorded, and its document."""
 

@@ -1,7 +1,9 @@
-"""The log's documents on the wire, as msgspec structs (camelCase JSON; each has `type` and `occurredAt`).
+"""The log's documents on the wire, as msgspec structs (camelCase JSON; each has `type` and `occurredAt`):
+the base every document shares, the fields several share, and the environment events. The thread,
+claim and host facts, kept in the log only, are in bus/wire/log_only_documents.py.
 
 Stored event classes are not public: each is published as one of these documents, as the table in
-bus/core/publications.py says. This module is wire only (no event library, no aggregate), so a
+bus/core/publications.py says. These modules are wire only (no event library, no aggregate), so a
 client reads the documents without loading the service. A document's docstring says when it
 happens; `python -m bb_environments.entrypoints.catalog --write` makes docs/events.md, the JSON
 Schemas and the AsyncAPI document from these structs.
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Union
-from uuid import UUID
 
 import msgspec
 
@@ -51,6 +52,23 @@ PathKey = Annotated[str, _said("The key under which the provider places this att
 ClaimedPath = Annotated[str | None, _said(
     "The path claimed (canonical form) before the provider runs, or null when none is claimed in advance.")]
 Reason = Annotated[str, _said("Why, in one sentence.")]
+
+
+class Ports(msgspec.Struct, frozen=True):
+    """A block of `count` consecutive TCP ports from `first`, leased on the environment's host."""
+
+    first: Annotated[int, msgspec.Meta(description="The block's first port (the hooks' `BB_PORT`).")]
+    count: Annotated[int, msgspec.Meta(description="How many ports it holds (BB_PORTS_PER_ENVIRONMENT when leased).")]
+
+
+Slug = Annotated[str | None, _said(
+    "The environment's name, unique among the live environments of its host (at most 40 characters of "
+    "`[a-z0-9-]`, starting with a letter); left out by a release before slugs.")]
+LeasedPorts = Annotated[Ports | None, _said(
+    "The block of ports leased to the environment on its host, or null: none yet (placed while its host's "
+    "agent was away: leased when it is planned); left out by a release before leases.")]
+# Fields added to documents a release before recorded without them are left out of those (UNSET), so
+# that a stored event keeps its bytes on the bus (see the module's docstring).
 Message = Annotated[str, _said("What went wrong, in one sentence.")]
 ThreadId = Annotated[str, _said("The thread's id.")]
 
@@ -79,6 +97,8 @@ class ClaimedDocument(EnvironmentEvent, kw_only=True, tag="claimed"):
     inputs: Annotated[Any, _said("The provider's inputs, as its inputs type reads them.")]
     path_key: PathKey
     claimed_path: ClaimedPath
+    slug: Slug | msgspec.UnsetType = msgspec.UNSET
+    ports: LeasedPorts | msgspec.UnsetType = msgspec.UNSET
 
 
 class PlannedDocument(EnvironmentEvent, kw_only=True, tag="planned"):
@@ -89,6 +109,7 @@ class PlannedDocument(EnvironmentEvent, kw_only=True, tag="planned"):
     project_path: Annotated[str | None, _said("The project as the host resolved it (canonical), or null.")]
     inputs: Annotated[Any, _said("The provider's inputs, as its inputs type reads them on the host.")]
     claimed_path: ClaimedPath
+    ports: LeasedPorts | msgspec.UnsetType = msgspec.UNSET
 
 
 class HostAwaitedDocument(EnvironmentEvent, kw_only=True, tag="host_awaited"):
@@ -298,140 +319,3 @@ class WorkspaceVanishedDocument(EnvironmentEvent, kw_only=True, tag="workspace_v
 
 EnvironmentDocument = Union[tuple(EnvironmentEvent.__subclasses__())]  # type: ignore[valid-type]
 """Any environment event (`bb.environments.<id>.<type>`, `bb.log.environment.>`)."""
-
-
-# -- thread and claim facts (stored in the log; not re-published) ----------------------------------
-
-
-class ThreadEvent(Document):
-    thread_id: Annotated[str, msgspec.Meta(description="The thread's id, as its publisher named it.")]
-    version: Annotated[int, msgspec.Meta(description="The thread's version after this event (gap-free).")]
-
-
-class ThreadRegisteredDocument(ThreadEvent, kw_only=True, tag="thread_registered"):
-    """A thread became known to the service (its `created` event, or `bb thread spawn`), with its
-    project, parent and host."""
-
-    project_path: Annotated[str | None, _said("The thread's project, or null.")]
-    parent_thread_id: Annotated[str | None, _said("The thread's parent, or null.")]
-    host_id: Annotated[str, _said("The host its environment runs on.")]
-
-
-class ThreadEnvironmentAssignedDocument(ThreadEvent, kw_only=True, tag="thread_environment_assigned"):
-    """The thread got environment `environmentId` (a new one, or one it joined)."""
-
-    environment_id: Annotated[str, _said("The environment the thread uses now.")]
-
-
-class ThreadEnvironmentRequestedDocument(ThreadEvent, kw_only=True, tag="thread_environment_requested"):
-    """The thread's first message asked for an environment; recorded before one is given, so a crash
-    cannot lose the request."""
-
-
-class ThreadEnvironmentLeftDocument(ThreadEvent, kw_only=True, tag="thread_environment_left"):
-    """The thread no longer uses environment `environmentId` (its message was cancelled, or it was
-    unarchived after the environment ended)."""
-
-    environment_id: Annotated[str, _said("The environment the thread left.")]
-
-
-class ThreadRefusedDocument(ThreadEvent, kw_only=True, tag="thread_refused"):
-    """The thread's request for an environment was refused (`message`: a blocked provider, a claimed
-    path, ...); `bb thread list` shows it as `refusal`."""
-
-    message: Annotated[str, _said("Why the thread got no environment, in one sentence.")]
-
-
-class ThreadArchivedDocument(ThreadEvent, kw_only=True, tag="thread_archived"):
-    """The thread was archived; its environment retires once no live thread uses it."""
-
-
-class ThreadUnarchivedDocument(ThreadEvent, kw_only=True, tag="thread_unarchived"):
-    """The thread was unarchived; it rejoins its environment if that is still live."""
-
-
-class ClaimEvent(Document):
-    claim_id: Annotated[str, msgspec.Meta(description="The claim's id (a UUID derived from the host and the path).")]
-    version: Annotated[int, msgspec.Meta(description="The claim's version after this event (gap-free).")]
-    host_id: Annotated[str, msgspec.Meta(description="The host the path is on.")]
-    path: Annotated[str, msgspec.Meta(description="The claimed path, in canonical form (symlinks resolved).")]
-    environment_id: Annotated[str | None, msgspec.Meta(description="The environment taking or giving up the path.")]
-
-
-class ClaimTakenDocument(ClaimEvent, kw_only=True, tag="claim_taken"):
-    """A path (its canonical form) on a host was claimed for environment `environmentId`, in the
-    transaction of that environment's `claimed` (or of a retry on a new path)."""
-
-
-class ClaimRetakenDocument(ClaimEvent, kw_only=True, tag="claim_retaken"):
-    """A released path was claimed again, by environment `environmentId`."""
-
-
-class ClaimReleasedDocument(ClaimEvent, kw_only=True, tag="claim_released"):
-    """Environment `environmentId` gave the path up: in the transaction of its `removed`, or of
-    handing the path to the environment that replaces it."""
-
-
-class HostClaimsEvent(Document):
-    host_id: Annotated[str, msgspec.Meta(description="The host whose claims these are.")]
-    version: Annotated[int, msgspec.Meta(description="The version of the host's claims after this event (gap-free).")]
-
-
-class HostClaimsStartedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_started"):
-    """A store that several core replicas may write began to keep the host's live claims together,
-    so that the claims on one host are decided one at a time: in the transaction of the first claim
-    taken or released there, holding the claims live until then."""
-
-    held: Annotated[dict[str, UUID], msgspec.Meta(
-        description="Each path (canonical form) held on the host until then, with the environment holding it.")]
-
-
-class HostClaimsHeldDocument(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
-    """Environment `environmentId` holds the path on the host now: in the transaction of its
-    `claim_taken` or `claim_retaken` (on a store that several core replicas may write)."""
-
-    path: Annotated[str, msgspec.Meta(description="The claimed path, in canonical form (symlinks resolved).")]
-    environment_id: Annotated[str, msgspec.Meta(description="The environment holding the path.")]
-
-
-class HostClaimsReleasedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_released"):
-    """Environment `environmentId` no longer holds the path on the host: in the transaction of its
-    `claim_released` (on a store that several core replicas may write)."""
-
-    path: Annotated[str, msgspec.Meta(description="The released path, in canonical form (symlinks resolved).")]
-    environment_id: Annotated[str, msgspec.Meta(description="The environment that held the path.")]
-
-
-
-class RegisteredHostEvent(Document):
-    host_id: Annotated[str, msgspec.Meta(description="The registered host's id.")]
-    version: Annotated[int, msgspec.Meta(description="The version of the host's registration after this event (gap-free).")]
-
-
-AgentPublicKey = Annotated[str, _said(
-    "The public NKEY of the seed the host's agent connects with (the seed itself is never recorded).")]
-
-
-class HostRegisteredDocument(RegisteredHostEvent, kw_only=True, tag="host_registered"):
-    """`bb machine register` registered the host: environments may be placed on it, and its agent
-    connects with the seed of `publicKey`. Also recorded when a service starts on a data dir whose
-    seed file of a host the log does not know was made by an earlier release."""
-
-    public_key: AgentPublicKey
-
-
-class HostCredentialsRotatedDocument(RegisteredHostEvent, kw_only=True, tag="host_credentials_rotated"):
-    """`bb machine register --rotate` replaced the seed of the host's agent: the old one is refused."""
-
-    public_key: AgentPublicKey
-
-
-class HostRemovedDocument(RegisteredHostEvent, kw_only=True, tag="host_removed"):
-    """`bb machine remove` removed the host, which no environment that is not removed lived on: its
-    seed is refused, and nothing may be placed on it until it is registered again."""
-
-
-class HostRegisteredAgainDocument(RegisteredHostEvent, kw_only=True, tag="host_registered_again"):
-    """`bb machine register` registered a removed host again, with a new seed."""
-
-    public_key: AgentPublicKey

@@ -6,7 +6,10 @@ the partition is a hash of the thread id, so one thread's events stay in one par
 The outbox relay stores every event of the log under `bb.log.<aggregate>.<id>.<event>` (stream
 BB_ENVIRONMENTS); the stream re-publishes environment events once each, after they are stored, to
 `bb.environments.<environmentId>.<event>` for plain subscribers. Each thread's placement outcome is
-published on `bb.placements.<threadId>.<status>` (stream BB_PLACEMENTS).
+published on `bb.placements.<threadId>.<status>` (stream BB_PLACEMENTS). A host's agent writes its
+transcript lines under its own host, `bb.hosts.<hostId>.transcripts.<environmentId>` (stream
+BB_TRANSCRIPT_INTAKE); the core keeps those of the host's own environments on
+`bb.transcripts.<environmentId>` (stream BB_TRANSCRIPTS), where subscribers read them.
 """
 
 from collections.abc import Mapping
@@ -32,10 +35,15 @@ PLACEMENT_EVENTS = "bb.placements.>"
 
 TRANSCRIPTS_STREAM = "BB_TRANSCRIPTS"
 TRANSCRIPT_EVENTS = "bb.transcripts.>"
+# What the hosts' agents write, each under its own host: only the core, which checks each line's
+# environment against the log, moves a line on to the transcripts everyone reads.
+TRANSCRIPT_INTAKE_STREAM = "BB_TRANSCRIPT_INTAKE"
+HOST_TRANSCRIPTS = "bb.hosts.*.transcripts.*"
 
 # The service's durable consumers: the log's (read models, then the provisioner) and the transcripts'.
 LOG_CONSUMER = "projections"
 TRANSCRIPTS_CONSUMER = "transcripts"
+TRANSCRIPT_INTAKE_CONSUMER = "transcript-intake"
 # Consumers an earlier service's layout had: a start hands over from them, then deletes them.
 RETIRED_THREADS_CONSUMER = "threads"
 RETIRED_PROVISIONER_CONSUMER = "provisioner"
@@ -62,6 +70,8 @@ HOSTS_BUCKET = "BB_HOSTS"
 REPLICAS_BUCKET = "BB_REPLICAS"
 LEASES_BUCKET = "BB_LEASES"
 RELAY_LEASE = "relay"
+# One replica at a time moves the hosts' transcript lines on, so that they keep their order.
+TRANSCRIPT_INTAKE_LEASE = "transcript-intake"
 # Fixed, like the thread partitions: an environment's partition must not move while it is driven.
 DRIVE_PARTITIONS = 16
 # A replica that saved says so here, so that the one relaying reads the log at once instead of at
@@ -115,6 +125,15 @@ def transcript(environment_id: str) -> str:
     return f"bb.transcripts.{environment_id}"
 
 
+def host_transcript(host_id: str, environment_id: str) -> str:
+    """Where the agent of `host_id` writes a line of one of its environments' transcripts."""
+    return f"bb.hosts.{host_id}.transcripts.{environment_id}"
+
+
+def host_transcripts(host_id: str) -> str:
+    return f"bb.hosts.{host_id}.transcripts.*"
+
+
 def api(area: str, verb: str) -> str:
     return f"{API_PREFIX}.{area}.{verb}"
 
@@ -157,6 +176,11 @@ def host_workspaces(host_id: str, verb: str) -> str:
 def host_of(subject: str) -> str:
     """The host a `bb.hosts.<hostId>...` subject names."""
     return subject.split(".", 3)[2]
+
+
+def transcript_environment_of(subject: str) -> str:
+    """The environment a `bb.hosts.<hostId>.transcripts.<environmentId>` subject names."""
+    return subject.rpartition(".")[2]
 
 
 def drive_lease(partition: int) -> str:

@@ -73,10 +73,11 @@ def environment_list(settings: Settings, status: str | None, provider: str | Non
     document = listing(settings, "environments", "list", request, "environments")
 
     def human(doc: dict[str, Any]) -> None:
-        print_table(("ID", "STATUS", "PROVIDER", "THREADS", "PATH"),
-                    ([e["id"], e["status"], e["providerId"], _threads_cell(e["threadIds"]), e["path"] or "-"]
-                     for e in doc["environments"]),
-                    shrink={"PATH": "end"})  # a path's end names its workspace
+        # The ports need `show`: four columns of ids and names leave no room for them in 80.
+        print_table(("ID", "STATUS", "PROVIDER", "SLUG", "THREADS", "PATH"),
+                    ([e["id"], e["status"], e["providerId"], e.get("slug") or "-", _threads_cell(e["threadIds"]),
+                      e["path"] or "-"] for e in doc["environments"]),
+                    shrink={"PATH": "end", "SLUG": "end"})  # a path's end names its workspace, a slug's its own
 
     emit(document, as_json, human)
 
@@ -252,13 +253,19 @@ def _print_environment(e: dict[str, Any]) -> None:
     message = f" — {one_line(e['statusMessage'])}" if e.get("statusMessage") else ""
     stdout.print(f"[bold]{e['id']}[/bold]  {e['status']}{escape(message)}")
     for label, value in (("provider", e["providerId"]), ("host", e["hostId"]), ("project", e["projectPath"]),
-                         ("path", e["path"]), ("owns path", e["ownsPath"]), ("threads", ", ".join(e["threadIds"])),
+                         ("path", e["path"]), ("owns path", e["ownsPath"]), ("slug", e.get("slug")),
+                         ("ports", _ports_cell(e.get("ports"))), ("threads", ", ".join(e["threadIds"])),
                          ("setup", e["hooks"]["setup"]["status"]), ("teardown", e["hooks"]["teardown"]["status"])):
         stdout.print(f"  {label:<10} {one_line(_readable(value))}", markup=False)
     if e.get("savedRef"):
         stdout.print(f"  saved work: {e['savedRef']}  (git worktree add <dir> {e['savedRef']})", markup=False)
     for line in e.get("transcript", []):
         stdout.print(f"  │ {one_line(line)}", markup=False)
+
+
+def _ports_cell(ports: dict[str, int] | None) -> str | None:
+    """`first-last`, as the hooks' BB_PORTS has it."""
+    return f"{ports['first']}-{ports['first'] + ports['count'] - 1}" if ports else None
 
 
 def _readable(value: Any) -> str:

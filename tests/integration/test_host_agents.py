@@ -228,6 +228,117 @@ async def test_the_seed_of_one_host_reaches_nothing_but_that_hosts_own_work(serv
     assert (await service.bb("thread", "list", "--json")).json()["threads"] == []
 
 
+def _transcript_line(environment_id: str, text: str) -> bytes:
+    return json.dumps({"type": "transcript", "occurredAt": "2026-12-01T12:00:00Z", "environmentId": environment_id,
+                       "kind": "output", "source": "setup", "text": text}).encode()
+
+
+async def test_an_agent_writes_transcript_lines_for_its_own_hosts_environments_only(
+        service: Service, git_repo: Path, tmp_path: Path):
+    """With h2's seed, a line for h1's environment on every subject h2 can reach: the server refuses
+    some, the core drops the rest, and none shows in `logs`, `show` or the stream; h1's own lines,
+    written by its agent, and h2's own line of its own environment do."""
+    from bb_environments.bus.wire import subjects
+
+    write_hooks(git_repo, tmp_path / "hooks.log", setup="echo h1s-own-line")
+    h2 = Path((await register(service, "h2"))["credentials"])
+    async with running_agent(service, "h1", tmp_path / "h1"):
+        h1_environment = spawned(await service.bb(
+            "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+            "--host", "h1", "--json"))
+        await service.wait_for(h1_environment, "ready")
+    h2_environment = spawned(await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h2", "--json"))
+    await service.wait_for(h2_environment, lambda e: "h2" in (e.get("statusMessage") or ""))
+
+    forged = "forged-by-h2"
+    errors: list[str] = []
+
+    async def record(error: Exception) -> None:
+        errors.append(str(error).lower())
+
+    nc = await nats.connect(service.info["natsUrl"], nkeys_seed=str(h2), inbox_prefix="_BB_HOST_INBOX.h2",
+                            error_cb=record)
+    try:
+        refused = [subjects.transcript(h1_environment), subjects.host_transcript("h1", h1_environment)]
+        for subject in refused:
+            await nc.publish(subject, _transcript_line(h1_environment, forged))
+        # Taken in under h2's own subjects, where the core checks them: a line of h1's environment,
+        # and one of h2's own environment naming h1's (the read model files a line by the one it names).
+        js = nc.jetstream()
+        for environment_id in (h1_environment, h2_environment):
+            ack = await js.publish(subjects.host_transcript("h2", environment_id),
+                                   _transcript_line(h1_environment, forged),
+                                   headers={"Nats-Msg-Id": f"forged-{environment_id}"})
+            assert ack.stream == subjects.TRANSCRIPT_INTAKE_STREAM
+        await js.publish(subjects.host_transcript("h2", h2_environment), _transcript_line(h2_environment, "h2s-own-line"))
+        for subject in refused:
+            await eventually(lambda: any(f'"{subject.lower()}"' in e for e in errors),
+                             f"the server refusing {subject}", timeout=10)
+    finally:
+        await nc.close()
+
+    # The intake keeps its order: once h2's own line is in, the forged ones before it were judged.
+    await service.wait_for(h2_environment, lambda e: "h2s-own-line" in json.dumps(e.get("transcript")))
+    logs = await service.bb("environment", "logs", h1_environment)
+    assert logs.returncode == 0, logs.stderr
+    assert "h1s-own-line" in logs.stdout and forged not in logs.stdout, logs.stdout
+    for environment_id in (h1_environment, h2_environment):
+        shown = await service.bb("environment", "show", environment_id, "--json")
+        assert shown.returncode == 0 and forged not in shown.stdout, shown.stdout
+        stored = await service.bb("environment", "logs", environment_id, "--json")
+        assert forged not in stored.stdout, stored.stdout
+    assert "transcript line(s) of host(s) h2 for environments the log did not place on their host" in service.log_tail()
+
+
+async def test_the_core_killed_between_keeping_an_agents_lines_and_taking_them_in_keeps_each_once(
+        git_repo: Path, tmp_path: Path):
+    """kill -9 of the core after it kept a batch of the agent's lines in the transcripts and before it
+    acknowledged them in the intake: started again, it keeps them again, and the stream stores each once."""
+    hold = tmp_path / "hold-setup"
+    hold.touch()
+    write_hooks(git_repo, tmp_path / "hooks.log",
+                setup=f"while [ -e {hold} ]; do sleep 0.02; done\nfor n in $(seq 1 50); do echo numbered-$n; done")
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data"))
+    await service.start()
+    try:
+        async with running_agent(service, "h1", tmp_path / "h1"):
+            environment_id = spawned(await service.bb(
+                "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
+                "--host", "h1", "--json"))
+            await eventually(lambda: (tmp_path / "hooks.log").exists(), "the setup starting")
+            service.kill()  # started again to die at its next batch of kept lines: the setup's
+            service.environment = service_environment(service.data_dir, BB_CRASH_AT="transcript-lines-kept")
+            await service.start()
+            hold.unlink()
+            await eventually(lambda: service.process.poll() is not None, "the core's crash point", timeout=60)
+            service.environment = service_environment(service.data_dir)
+            await service.start()
+            await service.wait_for(environment_id, "ready")
+            await _intake_drained(service)  # the batch the crash left unacknowledged taken in again
+            logged = await service.bb("environment", "logs", environment_id, "--json")
+    finally:
+        await service.stop()
+    lines = [json.loads(line) for line in logged.stdout.splitlines()]
+    texts = [line["text"] for line in lines]
+    assert [text for text in texts if text.startswith("numbered-")] == [f"numbered-{n}" for n in range(1, 51)]
+    stored = [(line["occurredAt"], line["text"]) for line in lines]
+    assert len(stored) == len(set(stored)), f"a line stored twice: {texts}"
+
+
+async def _intake_drained(service: Service) -> None:
+    from bb_environments.bus.wire import subjects
+
+    nc = await service.connect("service")
+    try:
+        js, deadline = nc.jetstream(), asyncio.get_running_loop().time() + 90
+        while (await js.stream_info(subjects.TRANSCRIPT_INTAKE_STREAM)).state.messages:
+            assert asyncio.get_running_loop().time() < deadline, "the intake still holds lines after 90 s"
+            await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
 async def test_a_forged_report_for_another_hosts_operation_changes_nothing(service: Service, tmp_path: Path):
     """h1 reports a create of an environment on h2 (waiting for its agent) on the only subjects it may
     publish on, its own: the environment goes on waiting, then gets h2's real workspace."""

@@ -205,7 +205,7 @@ async def test_the_subscriber_example_rides_a_restart_out_quietly(service):
             spawning.cancel()
         listed = (await service.bb("environment", "list", "--json")).json()["environments"]
         assert heard.removeprefix("ready: ").strip() in [e["id"] for e in listed]
-        subscriber.kill()
+        assert await asyncio.wait_for(subscriber.wait(), 30) == 0  # it reads the audit consumer and ends
         assert subscriber.stderr is not None
         said = (await subscriber.stderr.read()).decode()
         assert "Traceback" not in said and said == "", said

@@ -34,7 +34,7 @@ def clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
 
 
 async def test_a_lease_renewed_late_is_kept_when_nobody_took_it_and_lost_when_another_did(js, monkeypatch):
-    bucket = await leases_bucket(js, 1)
+    bucket = await leases_bucket(js, 1, BusHealth())
     mine, theirs = Lease(bucket, "relay", lease_holder("a")), Lease(bucket, "relay", lease_holder("b"))
     assert await mine.take() and not await theirs.take()
 
@@ -49,7 +49,7 @@ async def test_a_lease_renewed_late_is_kept_when_nobody_took_it_and_lost_when_an
 
 
 async def test_partitions_stay_held_while_the_sweep_after_taking_them_runs_longer_than_a_lease(js):
-    bucket = await leases_bucket(js, 1)
+    bucket = await leases_bucket(js, 1, BusHealth())
     share = DriveShare(bucket, lease_holder("a"), lambda: _one())
     sweeping, never = asyncio.Event(), asyncio.Event()
 

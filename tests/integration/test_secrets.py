@@ -105,8 +105,10 @@ async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Ser
     hook_output = "".join(path.read_text() for path in (service.data_dir / "hooks").rglob("*.log"))
     assert len([line for line in hook_output.splitlines() if line.startswith("PATH=")]) == 2  # both were dumped
     # Of the service's kind, the hook holds only what the core gives it on purpose.
-    assert [line for line in hook_output.splitlines() if line.startswith("BB_")] == [
-        f"BB_ENVIRONMENT_ID={kept['environmentId']}"]
+    given = [line for line in hook_output.splitlines() if line.startswith("BB_")]
+    assert sorted(line.partition("=")[0] for line in given) == [
+        "BB_ENVIRONMENT_ID", "BB_ENVIRONMENT_SLUG", "BB_PORT", "BB_PORTS"]
+    assert f"BB_ENVIRONMENT_ID={kept['environmentId']}" in given
     searched = [*files_under(service.data_dir), service.data_dir.parent / "serve.log"]
     found = [(secret, str(path)) for path in searched for secret in [*SERVICE_CREDENTIALS.values(), *secrets.values()]
              if secret.encode() in path.read_bytes()]

@@ -190,13 +190,16 @@ async def assert_each_event_once_in_order(topology: Topology, environment_ids: l
 
 async def test_both_replicas_answer_and_drive_and_each_event_is_stored_once(topology: Topology) -> None:
     a, b = topology.replica("a"), topology.replica("b")
+    # Each replica drives a share: b takes its partitions a moment after a gives them up, and the
+    # spawns below are driven by both only once it has.
+    for replica in (a, b):
+        await eventually(lambda: "drives partitions" in (replica.data_dir.parent / "serve.log").read_text(),
+                         f"replica {replica.data_dir.parent.name} taking its share of the partitions")
     threads = await asyncio.gather(*(spawn(service) for service in [a, b] * 10))
     environments = [await environment_of(a, t) for t in threads]
     await settled(a, environments, "ready")
     await settled(b, environments, "ready")  # each replica's own read model knows them all
     await assert_each_event_once_in_order(topology, environments)
-    # Each replica drives a share: both drove some of them (each took its partitions).
-    assert "drives partitions" in a.log_tail() and "drives partitions" in b.log_tail()
 
 
 async def test_a_second_replica_of_one_id_and_a_replica_beside_an_sqlite_store_are_refused(
@@ -393,10 +396,14 @@ async def ready_in_the_stream(topology: Topology, thread_ids: list[str]) -> list
 
 
 async def relay_holder(topology: Topology) -> str:
+    return await lease_holder(topology, subjects.RELAY_LEASE)
+
+
+async def lease_holder(topology: Topology, lease: str) -> str:
     nc = await topology.service_connection()
     try:
         leases = await nc.jetstream().key_value(subjects.LEASES_BUCKET)
-        return json.loads((await leases.get(subjects.RELAY_LEASE)).value or b"{}")["replicaId"]
+        return json.loads((await leases.get(lease)).value or b"{}")["replicaId"]
     finally:
         await nc.close()
 
@@ -487,3 +494,39 @@ async def test_a_replica_beside_a_running_sqlite_replica_is_refused_however_long
         assert "replica only" in beside.stderr and "an SQLite event store has one replica only" in beside.stderr
     finally:
         await only.stop()
+
+
+async def transcript_lines(topology: Topology, environment_id: str) -> list[str]:
+    """The environment's hook lines as BB_TRANSCRIPTS keeps them, in order."""
+    nc = await topology.service_connection()
+    try:
+        js, texts = nc.jetstream(), []
+        state = (await js.stream_info(subjects.TRANSCRIPTS_STREAM)).state
+        for sequence in range(state.first_seq, state.last_seq + 1):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                message = await js.get_msg(subjects.TRANSCRIPTS_STREAM, sequence)
+                if message.subject == subjects.transcript(environment_id):
+                    texts.append(json.loads(message.data or b"{}")["text"])
+    finally:
+        await nc.close()
+    return [text for text in texts if text.startswith(("preparing", "numbered-"))]
+
+
+async def test_the_agents_lines_reach_the_transcripts_through_one_replica_then_the_other_once_it_is_killed(
+        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    """h1's `bb agent` writes its setup's lines into the intake; the replica holding its lease keeps
+    them, and once that replica is killed, the other does; each line once, in order."""
+    write_hooks(git_repo, tmp_path / "hooks", setup="for n in 1 2 3; do echo numbered-$n; done")
+    before = await environment_of(topology.replica("a"), await spawn(topology.replica("a"), git_repo))
+    await settled(topology.replica("a"), [before], "ready")
+    holder_id = await lease_holder(topology, subjects.TRANSCRIPT_INTAKE_LEASE)
+    other = topology.replica("b" if holder_id == "a" else "a")
+    topology.replica(holder_id).kill()
+    after = await environment_of(other, await spawn(other, git_repo))
+    await settled(other, [after], "ready")
+    expected = ["preparing the workspace", "numbered-1", "numbered-2", "numbered-3"]
+    deadline = time.monotonic() + SETTLE_S
+    for environment_id in (before, after):
+        while (seen := await transcript_lines(topology, environment_id)) != expected:
+            assert time.monotonic() < deadline, f"the transcript of {environment_id} holds {seen}, not {expected}"
+            await asyncio.sleep(0.5)

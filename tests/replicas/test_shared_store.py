@@ -22,6 +22,7 @@ from eventsourcing.persistence import RecordConflictError
 from bb_environments.domain.claims import inside
 from bb_environments.domain.errors import PathAlreadyClaimed
 from bb_environments.domain.host_claims import HostClaims, host_claims_id
+from bb_environments.domain.leases import SLUG_PATTERN
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.thread import Thread
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
@@ -360,3 +361,56 @@ async def test_commands_during_and_after_a_restart_of_the_postgresql_server_are_
         assert all(other.find_thread(thread) is not None for thread in ["before", *during, "after"])
     finally:
         other.close()
+
+
+async def test_twenty_spawns_through_two_replicas_lease_disjoint_blocks_clear_of_a_listening_port_kept_by_a_restart(
+        event_store):
+    a, b = replica(event_store), replica(event_store)
+    stores = Store(a), Store(b)
+    listening = (20013,)  # as the host's plan found it
+
+    async def spawned(number: int) -> UUID:
+        placement = Placement("personal-workspace", "h1", None, {}, f"t{number}", None, listening=listening)
+        replica_app = (a, b)[number % 2]
+        environment = await stores[number % 2].run(replica_app.spawn_thread, f"t{number}", None, None, "h1", None,
+                                                   placement)
+        return environment.id
+
+    try:
+        ids = await asyncio.gather(*(spawned(number) for number in range(20)))
+    finally:
+        for store in stores:
+            store.close()
+        a.close()
+        b.close()
+    again = replica(event_store)  # a restart: a new replica reads every lease from the log
+    try:
+        environments = [again.environment(environment_id) for environment_id in ids]
+        blocks = sorted((range(e.ports.first, e.ports.last + 1) for e in environments if e.ports), key=lambda r: r.start)
+        assert len(blocks) == 20
+        assert all(20013 not in block for block in blocks)
+        assert all(earlier.stop <= later.start for earlier, later in zip(blocks, blocks[1:]))
+        slugs = {e.slug for e in environments}
+        assert len(slugs) == 20 and all(slug and SLUG_PATTERN.match(slug) for slug in slugs)
+        assert again.repository.get(host_claims_id("h1")).leases == again.claims.leases_on("h1")
+        # One more, decided by the restarted replica against every kept lease.
+        more = again.spawn_thread("t20", None, None, "h1", None, Placement("personal-workspace", "h1", None, {},
+                                                                          "t20", None, listening=listening))
+        assert more.ports is not None and all(more.ports.first not in block for block in blocks)
+    finally:
+        again.close()
+
+
+async def test_a_lease_decided_on_a_stale_read_is_decided_again_on_what_the_other_replica_leased(replicas):
+    a, b = replicas
+    store = Store(a)
+    try:
+        # a decides from the host's claims before b's lease is saved: its save conflicts, and it decides again.
+        before_next_save(a, lambda: spawn(b, "t1"))
+        environment = await store.run(a.spawn_thread, "t2", None, None, "h1", None,
+                                      Placement("personal-workspace", "h1", None, {}, "t2", None))
+    finally:
+        store.close()
+    other = b.environment(b.thread("t1").environment_id)
+    assert environment.ports is not None and other.ports is not None
+    assert environment.ports.first == other.ports.last + 1 and environment.slug != other.slug

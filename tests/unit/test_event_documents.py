@@ -24,11 +24,12 @@ from eventsourcing.persistence import StoredEvent
 import bb_environments.domain as domain
 from bb_environments.entrypoints import catalog
 from bb_environments.bus.core.publications import PUBLICATIONS, log_decoder
-from bb_environments.bus.wire.documents import (ClaimEvent, EnvironmentEvent, HostClaimsEvent, RegisteredHostEvent,
-                                                ThreadEvent)
+from bb_environments.bus.wire.documents import EnvironmentEvent
+from bb_environments.bus.wire.log_only_documents import ClaimEvent, HostClaimsEvent, RegisteredHostEvent, ThreadEvent
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
+from bb_environments.domain.leases import PortBlock
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.status import HookStatus
@@ -74,11 +75,12 @@ def record_every_event(app: Application) -> None:
     thread.refuse("the path /src/p is held by another environment")
     env = Environment(provider_id="git-worktree", host_id="local", project_path="/src/p",
                       inputs={"branch": {"kind": "default"}}, path_key="t-1-1", claimed_path="/data/wt/t-1-1",
-                      thread_id="t-1")
+                      thread_id="t-1", slug="p-3f9c", ports={"first": 20000, "count": 10})
     claim = PathClaim(host_id="local", path="/data/wt/t-1-1", environment_id=env.id)
     thread.assign_environment(env.id)
     app.save(thread, env, claim)
     host = HostClaims(host_id="local", held={"/data/wt/t-1-1": env.id})
+    host.lease(env.id, "p-3f9c", PortBlock(20000, 10))
     app.save(host)
     env.record_create_failed(1, "transient", "git is busy")
     env.record_attempt_cleaned(1)
@@ -109,6 +111,7 @@ def record_every_event(app: Application) -> None:
     env.record_removed(2, f"refs/bb/saved/{env.id}")
     claim.release(env.id)
     host.release("/data/wt/t-1-2", env.id)
+    host.end_lease(env.id)
     thread.leave_environment()
     thread.archive()
     thread.unarchive()

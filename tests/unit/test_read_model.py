@@ -20,7 +20,8 @@ from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.placement import Placement
 from bb_environments.handlers.store import Store
-from bb_environments.projections.read_model import Applied, ReadModel, RebuildAbandoned
+from bb_environments.projections.read_model import Applied, ReadModel
+from bb_environments.projections.rebuild_scratch import RebuildAbandoned
 from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry, ViewPage, public_view
 from tests.unit.test_event_documents import record_every_event
 

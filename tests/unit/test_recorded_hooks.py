@@ -50,7 +50,10 @@ def test_a_running_setup_may_run_in_its_recorded_path_and_may_not_be_stopped(app
     assert app.recorded_hook(operation) == RecordedHook(
         operation_id=operation, environment_id=str(environment_id), kind="setup", host_id="local",
         workspace=PATH, awaited=True, stoppable=False, environment_removed=False,
+        slug=app.environment(environment_id).slug, ports="20000-20009",
     )
+    assert app.recorded_hook(operation).given_variables() == {
+        "BB_ENVIRONMENT_ID": str(environment_id), "BB_ENVIRONMENT_SLUG": app.environment(environment_id).slug, "BB_PORT": "20000", "BB_PORTS": "20000-20009"}
 
 
 def test_a_cancelled_environment_s_running_setup_may_be_joined_and_stopped(app):

@@ -1,0 +1,178 @@
+"""The documents of the log's thread, claim and host facts, as msgspec structs: stored in the log
+and exported with it, never re-published (only the service reads `bb.log.>`).
+
+They are documents like the environment events (bus/wire/documents.py), and under the same rule:
+the bytes of a stored fact stay the same, so a field is never renamed or moved, and a new one is
+added last.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+import msgspec
+
+from bb_environments.bus.wire.descriptions import said as _said
+from bb_environments.bus.wire.documents import Document, LeasedPorts, Slug
+
+
+class ThreadEvent(Document):
+    thread_id: Annotated[str, msgspec.Meta(description="The thread's id, as its publisher named it.")]
+    version: Annotated[int, msgspec.Meta(description="The thread's version after this event (gap-free).")]
+
+
+class ThreadRegisteredDocument(ThreadEvent, kw_only=True, tag="thread_registered"):
+    """A thread became known to the service (its `created` event, or `bb thread spawn`), with its
+    project, parent and host."""
+
+    project_path: Annotated[str | None, _said("The thread's project, or null.")]
+    parent_thread_id: Annotated[str | None, _said("The thread's parent, or null.")]
+    host_id: Annotated[str, _said("The host its environment runs on.")]
+
+
+class ThreadEnvironmentAssignedDocument(ThreadEvent, kw_only=True, tag="thread_environment_assigned"):
+    """The thread got environment `environmentId` (a new one, or one it joined)."""
+
+    environment_id: Annotated[str, _said("The environment the thread uses now.")]
+
+
+class ThreadEnvironmentRequestedDocument(ThreadEvent, kw_only=True, tag="thread_environment_requested"):
+    """The thread's first message asked for an environment; recorded before one is given, so a crash
+    cannot lose the request."""
+
+
+class ThreadEnvironmentLeftDocument(ThreadEvent, kw_only=True, tag="thread_environment_left"):
+    """The thread no longer uses environment `environmentId` (its message was cancelled, or it was
+    unarchived after the environment ended)."""
+
+    environment_id: Annotated[str, _said("The environment the thread left.")]
+
+
+class ThreadRefusedDocument(ThreadEvent, kw_only=True, tag="thread_refused"):
+    """The thread's request for an environment was refused (`message`: a blocked provider, a claimed
+    path, ...); `bb thread list` shows it as `refusal`."""
+
+    message: Annotated[str, _said("Why the thread got no environment, in one sentence.")]
+
+
+class ThreadArchivedDocument(ThreadEvent, kw_only=True, tag="thread_archived"):
+    """The thread was archived; its environment retires once no live thread uses it."""
+
+
+class ThreadUnarchivedDocument(ThreadEvent, kw_only=True, tag="thread_unarchived"):
+    """The thread was unarchived; it rejoins its environment if that is still live."""
+
+
+class ClaimEvent(Document):
+    claim_id: Annotated[str, msgspec.Meta(description="The claim's id (a UUID derived from the host and the path).")]
+    version: Annotated[int, msgspec.Meta(description="The claim's version after this event (gap-free).")]
+    host_id: Annotated[str, msgspec.Meta(description="The host the path is on.")]
+    path: Annotated[str, msgspec.Meta(description="The claimed path, in canonical form (symlinks resolved).")]
+    environment_id: Annotated[str | None, msgspec.Meta(description="The environment taking or giving up the path.")]
+
+
+class ClaimTakenDocument(ClaimEvent, kw_only=True, tag="claim_taken"):
+    """A path (its canonical form) on a host was claimed for environment `environmentId`, in the
+    transaction of that environment's `claimed` (or of a retry on a new path)."""
+
+
+class ClaimRetakenDocument(ClaimEvent, kw_only=True, tag="claim_retaken"):
+    """A released path was claimed again, by environment `environmentId`."""
+
+
+class ClaimReleasedDocument(ClaimEvent, kw_only=True, tag="claim_released"):
+    """Environment `environmentId` gave the path up: in the transaction of its `removed`, or of
+    handing the path to the environment that replaces it."""
+
+
+class HostClaimsEvent(Document):
+    host_id: Annotated[str, msgspec.Meta(description="The host whose claims these are.")]
+    version: Annotated[int, msgspec.Meta(description="The version of the host's claims after this event (gap-free).")]
+
+
+class HostLease(msgspec.Struct, frozen=True):
+    """What one environment holds on its host besides its path."""
+
+    slug: Slug
+    ports: LeasedPorts
+
+
+class HostClaimsStartedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_started"):
+    """A store that several core replicas may write began to keep the host's live claims together,
+    so that the claims on one host are decided one at a time: in the transaction of the first claim
+    taken or released there, holding the claims live until then."""
+
+    held: Annotated[dict[str, UUID], msgspec.Meta(
+        description="Each path (canonical form) held on the host until then, with the environment holding it.")]
+    leases: Annotated[dict[str, HostLease] | None, msgspec.Meta(
+        description="Each live environment's lease on the host until then, by environment id; left out by a "
+                    "release before leases.")] | msgspec.UnsetType = msgspec.UNSET
+
+
+class HostClaimsHeldDocument(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
+    """Environment `environmentId` holds the path on the host now: in the transaction of its
+    `claim_taken` or `claim_retaken` (on a store that several core replicas may write)."""
+
+    path: Annotated[str, msgspec.Meta(description="The claimed path, in canonical form (symlinks resolved).")]
+    environment_id: Annotated[str, msgspec.Meta(description="The environment holding the path.")]
+
+
+class HostClaimsReleasedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_released"):
+    """Environment `environmentId` no longer holds the path on the host: in the transaction of its
+    `claim_released` (on a store that several core replicas may write)."""
+
+    path: Annotated[str, msgspec.Meta(description="The released path, in canonical form (symlinks resolved).")]
+    environment_id: Annotated[str, msgspec.Meta(description="The environment that held the path.")]
+
+
+class HostClaimsLeasedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_leased"):
+    """Environment `environmentId` holds this slug and block of ports on the host now: in the
+    transaction of its `claimed` (or `planned`), on a store that several core replicas may write,
+    so that two replicas never lease one slug or overlapping blocks on one host."""
+
+    environment_id: Annotated[str, msgspec.Meta(description="The environment holding the lease.")]
+    slug: Slug
+    ports: LeasedPorts
+
+
+class HostClaimsLeaseEndedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_lease_ended"):
+    """Environment `environmentId` no longer holds a slug or ports on the host: in the transaction of
+    its `removed` (on a store that several core replicas may write)."""
+
+    environment_id: Annotated[str, msgspec.Meta(description="The environment that held the lease.")]
+
+
+
+class RegisteredHostEvent(Document):
+    host_id: Annotated[str, msgspec.Meta(description="The registered host's id.")]
+    version: Annotated[int, msgspec.Meta(description="The version of the host's registration after this event (gap-free).")]
+
+
+AgentPublicKey = Annotated[str, _said(
+    "The public NKEY of the seed the host's agent connects with (the seed itself is never recorded).")]
+
+
+class HostRegisteredDocument(RegisteredHostEvent, kw_only=True, tag="host_registered"):
+    """`bb machine register` registered the host: environments may be placed on it, and its agent
+    connects with the seed of `publicKey`. Also recorded when a service starts on a data dir whose
+    seed file of a host the log does not know was made by an earlier release."""
+
+    public_key: AgentPublicKey
+
+
+class HostCredentialsRotatedDocument(RegisteredHostEvent, kw_only=True, tag="host_credentials_rotated"):
+    """`bb machine register --rotate` replaced the seed of the host's agent: the old one is refused."""
+
+    public_key: AgentPublicKey
+
+
+class HostRemovedDocument(RegisteredHostEvent, kw_only=True, tag="host_removed"):
+    """`bb machine remove` removed the host, which no environment that is not removed lived on: its
+    seed is refused, and nothing may be placed on it until it is registered again."""
+
+
+class HostRegisteredAgainDocument(RegisteredHostEvent, kw_only=True, tag="host_registered_again"):
+    """`bb machine register` registered a removed host again, with a new seed."""
+
+    public_key: AgentPublicKey
