@@ -35,7 +35,6 @@ import asyncio
 import logging
 import os
 import signal
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -50,6 +49,7 @@ from bb_environments.hooks.output_delivery import OutputDelivery, read_from
 from bb_environments.hooks.output_delivery import OutputSink as OutputSink  # `run`'s callers name it from here
 from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL, SupervisorRequest
+from bb_environments.hooks.stopping import POLL_S, CancelResult, SupervisorStopping
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
     HookIdentityMismatch,
@@ -62,18 +62,13 @@ from bb_environments.hooks.supervisor_watch import SupervisorHandle, SupervisorW
 from bb_environments.providers.git_commands import take_owed_post_checkout
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.containment import MARKER, Containment
-from bb_environments.providers.host.processes import kill_recorded_group, signal_recorded_process
 from bb_environments.providers.host.withheld import hook_environment
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.02
-CANCEL_WAIT_S = 10.0
-SUPERVISOR_EXIT_WAIT_S = 2.0
 SKIPS_REMEMBERED = 4096
 
-CancelResult = Literal["never-started", "finished", "terminated"]
 HookBegin = Literal["started", "rejoined", "replayed"]
 """How a run met its operation: it started the hook, joined one still running (started by an
 earlier process), or found it finished and replays its log."""
@@ -121,7 +116,7 @@ class HookRunner:
         self._git_hooks = git_hooks
         self._in_flight: dict[str, _InFlight] = {}
         self._delivered = OutputDelivery(transcript_lines_kept)
-        self._finalize_locks: dict[str, asyncio.Lock] = {}
+        self._stopping = SupervisorStopping(self._records)
         self._skipped: OrderedDict[str, HookRecord] = OrderedDict()
         self._launcher = LauncherClient()
         weakref.finalize(self, self._launcher.close)
@@ -172,7 +167,7 @@ class HookRunner:
         await asyncio.to_thread(self._records.delete, idle)
         for operation_id in idle:
             self._delivered.forget(operation_id)
-            self._finalize_locks.pop(operation_id, None)
+            self._stopping.forget(operation_id)
             self._skipped.pop(operation_id, None)
         return idle
 
@@ -230,7 +225,7 @@ class HookRunner:
         """Make sure the hook never starts, or stop it; returns what there was to stop."""
         await asyncio.to_thread(self._records.tombstone, operation_id)
         record = await self._record_once_adopted(operation_id)
-        return await self._stop(record)
+        return await self._stopping.stop(record)
 
     async def _run_until_recorded(
         self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink, in_flight: _InFlight
@@ -292,7 +287,7 @@ class HookRunner:
         """A tombstoned operation: stop whatever a cancel interrupted by a crash left running."""
         if record is None:
             return CANCELLED_BEFORE_START
-        await self._stop(record)
+        await self._stopping.stop(record)
         settled = await asyncio.to_thread(self._records.read, record.operation_id)
         if settled is not None and settled.outcome == "cancelled":
             return _outcome(settled)
@@ -385,7 +380,7 @@ class HookRunner:
                 watch.close()
             elif supervisor is not None:
                 supervisor.close()
-        record = await self._close_orphaned(operation_id)
+        record = await self._stopping.close_orphaned(operation_id)
         await self._delivered.deliver_log(operation_id, self._records.log_path(operation_id), on_output, complete=True)
         return record
 
@@ -406,63 +401,6 @@ class HookRunner:
             if not (starting and operation_id in self._in_flight):
                 return record
             await asyncio.sleep(POLL_S)
-
-    async def _stop(self, record: HookRecord | None) -> CancelResult:
-        if record is None:
-            return "never-started"
-        if record.finished_at is not None:
-            return "finished"
-        operation_id = record.operation_id
-        if signal_recorded_process(record.supervisor_pid, record.supervisor_started_at, signal.SIGTERM):
-            record = await self._wait_until_finished(operation_id, CANCEL_WAIT_S)
-            unresponsive = record.finished_at is None
-            if unresponsive and signal_recorded_process(record.supervisor_pid, record.supervisor_started_at, signal.SIGKILL):
-                await self._wait_until_finished(operation_id, SUPERVISOR_EXIT_WAIT_S)
-        record = await self._close_orphaned(operation_id)
-        if record.outcome != "cancelled":
-            return "finished"
-        return "terminated" if record.script_pid is not None else "never-started"
-
-    async def _wait_until_finished(self, operation_id: str, timeout_s: float) -> HookRecord:
-        """The record once finished, its supervisor gone, or the time is up."""
-        deadline = time.monotonic() + timeout_s
-        record = await self._read_existing(operation_id)
-        while record.finished_at is None and time.monotonic() < deadline:
-            if not await asyncio.to_thread(supervisor_alive, record):
-                break
-            await asyncio.sleep(POLL_S)
-            record = await self._read_existing(operation_id)
-        return record
-
-    async def _close_orphaned(self, operation_id: str) -> HookRecord:
-        """Finish a record whose supervisor is dead, killing the script's group if it lives on.
-
-        Callers have seen the supervisor dead (or killed it); the lock keeps a concurrent cancel
-        and run from closing the same record twice.
-        """
-        async with self._finalize_locks.setdefault(operation_id, asyncio.Lock()):
-            record = await self._read_existing(operation_id)
-            if record.finished_at is not None:
-                return record
-            confirmed = await asyncio.to_thread(kill_recorded_group, record.script_pid, record.script_started_at)
-            name = Path(record.script).name
-            if await asyncio.to_thread(self._records.is_tombstoned, operation_id):
-                record.outcome, record.message = "cancelled", f"{name} cancelled"
-            else:
-                record.outcome = "interrupted"
-                record.message = f"{name} was interrupted: its supervisor stopped before recording the outcome"
-            if not confirmed:
-                record.message += "; some of its processes could not be confirmed stopped"
-            record.finished_at = now_iso()
-            await asyncio.to_thread(self._records.write, record)
-            return record
-
-    async def _read_existing(self, operation_id: str) -> HookRecord:
-        record = await asyncio.to_thread(self._records.read, operation_id)
-        if record is None:
-            raise FileNotFoundError(f"hook record for {operation_id!r} disappeared")
-        return record
-
 
 def _check_identity(record: HookRecord, kind: str, workspace: Path) -> None:
     if (record.kind, record.workspace) != (kind, str(workspace)):
