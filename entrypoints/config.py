@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from bb_environments.bus.access import check_host_id, write_private_file
+from bb_environments.bus.access import write_private_file
+from bb_environments.entrypoints import setting_values as read
+from bb_environments.entrypoints.setting_values import ConfigError as ConfigError  # raised and caught by its users as config's
 from bb_environments.bus.wire.server_file import SERVER_FILE, DataDirError, ServerInfo, data_root, nats_servers
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli/connection.py)
@@ -40,10 +42,6 @@ MIN_PIDS_PER_ENVIRONMENT = 16
 """The hook's supervisor (two threads), bash and a few commands."""
 MIN_MEMORY_PER_ENVIRONMENT = 64 << 20
 """The hook's supervisor (a Python process) and bash, with room for a small command."""
-
-
-class ConfigError(ValueError):
-    pass
 
 
 class Settings(msgspec.Struct, frozen=True):
@@ -119,42 +117,42 @@ class Settings(msgspec.Struct, frozen=True):
             root = data_root(data_dir)
         except DataDirError as unusable:
             raise ConfigError(str(unusable)) from None
-        host_id = _host_id(os.environ.get("BB_HOST_ID", "local"))
+        host_id = read.host_id(os.environ.get("BB_HOST_ID", "local"))
         return cls(
             data_root=root,
             nats_url=nats_url or os.environ.get("BB_NATS_URL") or None,
             event_store=os.environ.get("BB_EVENT_STORE") or f"sqlite:///{os.path.join(root, 'events.sqlite')}",
             host_id=host_id,
-            retire_grace_override=_grace_override(os.environ.get("BB_RETIRE_GRACE_MS")),
-            hook_timeout_s=_number("BB_HOOK_TIMEOUT_S", 900),
-            sweep_interval_s=_number("BB_SWEEP_INTERVAL_S", 30),
-            transient_retry_s=_number("BB_TRANSIENT_RETRY_S", 30),
+            retire_grace_override=read.grace_override(os.environ.get("BB_RETIRE_GRACE_MS")),
+            hook_timeout_s=read.number("BB_HOOK_TIMEOUT_S", 900),
+            sweep_interval_s=read.number("BB_SWEEP_INTERVAL_S", 30),
+            transient_retry_s=read.number("BB_TRANSIENT_RETRY_S", 30),
             extra_providers=tuple(p for p in os.environ.get("BB_EXTRA_PROVIDERS", "").split(",") if p),
-            threads_max_age_s=_positive("BB_THREADS_MAX_AGE_S", THREADS_MAX_AGE_S, "a number of seconds"),
-            threads_max_bytes=int(_positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
-            removed_retention_s=_positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
-            saved_ref_retention_s=_positive("BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"),
-            doctor_interval_s=_positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
+            threads_max_age_s=read.positive("BB_THREADS_MAX_AGE_S", THREADS_MAX_AGE_S, "a number of seconds"),
+            threads_max_bytes=int(read.positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
+            removed_retention_s=read.positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
+            saved_ref_retention_s=read.positive("BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"),
+            doctor_interval_s=read.positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
             agent_root=os.path.realpath(os.path.expanduser(os.environ["BB_AGENT_ROOT"]))
             if os.environ.get("BB_AGENT_ROOT") else None,
-            nats_port=_port("--nats-port", nats_port) if nats_port is not None else
-            _port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
-            max_live_environments=_count("BB_MAX_LIVE_ENVIRONMENTS", 10_000),
-            max_live_environments_per_project=_count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
-            port_range=(port_range := _port_range(os.environ.get("BB_PORT_RANGE"))),
-            ports_per_environment=_ports_per_environment(port_range),
-            project_roots=_project_roots(os.environ.get("BB_PROJECT_ROOTS")),
+            nats_port=read.port("--nats-port", nats_port) if nats_port is not None else
+            read.port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
+            max_live_environments=read.count("BB_MAX_LIVE_ENVIRONMENTS", 10_000),
+            max_live_environments_per_project=read.count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
+            port_range=(port_range := read.port_range(os.environ.get("BB_PORT_RANGE"))),
+            ports_per_environment=read.ports_per_environment(port_range),
+            project_roots=read.project_roots(os.environ.get("BB_PROJECT_ROOTS")),
             workspace_user=os.environ.get("BB_WORKSPACE_USER") or None,
-            replica_id=_replica_id(replica_id or os.environ.get("BB_REPLICA_ID") or host_id),
-            stream_replicas=_stream_replicas(os.environ.get("BB_STREAM_REPLICAS")),
-            default_host=_host_id(os.environ["BB_DEFAULT_HOST"], "BB_DEFAULT_HOST")
+            replica_id=read.replica_id(replica_id or os.environ.get("BB_REPLICA_ID") or host_id),
+            stream_replicas=read.stream_replicas(os.environ.get("BB_STREAM_REPLICAS")),
+            default_host=read.host_id(os.environ["BB_DEFAULT_HOST"], "BB_DEFAULT_HOST")
             if os.environ.get("BB_DEFAULT_HOST") else None,
-            run_git_hooks=_git_hooks_mode() == "run",
-            max_pids_per_environment=_at_least("BB_MAX_PIDS_PER_ENVIRONMENT", MAX_PIDS_PER_ENVIRONMENT,
+            run_git_hooks=read.git_hooks_mode() == "run",
+            max_pids_per_environment=read.at_least("BB_MAX_PIDS_PER_ENVIRONMENT", MAX_PIDS_PER_ENVIRONMENT,
                                                MIN_PIDS_PER_ENVIRONMENT, "a number of processes"),
-            max_memory_per_environment=_at_least("BB_MAX_MEMORY_PER_ENVIRONMENT", MAX_MEMORY_PER_ENVIRONMENT,
+            max_memory_per_environment=read.at_least("BB_MAX_MEMORY_PER_ENVIRONMENT", MAX_MEMORY_PER_ENVIRONMENT,
                                                  MIN_MEMORY_PER_ENVIRONMENT, "a number of bytes"),
-            saved_work_max_bytes=_saved_work_max_bytes(),
+            saved_work_max_bytes=read.saved_work_max_bytes(),
         )
 
     @property
@@ -272,135 +270,6 @@ def event_store_file(url: str) -> "Path | None":
 
     parsed = urlparse(url)
     return Path(unquote(parsed.path)).resolve() if parsed.scheme == "sqlite" else None
-
-
-def _host_id(raw: str, setting: str = "BB_HOST_ID") -> str:
-    try:
-        return check_host_id(raw)
-    except ValueError as bad:
-        raise ConfigError(f"{setting}: {bad}") from None
-
-
-def _replica_id(raw: str) -> str:
-    try:
-        return check_host_id(raw)  # the same rule: it names KV keys and log lines
-    except ValueError as bad:
-        raise ConfigError(f"--replica-id (BB_REPLICA_ID): {str(bad).replace('host id', 'replica id')}") from None
-
-
-def _stream_replicas(raw: str | None) -> int:
-    if raw is None or raw == "":
-        return 1
-    if not raw.isdigit() or not 1 <= int(raw) <= 5:
-        raise ConfigError(f"BB_STREAM_REPLICAS {raw!r} is not a replica count: use 1 to 5 (JetStream's limit), "
-                          "3 on a 3-node cluster")
-    return int(raw)
-
-
-def _git_hooks_mode() -> str:
-    from bb_environments.providers.git_hooks import git_hooks_mode  # the providers read it there too
-
-    try:
-        return git_hooks_mode()
-    except ValueError as bad:
-        raise ConfigError(str(bad)) from None
-
-
-def _saved_work_max_bytes() -> int:
-    from bb_environments.providers.saved_work import saved_work_max_bytes  # the providers read it there too
-
-    try:
-        return saved_work_max_bytes()
-    except ValueError as bad:
-        raise ConfigError(str(bad)) from None
-
-
-def _grace_override(raw: str | None) -> tuple[int | None] | None:
-    if raw is None or raw == "":
-        return None
-    if raw.lower() in ("null", "never"):
-        return (None,)
-    try:
-        return (int(raw),)
-    except ValueError:
-        raise ConfigError(f"BB_RETIRE_GRACE_MS must be milliseconds or 'null' (never), got {raw!r}") from None
-
-
-def _number(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
-
-
-def _port(name: str, raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    if raw.isascii() and raw.isdigit() and len(raw) <= 5 and 0 < int(raw) < 65536:
-        return int(raw)
-    raise ConfigError(f"{name} {raw!r} is not allowed: use a port number from 1 to 65535")
-
-
-def _count(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    if raw.isascii() and raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    raise ConfigError(f"{name} {raw!r} is not allowed: use a whole number greater than 0")
-
-
-def _at_least(name: str, default: int, minimum: int, what: str) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    if raw.isascii() and raw.isdigit() and int(raw) >= minimum:
-        return int(raw)
-    raise ConfigError(f"{name} {raw!r} is not allowed: use {what}, at least {minimum}")
-
-
-def _port_range(raw: str | None) -> tuple[int, int]:
-    if not raw:
-        return 20000, 29999
-    first, dash, last = (part.strip() for part in raw.partition("-"))
-    if dash and all(p.isascii() and p.isdigit() and len(p) <= 5 for p in (first, last)):
-        if 1024 <= int(first) <= int(last) <= 65535:
-            return int(first), int(last)
-    raise ConfigError(f"BB_PORT_RANGE {raw!r} is not allowed: use `first-last`, two port numbers from 1024 to "
-                      "65535, the first not above the last (default 20000-29999)")
-
-
-def _ports_per_environment(port_range: tuple[int, int]) -> int:
-    count = _count("BB_PORTS_PER_ENVIRONMENT", 10)
-    first, last = port_range
-    if count > last - first + 1:
-        raise ConfigError(f"BB_PORTS_PER_ENVIRONMENT {count} is not allowed: BB_PORT_RANGE {first}-{last} holds "
-                          f"only {last - first + 1} ports; use a smaller number or a wider range")
-    return count
-
-
-def _project_roots(raw: str | None) -> tuple[str, ...] | None:
-    """Each root with its symlinks resolved, as project paths are compared once resolved."""
-    if not raw:
-        return None
-    roots = [root for root in raw.split(":") if root]
-    relative = [root for root in roots if not os.path.isabs(root)]
-    if relative or not roots:
-        raise ConfigError(f"BB_PROJECT_ROOTS {raw!r} is not allowed: use absolute paths separated by ':'")
-    return tuple(os.path.realpath(root) for root in roots)
-
-
-def _positive(name: str, default: float, what: str) -> float:
-    """A finite limit: zero or less would mean none to JetStream."""
-    raw = os.environ.get(name)
-    try:
-        value = float(raw) if raw else default
-        if 0 < value < float("inf"):
-            return value
-    except ValueError:
-        pass
-    raise ConfigError(f"{name} must be {what} greater than 0, got {raw!r}")
 
 
 class Holder(msgspec.Struct, rename="camel"):

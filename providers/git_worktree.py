@@ -54,8 +54,8 @@ from bb_environments.providers.saved_work import (
     not_saved_notice,
     save_work,
     saved_notes_dir,
-    saved_work_max_bytes,
 )
+from bb_environments.providers.host.saved_work_limit import saved_work_max_bytes
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 from bb_environments.providers.worktree_survey import (
     BRANCH_PREFIX,

@@ -34,6 +34,7 @@ from pathlib import Path
 from bb_environments.providers.contract import NotSavedFile
 from bb_environments.providers.git_commands import GitFailed, run_git, run_git_or_none
 from bb_environments.providers.host.crash_points import crash_point
+from bb_environments.providers.host.saved_work_limit import SAVED_WORK_MAX_BYTES
 
 SAVED_REF_PREFIX = "refs/bb/saved/"
 SAVER_IDENTITY = {
@@ -44,9 +45,6 @@ SAVER_IDENTITY = {
 _SAVE_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|orphan-[0-9a-f]{16}")
 """An environment's id, or an orphan's key."""
 ORPHAN_PREFIX = "orphan-"
-SAVED_WORK_MAX_BYTES = 10 << 20
-"""Far above a source file, a lock file or a small fixture; below the build outputs, dumps, archives
-and databases that would make the project's `.git` grow for good."""
 NOT_SAVED_NAMED = 100
 """How many of the files left out are named (the largest), so that the removal's event stays small."""
 
@@ -76,16 +74,6 @@ def _size(size: int) -> str:
         if size >= 1 << shift:
             return f"{size / (1 << shift):.1f} {unit}".replace(".0 ", " ")
     return f"{size} bytes"
-
-
-def saved_work_max_bytes() -> int:
-    """BB_SAVED_WORK_MAX_BYTES: the largest file a save keeps; ValueError naming what is allowed otherwise."""
-    raw = os.environ.get("BB_SAVED_WORK_MAX_BYTES")
-    if not raw:
-        return SAVED_WORK_MAX_BYTES
-    if raw.isascii() and raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    raise ValueError(f"BB_SAVED_WORK_MAX_BYTES {raw!r} is not allowed: use a number of bytes greater than 0")
 
 
 def saved_ref_name(key: str) -> str:

@@ -24,8 +24,8 @@ from bb_environments.providers.saved_work import (
     save_commits,
     save_work,
     saved_notes_dir,
-    saved_work_max_bytes,
 )
+from bb_environments.providers.host.saved_work_limit import saved_work_max_bytes
 from bb_environments.providers.workspace_files import is_strictly_inside, remove_if_empty, stop_processes_in
 
 PROVIDER_ID = "git-worktree"
