@@ -73,11 +73,12 @@ def environment_list(settings: Settings, status: str | None, provider: str | Non
     document = listing(settings, "environments", "list", request, "environments")
 
     def human(doc: dict[str, Any]) -> None:
-        # The ports need `show`: four columns of ids and names leave no room for them in 80.
-        print_table(("ID", "STATUS", "PROVIDER", "SLUG", "THREADS", "PATH"),
-                    ([e["id"], e["status"], e["providerId"], e.get("slug") or "-", _threads_cell(e["threadIds"]),
-                      e["path"] or "-"] for e in doc["environments"]),
-                    shrink={"PATH": "end", "SLUG": "end"})  # a path's end names its workspace, a slug's its own
+        # An id, a provider's name and a thread's id leave no room in 80 columns for the path or
+        # the ports, which name something only whole: `show` and `--json` have them.
+        print_table(("ID", "STATUS", "PROVIDER", "SLUG", "THREADS"),
+                    ([e["id"], e["status"], e["providerId"], e.get("slug") or "-", _threads_cell(e["threadIds"])]
+                     for e in doc["environments"]),
+                    shrink={"SLUG": "end"})  # a slug's end is its own
 
     emit(document, as_json, human)
 

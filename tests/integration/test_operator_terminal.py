@@ -83,7 +83,7 @@ async def test_events_tail_of_transcripts_prints_what_each_line_says(service):
         await tail.wait()
 
 
-async def test_a_long_path_is_shortened_so_the_listing_fits_80_columns(tmp_path):
+async def test_the_listing_fits_80_columns_whatever_the_path_and_show_names_the_path_whole(tmp_path):
     data_dir = tmp_path / ("d" * 60) / "data"  # a personal workspace lies under it
     data_dir.parent.mkdir()
     service = Service(data_dir, service_environment(data_dir))
@@ -91,17 +91,19 @@ async def test_a_long_path_is_shortened_so_the_listing_fits_80_columns(tmp_path)
     try:
         spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
                                     "--thread-id", "t1", "--wait", "--json")).json()
-        path = (await service.show(spawned["environmentId"]))["path"]
-        assert len(path) > 80
+        shown = await service.show(spawned["environmentId"])
+        assert len(shown["path"]) > 80
 
         listed = await service.bb("environment", "list")
 
         assert listed.returncode == 0, listed.stderr
         header, row = listed.stdout.splitlines()
         assert max(len(header), len(row)) <= 80
-        shown = row.split()[4]
-        assert row.split()[:4] == [spawned["environmentId"], "ready", "personal-workspace", "t1"]
-        assert shown.startswith("…") and path.endswith(shown[1:]), (shown, path)
+        environment_id, status, provider, slug, thread = row.split()
+        assert (environment_id, status, provider, thread) == (spawned["environmentId"], "ready", "personal-workspace", "t1")
+        assert slug == shown["slug"] or (slug.startswith("…") and shown["slug"].endswith(slug[1:]))
+        described = await service.bb("environment", "show", spawned["environmentId"])
+        assert shown["path"] in described.stdout.replace("\n", "")
     finally:
         await service.stop()
 
