@@ -440,14 +440,18 @@ def check_disks(topology: Topology, repos: dict[str, Path], log: list[dict[str, 
 
 
 def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[dict[str, Any]]) -> list[str]:
-    """For each fault, the time until the first thread placed after it was ready."""
+    """For each fault, the time until the first thread placed after it was ready, and until its
+    environment was first in the log (the thread event's way in, before the environment's own steps)."""
     environments = environment_events(log)
     ready_at: dict[str, float] = {}
+    logged_at: dict[str, float] = {}
     for environment_id, events in environments.items():
         for event in events:
-            if event["type"] == "ready":
-                for thread_id in event["threadIds"]:
-                    ready_at.setdefault(thread_id, datetime.fromisoformat(event["occurredAt"]).timestamp())
+            at = datetime.fromisoformat(event["occurredAt"]).timestamp()
+            for thread_id in event["threadIds"]:
+                logged_at.setdefault(thread_id, at)
+                if event["type"] == "ready":
+                    ready_at.setdefault(thread_id, at)
     lines = []
     placed = sorted(threads.values(), key=lambda thread: thread.placed_at)
     for fault in plan:
@@ -455,7 +459,8 @@ def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[d
             lines.append(f"{fault}: not done")
             continue
         after = next((t for t in placed if t.placed_at >= fault.began and t.id in ready_at), None)
-        gap = f"{ready_at[after.id] - fault.began:5.1f} s ({after.id})" if after else "no thread placed after it was ready"
+        gap = (f"{ready_at[after.id] - fault.began:5.1f} s ({after.id}, in the log after "
+               f"{logged_at[after.id] - after.placed_at:.1f} s)") if after else "no thread placed after it was ready"
         back = f"back after {fault.back_after_s:.1f} s" if fault.back_after_s is not None else "not back"
         lines.append(f"{fault}  ({back}): next placed thread ready {gap}")
     return lines
