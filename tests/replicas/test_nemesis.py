@@ -3,11 +3,13 @@
 h2) while a scheduler kills, pauses and restarts its parts at random; then everything runs again
 and what SPEC 5 and 7 promise is checked against the log, the streams and the disks.
 
-The faults come from a seed, printed with the schedule (BB_NEMESIS_SEED replays one); never two
-that would lose a quorum at once: at most one replica, one NATS node, one agent and PostgreSQL
-down at a time. After each fault the time until the next thread placed is ready is printed.
+The faults come from a seed, printed with the schedule: DEFAULT_SEED unless BB_NEMESIS_SEED names
+another (a number replays that run; `random` draws one), so that the suite's run is the same each
+time. Never two faults that would lose a quorum at once: at most one replica, one NATS node, one
+agent and PostgreSQL down at a time. After each fault the time until the next thread placed is
+ready is printed.
 
-    BB_NEMESIS_SEED=7 python -m pytest -n 0 -s tests/replicas -k nemesis
+    BB_NEMESIS_SEED=random python -m pytest -n 0 -s tests/replicas -k nemesis
 
 BB_NEMESIS_SECONDS (of faults, default 150), BB_NEMESIS_RATE (threads per second, default 2) and
 BB_NEMESIS_PAUSE_REPLICAS=0 (no SIGSTOP of a replica) change the run.
@@ -47,6 +49,10 @@ HOSTS = ("h1", "h2")
 FAULTS_S = float(os.environ.get("BB_NEMESIS_SECONDS", "150"))
 THREADS_PER_S = float(os.environ.get("BB_NEMESIS_RATE", "2"))
 PAUSE_REPLICAS = os.environ.get("BB_NEMESIS_PAUSE_REPLICAS", "1") != "0"
+DEFAULT_SEED = 6
+"""The suite's schedule: every kind of part, nodes paused and killed, both replicas paused and one
+killed, an agent killed, PostgreSQL killed and restarted; on the code before it, spawns 35-47 s
+late after a node's pause and the agent's traceback on a cancel the core's log could not answer."""
 MAX_FAULTS = 18
 BETWEEN_FAULTS_S = (5.0, 11.0)
 RECOVERY_S = 10.0
@@ -483,7 +489,8 @@ def error_lines(topology: Topology) -> list[str]:
 
 @pytest.mark.nemesis
 async def test_nemesis_random_faults_break_none_of_the_promises(tmp_path: Path) -> None:
-    seed = int(os.environ.get("BB_NEMESIS_SEED") or random.SystemRandom().randrange(1 << 31))
+    asked = os.environ.get("BB_NEMESIS_SEED") or str(DEFAULT_SEED)
+    seed = random.SystemRandom().randrange(1 << 31) if asked == "random" else int(asked)
     rng = random.Random(seed)
     plan = plan_faults(rng, fault_menu())
     say(f"nemesis seed {seed} (BB_NEMESIS_SEED={seed} replays it): {len(plan)} faults over {FAULTS_S:.0f} s, "
