@@ -273,8 +273,8 @@ FOLLOW_HEARTBEAT_S = 1.0
 nats-py makes the consumer again (from where it was) after two beats missed, and again every two
 after that until it is made: a consumer lost with its node (or its stream's leader) is found gone
 in 2 s and made again within 2 s of the stream having a leader. nats-py's default of 5 s made that
-10 s, and 10 more for each try that found no leader yet: the read models, the placement outcomes
-and the driver behind them stood still for 30-50 s after a node's loss (issue 29's nemesis)."""
+10 s, and 10 more for each try that found no leader yet, while the read models, the placement
+outcomes and the driver behind them stood still."""
 
 # A pull request asks for up to this many messages and stays open on the server until it has them
 # or this long has passed; the fetches in between take whatever has arrived.
