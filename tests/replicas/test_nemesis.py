@@ -435,7 +435,8 @@ def check_disks(topology: Topology, repos: dict[str, Path], log: list[dict[str, 
     for host, repo in repos.items():
         for workspace in sorted(topology.agent_root(host).glob("providers/*/worktrees/*")):
             if (host, workspace.name) not in live_keys:
-                yield f"{host}: {workspace} is left on disk, no live environment has its key"
+                yield (f"{host}: {workspace} is left on disk, no live environment has its key; in the log: "
+                       f"{lived(environments, workspace.name)}")
         listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True,
                                 text=True, check=True).stdout
         live_paths = {d["path"] for d in documents.values() if d["status"] != "removed" and d["hostId"] == host}
@@ -443,6 +444,15 @@ def check_disks(topology: Topology, repos: dict[str, Path], log: list[dict[str, 
             if line.startswith("worktree ") and (path := line.removeprefix("worktree ")) != str(repo) \
                     and path not in live_paths:
                 yield f"{host}: git worktree list still has {path}"
+
+
+def lived(environments: dict[str, list[dict[str, Any]]], path_key: str) -> str:
+    """What the log says of the environments of a path key (a thread's id), for a violation's report."""
+    lives = [f"{environment_id}: " + ", ".join(
+                 f"{event['type']}@{event['occurredAt'][11:23]}" for event in events)
+             for environment_id, events in environments.items()
+             if any(path_key in event.get("threadIds", ()) for event in events)]
+    return "; ".join(lives) or "no environment"
 
 
 def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[dict[str, Any]]) -> list[str]:
