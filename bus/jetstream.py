@@ -275,6 +275,14 @@ async def retire_provisioner_consumer(js: JetStreamContext) -> None:
 
 Handler = Callable[[list[Msg]], Awaitable[None]]
 
+FOLLOW_HEARTBEAT_S = 1.0
+"""How often the server tells a follower's ordered consumer it is alive while nothing new comes.
+nats-py makes the consumer again (from where it was) after two beats missed, and again every two
+after that until it is made: a consumer lost with its node (or its stream's leader) is found gone
+in 2 s and made again within 2 s of the stream having a leader. nats-py's default of 5 s made that
+10 s, and 10 more for each try that found no leader yet, while the read models, the placement
+outcomes and the driver behind them stood still."""
+
 # A pull request asks for up to this many messages and stays open on the server until it has them
 # or this long has passed; the fetches in between take whatever has arrived.
 PULL_EXPIRES_S = 5.0
@@ -458,8 +466,9 @@ async def follow(js: JetStreamContext, stream: str, filter_subject: str, after: 
     while True:
         try:
             start = await after() + 1
-            subscription = await js.subscribe(filter_subject, stream=stream, ordered_consumer=True, config=api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start))
+            subscription = await js.subscribe(
+                filter_subject, stream=stream, ordered_consumer=True, idle_heartbeat=FOLLOW_HEARTBEAT_S,
+                config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start))
         except BUS_UNAVAILABLE as error:
             await bus.pause(error)
             continue

@@ -79,21 +79,46 @@ class CredentialsRefused(RuntimeError):
     """The server no longer admits this agent's seed: its host was removed, or its seed rotated."""
 
 
+async def check_identity(nc: Client, host_id: str, health: BusHealth) -> None:
+    """Raise CredentialsRefused unless the server lets `nc` act for `host_id`: a seed the server
+    admits may be another host's, and then nothing the agent does would get through. Asked once, at
+    the start, by subscribing to the agent's own inbox, which only its host's user may read: the
+    server refuses the subscription before it answers a ping sent after it. nats-py writes a
+    flush's ping at once but a subscription when its writer task next runs, so the first flush's
+    ping may overtake it; the second is sent after that task has written it."""
+    before = nc.last_error
+    probe = await nc.subscribe(f"{host_agent_inbox_prefix(host_id)}.identity")
+    try:
+        for _ in range(2):
+            await health.once_answered("the server's answer to who this agent is", nc.flush)
+    finally:
+        await probe.unsubscribe()
+    if (refused := nc.last_error) is not before and "permissions violation for subscription" in str(refused).lower():
+        raise CredentialsRefused(
+            f"the server does not let these credentials act for host {host_id!r}: they are another host's "
+            f"seed, or the server's permissions for host-{host_id} are not those docs/security.md gives")
+
+
+def credentials_refused(nc: Client, host_id: str) -> CredentialsRefused | None:
+    """Why the agent must end now, if it must: the server refuses its credentials at a reconnect
+    (its host was removed, or its seed rotated), which would otherwise be refused, and logged, twice
+    a second for ever. A permissions violation after the start ends nothing: the identity was
+    checked then (check_identity), and what the server refuses later is a reply whose permission
+    lapsed, to a request taken before a pause or a reconnect and answered on another node of the
+    cluster; its asker sends it again."""
+    if not nc.is_connected and "authorization violation" in str(nc.last_error).lower():
+        return CredentialsRefused(
+            f"the server refuses the credentials of host {host_id!r}'s agent: the host was removed, or its "
+            "seed replaced (`bb machine register HOST --rotate` writes a new one); start the agent again with it")
+    return None
+
+
 async def _until_refused(nc: Client, host_id: str) -> None:
-    """Return never while the server admits the agent for its host; raise once it refuses its
-    credentials (a reconnect that would otherwise be refused, and logged, twice a second for ever),
-    or refuses it its own host's subjects (another host's seed: nothing it does would get through)."""
+    """Return never while the server admits the agent's credentials; raise once it refuses them."""
     while True:
         await asyncio.sleep(CREDENTIALS_CHECK_S)
-        said = str(nc.last_error).lower()
-        if not nc.is_connected and "authorization violation" in said:
-            raise CredentialsRefused(
-                f"the server refuses the credentials of host {host_id!r}'s agent: the host was removed, or its "
-                "seed replaced (`bb machine register HOST --rotate` writes a new one); start the agent again with it")
-        if "permissions violation" in said:
-            raise CredentialsRefused(
-                f"the server does not let these credentials act for host {host_id!r}: they are another host's "
-                f"seed, or the server's permissions for host-{host_id} are not those docs/security.md gives")
+        if (refused := credentials_refused(nc, host_id)) is not None:
+            raise refused
 
 
 def agent_root(settings: Settings, given: str | None) -> Path:
@@ -140,6 +165,7 @@ async def _serve_until_stopped(settings: Settings, credentials: Path, nats_url: 
     nc = await connect(nats_url, f"bb-agent-{settings.host_id}", health, host_agent_inbox_prefix(settings.host_id),
                        nkeys_seed=str(credentials), **options)  # type: ignore[arg-type]
     try:
+        await check_identity(nc, settings.host_id, health)
         async with contextlib.AsyncExitStack() as started:
             transcript = TranscriptPublisher(nc, asyncio.get_running_loop(), health=health, host_id=settings.host_id)
             registry = ProviderRegistry.from_entry_points(settings.extra_providers)

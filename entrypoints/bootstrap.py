@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 
 from bb_environments.bus.core.log_follower import LogFollower, TranscriptFollower
 from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.bus.core.partition_mirror import keep_mirroring
 from bb_environments.bus.core.placements import Placements
 from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
 from bb_environments.bus.core.sweep import sweep_forever
@@ -227,7 +228,8 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
     """The core's loops on the bus: the relay, the log and transcript followers, the hosts'
     transcript intake, one in-order consumer per thread partition, and the sweep; with
     `replication`, the relay and the intake run only while this replica holds their leases, the
-    followers are this replica's own, and its share of the environments is kept."""
+    followers are this replica's own, its share of the environments is kept, and the relay's
+    holder keeps the thread partitions' mirror mirroring."""
     placements = Placements(js, core.store)
     follower = LogFollower(core.store, core.log_reader, core.read_model, placements, core.provisioner)
     thread_events = ThreadEventConsumer(core.threads, placements, core.provisioner)
@@ -268,6 +270,7 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
             replication.share.run(health, core.provisioner.sweep, core.provisioner.let_go),
             # One replica at a time, so that a host's lines keep their order.
             while_leased(replication.transcript_intake_lease, taking_in, health),
+            keep_mirroring(js, health, lambda: replication.relay_lease.held),
         ]
     return [
         relaying,

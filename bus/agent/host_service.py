@@ -25,6 +25,7 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
+from bb_environments.bus.health import BUS_UNAVAILABLE, describe
 from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.host_protocol import VERBS, HostVerb, WorkspaceAnswer
@@ -92,6 +93,12 @@ def _answering_hooks(subject: str, verb: HostVerb, host_id: str, host: LocalHost
             log.warning("refused %s for operation %s: %s", request.subject,
                         quoted(refused.operation_id) if refused.operation_id is not None else None, refused.reason)
             await request.respond_error("refused", refused.reason.replace("\n", " ")[:500])
+            return
+        except BUS_UNAVAILABLE as away:
+            # The guard could not ask the core's log (a core or a node away): nothing was done,
+            # and the core, told so, asks again as it does while a host is away.
+            log.warning("%s waits for the core's log: %s", request.subject, describe(away))
+            await request.respond_error("unavailable", f"the core's log did not answer ({describe(away)})")
             return
         except Exception as error:
             log.exception("host agent request on %s failed", request.subject)

@@ -15,8 +15,11 @@ import nats
 import pytest
 from nats.errors import Error as NatsError
 
-from bb_environments.bus.access import Credentials, new_seed, seed_public_key
-from tests.integration.conftest import Service, eventually, service_environment, write_hooks
+from bb_environments.bus.access import (
+    SERVICE_INBOX_PREFIX, Credentials, host_agent_inbox_prefix, new_seed, seed_public_key)
+from bb_environments.bus.health import BusHealth
+from bb_environments.entrypoints.agent import CredentialsRefused, check_identity, credentials_refused
+from tests.integration.conftest import Service, Violations, eventually, service_environment, write_hooks
 from tests.integration.host_agents import Agent, machines, python_for, register, running_agent, spawned
 from tests.support.os_users import unprivileged_user
 
@@ -503,6 +506,29 @@ async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_
         assert (await service.bb("thread", "archive", thread_id)).returncode == 0
         await service.wait_for(environment_id, "removed")
     assert not Path(old["path"]).exists() and not Path(new["path"]).exists()
+
+
+async def test_a_reply_the_server_refuses_after_the_agents_start_does_not_end_it_and_another_hosts_seed_does(
+        service: Service):
+    """Issue 29's nemesis: an agent paused past a reconnect answered a request it had taken before,
+    on a node where the reply's permission no longer held, and ended as if its seed were another
+    host's. Who the agent is, is settled at its start; a refused reply later ends nothing."""
+    seeds = {host_id: str((await register(service, host_id))["credentials"]) for host_id in ("h1", "h2")}
+    violations = Violations()
+    agent = await nats.connect(service.info["natsUrl"], nkeys_seed=seeds["h1"], error_cb=violations.record,
+                               inbox_prefix=host_agent_inbox_prefix("h1"))
+    impostor = await nats.connect(service.info["natsUrl"], nkeys_seed=seeds["h2"], error_cb=Violations().record,
+                                  inbox_prefix=host_agent_inbox_prefix("h1"))
+    try:
+        await check_identity(agent, "h1", BusHealth())
+        await agent.publish(f"{SERVICE_INBOX_PREFIX}.lapsed.1", b"{}")  # a reply whose permission lapsed
+        await violations.wait_for("publish to")
+        assert credentials_refused(agent, "h1") is None
+        with pytest.raises(CredentialsRefused, match="does not let these credentials act for host 'h1'"):
+            await check_identity(impostor, "h1", BusHealth())
+    finally:
+        await agent.close()
+        await impostor.close()
 
 
 async def test_an_agent_started_with_another_hosts_seed_or_no_seed_at_all_ends_saying_why(

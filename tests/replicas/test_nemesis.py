@@ -3,11 +3,13 @@
 h2) while a scheduler kills, pauses and restarts its parts at random; then everything runs again
 and what SPEC 5 and 7 promise is checked against the log, the streams and the disks.
 
-The faults come from a seed, printed with the schedule (BB_NEMESIS_SEED replays one); never two
-that would lose a quorum at once: at most one replica, one NATS node, one agent and PostgreSQL
-down at a time. After each fault the time until the next thread placed is ready is printed.
+The faults come from a seed, printed with the schedule: DEFAULT_SEED unless BB_NEMESIS_SEED names
+another (a number replays that run; `random` draws one), so that the suite's run is the same each
+time. Never two faults that would lose a quorum at once: at most one replica, one NATS node, one
+agent and PostgreSQL down at a time. After each fault the time until the next thread placed is
+ready is printed.
 
-    BB_NEMESIS_SEED=7 python -m pytest -n 0 -s tests/replicas -k nemesis
+    BB_NEMESIS_SEED=random python -m pytest -n 0 -s tests/replicas -k nemesis
 
 BB_NEMESIS_SECONDS (of faults, default 150), BB_NEMESIS_RATE (threads per second, default 2) and
 BB_NEMESIS_PAUSE_REPLICAS=0 (no SIGSTOP of a replica) change the run.
@@ -47,6 +49,10 @@ HOSTS = ("h1", "h2")
 FAULTS_S = float(os.environ.get("BB_NEMESIS_SECONDS", "150"))
 THREADS_PER_S = float(os.environ.get("BB_NEMESIS_RATE", "2"))
 PAUSE_REPLICAS = os.environ.get("BB_NEMESIS_PAUSE_REPLICAS", "1") != "0"
+DEFAULT_SEED = 6
+"""The suite's schedule: every kind of part, nodes paused and killed, both replicas paused and one
+killed, an agent killed, PostgreSQL killed and restarted; on the code before it, spawns 35-47 s
+late after a node's pause and the agent's traceback on a cancel the core's log could not answer."""
 MAX_FAULTS = 18
 BETWEEN_FAULTS_S = (5.0, 11.0)
 RECOVERY_S = 10.0
@@ -429,7 +435,8 @@ def check_disks(topology: Topology, repos: dict[str, Path], log: list[dict[str, 
     for host, repo in repos.items():
         for workspace in sorted(topology.agent_root(host).glob("providers/*/worktrees/*")):
             if (host, workspace.name) not in live_keys:
-                yield f"{host}: {workspace} is left on disk, no live environment has its key"
+                yield (f"{host}: {workspace} is left on disk, no live environment has its key; in the log: "
+                       f"{lived(environments, workspace.name)}")
         listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True,
                                 text=True, check=True).stdout
         live_paths = {d["path"] for d in documents.values() if d["status"] != "removed" and d["hostId"] == host}
@@ -439,15 +446,28 @@ def check_disks(topology: Topology, repos: dict[str, Path], log: list[dict[str, 
                 yield f"{host}: git worktree list still has {path}"
 
 
+def lived(environments: dict[str, list[dict[str, Any]]], path_key: str) -> str:
+    """What the log says of the environments of a path key (a thread's id), for a violation's report."""
+    lives = [f"{environment_id}: " + ", ".join(
+                 f"{event['type']}@{event['occurredAt'][11:23]}" for event in events)
+             for environment_id, events in environments.items()
+             if any(path_key in event.get("threadIds", ()) for event in events)]
+    return "; ".join(lives) or "no environment"
+
+
 def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[dict[str, Any]]) -> list[str]:
-    """For each fault, the time until the first thread placed after it was ready."""
+    """For each fault, the time until the first thread placed after it was ready, and until its
+    environment was first in the log (the thread event's way in, before the environment's own steps)."""
     environments = environment_events(log)
     ready_at: dict[str, float] = {}
+    logged_at: dict[str, float] = {}
     for environment_id, events in environments.items():
         for event in events:
-            if event["type"] == "ready":
-                for thread_id in event["threadIds"]:
-                    ready_at.setdefault(thread_id, datetime.fromisoformat(event["occurredAt"]).timestamp())
+            at = datetime.fromisoformat(event["occurredAt"]).timestamp()
+            for thread_id in event["threadIds"]:
+                logged_at.setdefault(thread_id, at)
+                if event["type"] == "ready":
+                    ready_at.setdefault(thread_id, at)
     lines = []
     placed = sorted(threads.values(), key=lambda thread: thread.placed_at)
     for fault in plan:
@@ -455,7 +475,8 @@ def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[d
             lines.append(f"{fault}: not done")
             continue
         after = next((t for t in placed if t.placed_at >= fault.began and t.id in ready_at), None)
-        gap = f"{ready_at[after.id] - fault.began:5.1f} s ({after.id})" if after else "no thread placed after it was ready"
+        gap = (f"{ready_at[after.id] - fault.began:5.1f} s ({after.id}, in the log after "
+               f"{logged_at[after.id] - after.placed_at:.1f} s)") if after else "no thread placed after it was ready"
         back = f"back after {fault.back_after_s:.1f} s" if fault.back_after_s is not None else "not back"
         lines.append(f"{fault}  ({back}): next placed thread ready {gap}")
     return lines
@@ -478,7 +499,8 @@ def error_lines(topology: Topology) -> list[str]:
 
 @pytest.mark.nemesis
 async def test_nemesis_random_faults_break_none_of_the_promises(tmp_path: Path) -> None:
-    seed = int(os.environ.get("BB_NEMESIS_SEED") or random.SystemRandom().randrange(1 << 31))
+    asked = os.environ.get("BB_NEMESIS_SEED") or str(DEFAULT_SEED)
+    seed = random.SystemRandom().randrange(1 << 31) if asked == "random" else int(asked)
     rng = random.Random(seed)
     plan = plan_faults(rng, fault_menu())
     say(f"nemesis seed {seed} (BB_NEMESIS_SEED={seed} replays it): {len(plan)} faults over {FAULTS_S:.0f} s, "
