@@ -26,7 +26,8 @@ from bb_environments.bus.agent.heartbeat import beat
 from bb_environments.bus.agent.host_service import start_host_service
 from bb_environments.bus.agent.job_worker import HostJobWorker
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.jetstream import TRANSCRIPT_LINES_PER_ENVIRONMENT, connect
+from bb_environments.bus.jetstream import connect
+from bb_environments.bus.streams import TRANSCRIPT_LINES_PER_ENVIRONMENT
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.entrypoints.config import (
     Settings, hook_limits, hook_output_max_bytes, hook_record_sync, nats_credentials, run_hooks_as)

@@ -44,7 +44,8 @@ from bb_environments.bus.core.host_directory import BusHostDirectory
 from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
 from bb_environments.bus.core.ledger_answers import answer_ledger_questions
 from bb_environments.bus.core.remote_host import RemoteHost
-from bb_environments.bus.jetstream import ConnectOptions, JetStream, NoRoomForStreams, connect, ensure_hosts, prepare_bus
+from bb_environments.bus.jetstream import ConnectOptions, JetStream, connect
+from bb_environments.bus.streams import NoRoomForStreams, ensure_hosts, prepare_bus
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.thread_messages import StreamPorts

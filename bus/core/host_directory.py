@@ -19,7 +19,7 @@ from nats.js.errors import NotFoundError
 
 from bb_environments.bus.access import Credentials, new_seed, seed_public_key
 from bb_environments.bus.core.job_queue import HostLiveness
-from bb_environments.bus.jetstream import ensure_host_jobs_consumer
+from bb_environments.bus.streams import ensure_host_jobs_consumer
 from bb_environments.bus.wire import subjects
 from bb_environments.handlers.ports import AgentSeed
 

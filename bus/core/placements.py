@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from bb_environments.bus.jetstream import DUPLICATE_WINDOW_S
+from bb_environments.bus.streams import DUPLICATE_WINDOW_S
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.documents import (
     CreateFailedDocument,

@@ -39,7 +39,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from nats.js.kv import KeyValue
 
 from bb_environments.bus.health import BusHealth, Retry
-from bb_environments.bus.jetstream import ensure_bucket
+from bb_environments.bus.streams import ensure_bucket
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.replica_messages import EnvironmentActivity, LeaseHolder, ReplicaPresence
 from bb_environments.domain.errors import DomainError

@@ -118,7 +118,7 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_
 
     from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
     from bb_environments.bus.core.remote_host import RemoteHost
-    from bb_environments.bus.jetstream import ensure_hosts, ensure_streams
+    from bb_environments.bus.streams import ensure_hosts, ensure_streams
     from bb_environments.bus.wire.host_protocol import HookJob, HookReport, HostHeartbeat
     from bb_environments.domain.hook_operations import HookOutcome
 

@@ -17,7 +17,8 @@ from nats.js.errors import APIError
 
 from bb_environments.bus import jetstream
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.jetstream import JetStream, PullFeed, consume, ensure_consumer
+from bb_environments.bus.jetstream import JetStream, PullFeed, consume
+from bb_environments.bus.streams import ensure_consumer
 from tests.integration.conftest import eventually, plain_jetstream
 
 

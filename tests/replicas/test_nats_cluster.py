@@ -21,7 +21,8 @@ from nats.js.errors import APIError, NoStreamResponseError
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX, Credentials, host_agent_inbox_prefix, new_seed
 from bb_environments.bus.core.partition_mirror import keep_mirroring
 from bb_environments.bus.health import BusHealth
-from bb_environments.bus.jetstream import JetStream, ensure_streams
+from bb_environments.bus.jetstream import JetStream
+from bb_environments.bus.streams import ensure_streams
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import SpawnThread
 from bb_environments.bus.wire.thread_events import ProviderIntent, ThreadCreatedMessage
