@@ -41,11 +41,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "bus": frozenset({"domain", "providers", "bus.wire"}),
     "bus.api_client": frozenset({"domain", "providers", "bus", "bus.wire"}),
     "bus.agent": frozenset({"domain", "providers", "hooks", "bus", "bus.wire"}),
-    "bus.core": frozenset({"domain", "providers", "hooks", "projections", "handlers", "bus", "bus.wire",
-                           "bus.agent"}),
+    "bus.core": frozenset({"domain", "providers", "hooks", "projections", "handlers", "bus", "bus.wire", "bus.agent"}),
     "client": frozenset({"domain", "bus.wire"}),
-    "entrypoints": frozenset({"domain", "providers", "hooks", "projections", "handlers", "bus", "bus.wire",
-                              "bus.agent", "bus.core", "bus.api_client"}),
+    "entrypoints": frozenset(
+        {
+            "domain",
+            "providers",
+            "hooks",
+            "projections",
+            "handlers",
+            "bus",
+            "bus.wire",
+            "bus.agent",
+            "bus.core",
+            "bus.api_client",
+        }
+    ),
 }
 
 AGENT_ROOT = f"{PACKAGE}.entrypoints.agent"
@@ -83,7 +94,9 @@ def imports_of(name: str, file: Path, known: Iterable[str]) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # `from package import module` names a module; `from module import name` names the module.
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in names else base for alias in node.names]
         else:
@@ -118,8 +131,10 @@ def wrong_way(edges: dict[str, set[str]]) -> list[str]:
             here, there = layer(source), layer(target)
             if here != there and there not in ALLOWED[here] and not (there == "providers.host" and here != "domain"):
                 faults.append(f"{source} -> {target}: {here} may not import {there}")
-    for root, layers, what in ((AGENT_ROOT, AGENT_MAY_NOT_LOAD, "a host agent"),
-                               (CLIENT_ROOT, CLIENT_MAY_NOT_LOAD, "the typed client")):
+    for root, layers, what in (
+        (AGENT_ROOT, AGENT_MAY_NOT_LOAD, "a host agent"),
+        (CLIENT_ROOT, CLIENT_MAY_NOT_LOAD, "the typed client"),
+    ):
         for module in sorted(_closure(edges, root)):
             if module in edges and layer(module) in layers:
                 faults.append(f"{root} loads {module}: {what} imports nothing of the core")

@@ -22,8 +22,17 @@ import time
 from pathlib import Path
 
 import nats
-from common import ROOT, Figure, baseline_once, make_repository, percentile, service_environment, start_service, \
-    stop_service, table
+from common import (
+    ROOT,
+    Figure,
+    baseline_once,
+    make_repository,
+    percentile,
+    service_environment,
+    start_service,
+    stop_service,
+    table,
+)
 
 from bb_environments.bus.api_client.nats_client import ApiClient
 from bb_environments.bus.wire.api_messages import RegisterHost, SpawnThread, ThreadRef
@@ -31,10 +40,26 @@ from bb_environments.bus.wire.api_messages import RegisterHost, SpawnThread, Thr
 
 def start_agent(info: dict, host_id: str, credentials: str, base: Path) -> subprocess.Popen[bytes]:
     log = open(base.with_suffix(".log"), "wb")
-    return subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", "agent", "--host-id", host_id,
-                             "--credentials", credentials, "--nats-url", info["natsUrl"], "--root", str(base / "root")],
-                            env={**service_environment(base / "data"), "BB_LOG_LEVEL": "INFO"}, cwd=ROOT,
-                            stdout=log, stderr=log)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bb_environments.entrypoints.bb",
+            "agent",
+            "--host-id",
+            host_id,
+            "--credentials",
+            credentials,
+            "--nats-url",
+            info["natsUrl"],
+            "--root",
+            str(base / "root"),
+        ],
+        env={**service_environment(base / "data"), "BB_LOG_LEVEL": "INFO"},
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+    )
 
 
 async def serving(log: Path) -> None:
@@ -67,9 +92,16 @@ async def measure(runs: int, burst: int) -> list[Figure]:
             async def spawn(thread_id: str, host_id: str, provider: str = "git-worktree") -> float:
                 started = time.perf_counter()
                 readiness[thread_id] = asyncio.get_running_loop().create_future()
-                await api.call("threads", "spawn", SpawnThread(
-                    thread_id=thread_id, environment_provider=provider, host_id=host_id,
-                    project_path=str(repo) if provider == "git-worktree" else None))
+                await api.call(
+                    "threads",
+                    "spawn",
+                    SpawnThread(
+                        thread_id=thread_id,
+                        environment_provider=provider,
+                        host_id=host_id,
+                        project_path=str(repo) if provider == "git-worktree" else None,
+                    ),
+                )
                 await asyncio.wait_for(readiness[thread_id], 120)
                 return time.perf_counter() - started
 
@@ -101,12 +133,33 @@ async def measure(runs: int, burst: int) -> list[Figure]:
     figures = []
     for name, fraction in (("p50", 0.5), ("p99", 0.99)):
         theirs = percentile(bare, fraction) * 1000
-        figures.append(Figure(f"spawn→ready {name}, through an agent process ({runs} runs)",
-                              percentile(remote, fraction) * 1000, theirs, "ms", f"bare worktree add + setup {name}"))
-        figures.append(Figure(f"spawn→ready {name}, the agent in `bb serve` ({runs} runs)",
-                              percentile(here, fraction) * 1000, theirs, "ms", f"bare worktree add + setup {name}"))
-    figures.append(Figure(f"burst of {burst} personal workspaces through the API, over two agent processes",
-                          burst / burst_s, burst / burst_here_s, "env/s", "the same burst on the agent in `bb serve`"))
+        figures.append(
+            Figure(
+                f"spawn→ready {name}, through an agent process ({runs} runs)",
+                percentile(remote, fraction) * 1000,
+                theirs,
+                "ms",
+                f"bare worktree add + setup {name}",
+            )
+        )
+        figures.append(
+            Figure(
+                f"spawn→ready {name}, the agent in `bb serve` ({runs} runs)",
+                percentile(here, fraction) * 1000,
+                theirs,
+                "ms",
+                f"bare worktree add + setup {name}",
+            )
+        )
+    figures.append(
+        Figure(
+            f"burst of {burst} personal workspaces through the API, over two agent processes",
+            burst / burst_s,
+            burst / burst_here_s,
+            "env/s",
+            "the same burst on the agent in `bb serve`",
+        )
+    )
     return figures
 
 

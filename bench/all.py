@@ -37,10 +37,19 @@ class Sizes:
     rounds: int
 
 
-FULL = Sizes(spawn_runs=30, burst=20, personal=1000, replay_events=100_000, replay_rounds=3, environments=10_000,
-             list_size=10_000, rounds=5)
-QUICK = Sizes(spawn_runs=3, burst=3, personal=50, replay_events=2_000, replay_rounds=1, environments=100,
-              list_size=200, rounds=2)
+FULL = Sizes(
+    spawn_runs=30,
+    burst=20,
+    personal=1000,
+    replay_events=100_000,
+    replay_rounds=3,
+    environments=10_000,
+    list_size=10_000,
+    rounds=5,
+)
+QUICK = Sizes(
+    spawn_runs=3, burst=3, personal=50, replay_events=2_000, replay_rounds=1, environments=100, list_size=200, rounds=2
+)
 
 
 def run_all(sizes: Sizes) -> list[Figure]:
@@ -72,5 +81,7 @@ if __name__ == "__main__":
     figures = run_all(sizes)
     load = ", ".join(f"{average:.1f}" for average in os.getloadavg())
     print(table(figures))
-    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} cores, load average at the end {load}, {time.perf_counter() - started:.0f} s in all")
+    print(
+        f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores, load average at the end {load}, {time.perf_counter() - started:.0f} s in all"
+    )

@@ -56,19 +56,28 @@ def percentile(samples: list[float], fraction: float) -> float:
 
 def service_environment(data_dir: Path, **settings: str) -> dict[str, str]:
     """`settings`: BB_* variables beside the benches' own."""
-    return {**os.environ, "BB_DATA_DIR": str(data_dir), "BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING",
-            **settings}
+    return {
+        **os.environ,
+        "BB_DATA_DIR": str(data_dir),
+        "BB_RETIRE_GRACE_MS": "0",
+        "BB_LOG_LEVEL": "WARNING",
+        **settings,
+    }
 
 
 async def start_service(data_dir: Path, **settings: str) -> tuple[subprocess.Popen[bytes], dict]:
     """`bb serve` on `data_dir` (with `settings`, see service_environment), once it serves: its own
     server.json is written and the API answers."""
-    from bb_environments.bus.wire.api_messages import ListEnvironments
     from bb_environments.bus.api_client.nats_client import ApiClient
+    from bb_environments.bus.wire.api_messages import ListEnvironments
 
     server_file = data_dir / "server.json"
-    service = subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", "serve"],
-                               env=service_environment(data_dir, **settings), cwd=ROOT, stderr=subprocess.DEVNULL)
+    service = subprocess.Popen(
+        [sys.executable, "-m", "bb_environments.entrypoints.bb", "serve"],
+        env=service_environment(data_dir, **settings),
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )
     while True:
         if service.poll() is not None:
             raise RuntimeError(f"bb serve on {data_dir} exited with status {service.returncode} before serving")
@@ -102,8 +111,10 @@ def make_repository(root: Path) -> Path:
         (repo / f"file{i}.txt").write_text(f"content {i}\n" * 50)
     (repo / ".bb-env-setup.sh").write_text("echo ready > .setup-done\n")
     subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=b", "-c", "user.email=b@e", "commit", "--quiet", "-m", "x"],
-                   check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=b", "-c", "user.email=b@e", "commit", "--quiet", "-m", "x"],
+        check=True,
+    )
     return repo
 
 
@@ -111,8 +122,14 @@ def baseline_once(repo: Path, target: Path, branch: str) -> float:
     """The bare baseline of a spawn: `git worktree add` and the setup script, in one shell; the
     script run by bash, as the service runs it (a `sh` that is dash starts in half the time)."""
     started = time.perf_counter()
-    subprocess.run(["bash", "-c", f'git -C "{repo}" worktree add --quiet -b "{branch}" "{target}" && '
-                                  f'cd "{target}" && bash .bb-env-setup.sh'], check=True)
+    subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'git -C "{repo}" worktree add --quiet -b "{branch}" "{target}" && cd "{target}" && bash .bb-env-setup.sh',
+        ],
+        check=True,
+    )
     return time.perf_counter() - started
 
 
@@ -188,8 +205,13 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def until_idle(pids: list[int], deadline_s: float = 900, window_s: float = 1.0, busy: float = 0.1,
-                     cpu: Callable[[list[int]], float] = cpu_seconds) -> float:
+async def until_idle(
+    pids: list[int],
+    deadline_s: float = 900,
+    window_s: float = 1.0,
+    busy: float = 0.1,
+    cpu: Callable[[list[int]], float] = cpu_seconds,
+) -> float:
     """Wait until the processes use under `busy` of a core over two windows in a row (the relay and
     the consumers done with what a start found in the log); the seconds waited. `cpu`: how their
     time is read (tree_cpu_seconds: theirs and their descendants')."""

@@ -24,17 +24,38 @@ from common import ROOT, Figure, make_repository, percentile, service_environmen
 
 def list_seconds(data_dir: Path) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bb_environments.entrypoints.bb", "environment", "list", "--json"],
-                   env=service_environment(data_dir), cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "bb_environments.entrypoints.bb", "environment", "list", "--json"],
+        env=service_environment(data_dir),
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
     return time.perf_counter() - started
 
 
 def spawn(data_dir: Path, repo: Path, thread_id: str, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", "thread", "spawn",
-                             "--environment-provider", "git-worktree", "--project", str(repo), "--thread-id",
-                             thread_id, "--json", *extra],
-                            env=service_environment(data_dir), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bb_environments.entrypoints.bb",
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(repo),
+            "--thread-id",
+            thread_id,
+            "--json",
+            *extra,
+        ],
+        env=service_environment(data_dir),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def measure(megabytes: int, runs: int) -> list[Figure]:
@@ -44,9 +65,24 @@ async def measure(megabytes: int, runs: int) -> list[Figure]:
         repo = make_repository(root)
         started = root / "printing"
         (repo / ".bb-env-setup.sh").write_text(
-            f"touch {started}\nyes 0123456789012345678901234567890123456789012345678 | head -c {megabytes * 1_000_000}\n")
-        subprocess.run(["git", "-C", str(repo), "-c", "user.name=b", "-c", "user.email=b@e", "commit", "--quiet",
-                        "-am", "a loud setup"], check=True)
+            f"touch {started}\nyes 0123456789012345678901234567890123456789012345678 | head -c {megabytes * 1_000_000}\n"
+        )
+        subprocess.run(
+            [
+                "git",
+                "-C",
+                str(repo),
+                "-c",
+                "user.name=b",
+                "-c",
+                "user.email=b@e",
+                "commit",
+                "--quiet",
+                "-am",
+                "a loud setup",
+            ],
+            check=True,
+        )
         service, _ = await start_service(data_dir)
         try:
             for number in range(5):
@@ -63,9 +99,16 @@ async def measure(megabytes: int, runs: int) -> list[Figure]:
             stop_service(service)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return [Figure(f"`bb environment list --json` while a setup prints {megabytes} MB, median of {len(busy)}",
-                   percentile(busy, 0.5) * 1000 if busy else float("nan"), percentile(idle, 0.5) * 1000, "ms",
-                   "the same list with no hook running, median", goal="not noticeably slower")]
+    return [
+        Figure(
+            f"`bb environment list --json` while a setup prints {megabytes} MB, median of {len(busy)}",
+            percentile(busy, 0.5) * 1000 if busy else float("nan"),
+            percentile(idle, 0.5) * 1000,
+            "ms",
+            "the same list with no hook running, median",
+            goal="not noticeably slower",
+        )
+    ]
 
 
 if __name__ == "__main__":

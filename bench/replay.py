@@ -27,16 +27,16 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID
 
 from common import Figure, table
 
 from bb_environments.bus.core.log_reader import LogReader
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.placement import Placement
-from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.projections.read_model import ReadModel
 
 IN_FLIGHT = 48
@@ -52,9 +52,14 @@ def lifecycle(app: Environments, n: int, rng: random.Random) -> Iterator[None]:
     thread_id = f"t{n}"
     path = f"/data/worktrees/{thread_id}/repo"
     environment = app.spawn_thread(
-        thread_id, "/repos/project", None, "local", None,
-        Placement("git-worktree", "local", "/repos/project", {"branch": {"kind": "new", "name": f"b{n}"}},
-                  thread_id, path),
+        thread_id,
+        "/repos/project",
+        None,
+        "local",
+        None,
+        Placement(
+            "git-worktree", "local", "/repos/project", {"branch": {"kind": "new", "name": f"b{n}"}}, thread_id, path
+        ),
     )
     yield
     app.record_created(environment.id, 1, path, True, "main", None)
@@ -71,18 +76,23 @@ def lifecycle(app: Environments, n: int, rng: random.Random) -> Iterator[None]:
         yield
     if rng.random() < 0.25:
         return  # still in use when the log ends
-    yield from retirement(app, environment.id, ([f"{thread_id}-b"] if joined else []) + [thread_id],
-                          lambda operation: app.record_teardown_outcome(environment.id, operation, "succeeded", None))
+    yield from retirement(
+        app,
+        environment.id,
+        ([f"{thread_id}-b"] if joined else []) + [thread_id],
+        lambda operation: app.record_teardown_outcome(environment.id, operation, "succeeded", None),
+    )
 
 
-def retirement(app: Environments, environment_id: UUID, thread_ids: list[str],
-               record_teardown: Callable[[str], object]) -> Iterator[None]:
+def retirement(
+    app: Environments, environment_id: UUID, thread_ids: list[str], record_teardown: Callable[[str], object]
+) -> Iterator[None]:
     """The threads archived, then the environment's removal, its teardown's outcome recorded by
     `record_teardown(operation_id)`, a save at a time, until Removed."""
     for thread_id in thread_ids:
-        app.archive_thread(thread_id, datetime.now(timezone.utc))
+        app.archive_thread(thread_id, datetime.now(UTC))
         yield
-    app.start_removal(environment_id, datetime.now(timezone.utc))
+    app.start_removal(environment_id, datetime.now(UTC))
     yield
     app.start_teardown(environment_id)
     yield
@@ -93,8 +103,11 @@ def retirement(app: Environments, environment_id: UUID, thread_ids: list[str],
     app.record_removed(environment_id, 1)
 
 
-def write_log(path: Path, lifecycles: Callable[[Environments, random.Random], Iterable[Iterator[None]]],
-              enough: Callable[[Environments], bool] = lambda app: False) -> None:
+def write_log(
+    path: Path,
+    lifecycles: Callable[[Environments, random.Random], Iterable[Iterator[None]]],
+    enough: Callable[[Environments], bool] = lambda app: False,
+) -> None:
     """Run the lifecycles, IN_FLIGHT at a time with their steps interleaved as a busy service writes
     them, until they are all done or `enough`; written aside, then renamed, so a log is whole or absent."""
     building = path.with_name(path.name + ".building")
@@ -119,8 +132,9 @@ def write_log(path: Path, lifecycles: Callable[[Environments, random.Random], It
 
 def build_log(path: Path, events: int) -> None:
     """At least `events` events of git-worktree lifecycles."""
-    write_log(path, lambda app, rng: (lifecycle(app, n, rng) for n in itertools.count()),
-              lambda app: app.head() >= events)
+    write_log(
+        path, lambda app, rng: (lifecycle(app, n, rng) for n in itertools.count()), lambda app: app.head() >= events
+    )
 
 
 def cached_log(events: int) -> Path:
@@ -148,6 +162,7 @@ def scan_and_decode(app: Environments) -> int:
 async def replay(app: Environments, read_models: Path) -> int:
     read_model = await ReadModel.open(read_models)
     try:
+
         async def stream_position() -> int:
             return 0
 
@@ -182,8 +197,17 @@ def measure(events: int, rounds: int) -> list[Figure]:
     (scanned, scan_s), (replayed, replay_s) = min(scans, key=lambda r: r[1]), min(replays, key=lambda r: r[1])
     assert replayed == scanned, (replayed, scanned)
     rate = replayed / replay_s
-    return [Figure(f"replay of a {scanned:,}-event log (best of {rounds})", rate, scanned / scan_s, "ev/s",
-                   "raw scan + decode of the same log", "≥ 50,000 ev/s", rate >= 50_000)]
+    return [
+        Figure(
+            f"replay of a {scanned:,}-event log (best of {rounds})",
+            rate,
+            scanned / scan_s,
+            "ev/s",
+            "raw scan + decode of the same log",
+            "≥ 50,000 ev/s",
+            rate >= 50_000,
+        )
+    ]
 
 
 if __name__ == "__main__":

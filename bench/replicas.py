@@ -57,8 +57,16 @@ class Measured:
     parts_ms_per_environment: dict[str, float] = field(default_factory=dict)
 
 
-async def measure_topology(url: str, publisher_seed: str, parts: dict[str, list[int]], hosts: tuple[str, ...],
-                           runs: int, burst: int, idle_s: float, profiled: dict[str, int] | None = None) -> Measured:
+async def measure_topology(
+    url: str,
+    publisher_seed: str,
+    parts: dict[str, list[int]],
+    hosts: tuple[str, ...],
+    runs: int,
+    burst: int,
+    idle_s: float,
+    profiled: dict[str, int] | None = None,
+) -> Measured:
     """`parts`: the root processes of each part of the topology, by name; their trees are summed.
     `profiled`: processes recorded by py-spy during the burst (with --profile), by name."""
     everything = [pid for roots in parts.values() for pid in roots]
@@ -95,7 +103,8 @@ async def measure_topology(url: str, publisher_seed: str, parts: dict[str, list[
         measured.burst_s = max(readiness.at[t] for t in burst_ids) - started
         measured.cpu_ms_per_environment = (tree_cpu_seconds(everything) - before) * 1000 / burst
         measured.parts_ms_per_environment = {
-            name: (tree_cpu_seconds(roots) - before_parts[name]) * 1000 / burst for name, roots in parts.items()}
+            name: (tree_cpu_seconds(roots) - before_parts[name]) * 1000 / burst for name, roots in parts.items()
+        }
     finally:
         await publisher.close()
     return measured
@@ -105,17 +114,41 @@ def _profilers(profiled: dict[str, int]) -> list[subprocess.Popen[bytes]]:
     if PROFILE_DIR is None:
         return []
     PROFILE_DIR.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "200", "--gil", "--format", "raw",
-                              "--output", str(PROFILE_DIR / f"{name}.txt")], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL) for name, pid in profiled.items()]
+    return [
+        subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "200",
+                "--gil",
+                "--format",
+                "raw",
+                "--output",
+                str(PROFILE_DIR / f"{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in profiled.items()
+    ]
 
 
 async def single_node(root: Path, runs: int, burst: int, idle_s: float) -> Measured:
     service, info = await start_service(root / "single")
     try:
-        return await measure_topology(info["natsUrl"], info["credentials"]["publisher"],
-                                      {"bb serve and its nats-server": [service.pid]}, (), runs, burst, idle_s,
-                                      {"single": service.pid})
+        return await measure_topology(
+            info["natsUrl"],
+            info["credentials"]["publisher"],
+            {"bb serve and its nats-server": [service.pid]},
+            (),
+            runs,
+            burst,
+            idle_s,
+            {"single": service.pid},
+        )
     finally:
         stop_service(service)
 
@@ -123,39 +156,93 @@ async def single_node(root: Path, runs: int, burst: int, idle_s: float) -> Measu
 async def replicated(root: Path, runs: int, burst: int, idle_s: float, stream_replicas: int) -> Measured:
     base = root / f"replicated-r{stream_replicas}"
     base.mkdir()
-    topology = Topology.start(base, hosts=HOSTS, settings={"BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"},
-                              stream_replicas=stream_replicas)
+    topology = Topology.start(
+        base,
+        hosts=HOSTS,
+        settings={"BB_RETIRE_GRACE_MS": "0", "BB_LOG_LEVEL": "WARNING"},
+        stream_replicas=stream_replicas,
+    )
     try:
         assert topology.cluster is not None and topology.postgres is not None and topology.postgres.pid
-        parts = {"the 2 replicas": [p.pid for p in topology.replicas.values()],
-                 "the 2 agents": [p.pid for p in topology.agents.values()],
-                 "the 3 nats-servers": topology.cluster.pids, "PostgreSQL": [topology.postgres.pid]}
-        return await measure_topology(topology.nats_urls, str(topology.seed_file("publisher")), parts, HOSTS,
-                                      runs, burst, idle_s, {name: p.pid for name, p in topology.replicas.items()})
+        parts = {
+            "the 2 replicas": [p.pid for p in topology.replicas.values()],
+            "the 2 agents": [p.pid for p in topology.agents.values()],
+            "the 3 nats-servers": topology.cluster.pids,
+            "PostgreSQL": [topology.postgres.pid],
+        }
+        return await measure_topology(
+            topology.nats_urls,
+            str(topology.seed_file("publisher")),
+            parts,
+            HOSTS,
+            runs,
+            burst,
+            idle_s,
+            {name: p.pid for name, p in topology.replicas.items()},
+        )
     finally:
         topology.stop()
 
 
 def figures(single: Measured, cluster: Measured, one_copy: Measured, runs: int, burst: int) -> list[Figure]:
     baseline = "single node"
-    rows = [Figure(f"publish → ready {name}, personal workspace ({runs} runs)",
-                   percentile(cluster.latencies, fraction) * 1000, percentile(single.latencies, fraction) * 1000,
-                   "ms", f"{baseline} {name}")
-            for name, fraction in (("p50", 0.5), ("p99", 0.99))]
-    rows.append(Figure(f"burst of {burst} personal workspaces as thread events: environments/s",
-                       burst / cluster.burst_s, burst / single.burst_s, "env/s", baseline))
+    rows = [
+        Figure(
+            f"publish → ready {name}, personal workspace ({runs} runs)",
+            percentile(cluster.latencies, fraction) * 1000,
+            percentile(single.latencies, fraction) * 1000,
+            "ms",
+            f"{baseline} {name}",
+        )
+        for name, fraction in (("p50", 0.5), ("p99", 0.99))
+    ]
+    rows.append(
+        Figure(
+            f"burst of {burst} personal workspaces as thread events: environments/s",
+            burst / cluster.burst_s,
+            burst / single.burst_s,
+            "env/s",
+            baseline,
+        )
+    )
     ratio = cluster.cpu_ms_per_environment / single.cpu_ms_per_environment
-    rows.append(Figure("same burst: CPU per environment, every process of the topology",
-                       cluster.cpu_ms_per_environment, single.cpu_ms_per_environment, "ms", baseline,
-                       f"≤ {CPU_GOAL}×", ratio <= CPU_GOAL))
-    rows += [Figure(f"same burst: CPU per environment, {part}", ms, None, "ms")
-             for part, ms in cluster.parts_ms_per_environment.items()]
-    rows.append(Figure("CPU while idle, every process of the topology", cluster.idle_cpu_ms_per_s,
-                       single.idle_cpu_ms_per_s, "ms/s", baseline))
-    rows.append(Figure("same burst, streams in one copy: CPU per environment, every process",
-                       one_copy.cpu_ms_per_environment, single.cpu_ms_per_environment, "ms", baseline))
-    rows += [Figure(f"same burst, streams in one copy: CPU per environment, {part}", ms, None, "ms")
-             for part, ms in one_copy.parts_ms_per_environment.items()]
+    rows.append(
+        Figure(
+            "same burst: CPU per environment, every process of the topology",
+            cluster.cpu_ms_per_environment,
+            single.cpu_ms_per_environment,
+            "ms",
+            baseline,
+            f"≤ {CPU_GOAL}×",
+            ratio <= CPU_GOAL,
+        )
+    )
+    rows += [
+        Figure(f"same burst: CPU per environment, {part}", ms, None, "ms")
+        for part, ms in cluster.parts_ms_per_environment.items()
+    ]
+    rows.append(
+        Figure(
+            "CPU while idle, every process of the topology",
+            cluster.idle_cpu_ms_per_s,
+            single.idle_cpu_ms_per_s,
+            "ms/s",
+            baseline,
+        )
+    )
+    rows.append(
+        Figure(
+            "same burst, streams in one copy: CPU per environment, every process",
+            one_copy.cpu_ms_per_environment,
+            single.cpu_ms_per_environment,
+            "ms",
+            baseline,
+        )
+    )
+    rows += [
+        Figure(f"same burst, streams in one copy: CPU per environment, {part}", ms, None, "ms")
+        for part, ms in one_copy.parts_ms_per_environment.items()
+    ]
     return rows
 
 
@@ -168,20 +255,35 @@ async def measure(runs: int, burst: int, idle_s: float, only: str | None) -> lis
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if single is None or cluster is None or one_copy is None:
-        return [row for measured in (single, cluster) if measured is not None
-                for row in alone(measured, runs, burst, "single node" if measured is single else "replicated")]
+        return [
+            row
+            for measured in (single, cluster)
+            if measured is not None
+            for row in alone(measured, runs, burst, "single node" if measured is single else "replicated")
+        ]
     return figures(single, cluster, one_copy, runs, burst)
 
 
 def alone(measured: Measured, runs: int, burst: int, name: str) -> list[Figure]:
     """One topology's figures, without a baseline (`--only`)."""
-    rows = [Figure(f"{name}: publish → ready {label} ({runs} runs)", percentile(measured.latencies, fraction) * 1000,
-                   None, "ms") for label, fraction in (("p50", 0.5), ("p99", 0.99))]
+    rows = [
+        Figure(
+            f"{name}: publish → ready {label} ({runs} runs)",
+            percentile(measured.latencies, fraction) * 1000,
+            None,
+            "ms",
+        )
+        for label, fraction in (("p50", 0.5), ("p99", 0.99))
+    ]
     rows.append(Figure(f"{name}: burst of {burst}: environments/s", burst / measured.burst_s, None, "env/s"))
-    rows.append(Figure(f"{name}: same burst: CPU per environment, every process", measured.cpu_ms_per_environment,
-                       None, "ms"))
-    rows += [Figure(f"{name}: same burst: CPU per environment, {part}", ms, None, "ms")
-             for part, ms in measured.parts_ms_per_environment.items() if len(measured.parts_ms_per_environment) > 1]
+    rows.append(
+        Figure(f"{name}: same burst: CPU per environment, every process", measured.cpu_ms_per_environment, None, "ms")
+    )
+    rows += [
+        Figure(f"{name}: same burst: CPU per environment, {part}", ms, None, "ms")
+        for part, ms in measured.parts_ms_per_environment.items()
+        if len(measured.parts_ms_per_environment) > 1
+    ]
     rows.append(Figure(f"{name}: CPU while idle", measured.idle_cpu_ms_per_s, None, "ms/s"))
     return rows
 
@@ -191,8 +293,11 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--burst", type=int, default=500)
     parser.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured on each")
-    parser.add_argument("--only", choices=("single", "replicated"),
-                        help="measure one topology alone (replicated: streams in three copies)")
+    parser.add_argument(
+        "--only",
+        choices=("single", "replicated"),
+        help="measure one topology alone (replicated: streams in three copies)",
+    )
     parser.add_argument("--profile", type=Path, help="record a py-spy profile of each replica during the burst here")
     arguments = parser.parse_args()
     PROFILE_DIR = arguments.profile

@@ -36,7 +36,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import nats
-
 from common import rss_mb, start_service, stop_service
 
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
@@ -71,13 +70,19 @@ def files_with(data_dir: Path, prefix: str) -> int:
 
 
 async def sample(data_dir: Path, info: dict, js) -> Sample:
-    others = sum(bytes_under(p) if p.is_dir() else p.stat().st_size for p in data_dir.iterdir()
-                 if not p.name.startswith(KEPT_APART))
+    others = sum(
+        bytes_under(p) if p.is_dir() else p.stat().st_size
+        for p in data_dir.iterdir()
+        if not p.name.startswith(KEPT_APART)
+    )
     state = (await js.stream_info(subjects.ENVIRONMENTS_STREAM)).state
     hooks = data_dir / "hooks"
     return Sample(
-        data_dir=others, read_model=files_with(data_dir, "read-models.sqlite"),
-        event_store=files_with(data_dir, "events.sqlite"), stream_messages=state.messages, stream_bytes=state.bytes,
+        data_dir=others,
+        read_model=files_with(data_dir, "read-models.sqlite"),
+        event_store=files_with(data_dir, "events.sqlite"),
+        stream_messages=state.messages,
+        stream_bytes=state.bytes,
         nats_rss_mb=rss_mb(info["natsPid"]),
         hook_files=sum(1 for p in hooks.rglob("*") if p.is_file()) if hooks.exists() else 0,
     )
@@ -94,15 +99,18 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
     # Thread events are kept for their own age (BB_THREADS_MAX_AGE_S, 7 days by default), whatever
     # became of their environments: a minute here, so that what is measured is what removed
     # environments leave.
-    settings = {"BB_REMOVED_RETENTION_S": str(retention_s), "BB_SWEEP_INTERVAL_S": "1",
-                "BB_THREADS_MAX_AGE_S": str(THREAD_EVENTS_KEPT_S)}
+    settings = {
+        "BB_REMOVED_RETENTION_S": str(retention_s),
+        "BB_SWEEP_INTERVAL_S": "1",
+        "BB_THREADS_MAX_AGE_S": str(THREAD_EVENTS_KEPT_S),
+    }
     service, info = await start_service(data_dir, **settings)
     started = time.monotonic()
+
     async def reconnecting(error: Exception) -> None:
         """nats-py would print each refused attempt while the service restarts."""
 
-    publisher = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"],
-                                   error_cb=reconnecting)
+    publisher = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"], error_cb=reconnecting)
     api = await ApiClient.connect(info["natsUrl"], nkeys_seed=info["credentials"]["operator"])
     try:
         js = publisher.jetstream()
@@ -127,12 +135,19 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
 
         await publisher.subscribe("bb.environments.*.ready", cb=on_event)
         await publisher.subscribe("bb.environments.*.removed", cb=on_event)
-        intent = {"type": "provider", "environmentProviderId": "personal-workspace",
-                  "machine": {"type": "existing", "hostId": "local"}, "inputs": {}}
+        intent = {
+            "type": "provider",
+            "environmentProviderId": "personal-workspace",
+            "machine": {"type": "existing", "hostId": "local"},
+            "inputs": {},
+        }
         # The stream's figures are the service's to read: its own seed, as the tests' relay checks do.
-        admin = await nats.connect(info["natsUrl"], nkeys_seed=str(data_dir / "credentials" / "service.nk"),
-                                   error_cb=reconnecting,
-                                   inbox_prefix=SERVICE_INBOX_PREFIX)
+        admin = await nats.connect(
+            info["natsUrl"],
+            nkeys_seed=str(data_dir / "credentials" / "service.nk"),
+            error_cb=reconnecting,
+            inbox_prefix=SERVICE_INBOX_PREFIX,
+        )
         stream = admin.jetstream()
         previous = await sample(data_dir, info, stream)
         previous_done, done = 0, 0
@@ -158,10 +173,16 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
                 await asyncio.sleep(5)
                 least_rss = min(least_rss, rss_mb(info["natsPid"]))
             return replace(settled, nats_rss_mb=least_rss)
-        print(f"soak: {cycles} spawn→remove cycles of personal workspaces, {window} at a time, "
-              f"retention {retention_s} s; data under {root}", file=sys.stderr)
-        header = ("| removed | data dir | read model | log stream | nats-server RSS | hook files | event store |\n"
-                  "|---:|---:|---:|---:|---:|---:|---:|")
+
+        print(
+            f"soak: {cycles} spawn→remove cycles of personal workspaces, {window} at a time, "
+            f"retention {retention_s} s; data under {root}",
+            file=sys.stderr,
+        )
+        header = (
+            "| removed | data dir | read model | log stream | nats-server RSS | hook files | event store |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|"
+        )
         print(header)
         while done < cycles:
             if time.monotonic() - started > deadline_s:
@@ -169,14 +190,20 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
                 break
             threads = [f"soak-{n}" for n in range(done, min(done + window, cycles))]
             for thread_id in threads:
-                await js.publish(subjects.thread_event(thread_id, "created"),
-                                 json.dumps({"type": "created", "threadId": thread_id, "environment": intent}).encode())
-                await js.publish(subjects.thread_event(thread_id, "message"),
-                                 json.dumps({"type": "message", "threadId": thread_id}).encode())
+                await js.publish(
+                    subjects.thread_event(thread_id, "created"),
+                    json.dumps({"type": "created", "threadId": thread_id, "environment": intent}).encode(),
+                )
+                await js.publish(
+                    subjects.thread_event(thread_id, "message"),
+                    json.dumps({"type": "message", "threadId": thread_id}).encode(),
+                )
             await asyncio.wait_for(asyncio.gather(*(waiter("ready", t) for t in threads)), 300)
             for thread_id in threads:
-                await js.publish(subjects.thread_event(thread_id, "archived"),
-                                 json.dumps({"type": "archived", "threadId": thread_id}).encode())
+                await js.publish(
+                    subjects.thread_event(thread_id, "archived"),
+                    json.dumps({"type": "archived", "threadId": thread_id}).encode(),
+                )
             await asyncio.wait_for(asyncio.gather(*(waiter("removed", environment_of[t]) for t in threads)), 300)
             for thread_id in threads:  # what this bench itself would otherwise keep per cycle
                 reached["removed"].pop(environment_of.pop(thread_id))
@@ -199,11 +226,20 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
                 if restarted_after_first is None:
                     restarted_after_first = previous = after_restart
                 else:
-                    print(row(f"{PER:,} → {done:,}, each after a restart", restarted_after_first, after_restart,
-                              PER / (done - PER)), flush=True)
+                    print(
+                        row(
+                            f"{PER:,} → {done:,}, each after a restart",
+                            restarted_after_first,
+                            after_restart,
+                            PER / (done - PER),
+                        ),
+                        flush=True,
+                    )
         await admin.close()
-        print(f"goals per {PER:,} removed past retention: {GOALS}; {done} cycles in "
-              f"{time.monotonic() - started:.0f} s", file=sys.stderr)
+        print(
+            f"goals per {PER:,} removed past retention: {GOALS}; {done} cycles in {time.monotonic() - started:.0f} s",
+            file=sys.stderr,
+        )
         return 0
     finally:
         await api.close()
@@ -214,14 +250,17 @@ async def soak(cycles: int, window: int, retention_s: float, deadline_s: float) 
 
 def row(removed: str, before: Sample, after: Sample, per: float) -> str:
     """One line: the growth over an interval, scaled to 1,000 removed environments."""
+
     def grown_mb(name: str) -> str:
         return f"{(getattr(after, name) - getattr(before, name)) * per / MB:+.3f} MB"
 
     messages = after.stream_messages - before.stream_messages
-    return (f"| {removed} | {grown_mb('data_dir')} | {grown_mb('read_model')} | "
-            f"{messages * per:+.0f} messages ({after.stream_messages} held, {after.stream_bytes / MB:.2f} MB) | "
-            f"{(after.nats_rss_mb - before.nats_rss_mb) * per:+.2f} MB ({after.nats_rss_mb:.1f} MB) | "
-            f"{after.hook_files} | {grown_mb('event_store')} |")
+    return (
+        f"| {removed} | {grown_mb('data_dir')} | {grown_mb('read_model')} | "
+        f"{messages * per:+.0f} messages ({after.stream_messages} held, {after.stream_bytes / MB:.2f} MB) | "
+        f"{(after.nats_rss_mb - before.nats_rss_mb) * per:+.2f} MB ({after.nats_rss_mb:.1f} MB) | "
+        f"{after.hook_files} | {grown_mb('event_store')} |"
+    )
 
 
 def main() -> None:

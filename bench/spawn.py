@@ -22,16 +22,19 @@ from pathlib import Path
 import nats
 from common import Figure, baseline_once, make_repository, percentile, start_service, stop_service, table
 
-from bb_environments.bus.wire.api_messages import SpawnThread, ThreadRef
 from bb_environments.bus.api_client.nats_client import ApiClient
+from bb_environments.bus.wire.api_messages import SpawnThread, ThreadRef
 
 
 async def ours_once(api: ApiClient, readiness: dict[str, asyncio.Future], repo: Path, thread_id: str) -> float:
     started = time.perf_counter()
     waiter = asyncio.get_running_loop().create_future()
     readiness[thread_id] = waiter
-    await api.call("threads", "spawn", SpawnThread(thread_id=thread_id, environment_provider="git-worktree",
-                                                   project_path=str(repo)))
+    await api.call(
+        "threads",
+        "spawn",
+        SpawnThread(thread_id=thread_id, environment_provider="git-worktree", project_path=str(repo)),
+    )
     await asyncio.wait_for(waiter, 60)
     elapsed = time.perf_counter() - started
     await api.call("threads", "archive", ThreadRef(thread_id=thread_id))
@@ -43,8 +46,17 @@ def latency_figures(route: str, ours: list[float], bare: list[float]) -> list[Fi
     figures = []
     for name, fraction, goal in (("p50", 0.5, 1.25), ("p99", 0.99, 1.5)):
         mine, theirs = percentile(ours, fraction) * 1000, percentile(bare, fraction) * 1000
-        figures.append(Figure(f"spawn→ready {name}, {route} ({len(ours)} runs)", mine, theirs, "ms",
-                              f"bare worktree add + setup {name}", f"≤ {goal}×", mine <= goal * theirs))
+        figures.append(
+            Figure(
+                f"spawn→ready {name}, {route} ({len(ours)} runs)",
+                mine,
+                theirs,
+                "ms",
+                f"bare worktree add + setup {name}",
+                f"≤ {goal}×",
+                mine <= goal * theirs,
+            )
+        )
     return figures
 
 

@@ -23,9 +23,23 @@ from common import ROOT, Figure, percentile, service_environment, start_service,
 
 def spawn_seconds(data_dir: Path, *extra: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bb_environments.entrypoints.bb", "thread", "spawn",
-                    "--environment-provider", "personal-workspace", "--json", *extra],
-                   env=service_environment(data_dir), cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bb_environments.entrypoints.bb",
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "personal-workspace",
+            "--json",
+            *extra,
+        ],
+        env=service_environment(data_dir),
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
     return time.perf_counter() - started
 
 
@@ -42,10 +56,16 @@ async def measure(runs: int) -> list[Figure]:
             stop_service(service)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return [Figure(f"`bb thread spawn --wait` {name}, personal workspace ({runs} runs)",
-                   percentile(waited, fraction) * 1000, percentile(placed, fraction) * 1000, "ms",
-                   f"`bb thread spawn` without --wait, {name}")
-            for name, fraction in (("p50", 0.5), ("p99", 0.99))]
+    return [
+        Figure(
+            f"`bb thread spawn --wait` {name}, personal workspace ({runs} runs)",
+            percentile(waited, fraction) * 1000,
+            percentile(placed, fraction) * 1000,
+            "ms",
+            f"`bb thread spawn` without --wait, {name}",
+        )
+        for name, fraction in (("p50", 0.5), ("p99", 0.99))
+    ]
 
 
 if __name__ == "__main__":

@@ -30,12 +30,11 @@ import time
 from pathlib import Path
 
 import nats
-from common import Figure, Readiness, baseline_once, cpu_seconds, make_repository, start_service, stop_service, \
-    table
+from common import Figure, Readiness, baseline_once, cpu_seconds, make_repository, start_service, stop_service, table
 from nats.js import api
+from spawn import latency_figures
 
 from bb_environments.bus.embedded_server import nats_server_binary
-from spawn import latency_figures
 
 
 async def publish_thread(js, repo: Path, thread_id: str) -> None:
@@ -52,9 +51,20 @@ def personal_thread_events(thread_ids: list[str], hosts: tuple[str, ...] = ()) -
     """`created` (a personal-workspace intent) and `message` of each thread, all the `created` first;
     the threads spread over `hosts` in turn (none: the service's own host)."""
     intent = {"type": "provider", "environmentProviderId": "personal-workspace"}
-    created = [(f"bb.threads.{t}.created", json.dumps({"type": "created", "threadId": t, "environment": intent,
-                                                       **({"hostId": hosts[n % len(hosts)]} if hosts else {})}))
-               for n, t in enumerate(thread_ids)]
+    created = [
+        (
+            f"bb.threads.{t}.created",
+            json.dumps(
+                {
+                    "type": "created",
+                    "threadId": t,
+                    "environment": intent,
+                    **({"hostId": hosts[n % len(hosts)]} if hosts else {}),
+                }
+            ),
+        )
+        for n, t in enumerate(thread_ids)
+    ]
     messages = [(f"bb.threads.{t}.message", json.dumps({"type": "message", "threadId": t})) for t in thread_ids]
     return [(subject, body.encode()) for subject, body in created + messages]
 
@@ -75,11 +85,15 @@ async def raw_publish_seconds(root: Path, messages: list[tuple[str, bytes]]) -> 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(root / "raw")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(root / "raw")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        nc = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=-1, reconnect_time_wait=0.05,
-                                error_cb=_quiet)  # refused until the server listens
+        nc = await nats.connect(
+            f"nats://127.0.0.1:{port}", max_reconnect_attempts=-1, reconnect_time_wait=0.05, error_cb=_quiet
+        )  # refused until the server listens
         js = nc.jetstream(publish_async_max_pending=PUBLISH_WINDOW)
         await js.add_stream(api.StreamConfig(name="RAW", subjects=["bb.threads.>"], storage=api.StorageType.FILE))
         started = time.perf_counter()
@@ -125,11 +139,21 @@ async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
                 events = len(personal_events)
                 environments_per_s = personal / personal_seconds
                 figures += [
-                    Figure(f"burst of {personal} personal-workspace threads as thread events: environments/s",
-                           environments_per_s, None, "env/s", goal="≥ 300", met=environments_per_s >= 300),
-                    Figure(f"same burst: thread events/s until the last is ready", events / personal_seconds,
-                           events / raw_seconds, "ev/s", f"windowed js.publish ({PUBLISH_WINDOW}) into a plain "
-                           "nats-server"),
+                    Figure(
+                        f"burst of {personal} personal-workspace threads as thread events: environments/s",
+                        environments_per_s,
+                        None,
+                        "env/s",
+                        goal="≥ 300",
+                        met=environments_per_s >= 300,
+                    ),
+                    Figure(
+                        "same burst: thread events/s until the last is ready",
+                        events / personal_seconds,
+                        events / raw_seconds,
+                        "ev/s",
+                        f"windowed js.publish ({PUBLISH_WINDOW}) into a plain nats-server",
+                    ),
                     # Less noisy than the rates above on a shared machine: what `bb serve` itself spent.
                     Figure("same burst: `bb serve` CPU per environment", cpu_ms_per_environment, None, "ms"),
                 ]
@@ -149,9 +173,15 @@ async def measure(runs: int, burst: int, personal: int) -> list[Figure]:
                 for i in range(burst):
                     baseline_once(repo, root / "bare" / f"b{i}", f"bare/b{i}")
                 bare_burst = time.perf_counter() - bare_started
-                figures.append(Figure(f"burst of {burst} git-worktree threads as thread events: last ready",
-                                      last_ready * 1000, bare_burst * 1000, "ms",
-                                      f"{burst} bare worktree adds + setups one after another"))
+                figures.append(
+                    Figure(
+                        f"burst of {burst} git-worktree threads as thread events: last ready",
+                        last_ready * 1000,
+                        bare_burst * 1000,
+                        "ms",
+                        f"{burst} bare worktree adds + setups one after another",
+                    )
+                )
             await publisher.close()
         finally:
             stop_service(service)

@@ -33,17 +33,27 @@ SERVICE_INBOX_PREFIX = "_BB_SERVICE_INBOX"
 # The consumers the service reads the streams with: a client that could pull from or delete one
 # of them could hide events from the read model or the provisioning driver. The retired ones are
 # included: a start still hands over from them, so no client may hold those names.
-SERVICE_CONSUMERS = (subjects.LOG_CONSUMER, subjects.RETIRED_PROVISIONER_CONSUMER,
-                     subjects.TRANSCRIPTS_CONSUMER, subjects.RETIRED_THREADS_CONSUMER)
+SERVICE_CONSUMERS = (
+    subjects.LOG_CONSUMER,
+    subjects.RETIRED_PROVISIONER_CONSUMER,
+    subjects.TRANSCRIPTS_CONSUMER,
+    subjects.RETIRED_THREADS_CONSUMER,
+)
 # The streams clients may read, each with the part of it that is theirs: BB_ENVIRONMENTS stores the
 # whole log, and its threads' and claims' events are the service's.
-READABLE_STREAMS = {subjects.ENVIRONMENTS_STREAM: subjects.LOG_ENVIRONMENT_EVENTS,
-                    subjects.TRANSCRIPTS_STREAM: subjects.TRANSCRIPT_EVENTS,
-                    subjects.PLACEMENTS_STREAM: subjects.PLACEMENT_EVENTS}
+READABLE_STREAMS = {
+    subjects.ENVIRONMENTS_STREAM: subjects.LOG_ENVIRONMENT_EVENTS,
+    subjects.TRANSCRIPTS_STREAM: subjects.TRANSCRIPT_EVENTS,
+    subjects.PLACEMENTS_STREAM: subjects.PLACEMENT_EVENTS,
+}
 # The API's requests that change nothing: every client role may ask them; only `operator` may
 # ask the rest (spawn, retry, delete, ...).
-READ_ONLY_API = (subjects.api("environments", "list"), subjects.api("environments", "show"),
-                 subjects.api("environments", "providers"), subjects.api("threads", "list"))
+READ_ONLY_API = (
+    subjects.api("environments", "list"),
+    subjects.api("environments", "show"),
+    subjects.api("environments", "providers"),
+    subjects.api("threads", "list"),
+)
 
 _HOST_ID = re.compile(HOST_ID_PATTERN)
 
@@ -85,8 +95,10 @@ def _consumers_of_readable_streams() -> list[str]:
         allowed += [
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.CONSUMER.CREATE.{stream}.*.{readable}",
-            f"$JS.API.CONSUMER.INFO.{stream}.*", f"$JS.API.CONSUMER.DELETE.{stream}.*",
-            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", f"$JS.API.CONSUMER.LIST.{stream}",
+            f"$JS.API.CONSUMER.INFO.{stream}.*",
+            f"$JS.API.CONSUMER.DELETE.{stream}.*",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+            f"$JS.API.CONSUMER.LIST.{stream}",
             f"$JS.API.CONSUMER.NAMES.{stream}",
         ]
     return allowed
@@ -95,8 +107,12 @@ def _consumers_of_readable_streams() -> list[str]:
 def _service_consumers_denied() -> list[str]:
     denied = []
     for name in SERVICE_CONSUMERS:
-        denied += [f"$JS.API.CONSUMER.*.*.{name}", f"$JS.API.CONSUMER.*.*.{name}.>",
-                   f"$JS.API.CONSUMER.*.*.*.{name}", f"$JS.ACK.*.{name}.>"]
+        denied += [
+            f"$JS.API.CONSUMER.*.*.{name}",
+            f"$JS.API.CONSUMER.*.*.{name}.>",
+            f"$JS.API.CONSUMER.*.*.*.{name}",
+            f"$JS.ACK.*.{name}.>",
+        ]
     return denied
 
 
@@ -105,8 +121,9 @@ def _reader() -> Permissions:
     outcomes (with consumers of its own on their streams) and ask the read-only API."""
     return Permissions(
         publish={"allow": [*READ_ONLY_API, *_consumers_of_readable_streams()], "deny": _service_consumers_denied()},
-        subscribe={"allow": [subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS, subjects.PLACEMENT_EVENTS,
-                             "_INBOX.>"]},
+        subscribe={
+            "allow": [subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS, subjects.PLACEMENT_EVENTS, "_INBOX.>"]
+        },
         allow_responses=True,  # acks and flow-control replies to the messages it was sent
     )
 
@@ -119,12 +136,20 @@ def role_permissions(role: str) -> Permissions:
     if role == "operator":
         # `bb events export` reads the whole log, as `bb events replay` has the service do.
         whole_log = f"$JS.API.CONSUMER.CREATE.{subjects.ENVIRONMENTS_STREAM}.*.{subjects.LOG_EVENTS}"
-        return Permissions(publish={**reader.publish, "allow": [f"{subjects.API_PREFIX}.>", whole_log,
-                                                                *_consumers_of_readable_streams()]},
-                           subscribe=reader.subscribe, allow_responses=True)
+        return Permissions(
+            publish={
+                **reader.publish,
+                "allow": [f"{subjects.API_PREFIX}.>", whole_log, *_consumers_of_readable_streams()],
+            },
+            subscribe=reader.subscribe,
+            allow_responses=True,
+        )
     if role == "publisher":
-        return Permissions(publish={**reader.publish, "allow": [subjects.THREAD_EVENTS, *reader.publish["allow"]]},
-                           subscribe=reader.subscribe, allow_responses=True)
+        return Permissions(
+            publish={**reader.publish, "allow": [subjects.THREAD_EVENTS, *reader.publish["allow"]]},
+            subscribe=reader.subscribe,
+            allow_responses=True,
+        )
     raise ValueError(f"unknown role {role!r}: the roles are {', '.join(CLIENT_ROLES)}")
 
 
@@ -135,13 +160,24 @@ def host_agent_permissions(host_id: str) -> Permissions:
     events, no log, no transcripts, no API, no other host's subjects or consumer."""
     jobs, consumer = subjects.HOST_JOBS_STREAM, subjects.host_jobs_consumer(host_id)
     return Permissions(
-        publish={"allow": [
-            f"$JS.API.CONSUMER.MSG.NEXT.{jobs}.{consumer}", f"$JS.ACK.{jobs}.{consumer}.>",
-            subjects.host_reports(host_id), subjects.host_ledger(host_id),
-            f"$KV.{subjects.HOSTS_BUCKET}.{host_id}", subjects.host_transcripts(host_id),
-        ]},
-        subscribe={"allow": [subjects.host_hooks(host_id, "*"), subjects.host_workspaces(host_id, "*"), "$SRV.>",
-                             f"{host_agent_inbox_prefix(host_id)}.>"]},
+        publish={
+            "allow": [
+                f"$JS.API.CONSUMER.MSG.NEXT.{jobs}.{consumer}",
+                f"$JS.ACK.{jobs}.{consumer}.>",
+                subjects.host_reports(host_id),
+                subjects.host_ledger(host_id),
+                f"$KV.{subjects.HOSTS_BUCKET}.{host_id}",
+                subjects.host_transcripts(host_id),
+            ]
+        },
+        subscribe={
+            "allow": [
+                subjects.host_hooks(host_id, "*"),
+                subjects.host_workspaces(host_id, "*"),
+                "$SRV.>",
+                f"{host_agent_inbox_prefix(host_id)}.>",
+            ]
+        },
         allow_responses=True,
     )
 
@@ -216,8 +252,11 @@ def server_configuration(credentials: Credentials, host_id: str, server_name: st
     It names the server as its command line does: a running server reads the file again on
     SIGHUP and refuses one that leaves out a name it was started with."""
     users = [(user, credentials.public_key(user), permissions) for user, permissions in _own_users(host_id)]
-    users += [(host_agent_user(registered), credentials.host_public_key(registered), host_agent_permissions(registered))
-              for registered in credentials.registered_hosts() if registered != host_id]
+    users += [
+        (host_agent_user(registered), credentials.host_public_key(registered), host_agent_permissions(registered))
+        for registered in credentials.registered_hosts()
+        if registered != host_id
+    ]
     return json.dumps({"server_name": server_name, **_authorization(users)}, indent=2)
 
 
@@ -229,8 +268,9 @@ def deployment_configuration(host_id: str = "HOST_ID") -> str:
 
 def host_user_block(host_id: str, public_key: str) -> str:
     """The entry an external NATS adds to its users for a registered host's agent."""
-    return json.dumps(_authorization([(host_agent_user(host_id), public_key, host_agent_permissions(host_id))]),
-                      indent=2)
+    return json.dumps(
+        _authorization([(host_agent_user(host_id), public_key, host_agent_permissions(host_id))]), indent=2
+    )
 
 
 def _own_users(host_id: str) -> list[tuple[str, Permissions]]:
@@ -239,8 +279,9 @@ def _own_users(host_id: str) -> list[tuple[str, Permissions]]:
 
 
 def _authorization(users: list[tuple[str, str, Permissions]]) -> dict[str, Any]:
-    entries = [{"nkey": public_key, "permissions": msgspec.to_builtins(permissions)}
-               for _, public_key, permissions in users]
+    entries = [
+        {"nkey": public_key, "permissions": msgspec.to_builtins(permissions)} for _, public_key, permissions in users
+    ]
     return {"authorization": {"users": entries}}
 
 
@@ -266,8 +307,10 @@ def _public_key_of(path: Path, whose: str) -> str:
     try:
         return seed_public_key(path.read_text())
     except (nkeys.NkeysError, ValueError):
-        raise DamagedSeed(f"{path} holds no valid seed; delete it and start `bb serve` again to make a new "
-                          f"one (a client of {whose} then needs to read the new file)") from None
+        raise DamagedSeed(
+            f"{path} holds no valid seed; delete it and start `bb serve` again to make a new "
+            f"one (a client of {whose} then needs to read the new file)"
+        ) from None
 
 
 def all_users(host_id: str) -> list[str]:

@@ -73,10 +73,15 @@ def _refuse_unusable(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as refused:
-            why = "is taken by another process" if refused.errno == errno.EADDRINUSE else \
-                f"cannot be listened on ({refused.strerror})"
-            raise NatsServerUnavailable(f"port {port} on {host} {why}: free it, or give the embedded nats-server "
-                                        "another with `bb serve --nats-port PORT`") from None
+            why = (
+                "is taken by another process"
+                if refused.errno == errno.EADDRINUSE
+                else f"cannot be listened on ({refused.strerror})"
+            )
+            raise NatsServerUnavailable(
+                f"port {port} on {host} {why}: free it, or give the embedded nats-server "
+                "another with `bb serve --nats-port PORT`"
+            ) from None
 
 
 def accepts_connections(host: str, port: int) -> bool:
@@ -100,8 +105,14 @@ class EmbeddedNats:
         return f"nats://{self.host}:{self.port}"
 
     @classmethod
-    def start(cls, store_dir: Path, host: str = HOST, port: int | None = None,
-              configuration: Path | None = None, keep_open: int | None = None) -> EmbeddedNats:
+    def start(
+        cls,
+        store_dir: Path,
+        host: str = HOST,
+        port: int | None = None,
+        configuration: Path | None = None,
+        keep_open: int | None = None,
+    ) -> EmbeddedNats:
         """`configuration`: a nats-server config file (users and permissions); without it anyone may connect.
         `keep_open`: a descriptor the server inherits and holds for as long as it runs."""
         store_dir.mkdir(parents=True, exist_ok=True)
@@ -112,21 +123,27 @@ class EmbeddedNats:
         output = open(store_dir / "nats-server.log", "ab")
         process = subprocess.Popen(
             _command_line(store_dir, host, port, configuration),
-            stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
             pass_fds=() if keep_open is None else (keep_open,),
         )
         output.close()
         server = cls(process.pid, host, port, process)
         if not server._listens_within(STARTUP_S, running=lambda: process.poll() is None):
             if process.poll() is not None:
-                raise NatsServerUnavailable(f"nats-server exited with {process.returncode}; see {store_dir}/nats-server.log")
+                raise NatsServerUnavailable(
+                    f"nats-server exited with {process.returncode}; see {store_dir}/nats-server.log"
+                )
             server.stop()
             raise NatsServerUnavailable(f"nats-server did not listen on {host}:{port} within {STARTUP_S:g} s")
         return server
 
     @classmethod
-    def reuse(cls, pid: int, store_dir: Path, host: str, port: int,
-              configuration: Path | None = None) -> EmbeddedNats | None:
+    def reuse(
+        cls, pid: int, store_dir: Path, host: str, port: int, configuration: Path | None = None
+    ) -> EmbeddedNats | None:
         """The server running as `pid` when it is ours on `store_dir` and `port`, given the time a
         start takes to listen: a `bb serve` killed while it started one leaves it still starting."""
         if command_line_of(pid) != _command_line(store_dir, host, port, configuration):
@@ -150,11 +167,15 @@ class EmbeddedNats:
             if any("Reloaded server configuration" in line for line in lines):
                 return
             if failed := next((line for line in lines if "Failed to reload server configuration" in line), None):
-                raise NatsServerUnavailable(f"the running nats-server (pid {self.pid}) refused its new configuration: "
-                                            f"{failed.partition('[ERR] ')[2]}")
+                raise NatsServerUnavailable(
+                    f"the running nats-server (pid {self.pid}) refused its new configuration: "
+                    f"{failed.partition('[ERR] ')[2]}"
+                )
             time.sleep(0.02)
-        raise NatsServerUnavailable(f"the running nats-server (pid {self.pid}) did not reload its configuration "
-                                    f"within {STARTUP_S:g} s; see {server_log}")
+        raise NatsServerUnavailable(
+            f"the running nats-server (pid {self.pid}) did not reload its configuration "
+            f"within {STARTUP_S:g} s; see {server_log}"
+        )
 
     def _listens_within(self, seconds: float, running: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + seconds
@@ -188,6 +209,7 @@ class EmbeddedNats:
 
 class ServerRecord(msgspec.Struct):
     """What the store dir's lock file says about the server that holds it."""
+
     pid: int
     port: int
 
@@ -217,11 +239,16 @@ class SupervisedNats:
         store_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(store_dir / LOCK_FILE)
         try:
-            server = _running_or_started(store_dir, configuration, lock,
-                                         port if port is not None else _remembered_port(port_file))
+            server = _running_or_started(
+                store_dir, configuration, lock, port if port is not None else _remembered_port(port_file)
+            )
             if port is not None and server.port != port:
-                log.info("moving the embedded nats-server (pid %s) from port %s to port %s, as asked",
-                         server.pid, server.port, port)
+                log.info(
+                    "moving the embedded nats-server (pid %s) from port %s to port %s, as asked",
+                    server.pid,
+                    server.port,
+                    port,
+                )
                 server.stop()
                 server = _running_or_started(store_dir, configuration, lock, port)
             _remember_port(port_file, server.port)
@@ -241,8 +268,9 @@ class SupervisedNats:
         while True:
             await _ended(self.server.pid)
             self.server.reap()
-            log.warning("the embedded nats-server (pid %s) died; restarting it on port %s",
-                        self.server.pid, self.server.port)
+            log.warning(
+                "the embedded nats-server (pid %s) died; restarting it on port %s", self.server.pid, self.server.port
+            )
             self.server = await self._restart(failures, "it died")
             log.info("the embedded nats-server is back (pid %s, port %s)", self.server.pid, self.server.port)
             restarted(self.server)
@@ -254,7 +282,8 @@ class SupervisedNats:
             if len(failures) >= GIVE_UP_AFTER_FAILURES:
                 raise NatsServerUnavailable(
                     f"the embedded nats-server failed {len(failures)} times within a minute (last: {why}); "
-                    f"giving up, see {self._store_dir / 'nats-server.log'}")
+                    f"giving up, see {self._store_dir / 'nats-server.log'}"
+                )
             # At once the first time, so that clients barely notice; then backing off.
             await asyncio.sleep(0 if len(failures) == 1 else 0.25 * 2 ** (len(failures) - 1))
             try:
@@ -289,8 +318,10 @@ def _remembered_port(port_file: Path) -> int | None:
         return None
     port = _port_number(said)
     if port is None:
-        raise NatsServerUnavailable(f"{port_file} says {said!r}, which is not a port: correct it, remove it "
-                                    "(a free port is then chosen), or start `bb serve` with --nats-port")
+        raise NatsServerUnavailable(
+            f"{port_file} says {said!r}, which is not a port: correct it, remove it "
+            "(a free port is then chosen), or start `bb serve` with --nats-port"
+        )
     return port
 
 
@@ -321,7 +352,8 @@ def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock, po
             holder = f"pid {record.pid}" if record else "a process that recorded no pid"
             raise NatsServerUnavailable(
                 f"{store_dir} is held by {holder}, which is not a nats-server this service can reuse; "
-                f"stop it and start `bb serve` again")
+                f"stop it and start `bb serve` again"
+            )
         time.sleep(0.2)  # each look reads every process's command line
     return _start_holding(lock, store_dir, port, configuration)
 
@@ -348,8 +380,19 @@ async def _ended(pid: int) -> None:
 
 
 def _command_line(store_dir: Path, host: str, port: int, configuration: Path | None) -> list[str]:
-    return [nats_server_binary(), *(["-c", str(configuration)] if configuration else []),
-            "-a", host, "-p", str(port), "-js", "-sd", str(store_dir), "--server_name", SERVER_NAME]
+    return [
+        nats_server_binary(),
+        *(["-c", str(configuration)] if configuration else []),
+        "-a",
+        host,
+        "-p",
+        str(port),
+        "-js",
+        "-sd",
+        str(store_dir),
+        "--server_name",
+        SERVER_NAME,
+    ]
 
 
 def _started_unrecorded(store_dir: Path, configuration: Path, record: ServerRecord | None) -> EmbeddedNats | None:
@@ -358,7 +401,11 @@ def _started_unrecorded(store_dir: Path, configuration: Path, record: ServerReco
     command line, on whichever port."""
     for pid, running in command_lines():
         port = _port_in(running)
-        if port and running == _command_line(store_dir, HOST, port, configuration) and (record is None or pid != record.pid):
+        if (
+            port
+            and running == _command_line(store_dir, HOST, port, configuration)
+            and (record is None or pid != record.pid)
+        ):
             return EmbeddedNats.reuse(pid, store_dir, HOST, port, configuration)
     return None
 

@@ -42,8 +42,15 @@ SETTLE_S = 2.0
 
 BUS_UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,  # nats-py's own TimeoutError is one
-    ConnectionError, StaleConnectionError, NoServersError, NoRespondersError, ConnectionClosedError,
-    ConnectionDrainingError, ConnectionReconnectingError, OutboundBufferLimitError, ServiceUnavailableError,
+    ConnectionError,
+    StaleConnectionError,
+    NoServersError,
+    NoRespondersError,
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    ConnectionReconnectingError,
+    OutboundBufferLimitError,
+    ServiceUnavailableError,
     NoStreamResponseError,
 )
 
@@ -68,8 +75,12 @@ def short_of_room(error: BaseException) -> bool:
     server, its placement's reason in a cluster)."""
     return isinstance(error, APIError) and (
         error.err_code in (STORAGE_EXCEEDED, INSUFFICIENT_RESOURCES)
-        or (_refused_placement(error) and "insufficient storage" in (error.description or "")
-            and "offline" not in (error.description or "")))  # a peer that is back may have the room
+        or (
+            _refused_placement(error)
+            and "insufficient storage" in (error.description or "")
+            and "offline" not in (error.description or "")
+        )
+    )  # a peer that is back may have the room
 
 
 def _not_caught_up(error: BaseException) -> bool:
@@ -119,8 +130,11 @@ class BusHealth:
         elif self._since is None:
             self._since = time.monotonic()
             if self._starting:
-                log.warning("waiting for the NATS cluster before serving (%s); a cluster still forming is "
-                            "waited for as long as it takes", why)
+                log.warning(
+                    "waiting for the NATS cluster before serving (%s); a cluster still forming is "
+                    "waited for as long as it takes",
+                    why,
+                )
             else:
                 log.warning("lost the NATS bus (%s); waiting for it to come back", why)
         self._troubles.setdefault(who, why)

@@ -20,12 +20,13 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
 
-from bb_environments.bus.wire.server_file import nats_servers
-from bb_environments.bus.streams import ensure_consumer
 from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth, Retry, unavailable
+from bb_environments.bus.streams import ensure_consumer
+from bb_environments.bus.wire.server_file import nats_servers
 from bb_environments.providers.host.backoff import Backoff
 
 log = logging.getLogger(__name__)
+
 
 class ConnectOptions(TypedDict, total=False):
     """The nats-py connect options that carry who we are (and how the server proves who it is)."""
@@ -38,16 +39,23 @@ class ConnectOptions(TypedDict, total=False):
     password: str
 
 
-async def connect(url: str, name: str, health: BusHealth, inbox_prefix: str,
-                  **options: Unpack[ConnectOptions]) -> Client:
+async def connect(
+    url: str, name: str, health: BusHealth, inbox_prefix: str, **options: Unpack[ConnectOptions]
+) -> Client:
     """Reconnect forever: the embedded server may be restarted under a running service, and its
     absence meanwhile is `health`'s to report, once. Every inbox of the connection (its requests'
     replies, pull consumer deliveries, acks) is under `inbox_prefix`, which no client may read."""
     nc = Client()
     # nats-py annotates reconnect_time_wait as int, but only sleeps for it: half a second works.
-    await nc.connect(nats_servers(url), name=name, inbox_prefix=inbox_prefix, max_reconnect_attempts=-1,
-                     reconnect_time_wait=0.5,  # type: ignore[arg-type]
-                     **health.watch(nc, name), **options)
+    await nc.connect(
+        nats_servers(url),
+        name=name,
+        inbox_prefix=inbox_prefix,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,  # type: ignore[arg-type]
+        **health.watch(nc, name),
+        **options,
+    )
     health.back(nc)  # no longer waiting for a server, if it was
     return nc
 
@@ -126,7 +134,10 @@ class PullFeed:
             self._open, self._failure = 0, NoRespondersError()
         elif status == api.StatusCode.CONFLICT:
             # the consumer deleted, its leader changed...: asked again after a pause
-            self._open, self._failure = 0, APIError(code=int(status), description=headers.get(api.Header.DESCRIPTION, ""))
+            self._open, self._failure = (
+                0,
+                APIError(code=int(status), description=headers.get(api.Header.DESCRIPTION, "")),
+            )
         else:  # a heartbeat, or something this feed never asked for
             return
         self._wakeup.set()
@@ -146,7 +157,7 @@ class PullFeed:
                 await self._request(batch)
             try:
                 await asyncio.wait_for(self._wakeup.wait(), min(deadline, self._open_until) - now)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         taken, self._arrived = self._arrived[:batch], self._arrived[batch:]
         return taken
@@ -161,9 +172,18 @@ class PullFeed:
 Binder = Callable[[JetStream, str, str], Awaitable[Fetcher]]
 
 
-async def consume(js: JetStream, stream: str, durable: str, filter_subject: str, handle: Handler,
-                  health: BusHealth, batch: int = 200, in_order: bool = False, *,
-                  bind: Binder = PullFeed.bind) -> None:
+async def consume(
+    js: JetStream,
+    stream: str,
+    durable: str,
+    filter_subject: str,
+    handle: Handler,
+    health: BusHealth,
+    batch: int = 200,
+    in_order: bool = False,
+    *,
+    bind: Binder = PullFeed.bind,
+) -> None:
     """Feed batches to `handle`, then ack them; a batch whose handler raised is redelivered.
 
     A handler that keeps failing (its database on a full disk, say) is given the batch again after
@@ -186,7 +206,7 @@ async def consume(js: JetStream, stream: str, durable: str, filter_subject: str,
     while True:
         try:
             messages = await subscription.fetch(batch, timeout=1)
-        except (NatsTimeout, asyncio.TimeoutError):
+        except (TimeoutError, NatsTimeout):
             # nats-py turns a cancellation inside fetch into a timeout; do not swallow it.
             if _this_task().cancelling():
                 raise asyncio.CancelledError from None
@@ -230,8 +250,16 @@ async def _settle(messages: list[Msg], settle: Callable[[Msg], Awaitable[None]],
         await bus.pause(error)
 
 
-async def follow(js: JetStreamContext, stream: str, filter_subject: str, after: Callable[[], Awaitable[int]],
-                 handle: Handler, health: BusHealth, name: str, batch: int = 200) -> None:
+async def follow(
+    js: JetStreamContext,
+    stream: str,
+    filter_subject: str,
+    after: Callable[[], Awaitable[int]],
+    handle: Handler,
+    health: BusHealth,
+    name: str,
+    batch: int = 200,
+) -> None:
     """Feed `handle` every message of `stream` after the sequence `after()` gives, in order, as an
     ordered consumer of this replica's own (SPEC 7.2: each replica keeps its own read models).
 
@@ -246,8 +274,12 @@ async def follow(js: JetStreamContext, stream: str, filter_subject: str, after: 
         try:
             start = await after() + 1
             subscription = await js.subscribe(
-                filter_subject, stream=stream, ordered_consumer=True, idle_heartbeat=FOLLOW_HEARTBEAT_S,
-                config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start))
+                filter_subject,
+                stream=stream,
+                ordered_consumer=True,
+                idle_heartbeat=FOLLOW_HEARTBEAT_S,
+                config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start),
+            )
         except BUS_UNAVAILABLE as error:
             await bus.pause(error)
             continue
@@ -258,12 +290,13 @@ async def follow(js: JetStreamContext, stream: str, filter_subject: str, after: 
                 await subscription.unsubscribe()
 
 
-async def _follow_until_failed(subscription: JetStreamContext.PushSubscription, handle: Handler, bus: Retry,
-                               backoff: Backoff, batch: int) -> None:
+async def _follow_until_failed(
+    subscription: JetStreamContext.PushSubscription, handle: Handler, bus: Retry, backoff: Backoff, batch: int
+) -> None:
     while True:
         try:
             messages = [await subscription.next_msg(timeout=1)]
-        except (NatsTimeout, asyncio.TimeoutError):
+        except (TimeoutError, NatsTimeout):
             if _this_task().cancelling():
                 raise asyncio.CancelledError from None
             bus.succeeded()

@@ -21,6 +21,9 @@ def sent_to_endpoint(request: Request, endpoint_subject: str) -> bool:
     """Whether `request` was published on `endpoint_subject`; a copy pushed there is logged and dropped."""
     if request.subject == endpoint_subject:
         return True
-    log.warning("ignored a message on %s that a JetStream consumer pushed there from %s", endpoint_subject,
-                quoted(request.subject))  # quoted: the stored subject carries ids a client chose
+    log.warning(
+        "ignored a message on %s that a JetStream consumer pushed there from %s",
+        endpoint_subject,
+        quoted(request.subject),
+    )  # quoted: the stored subject carries ids a client chose
     return False

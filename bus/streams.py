@@ -43,56 +43,80 @@ HOST_JOB_ACK_WAIT_S = 6
 """An agent killed mid-job has it delivered again after this (a running job says it is still at it)."""
 
 
-
 def _streams(threads_max_age_s: float, threads_max_bytes: int) -> tuple[api.StreamConfig, ...]:
     return (
         # Thread events carry prompts: kept only within these limits. (The server refuses a
         # duplicate window longer than the age limit.)
         api.StreamConfig(
-            name=subjects.THREADS_STREAM, subjects=[subjects.THREAD_EVENTS],
-            storage=api.StorageType.FILE, duplicate_window=min(DUPLICATE_WINDOW_S, threads_max_age_s),
-            max_age=threads_max_age_s, max_bytes=threads_max_bytes,
+            name=subjects.THREADS_STREAM,
+            subjects=[subjects.THREAD_EVENTS],
+            storage=api.StorageType.FILE,
+            duplicate_window=min(DUPLICATE_WINDOW_S, threads_max_age_s),
+            max_age=threads_max_age_s,
+            max_bytes=threads_max_bytes,
         ),
         # The same events, each under its thread's partition, for one in-order consumer per
         # partition. A mirror keeps the stream's sequence numbers and needs no server
         # configuration (an external NATS works as it is); it keeps what BB_THREADS keeps.
         api.StreamConfig(
-            name=subjects.THREAD_PARTITIONS_STREAM, storage=api.StorageType.FILE,
-            max_age=threads_max_age_s, max_bytes=threads_max_bytes,
-            mirror=api.StreamSource(name=subjects.THREADS_STREAM, subject_transforms=[
-                api.SubjectTransform(src=source, dest=destination)
-                for source, destination in subjects.thread_partition_transforms()
-            ]),
+            name=subjects.THREAD_PARTITIONS_STREAM,
+            storage=api.StorageType.FILE,
+            max_age=threads_max_age_s,
+            max_bytes=threads_max_bytes,
+            mirror=api.StreamSource(
+                name=subjects.THREADS_STREAM,
+                subject_transforms=[
+                    api.SubjectTransform(src=source, dest=destination)
+                    for source, destination in subjects.thread_partition_transforms()
+                ],
+            ),
         ),
         api.StreamConfig(
-            name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS],
-            storage=api.StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S,
+            name=subjects.ENVIRONMENTS_STREAM,
+            subjects=[subjects.LOG_EVENTS],
+            storage=api.StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW_S,
             republish=api.RePublish(src=subjects.LOG_ENVIRONMENT_EVENTS, dest=subjects.ENVIRONMENT_EVENTS),
         ),
         api.StreamConfig(
-            name=subjects.TRANSCRIPTS_STREAM, subjects=[subjects.TRANSCRIPT_EVENTS],
-            storage=api.StorageType.FILE, max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
+            name=subjects.TRANSCRIPTS_STREAM,
+            subjects=[subjects.TRANSCRIPT_EVENTS],
+            storage=api.StorageType.FILE,
+            max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
             duplicate_window=DUPLICATE_WINDOW_S,
         ),
         # The hosts' agents' lines, each gone once the core has checked it and kept it in
         # BB_TRANSCRIPTS (or dropped it); a flood waiting here is bounded like the transcripts.
         api.StreamConfig(
-            name=subjects.TRANSCRIPT_INTAKE_STREAM, subjects=[subjects.HOST_TRANSCRIPTS],
-            storage=api.StorageType.FILE, retention=api.RetentionPolicy.WORK_QUEUE,
-            max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT, duplicate_window=DUPLICATE_WINDOW_S,
+            name=subjects.TRANSCRIPT_INTAKE_STREAM,
+            subjects=[subjects.HOST_TRANSCRIPTS],
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            max_msgs_per_subject=TRANSCRIPT_LINES_PER_ENVIRONMENT,
+            duplicate_window=DUPLICATE_WINDOW_S,
         ),
         api.StreamConfig(
-            name=subjects.PLACEMENTS_STREAM, subjects=[subjects.PLACEMENT_EVENTS], storage=api.StorageType.FILE,
-            max_age=PLACEMENTS_MAX_AGE_S, duplicate_window=DUPLICATE_WINDOW_S,
+            name=subjects.PLACEMENTS_STREAM,
+            subjects=[subjects.PLACEMENT_EVENTS],
+            storage=api.StorageType.FILE,
+            max_age=PLACEMENTS_MAX_AGE_S,
+            duplicate_window=DUPLICATE_WINDOW_S,
         ),
         # A job is gone once its host's agent acknowledged it (after storing its report).
         api.StreamConfig(
-            name=subjects.HOST_JOBS_STREAM, subjects=[subjects.HOST_JOBS], storage=api.StorageType.FILE,
-            retention=api.RetentionPolicy.WORK_QUEUE, duplicate_window=HOST_JOBS_DUPLICATE_WINDOW_S,
+            name=subjects.HOST_JOBS_STREAM,
+            subjects=[subjects.HOST_JOBS],
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            duplicate_window=HOST_JOBS_DUPLICATE_WINDOW_S,
         ),
         api.StreamConfig(
-            name=subjects.HOST_REPORTS_STREAM, subjects=[subjects.HOST_REPORTS], storage=api.StorageType.FILE,
-            max_msgs_per_subject=1, max_age=HOST_REPORTS_MAX_AGE_S, allow_direct=True,
+            name=subjects.HOST_REPORTS_STREAM,
+            subjects=[subjects.HOST_REPORTS],
+            storage=api.StorageType.FILE,
+            max_msgs_per_subject=1,
+            max_age=HOST_REPORTS_MAX_AGE_S,
+            allow_direct=True,
         ),
     )
 
@@ -102,18 +126,27 @@ class NoRoomForStreams(RuntimeError):
     needs and what changes it, in one sentence."""
 
 
-async def prepare_bus(js: JetStreamContext, health: BusHealth, threads_max_age_s: float, threads_max_bytes: int,
-                      replicas: int, host_id: str) -> None:
+async def prepare_bus(
+    js: JetStreamContext,
+    health: BusHealth,
+    threads_max_age_s: float,
+    threads_max_bytes: int,
+    replicas: int,
+    host_id: str,
+) -> None:
     """The streams, the thread partitions' consumers and the hosts' bucket a core needs before it
     starts, each waited for while the cluster forms (BusHealth.once_answered)."""
-    await health.once_answered("the streams", lambda: ensure_streams(js, threads_max_age_s, threads_max_bytes, replicas))
+    await health.once_answered(
+        "the streams", lambda: ensure_streams(js, threads_max_age_s, threads_max_bytes, replicas)
+    )
     await health.once_answered("the thread partitions' consumers", lambda: ensure_thread_partition_consumers(js))
     await health.once_answered("the retired consumers", lambda: retire_provisioner_consumer(js))
     await health.once_answered("the hosts' bucket", lambda: ensure_hosts(js, [host_id], replicas))
 
 
-async def ensure_streams(js: JetStreamContext, threads_max_age_s: float, threads_max_bytes: int,
-                         replicas: int = 1) -> None:
+async def ensure_streams(
+    js: JetStreamContext, threads_max_age_s: float, threads_max_bytes: int, replicas: int = 1
+) -> None:
     """Create the streams, or give existing ones today's settings (a changed retention, say), each
     stored on `replicas` servers of the cluster. A replicated stream takes no publish before its
     servers elected a leader: each is waited for. Servers without room for one: NoRoomForStreams."""
@@ -140,8 +173,10 @@ def _no_room(refused: api.StreamConfig, threads_max_bytes: int, replicas: int) -
         why = f"it reserves {reserved} on each server that holds it, as does {other}"
     else:
         why = f"{threads} and its mirror {mirror} reserve {reserved} each on every server that holds them"
-    return (f"{servers} no room for stream {refused.name}: {why}, so give each server a max_file_store above "
-            f"{_size(2 * threads_max_bytes)} or lower BB_THREADS_MAX_BYTES")
+    return (
+        f"{servers} no room for stream {refused.name}: {why}, so give each server a max_file_store above "
+        f"{_size(2 * threads_max_bytes)} or lower BB_THREADS_MAX_BYTES"
+    )
 
 
 def _size(count: int) -> str:
@@ -183,14 +218,23 @@ async def ensure_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> Key
 async def ensure_host_jobs_consumer(js: JetStreamContext, host_id: str) -> None:
     """The one consumer of a host's jobs, which only that host's agent (its NATS user) may pull from."""
     config = api.ConsumerConfig(
-        durable_name=subjects.host_jobs_consumer(host_id), filter_subject=subjects.host_jobs(host_id),
-        ack_policy=api.AckPolicy.EXPLICIT, ack_wait=HOST_JOB_ACK_WAIT_S, max_ack_pending=1000,
+        durable_name=subjects.host_jobs_consumer(host_id),
+        filter_subject=subjects.host_jobs(host_id),
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=HOST_JOB_ACK_WAIT_S,
+        max_ack_pending=1000,
     )
     await js.add_consumer(subjects.HOST_JOBS_STREAM, config)
 
 
-async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filter_subject: str,
-                          in_order: bool, start_sequence: int | None = None) -> None:
+async def ensure_consumer(
+    js: JetStreamContext,
+    stream: str,
+    durable: str,
+    filter_subject: str,
+    in_order: bool,
+    start_sequence: int | None = None,
+) -> None:
     """`in_order`: one unacknowledged message at a time, so a message that was delivered to a
     process that died is redelivered (after the short ack wait) before any later one.
 
@@ -203,8 +247,12 @@ async def ensure_consumer(js: JetStreamContext, stream: str, durable: str, filte
     except NotFoundError:
         deliver_policy = api.DeliverPolicy.ALL if start_sequence is None else api.DeliverPolicy.BY_START_SEQUENCE
     config = api.ConsumerConfig(
-        durable_name=durable, filter_subject=filter_subject, ack_policy=api.AckPolicy.EXPLICIT,
-        deliver_policy=deliver_policy, opt_start_seq=start_sequence, ack_wait=5 if in_order else 30,
+        durable_name=durable,
+        filter_subject=filter_subject,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        deliver_policy=deliver_policy,
+        opt_start_seq=start_sequence,
+        ack_wait=5 if in_order else 30,
         max_ack_pending=1 if in_order else 1000,
     )
     await js.add_consumer(stream, config)  # creates it, or updates one created with other settings
@@ -222,8 +270,14 @@ async def ensure_thread_partition_consumers(js: JetStreamContext) -> None:
     except NotFoundError:
         single, start_sequence = None, None
     for partition in range(subjects.THREAD_PARTITIONS):
-        await ensure_consumer(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
-                              subjects.thread_partition(partition), in_order=True, start_sequence=start_sequence)
+        await ensure_consumer(
+            js,
+            subjects.THREAD_PARTITIONS_STREAM,
+            subjects.thread_partition_consumer(partition),
+            subjects.thread_partition(partition),
+            in_order=True,
+            start_sequence=start_sequence,
+        )
     if single is not None:
         await js.delete_consumer(subjects.THREADS_STREAM, subjects.RETIRED_THREADS_CONSUMER)
 

@@ -14,14 +14,14 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import msgspec
 from nats.aio.client import Client
 
+from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.transcript_lines import TranscriptKind, TranscriptLine
-from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,20 @@ Line = tuple[str, bytes, dict[str, str] | None]  # subject, payload, headers
 
 
 class TranscriptPublisher:
-    def __init__(self, nc: Client, loop: asyncio.AbstractEventLoop, *, health: BusHealth | None = None,
-                 host_id: str | None = None) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        health: BusHealth | None = None,
+        host_id: str | None = None,
+    ) -> None:
         """`host_id`: the host whose agent writes these lines, under its own subjects, for the core to
         check (bus/core/transcript_intake.py); None: the service's own lines, written where they are read."""
         self._nc = nc
         self._subject: Callable[[str], str] = (
-            subjects.transcript if host_id is None else functools.partial(subjects.host_transcript, host_id))
+            subjects.transcript if host_id is None else functools.partial(subjects.host_transcript, host_id)
+        )
         self._loop = loop
         self._health = health or BusHealth()
         self._bus = self._health.retry("publishing transcript lines")
@@ -46,10 +53,17 @@ class TranscriptPublisher:
         self._dropped_behind = 0
         self._sending: asyncio.Task[None] | None = None
 
-    def line(self, environment_id: str, kind: TranscriptKind, source: str, text: str, message_id: str | None = None) -> None:
+    def line(
+        self, environment_id: str, kind: TranscriptKind, source: str, text: str, message_id: str | None = None
+    ) -> None:
         """`message_id` names a line that may be published again (see the stream's duplicate window)."""
-        line = TranscriptLine(occurred_at=datetime.now(timezone.utc), environment_id=environment_id,
-                              kind=kind, source=source, text=text.rstrip("\n"))
+        line = TranscriptLine(
+            occurred_at=datetime.now(UTC),
+            environment_id=environment_id,
+            kind=kind,
+            source=source,
+            text=text.rstrip("\n"),
+        )
         payload = msgspec.json.encode(line)
         headers = None if message_id is None else {"Nats-Msg-Id": message_id}
         queued = (self._subject(environment_id), payload, headers)
@@ -89,12 +103,18 @@ class TranscriptPublisher:
 
     def _tell_dropped(self) -> None:
         if self._dropped_while_away:
-            log.warning("%d transcript line(s) were dropped while the bus was away (at most %d wait)",
-                        self._dropped_while_away, MAX_WAITING_LINES)
+            log.warning(
+                "%d transcript line(s) were dropped while the bus was away (at most %d wait)",
+                self._dropped_while_away,
+                MAX_WAITING_LINES,
+            )
             self._dropped_while_away = 0
         if self._dropped_behind:
-            log.warning("%d transcript line(s) were dropped: they came faster than they could be published "
-                        "(at most %d wait)", self._dropped_behind, MAX_WAITING_LINES)
+            log.warning(
+                "%d transcript line(s) were dropped: they came faster than they could be published (at most %d wait)",
+                self._dropped_behind,
+                MAX_WAITING_LINES,
+            )
             self._dropped_behind = 0
 
 

@@ -11,10 +11,27 @@ from bb_environments.bus.wire.placements import PlacementOutcome
 from bb_environments.bus.wire.transcript_lines import TranscriptLine
 from bb_environments.client.client import Client
 from bb_environments.client.errors import (
-    ClientError, EnvironmentFailed, InvalidId, PlacementFailed, PlacementRefused, PlacementTimedOut, ServiceNotFound,
+    ClientError,
+    EnvironmentFailed,
+    InvalidId,
+    PlacementFailed,
+    PlacementRefused,
+    PlacementTimedOut,
+    ServiceNotFound,
     ServiceUnavailable,
 )
 
-__all__ = ["Client", "ClientError", "EnvironmentEvent", "EnvironmentFailed", "InvalidId", "PlacementFailed",
-           "PlacementOutcome", "PlacementRefused", "PlacementTimedOut", "ServiceNotFound", "ServiceUnavailable",
-           "TranscriptLine"]
+__all__ = [
+    "Client",
+    "ClientError",
+    "EnvironmentEvent",
+    "EnvironmentFailed",
+    "InvalidId",
+    "PlacementFailed",
+    "PlacementOutcome",
+    "PlacementRefused",
+    "PlacementTimedOut",
+    "ServiceNotFound",
+    "ServiceUnavailable",
+    "TranscriptLine",
+]

@@ -10,12 +10,11 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import uuid4
 
 import msgspec
-import nats
 from nats.aio.client import Client as Nats
 from nats.errors import Error as NatsError
 from nats.js import api
@@ -25,16 +24,32 @@ from bb_environments.bus.wire.documents import EnvironmentDocument, EnvironmentE
 from bb_environments.bus.wire.placements import PlacementOutcome
 from bb_environments.bus.wire.resending import NOBODY_TOOK_IT, sent_until_answered
 from bb_environments.bus.wire.server_file import (
-    SERVER_FILE, DataDirError, ServerFileError, data_root, nats_servers, read_server_file)
+    SERVER_FILE,
+    DataDirError,
+    ServerFileError,
+    data_root,
+    nats_servers,
+    read_server_file,
+)
 from bb_environments.bus.wire.thread_events import (
-    InboundThreadMessage, Machine, ProviderIntent, ThreadArchivedMessage, ThreadCreatedMessage, ThreadMessageMessage,
+    InboundThreadMessage,
+    Machine,
+    ProviderIntent,
+    ThreadArchivedMessage,
+    ThreadCreatedMessage,
+    ThreadMessageMessage,
 )
 from bb_environments.bus.wire.transcript_lines import TranscriptLine
-from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
-from bb_environments.client.errors import (
-    EnvironmentFailed, InvalidId, PlacementRefused, PlacementTimedOut, ServiceNotFound, ServiceUnavailable,
-)
 from bb_environments.client import streams
+from bb_environments.client.errors import (
+    EnvironmentFailed,
+    InvalidId,
+    PlacementRefused,
+    PlacementTimedOut,
+    ServiceNotFound,
+    ServiceUnavailable,
+)
+from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
 
 T = TypeVar("T")
 
@@ -60,8 +75,12 @@ class Client:
         self._placed_after: dict[str, int] = {}  # thread id -> BB_PLACEMENTS' last sequence before its spawn
 
     @classmethod
-    async def connect(cls, data_dir: str | os.PathLike[str] | None = None, url: str | None = None,
-                      credentials: str | os.PathLike[str] | None = None) -> Client:
+    async def connect(
+        cls,
+        data_dir: str | os.PathLike[str] | None = None,
+        url: str | None = None,
+        credentials: str | os.PathLike[str] | None = None,
+    ) -> Client:
         """Without `url`, the embedded service of `data_dir` (default: BB_DATA_DIR, else
         ~/.local/share/bb) as its server.json names it, with the publisher's seed unless
         `credentials` names another. `credentials`: a seed file (`.nk`) or a `.creds` file."""
@@ -70,8 +89,9 @@ class Client:
             try:
                 info = read_server_file(os.path.join(data_root(os.fspath(data_dir) if data_dir else None), SERVER_FILE))
             except (ServerFileError, DataDirError) as unusable:
-                raise ServiceNotFound(f"cannot find the bb service: {unusable}; is `bb serve` running on that "
-                                      "data dir?") from None
+                raise ServiceNotFound(
+                    f"cannot find the bb service: {unusable}; is `bb serve` running on that data dir?"
+                ) from None
             url = info.nats_url
             if seed is None and info.credentials is not None:
                 seed = info.credentials.publisher
@@ -87,16 +107,25 @@ class Client:
         nc = Nats()
         try:
             # Reconnecting forever: a client outlives restarts of the service however long they take.
-            await asyncio.wait_for(nc.connect(nats_servers(url), max_reconnect_attempts=-1, error_cb=remember, **options),
-                                   CONNECT_WITHIN_S)
-        except (asyncio.TimeoutError, NatsError, OSError):
+            await asyncio.wait_for(
+                nc.connect(nats_servers(url), max_reconnect_attempts=-1, error_cb=remember, **options), CONNECT_WITHIN_S
+            )
+        except (TimeoutError, NatsError, OSError):
             await nc.close()
             said = f": {errors[-1]}" if errors else ""
             raise ServiceNotFound(f"cannot connect to the bb service at {url}{said}") from None
         return cls(nc)
 
-    async def spawn(self, thread_id: str, *, provider: str, project: str | os.PathLike[str] | None = None,
-                    inputs: Any = None, host: str | None = None, prompt: str | None = None) -> None:
+    async def spawn(
+        self,
+        thread_id: str,
+        *,
+        provider: str,
+        project: str | os.PathLike[str] | None = None,
+        inputs: Any = None,
+        host: str | None = None,
+        prompt: str | None = None,
+    ) -> None:
         """Publish the thread's `created` (an environment of `provider` with `inputs`, on `host`)
         and its first `message` (`prompt`), each once JetStream has stored it. Where the thread
         then stands comes as its placement outcome: see `wait_ready`.
@@ -109,13 +138,21 @@ class Client:
         _check(thread_id, "thread id", _THREAD_ID, ID_RULE)
         if host is not None:
             _check(host, "host id", _HOST_ID, HOST_ID_RULE)
-        info = await self._answered(lambda wait: self._js.stream_info(subjects.PLACEMENTS_STREAM),
-                                    f"the stream {subjects.PLACEMENTS_STREAM}")
+        info = await self._answered(
+            lambda wait: self._js.stream_info(subjects.PLACEMENTS_STREAM), f"the stream {subjects.PLACEMENTS_STREAM}"
+        )
         self._placed_after[thread_id] = info.state.last_seq
-        intent = ProviderIntent(environment_provider_id=provider, inputs=inputs,
-                                machine=Machine(host_id=host) if host is not None else None)
-        await self._publish(ThreadCreatedMessage(thread_id=thread_id, occurred_at=_now(), environment=intent,
-                                                 project_path=os.fspath(project) if project is not None else None))
+        intent = ProviderIntent(
+            environment_provider_id=provider, inputs=inputs, machine=Machine(host_id=host) if host is not None else None
+        )
+        await self._publish(
+            ThreadCreatedMessage(
+                thread_id=thread_id,
+                occurred_at=_now(),
+                environment=intent,
+                project_path=os.fspath(project) if project is not None else None,
+            )
+        )
         await self._publish(ThreadMessageMessage(thread_id=thread_id, occurred_at=_now(), text=prompt))
 
     async def archive(self, thread_id: str) -> None:
@@ -136,25 +173,32 @@ class Client:
         newest there is (or the next to come)."""
         try:
             return await asyncio.wait_for(self._settled(thread_id, self._placed_after.get(thread_id)), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise PlacementTimedOut(f"thread {thread_id} heard no placement outcome within {timeout:g} s") from None
 
-    async def placements(self, thread_id: str | None = None, *, history: bool = False) -> AsyncGenerator[PlacementOutcome, None]:
+    async def placements(
+        self, thread_id: str | None = None, *, history: bool = False
+    ) -> AsyncGenerator[PlacementOutcome, None]:
         """Placement outcomes as they come (of one thread, or of every thread): those published
         from now on, or with `history` every one the stream keeps (a week's) first. Each once,
         in the order they were published, also across a restart of the service."""
         subject = subjects.placement(thread_id or "*", "*")
         deliver = api.DeliverPolicy.ALL if history else api.DeliverPolicy.NEW
-        async with contextlib.aclosing(streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, deliver)) as messages:
+        async with contextlib.aclosing(
+            streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, deliver)
+        ) as messages:
             async for message in messages:
                 yield _outcome.decode(message.data)
 
-    async def environment_events(self, environment_id: str, *, follow: bool = True) -> AsyncGenerator[EnvironmentEvent, None]:
+    async def environment_events(
+        self, environment_id: str, *, follow: bool = True
+    ) -> AsyncGenerator[EnvironmentEvent, None]:
         """The environment's events from its first, in order, then as they happen until it is
         `removed` (with `follow=False`, only those recorded so far)."""
         subject = subjects.log_event("environment", environment_id, ">")
-        reader = streams.follow(self._nc, subjects.ENVIRONMENTS_STREAM, subject, api.DeliverPolicy.ALL,
-                        until_caught_up=not follow)
+        reader = streams.follow(
+            self._nc, subjects.ENVIRONMENTS_STREAM, subject, api.DeliverPolicy.ALL, until_caught_up=not follow
+        )
         async with contextlib.aclosing(reader) as messages:
             async for message in messages:
                 event = _event.decode(message.data)
@@ -165,8 +209,13 @@ class Client:
     async def transcript(self, environment_id: str, *, follow: bool = False) -> AsyncGenerator[TranscriptLine, None]:
         """The environment's transcript as the stream keeps it (its last 2000 lines), then, with
         `follow`, each line as it is written, until the caller stops reading."""
-        reader = streams.follow(self._nc, subjects.TRANSCRIPTS_STREAM, subjects.transcript(environment_id),
-                        api.DeliverPolicy.ALL, until_caught_up=not follow)
+        reader = streams.follow(
+            self._nc,
+            subjects.TRANSCRIPTS_STREAM,
+            subjects.transcript(environment_id),
+            api.DeliverPolicy.ALL,
+            until_caught_up=not follow,
+        )
         async with contextlib.aclosing(reader) as messages:
             async for message in messages:
                 yield _line.decode(message.data)
@@ -191,8 +240,13 @@ class Client:
             if before is not None and before.outcome.status != "refused" and before.sequence <= spawned_after:
                 outcome = before.outcome
             else:
-                reader = streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, api.DeliverPolicy.ALL,
-                                        start_sequence=spawned_after + 1)
+                reader = streams.follow(
+                    self._nc,
+                    subjects.PLACEMENTS_STREAM,
+                    subject,
+                    api.DeliverPolicy.ALL,
+                    start_sequence=spawned_after + 1,
+                )
                 async with contextlib.aclosing(reader) as messages:
                     async for message in messages:
                         outcome = _outcome.decode(message.data)
@@ -211,8 +265,13 @@ class Client:
     async def _newest(self, subject: str, until_caught_up: bool) -> _Stored | None:
         """The newest outcome on `subject` the stream holds (None: none, when `until_caught_up`),
         else the next to come."""
-        reader = streams.follow(self._nc, subjects.PLACEMENTS_STREAM, subject, api.DeliverPolicy.LAST_PER_SUBJECT,
-                                until_caught_up=until_caught_up)
+        reader = streams.follow(
+            self._nc,
+            subjects.PLACEMENTS_STREAM,
+            subject,
+            api.DeliverPolicy.LAST_PER_SUBJECT,
+            until_caught_up=until_caught_up,
+        )
         async with contextlib.aclosing(reader) as messages:
             async for message in messages:
                 # The last of each kind that was stored come first, in order: the newest of them counts.
@@ -225,19 +284,27 @@ class Client:
         payload = msgspec.json.encode(event)
         # Each attempt is this one publish: the stream keeps one of them, however many it took.
         headers = {"Nats-Msg-Id": f"{event.thread_id}:{uuid4().hex}"}
-        await self._answered(lambda wait: self._js.publish(subject, payload, timeout=wait, stream=subjects.THREADS_STREAM,
-                                                           headers=headers), f"thread {event.thread_id}'s event")
+        await self._answered(
+            lambda wait: self._js.publish(
+                subject, payload, timeout=wait, stream=subjects.THREADS_STREAM, headers=headers
+            ),
+            f"thread {event.thread_id}'s event",
+        )
 
     async def _answered(self, attempt: Callable[[float], Awaitable[T]], what: str) -> T:
         """`attempt`'s answer, sent again while unanswered (bus/wire/resending.py), or ServiceUnavailable."""
         try:
             return await sent_until_answered(attempt, timeout=SEND_WITHIN_S)
         except (TimeoutError, *NOBODY_TOOK_IT):
-            raise ServiceUnavailable(f"the bb service took no message for {what} within {SEND_WITHIN_S:g} s; "
-                                     "it is down or restarting: sending it again is safe") from None
+            raise ServiceUnavailable(
+                f"the bb service took no message for {what} within {SEND_WITHIN_S:g} s; "
+                "it is down or restarting: sending it again is safe"
+            ) from None
         except NatsError as error:
-            raise ServiceUnavailable(f"the connection to the bb service failed ({type(error).__name__}) before "
-                                     f"it took {what}; sending it again is safe") from None
+            raise ServiceUnavailable(
+                f"the connection to the bb service failed ({type(error).__name__}) before "
+                f"it took {what}; sending it again is safe"
+            ) from None
 
 
 class _Stored(msgspec.Struct):
@@ -256,4 +323,4 @@ def _check(value: str, what: str, pattern: re.Pattern[str], rule: str) -> None:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -25,8 +25,14 @@ _FORGET_S = 30.0
 _BATCH = 256
 
 
-async def follow(nc: Nats, stream: str, subject: str, deliver: api.DeliverPolicy, start_sequence: int | None = None,
-                 until_caught_up: bool = False) -> AsyncGenerator[Msg, None]:
+async def follow(
+    nc: Nats,
+    stream: str,
+    subject: str,
+    deliver: api.DeliverPolicy,
+    start_sequence: int | None = None,
+    until_caught_up: bool = False,
+) -> AsyncGenerator[Msg, None]:
     """`subject`'s messages in `stream`, from where `deliver` says (ALL, LAST_PER_SUBJECT or NEW)
     or from `start_sequence`, as they are stored; with `until_caught_up`, only those stored when
     it started (then it ends)."""
@@ -35,12 +41,15 @@ async def follow(nc: Nats, stream: str, subject: str, deliver: api.DeliverPolicy
         resume_at = (await nc.jetstream().stream_info(stream)).state.last_seq + 1
     while True:
         config = api.ConsumerConfig(
-            ack_policy=api.AckPolicy.NONE, inactive_threshold=_FORGET_S, mem_storage=True,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=_FORGET_S,
+            mem_storage=True,
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if resume_at is not None else deliver,
-            opt_start_seq=resume_at)
+            opt_start_seq=resume_at,
+        )
         try:
             reader = await nc.jetstream().pull_subscribe(subject, stream=stream, config=config)
-        except (NatsError, asyncio.TimeoutError):  # the bus is away: a restart of the service, say
+        except (TimeoutError, NatsError):  # the bus is away: a restart of the service, say
             await asyncio.sleep(RESUME_WAIT_S)
             continue
         try:
@@ -49,7 +58,7 @@ async def follow(nc: Nats, stream: str, subject: str, deliver: api.DeliverPolicy
             while True:
                 try:
                     batch = await reader.fetch(_BATCH, timeout=IDLE_CHECK_S)
-                except asyncio.TimeoutError:  # nats-py's own is one too
+                except TimeoutError:  # nats-py's own is one too
                     await reader.consumer_info()  # raises once the server no longer has it
                     continue
                 for message in batch:
@@ -57,7 +66,7 @@ async def follow(nc: Nats, stream: str, subject: str, deliver: api.DeliverPolicy
                     yield message
                     if until_caught_up and message.metadata.num_pending == 0:
                         return
-        except (NatsError, asyncio.TimeoutError):
+        except (TimeoutError, NatsError):
             await asyncio.sleep(RESUME_WAIT_S)
         finally:
             try:

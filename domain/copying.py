@@ -23,8 +23,10 @@ class CopiedForCommands:
     def __deepcopy__(self, memo: dict[int, Any]) -> Self:
         copied = object.__new__(type(self))
         memo[id(self)] = copied
-        copied.__dict__.update({
-            name: value if type(value) in _IMMUTABLE or isinstance(value, Enum) else deepcopy(value, memo)
-            for name, value in self.__dict__.items()
-        })
+        copied.__dict__.update(
+            {
+                name: value if type(value) in _IMMUTABLE or isinstance(value, Enum) else deepcopy(value, memo)
+                for name, value in self.__dict__.items()
+            }
+        )
         return copied

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
+
 from eventsourcing.domain import Aggregate, event
 
 from bb_environments.domain.copying import CopiedForCommands
@@ -23,7 +24,13 @@ from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
 from bb_environments.domain.hook_operations import HookKind, RecordedHook
 from bb_environments.domain.leases import PortBlock
 from bb_environments.domain.status import (
-    LIVE_STATUSES, PREPARING_STATUSES, SETTLED_STATUSES, CreateFailure, EnvironmentStatus, HookStatus)
+    LIVE_STATUSES,
+    PREPARING_STATUSES,
+    SETTLED_STATUSES,
+    CreateFailure,
+    EnvironmentStatus,
+    HookStatus,
+)
 from bb_environments.domain.steps import (
     CancelSetup,
     CleanAttempt,
@@ -163,8 +170,9 @@ class Environment(CopiedForCommands, Aggregate):
     @property
     def can_give_up_path(self) -> bool:
         """Ready, idle and standing on a path it does not own: nothing is lost if it goes at once."""
-        return (self.status == EnvironmentStatus.READY and not self.thread_ids and not self.owns_path
-                and not self.cancelled)
+        return (
+            self.status == EnvironmentStatus.READY and not self.thread_ids and not self.owns_path and not self.cancelled
+        )
 
     def setup_operation(self) -> str:
         return f"{self.id}.setup.{self.attempt}.{self.setup_attempt + 1}"
@@ -175,7 +183,8 @@ class Environment(CopiedForCommands, Aggregate):
     def awaits_hook(self, operation_id: str) -> bool:
         """The log started this hook operation and has not recorded its outcome: it may run."""
         return (operation_id, HookStatus.RUNNING) in (
-            (self.setup_operation_id, self.setup_status), (self.teardown_operation_id, self.teardown_status)
+            (self.setup_operation_id, self.setup_status),
+            (self.teardown_operation_id, self.teardown_status),
         )
 
     def may_stop_hook(self, operation_id: str) -> bool:
@@ -189,10 +198,16 @@ class Environment(CopiedForCommands, Aggregate):
     def hook_record(self, operation_id: str, kind: HookKind) -> RecordedHook:
         """What the log says of this environment's hook operation, as this state of it says it."""
         return RecordedHook(
-            operation_id=operation_id, environment_id=str(self.id), kind=kind, host_id=self.host_id,
-            workspace=self.path, awaited=self.awaits_hook(operation_id), stoppable=self.may_stop_hook(operation_id),
+            operation_id=operation_id,
+            environment_id=str(self.id),
+            kind=kind,
+            host_id=self.host_id,
+            workspace=self.path,
+            awaited=self.awaits_hook(operation_id),
+            stoppable=self.may_stop_hook(operation_id),
             environment_removed=self.status == EnvironmentStatus.REMOVED,
-            slug=self.slug, ports=str(self.ports) if self.ports else None,
+            slug=self.slug,
+            ports=str(self.ports) if self.ports else None,
         )
 
     def current_hook(self, operation_id: str) -> RecordedHook | None:
@@ -278,8 +293,14 @@ class Environment(CopiedForCommands, Aggregate):
         """The host's plan of this attempt is still to be recorded."""
         return not self.planned and attempt == self.attempt and self.status == EnvironmentStatus.CREATING
 
-    def record_planned(self, attempt: int, project_path: str | None, inputs: Any, claimed_path: str | None,
-                       ports: PortBlock | None = None) -> bool:
+    def record_planned(
+        self,
+        attempt: int,
+        project_path: str | None,
+        inputs: Any,
+        claimed_path: str | None,
+        ports: PortBlock | None = None,
+    ) -> bool:
         """The host's plan of an environment placed while the host was away; the caller claims
         `claimed_path` and leases `ports` (probed on the host as it planned) in the same save."""
         if not self.may_plan(attempt):
@@ -288,8 +309,9 @@ class Environment(CopiedForCommands, Aggregate):
         return True
 
     @event("Planned")
-    def _planned(self, project_path: str | None, inputs: Any, claimed_path: str | None,
-                 ports: dict[str, int] | None = None) -> None:
+    def _planned(
+        self, project_path: str | None, inputs: Any, claimed_path: str | None, ports: dict[str, int] | None = None
+    ) -> None:
         self.project_path = project_path
         self.inputs = inputs
         self.claimed_path = claimed_path
@@ -309,12 +331,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.status_message = message
 
     def record_created(
-        self,
-        attempt: int,
-        path: str,
-        owns_path: bool,
-        merge_base_branch: str | None,
-        resource: dict[str, Any] | None,
+        self, attempt: int, path: str, owns_path: bool, merge_base_branch: str | None, resource: dict[str, Any] | None
     ) -> bool:
         if attempt != self.attempt or self.status != EnvironmentStatus.CREATING:
             return False
@@ -329,12 +346,7 @@ class Environment(CopiedForCommands, Aggregate):
 
     @event("Created")
     def _created(
-        self,
-        attempt: int,
-        path: str,
-        owns_path: bool,
-        merge_base_branch: str | None,
-        resource: dict[str, Any] | None,
+        self, attempt: int, path: str, owns_path: bool, merge_base_branch: str | None, resource: dict[str, Any] | None
     ) -> None:
         self.status = EnvironmentStatus.PROVISIONING
         self.status_message = None
@@ -371,15 +383,22 @@ class Environment(CopiedForCommands, Aggregate):
         """Failed, and not about to try again by itself (a transient create failure with retries
         left, in a thread still waiting, is cleaned up and tried again)."""
         return self.status == EnvironmentStatus.ERROR and not (
-            self.failure == "transient" and self.transient_failures <= TRANSIENT_RETRIES
-            and not self.cancelled and bool(self.thread_ids))
+            self.failure == "transient"
+            and self.transient_failures <= TRANSIENT_RETRIES
+            and not self.cancelled
+            and bool(self.thread_ids)
+        )
 
     def retries_automatically(self, limit: int) -> bool:
         """A transient create failure, cleaned up, with retries left, in a thread still waiting."""
         return (
-            self.status == EnvironmentStatus.ERROR and self.path is None and self.failure == "transient"
-            and self.transient_failures <= limit and self.cleaned_attempt == self.attempt
-            and not self.cancelled and bool(self.thread_ids)
+            self.status == EnvironmentStatus.ERROR
+            and self.path is None
+            and self.failure == "transient"
+            and self.transient_failures <= limit
+            and self.cleaned_attempt == self.attempt
+            and not self.cancelled
+            and bool(self.thread_ids)
         )
 
     # -- the setup hook ------------------------------------------------------------------------
@@ -512,9 +531,7 @@ class Environment(CopiedForCommands, Aggregate):
     def retry(self, path_key: str, claimed_path: str | None) -> None:
         """Start the next create attempt (on `path_key`), or re-run a failed setup in place."""
         if self.status != EnvironmentStatus.ERROR or self.cancelled or self.retire_at is not None:
-            raise IllegalTransition(
-                f"only an environment in error can be retried; this one is {self.public_status}"
-            )
+            raise IllegalTransition(f"only an environment in error can be retried; this one is {self.public_status}")
         if self.path is not None:
             self._setup_retried()
         elif self.needs_attempt_cleanup:
@@ -653,8 +670,9 @@ class Environment(CopiedForCommands, Aggregate):
         self._teardown_skipped(reason)
         return True
 
-    def record_removed(self, removal_attempt: int, saved_ref: str | None = None,
-                       not_saved: list[dict[str, Any]] | None = None) -> bool:
+    def record_removed(
+        self, removal_attempt: int, saved_ref: str | None = None, not_saved: list[dict[str, Any]] | None = None
+    ) -> bool:
         """`saved_ref`: where the provider saved the work that was only in the workspace, if any;
         `not_saved`: the files ({"path", "bytes"}) that save left out, deleted with the workspace."""
         if removal_attempt != self.removal_attempt or self.status != EnvironmentStatus.REMOVING:
@@ -715,4 +733,3 @@ class Environment(CopiedForCommands, Aggregate):
     def _remove_failed(self, removal_attempt: int, message: str, retry_at: datetime) -> None:
         self.status_message = message
         self.remove_retry_at = retry_at
-

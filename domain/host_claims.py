@@ -27,6 +27,7 @@ def host_claims_id(host_id: str) -> UUID:
 
 class HostClaims(CopiedForCommands, Aggregate):
     if TYPE_CHECKING:  # the event classes the @event decorators below define, as the rest of the code reads them
+
         class Started(Aggregate.Created):
             host_id: str
             held: dict[str, UUID]

@@ -106,7 +106,7 @@ class HostLeases:
     def free_slug(self, base: str, token: str) -> str:
         """`base` with as many hex digits of the random `token` as make it unused on the host."""
         for width in _SHORT_ID_WIDTHS:
-            readable = base[:SLUG_MAX - 1 - width].rstrip("-") or "e"
+            readable = base[: SLUG_MAX - 1 - width].rstrip("-") or "e"
             slug = f"{readable}-{token[:width]}"
             if slug not in self._slugs:
                 return slug
@@ -129,12 +129,15 @@ class HostLeases:
         raise NoFreePorts(
             f"host {host_id} has no {ports.per_environment} free consecutive ports left in BB_PORT_RANGE "
             f"({ports}): leased to live environments: {leased or 'none'}; already listening: {listened or 'none'}. "
-            "Remove an environment, widen BB_PORT_RANGE or lower BB_PORTS_PER_ENVIRONMENT")
+            "Remove an environment, widen BB_PORT_RANGE or lower BB_PORTS_PER_ENVIRONMENT"
+        )
 
     def recorded(self) -> dict[str, dict[str, Any]]:
         """Each environment's lease, as an event or a snapshot records it."""
-        return {str(environment_id): {"slug": slug, "ports": block.recorded() if block else None}
-                for environment_id, (slug, block) in self._leases.items()}
+        return {
+            str(environment_id): {"slug": slug, "ports": block.recorded() if block else None}
+            for environment_id, (slug, block) in self._leases.items()
+        }
 
     @classmethod
     def from_recorded(cls, recorded: dict[str, dict[str, Any]] | None) -> Self:

@@ -22,6 +22,7 @@ def claim_id(host_id: str, canonical_path: str) -> UUID:
 
 class PathClaim(CopiedForCommands, Aggregate):
     if TYPE_CHECKING:  # the event classes the @event decorators below define, as the rest of the code reads them
+
         class Taken(Aggregate.Created):
             host_id: str
             path: str

@@ -24,6 +24,7 @@ def registered_host_id(host_id: str) -> UUID:
 
 class RegisteredHost(CopiedForCommands, Aggregate):
     if TYPE_CHECKING:  # the event classes the @event decorators below define, as the rest of the code reads them
+
         class Registered(Aggregate.Created):
             host_id: str
             public_key: str

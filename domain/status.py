@@ -27,7 +27,10 @@ class EnvironmentStatus(StrEnum):
 
 
 LIVE_STATUSES = (
-    EnvironmentStatus.CREATING, EnvironmentStatus.PROVISIONING, EnvironmentStatus.READY, EnvironmentStatus.ERROR,
+    EnvironmentStatus.CREATING,
+    EnvironmentStatus.PROVISIONING,
+    EnvironmentStatus.READY,
+    EnvironmentStatus.ERROR,
 )
 PREPARING_STATUSES = (EnvironmentStatus.CREATING, EnvironmentStatus.PROVISIONING)
 SETTLED_STATUSES = (EnvironmentStatus.READY, EnvironmentStatus.ERROR)

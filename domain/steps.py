@@ -142,7 +142,22 @@ class Settled:
 
 
 Step = (
-    RunCreate | StopCreate | StartSetup | SkipSetup | RunSetup | CancelSetup | StartRemoval | CleanAttempt
-    | RetryTransient | WakeAt | PauseWhenIdle | ResumeOnActivity | StartTeardown | SkipTeardown | RunTeardown
-    | Remove | RetryRemoval | Settled
+    RunCreate
+    | StopCreate
+    | StartSetup
+    | SkipSetup
+    | RunSetup
+    | CancelSetup
+    | StartRemoval
+    | CleanAttempt
+    | RetryTransient
+    | WakeAt
+    | PauseWhenIdle
+    | ResumeOnActivity
+    | StartTeardown
+    | SkipTeardown
+    | RunTeardown
+    | Remove
+    | RetryRemoval
+    | Settled
 )

@@ -30,7 +30,13 @@ from bb_environments.bus.jetstream import connect
 from bb_environments.bus.streams import TRANSCRIPT_LINES_PER_ENVIRONMENT
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
 from bb_environments.entrypoints.config import (
-    Settings, hook_limits, hook_output_max_bytes, hook_record_sync, nats_credentials, run_hooks_as)
+    Settings,
+    hook_limits,
+    hook_output_max_bytes,
+    hook_record_sync,
+    nats_credentials,
+    run_hooks_as,
+)
 from bb_environments.hooks.guarded import GuardedHooks
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.local_host import LocalHost
@@ -44,22 +50,48 @@ log = logging.getLogger("bb.agent")
 CREDENTIALS_CHECK_S = 1.0
 
 
-def build_local_host(settings: Settings, registry: ProviderRegistry, workspaces_root: Path, state: Path,
-                     transcript: Transcript, ledger: HookLedger, *, earlier_data_dir: Path | None = None) -> LocalHost:
+def build_local_host(
+    settings: Settings,
+    registry: ProviderRegistry,
+    workspaces_root: Path,
+    state: Path,
+    transcript: Transcript,
+    ledger: HookLedger,
+    *,
+    earlier_data_dir: Path | None = None,
+) -> LocalHost:
     """The host `settings.host_id` in this process, for `bb agent` and `bb serve` alike: its
     providers' workspaces under `workspaces_root` (and `earlier_data_dir`, where they were before
     a root of their own), what it keeps of its hooks (their records, their containment) under
     `state`, its hooks run as the log that `ledger` reads allows."""
     run_as = run_hooks_as(settings)
     if run_as is None:
-        log.warning("BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
-                    "in %s (docs/security.md)", getpass.getuser(), state)
+        log.warning(
+            "BB_WORKSPACE_USER is unset: hooks run as %s and can read the credentials and the state "
+            "in %s (docs/security.md)",
+            getpass.getuser(),
+            state,
+        )
     containment = host_containment(state / "containment", hook_limits(settings))
-    runner = HookRunner(state / "hooks", settings.hook_timeout_s, hook_record_sync(), hook_output_max_bytes(),
-                        containment=containment, run_as=run_as, git_hooks=settings.run_git_hooks,
-                        transcript_lines_kept=TRANSCRIPT_LINES_PER_ENVIRONMENT)
-    return LocalHost(registry, workspaces_root, transcript, hooks=GuardedHooks(runner, settings.host_id, transcript, ledger),
-                     earlier_data_dir=earlier_data_dir, containment=containment, workspace_user=run_as)
+    runner = HookRunner(
+        state / "hooks",
+        settings.hook_timeout_s,
+        hook_record_sync(),
+        hook_output_max_bytes(),
+        containment=containment,
+        run_as=run_as,
+        git_hooks=settings.run_git_hooks,
+        transcript_lines_kept=TRANSCRIPT_LINES_PER_ENVIRONMENT,
+    )
+    return LocalHost(
+        registry,
+        workspaces_root,
+        transcript,
+        hooks=GuardedHooks(runner, settings.host_id, transcript, ledger),
+        earlier_data_dir=earlier_data_dir,
+        containment=containment,
+        workspace_user=run_as,
+    )
 
 
 async def serve_host(nc: Client, settings: Settings, host: LocalHost, started: contextlib.AsyncExitStack) -> None:
@@ -97,7 +129,8 @@ async def check_identity(nc: Client, host_id: str, health: BusHealth) -> None:
     if (refused := nc.last_error) is not before and "permissions violation for subscription" in str(refused).lower():
         raise CredentialsRefused(
             f"the server does not let these credentials act for host {host_id!r}: they are another host's "
-            f"seed, or the server's permissions for host-{host_id} are not those docs/security.md gives")
+            f"seed, or the server's permissions for host-{host_id} are not those docs/security.md gives"
+        )
 
 
 def credentials_refused(nc: Client, host_id: str) -> CredentialsRefused | None:
@@ -110,7 +143,8 @@ def credentials_refused(nc: Client, host_id: str) -> CredentialsRefused | None:
     if not nc.is_connected and "authorization violation" in str(nc.last_error).lower():
         return CredentialsRefused(
             f"the server refuses the credentials of host {host_id!r}'s agent: the host was removed, or its "
-            "seed replaced (`bb machine register HOST --rotate` writes a new one); start the agent again with it")
+            "seed replaced (`bb machine register HOST --rotate` writes a new one); start the agent again with it"
+        )
     return None
 
 
@@ -154,8 +188,9 @@ async def run_agent(settings: Settings, credentials: Path, nats_url: str, root: 
             loop.remove_signal_handler(signum)
 
 
-async def _serve_until_stopped(settings: Settings, credentials: Path, nats_url: str, root: Path,
-                               stop: asyncio.Event, past_start: asyncio.Event) -> None:
+async def _serve_until_stopped(
+    settings: Settings, credentials: Path, nats_url: str, root: Path, stop: asyncio.Event, past_start: asyncio.Event
+) -> None:
     root.mkdir(parents=True, exist_ok=True)
     state = root / ".bb-agent"
     state.mkdir(mode=0o700, exist_ok=True)
@@ -163,8 +198,14 @@ async def _serve_until_stopped(settings: Settings, credentials: Path, nats_url: 
     health = BusHealth()
     options = {key: value for key, value in nats_credentials(nats_url).items() if key == "tls"}
     log.info("the agent of host %r is reaching %s", settings.host_id, nats_url)
-    nc = await connect(nats_url, f"bb-agent-{settings.host_id}", health, host_agent_inbox_prefix(settings.host_id),
-                       nkeys_seed=str(credentials), **options)  # type: ignore[arg-type]
+    nc = await connect(
+        nats_url,
+        f"bb-agent-{settings.host_id}",
+        health,
+        host_agent_inbox_prefix(settings.host_id),
+        nkeys_seed=str(credentials),
+        **options,  # type: ignore[arg-type]
+    )
     try:
         await check_identity(nc, settings.host_id, health)
         async with contextlib.AsyncExitStack() as started:
@@ -173,9 +214,15 @@ async def _serve_until_stopped(settings: Settings, credentials: Path, nats_url: 
             host = build_local_host(settings, registry, root, state, transcript, BusLedger(nc, settings.host_id))
             await serve_host(nc, settings, host, started)
             jobs = HostJobWorker(nc, settings.host_id, host, health=health)
-            tasks = [asyncio.create_task(work) for work in (
-                jobs.run(), beat(nc, settings.host_id, str(root), metadata.version("bb-environments"), health),
-                keep_hook_records(host, settings), _until_refused(nc, settings.host_id))]
+            tasks = [
+                asyncio.create_task(work)
+                for work in (
+                    jobs.run(),
+                    beat(nc, settings.host_id, str(root), metadata.version("bb-environments"), health),
+                    keep_hook_records(host, settings),
+                    _until_refused(nc, settings.host_id),
+                )
+            ]
             past_start.set()
             log.info("the agent of host %r is serving from %s", settings.host_id, root)
             stopping = asyncio.create_task(stop.wait())

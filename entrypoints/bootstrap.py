@@ -26,40 +26,46 @@ from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.bus.core.partition_mirror import keep_mirroring
 from bb_environments.bus.core.placements import Placements
 from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay
+from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
 from bb_environments.bus.core.sweep import sweep_forever
 from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.bus.core.transcript_intake import TranscriptIntake
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import JetStream, consume, follow
-from bb_environments.bus.core.replicas import ActivityAcrossReplicas, DriveShare, Lease, while_leased
 from bb_environments.bus.wire import subjects
-from bb_environments.handlers.application import Environments
 from bb_environments.domain.leases import PortRange
-from bb_environments.handlers.indexes import LiveLimits
-from bb_environments.handlers.doctor import Doctor
 from bb_environments.entrypoints.config import Settings, event_store_file, hook_limits, run_hooks_as
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
-from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.doctor import Doctor
 from bb_environments.handlers.hosts import HostRouter
+from bb_environments.handlers.indexes import LiveLimits
 from bb_environments.handlers.machines import Machines
+from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.ports import (
-    ActivityElsewhere, Everything, Host, HostDirectory, NoOtherReplica, Share, Transcript)
+    ActivityElsewhere,
+    Everything,
+    Host,
+    HostDirectory,
+    NoOtherReplica,
+    Share,
+    Transcript,
+)
 from bb_environments.handlers.provisioning import Provisioner
-from bb_environments.handlers.store import Store
+from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.handlers.writers import SharedStore, SingleWriter
+from bb_environments.hooks.ledger import HookLedger
+from bb_environments.hooks.local_host import LocalHost
 from bb_environments.projections.read_model import ReadModel
 from bb_environments.projections.tables import TRANSCRIPT
 from bb_environments.providers.contract import retire_grace_ms
-from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.git_worktree import GitWorktreeProvider
 from bb_environments.providers.host.containment import host_containment
+from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.saved_work import saved_notes_dir
 from bb_environments.providers.workspaces import provider_dir
-from bb_environments.hooks.ledger import HookLedger
-from bb_environments.hooks.local_host import LocalHost
-from bb_environments.handlers.store import StoreLedger
 
 # Whether a cached aggregate is read again from the store on a hit is the writers' strategy's
 # (handlers/writers.py): with one writer it never is.
@@ -121,8 +127,9 @@ class Core:
     follower finds each document the relay of this replica made a moment before, not read again."""
 
 
-async def build_core(settings: Settings, registry: ProviderRegistry, ports: Ports,
-                     started: contextlib.AsyncExitStack) -> Core:
+async def build_core(
+    settings: Settings, registry: ProviderRegistry, ports: Ports, started: contextlib.AsyncExitStack
+) -> Core:
     """The core, each part's closing pushed on `started` (so the last built is the first closed)."""
 
     profiles = registry.profiles()
@@ -135,19 +142,23 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     writers = SingleWriter() if event_store_file(settings.event_store) else SharedStore()
     for attempt in range(1, TABLES_RACED + 1):
         try:
-            app = Environments(env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
-                               grace_for=grace_for, writers=writers,
-                               limits=LiveLimits(settings.max_live_environments,
-                                                 settings.max_live_environments_per_project),
-                               ports=PortRange(*settings.port_range, settings.ports_per_environment))
+            app = Environments(
+                env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
+                grace_for=grace_for,
+                writers=writers,
+                limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project),
+                ports=PortRange(*settings.port_range, settings.ports_per_environment),
+            )
             break
         except (IntegrityError, InternalError):
             # Replicas starting together on a new database each create its tables: PostgreSQL lets
             # one win and fails the others' CREATE ("tuple concurrently updated", a duplicate
             # type). Asked again, the tables are there.
             if attempt == TABLES_RACED:
-                raise StoreUnusable(f"the event store named by BB_EVENT_STORE cannot be opened: its tables "
-                                    f"could not be made in {TABLES_RACED} attempts") from None
+                raise StoreUnusable(
+                    f"the event store named by BB_EVENT_STORE cannot be opened: its tables "
+                    f"could not be made in {TABLES_RACED} attempts"
+                ) from None
             await asyncio.sleep(0.2 * attempt)
         except Exception as unusable:
             store_name = event_store_file(settings.event_store) or "named by BB_EVENT_STORE"  # never its password
@@ -159,40 +170,79 @@ async def build_core(settings: Settings, registry: ProviderRegistry, ports: Port
     here = ports.here(StoreLedger(store)) if ports.here else None
     # The cloud providers' work is the core's, under its data dir: the host here's own when its
     # workspaces lie there too (no BB_AGENT_ROOT), sharing one containment of hooks' processes.
-    core_host = here if here is not None and not settings.agent_root else LocalHost(
-        registry, settings.data_dir, ports.transcript, containment=host_containment(settings.data_dir / "containment", hook_limits(settings)),
-        workspace_user=run_hooks_as(settings))
+    core_host = (
+        here
+        if here is not None and not settings.agent_root
+        else LocalHost(
+            registry,
+            settings.data_dir,
+            ports.transcript,
+            containment=host_containment(settings.data_dir / "containment", hook_limits(settings)),
+            workspace_user=run_hooks_as(settings),
+        )
+    )
     hosts = HostRouter(registry, core_host, ports.remote, here, settings.host_id)
     machines = Machines(store, ports.hosts, read_model, settings.host_id, agent_here=here is not None)
     await machines.record_seeded_hosts()
-    placer = Placer(hosts, settings.host_id, machines.known, settings.project_roots,
-                    default_host=settings.default_host, agent_here=here is not None)
-    provisioner = Provisioner(store, placer, hosts, ports.transcript,
-                              timedelta(seconds=settings.transient_retry_s), share=ports.share,
-                              activity_elsewhere=ports.activity_elsewhere)
+    placer = Placer(
+        hosts,
+        settings.host_id,
+        machines.known,
+        settings.project_roots,
+        default_host=settings.default_host,
+        agent_here=here is not None,
+    )
+    provisioner = Provisioner(
+        store,
+        placer,
+        hosts,
+        ports.transcript,
+        timedelta(seconds=settings.transient_retry_s),
+        share=ports.share,
+        activity_elsewhere=ports.activity_elsewhere,
+    )
     started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, hosts)
     doctor = Doctor(store, hosts, provisioner, settings.host_id, machines.known)
-    api = Api(store, read_model, placer, hosts, threads, provisioner, doctor, settings.host_id,
-              ports.stream_position, ports.publish_thread_message, lambda: LogReader(app), grace_for)
-    return Core(app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here,
-                LogReader(app))
+    api = Api(
+        store,
+        read_model,
+        placer,
+        hosts,
+        threads,
+        provisioner,
+        doctor,
+        settings.host_id,
+        ports.stream_position,
+        ports.publish_thread_message,
+        lambda: LogReader(app),
+        grace_for,
+    )
+    return Core(
+        app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here, LogReader(app)
+    )
 
 
 async def relay_of(core: Core, js: JetStreamContext, nc: Client, health: BusHealth, replicated: bool) -> OutboxRelay:
     """The outbox relay of the core's store onto the environments stream, woken by every save of
     this service; (`replicated`) core_workers adds the wake-ups from the other replicas' saves."""
     log_reader = core.log_reader
-    relay = OutboxRelay(js, AckedPublisher(nc), lambda after: core.store.read_log(log_reader.page, after),
-                        lambda ids: core.store.read_log(log_reader.at, ids), health=health)
+    relay = OutboxRelay(
+        js,
+        AckedPublisher(nc),
+        lambda after: core.store.read_log(log_reader.page, after),
+        lambda ids: core.store.read_log(log_reader.at, ids),
+        health=health,
+    )
     if not replicated:
         loop = asyncio.get_running_loop()
         core.app.on_saved = lambda: loop.call_soon_threadsafe(relay.wake)
     return relay
 
 
-def _woken_across_replicas(core: Core, relay: OutboxRelay, nc: Client,
-                           relay_lease: Lease) -> Callable[[], Coroutine[Any, Any, None]]:
+def _woken_across_replicas(
+    core: Core, relay: OutboxRelay, nc: Client, relay_lease: Lease
+) -> Callable[[], Coroutine[Any, Any, None]]:
     """The relay's run while this replica holds the relay lease, woken by every save: its own
     directly, another replica's by that replica's word on the bus. Only the holder listens, and a
     holder's own saves are not told: every other replica would otherwise be sent a message per
@@ -223,8 +273,14 @@ def _woken_across_replicas(core: Core, relay: OutboxRelay, nc: Client,
     return relaying
 
 
-def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealth,
-                 settings: Settings, replication: Replication | None = None) -> list[Coroutine[Any, Any, None]]:
+def core_workers(
+    core: Core,
+    relay: OutboxRelay,
+    js: JetStream,
+    health: BusHealth,
+    settings: Settings,
+    replication: Replication | None = None,
+) -> list[Coroutine[Any, Any, None]]:
     """The core's loops on the bus: the relay, the log and transcript followers, the hosts'
     transcript intake, one in-order consumer per thread partition, and the sweep; with
     `replication`, the relay and the intake run only while this replica holds their leases, the
@@ -237,23 +293,44 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
     intake = TranscriptIntake(AckedPublisher(js.nc), lambda ids: core.store.run(core.store.app.environment_hosts, ids))
 
     def taking_in() -> Coroutine[Any, Any, None]:
-        return consume(js, subjects.TRANSCRIPT_INTAKE_STREAM, subjects.TRANSCRIPT_INTAKE_CONSUMER,
-                       subjects.HOST_TRANSCRIPTS, intake.handle_batch, health)
+        return consume(
+            js,
+            subjects.TRANSCRIPT_INTAKE_STREAM,
+            subjects.TRANSCRIPT_INTAKE_CONSUMER,
+            subjects.HOST_TRANSCRIPTS,
+            intake.handle_batch,
+            health,
+        )
 
     if replication is None:
         relaying = relay.run()
         followers = [
-            consume(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER, subjects.LOG_EVENTS,
-                    follower.handle_batch, health),
-            consume(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER, subjects.TRANSCRIPT_EVENTS,
-                    transcripts.handle_batch, health),
+            consume(
+                js,
+                subjects.ENVIRONMENTS_STREAM,
+                subjects.LOG_CONSUMER,
+                subjects.LOG_EVENTS,
+                follower.handle_batch,
+                health,
+            ),
+            consume(
+                js,
+                subjects.TRANSCRIPTS_STREAM,
+                subjects.TRANSCRIPTS_CONSUMER,
+                subjects.TRANSCRIPT_EVENTS,
+                transcripts.handle_batch,
+                health,
+            ),
             taking_in(),
         ]
     else:
         # Another replica relaying has caught the stream up as far as this one would.
-        relaying = while_leased(replication.relay_lease,
-                                _woken_across_replicas(core, relay, js.nc, replication.relay_lease), health,
-                                on_others=relay.caught_up.set)
+        relaying = while_leased(
+            replication.relay_lease,
+            _woken_across_replicas(core, relay, js.nc, replication.relay_lease),
+            health,
+            on_others=relay.caught_up.set,
+        )
 
         async def followed(messages: list[Msg]) -> None:
             await follower.handle_batch(messages)
@@ -263,10 +340,24 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
             return (await core.read_model.stored_position(TRANSCRIPT))[1]
 
         followers = [
-            follow(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, core.read_model.followed, followed,
-                   health, "log follower"),
-            follow(js, subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPT_EVENTS, transcript_position,
-                   transcripts.handle_batch, health, "transcript follower"),
+            follow(
+                js,
+                subjects.ENVIRONMENTS_STREAM,
+                subjects.LOG_EVENTS,
+                core.read_model.followed,
+                followed,
+                health,
+                "log follower",
+            ),
+            follow(
+                js,
+                subjects.TRANSCRIPTS_STREAM,
+                subjects.TRANSCRIPT_EVENTS,
+                transcript_position,
+                transcripts.handle_batch,
+                health,
+                "transcript follower",
+            ),
             replication.share.run(health, core.provisioner.sweep, core.provisioner.let_go),
             # One replica at a time, so that a host's lines keep their order.
             while_leased(replication.transcript_intake_lease, taking_in, health),
@@ -277,11 +368,29 @@ def core_workers(core: Core, relay: OutboxRelay, js: JetStream, health: BusHealt
         *followers,
         # A thread's events are handled in the order they were sent, one at a time, by its
         # partition's consumer; the partitions run side by side.
-        *(consume(js, subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition),
-                  subjects.thread_partition(partition), thread_events.handle_batch, health, in_order=True)
-          for partition in range(subjects.THREAD_PARTITIONS)),
-        sweep_forever(relay.caught_up, core.threads, core.provisioner, js, core.read_model,
-                      settings.removed_retention_s, settings.sweep_interval_s,
-                      saved_notes_dir(provider_dir(settings.workspaces_root, GitWorktreeProvider.id)),
-                      settings.saved_ref_retention_s, core.doctor, settings.doctor_interval_s),
+        *(
+            consume(
+                js,
+                subjects.THREAD_PARTITIONS_STREAM,
+                subjects.thread_partition_consumer(partition),
+                subjects.thread_partition(partition),
+                thread_events.handle_batch,
+                health,
+                in_order=True,
+            )
+            for partition in range(subjects.THREAD_PARTITIONS)
+        ),
+        sweep_forever(
+            relay.caught_up,
+            core.threads,
+            core.provisioner,
+            js,
+            core.read_model,
+            settings.removed_retention_s,
+            settings.sweep_interval_s,
+            saved_notes_dir(provider_dir(settings.workspaces_root, GitWorktreeProvider.id)),
+            settings.saved_ref_retention_s,
+            core.doctor,
+            settings.doctor_interval_s,
+        ),
     ]

@@ -24,8 +24,7 @@ from msgspec import inspect as mi
 from bb_environments.bus.core.publications import PUBLICATIONS
 from bb_environments.bus.wire import documents as d
 from bb_environments.bus.wire import log_only_documents as log_only
-from bb_environments.bus.wire import placements, thread_events, transcript_lines
-from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire import placements, subjects, thread_events, transcript_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -70,7 +69,9 @@ def _named(schema: Any, structs: list[type[msgspec.Struct]]) -> Any:
         if isinstance(value, dict):
             renamed = {renames.get(k, k): rename(v, k) for k, v in value.items()}
             if len(renamed) < len(value):
-                raise ValueError(f"two messages are called one of {sorted(set(renames.values()) & set(value))} in the schemas")
+                raise ValueError(
+                    f"two messages are called one of {sorted(set(renames.values()) & set(value))} in the schemas"
+                )
             return renamed
         if isinstance(value, list):
             return [rename(v) for v in value]
@@ -87,12 +88,18 @@ def _named(schema: Any, structs: list[type[msgspec.Struct]]) -> Any:
 def entries() -> list[Entry]:
     """Every message type the service publishes or takes, in catalog order."""
     published = list(PUBLICATIONS.values())
-    found = [Entry("environments", p.document, f"bb.environments.<environmentId>.{p.type}")
-             for p in published if p.kind == "environment"]
-    found += [Entry("log", p.document, f"bb.log.{p.kind}.<{p.kind}Id>.{p.type}")
-              for p in published if p.kind != "environment"]
-    found += [Entry("threads", struct, f"bb.threads.<threadId>.{struct.__struct_config__.tag}")
-              for struct in typing.get_args(thread_events.InboundThreadMessage)]
+    found = [
+        Entry("environments", p.document, f"bb.environments.<environmentId>.{p.type}")
+        for p in published
+        if p.kind == "environment"
+    ]
+    found += [
+        Entry("log", p.document, f"bb.log.{p.kind}.<{p.kind}Id>.{p.type}") for p in published if p.kind != "environment"
+    ]
+    found += [
+        Entry("threads", struct, f"bb.threads.<threadId>.{struct.__struct_config__.tag}")
+        for struct in typing.get_args(thread_events.InboundThreadMessage)
+    ]
     found.append(Entry("transcripts", transcript_lines.TranscriptLine, "bb.transcripts.<environmentId>"))
     found.append(Entry("placements", placements.PlacementOutcome, "bb.placements.<threadId>.<status>"))
     return found
@@ -106,51 +113,69 @@ def events_markdown() -> str:
     for entry in entries():
         by_family.setdefault(entry.family, []).append(entry)
     out = [
-        "# Events", "", f"<!-- {GENERATED} -->", "",
+        "# Events",
+        "",
+        f"<!-- {GENERATED} -->",
+        "",
         "Every payload is camelCase JSON with `type` (the event's name below) and `occurredAt`. Each event",
         "has a JSON Schema in [schemas/](schemas/); [asyncapi.json](asyncapi.json) (AsyncAPI 3.0) describes",
         "the subjects. A field is never renamed or moved; new fields may be added, so ignore unknown ones.",
         "",
-        "## Environment events", "",
+        "## Environment events",
+        "",
         "Published on `bb.environments.<environmentId>.<event>` once each: stream `BB_ENVIRONMENTS` stores",
         "the whole log under `bb.log.environment.<environmentId>.<event>` and re-publishes these. Every",
-        "environment event carries what the environment is after it:", "",
+        "environment event carries what the environment is after it:",
+        "",
         *_fields_table(d.EnvironmentEvent),
         *_event_sections(by_family["environments"]),
-        "## Thread, claim and host facts", "",
+        "## Thread, claim and host facts",
+        "",
         "Kept in the log only: stored in `BB_ENVIRONMENTS` under `bb.log.thread.<threadId>.<event>`,",
         "`bb.log.claim.<claimId>.<event>`, `bb.log.host.<hostId>.<event>` (a host's live claims, kept",
         "only by a store several replicas write) and `bb.log.machine.<machineId>.<event>` (the registered",
         "hosts, by host id), never re-published (only the service reads `bb.log.>`); `bb events export`",
-        "prints them with the environment events, in log order. Every thread fact carries:", "",
+        "prints them with the environment events, in log order. Every thread fact carries:",
+        "",
         *_fields_table(log_only.ThreadEvent),
-        "every claim fact:", "",
+        "every claim fact:",
+        "",
         *_fields_table(log_only.ClaimEvent),
-        "every fact of a host's claims:", "",
+        "every fact of a host's claims:",
+        "",
         *_fields_table(log_only.HostClaimsEvent),
-        "and every fact of a host's registration:", "",
+        "and every fact of a host's registration:",
+        "",
         *_fields_table(log_only.RegisteredHostEvent),
         *_event_sections(by_family["log"]),
-        "## Inbound thread events", "",
+        "## Inbound thread events",
+        "",
         "Published by other services (role `publisher`) on `bb.threads.<threadId>.<event>`, stream",
         "`BB_THREADS`. A field not declared here, an id outside `[A-Za-z0-9][A-Za-z0-9_-]{0,127}` or",
-        "`threadId` other than the subject's is refused before anything is stored. Every one carries:", "",
+        "`threadId` other than the subject's is refused before anything is stored. Every one carries:",
+        "",
         *_fields_table(thread_events.InboundThreadEvent, optional=True),
         *_event_sections(by_family["threads"], optional=True),
-        "## Transcript lines", "",
+        "## Transcript lines",
+        "",
         *_event_sections(by_family["transcripts"]),
-        "## Placement outcomes", "",
+        "## Placement outcomes",
+        "",
         *_event_sections(by_family["placements"]),
-        "## Request/reply API", "",
+        "## Request/reply API",
+        "",
         f"The NATS micro service `{subjects.API_SERVICE}` answers on `bb.api.<area>.<verb>` (role `operator`;",
         "`publisher` and `subscriber` may ask `environments.list`, `environments.show`, `environments.providers`",
         "and `threads.list`).",
         "Requests refuse fields they do not declare; an error comes back as",
-        '`{"error": {"code", "message"}}`, with the codes the CLI turns into exit statuses.', "",
+        '`{"error": {"code", "message"}}`, with the codes the CLI turns into exit statuses.',
+        "",
         "The listings page, in id order: a request may give `limit` (1 to 1000, default 200) and `after`, the",
         "`next` of the page before; a reply's `next` is null on the last page. A page also ends early rather",
-        "than exceed the NATS maximum payload, so ask again while `next` is not null.", "",
-        "| subject | request | reply |", "| --- | --- | --- |",
+        "than exceed the NATS maximum payload, so ask again while `next` is not null.",
+        "",
+        "| subject | request | reply |",
+        "| --- | --- | --- |",
         *(f"| `{subject}` | `{_shape(request)}` | `{_shape(reply)}` |" for subject, request, reply in api_endpoints()),
         "",
     ]
@@ -161,15 +186,22 @@ def _event_sections(found: list[Entry], optional: bool = False) -> list[str]:
     """Each event: its subject, when it happens, and the fields it adds to those of its kind."""
     lines: list[str] = []
     for entry in found:
-        lines += [f"### `{entry.type}`", "", f"`{entry.subject}` · [schema]({entry.schema_path})", "",
-                  " ".join(inspect.cleandoc(entry.struct.__doc__ or "").split()), ""]
+        lines += [
+            f"### `{entry.type}`",
+            "",
+            f"`{entry.subject}` · [schema]({entry.schema_path})",
+            "",
+            " ".join(inspect.cleandoc(entry.struct.__doc__ or "").split()),
+            "",
+        ]
         kind = entry.struct.__bases__[0]
         lines += _fields_table(entry.struct, skip=kind if kind is not msgspec.Struct else None, optional=optional)
     return lines
 
 
-def _fields_table(struct: type[msgspec.Struct], skip: type[msgspec.Struct] | None = None,
-                  optional: bool = False) -> list[str]:
+def _fields_table(
+    struct: type[msgspec.Struct], skip: type[msgspec.Struct] | None = None, optional: bool = False
+) -> list[str]:
     """`optional`: mark the fields a publisher may leave out (the service's own documents carry all)."""
     inherited = {f.name for f in _fields(skip)} if skip else set()
     fields = [f for f in _fields(struct) if f.name not in inherited]
@@ -248,12 +280,14 @@ def api_endpoints() -> list[tuple[str, type[msgspec.Struct], type[msgspec.Struct
 
 
 def asyncapi() -> dict[str, Any]:
-    from bb_environments.bus.wire.api_messages import ErrorReply
     from bb_environments.bus.core.api_service import API_VERSION
+    from bb_environments.bus.wire.api_messages import ErrorReply
 
     found, endpoints = entries(), api_endpoints()
     found = [entry for entry in found if entry.family != "log"]  # only the service reads bb.log.>
-    structs = [e.struct for e in found] + [t for _, request, reply in endpoints for t in (request, reply)] + [ErrorReply]
+    structs = (
+        [e.struct for e in found] + [t for _, request, reply in endpoints for t in (request, reply)] + [ErrorReply]
+    )
     structs = list(dict.fromkeys(structs))
     _, schemas = msgspec.json.schema_components(structs, ref_template="#/components/schemas/{name}")
     schemas = _named(schemas, structs)
@@ -265,50 +299,77 @@ def asyncapi() -> dict[str, Any]:
 
     def message(key: str, struct: type[msgspec.Struct], summary: str | None = None) -> dict[str, str]:
         doc = " ".join(inspect.cleandoc(struct.__doc__ or "").split())
-        messages[key] = {"name": key, "title": catalog_name(struct), "contentType": "application/json",
-                         "payload": {"$ref": f"#/components/schemas/{catalog_name(struct)}"},
-                         **({"summary": summary or doc} if summary or doc else {})}
+        messages[key] = {
+            "name": key,
+            "title": catalog_name(struct),
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{catalog_name(struct)}"},
+            **({"summary": summary or doc} if summary or doc else {}),
+        }
         return {"$ref": f"#/components/messages/{key}"}
 
     for entry in found:
         key = f"{entry.family}.{entry.type}"
         address, parameters = _address(entry.subject)
-        channels[key] = {"address": address, "parameters": parameters, "messages": {entry.type: message(key, entry.struct)}}
+        channels[key] = {
+            "address": address,
+            "parameters": parameters,
+            "messages": {entry.type: message(key, entry.struct)},
+        }
         action = "receive" if entry.family == "threads" else "send"
         operations[f"{action}.{key}"] = {
-            "action": action, "channel": {"$ref": f"#/channels/{key}"},
+            "action": action,
+            "channel": {"$ref": f"#/channels/{key}"},
             "messages": [{"$ref": f"#/channels/{key}/messages/{entry.type}"}],
         }
     channels["api.inbox"] = {
-        "address": None, "description": "The requester's reply subject (a NATS inbox).",
+        "address": None,
+        "description": "The requester's reply subject (a NATS inbox).",
         "messages": {"error": message("api.error", ErrorReply, "The request was refused or failed.")},
     }
     for subject, request, reply in endpoints:
         key = subject.removeprefix(f"{subjects.API_PREFIX}.")
-        channels[f"api.{key}"] = {"address": subject, "messages": {"request": message(f"api.{key}.request", request,
-                                                                                       f"A `{subject}` request.")}}
-        channels["api.inbox"]["messages"][f"{key}.reply"] = message(f"api.{key}.reply", reply, f"The answer to `{subject}`.")
+        channels[f"api.{key}"] = {
+            "address": subject,
+            "messages": {"request": message(f"api.{key}.request", request, f"A `{subject}` request.")},
+        }
+        channels["api.inbox"]["messages"][f"{key}.reply"] = message(
+            f"api.{key}.reply", reply, f"The answer to `{subject}`."
+        )
         operations[f"reply.api.{key}"] = {
-            "action": "receive", "channel": {"$ref": f"#/channels/api.{key}"},
+            "action": "receive",
+            "channel": {"$ref": f"#/channels/api.{key}"},
             "messages": [{"$ref": f"#/channels/api.{key}/messages/request"}],
-            "reply": {"channel": {"$ref": "#/channels/api.inbox"},
-                      "messages": [{"$ref": f"#/channels/api.inbox/messages/{key}.reply"},
-                                   {"$ref": "#/channels/api.inbox/messages/error"}]},
+            "reply": {
+                "channel": {"$ref": "#/channels/api.inbox"},
+                "messages": [
+                    {"$ref": f"#/channels/api.inbox/messages/{key}.reply"},
+                    {"$ref": "#/channels/api.inbox/messages/error"},
+                ],
+            },
         }
     return {
         "asyncapi": "3.0.0",
         "info": {
-            "title": "bb environments", "version": API_VERSION,
+            "title": "bb environments",
+            "version": API_VERSION,
             "description": f"{GENERATED} Subjects of the bb environments service on NATS: the thread events it takes, "
-                           "the environment events, transcript lines and placement outcomes it publishes, and its request/reply API. "
-                           "See docs/events.md.",
+            "the environment events, transcript lines and placement outcomes it publishes, and its request/reply API. "
+            "See docs/events.md.",
         },
-        "servers": {"embedded": {
-            "host": "127.0.0.1:{port}", "protocol": "nats",
-            "description": "The nats-server `bb serve` runs; its URL and the clients' NKEY seeds are in <data dir>/server.json.",
-            "variables": {"port": {"description": "The port in server.json's natsUrl: chosen at the first start and "
-                                                    "kept across restarts (`bb serve --nats-port` sets it)."}},
-        }},
+        "servers": {
+            "embedded": {
+                "host": "127.0.0.1:{port}",
+                "protocol": "nats",
+                "description": "The nats-server `bb serve` runs; its URL and the clients' NKEY seeds are in <data dir>/server.json.",
+                "variables": {
+                    "port": {
+                        "description": "The port in server.json's natsUrl: chosen at the first start and "
+                        "kept across restarts (`bb serve --nats-port` sets it)."
+                    }
+                },
+            }
+        },
         "defaultContentType": "application/json",
         "channels": channels,
         "operations": operations,
@@ -335,8 +396,11 @@ def _address(subject: str) -> tuple[str, dict[str, Any]]:
     return address, {name: {"description": _PARAMETERS[name]} for name in names}
 
 
-_PARAMETERS = {"environmentId": "The environment's id.", "threadId": "The thread's id (one subject token).",
-               "status": "The placement outcome: `ready`, `error` or `refused`."}
+_PARAMETERS = {
+    "environmentId": "The environment's id.",
+    "threadId": "The thread's id (one subject token).",
+    "status": "The placement outcome: `ready`, `error` or `refused`.",
+}
 
 
 # -- writing and checking -----------------------------------------------------------------------------

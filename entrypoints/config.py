@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from bb_environments.bus.access import write_private_file
-from bb_environments.entrypoints import setting_values as read
-from bb_environments.entrypoints.setting_values import ConfigError as ConfigError  # raised and caught by its users as config's
 from bb_environments.bus.wire.server_file import SERVER_FILE, DataDirError, ServerInfo, data_root, nats_servers
+from bb_environments.entrypoints import setting_values as read
+from bb_environments.entrypoints.setting_values import (
+    ConfigError as ConfigError,  # raised and caught by its users as config's
+)
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli/connection.py)
     import logging
@@ -47,6 +49,7 @@ MIN_MEMORY_PER_ENVIRONMENT = 64 << 20
 class Settings(msgspec.Struct, frozen=True):
     """What a `bb` command or the service runs with. A Struct, not a dataclass: making a dataclass
     (its generated methods compiled) took a millisecond of every command's start."""
+
     data_root: str
     """The data dir, absolute, symlinks resolved: as text, all that a command which only sends
     requests needs of it (`data_dir` is the same as a Path)."""
@@ -111,8 +114,13 @@ class Settings(msgspec.Struct, frozen=True):
     (providers/saved_work.py, which reads it there too)."""
 
     @classmethod
-    def load(cls, data_dir: str | None = None, nats_url: str | None = None,
-             nats_port: str | None = None, replica_id: str | None = None) -> "Settings":
+    def load(
+        cls,
+        data_dir: str | None = None,
+        nats_url: str | None = None,
+        nats_port: str | None = None,
+        replica_id: str | None = None,
+    ) -> "Settings":
         try:
             root = data_root(data_dir)
         except DataDirError as unusable:
@@ -131,12 +139,16 @@ class Settings(msgspec.Struct, frozen=True):
             threads_max_age_s=read.positive("BB_THREADS_MAX_AGE_S", THREADS_MAX_AGE_S, "a number of seconds"),
             threads_max_bytes=int(read.positive("BB_THREADS_MAX_BYTES", THREADS_MAX_BYTES, "a number of bytes")),
             removed_retention_s=read.positive("BB_REMOVED_RETENTION_S", REMOVED_RETENTION_S, "a number of seconds"),
-            saved_ref_retention_s=read.positive("BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"),
+            saved_ref_retention_s=read.positive(
+                "BB_SAVED_REF_RETENTION_S", SAVED_REF_RETENTION_S, "a number of seconds"
+            ),
             doctor_interval_s=read.positive("BB_DOCTOR_INTERVAL_S", 3600, "a number of seconds"),
             agent_root=os.path.realpath(os.path.expanduser(os.environ["BB_AGENT_ROOT"]))
-            if os.environ.get("BB_AGENT_ROOT") else None,
-            nats_port=read.port("--nats-port", nats_port) if nats_port is not None else
-            read.port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
+            if os.environ.get("BB_AGENT_ROOT")
+            else None,
+            nats_port=read.port("--nats-port", nats_port)
+            if nats_port is not None
+            else read.port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
             max_live_environments=read.count("BB_MAX_LIVE_ENVIRONMENTS", 10_000),
             max_live_environments_per_project=read.count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
             port_range=(port_range := read.port_range(os.environ.get("BB_PORT_RANGE"))),
@@ -146,12 +158,21 @@ class Settings(msgspec.Struct, frozen=True):
             replica_id=read.replica_id(replica_id or os.environ.get("BB_REPLICA_ID") or host_id),
             stream_replicas=read.stream_replicas(os.environ.get("BB_STREAM_REPLICAS")),
             default_host=read.host_id(os.environ["BB_DEFAULT_HOST"], "BB_DEFAULT_HOST")
-            if os.environ.get("BB_DEFAULT_HOST") else None,
+            if os.environ.get("BB_DEFAULT_HOST")
+            else None,
             run_git_hooks=read.git_hooks_mode() == "run",
-            max_pids_per_environment=read.at_least("BB_MAX_PIDS_PER_ENVIRONMENT", MAX_PIDS_PER_ENVIRONMENT,
-                                               MIN_PIDS_PER_ENVIRONMENT, "a number of processes"),
-            max_memory_per_environment=read.at_least("BB_MAX_MEMORY_PER_ENVIRONMENT", MAX_MEMORY_PER_ENVIRONMENT,
-                                                 MIN_MEMORY_PER_ENVIRONMENT, "a number of bytes"),
+            max_pids_per_environment=read.at_least(
+                "BB_MAX_PIDS_PER_ENVIRONMENT",
+                MAX_PIDS_PER_ENVIRONMENT,
+                MIN_PIDS_PER_ENVIRONMENT,
+                "a number of processes",
+            ),
+            max_memory_per_environment=read.at_least(
+                "BB_MAX_MEMORY_PER_ENVIRONMENT",
+                MAX_MEMORY_PER_ENVIRONMENT,
+                MIN_MEMORY_PER_ENVIRONMENT,
+                "a number of bytes",
+            ),
             saved_work_max_bytes=read.saved_work_max_bytes(),
         )
 
@@ -222,8 +243,10 @@ def hook_output_max_bytes() -> int:
         return output_log.DEFAULT_OUTPUT_MAX_BYTES
     if raw.isascii() and raw.isdigit() and int(raw) >= output_log.MIN_OUTPUT_MAX_BYTES:
         return int(raw)
-    raise ConfigError(f"BB_HOOK_OUTPUT_MAX_BYTES {raw!r} is not allowed: use a number of bytes, at least "
-                      f"{output_log.MIN_OUTPUT_MAX_BYTES}")
+    raise ConfigError(
+        f"BB_HOOK_OUTPUT_MAX_BYTES {raw!r} is not allowed: use a number of bytes, at least "
+        f"{output_log.MIN_OUTPUT_MAX_BYTES}"
+    )
 
 
 def hook_limits(settings: Settings) -> "Limits":
@@ -245,8 +268,10 @@ def run_hooks_as(settings: Settings) -> "WorkspaceUser | None":
     except ValueError as bad:
         raise ConfigError(str(bad)) from None
     if os.geteuid() != 0:
-        raise ConfigError(f"BB_WORKSPACE_USER {settings.workspace_user!r} needs the agent to run as root, "
-                          "which alone may start hooks as another user")
+        raise ConfigError(
+            f"BB_WORKSPACE_USER {settings.workspace_user!r} needs the agent to run as root, "
+            "which alone may start hooks as another user"
+        )
     return user
 
 
@@ -274,6 +299,7 @@ def event_store_file(url: str) -> "Path | None":
 
 class Holder(msgspec.Struct, rename="camel"):
     """Who holds one of the service's locks: a data dir's, or an event store's writer lock."""
+
     pid: int
     data_dir: str
 
@@ -281,8 +307,8 @@ class Holder(msgspec.Struct, rename="camel"):
 def serving(data_dir: "Path") -> Holder | None:
     """The `bb serve` holding `data_dir`, as its lock recorded it, while that pid lives."""
     # Imported here: `bb` asks only when server.json is unusable.
-    from bb_environments.providers.host.processes import pid_alive
     from bb_environments.providers.host.file_lock import read_holder
+    from bb_environments.providers.host.processes import pid_alive
 
     holder = read_holder(data_dir / SERVE_LOCK, Holder)
     return holder if holder is not None and pid_alive(holder.pid) else None

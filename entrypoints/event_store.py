@@ -34,8 +34,11 @@ def event_store_environment(url: str) -> dict[str, str]:
         # imported only here, since it loads eventsourcing, which no `bb` command but serve needs.
         from bb_environments.entrypoints import sqlite_event_store
 
-        return {"PERSISTENCE_MODULE": f"{sqlite_event_store.__name__}:Factory", "SQLITE_DBNAME": str(path),
-                sqlite_event_store.SQLITE_SYNCHRONOUS: sync_level("BB_EVENT_STORE_SYNC", sqlite_event_store.SYNC_LEVELS)}
+        return {
+            "PERSISTENCE_MODULE": f"{sqlite_event_store.__name__}:Factory",
+            "SQLITE_DBNAME": str(path),
+            sqlite_event_store.SQLITE_SYNCHRONOUS: sync_level("BB_EVENT_STORE_SYNC", sqlite_event_store.SYNC_LEVELS),
+        }
     if parsed.scheme in ("postgres", "postgresql"):
         return {
             "PERSISTENCE_MODULE": "eventsourcing.postgres",

@@ -31,28 +31,36 @@ from bb_environments.bus.access import (
     server_configuration,
     write_private_file,
 )
-from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
-from bb_environments.bus.core.api_service import start_api
-from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
-from bb_environments.bus.core.replicas import (
-    ActivityAcrossReplicas, DriveShare, Lease, Presence, ReplicaRefused, join, lease_holder, leases_bucket, live_replica_count)
-from bb_environments.bus.health import BusHealth
-from bb_environments.bus.wire import subjects
 from bb_environments.bus.agent.heartbeat import beat
 from bb_environments.bus.agent.job_worker import HostJobWorker
+from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
+from bb_environments.bus.core.api_service import start_api
 from bb_environments.bus.core.host_directory import BusHostDirectory
 from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
 from bb_environments.bus.core.ledger_answers import answer_ledger_questions
+from bb_environments.bus.core.log_follower import restore_read_models
 from bb_environments.bus.core.remote_host import RemoteHost
+from bb_environments.bus.core.replicas import (
+    ActivityAcrossReplicas,
+    DriveShare,
+    Lease,
+    Presence,
+    ReplicaRefused,
+    join,
+    lease_holder,
+    leases_bucket,
+    live_replica_count,
+)
+from bb_environments.bus.core.thread_messages import StreamPorts
+from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
+from bb_environments.bus.health import BusHealth
 from bb_environments.bus.jetstream import ConnectOptions, JetStream, connect
 from bb_environments.bus.streams import NoRoomForStreams, ensure_hosts, prepare_bus
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
-from bb_environments.bus.core.log_follower import restore_read_models
-from bb_environments.bus.core.thread_messages import StreamPorts
-from bb_environments.entrypoints.agent import build_local_host, keep_hook_records, serve_host
-from bb_environments.entrypoints.bootstrap import (
-    Ports, Replication, StoreUnusable, build_core, core_workers, relay_of)
+from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.server_file import SERVER_FILE, ClientSeeds, ServerFileError, ServerInfo, read_server_file
+from bb_environments.entrypoints.agent import build_local_host, keep_hook_records, serve_host
+from bb_environments.entrypoints.bootstrap import Ports, Replication, StoreUnusable, build_core, core_workers, relay_of
 from bb_environments.entrypoints.config import (
     SERVE_LOCK,
     ConfigError,
@@ -128,8 +136,12 @@ def embedded_nats(settings: Settings, credentials: Credentials) -> SupervisedNat
     """Our own nats-server, admitting only the users whose seeds are in `credentials`."""
     credentials.ensure(all_users(settings.host_id))
     _write_server_configuration(settings, credentials)
-    return SupervisedNats.open(settings.data_dir / "nats", _server_configuration_file(settings),
-                               settings.data_dir / "nats-port", settings.nats_port)
+    return SupervisedNats.open(
+        settings.data_dir / "nats",
+        _server_configuration_file(settings),
+        settings.data_dir / "nats-port",
+        settings.nats_port,
+    )
 
 
 def _server_configuration_file(settings: Settings) -> Path:
@@ -137,13 +149,15 @@ def _server_configuration_file(settings: Settings) -> Path:
 
 
 def _write_server_configuration(settings: Settings, credentials: Credentials) -> None:
-    write_private_file(_server_configuration_file(settings),
-                       server_configuration(credentials, settings.host_id, SERVER_NAME))
+    write_private_file(
+        _server_configuration_file(settings), server_configuration(credentials, settings.host_id, SERVER_NAME)
+    )
 
 
 def _admitting_users(settings: Settings, credentials: Credentials, embedded: SupervisedNats) -> Callable[[], None]:
     """Have the running embedded server admit the users the seeds now name: a host registered,
     rotated or removed takes effect at once, with no restart of anything."""
+
     def admit() -> None:
         _write_server_configuration(settings, credentials)
         embedded.server.reload_configuration(settings.data_dir / "nats")
@@ -158,8 +172,9 @@ def connect_options(settings: Settings, credentials: Credentials | None, user: s
     return {"nkeys_seed": str(credentials.seed_file(user))}
 
 
-async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None = None, *,
-                agent_here: bool = True) -> None:
+async def serve(
+    settings: Settings, ready: Callable[[dict[str, Any]], None] | None = None, *, agent_here: bool = True
+) -> None:
     """Run until SIGTERM or SIGINT; `agent_here` False (`--no-agent`) leaves this host's work to a
     `bb agent` of its own. Whatever ends it, everything it started is stopped first (the
     nats-server included, and every thread that would keep the process alive); a failure ends it
@@ -192,15 +207,22 @@ async def serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | No
     except Exception as failed:
         # One line for the operator; where it failed is for whoever debugs it.
         log.debug("bb serve failed", exc_info=True)
-        raise ServeError(f"bb serve failed: {failed} ({type(failed).__name__}; "
-                         "BB_LOG_LEVEL=DEBUG shows where)") from None
+        raise ServeError(
+            f"bb serve failed: {failed} ({type(failed).__name__}; BB_LOG_LEVEL=DEBUG shows where)"
+        ) from None
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
 
-async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | None, started: contextlib.AsyncExitStack,
-                 stop: asyncio.Event, past_start: asyncio.Event, agent_here: bool) -> None:
+async def _serve(
+    settings: Settings,
+    ready: Callable[[dict[str, Any]], None] | None,
+    started: contextlib.AsyncExitStack,
+    stop: asyncio.Event,
+    past_start: asyncio.Event,
+    agent_here: bool,
+) -> None:
     run_as = run_hooks_as(settings)
     if run_as is not None:
         # The workspace user passes through the data dir to its workspaces: nothing the service
@@ -219,12 +241,18 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     assert nats_url  # without a NATS url of its own, serve starts an embedded server
     loop = asyncio.get_running_loop()
     health = BusHealth(starting=True)  # one report of an outage for every connection and loop below
-    nc = await connect(nats_url, f"bb-serve-{settings.host_id}", health, SERVICE_INBOX_PREFIX,
-                       **connect_options(settings, credentials, SERVICE_USER))
+    nc = await connect(
+        nats_url,
+        f"bb-serve-{settings.host_id}",
+        health,
+        SERVICE_INBOX_PREFIX,
+        **connect_options(settings, credentials, SERVICE_USER),
+    )
     started.push_async_callback(_close, nc)
     js = JetStream(nc)
-    await prepare_bus(js, health, settings.threads_max_age_s, settings.threads_max_bytes, settings.stream_replicas,
-                      settings.host_id)
+    await prepare_bus(
+        js, health, settings.threads_max_age_s, settings.threads_max_bytes, settings.stream_replicas, settings.host_id
+    )
     host_seeds = credentials or Credentials(settings.data_dir / "credentials")
     presence = await _present(settings, js, health, started)
     replication = await _replication(settings, nc, js, health)
@@ -232,14 +260,22 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     liveness = HostLiveness(js)
     registry = ProviderRegistry.from_entry_points(settings.extra_providers)
     stream = StreamPorts(js)
-    hosts = BusHostDirectory(host_seeds, js, liveness,
-                             _admitting_users(settings, credentials, embedded) if credentials and embedded else None)
+    hosts = BusHostDirectory(
+        host_seeds,
+        js,
+        liveness,
+        _admitting_users(settings, credentials, embedded) if credentials and embedded else None,
+    )
     agent_nc = None
     if agent_here:
         # The agent of this host has a connection of its own user, as a `bb agent` would.
-        agent_nc = await connect(nats_url, f"bb-host-agent-{settings.host_id}", health,
-                                 host_agent_inbox_prefix(settings.host_id),
-                                 **connect_options(settings, credentials, host_agent_user(settings.host_id)))
+        agent_nc = await connect(
+            nats_url,
+            f"bb-host-agent-{settings.host_id}",
+            health,
+            host_agent_inbox_prefix(settings.host_id),
+            **connect_options(settings, credentials, host_agent_user(settings.host_id)),
+        )
         started.push_async_callback(_close, agent_nc)
     # The service's own lines, and those of the agent in this process, which is the service too: written
     # where they are read, in the order they were said, with no check (bus/core/transcript_intake.py
@@ -249,15 +285,29 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     def host_here(ledger: HookLedger) -> LocalHost:
         # Today's layout (workspaces under the data dir) unless BB_AGENT_ROOT gives this host's a
         # root of their own; what is on disk already keeps its recorded paths either way.
-        return build_local_host(settings, registry, settings.workspaces_root, settings.data_dir, transcript,
-                                ledger, earlier_data_dir=settings.data_dir if settings.agent_root else None)
+        return build_local_host(
+            settings,
+            registry,
+            settings.workspaces_root,
+            settings.data_dir,
+            transcript,
+            ledger,
+            earlier_data_dir=settings.data_dir if settings.agent_root else None,
+        )
 
     core = await build_core(
-        settings, registry,
-        Ports(RemoteHost(nc, HostJobQueue(nc, js, liveness, health=health)), hosts,
-              transcript, stream.stream_position, stream.publish_thread_message,
-              here=host_here if agent_here else None, share=replication.share if replication else Everything(),
-              activity_elsewhere=replication.activity if replication else NoOtherReplica()),
+        settings,
+        registry,
+        Ports(
+            RemoteHost(nc, HostJobQueue(nc, js, liveness, health=health)),
+            hosts,
+            transcript,
+            stream.stream_position,
+            stream.publish_thread_message,
+            here=host_here if agent_here else None,
+            share=replication.share if replication else Everything(),
+            activity_elsewhere=replication.activity if replication else NoOtherReplica(),
+        ),
         started,
     )
     if replication is not None:
@@ -270,27 +320,37 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     if core.here is not None and agent_nc is not None:
         # The core calls its host directly; the bus reaches the same host as it would a `bb agent`'s.
         await serve_host(agent_nc, settings, core.here, started)
-        agent_work = [keep_hook_records(core.here, settings),
-                      beat(agent_nc, settings.host_id, settings.data_root, metadata.version("bb-environments"), health)]
+        agent_work = [
+            keep_hook_records(core.here, settings),
+            beat(agent_nc, settings.host_id, settings.data_root, metadata.version("bb-environments"), health),
+        ]
         if replication is not None:
             # Another replica may drive an environment of this host: it queues its jobs for this agent.
             agent_work.append(HostJobWorker(agent_nc, settings.host_id, core.here, health=health).run())
     relay = await relay_of(core, js, nc, health, replicated=replication is not None)
     await restore_read_models(core.app, core.store, core.read_model, core.read_model_damage, core.api, js)
-    tasks = [asyncio.create_task(w) for w in (*core_workers(core, relay, js, health, settings, replication),
-                                                   presence.run(health), *agent_work)]
+    tasks = [
+        asyncio.create_task(w)
+        for w in (*core_workers(core, relay, js, health, settings, replication), presence.run(health), *agent_work)
+    ]
     started.push_async_callback(_cancel, tasks)
 
     service = await start_api(nc, ApiEdge(core.api, core.machines, nc.max_payload).endpoints(), translate_error)
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 
-    server_file = ServerFile(Path(settings.server_file), ServerInfo(
-        nats_url=url_without_credentials(nats_url), pid=os.getpid(), host_id=settings.host_id,
-        data_dir=settings.data_root,
-        nats_pid=embedded.server.pid if embedded else None, nats_port=embedded.server.port if embedded else None,
-        credentials=ClientSeeds(**credentials.client_files()) if credentials else None,
-    ))
+    server_file = ServerFile(
+        Path(settings.server_file),
+        ServerInfo(
+            nats_url=url_without_credentials(nats_url),
+            pid=os.getpid(),
+            host_id=settings.host_id,
+            data_dir=settings.data_root,
+            nats_pid=embedded.server.pid if embedded else None,
+            nats_port=embedded.server.port if embedded else None,
+            credentials=ClientSeeds(**credentials.client_files()) if credentials else None,
+        ),
+    )
     server_file.write()
     started.callback(server_file.remove)
     kept = [server_file.keep(SERVER_FILE_CHECK_S)]
@@ -304,8 +364,9 @@ async def _serve(settings: Settings, ready: Callable[[dict[str, Any]], None] | N
     await _until_stopped_or_failed(stop, tasks)
 
 
-async def _present(settings: Settings, js: JetStreamContext, health: BusHealth,
-                   started: contextlib.AsyncExitStack) -> Presence:
+async def _present(
+    settings: Settings, js: JetStreamContext, health: BusHealth, started: contextlib.AsyncExitStack
+) -> Presence:
     """Enter this replica's presence, kept while it runs whatever its store: refused beside a
     replica of the same id, or beside any other when either's store is SQLite."""
     store = "sqlite" if event_store_file(settings.event_store) else "postgresql"
@@ -322,9 +383,12 @@ async def _replication(settings: Settings, nc: Client, js: JetStreamContext, hea
     if event_store_file(settings.event_store):
         return None
     leases, holder = await leases_bucket(js, settings.stream_replicas, health), lease_holder(settings.replica_id)
-    return Replication(DriveShare(leases, holder, lambda: live_replica_count(js)),
-                       Lease(leases, subjects.RELAY_LEASE, holder),
-                       Lease(leases, subjects.TRANSCRIPT_INTAKE_LEASE, holder), ActivityAcrossReplicas(nc))
+    return Replication(
+        DriveShare(leases, holder, lambda: live_replica_count(js)),
+        Lease(leases, subjects.RELAY_LEASE, holder),
+        Lease(leases, subjects.TRANSCRIPT_INTAKE_LEASE, holder),
+        ActivityAcrossReplicas(nc),
+    )
 
 
 async def _close(nc: Any) -> None:

@@ -13,7 +13,6 @@ class ConfigError(ValueError):
     pass
 
 
-
 def host_id(raw: str, setting: str = "BB_HOST_ID") -> str:
     try:
         return check_host_id(raw)
@@ -32,8 +31,9 @@ def stream_replicas(raw: str | None) -> int:
     if raw is None or raw == "":
         return 1
     if not raw.isdigit() or not 1 <= int(raw) <= 5:
-        raise ConfigError(f"BB_STREAM_REPLICAS {raw!r} is not a replica count: use 1 to 5 (JetStream's limit), "
-                          "3 on a 3-node cluster")
+        raise ConfigError(
+            f"BB_STREAM_REPLICAS {raw!r} is not a replica count: use 1 to 5 (JetStream's limit), 3 on a 3-node cluster"
+        )
     return int(raw)
 
 
@@ -107,16 +107,20 @@ def port_range(raw: str | None) -> tuple[int, int]:
     if dash and all(p.isascii() and p.isdigit() and len(p) <= 5 for p in (first, last)):
         if 1024 <= int(first) <= int(last) <= 65535:
             return int(first), int(last)
-    raise ConfigError(f"BB_PORT_RANGE {raw!r} is not allowed: use `first-last`, two port numbers from 1024 to "
-                      "65535, the first not above the last (default 20000-29999)")
+    raise ConfigError(
+        f"BB_PORT_RANGE {raw!r} is not allowed: use `first-last`, two port numbers from 1024 to "
+        "65535, the first not above the last (default 20000-29999)"
+    )
 
 
 def ports_per_environment(port_range: tuple[int, int]) -> int:
     per_environment = count("BB_PORTS_PER_ENVIRONMENT", 10)
     first, last = port_range
     if per_environment > last - first + 1:
-        raise ConfigError(f"BB_PORTS_PER_ENVIRONMENT {per_environment} is not allowed: BB_PORT_RANGE {first}-{last} holds "
-                          f"only {last - first + 1} ports; use a smaller number or a wider range")
+        raise ConfigError(
+            f"BB_PORTS_PER_ENVIRONMENT {per_environment} is not allowed: BB_PORT_RANGE {first}-{last} holds "
+            f"only {last - first + 1} ports; use a smaller number or a wider range"
+        )
     return per_environment
 
 

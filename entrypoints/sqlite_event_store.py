@@ -55,7 +55,8 @@ class LogRowsRecorder(SQLiteApplicationRecorder):
         super().__init__(datastore, events_table_name)
         self._select_rows_statement = (
             f"SELECT rowid, originator_id, originator_version, topic, state FROM {self.events_table_name} "
-            "WHERE rowid >= ? AND rowid <= ? ORDER BY rowid LIMIT ?")
+            "WHERE rowid >= ? AND rowid <= ? ORDER BY rowid LIMIT ?"
+        )
         self._ids: dict[str, UUID | str] = {}
 
     def select_rows(self, start: int, limit: int, stop: int | None = None) -> Sequence[LogRow]:
@@ -69,18 +70,32 @@ class LogRowsRecorder(SQLiteApplicationRecorder):
             ids.clear()
         convert = self.convert_originator_id
         # tuple.__new__ makes a LogRow without the Python call LogRow(...) makes per row.
-        return [_new_row(LogRow, (row[0], ids.get(row[1]) or ids.setdefault(row[1], convert(row[1])),
-                                  row[2], row[3], row[4])) for row in rows]
+        return [
+            _new_row(
+                LogRow, (row[0], ids.get(row[1]) or ids.setdefault(row[1], convert(row[1])), row[2], row[3], row[4])
+            )
+            for row in rows
+        ]
 
 
 class DeferredSyncDatastore(SQLiteDatastore):
     """eventsourcing's SQLite datastore whose every connection, the writer's and the readers',
     commits with `synchronous=NORMAL` (a per-connection setting, made once per connection)."""
 
-    def __init__(self, db_name: str, *, lock_timeout: int | None, single_row_tracking: bool,
-                 originator_id_type: Literal["uuid", "text"]) -> None:
-        super().__init__(db_name, lock_timeout=lock_timeout, single_row_tracking=single_row_tracking,
-                         originator_id_type=originator_id_type)
+    def __init__(
+        self,
+        db_name: str,
+        *,
+        lock_timeout: int | None,
+        single_row_tracking: bool,
+        originator_id_type: Literal["uuid", "text"],
+    ) -> None:
+        super().__init__(
+            db_name,
+            lock_timeout=lock_timeout,
+            single_row_tracking=single_row_tracking,
+            originator_id_type=originator_id_type,
+        )
         self._deferred: weakref.WeakSet[SQLiteConnection] = weakref.WeakSet()
 
     @contextmanager
@@ -108,8 +123,11 @@ class Factory(SQLiteFactory):
         # make ours, before anything connected (the library's pool opens its connections lazily).
         made = self.datastore
         self.datastore = DeferredSyncDatastore(
-            made.pool.db_name, lock_timeout=made.pool.lock_timeout,
-            single_row_tracking=made.single_row_tracking, originator_id_type=made.originator_id_type)
+            made.pool.db_name,
+            lock_timeout=made.pool.lock_timeout,
+            single_row_tracking=made.single_row_tracking,
+            originator_id_type=made.originator_id_type,
+        )
         made.close()
         # Beside the file a link names, where SQLite keeps it.
         self._write_ahead_log = f"{os.path.realpath(self.datastore.pool.db_name)}-wal"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID, uuid4
 
@@ -25,6 +25,7 @@ import msgspec
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.ids import is_environment_id_prefix, quoted
+from bb_environments.domain.request_errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.commands import (
@@ -36,9 +37,8 @@ from bb_environments.handlers.commands import (
     RegisterThread,
     UnarchiveThread,
 )
-from bb_environments.handlers.indexed_application import GraceLookup
 from bb_environments.handlers.doctor import Doctor, Findings
-from bb_environments.domain.request_errors import InvalidInput, NotFound, RequestError, Unavailable
+from bb_environments.handlers.indexed_application import GraceLookup
 from bb_environments.handlers.placement import Placer, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.ports import Hosts, HostUnavailable
 from bb_environments.handlers.provisioning import Provisioner
@@ -165,11 +165,21 @@ class LogViews(Protocol):
 
 
 class Api:
-    def __init__(self, store: Store, read_model: ReadModel, placer: Placer, hosts: Hosts,
-                 threads: ThreadHandlers, provisioner: Provisioner, doctor: Doctor, host_id: str,
-                 stream_position: Callable[[], Awaitable[int]],
-                 publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
-                 log_views: Callable[[], LogViews], grace_for: GraceLookup) -> None:
+    def __init__(
+        self,
+        store: Store,
+        read_model: ReadModel,
+        placer: Placer,
+        hosts: Hosts,
+        threads: ThreadHandlers,
+        provisioner: Provisioner,
+        doctor: Doctor,
+        host_id: str,
+        stream_position: Callable[[], Awaitable[int]],
+        publish_thread_message: Callable[[str, str, datetime], Awaitable[None]],
+        log_views: Callable[[], LogViews],
+        grace_for: GraceLookup,
+    ) -> None:
         """`log_views` makes a fresh reader of the log for each replay; `grace_for` is the retire
         grace in force for a provider, as the application service applies it."""
         self._store = store
@@ -202,20 +212,24 @@ class Api:
             described_there = await self._hosts.host(host_id).providers(host_id)
         except HostUnavailable as away:
             waiting = Availability("blocked", str(away))  # which host, and since when
-            described_there = [ProviderDescription.of(profile, waiting)
-                               for profile in self._hosts.profiles().values()]
-        return [msgspec.structs.replace(described, policy=msgspec.structs.replace(
-                    described.policy, retire_grace_ms=self._grace_for(described.id)))
-                for described in described_there]
+            described_there = [ProviderDescription.of(profile, waiting) for profile in self._hosts.profiles().values()]
+        return [
+            msgspec.structs.replace(
+                described,
+                policy=msgspec.structs.replace(described.policy, retire_grace_ms=self._grace_for(described.id)),
+            )
+            for described in described_there
+        ]
 
     async def list_environments(self, query: EnvironmentQuery) -> Page[EnvironmentView]:
         if query.after is not None:
             check_environment_id(query.after)
         include_removed = query.include_removed or query.status == EnvironmentStatus.REMOVED
         # One more than asked says whether another page follows, without counting the rest.
-        found = await self._read_model.environments(query.status, query.provider_id, include_removed,
-                                                    after=query.after, limit=query.limit + 1)
-        return Page(found[:query.limit], len(found) > query.limit)
+        found = await self._read_model.environments(
+            query.status, query.provider_id, include_removed, after=query.after, limit=query.limit + 1
+        )
+        return Page(found[: query.limit], len(found) > query.limit)
 
     async def show_environment(self, request: ShowEnvironment) -> EnvironmentView:
         identity = await self._environment_named(request.environment_id)
@@ -231,10 +245,11 @@ class Api:
                 raise InvalidInput(f"minPosition {request.min_position} is not a position of the log (1 to {head})")
             try:
                 await self._read_model.wait_for(request.min_position)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 # Its consumer waits for the bus (or for disk space) to come back.
-                raise Unavailable(f"the read model has not reached log position {request.min_position} yet; "
-                                  "ask again shortly") from None
+                raise Unavailable(
+                    f"the read model has not reached log position {request.min_position} yet; ask again shortly"
+                ) from None
         view = await self._read_model.environment(environment_id)
         if view is None:
             # Removed long enough ago to be forgotten by the read model: the log still has it.
@@ -274,7 +289,8 @@ class Api:
             raise NotFound(f"environment {environment_id} has no hook operation {quoted(request.operation_id)}")
         try:
             text, next_offset, more = await self._hosts.host(recorded.host_id).hook_output(
-                recorded.host_id, recorded.operation_id, request.offset)
+                recorded.host_id, recorded.operation_id, request.offset
+            )
         except HostUnavailable as away:
             raise Unavailable(f"the output is on host {recorded.host_id!r}, which does not answer: {away}") from None
         return HookOutput(text, next_offset, more)
@@ -284,7 +300,7 @@ class Api:
         if query.after is not None:
             check_thread_id(query.after)
         found = await self._read_model.threads(environment_id, after=query.after, limit=query.limit + 1)
-        return Page(found[:query.limit], len(found) > query.limit)
+        return Page(found[: query.limit], len(found) > query.limit)
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -295,8 +311,13 @@ class Api:
         identity = await self._environment_named(environment_id)
         environment = await self._store.run(self._app.environment, identity)
         path_key, claimed_path = await self._placer.next_attempt(
-            environment.provider_id, environment.origin_thread_id, environment.attempt, environment.host_id,
-            environment.project_path, environment.inputs, environment.path_key,
+            environment.provider_id,
+            environment.origin_thread_id,
+            environment.attempt,
+            environment.host_id,
+            environment.project_path,
+            environment.inputs,
+            environment.path_key,
         )
         return await self._command_on(identity, lambda named: self._app.retry(named, path_key, claimed_path))
 
@@ -317,7 +338,8 @@ class Api:
             # placement it discards, which changes nothing (the provider contract's queries only),
             # to be quick for a new thread.
             existing, placement = await asyncio.gather(
-                lookup, self._placer.place(thread_id, intent, request.project_path, host_id), return_exceptions=True)
+                lookup, self._placer.place(thread_id, intent, request.project_path, host_id), return_exceptions=True
+            )
         else:
             existing, placement = await lookup, None
         if isinstance(existing, BaseException):
@@ -328,31 +350,42 @@ class Api:
         else:
             if isinstance(placement, BaseException):
                 raise placement
-            environment = await self._threads.spawn(RegisterThread(
-                thread_id=thread_id, project_path=placement.project_path if placement else request.project_path,
-                parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
-            ), placement)
+            environment = await self._threads.spawn(
+                RegisterThread(
+                    thread_id=thread_id,
+                    project_path=placement.project_path if placement else request.project_path,
+                    parent_thread_id=request.parent_thread_id,
+                    host_id=host_id,
+                    environment=intent,
+                ),
+                placement,
+            )
             await self._provisioner.drive(environment.id, environment)  # start at once, not when the event comes round
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.
             try:
-                await self._publish_thread_message(thread_id, request.prompt, datetime.now(timezone.utc))
+                await self._publish_thread_message(thread_id, request.prompt, datetime.now(UTC))
             except Exception as error:
                 raise RequestError(
                     f"thread {thread_id} was created, but its prompt could not be published ({error}); "
                     f"the same spawn sent again publishes it"
                 ) from None
         accepted = await self._accepted(environment)
-        return SpawnedThread(thread_id, accepted.environment_id, accepted.status or EnvironmentStatus.CREATING, accepted.position)
+        return SpawnedThread(
+            thread_id, accepted.environment_id, accepted.status or EnvironmentStatus.CREATING, accepted.position
+        )
 
-    async def _spawned_before(self, thread: Thread, request: Spawn, intent: Intent | None,
-                              host_id: str) -> Environment:
+    async def _spawned_before(self, thread: Thread, request: Spawn, intent: Intent | None, host_id: str) -> Environment:
         """The environment of a spawn sent again (its answer was lost with a connection, say): the
         same request is answered as the first was, never spawned twice; another one is refused."""
         asked = RegisterThread(
-            thread_id=thread.thread_id, parent_thread_id=request.parent_thread_id, host_id=host_id, environment=intent,
-            project_path=await self._placer.project(request.project_path, host_id) if isinstance(intent, NewEnvironment)
+            thread_id=thread.thread_id,
+            parent_thread_id=request.parent_thread_id,
+            host_id=host_id,
+            environment=intent,
+            project_path=await self._placer.project(request.project_path, host_id)
+            if isinstance(intent, NewEnvironment)
             else request.project_path,
         )
         if thread.environment_id is None or not await self._threads.registers_as(thread, asked):
@@ -384,7 +417,9 @@ class Api:
         try:
             return await (self._doctor.fix() if request.fix else self._doctor.examine())
         except HostUnavailable as silent:
-            raise Unavailable(f"a host did not answer, so what it holds is unknown: {silent}; ask again shortly") from None
+            raise Unavailable(
+                f"a host did not answer, so what it holds is unknown: {silent}; ask again shortly"
+            ) from None
 
     async def replay(self) -> ReplayCounts:
         """Rebuild the read models from the whole log (`bb events replay`)."""
@@ -401,7 +436,9 @@ class Api:
             raise NotFound(f"no environment id begins with {quoted(text)}")
         if len(found) > 1:
             named = ", ".join(found[:CANDIDATES_NAMED]) + (" and more" if len(found) > CANDIDATES_NAMED else "")
-            raise InvalidInput(f"environment id {quoted(text)} is ambiguous: {named} begin with it; give more of the id")
+            raise InvalidInput(
+                f"environment id {quoted(text)} is ambiguous: {named} begin with it; give more of the id"
+            )
         return UUID(found[0])
 
     async def _accepted(self, environment: Environment | None) -> Outcome:
@@ -415,9 +452,11 @@ def _check_nesting(inputs: Any) -> None:
     # Level by level rather than recursively: deep input is what this refuses.
     level = [inputs]
     for _ in range(MAX_INPUTS_NESTING + 1):
-        level = [child for value in level
-                 for child in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())]
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
+        ]
         if not level:
             return
     raise InvalidInput(f"environment inputs nest deeper than {MAX_INPUTS_NESTING} levels")
-

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate
 from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.domain import Aggregate
 
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims

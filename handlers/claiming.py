@@ -26,7 +26,6 @@ from bb_environments.domain.path_claim import PathClaim, claim_id
 from bb_environments.handlers.log_indexes import LogWatch, aggregate_id
 from bb_environments.handlers.writers import Writers
 
-
 HOST_CLAIMS_SNAPSHOT_INTERVAL = 100
 """Each host's HostClaims gains an event per claim taken and released there, for ever: a snapshot
 every this many bounds what a replica that has not cached it replays to decide a claim."""
@@ -72,8 +71,9 @@ class Claims:
         self.index = writers.log_index(app, watch, PathClaim, ("Taken", "Retaken", "Released"), self._fold)
         self._leases: dict[str, HostLeases] = {}  # the live environments' leases, by host
         self._hosts_of: dict[UUID, str] = {}  # each live environment's host
-        self.leases_index = writers.log_index(app, watch, Environment, ("Claimed", "Planned", "Removed"),
-                                              self._fold_lease)
+        self.leases_index = writers.log_index(
+            app, watch, Environment, ("Claimed", "Planned", "Removed"), self._fold_lease
+        )
 
     def holder(self, host_id: str, path: str) -> UUID | None:
         """The environment that holds exactly `path` on the host, if one does."""
@@ -117,8 +117,9 @@ class Claims:
             # this save conflict, and the command decides again on that one.
             self.index.catch_up()
             held = self._held.get(host_id)
-            return HostClaims(host_id=host_id, held=held.holders() if held else {},
-                              leases=self.leases_on(host_id).recorded())
+            return HostClaims(
+                host_id=host_id, held=held.holders() if held else {}, leases=self.leases_on(host_id).recorded()
+            )
 
     def leases_on(self, host_id: str) -> HostLeases:
         """The leases of the host's live environments, as this index read them from the log."""
@@ -194,8 +195,9 @@ class ClaimChanges:
             claim.retake(environment_id)
         self._path_claims.append(claim)
 
-    def choose_lease(self, base: str | None, ports: PortRange | None, listening: Iterable[int],
-                     ) -> tuple[str | None, PortBlock | None]:
+    def choose_lease(
+        self, base: str | None, ports: PortRange | None, listening: Iterable[int]
+    ) -> tuple[str | None, PortBlock | None]:
         """A slug from `base` and a block of `ports` (each only if asked for), free on the host now:
         no live environment's, and no port of the block in `listening` (refused: NoFreePorts)."""
         leases = self._host_leases()

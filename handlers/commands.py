@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+
 @dataclass(frozen=True)
 class NewEnvironment:
     """A new environment of a provider."""
@@ -75,8 +76,12 @@ def intent_document(intent: Intent) -> dict[str, Any]:
     if isinstance(intent, ExistingEnvironment):
         return {"type": "existing", "environmentId": intent.environment_id}
     machine = None if intent.machine_host_id is None else {"type": "existing", "hostId": intent.machine_host_id}
-    return {"type": "provider", "environmentProviderId": intent.provider_id, "machine": machine,
-            "inputs": intent.inputs}
+    return {
+        "type": "provider",
+        "environmentProviderId": intent.provider_id,
+        "machine": machine,
+        "inputs": intent.inputs,
+    }
 
 
 def intent_from_document(document: dict[str, Any]) -> Intent:

@@ -22,8 +22,8 @@ from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import Leftover, RemoveFailed
 from bb_environments.providers.workspace_messages import LeftoverRemoval, Protected, Survey, SurveyRequest
-from bb_environments.providers.worktree_survey import BRANCH_PREFIX, PROVIDER_ID as WORKTREE_PROVIDER_ID
-from bb_environments.providers.worktree_survey import branch_place
+from bb_environments.providers.worktree_survey import BRANCH_PREFIX, branch_place
+from bb_environments.providers.worktree_survey import PROVIDER_ID as WORKTREE_PROVIDER_ID
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,26 @@ def compare(host_id: str, survey: Survey, environments: list[Environment]) -> Fi
     absent = set(survey.absent)
     return Findings(
         orphans=[Orphan(host_id, leftover) for leftover in survey.found if not protected.covers(leftover)],
-        missing=[Missing(str(environment.id), host_id, environment.path) for environment in environments
-                 if environment.host_id == host_id and environment.workspace_may_vanish
-                 and environment.path in absent and environment.path is not None],
+        missing=[
+            Missing(str(environment.id), host_id, environment.path)
+            for environment in environments
+            if environment.host_id == host_id
+            and environment.workspace_may_vanish
+            and environment.path in absent
+            and environment.path is not None
+        ],
     )
 
 
 class Doctor:
-    def __init__(self, store: Store, hosts: Hosts, provisioner: Provisioner, host_id: str,
-                 known_hosts: Callable[[], Awaitable[list[str]]] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        hosts: Hosts,
+        provisioner: Provisioner,
+        host_id: str,
+        known_hosts: Callable[[], Awaitable[list[str]]] | None = None,
+    ) -> None:
         """`known_hosts`: the hosts environments may be placed on (default: this service's own)."""
         self._store = store
         self._app = store.app
@@ -104,9 +115,14 @@ class Doctor:
         orphans: dict[tuple[str, str], Orphan] = {}
         missing: list[Missing] = []
         for host_id in hosts:
-            workspaces = [(environment.provider_id, environment.path) for environment in environments
-                          if environment.host_id == host_id and environment.workspace_may_vanish and environment.path]
-            survey = await self._hosts.host(host_id).survey(SurveyRequest(host_id, projects.get(host_id, []), workspaces))
+            workspaces = [
+                (environment.provider_id, environment.path)
+                for environment in environments
+                if environment.host_id == host_id and environment.workspace_may_vanish and environment.path
+            ]
+            survey = await self._hosts.host(host_id).survey(
+                SurveyRequest(host_id, projects.get(host_id, []), workspaces)
+            )
             found = compare(host_id, survey, environments)
             # Host ids that one machine answers for (an earlier BB_HOST_ID) find the same things.
             for orphan in found.orphans:
@@ -121,14 +137,17 @@ class Doctor:
         for orphan in found.orphans:
             # What the log records now, not when the host was surveyed: a spawn may have claimed it since.
             protected = protected_by(await self._store.run(self._app.live_environments))
-            result = await self._hosts.host(orphan.host_id, orphan.leftover.provider_id).remove_leftover(LeftoverRemoval(orphan.host_id, orphan.leftover, protected))
+            result = await self._hosts.host(orphan.host_id, orphan.leftover.provider_id).remove_leftover(
+                LeftoverRemoval(orphan.host_id, orphan.leftover, protected)
+            )
             if isinstance(result, RemoveFailed):
                 fixed.append(Orphan(orphan.host_id, orphan.leftover, failure=result.message))
             else:
                 fixed.append(Orphan(orphan.host_id, orphan.leftover, result.saved_ref))
         for missing in found.missing:
-            environment = await self._store.run(self._app.record_workspace_vanished, UUID(missing.environment_id),
-                                                missing.path)
+            environment = await self._store.run(
+                self._app.record_workspace_vanished, UUID(missing.environment_id), missing.path
+            )
             await self._provisioner.drive(environment.id, environment)
         return Findings(fixed, found.missing)
 

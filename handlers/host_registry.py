@@ -20,15 +20,15 @@ from bb_environments.handlers.writers import Writers
 
 
 class HostRegistry:
-    def __init__(self, app: Application[UUID], writers: Writers, watch: LogWatch,
-                 save: Callable[..., object]) -> None:
+    def __init__(self, app: Application[UUID], writers: Writers, watch: LogWatch, save: Callable[..., object]) -> None:
         """`save`: the application's save of changed aggregates, in one transaction."""
         self._app = app
         self._save = save
         self._host_ids: dict[UUID, str] = {}  # every host the log ever registered, by aggregate id
         self._registered: set[str] = set()
-        self.index = writers.log_index(app, watch, RegisteredHost, ("Registered", "RegisteredAgain", "Removed"),
-                                       self._fold)
+        self.index = writers.log_index(
+            app, watch, RegisteredHost, ("Registered", "RegisteredAgain", "Removed"), self._fold
+        )
 
     def registered(self) -> list[str]:
         """The hosts registered now, in id order."""
@@ -57,8 +57,13 @@ class HostRegistry:
         only. A host the log knows, removed since included, is left as the log has it."""
         self.index.catch_up()
         known = set(self._host_ids.values())
-        self._save_changed([RegisteredHost(host_id=host_id, public_key=public_key)
-                            for host_id, public_key in sorted(public_keys.items()) if host_id not in known])
+        self._save_changed(
+            [
+                RegisteredHost(host_id=host_id, public_key=public_key)
+                for host_id, public_key in sorted(public_keys.items())
+                if host_id not in known
+            ]
+        )
 
     def _stored(self, host_id: str) -> RegisteredHost | None:
         """The host's registry entry as the store has it, to change (None: never registered)."""

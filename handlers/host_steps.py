@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec
 
 from eventsourcing.persistence import OperationalError
@@ -41,7 +41,7 @@ REMOVE_RETRY = timedelta(seconds=60)
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class HostSteps:
@@ -61,8 +61,13 @@ class HostSteps:
             return await self._plan(env)
         self._transcript.line(str(env.id), "step", "core", f"Preparing {profile.display_name} (attempt {env.attempt})")
         request = CreateRequest(
-            environment_id=str(env.id), attempt=env.attempt, host_id=env.host_id, provider_id=env.provider_id,
-            project_path=env.project_path, inputs=env.inputs, thread_id=env.thread_ids[0] if env.thread_ids else "",
+            environment_id=str(env.id),
+            attempt=env.attempt,
+            host_id=env.host_id,
+            provider_id=env.provider_id,
+            project_path=env.project_path,
+            inputs=env.inputs,
+            thread_id=env.thread_ids[0] if env.thread_ids else "",
             path_key=env.path_key,
             previous=Previous(env.attempt - 1, env.path, env.resource) if env.attempt > 1 else None,
         )
@@ -74,13 +79,21 @@ class HostSteps:
                 # meanwhile leads to removal instead of a skip).
                 self._transcript.line(str(env.id), "step", "setup", MADE_EMPTY_REASON)
             created = await self._store.run(
-                self._app.record_created, env.id, env.attempt, result.path,
-                result.owns_path, result.merge_base_branch, result.resource, result.empty,
+                self._app.record_created,
+                env.id,
+                env.attempt,
+                result.path,
+                result.owns_path,
+                result.merge_base_branch,
+                result.resource,
+                result.empty,
             )
             crash_point("created-recorded")
             return created
         self._transcript.line(str(env.id), "output", env.provider_id, result.message)
-        return await self._store.run(self._app.record_create_failed, env.id, env.attempt, result.failure, result.message)
+        return await self._store.run(
+            self._app.record_create_failed, env.id, env.attempt, result.failure, result.message
+        )
 
     async def _plan(self, env: Environment) -> Environment:
         """The host's plan for an environment placed while the host was away: what its placement
@@ -92,12 +105,21 @@ class HostSteps:
         except (InvalidInputs, PlanRefused) as refused:
             return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", str(refused))
         if plan.shares_claimed_path:
-            message = (f"the workspace {plan.claimed_path} is another environment's; to share it, spawn with "
-                       "--environment and its id")
+            message = (
+                f"the workspace {plan.claimed_path} is another environment's; to share it, spawn with "
+                "--environment and its id"
+            )
             return await self._store.run(self._app.record_create_failed, env.id, env.attempt, "terminal", message)
         self._transcript.line(str(env.id), "step", "core", f"Host {env.host_id!r} planned the workspace")
-        return await self._store.run(self._app.record_planned, env.id, env.attempt, plan.project_path, plan.inputs,
-                                     plan.claimed_path, plan.listening)
+        return await self._store.run(
+            self._app.record_planned,
+            env.id,
+            env.attempt,
+            plan.project_path,
+            plan.inputs,
+            plan.claimed_path,
+            plan.listening,
+        )
 
     async def clean_attempt(self, cancelled: threading.Event, env: Environment) -> Environment | None:
         result = await self._provider_remove(env, cancelled)
@@ -110,8 +132,13 @@ class HostSteps:
         result = await self._provider_remove(env, cancelled)
         crash_point("remove-returned")
         if isinstance(result, Removed):
-            return await self._store.run(self._app.record_removed, env.id, env.removal_attempt, result.saved_ref,
-                                         [{"path": file.path, "bytes": file.bytes} for file in result.not_saved])
+            return await self._store.run(
+                self._app.record_removed,
+                env.id,
+                env.removal_attempt,
+                result.saved_ref,
+                [{"path": file.path, "bytes": file.bytes} for file in result.not_saved],
+            )
         self._transcript.line(str(env.id), "output", env.provider_id, f"removal failed: {result.message}")
         return await self._store.run(
             self._app.record_remove_failed, env.id, env.removal_attempt, result.message, _now() + REMOVE_RETRY
@@ -119,9 +146,16 @@ class HostSteps:
 
     async def _provider_remove(self, env: Environment, cancelled: threading.Event) -> RemoveResult:
         request = RemoveRequest(
-            environment_id=str(env.id), attempt=env.attempt, host_id=env.host_id, provider_id=env.provider_id,
-            project_path=env.project_path, inputs=env.inputs, path=env.path, path_key=env.path_key,
-            resource=env.resource, removal_attempt=env.removal_attempt,
+            environment_id=str(env.id),
+            attempt=env.attempt,
+            host_id=env.host_id,
+            provider_id=env.provider_id,
+            project_path=env.project_path,
+            inputs=env.inputs,
+            path=env.path,
+            path_key=env.path_key,
+            resource=env.resource,
+            removal_attempt=env.removal_attempt,
         )
         return await self._hosts.host(env.host_id, env.provider_id).remove(request, cancelled)
 
@@ -138,7 +172,9 @@ class HostSteps:
             return None
         return await self._store.run(self._app.record_paused, env.id, result.resource, _now())
 
-    async def resume(self, cancelled: threading.Event, env: Environment, request: ResourceRequest) -> Environment | None:
+    async def resume(
+        self, cancelled: threading.Event, env: Environment, request: ResourceRequest
+    ) -> Environment | None:
         self._transcript.line(str(env.id), "step", env.provider_id, "Resuming the environment")
         result = await self._hosts.host(env.host_id, env.provider_id).resume(request)
         if isinstance(result, ResumeFailed):
@@ -152,10 +188,16 @@ class HostSteps:
         crash_point("setup-finished")
         what = f"recording the setup outcome of environment {env.id}"
         if outcome.status == "skipped":  # the host found no script in the workspace
-            return await self._save_outcome(what, self._app.record_setup_skipped, env.id, operation_id,
-                                            outcome.message or f"no {SCRIPT_NAMES['setup']}")
-        return await self._save_outcome(what, self._app.record_setup_outcome, env.id, operation_id,
-                                        outcome.status == "succeeded", outcome.message)
+            return await self._save_outcome(
+                what,
+                self._app.record_setup_skipped,
+                env.id,
+                operation_id,
+                outcome.message or f"no {SCRIPT_NAMES['setup']}",
+            )
+        return await self._save_outcome(
+            what, self._app.record_setup_outcome, env.id, operation_id, outcome.status == "succeeded", outcome.message
+        )
 
     async def run_teardown(self, cancelled: threading.Event, env: Environment, operation_id: str) -> Environment:
         """`operation_id` is the step's: the teardown operation `env` recorded."""
@@ -163,13 +205,20 @@ class HostSteps:
         crash_point("teardown-finished")
         what = f"recording the teardown outcome of environment {env.id}"
         if outcome.status == "skipped":  # the host found no script in the workspace
-            return await self._save_outcome(what, self._app.record_teardown_skipped, env.id, operation_id,
-                                            outcome.message or f"no {SCRIPT_NAMES['teardown']}")
-        return await self._save_outcome(what, self._app.record_teardown_outcome, env.id, operation_id,
-                                        outcome.status, outcome.message)
+            return await self._save_outcome(
+                what,
+                self._app.record_teardown_skipped,
+                env.id,
+                operation_id,
+                outcome.message or f"no {SCRIPT_NAMES['teardown']}",
+            )
+        return await self._save_outcome(
+            what, self._app.record_teardown_outcome, env.id, operation_id, outcome.status, outcome.message
+        )
 
-    async def _save_outcome(self, what: str, command: Callable[P, Environment], *args: P.args,
-                            **kwargs: P.kwargs) -> Environment:
+    async def _save_outcome(
+        self, what: str, command: Callable[P, Environment], *args: P.args, **kwargs: P.kwargs
+    ) -> Environment:
         """Save a hook's outcome however long the store refuses it (a full disk, a lost database).
 
         The hook has run: given up on, the outcome would be asked for again only at the next
@@ -188,5 +237,6 @@ class HostSteps:
     async def _run_hook(self, env: Environment, operation_id: str, kind: HookKind) -> HookOutcome:
         # The host's agent writes the hook's steps in the transcript, around its output.
         assert env.path is not None  # hooks run only in a workspace its provider created (and owns)
-        return await self._hosts.host(env.host_id).run_hook(env.host_id, str(env.id), operation_id, kind, env.path,
-                                                            env.current_hook(operation_id))
+        return await self._hosts.host(env.host_id).run_hook(
+            env.host_id, str(env.id), operation_id, kind, env.path, env.current_hook(operation_id)
+        )

@@ -21,8 +21,14 @@ from bb_environments.providers.registry import ProviderProfile, ProviderRegistry
 
 
 class HostRouter:
-    def __init__(self, registry: ProviderRegistry, core: Host, remote: Host, here: Host | None = None,
-                 host_here: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: ProviderRegistry,
+        core: Host,
+        remote: Host,
+        here: Host | None = None,
+        host_here: str | None = None,
+    ) -> None:
         """`core`: the host of the core's own (cloud) providers; `here`: the host `host_here`,
         whose agent runs in this process (None: every host's agent is elsewhere)."""
         self._registry = registry

@@ -22,7 +22,13 @@ from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import Claims, HeldPathsAsHolders, HostLeasesAsRecorded
 from bb_environments.handlers.host_registry import HostRegistry
 from bb_environments.handlers.indexes import (
-    AwaitingThreads, HookOperations, LiveEnvironments, LiveLimits, RegisteredThreads, WorktreeProjects)
+    AwaitingThreads,
+    HookOperations,
+    LiveEnvironments,
+    LiveLimits,
+    RegisteredThreads,
+    WorktreeProjects,
+)
 from bb_environments.handlers.log_indexes import LogWatch
 from bb_environments.handlers.writers import SingleWriter, Writers
 from bb_environments.providers.contract import retire_grace_ms
@@ -32,9 +38,14 @@ GraceLookup = Callable[[str], "int | None"]
 
 
 class IndexedApplication(Application[UUID]):
-    def __init__(self, env: dict[str, str] | None = None, grace_for: GraceLookup | None = None,
-                 writers: Writers | None = None, limits: LiveLimits | None = None,
-                 ports: PortRange | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        grace_for: GraceLookup | None = None,
+        writers: Writers | None = None,
+        limits: LiveLimits | None = None,
+        ports: PortRange | None = None,
+    ) -> None:
         """`writers`: who else may write the store (default: nobody, as with SQLite); `ports`: where
         each new environment's block of ports is leased from on its host."""
         self.writers = writers or SingleWriter()
@@ -54,17 +65,30 @@ class IndexedApplication(Application[UUID]):
         self._hooks = HookOperations(self, self.writers, watch)
         self._live = LiveEnvironments(self, self.writers, watch)
         self._worktree_projects = WorktreeProjects(self, self.writers, watch)
-        self._indexes = (*(holder.index for holder in (
-            self.claims, self.hosts, self._registered, self._awaiting, self._hooks, self._live,
-            self._worktree_projects)), self.claims.leases_index)
+        self._indexes = (
+            *(
+                holder.index
+                for holder in (
+                    self.claims,
+                    self.hosts,
+                    self._registered,
+                    self._awaiting,
+                    self._hooks,
+                    self._live,
+                    self._worktree_projects,
+                )
+            ),
+            self.claims.leases_index,
+        )
 
     @property
     def saves(self) -> int:
         """How many saves the application began: one that failed half way may still have written."""
         return self._saves
 
-    def save(self, *objs: MutableOrImmutableAggregate[UUID] | DomainEventProtocol[UUID] | None,
-             **kwargs: Any) -> list[Recording[UUID]]:
+    def save(
+        self, *objs: MutableOrImmutableAggregate[UUID] | DomainEventProtocol[UUID] | None, **kwargs: Any
+    ) -> list[Recording[UUID]]:
         """The library's save, counted, with its recordings folded into the log indexes."""
         self._saves += 1  # before the write: a save that fails half way may still have written
         recordings = super().save(*objs, **kwargs)
@@ -98,8 +122,9 @@ class IndexedApplication(Application[UUID]):
 
     def _get(self, kind: type[A], aggregate_id: UUID, name: str, unknown: type[DomainError], to_change: bool) -> A:
         try:
-            aggregate: A = self.repository.get(aggregate_id,
-                                               deepcopy_from_cache=to_change or self.repository.fastforward)
+            aggregate: A = self.repository.get(
+                aggregate_id, deepcopy_from_cache=to_change or self.repository.fastforward
+            )
         except AggregateNotFoundError:
             raise unknown(f"no {kind.__name__.lower()} {name}") from None
         return aggregate

@@ -42,8 +42,7 @@ class AwaitingThreads:
 
     def __init__(self, app: Application[UUID], writers: Writers, watch: LogWatch) -> None:
         self._requested: set[UUID] = set()
-        self.index = writers.log_index(app, watch, Thread, ("EnvironmentRequested", "EnvironmentAssigned"),
-                                       self._fold)
+        self.index = writers.log_index(app, watch, Thread, ("EnvironmentRequested", "EnvironmentAssigned"), self._fold)
 
     def thread_ids(self) -> list[UUID]:
         """Their aggregate ids (a refused request stays among them: the thread says whether it waits)."""
@@ -113,13 +112,17 @@ class LiveEnvironments:
         `limits` allow, not counting the `handed_on` ones whose removal makes room for it."""
         on_host = self.on_host(host_id)
         if on_host - handed_on >= limits.per_host:
-            raise LimitReached(f"host {host_id} has {on_host} live environments, as many as "
-                               f"BB_MAX_LIVE_ENVIRONMENTS ({limits.per_host}) allows: remove one first")
+            raise LimitReached(
+                f"host {host_id} has {on_host} live environments, as many as "
+                f"BB_MAX_LIVE_ENVIRONMENTS ({limits.per_host}) allows: remove one first"
+            )
         in_project = self.in_project(host_id, project_path) if project_path is not None else 0
         if project_path is not None and in_project - handed_on >= limits.per_project:
-            raise LimitReached(f"project {project_path} has {in_project} live environments on host {host_id}, as "
-                               f"many as BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT ({limits.per_project}) allows: "
-                               "remove one first")
+            raise LimitReached(
+                f"project {project_path} has {in_project} live environments on host {host_id}, as "
+                f"many as BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT ({limits.per_project}) allows: "
+                "remove one first"
+            )
 
     def _fold(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
         if notification.topic.endswith(".Claimed"):
@@ -153,4 +156,3 @@ class WorktreeProjects:
         claimed: Any = self._app.mapper.to_domain_event(notification) if event is None else event
         if claimed.provider_id == WORKTREE_PROVIDER_ID and claimed.project_path:
             self._projects.setdefault(claimed.host_id, set()).add(claimed.project_path)
-

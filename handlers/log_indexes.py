@@ -18,7 +18,9 @@ Fold = Callable[[Notification, "DomainEventProtocol[UUID] | None"], None]
 
 
 def aggregate_id(notification: Notification) -> UUID:
-    assert isinstance(notification.originator_id, UUID)  # our aggregates' ids are UUIDs, and the recorders return them so
+    assert isinstance(
+        notification.originator_id, UUID
+    )  # our aggregates' ids are UUIDs, and the recorders return them so
     return notification.originator_id
 
 
@@ -52,8 +54,11 @@ class LogWatch:
         where the furthest behind stopped, each folded by the indexes that had not read it."""
         behind = [index for index in self._indexes if index.position < head]
         notifications = self._app.recorder.select_notifications(
-            start=min(index.position for index in behind) + 1, stop=head, limit=10**9,
-            topics=tuple(sorted({topic for index in behind for topic in index.topics})))
+            start=min(index.position for index in behind) + 1,
+            stop=head,
+            limit=10**9,
+            topics=tuple(sorted({topic for index in behind for topic in index.topics})),
+        )
         for index in behind:
             index.fold_read(notifications, head)
 
@@ -87,8 +92,9 @@ class LogIndex:
     and reads the log next only once the head has moved past it.
     """
 
-    def __init__(self, app: Application[UUID], watch: LogWatch, aggregate: type, event_names: tuple[str, ...],
-                 fold: Fold) -> None:
+    def __init__(
+        self, app: Application[UUID], watch: LogWatch, aggregate: type, event_names: tuple[str, ...], fold: Fold
+    ) -> None:
         self._app = app
         self._watch = watch
         self.topics = tuple(prefix + name for prefix in topic_prefixes(aggregate) for name in event_names)
@@ -131,8 +137,9 @@ class SingleWriterLogIndex(LogIndex):
     otherwise each command's lookup read the log).
     """
 
-    def __init__(self, app: Application[UUID], watch: LogWatch, aggregate: type,
-                 event_names: tuple[str, ...], fold: Fold) -> None:
+    def __init__(
+        self, app: Application[UUID], watch: LogWatch, aggregate: type, event_names: tuple[str, ...], fold: Fold
+    ) -> None:
         super().__init__(app, watch, aggregate, event_names, fold)
         self._read_after: int | None = None  # the count of saves when it last read the log
 
@@ -140,8 +147,9 @@ class SingleWriterLogIndex(LogIndex):
         saves = self._watch.saves()
         if saves == self._read_after:
             return
-        self._fold_all(self._app.recorder.select_notifications(start=self.position + 1, limit=10**9,
-                                                               topics=self.topics))
+        self._fold_all(
+            self._app.recorder.select_notifications(start=self.position + 1, limit=10**9, topics=self.topics)
+        )
         self._read_after = saves
 
     def _fold_all(self, notifications: Sequence[Notification]) -> None:

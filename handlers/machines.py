@@ -9,7 +9,7 @@ environment that is not removed lives on it, and its seed then stops working at 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from bb_environments.domain.errors import HostAlreadyRegistered
@@ -45,8 +45,9 @@ class Machine:
 
 
 class Machines:
-    def __init__(self, store: Store, hosts: HostDirectory, read_model: ReadModel, own_host_id: str,
-                 agent_here: bool = True) -> None:
+    def __init__(
+        self, store: Store, hosts: HostDirectory, read_model: ReadModel, own_host_id: str, agent_here: bool = True
+    ) -> None:
         """`agent_here`: the agent of this service's own host runs in it (`bb serve` without --no-agent)."""
         self._store = store
         self._registry = store.app.hosts
@@ -71,28 +72,33 @@ class Machines:
     async def register(self, host_id: str, rotate: bool) -> Registered:
         check_host_id(host_id)
         if host_id == self._own_host_id:
-            raise InvalidInput(f"host {host_id!r} is this service's own host: its agent runs in `bb serve` "
-                               "(or, with --no-agent, with the seed credentials/host-" + host_id + ".nk)")
+            raise InvalidInput(
+                f"host {host_id!r} is this service's own host: its agent runs in `bb serve` "
+                "(or, with --no-agent, with the seed credentials/host-" + host_id + ".nk)"
+            )
         # Recorded before the seed is written: a refused registration leaves no seed behind, and
         # a crash in between leaves a registration that `--rotate` gives a seed.
         seed = self._hosts.new_seed()
         try:
             await self._store.run(self._registry.register, host_id, seed.public_key, rotate)
         except HostAlreadyRegistered as refused:
-            raise InvalidInput(f"{refused}: pass --rotate to replace its credentials "
-                               "(its agent is disconnected and must restart with the new file)") from None
+            raise InvalidInput(
+                f"{refused}: pass --rotate to replace its credentials "
+                "(its agent is disconnected and must restart with the new file)"
+            ) from None
         return Registered(host_id, await self._hosts.admit(host_id, seed))
 
     async def machines(self) -> list[Machine]:
         counts = await self._read_model.live_environments_by_host()
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         listed = []
         # The own host of a service without its agent is listed only while environments live on it.
         hosts = {*await self.known(), *([self._own_host_id] if counts.get(self._own_host_id) else [])}
         for host_id in sorted(hosts):
             seen = await self._hosts.last_seen(host_id)
             status: Literal["online", "offline", "never-seen"] = (
-                "never-seen" if seen is None else "online" if heard_recently(seen, now) else "offline")
+                "never-seen" if seen is None else "online" if heard_recently(seen, now) else "offline"
+            )
             listed.append(Machine(host_id, status, seen, counts.get(host_id, 0), host_id == self._own_host_id))
         return listed
 
@@ -104,8 +110,10 @@ class Machines:
         if host_id not in registered:
             raise NotFound(f"no registered host {host_id!r}; registered: {', '.join(registered) or 'none'}")
         if live := (await self._read_model.live_environments_by_host()).get(host_id, 0):
-            raise Refused(f"host {host_id!r} still holds {live} environment{'s' if live != 1 else ''} that "
-                          "are not removed: archive their threads (or delete them) first")
+            raise Refused(
+                f"host {host_id!r} still holds {live} environment{'s' if live != 1 else ''} that "
+                "are not removed: archive their threads (or delete them) first"
+            )
         # The seed is refused before the removal is recorded: a crash in between leaves the host
         # registered, and removing it again finishes the job.
         await self._hosts.forget(host_id)

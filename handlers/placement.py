@@ -15,13 +15,14 @@ from typing import Any
 from uuid import UUID
 
 from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, quoted
-from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.domain.request_errors import InvalidInput, Refused
+from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.ports import Hosts, HostUnavailable
 from bb_environments.providers.contract import InvalidInputs, PlanRefused, Policy, ProviderMissing
 from bb_environments.providers.planning import check_within_roots
 from bb_environments.providers.registry import ProviderProfile
 from bb_environments.providers.workspace_messages import PlanRequest
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -48,9 +49,7 @@ HOST_ID = re.compile(HOST_ID_PATTERN)
 
 def check_thread_id(thread_id: str) -> str:
     if not THREAD_ID.match(thread_id):
-        raise InvalidInput(
-            f"thread id {quoted(thread_id)} is not allowed: use {ID_RULE}"
-        )
+        raise InvalidInput(f"thread id {quoted(thread_id)} is not allowed: use {ID_RULE}")
     return thread_id
 
 
@@ -68,10 +67,16 @@ def check_environment_id(text: str) -> UUID:
 
 
 class Placer:
-    def __init__(self, hosts: Hosts, host_id: str = "local",
-                 known_hosts: Callable[[], Awaitable[list[str]]] | None = None,
-                 project_roots: tuple[str, ...] | None = None, *, default_host: str | None = None,
-                 agent_here: bool = True) -> None:
+    def __init__(
+        self,
+        hosts: Hosts,
+        host_id: str = "local",
+        known_hosts: Callable[[], Awaitable[list[str]]] | None = None,
+        project_roots: tuple[str, ...] | None = None,
+        *,
+        default_host: str | None = None,
+        agent_here: bool = True,
+    ) -> None:
         """`known_hosts`: the hosts environments may be placed on (default: this service's own);
         `project_roots`: the canonical directories a project must lie in (None: anywhere);
         `default_host`: where a spawn that names no host goes (None: this service's own host, if
@@ -112,8 +117,10 @@ class Placer:
             return host_id  # always known: a spawn on the service's own host waits on nobody to say so
         known = await self._known()
         if host_id not in known:
-            raise InvalidInput(f"host {host_id!r} is not registered; the hosts are: {', '.join(known) or 'none'} "
-                               "(`bb machine register` adds one)")
+            raise InvalidInput(
+                f"host {host_id!r} is not registered; the hosts are: {', '.join(known) or 'none'} "
+                "(`bb machine register` adds one)"
+            )
         return host_id
 
     async def default_host(self) -> str:
@@ -126,9 +133,11 @@ class Placer:
         known = await self._known()
         if self.host_id in known:
             return self.host_id
-        raise InvalidInput(f"the spawn names no host and this service's own host {self.host_id!r} has no agent: "
-                           f"name one (--host, or the thread event's hostId); the hosts are: {', '.join(known) or 'none'} "
-                           "(`bb machine register` adds one, BB_DEFAULT_HOST names the one a spawn goes to by default)")
+        raise InvalidInput(
+            f"the spawn names no host and this service's own host {self.host_id!r} has no agent: "
+            f"name one (--host, or the thread event's hostId); the hosts are: {', '.join(known) or 'none'} "
+            "(`bb machine register` adds one, BB_DEFAULT_HOST names the one a spawn goes to by default)"
+        )
 
     async def _known(self) -> list[str]:
         return await self._known_hosts() if self._known_hosts else [self.host_id]
@@ -146,8 +155,15 @@ class Placer:
             plan = await self._hosts.host(host_id, profile.id).plan(request)
         except HostUnavailable:
             self._refuse_outside_roots(project_path)
-            return Placement(provider_id=profile.id, host_id=host_id, project_path=project_path,
-                             inputs=intent.inputs, path_key=path_key, claimed_path=None, planned=False)
+            return Placement(
+                provider_id=profile.id,
+                host_id=host_id,
+                project_path=project_path,
+                inputs=intent.inputs,
+                path_key=path_key,
+                claimed_path=None,
+                planned=False,
+            )
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
         except PlanRefused as refused:
@@ -157,19 +173,33 @@ class Placer:
         # A subdirectory's repository may reach outside; and an agent of an earlier release reads no roots.
         self._refuse_outside_roots(plan.project_path)
         return Placement(
-            provider_id=profile.id, host_id=host_id, project_path=plan.project_path, inputs=plan.inputs,
-            path_key=path_key, claimed_path=plan.claimed_path, shares_claimed_path=plan.shares_claimed_path,
+            provider_id=profile.id,
+            host_id=host_id,
+            project_path=plan.project_path,
+            inputs=plan.inputs,
+            path_key=path_key,
+            claimed_path=plan.claimed_path,
+            shares_claimed_path=plan.shares_claimed_path,
             listening=plan.listening,
         )
 
-    async def next_attempt(self, provider_id: str, thread_id: str, attempt: int, host_id: str,
-                           project_path: str | None, inputs: Any, path_key: str) -> tuple[str, str | None]:
+    async def next_attempt(
+        self,
+        provider_id: str,
+        thread_id: str,
+        attempt: int,
+        host_id: str,
+        project_path: str | None,
+        inputs: Any,
+        path_key: str,
+    ) -> tuple[str, str | None]:
         """The path key and claimed path of the attempt after `attempt`."""
         profile = self.profile(provider_id)
         next_key = _path_key(profile.policy, thread_id, attempt + 1, path_key)
         try:
             claimed = await self._hosts.host(host_id, profile.id).planned_path(
-                PlanRequest(host_id, profile.id, project_path, inputs, next_key))
+                PlanRequest(host_id, profile.id, project_path, inputs, next_key)
+            )
         except InvalidInputs as refused:
             raise InvalidInput(str(refused)) from None
         return next_key, claimed

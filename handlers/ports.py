@@ -11,6 +11,7 @@ from uuid import UUID
 
 from bb_environments.domain.hook_operations import HookKind, HookOutcome, RecordedHook
 from bb_environments.providers.contract import CreateResult, RemoveResult
+
 # The port's failures and the transcript are the contract's too: a host raises them and writes to it.
 from bb_environments.providers.contract import HostUnavailable as HostUnavailable
 from bb_environments.providers.contract import ProviderMissing as ProviderMissing
@@ -72,11 +73,11 @@ class Host(Protocol):
         """Remove what a create attempt made or left (a removal, or the cleanup of a failed attempt)."""
         ...
 
-    async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
-        ...
+    async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool: ...
 
-    async def pause(self, request: ResourceRequest,
-                    checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]) -> PauseResult:
+    async def pause(
+        self, request: ResourceRequest, checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]
+    ) -> PauseResult:
         """Suspend the resource; `checkpoint` records the resumable one before anything is stopped."""
         ...
 
@@ -91,8 +92,15 @@ class Host(Protocol):
         """Save a leftover's work, then remove it (`Removed.saved_ref` names the save)."""
         ...
 
-    async def run_hook(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
-                       workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+    async def run_hook(
+        self,
+        host_id: str,
+        environment_id: str,
+        operation_id: str,
+        kind: HookKind,
+        workspace: str,
+        known: RecordedHook | None = None,
+    ) -> HookOutcome:
         """Run a hook at most once per operation id, as the log allows (hooks/ledger.py).
 
         `known` is what the log says of the operation, read off the environment as the writer

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Concatenate, ParamSpec, assert_never
 from uuid import UUID
 
@@ -46,8 +46,17 @@ from bb_environments.domain.steps import (
 from bb_environments.handlers.host_steps import HostSteps
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.ports import (
-    ActivityElsewhere, Everything, Hosts, HostUnavailable, NoOtherReplica, Outcomes, OutcomesUntold, ProviderMissing,
-    Share, Transcript)
+    ActivityElsewhere,
+    Everything,
+    Hosts,
+    HostUnavailable,
+    NoOtherReplica,
+    Outcomes,
+    OutcomesUntold,
+    ProviderMissing,
+    Share,
+    Transcript,
+)
 from bb_environments.handlers.store import Store
 from bb_environments.providers.workspace_messages import ResourceRequest
 
@@ -69,7 +78,7 @@ when it failed and recorded nothing (it runs again after FAILED_STEP_RETRY)."""
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass
@@ -79,10 +88,17 @@ class _Step:
 
 
 class Provisioner:
-    def __init__(self, store: Store, placer: Placer, hosts: Hosts, transcript: Transcript,
-                 transient_retry_delay: timedelta = timedelta(seconds=30),
-                 failed_step_retry: timedelta = FAILED_STEP_RETRY, share: Share = Everything(),
-                 activity_elsewhere: ActivityElsewhere = NoOtherReplica()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        placer: Placer,
+        hosts: Hosts,
+        transcript: Transcript,
+        transient_retry_delay: timedelta = timedelta(seconds=30),
+        failed_step_retry: timedelta = FAILED_STEP_RETRY,
+        share: Share = Everything(),
+        activity_elsewhere: ActivityElsewhere = NoOtherReplica(),
+    ) -> None:
         """`share`: the environments this replica drives; a drive of any other does nothing, and
         activity on one is told to its driver through `activity_elsewhere`."""
         self._store = store
@@ -149,8 +165,11 @@ class Provisioner:
         async with lock:
             # `_newest_known` may have been forgotten meanwhile (the environment was removed): then
             # `_advanced_from`, which is kept, sends this drive to read it.
-            if known is None or self._advanced_from.get(environment_id, 0) >= known.version \
-                    or self._newest_known.get(environment_id, 0) > known.version:
+            if (
+                known is None
+                or self._advanced_from.get(environment_id, 0) >= known.version
+                or self._newest_known.get(environment_id, 0) > known.version
+            ):
                 known = await self._store.run(self._app.environment, environment_id)
             await self._advance(known)
 
@@ -208,7 +227,9 @@ class Provisioner:
             case RunSetup(operation_id):
                 self._start(env, operation_id, self._on_host.run_setup, env, operation_id)
             case CancelSetup(operation_id):
-                self._start(env, operation_id, self._on_host.run_setup, env, operation_id)  # its outcome is still recorded
+                self._start(
+                    env, operation_id, self._on_host.run_setup, env, operation_id
+                )  # its outcome is still recorded
                 try:
                     await self._hosts.host(env.host_id).cancel_hook(env.host_id, operation_id)
                 except HostUnavailable as unavailable:
@@ -251,8 +272,9 @@ class Provisioner:
         self._removals_waiting.add(env.id)
         return False
 
-    async def _record(self, env: Environment, command: Callable[Concatenate[UUID, P], object],
-                      *args: P.args, **kwargs: P.kwargs) -> None:
+    async def _record(
+        self, env: Environment, command: Callable[Concatenate[UUID, P], object], *args: P.args, **kwargs: P.kwargs
+    ) -> None:
         """Record a step, then drive on from the state it produced (if it produced one)."""
         outcome = await self._store.run(command, env.id, *args, **kwargs)
         environment = outcome[0] if isinstance(outcome, tuple) else outcome
@@ -277,8 +299,9 @@ class Provisioner:
         task = asyncio.create_task(self._supervise(step_key, work, cancelled, *args, **kwargs))
         self._steps[step_key] = _Step(task, cancelled)
 
-    async def _supervise(self, step_key: tuple[UUID, str], work: _Work[P], cancelled: threading.Event,
-                         *args: P.args, **kwargs: P.kwargs) -> None:
+    async def _supervise(
+        self, step_key: tuple[UUID, str], work: _Work[P], cancelled: threading.Event, *args: P.args, **kwargs: P.kwargs
+    ) -> None:
         try:
             recorded = await work(cancelled, *args, **kwargs)
         except asyncio.CancelledError:
@@ -353,7 +376,9 @@ class Provisioner:
             return
         # Nothing seen since this process started: count from the last event.
         last_activity = self._activity.get(env.id, quiet_since)
-        if await self._hosts.host(env.host_id, env.provider_id).idle_pause_due(env.host_id, env.provider_id, last_activity, now):
+        if await self._hosts.host(env.host_id, env.provider_id).idle_pause_due(
+            env.host_id, env.provider_id, last_activity, now
+        ):
             self._start(env, "pause", self._on_host.pause, env, request)
 
     def _resume_on_activity(self, env: Environment, paused_at: datetime) -> None:
@@ -364,8 +389,7 @@ class Provisioner:
 
     async def _retry_transient(self, env: Environment) -> None:
         path_key, claimed_path = await self._placer.next_attempt(
-            env.provider_id, env.origin_thread_id, env.attempt, env.host_id, env.project_path, env.inputs,
-            env.path_key,
+            env.provider_id, env.origin_thread_id, env.attempt, env.host_id, env.project_path, env.inputs, env.path_key
         )
         self._transcript.line(str(env.id), "step", "core", f"Retrying after a transient failure: {env.status_message}")
         await self._record(env, self._app.retry, path_key, claimed_path)

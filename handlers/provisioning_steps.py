@@ -6,7 +6,7 @@ setup, retry, removal, teardown, and what recovery asks of the log.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -55,8 +55,15 @@ class ProvisioningSteps(IndexedApplication):
             self.save(environment, *claims.changed)
         return environment
 
-    def record_planned(self, environment_id: UUID, attempt: int, project_path: str | None, inputs: Any,
-                       claimed_path: str | None, listening: tuple[int, ...] = ()) -> Environment:
+    def record_planned(
+        self,
+        environment_id: UUID,
+        attempt: int,
+        project_path: str | None,
+        inputs: Any,
+        claimed_path: str | None,
+        listening: tuple[int, ...] = (),
+    ) -> Environment:
         """The host's plan for an environment placed while its host was away, with its claim taken
         and its block of ports leased (free of the `listening` ports the host found) in the same
         save; a path another environment holds, or no free block, fails the attempt for good instead.
@@ -86,8 +93,9 @@ class ProvisioningSteps(IndexedApplication):
     def note_host_awaited(self, environment_id: UUID, message: str) -> Environment:
         return self._change(environment_id, lambda e: e.note_host_awaited(message))[0]
 
-    def record_create_failed(self, environment_id: UUID, attempt: int, failure: CreateFailure,
-                             message: str) -> Environment:
+    def record_create_failed(
+        self, environment_id: UUID, attempt: int, failure: CreateFailure, message: str
+    ) -> Environment:
         return self._change(environment_id, lambda e: e.record_create_failed(attempt, failure, message))[0]
 
     def start_setup(self, environment_id: UUID) -> tuple[Environment, bool]:
@@ -150,8 +158,13 @@ class ProvisioningSteps(IndexedApplication):
     def record_teardown_skipped(self, environment_id: UUID, operation_id: str, reason: str) -> Environment:
         return self._change(environment_id, lambda e: e.record_teardown_skipped(operation_id, reason))[0]
 
-    def record_removed(self, environment_id: UUID, removal_attempt: int, saved_ref: str | None = None,
-                       not_saved: list[dict[str, Any]] | None = None) -> Environment:
+    def record_removed(
+        self,
+        environment_id: UUID,
+        removal_attempt: int,
+        saved_ref: str | None = None,
+        not_saved: list[dict[str, Any]] | None = None,
+    ) -> Environment:
         """Removal succeeded: the environment ends (with where its work was saved, and which files
         that save left out) and its path claims are released in the same save."""
         environment = self._changing_environment(environment_id)
@@ -193,7 +206,7 @@ def _take_recording_step(environment: Environment, empty: bool) -> None:
     asking it costs a hook record, a round trip and a save of their own. That decision is taken
     here, not by the aggregate's `next_step`, because `empty` is what the provider says of this
     one creation, not state the aggregate keeps."""
-    match environment.next_step(datetime.now(timezone.utc)):
+    match environment.next_step(datetime.now(UTC)):
         case StartSetup() if empty:
             environment.skip_setup(MADE_EMPTY_REASON)
         case StartSetup():

@@ -84,8 +84,9 @@ class Store:
 
     async def read_log(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a read of the notification log (never a command) on the reader thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._log_reader,
-                                                                functools.partial(call, *args, **kwargs))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._log_reader, functools.partial(call, *args, **kwargs)
+        )
 
     def close(self) -> None:
         self._log_reader.shutdown(wait=True)
@@ -100,8 +101,10 @@ class Store:
                 batch.append(self._commands.get())
             commands = [command for command in batch if command is not None]
             saves_before = self.app.saves
-            outcomes = [_attempt(command.call, self.app.writers.command_tries, self.app.log_watch.one_run)
-                        for command in commands]
+            outcomes = [
+                _attempt(command.call, self.app.writers.command_tries, self.app.log_watch.one_run)
+                for command in commands
+            ]
             # Whoever forwards new events is woken only once the batch's saves are on disk.
             if self.app.saves != saves_before:
                 try:
@@ -122,8 +125,9 @@ class Store:
                 return
 
 
-def _attempt(call: functools.partial[Any], tries: int,
-             one_run: Callable[[], contextlib.AbstractContextManager[None]]) -> tuple[Any, BaseException | None]:
+def _attempt(
+    call: functools.partial[Any], tries: int, one_run: Callable[[], contextlib.AbstractContextManager[None]]
+) -> tuple[Any, BaseException | None]:
     """The command's result or error, once it ran without losing a race, or `tries` times; each run
     looks at the log's head afresh (`one_run`, see LogWatch)."""
     run = 1
@@ -136,7 +140,8 @@ def _attempt(call: functools.partial[Any], tries: int,
                 command = getattr(call.func, "__name__", "a command")
                 conflicted = CommandConflicted(
                     f"{command} lost the race to another writer of the event store {tries} "
-                    f"{'time' if tries == 1 else 'times'}, nothing of it was saved: {lost}")
+                    f"{'time' if tries == 1 else 'times'}, nothing of it was saved: {lost}"
+                )
                 conflicted.__cause__ = lost
                 return None, conflicted
         except Exception as error:

@@ -57,8 +57,13 @@ class ThreadUseCases(IndexedApplication):
         joined, or placed new) in one save: a refused spawn leaves no thread behind."""
         if self.find_thread(thread_id) is not None:
             raise IllegalTransition(f"thread {thread_id} already exists")
-        thread = Thread(thread_id=thread_id, project_path=project_path, parent_thread_id=parent_thread_id,
-                        host_id=host_id, intent=intent)
+        thread = Thread(
+            thread_id=thread_id,
+            project_path=project_path,
+            parent_thread_id=parent_thread_id,
+            host_id=host_id,
+            intent=intent,
+        )
         thread.request_environment()
         environment, changed = self._provide(thread, target)
         self.save(*changed)
@@ -137,8 +142,11 @@ class ThreadUseCases(IndexedApplication):
         claims = self.claims.on_host(host_id)
         # The block is chosen against the ports the host's plan found listening: one placed while
         # the host was away leases its block when it is planned there (record_planned).
-        slug, ports = claims.choose_lease(slug_base(placement.project_path, placement.provider_id),
-                                          self.ports if placement.planned else None, placement.listening)
+        slug, ports = claims.choose_lease(
+            slug_base(placement.project_path, placement.provider_id),
+            self.ports if placement.planned else None,
+            placement.listening,
+        )
         environment = Environment(
             provider_id=placement.provider_id,
             host_id=host_id,
@@ -148,7 +156,8 @@ class ThreadUseCases(IndexedApplication):
             claimed_path=claimed_path,
             thread_id=thread.thread_id,
             **({} if placement.planned else {"planned": False}),
-            slug=slug, ports=ports.recorded() if ports else None,
+            slug=slug,
+            ports=ports.recorded() if ports else None,
         )
         claims.lease(environment.id, slug, ports)
         thread.assign_environment(environment.id)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, ParamSpec
 from uuid import UUID
 
-from bb_environments.domain.errors import UnknownThread
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.errors import DomainError, PathAlreadyClaimed
+from bb_environments.domain.errors import DomainError, PathAlreadyClaimed, UnknownThread
+from bb_environments.domain.request_errors import InvalidInput, NotFound, Refused, RequestError, UnknownThreadMessage
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.commands import (
     ArchiveThread,
@@ -31,7 +31,6 @@ from bb_environments.handlers.commands import (
     intent_document,
     intent_from_document,
 )
-from bb_environments.domain.request_errors import InvalidInput, NotFound, Refused, RequestError, UnknownThreadMessage
 from bb_environments.handlers.placement import Placement, Placer, check_environment_id, check_host_id, check_thread_id
 from bb_environments.handlers.ports import Hosts
 from bb_environments.handlers.store import Store
@@ -42,7 +41,7 @@ P = ParamSpec("P")
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class ThreadHandlers:
@@ -85,7 +84,9 @@ class ThreadHandlers:
         registered = (thread.thread_id, thread.project_path, thread.parent_thread_id, thread.host_id, thread.intent)
         return await self._registration(message) == registered
 
-    async def _registration(self, message: RegisterThread) -> tuple[str, str | None, str | None, str, dict[str, Any] | None]:
+    async def _registration(
+        self, message: RegisterThread
+    ) -> tuple[str, str | None, str | None, str, dict[str, Any] | None]:
         """The thread as the log registers it (id, project, parent, host, intent), each checked."""
         host_id = check_host_id(_host_of(message) or await self._placer.default_host())
         if message.parent_thread_id is not None:
@@ -139,8 +140,10 @@ class ThreadHandlers:
         try:
             return await self._store.run(command, *args, **kwargs)
         except PathAlreadyClaimed as conflict:
-            raise Refused(f"cannot claim the workspace path: {conflict}; "
-                          "to share that workspace, spawn with --environment and its id") from None
+            raise Refused(
+                f"cannot claim the workspace path: {conflict}; "
+                "to share that workspace, spawn with --environment and its id"
+            ) from None
 
     async def _intent_of(self, thread: Thread) -> tuple[Intent, str | None]:
         """The thread's own intent, or what it inherits from its parent (with the parent's project).
@@ -175,6 +178,8 @@ def _host_of(message: RegisterThread) -> str | None:
     intent = message.environment
     machine_host = intent.machine_host_id if isinstance(intent, NewEnvironment) else None
     if message.host_id is not None and machine_host is not None and machine_host != message.host_id:
-        raise InvalidInput(f"the thread names host {message.host_id!r} but its environment intent names machine "
-                           f"{machine_host!r}: name one host, or the same in both")
+        raise InvalidInput(
+            f"the thread names host {message.host_id!r} but its environment intent names machine "
+            f"{machine_host!r}: name one host, or the same in both"
+        )
     return message.host_id or machine_host

@@ -34,14 +34,17 @@ class Writers(ABC):
     aggregate not cached a query of the snapshots."""
 
     @abstractmethod
-    def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
-                  event_names: tuple[str, ...], fold: Fold) -> LogIndex:
+    def log_index(
+        self, app: Application[UUID], watch: LogWatch, aggregate: type, event_names: tuple[str, ...], fold: Fold
+    ) -> LogIndex:
         """An index of the log's `event_names` events of `aggregate`; `watch` is the app's (its saves, the head)."""
 
     def application_settings(self) -> dict[str, str]:
         """The settings of the application's cache and snapshots this strategy needs, for its environment."""
-        return {"AGGREGATE_CACHE_FASTFORWARD": "y" if self.fastforward else "n",
-                "IS_SNAPSHOTTING_ENABLED": "y" if self.snapshots else "n"}
+        return {
+            "AGGREGATE_CACHE_FASTFORWARD": "y" if self.fastforward else "n",
+            "IS_SNAPSHOTTING_ENABLED": "y" if self.snapshots else "n",
+        }
 
 
 class SingleWriter(Writers):
@@ -55,8 +58,9 @@ class SingleWriter(Writers):
     command_tries = 1
     snapshots = False
 
-    def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
-                  event_names: tuple[str, ...], fold: Fold) -> LogIndex:
+    def log_index(
+        self, app: Application[UUID], watch: LogWatch, aggregate: type, event_names: tuple[str, ...], fold: Fold
+    ) -> LogIndex:
         return SingleWriterLogIndex(app, watch, aggregate, event_names, fold)
 
 
@@ -70,6 +74,7 @@ class SharedStore(Writers):
     command_tries = 5
     snapshots = True
 
-    def log_index(self, app: Application[UUID], watch: LogWatch, aggregate: type,
-                  event_names: tuple[str, ...], fold: Fold) -> LogIndex:
+    def log_index(
+        self, app: Application[UUID], watch: LogWatch, aggregate: type, event_names: tuple[str, ...], fold: Fold
+    ) -> LogIndex:
         return LogIndex(app, watch, aggregate, event_names, fold)

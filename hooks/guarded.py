@@ -58,17 +58,24 @@ class GuardedHooks:
         if forgotten:
             log.info("deleted the records of %d hook operations of removed environments", len(forgotten))
 
-    async def start_or_join(self, operation_id: str, kind: str, environment_id: str, workspace: str,
-                            known: RecordedHook | None = None) -> asyncio.Task[HookOutcome]:
+    async def start_or_join(
+        self, operation_id: str, kind: str, environment_id: str, workspace: str, known: RecordedHook | None = None
+    ) -> asyncio.Task[HookOutcome]:
         """The hook's run, begun or joined, once the guard finds the request backed by the log
         (or by `known`, see HookGuard.to_run)."""
         recorded = await self._guard.to_run(operation_id, kind, environment_id, workspace, known)
         if operation_id not in self._running:
             assert recorded.workspace is not None  # an awaited hook's environment has its path
             # Begun here and now, not when a task of ours is first stepped (see HookRunner.start).
-            running = self._runner.start(recorded.operation_id, recorded.kind, Path(recorded.workspace),
-                                         self._output_of(recorded), recorded.environment_id,
-                                         self._begin_of(recorded), recorded.given_variables())
+            running = self._runner.start(
+                recorded.operation_id,
+                recorded.kind,
+                Path(recorded.workspace),
+                self._output_of(recorded),
+                recorded.environment_id,
+                self._begin_of(recorded),
+                recorded.given_variables(),
+            )
             # Its failure is read even where the announcing task is cancelled before it awaits the
             # run (the agent's stop): the runner has recorded it, nothing else needs to.
             running.add_done_callback(_read_failure)
@@ -101,15 +108,16 @@ class GuardedHooks:
         data, _ = page
         more = len(data) == OUTPUT_PAGE_BYTES
         if more and (end_of_line := data.rfind(b"\n")) >= 0:
-            data = data[:end_of_line + 1]  # a whole line, so that no character is cut in two
+            data = data[: end_of_line + 1]  # a whole line, so that no character is cut in two
         return data.decode(errors="replace"), offset + len(data), more
 
     def _output_of(self, hook: RecordedHook) -> OutputSink:
         async def output(text: str, offset: int) -> None:
             # Named by its place in the hook's log: a restarted agent replays the log from its
             # start, and the transcripts stream drops the lines it already has.
-            self._transcript.line(hook.environment_id, "output", hook.kind, text,
-                                  message_id=f"{hook.operation_id}@{offset}")
+            self._transcript.line(
+                hook.environment_id, "output", hook.kind, text, message_id=f"{hook.operation_id}@{offset}"
+            )
 
         return output
 
@@ -138,7 +146,8 @@ class GuardedHooks:
         try:
             outcome = await running
             verdict = {"succeeded": "finished", "skipped": "skipped: the workspace has none"}.get(
-                outcome.status, f"{outcome.status}: {outcome.message}")
+                outcome.status, f"{outcome.status}: {outcome.message}"
+            )
             self._step(hook, f"{SCRIPT_NAMES[hook.kind]} {verdict}", "ended")
             return outcome
         finally:

@@ -59,8 +59,9 @@ def _serve(channel_fd: int) -> None:
             else:
                 with assignment:
                     # The runner's copy of the spare's socket is then the only one.
-                    send_frame(channel, {"pid": spare, "started_at": start_ticks_of_child(spare)},
-                               [pidfd, assignment.fileno()])
+                    send_frame(
+                        channel, {"pid": spare, "started_at": start_ticks_of_child(spare)}, [pidfd, assignment.fileno()]
+                    )
         # The channel first: a spare the runner took and that already finished its hook is not
         # one that died idle, to be replaced a second time.
         for fd, _events in sorted(poller.poll(), key=lambda ready: ready[0] != channel_fd):
@@ -80,7 +81,9 @@ def _serve(channel_fd: int) -> None:
                 spare = None
 
 
-def _fork_spare(channel: socket.socket, children: dict[int, int], poller: select.poll) -> tuple[int, int, socket.socket]:
+def _fork_spare(
+    channel: socket.socket, children: dict[int, int], poller: select.poll
+) -> tuple[int, int, socket.socket]:
     """Fork a spare: its pid, its pidfd and the socket on which it waits for its request."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # Blocked from birth: no moment in which a SIGTERM kills the supervisor instead of cancelling.
@@ -121,9 +124,14 @@ def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
             asked = SupervisorRequest.decode(request)
             # The done pipe is closed right after the last record write: the runner learns it
             # then, not once the output of what the hook left running has ended.
-            supervisor.main([asked.records_dir, asked.operation_id, asked.timeout, asked.sync,
-                             asked.output_max_bytes], asked.environment, tuple(fds),
-                            cgroups=asked.cgroups, run_as=asked.run_as, git_hook=asked.git_hook)
+            supervisor.main(
+                [asked.records_dir, asked.operation_id, asked.timeout, asked.sync, asked.output_max_bytes],
+                asked.environment,
+                tuple(fds),
+                cgroups=asked.cgroups,
+                run_as=asked.run_as,
+                git_hook=asked.git_hook,
+            )
         else:
             for fd in fds:
                 os.close(fd)

@@ -15,7 +15,7 @@ refused, so no run, join or replay can need them; a record still running is neve
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from bb_environments.domain.hook_operations import RecordedHook
@@ -57,12 +57,12 @@ class HookGuard:
 
     def _of_this_host(self, recorded: RecordedHook) -> RecordedHook:
         if recorded.host_id != self._host_id:
-            raise HookRefused(recorded.operation_id,
-                              f"it belongs to host {recorded.host_id!r}, not {self._host_id!r}")
+            raise HookRefused(recorded.operation_id, f"it belongs to host {recorded.host_id!r}, not {self._host_id!r}")
         return recorded
 
-    async def to_run(self, operation_id: str, kind: str, environment_id: str, workspace: str,
-                     known: RecordedHook | None = None) -> RecordedHook:
+    async def to_run(
+        self, operation_id: str, kind: str, environment_id: str, workspace: str, known: RecordedHook | None = None
+    ) -> RecordedHook:
         """The operation, if the log awaits its outcome from exactly this hook.
 
         `known`: the log's answer for this very operation as the store's writer gave it to this
@@ -79,10 +79,13 @@ class HookGuard:
         if not recorded.awaited:
             raise HookRefused(operation_id, "the log awaits no outcome of it: it finished, or its environment moved on")
         if (kind, environment_id, workspace) != (recorded.kind, recorded.environment_id, recorded.workspace):
-            raise HookRefused(operation_id, (
-                f"the log recorded the {recorded.kind} hook of environment {recorded.environment_id} in "
-                f"{recorded.workspace!r}, not the {quoted(kind)} hook of {quoted(environment_id)} in {quoted(workspace)}"
-            ))
+            raise HookRefused(
+                operation_id,
+                (
+                    f"the log recorded the {recorded.kind} hook of environment {recorded.environment_id} in "
+                    f"{recorded.workspace!r}, not the {quoted(kind)} hook of {quoted(environment_id)} in {quoted(workspace)}"
+                ),
+            )
         return recorded
 
     async def to_stop(self, operation_id: str) -> RecordedHook:
@@ -97,13 +100,17 @@ class HookGuard:
 
         Safe to stop at any point: see HookRecords.delete. Returns the operations forgotten.
         """
-        cutoff = datetime.now(timezone.utc) - timedelta(seconds=max_age_s)
+        cutoff = datetime.now(UTC) - timedelta(seconds=max_age_s)
         await asyncio.to_thread(runner.delete_abandoned_writes, cutoff)
         forgettable = []
         for operation_id in await asyncio.to_thread(runner.settled_before, cutoff):
             recorded = await self._ledger.recorded_hook(operation_id)
             # An operation the log does not know (another store's, say) is not ours to judge.
-            if recorded is not None and recorded.host_id == self._host_id and recorded.environment_removed \
-                    and not recorded.awaited:
+            if (
+                recorded is not None
+                and recorded.host_id == self._host_id
+                and recorded.environment_removed
+                and not recorded.awaited
+            ):
                 forgettable.append(operation_id)
         return await runner.forget(forgettable)

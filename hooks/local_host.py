@@ -22,13 +22,27 @@ from bb_environments.providers.workspaces import LocalWorkspaces
 
 
 class LocalHost(LocalWorkspaces):
-    def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript, *,
-                 hooks: GuardedHooks | None = None, earlier_data_dir: Path | None = None,
-                 containment: Containment | None = None, workspace_user: WorkspaceUser | None = None) -> None:
+    def __init__(
+        self,
+        registry: ProviderRegistry,
+        data_dir: Path,
+        transcript: Transcript,
+        *,
+        hooks: GuardedHooks | None = None,
+        earlier_data_dir: Path | None = None,
+        containment: Containment | None = None,
+        workspace_user: WorkspaceUser | None = None,
+    ) -> None:
         """`hooks`: this host's (None: the core's own providers, whose hooks run on the host an
         environment names); the rest is LocalWorkspaces'."""
-        super().__init__(registry, data_dir, transcript, earlier_data_dir=earlier_data_dir,
-                         containment=containment, workspace_user=workspace_user)
+        super().__init__(
+            registry,
+            data_dir,
+            transcript,
+            earlier_data_dir=earlier_data_dir,
+            containment=containment,
+            workspace_user=workspace_user,
+        )
         self._hooks = hooks
 
     @property
@@ -37,8 +51,15 @@ class LocalHost(LocalWorkspaces):
             raise HostUnavailable("no hooks run in this process")
         return self._hooks
 
-    async def run_hook(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
-                       workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+    async def run_hook(
+        self,
+        host_id: str,
+        environment_id: str,
+        operation_id: str,
+        kind: HookKind,
+        workspace: str,
+        known: RecordedHook | None = None,
+    ) -> HookOutcome:
         """`known`: the core's own answer from the log, which spares a second trip to the store's writer."""
         running = await self.hooks.start_or_join(operation_id, kind, environment_id, workspace, known)
         # Shielded: whoever waits giving up (the core stopping) must not cancel the run.

@@ -44,19 +44,21 @@ class OutputDelivery:
         data = await asyncio.to_thread(read_from, log_path, offset)
         await self.deliver(operation_id, data, offset, on_output, complete)
 
-    async def deliver(self, operation_id: str, data: bytes, offset: int, on_output: OutputSink,
-                      complete: bool) -> None:
+    async def deliver(self, operation_id: str, data: bytes, offset: int, on_output: OutputSink, complete: bool) -> None:
         """Send `data`, read from `offset` of the log; a partial last line only once complete."""
         if not complete:
             data = data[: data.rfind(b"\n") + 1]
         lines = data.splitlines(keepends=True)
         kept = self._lines_kept
         if kept is not None and len(lines) > kept:
-            left_out, lines = lines[:len(lines) - kept + 1], lines[len(lines) - kept + 1:]  # +1: the marker's room
+            left_out, lines = lines[: len(lines) - kept + 1], lines[len(lines) - kept + 1 :]  # +1: the marker's room
             left_out_bytes = sum(map(len, left_out))
-            await on_output(f"[bb: {len(left_out)} lines ({left_out_bytes} bytes) of output not in the transcript, "
-                            f"which keeps the last {kept} of an environment: bb environment logs --hook-output "
-                            "has them]", offset)
+            await on_output(
+                f"[bb: {len(left_out)} lines ({left_out_bytes} bytes) of output not in the transcript, "
+                f"which keeps the last {kept} of an environment: bb environment logs --hook-output "
+                "has them]",
+                offset,
+            )
             offset += left_out_bytes
             self._offsets[operation_id] = offset
         for number, line in enumerate(lines, start=1):

@@ -48,7 +48,7 @@ class BoundedLog:
             newline = data.find(b"\n", start)
             stop = len(data) if newline < 0 else newline
             room = max(LINE_MAX_BYTES - self._line_length, 0)
-            kept += data[start:start + min(stop - start, room)]
+            kept += data[start : start + min(stop - start, room)]
             self._line_cut += max(stop - start - room, 0)
             self._line_length += stop - start
             if newline < 0:
@@ -63,8 +63,11 @@ class BoundedLog:
             self._write(self._end_of_line())
         if self._dropped:
             separator = b"" if self._ends_line else b"\n"
-            self._write(separator + f"[bb: {self._dropped} bytes of output not kept: beyond "
-                        f"BB_HOOK_OUTPUT_MAX_BYTES ({self._budget + MARKER_RESERVE_BYTES} bytes)]\n".encode())
+            self._write(
+                separator
+                + f"[bb: {self._dropped} bytes of output not kept: beyond "
+                f"BB_HOOK_OUTPUT_MAX_BYTES ({self._budget + MARKER_RESERVE_BYTES} bytes)]\n".encode()
+            )
             self._dropped = 0
 
     def close(self) -> None:

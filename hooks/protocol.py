@@ -163,8 +163,9 @@ def _receive_with_fds(channel: socket.socket) -> tuple[bytes, list[int]]:
     """
     fds = array.array("i")
     data, ancillary, _flags, _address = channel.recvmsg(
-        1 << 16, socket.CMSG_LEN(MAX_FDS_PER_RECEIVE * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+        1 << 16, socket.CMSG_LEN(MAX_FDS_PER_RECEIVE * fds.itemsize), socket.MSG_CMSG_CLOEXEC
+    )
     for level, kind, payload in ancillary:
         if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
     return data, list(fds)

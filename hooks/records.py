@@ -40,9 +40,9 @@ import stat
 import struct
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -91,7 +91,7 @@ class Tombstone:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 class HookRecords:
@@ -119,9 +119,7 @@ class HookRecords:
             return None
         record = HookRecord(**json.loads(data))
         if record.operation_id != operation_id:
-            raise HookIdentityMismatch(
-                f"hook record for {operation_id!r} holds operation {record.operation_id!r}"
-            )
+            raise HookIdentityMismatch(f"hook record for {operation_id!r} holds operation {record.operation_id!r}")
         return record
 
     def write(self, record: HookRecord) -> None:
@@ -240,8 +238,9 @@ class HookRecords:
         """The directory of the operation's files: its shard, or the flat layout's for an operation
         an earlier release began there."""
         digest = _digest(operation_id)
-        if self._flat_layout_seen and any((self.directory / (digest + suffix)).exists()
-                                          for suffix in _SETTLING_SUFFIXES):
+        if self._flat_layout_seen and any(
+            (self.directory / (digest + suffix)).exists() for suffix in _SETTLING_SUFFIXES
+        ):
             return self.directory
         return self.directory / digest[:SHARD_DIGITS]
 
@@ -252,8 +251,11 @@ class HookRecords:
         for place in [str(self.directory), *places]:
             try:
                 with os.scandir(place) as entries:
-                    found = [Path(entry.path) for entry in entries
-                             if entry.name.endswith(suffixes) and entry.is_file(follow_symlinks=False)]
+                    found = [
+                        Path(entry.path)
+                        for entry in entries
+                        if entry.name.endswith(suffixes) and entry.is_file(follow_symlinks=False)
+                    ]
             except FileNotFoundError:
                 continue
             yield from found
@@ -301,8 +303,8 @@ def _parsed_time(text: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        return datetime.now(timezone.utc)
-    return parsed if parsed.tzinfo is not None else datetime.now(timezone.utc)
+        return datetime.now(UTC)
+    return parsed if parsed.tzinfo is not None else datetime.now(UTC)
 
 
 def _encode(document: HookRecord | Tombstone) -> bytes:

@@ -49,7 +49,6 @@ from bb_environments.hooks.output_delivery import OutputDelivery, read_from
 from bb_environments.hooks.output_delivery import OutputSink as OutputSink  # `run`'s callers name it from here
 from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL, SupervisorRequest
-from bb_environments.hooks.stopping import POLL_S, CancelResult, SupervisorStopping
 from bb_environments.hooks.records import (
     OUT_OF_SPACE,
     HookIdentityMismatch,
@@ -58,7 +57,13 @@ from bb_environments.hooks.records import (
     SyncLevel,
     now_iso,
 )
-from bb_environments.hooks.supervisor_watch import SupervisorHandle, SupervisorWatch, open_supervisor_pidfd, supervisor_alive
+from bb_environments.hooks.stopping import POLL_S, CancelResult, SupervisorStopping
+from bb_environments.hooks.supervisor_watch import (
+    SupervisorHandle,
+    SupervisorWatch,
+    open_supervisor_pidfd,
+    supervisor_alive,
+)
 from bb_environments.providers.git_commands import take_owed_post_checkout
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.containment import MARKER, Containment
@@ -98,10 +103,18 @@ class _InFlight:
 
 
 class HookRunner:
-    def __init__(self, records_dir: Path, timeout_s: float, sync: SyncLevel = "normal",
-                 output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES, *,
-                 containment: Containment | None = None, run_as: WorkspaceUser | None = None,
-                 git_hooks: bool = False, transcript_lines_kept: int | None = None) -> None:
+    def __init__(
+        self,
+        records_dir: Path,
+        timeout_s: float,
+        sync: SyncLevel = "normal",
+        output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES,
+        *,
+        containment: Containment | None = None,
+        run_as: WorkspaceUser | None = None,
+        git_hooks: bool = False,
+        transcript_lines_kept: int | None = None,
+    ) -> None:
         """`sync`: how the records survive the machine going down (see records.SyncLevel);
         `output_max_bytes`: how much of a hook's output its log keeps (see output_log);
         `containment` keeps what each environment's hooks start within its removal's reach;
@@ -171,8 +184,15 @@ class HookRunner:
             self._skipped.pop(operation_id, None)
         return idle
 
-    async def run(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
-                  environment_id: str | None = None, variables: Mapping[str, str] | None = None) -> HookOutcome:
+    async def run(
+        self,
+        operation_id: str,
+        kind: str,
+        workspace: Path,
+        on_output: OutputSink,
+        environment_id: str | None = None,
+        variables: Mapping[str, str] | None = None,
+    ) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
 
         A concurrent second call waits for the first one's outcome; only the first call's
@@ -182,9 +202,16 @@ class HookRunner:
         """
         return await self.start(operation_id, kind, workspace, on_output, environment_id, variables=variables)
 
-    def start(self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink,
-              environment_id: str | None = None, on_begin: BeginSink | None = None,
-              variables: Mapping[str, str] | None = None) -> asyncio.Future[HookOutcome]:
+    def start(
+        self,
+        operation_id: str,
+        kind: str,
+        workspace: Path,
+        on_output: OutputSink,
+        environment_id: str | None = None,
+        on_begin: BeginSink | None = None,
+        variables: Mapping[str, str] | None = None,
+    ) -> asyncio.Future[HookOutcome]:
         """`run`, begun before this returns: a new operation's first step (reading its record and
         starting its supervisor) is already with a worker thread, rather than waiting for the
         event loop to step a task of its own and then hand the step over. `on_begin` hears how
@@ -200,10 +227,17 @@ class HookRunner:
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
             given = dict(variables or {})
-            in_flight = _InFlight(kind, str(workspace), environment_id, given,
-                                  self._begin_soon(operation_id, kind, workspace, environment_id, given), on_begin)
+            in_flight = _InFlight(
+                kind,
+                str(workspace),
+                environment_id,
+                given,
+                self._begin_soon(operation_id, kind, workspace, environment_id, given),
+                on_begin,
+            )
             in_flight.task = asyncio.ensure_future(
-                self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight))
+                self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight)
+            )
             self._in_flight[operation_id] = in_flight
             in_flight.task.add_done_callback(lambda _: self._end_in_flight(operation_id, in_flight))
         elif (in_flight.kind, in_flight.workspace) != (kind, str(workspace)):
@@ -211,10 +245,12 @@ class HookRunner:
         # Shielded: a caller that stops waiting must not stop the hook's bookkeeping midway.
         return asyncio.shield(in_flight.task)
 
-    def _begin_soon(self, operation_id: str, kind: str, workspace: Path, environment_id: str | None,
-                    variables: Mapping[str, str]) -> _Begun:
-        return asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, kind, workspace,
-                                                          environment_id, variables)
+    def _begin_soon(
+        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None, variables: Mapping[str, str]
+    ) -> _Begun:
+        return asyncio.get_running_loop().run_in_executor(
+            None, self._begin, operation_id, kind, workspace, environment_id, variables
+        )
 
     def _end_in_flight(self, operation_id: str, in_flight: _InFlight) -> None:
         self._in_flight.pop(operation_id, None)
@@ -240,8 +276,9 @@ class HookRunner:
                 if error.errno not in OUT_OF_SPACE:
                     raise
                 await asyncio.sleep(backoff.failed(error))
-                in_flight.begun = self._begin_soon(operation_id, kind, workspace, in_flight.environment_id,
-                                                   in_flight.variables)
+                in_flight.begun = self._begin_soon(
+                    operation_id, kind, workspace, in_flight.environment_id, in_flight.variables
+                )
                 continue
             backoff.succeeded()
             return outcome
@@ -260,8 +297,9 @@ class HookRunner:
             self._remember_skipped(record)
             return _outcome(record)
         if in_flight.on_begin is not None:  # once: a later attempt (after a full disk) finds its own record
-            in_flight.on_begin("started" if supervisor is not None else
-                               "rejoined" if record.finished_at is None else "replayed")
+            in_flight.on_begin(
+                "started" if supervisor is not None else "rejoined" if record.finished_at is None else "replayed"
+            )
             in_flight.on_begin = None
         return _outcome(await self._follow(record, on_output, supervisor))
 
@@ -293,8 +331,14 @@ class HookRunner:
             return _outcome(settled)
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
-    def _start(self, operation_id: str, kind: HookKind, workspace: Path, environment_id: str | None,
-               variables: Mapping[str, str]) -> tuple[HookRecord, SupervisorHandle | None]:
+    def _start(
+        self,
+        operation_id: str,
+        kind: HookKind,
+        workspace: Path,
+        environment_id: str | None,
+        variables: Mapping[str, str],
+    ) -> tuple[HookRecord, SupervisorHandle | None]:
         """Start a supervisor and write the fresh record adopting it; a missing script is skipped,
         with a record that is not written (see the module).
 
@@ -320,8 +364,17 @@ class HookRunner:
             if self._containment is not None:
                 cgroups = self._containment.prepare(environment_id)
         supervisor = self._launcher.start_supervisor(
-            SupervisorRequest(str(self._records.directory), operation_id, repr(self._timeout_s), self._records.sync,
-                              environment, str(self._output_max_bytes), cgroups, self._run_as, git_hook)
+            SupervisorRequest(
+                str(self._records.directory),
+                operation_id,
+                repr(self._timeout_s),
+                self._records.sync,
+                environment,
+                str(self._output_max_bytes),
+                cgroups,
+                self._run_as,
+                git_hook,
+            )
         )
         try:
             # Adoption: the supervisor waits for its own identity in the record before it starts.
@@ -339,7 +392,9 @@ class HookRunner:
             raise
         return record, supervisor
 
-    async def _follow(self, record: HookRecord, on_output: OutputSink, supervisor: SupervisorHandle | None = None) -> HookRecord:
+    async def _follow(
+        self, record: HookRecord, on_output: OutputSink, supervisor: SupervisorHandle | None = None
+    ) -> HookRecord:
         """Deliver the log as it grows until the record is finished.
 
         `supervisor` (ours to close) is the one this process started; for a record found here it
@@ -401,6 +456,7 @@ class HookRunner:
             if not (starting and operation_id in self._in_flight):
                 return record
             await asyncio.sleep(POLL_S)
+
 
 def _check_identity(record: HookRecord, kind: str, workspace: Path) -> None:
     if (record.kind, record.workspace) != (kind, str(workspace)):

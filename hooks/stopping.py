@@ -43,7 +43,9 @@ class SupervisorStopping:
         if signal_recorded_process(record.supervisor_pid, record.supervisor_started_at, signal.SIGTERM):
             record = await self._wait_until_finished(operation_id, CANCEL_WAIT_S)
             unresponsive = record.finished_at is None
-            if unresponsive and signal_recorded_process(record.supervisor_pid, record.supervisor_started_at, signal.SIGKILL):
+            if unresponsive and signal_recorded_process(
+                record.supervisor_pid, record.supervisor_started_at, signal.SIGKILL
+            ):
                 await self._wait_until_finished(operation_id, SUPERVISOR_EXIT_WAIT_S)
         record = await self.close_orphaned(operation_id)
         if record.outcome != "cancelled":
@@ -89,5 +91,3 @@ class SupervisorStopping:
         if record is None:
             raise FileNotFoundError(f"hook record for {operation_id!r} disappeared")
         return record
-
-

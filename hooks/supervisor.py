@@ -44,14 +44,7 @@ from typing import TYPE_CHECKING, Literal
 
 from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES, BoundedLog, OutputCopier
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL
-from bb_environments.hooks.records import (
-    OUT_OF_SPACE,
-    SYNC_LEVELS,
-    HeldOutcome,
-    HookRecord,
-    HookRecords,
-    now_iso,
-)
+from bb_environments.hooks.records import OUT_OF_SPACE, SYNC_LEVELS, HeldOutcome, HookRecord, HookRecords, now_iso
 from bb_environments.providers.host.containment import enter_cgroup, limit_counts, limits_hit
 from bb_environments.providers.host.processes import kill_group_and_wait, process_start_ticks
 from bb_environments.providers.host.withheld import without_secrets
@@ -71,9 +64,15 @@ RECORD_RETRY_FIRST_S = 0.05
 RECORD_RETRY_MAX_S = 5.0
 
 
-def main(argv: list[str] | None = None, environment: dict[str, str] | None = None,
-         done_fds: tuple[int, ...] = (), *, cgroups: list[str] | None = None, run_as: WorkspaceUser | None = None,
-         git_hook: list[str] | None = None) -> None:
+def main(
+    argv: list[str] | None = None,
+    environment: dict[str, str] | None = None,
+    done_fds: tuple[int, ...] = (),
+    *,
+    cgroups: list[str] | None = None,
+    run_as: WorkspaceUser | None = None,
+    git_hook: list[str] | None = None,
+) -> None:
     """Supervise one hook; the script's environment is `environment`, else os.environ without the
     service's variables.
     `done_fds` are closed once the outcome is recorded (the runner's notice, see launcher). The
@@ -85,8 +84,17 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
     output_max_bytes = int(bound[0]) if bound else DEFAULT_OUTPUT_MAX_BYTES
     output = None
     try:
-        output = _adopt_and_supervise(records_dir, operation_id, float(timeout), sync, output_max_bytes, environment,
-                                      cgroups or [], run_as, git_hook)
+        output = _adopt_and_supervise(
+            records_dir,
+            operation_id,
+            float(timeout),
+            sync,
+            output_max_bytes,
+            environment,
+            cgroups or [],
+            run_as,
+            git_hook,
+        )
     finally:
         for fd in done_fds:
             os.close(fd)
@@ -94,9 +102,17 @@ def main(argv: list[str] | None = None, environment: dict[str, str] | None = Non
         output.follow_to_end()
 
 
-def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, sync: str, output_max_bytes: int,
-                         environment: dict[str, str] | None, cgroups: list[str],
-                         run_as: WorkspaceUser | None, git_hook: list[str] | None) -> OutputCopier | None:
+def _adopt_and_supervise(
+    records_dir: str,
+    operation_id: str,
+    timeout_s: float,
+    sync: str,
+    output_max_bytes: int,
+    environment: dict[str, str] | None,
+    cgroups: list[str],
+    run_as: WorkspaceUser | None,
+    git_hook: list[str] | None,
+) -> OutputCopier | None:
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
@@ -113,8 +129,9 @@ def _adopt_and_supervise(records_dir: str, operation_id: str, timeout_s: float, 
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return None
-    return _supervise(records, record, timeout_s, output_max_bytes, executable, script_environment, cgroups, run_as,
-                      git_hook)
+    return _supervise(
+        records, record, timeout_s, output_max_bytes, executable, script_environment, cgroups, run_as, git_hook
+    )
 
 
 def _wait_for_adoption(records: HookRecords, operation_id: str) -> HookRecord | None:
@@ -204,8 +221,13 @@ def _supervise(
                 confirmed = _kill_script(pid)
                 output.drain()
                 if status == "timed_out":
-                    _finish(records, record, "timed_out", None,
-                            limits(f"{name} timed out after {timeout_s:g}s") + _unconfirmed(confirmed))
+                    _finish(
+                        records,
+                        record,
+                        "timed_out",
+                        None,
+                        limits(f"{name} timed out after {timeout_s:g}s") + _unconfirmed(confirmed),
+                    )
                 else:
                     _finish(records, record, "cancelled", None, f"{name} cancelled" + _unconfirmed(confirmed))
                 return output
@@ -258,8 +280,14 @@ def _output_pipe(records: HookRecords, record: HookRecord, output_max_bytes: int
     return OutputCopier(read_end, BoundedLog(log, output_max_bytes)), write_end
 
 
-def _spawn(workspace: str, executable: str | OSError, arguments: list[str], environment: dict[str, str],
-           output: int, run_as: WorkspaceUser | None) -> int:
+def _spawn(
+    workspace: str,
+    executable: str | OSError,
+    arguments: list[str],
+    environment: dict[str, str],
+    output: int,
+    run_as: WorkspaceUser | None,
+) -> int:
     """Start `arguments` in the workspace, in its own session, with no signal blocked, its
     output into `output`.
 
@@ -289,8 +317,9 @@ def _spawn(workspace: str, executable: str | OSError, arguments: list[str], envi
     )
 
 
-def _fork_as(user: WorkspaceUser, executable: str, arguments: list[str], environment: dict[str, str],
-             output: int) -> int:
+def _fork_as(
+    user: WorkspaceUser, executable: str, arguments: list[str], environment: dict[str, str], output: int
+) -> int:
     """What `_spawn`'s posix_spawn does, as `user` (its groups, gid and uid, in that order:
     each step needs the privilege the next one drops). Safe to fork: this process has one thread.
     An error before the exec comes back through a pipe and is raised here, as posix_spawn's would."""
@@ -362,8 +391,9 @@ def _unconfirmed(confirmed: bool) -> str:
     return "" if confirmed else "; some of its processes could not be confirmed stopped"
 
 
-def _finish_with_exit_status(records: HookRecords, record: HookRecord, name: str, returncode: int,
-                             limits: Callable[[str], str]) -> None:
+def _finish_with_exit_status(
+    records: HookRecords, record: HookRecord, name: str, returncode: int, limits: Callable[[str], str]
+) -> None:
     """`limits` adds to a failure's message the limits the hook hit."""
     if returncode == 0:
         _finish(records, record, "succeeded", 0, None)

@@ -71,7 +71,8 @@ class EventDecoder:
         # By name, what revives a transcoded value: the library's own two most common ones called
         # directly, without their Python-level `decode` around it (which only asserts a str: see _revive).
         self._revivers: dict[str, Callable[[Any], Any]] = {
-            name: _DIRECT.get(type(transcoding), transcoding.decode) for name, transcoding in transcodings.items()}
+            name: _DIRECT.get(type(transcoding), transcoding.decode) for name, transcoding in transcodings.items()
+        }
         self._plain = plain
         self._classes: dict[str, type | None] = {}
         """By topic: the event class, when this decoder's path may decode its events (None: the mapper's)."""
@@ -104,8 +105,11 @@ class EventDecoder:
         return found if self._plain and getattr(found, "class_version", 1) == 1 else None
 
     def _by_the_mapper(self, notification: StoredState) -> Any:
-        return self._mapper.to_domain_event(StoredEvent(notification.originator_id, notification.originator_version,
-                                                        notification.topic, notification.state))
+        return self._mapper.to_domain_event(
+            StoredEvent(
+                notification.originator_id, notification.originator_version, notification.topic, notification.state
+            )
+        )
 
     def _revive(self, value: Any) -> Any:
         """The library's object hook applied to every JSON object in `value`, innermost first."""
@@ -160,7 +164,7 @@ def _method(event_class: type[CanMutateAggregate[Any]]) -> _Method | None:
     if event_class.mutate is not CanMutateAggregate.mutate or event_class.apply is not DecoratedFuncCaller.apply:
         return None
     # DecoratedFuncCaller.apply ends by calling the next `apply` up its class's order.
-    after = event_class.__mro__[event_class.__mro__.index(DecoratedFuncCaller) + 1:]
+    after = event_class.__mro__[event_class.__mro__.index(DecoratedFuncCaller) + 1 :]
     if next(base for base in after if "apply" in vars(base)) is not CanMutateAggregate:
         return None
     function = decorated_funcs[event_class]

@@ -59,9 +59,15 @@ class EnvironmentHistory:
         decoded = [self._decoder.decode(event) for event in stored]
         if not decoded and (after == 0 or not self._stored(environment_id, limit=1)):
             raise _unknown(environment_id)
-        logged = [LoggedEvent(event.originator_version, type(event), event.timestamp,
-                              (following.timestamp - event.timestamp) // _MILLISECOND if following else None)
-                  for event, following in zip(decoded, [*decoded[1:], None])]
+        logged = [
+            LoggedEvent(
+                event.originator_version,
+                type(event),
+                event.timestamp,
+                (following.timestamp - event.timestamp) // _MILLISECOND if following else None,
+            )
+            for event, following in zip(decoded, [*decoded[1:], None])
+        ]
         return logged[:limit], len(logged) > limit
 
     def at_version(self, environment_id: UUID, version: int) -> EnvironmentView:
@@ -70,8 +76,9 @@ class EnvironmentHistory:
         if not stored:
             raise _unknown(environment_id)
         if len(stored) < version:  # versions are gap-free from 1: these are all there are
-            raise NotRecorded(f"environment {environment_id} has versions 1-{len(stored)}: "
-                              f"there is no version {version}")
+            raise NotRecorded(
+                f"environment {environment_id} has versions 1-{len(stored)}: there is no version {version}"
+            )
         return _view_after(map(self._decoder.decode, stored))
 
     def latest(self, environment_id: UUID) -> EnvironmentView:
@@ -90,8 +97,10 @@ class EnvironmentHistory:
         decoded = map(self._decoder.decode, stored)
         first = next(decoded)
         if first.timestamp > instant:
-            raise NotRecorded(f"environment {environment_id} was first recorded at {first.timestamp.isoformat()}: "
-                              f"nothing of it was recorded at {instant.isoformat()} or before")
+            raise NotRecorded(
+                f"environment {environment_id} was first recorded at {first.timestamp.isoformat()}: "
+                f"nothing of it was recorded at {instant.isoformat()} or before"
+            )
         recorded = itertools.takewhile(lambda event: event.timestamp <= instant, itertools.chain([first], decoded))
         return _view_after(recorded)
 

@@ -18,7 +18,7 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,11 +26,20 @@ import aiosqlite
 import msgspec
 
 from bb_environments.domain.status import EnvironmentStatus, ThreadStatus
-from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.projections.rebuild_scratch import PageReader, Scratch, scratch_file
 from bb_environments.projections.tables import (
-    IS_REMOVED, LIVE_INDEXES, LOG, LOG_FOLLOWED, REMOVED_AT, SCHEMA, TRANSCRIPT, View, write_views)
+    IS_REMOVED,
+    LIVE_INDEXES,
+    LOG,
+    LOG_FOLLOWED,
+    REMOVED_AT,
+    SCHEMA,
+    TRANSCRIPT,
+    View,
+    write_views,
+)
 from bb_environments.projections.views import EnvironmentView, ThreadView, TranscriptEntry
+from bb_environments.providers.host.crash_points import crash_point
 
 TRANSCRIPT_LINES_KEPT = 500
 
@@ -97,7 +106,7 @@ class ReadModel:
         try:
             return await cls.open(path), None
         except DamagedReadModel as damaged:
-            aside = path.with_name(f"{path.name}.corrupt-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
+            aside = path.with_name(f"{path.name}.corrupt-{datetime.now(UTC):%Y%m%dT%H%M%SZ}")
             # Its WAL and shared-memory files too: SQLite would apply that WAL to the new file.
             for suffix in ("", "-wal", "-shm"):
                 if os.path.lexists(f"{path}{suffix}"):
@@ -132,7 +141,9 @@ class ReadModel:
         async with self._transaction():
             await self._db.execute(
                 "INSERT INTO positions VALUES (?, 0, ?) ON CONFLICT(name) DO UPDATE SET "
-                "stream_sequence = excluded.stream_sequence", (LOG_FOLLOWED, stream_sequence))
+                "stream_sequence = excluded.stream_sequence",
+                (LOG_FOLLOWED, stream_sequence),
+            )
 
     async def apply(self, batch: Iterable[Applied], fill: GapFiller) -> None:
         """Apply a batch of views in log order, exactly once each, in one transaction.
@@ -227,8 +238,11 @@ class ReadModel:
                     await self._swap_in(scratch.path, reached, sequence)
                     crash_point("replay-swapped")
                     await self._advance(reached)
-                    return ReplayCounts(events=events, environments=await self._count("environments"),
-                                        threads=await self._count("threads"))
+                    return ReplayCounts(
+                        events=events,
+                        environments=await self._count("environments"),
+                        threads=await self._count("threads"),
+                    )
             finally:
                 self._scratch = None
                 await scratch.discard()
@@ -276,13 +290,19 @@ class ReadModel:
     async def environment_ids_starting(self, prefix: str, limit: int) -> list[str]:
         """The ids (removed environments' too) that begin with `prefix`, in order, at most `limit`:
         a range of the primary key's index, as every character of an id sorts before DEL."""
-        async with self._db.execute("SELECT id FROM environments WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
-                                    (prefix, prefix + "\x7f", limit)) as rows:
+        async with self._db.execute(
+            "SELECT id FROM environments WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (prefix, prefix + "\x7f", limit)
+        ) as rows:
             return [row[0] for row in await rows.fetchall()]
 
-    async def environments(self, status: str | None = None, provider_id: str | None = None,
-                           include_removed: bool = True, after: str | None = None,
-                           limit: int = -1) -> list[EnvironmentView]:
+    async def environments(
+        self,
+        status: str | None = None,
+        provider_id: str | None = None,
+        include_removed: bool = True,
+        after: str | None = None,
+        limit: int = -1,
+    ) -> list[EnvironmentView]:
         """In id order (the primary key's index), from the first id past `after`: a page costs its
         own rows, however many come before it. `limit` -1: all of them."""
         query, args = "SELECT document FROM environments WHERE id > ?", [after or ""]
@@ -297,8 +317,10 @@ class ReadModel:
 
     async def live_environments_by_host(self) -> dict[str, int]:
         """How many environments that are not removed each host holds."""
-        query = ("SELECT json_extract(CAST(document AS TEXT), '$.hostId'), count(*) FROM environments"
-                 " WHERE status != ? GROUP BY 1")
+        query = (
+            "SELECT json_extract(CAST(document AS TEXT), '$.hostId'), count(*) FROM environments"
+            " WHERE status != ? GROUP BY 1"
+        )
         async with self._db.execute(query, [EnvironmentStatus.REMOVED]) as rows:
             return {host_id: count for host_id, count in await rows.fetchall()}
 
@@ -307,8 +329,9 @@ class ReadModel:
             row = await rows.fetchone()
         return msgspec.json.decode(row[0], type=ThreadView) if row else None
 
-    async def threads(self, environment_id: str | None = None, after: str | None = None,
-                      limit: int = -1) -> list[ThreadView]:
+    async def threads(
+        self, environment_id: str | None = None, after: str | None = None, limit: int = -1
+    ) -> list[ThreadView]:
         """In id order, from the first id past `after` (see `environments`)."""
         query, args = "SELECT document FROM threads WHERE id > ?", [after or ""]
         if environment_id:
@@ -320,16 +343,17 @@ class ReadModel:
         """Environments removed before `cutoff`, at most `limit` of them, the earliest removed first."""
         async with self._db.execute(
             # Through the index of removed environments by time: the other documents are never read.
-            f"SELECT document FROM environments WHERE {IS_REMOVED} AND {REMOVED_AT} < ? "
-            f"ORDER BY {REMOVED_AT} LIMIT ?",
+            f"SELECT document FROM environments WHERE {IS_REMOVED} AND {REMOVED_AT} < ? ORDER BY {REMOVED_AT} LIMIT ?",
             (msgspec.json.encode(cutoff).decode().strip('"'), limit),
         ) as rows:
             return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
 
     async def forget_transcripts(self, environment_ids: list[str]) -> None:
         async with self._transaction():
-            await self._db.executemany("DELETE FROM transcript WHERE environment_id = ?",
-                                       [(environment_id,) for environment_id in environment_ids])
+            await self._db.executemany(
+                "DELETE FROM transcript WHERE environment_id = ?",
+                [(environment_id,) for environment_id in environment_ids],
+            )
 
     async def forget_environments(self, environment_ids: list[str]) -> None:
         """Drop removed environments: their rows, their transcript lines, and the rows of the
@@ -339,17 +363,20 @@ class ReadModel:
             await self._db.executemany(f"DELETE FROM environments WHERE id = ? AND {IS_REMOVED}", rows)
             # Only of those gone now: an environment that is not removed keeps everything.
             gone = "NOT EXISTS (SELECT 1 FROM environments WHERE id = ?)"
-            await self._db.executemany(f"DELETE FROM transcript WHERE environment_id = ? AND {gone}",
-                                       [row * 2 for row in rows])
+            await self._db.executemany(
+                f"DELETE FROM transcript WHERE environment_id = ? AND {gone}", [row * 2 for row in rows]
+            )
             await self._db.executemany(
                 f"DELETE FROM threads WHERE environment_id = ? AND {gone} AND "
                 f"json_extract(CAST(document AS TEXT), '$.status') = '{ThreadStatus.ARCHIVED.value}'",
-                [row * 2 for row in rows])
+                [row * 2 for row in rows],
+            )
 
     async def transcript(self, environment_id: str, last: int = 50) -> list[str]:
         async with self._db.execute(
             "SELECT line FROM (SELECT sequence, line FROM transcript WHERE environment_id = ? "
-            "ORDER BY sequence DESC LIMIT ?) ORDER BY sequence", (environment_id, last)
+            "ORDER BY sequence DESC LIMIT ?) ORDER BY sequence",
+            (environment_id, last),
         ) as rows:
             return [r[0] for r in await rows.fetchall()]
 

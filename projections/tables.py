@@ -42,8 +42,7 @@ View = EnvironmentView | ThreadView | None
 """An aggregate's public view just after a notification (None: the read model keeps nothing of it)."""
 
 
-def latest_rows(views: Iterable[View]) -> tuple[list[tuple[str, str, str, bytes]],
-                                                list[tuple[str, str | None, bytes]]]:
+def latest_rows(views: Iterable[View]) -> tuple[list[tuple[str, str, str, bytes]], list[tuple[str, str | None, bytes]]]:
     """The rows of the environments and threads tables for each aggregate's last view of `views`
     only. INSERT OR REPLACE gives a replaced row a new rowid, so the rows end in the order (by
     rowid) that writing every view would leave."""
@@ -53,10 +52,16 @@ def latest_rows(views: Iterable[View]) -> tuple[list[tuple[str, str, str, bytes]
             key = (type(view), view.id)
             latest.pop(key, None)
             latest[key] = view
-    environments = [(view.id, view.status, view.provider_id, msgspec.json.encode(view))
-                    for view in latest.values() if isinstance(view, EnvironmentView)]
-    threads = [(view.id, view.environment_id, msgspec.json.encode(view))
-               for view in latest.values() if isinstance(view, ThreadView)]
+    environments = [
+        (view.id, view.status, view.provider_id, msgspec.json.encode(view))
+        for view in latest.values()
+        if isinstance(view, EnvironmentView)
+    ]
+    threads = [
+        (view.id, view.environment_id, msgspec.json.encode(view))
+        for view in latest.values()
+        if isinstance(view, ThreadView)
+    ]
     return environments, threads
 
 

@@ -105,17 +105,32 @@ def public_view(aggregate: Any) -> EnvironmentView | ThreadView | None:
 
 def environment_view(environment: Environment) -> EnvironmentView:
     return EnvironmentView(
-        id=str(environment.id), status=environment.public_status, status_message=environment.status_message,
-        provider_id=environment.provider_id, host_id=environment.host_id, project_path=environment.project_path,
-        path=environment.path, owns_path=environment.owns_path, path_key=environment.path_key,
-        inputs=environment.inputs, thread_ids=list(environment.thread_ids),
+        id=str(environment.id),
+        status=environment.public_status,
+        status_message=environment.status_message,
+        provider_id=environment.provider_id,
+        host_id=environment.host_id,
+        project_path=environment.project_path,
+        path=environment.path,
+        owns_path=environment.owns_path,
+        path_key=environment.path_key,
+        inputs=environment.inputs,
+        thread_ids=list(environment.thread_ids),
         merge_base_branch=environment.merge_base_branch,
-        hooks=HooksView(_hook(environment.setup_status, environment.setup_operation_id),
-                        _hook(environment.teardown_status, environment.teardown_operation_id)),
-        created_at=environment.created_on, updated_at=environment.modified_on, version=environment.version,
-        attempt=environment.attempt, claimed_path=environment.claimed_path, retire_at=environment.retire_at,
-        removal_attempt=environment.removal_attempt, paused_at=environment.paused_at,
-        saved_ref=environment.saved_ref, slug=environment.slug,
+        hooks=HooksView(
+            _hook(environment.setup_status, environment.setup_operation_id),
+            _hook(environment.teardown_status, environment.teardown_operation_id),
+        ),
+        created_at=environment.created_on,
+        updated_at=environment.modified_on,
+        version=environment.version,
+        attempt=environment.attempt,
+        claimed_path=environment.claimed_path,
+        retire_at=environment.retire_at,
+        removal_attempt=environment.removal_attempt,
+        paused_at=environment.paused_at,
+        saved_ref=environment.saved_ref,
+        slug=environment.slug,
         ports=PortsView(environment.ports.first, environment.ports.count) if environment.ports else None,
     )
 
@@ -127,7 +142,10 @@ def _hook(status: HookStatus | None, operation_id: str | None) -> HookView:
 
 def thread_view(thread: Thread) -> ThreadView:
     return ThreadView(
-        id=thread.thread_id, environment_id=str(thread.environment_id) if thread.environment_id else None,
-        status=thread.status, parent_thread_id=thread.parent_thread_id, project_path=thread.project_path,
+        id=thread.thread_id,
+        environment_id=str(thread.environment_id) if thread.environment_id else None,
+        status=thread.status,
+        parent_thread_id=thread.parent_thread_id,
+        project_path=thread.project_path,
         refusal=thread.refusal,
     )

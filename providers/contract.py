@@ -150,8 +150,14 @@ class Transcript(Protocol):
     """An environment's transcript, where the core's steps and a provider's reports are written
     (from any thread)."""
 
-    def line(self, environment_id: str, kind: Literal["step", "output"], source: str, text: str,
-             message_id: str | None = None) -> None:
+    def line(
+        self,
+        environment_id: str,
+        kind: Literal["step", "output"],
+        source: str,
+        text: str,
+        message_id: str | None = None,
+    ) -> None:
         """`message_id` names a line that may be written again: it is kept once."""
         ...
 
@@ -334,7 +340,6 @@ class Leftover(msgspec.Struct, frozen=True):
     path_key: str | None = None
 
 
-
 @runtime_checkable
 class SurveyedProvider(EnvironmentProvider, Protocol):
     """Optional: a provider whose workspaces are directories of bb's layout on the host, which
@@ -363,4 +368,3 @@ def shares_planned_path(provider: EnvironmentProvider, ctx: ProjectContext) -> b
     """
     decide = getattr(provider, "shares_planned_path", None)
     return bool(decide(ctx)) if decide is not None else False
-

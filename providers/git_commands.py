@@ -38,8 +38,12 @@ class GitFailed(Exception):
         self.transient = transient
 
 
-def run_git(repo: str, *args: str, environment: Mapping[str, str] | None = None,
-            options: tuple[str, ...] = WITHOUT_REPOSITORY_HOOKS) -> str:
+def run_git(
+    repo: str,
+    *args: str,
+    environment: Mapping[str, str] | None = None,
+    options: tuple[str, ...] = WITHOUT_REPOSITORY_HOOKS,
+) -> str:
     """Run git in `repo` and return its stripped stdout; raise GitFailed with one line of stderr.
     `environment` adds variables (a temporary index, an identity) to the sanitized ones; `options`
     go before the subcommand."""
@@ -93,8 +97,7 @@ def owe_post_checkout(workspace: str, environment_id: str, previous_head: str) -
     one). The hook is looked up where git would, the repository's core.hooksPath included."""
     if git_hooks_mode() != "run":
         return
-    hook = run_git(workspace, "rev-parse", "--path-format=absolute", "--git-path", "hooks/post-checkout",
-                   options=())
+    hook = run_git(workspace, "rev-parse", "--path-format=absolute", "--git-path", "hooks/post-checkout", options=())
     if not (os.path.isfile(hook) and os.access(hook, os.X_OK)):
         return
     git_dir = run_git(workspace, "rev-parse", "--absolute-git-dir")
@@ -143,9 +146,14 @@ def _git_dir_of(workspace: Path) -> Path | None:
 
 
 def _is_post_checkout_command(command: object) -> TypeGuard[list[str]]:
-    return (isinstance(command, list) and len(command) == 4 and all(isinstance(word, str) for word in command)
-            and os.path.isabs(command[0]) and all(_OBJECT_ID.fullmatch(oid) for oid in command[1:3])
-            and command[3] == "1")
+    return (
+        isinstance(command, list)
+        and len(command) == 4
+        and all(isinstance(word, str) for word in command)
+        and os.path.isabs(command[0])
+        and all(_OBJECT_ID.fullmatch(oid) for oid in command[1:3])
+        and command[3] == "1"
+    )
 
 
 def git_environment() -> dict[str, str]:
@@ -167,7 +175,7 @@ def _one_line(stderr: str, args: tuple[str, ...]) -> str:
     for index, line in enumerate(lines):
         for prefix in ("fatal: ", "error: "):
             if line.startswith(prefix):
-                return _with_listed(line.removeprefix(prefix), stderr.splitlines()[index + 1:])
+                return _with_listed(line.removeprefix(prefix), stderr.splitlines()[index + 1 :])
     return lines[-1] if lines else f"git {args[0]} failed"
 
 

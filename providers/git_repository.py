@@ -12,7 +12,13 @@ import stat
 
 from bb_environments.providers.contract import InvalidInputs
 from bb_environments.providers.git_commands import (
-    GitFailed, branch_exists, is_commit, run_git, run_git_or_none, unsafe_refusal)
+    GitFailed,
+    branch_exists,
+    is_commit,
+    run_git,
+    run_git_or_none,
+    unsafe_refusal,
+)
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
 
 DEFAULT_BRANCH_REFS = ("refs/remotes/origin/HEAD", "refs/heads/main", "refs/heads/master")

@@ -17,30 +17,44 @@ from pathlib import Path
 
 import msgspec
 
+from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.contract import (
     READY,
     Availability,
-    Created,
     CreateContext,
+    Created,
     CreateResult,
     InvalidInputs,
+    Leftover,
     Policy,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveFailed,
     RemoveResult,
-    Leftover,
     Requires,
     inputs_as,
     translate_errors,
 )
-from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
-from bb_environments.providers.git_repository import (
-    default_branch, require_base, require_default_branch, require_existing_branch, require_repo)
 from bb_environments.providers.git_commands import (
-    NULL_OID, GitFailed, branch_exists, owe_post_checkout, run_git, run_git_or_none)
+    NULL_OID,
+    GitFailed,
+    branch_exists,
+    owe_post_checkout,
+    run_git,
+    run_git_or_none,
+)
+from bb_environments.providers.git_repository import (
+    default_branch,
+    require_base,
+    require_default_branch,
+    require_existing_branch,
+    require_repo,
+)
 from bb_environments.providers.host.processes import command_lines, kill_and_wait
+from bb_environments.providers.host.saved_work_limit import saved_work_max_bytes
+from bb_environments.providers.refnames import validate_branch_name
+from bb_environments.providers.saved_work import SavedWork, not_saved_notice, save_work, saved_notes_dir
 from bb_environments.providers.workspace_files import (
     delete_tree,
     is_strictly_inside,
@@ -48,14 +62,6 @@ from bb_environments.providers.workspace_files import (
     require_path_key,
     stop_processes_in,
 )
-from bb_environments.providers.refnames import validate_branch_name
-from bb_environments.providers.saved_work import (
-    SavedWork,
-    not_saved_notice,
-    save_work,
-    saved_notes_dir,
-)
-from bb_environments.providers.host.saved_work_limit import saved_work_max_bytes
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
 from bb_environments.providers.worktree_survey import (
     BRANCH_PREFIX,
@@ -162,10 +168,7 @@ class GitWorktreeProvider:
             if adopted is not None:
                 ctx.report.step(f"Using the worktree at {adopted}, which already has {branch.name}")
                 return Created(
-                    path=adopted,
-                    owns_path=False,
-                    merge_base_branch=default_branch(repo),
-                    resource={"adopted": True},
+                    path=adopted, owns_path=False, merge_base_branch=default_branch(repo), resource={"adopted": True}
                 )
         plan = _plan_branch(repo, branch, ctx.path_key)
         ctx.raise_if_cancelled()
@@ -190,10 +193,7 @@ class GitWorktreeProvider:
         _copy_includes(ctx, repo, target)
         ctx.raise_if_cancelled()
         return Created(
-            path=str(target),
-            owns_path=True,
-            merge_base_branch=plan.merge_base_branch,
-            resource={"branch": plan.branch},
+            path=str(target), owns_path=True, merge_base_branch=plan.merge_base_branch, resource={"branch": plan.branch}
         )
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:
@@ -234,8 +234,9 @@ def _save_work(ctx: RemoveContext, path: Path) -> SavedWork:
         raise WorkNotSaved(f"cannot save the work in {path}: the environment names no project")
     max_file_bytes = saved_work_max_bytes()
     try:
-        saved = save_work(ctx.project_path, path, ctx.environment_id, saved_notes_dir(Path(ctx.data_dir)),
-                          max_file_bytes)
+        saved = save_work(
+            ctx.project_path, path, ctx.environment_id, saved_notes_dir(Path(ctx.data_dir)), max_file_bytes
+        )
     except GitFailed as error:
         raise WorkNotSaved(f"the work in {path} could not be saved, so it is kept: {error}") from None
     if saved.ref is not None:
@@ -310,9 +311,7 @@ def _plan_branch(repo: str, branch: DefaultBranch | ExistingBranch | NewBranch, 
     return _BranchPlan(BRANCH_PREFIX + path_key, base, base)
 
 
-def _adoptable_worktree(
-    repo: str, worktrees: list[WorktreeEntry], branch: str, own_target: Path | None
-) -> str | None:
+def _adoptable_worktree(repo: str, worktrees: list[WorktreeEntry], branch: str, own_target: Path | None) -> str | None:
     """The other worktree that already has `branch` checked out, to adopt instead of creating one."""
     for entry in worktrees:
         if entry.branch != branch:

@@ -75,7 +75,9 @@ class ModalMachines:
             if app is None:
                 return []
             sandboxes = session.running_sandboxes(app, {MACHINE_TAG: "1"})
-            return [{"id": sandbox.object_id, "appName": app_name, "tags": session.tags(sandbox)} for sandbox in sandboxes]
+            return [
+                {"id": sandbox.object_id, "appName": app_name, "tags": session.tags(sandbox)} for sandbox in sandboxes
+            ]
 
     def remove_machine(self, machine_id: str) -> bool:
         """Terminate a machine; False when no such sandbox exists. Refuses sandboxes it did not make."""

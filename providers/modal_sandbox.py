@@ -39,14 +39,14 @@ import msgspec
 from bb_environments.providers.contract import (
     READY,
     Availability,
-    Created,
     CreateContext,
+    Created,
     CreateResult,
     InvalidInputs,
     Policy,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveResult,
     Reporter,
     Requires,
@@ -144,7 +144,9 @@ class ModalSandboxProvider:
         minutes = load_settings(data_dir).idle_pause_minutes
         return minutes > 0 and now - last_activity >= timedelta(minutes=minutes)
 
-    def pause(self, resource: dict[str, Any], checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def pause(
+        self, resource: dict[str, Any], checkpoint: Callable[[dict[str, Any]], None] | None = None
+    ) -> dict[str, Any]:
         """Snapshot the filesystem, checkpoint the snapshot, terminate; the returned resource is paused.
 
         If the snapshot fails the sandbox keeps running and ModalOperationFailed is raised.
@@ -166,8 +168,12 @@ class ModalSandboxProvider:
                 raise ModalOperationFailed(f"sandbox {sandbox_id} has already stopped, so there is nothing to snapshot")
             snapshot = session.snapshot(sandbox, SNAPSHOT_TIMEOUT_S)
             superseded = [*resource.get("supersededSnapshotIds", []), *_present(resource.get("snapshotId"))]
-            snapshotted = {**resource, "snapshotId": snapshot.object_id, "supersededSnapshotIds": superseded,
-                           "snapshotOf": sandbox_id}
+            snapshotted = {
+                **resource,
+                "snapshotId": snapshot.object_id,
+                "supersededSnapshotIds": superseded,
+                "snapshotOf": sandbox_id,
+            }
             if checkpoint is not None:
                 checkpoint(snapshotted)
             session.terminate(sandbox, "terminate the sandbox")
@@ -214,8 +220,17 @@ class ModalSandboxProvider:
             try:
                 ctx.raise_if_cancelled()
                 ctx.report.step(f"Cloning {redact_url(origin)} into {workdir}")
-                _run_script(session, sandbox, CLONE_SCRIPT, workdir, ctx, CLONE_TIMEOUT_S, "git clone",
-                            stdin=origin + "\n", secrets=url_secrets(origin))
+                _run_script(
+                    session,
+                    sandbox,
+                    CLONE_SCRIPT,
+                    workdir,
+                    ctx,
+                    CLONE_TIMEOUT_S,
+                    "git clone",
+                    stdin=origin + "\n",
+                    secrets=url_secrets(origin),
+                )
                 ctx.raise_if_cancelled()
                 ctx.report.step("Running .bb-env-setup.sh in the sandbox")
                 _run_script(session, sandbox, SETUP_SCRIPT, workdir, ctx, SETUP_TIMEOUT_S, ".bb-env-setup.sh")
@@ -282,8 +297,15 @@ def _adopt_running(session: ModalSession, app: Any, tags: dict[str, str], report
 
 
 def _run_script(
-    session: ModalSession, sandbox: Any, script: str, argument: str, ctx: CreateContext, timeout_s: int,
-    label: str, stdin: str = "", secrets: tuple[str, ...] = (),
+    session: ModalSession,
+    sandbox: Any,
+    script: str,
+    argument: str,
+    ctx: CreateContext,
+    timeout_s: int,
+    label: str,
+    stdin: str = "",
+    secrets: tuple[str, ...] = (),
 ) -> None:
     """Run `bash -c script` with one argument; `stdin` is the only way secrets reach the process."""
     returncode, output = session.run_script(sandbox, script, argument, timeout_s, label, stdin, ctx.raise_if_cancelled)
@@ -373,4 +395,8 @@ def _is_local_url(url: str) -> bool:
 
 
 def _toplevel(project_path: str | None) -> str:
-    return (run_git_or_none(project_path, "rev-parse", "--show-toplevel") if project_path else None) or project_path or "project"
+    return (
+        (run_git_or_none(project_path, "rev-parse", "--show-toplevel") if project_path else None)
+        or project_path
+        or "project"
+    )

@@ -74,7 +74,9 @@ class ModalSdk:
             raise ModalOperationFailed(NO_CREDENTIALS)
         sdk = self._modal()
         client = _call(
-            sdk, "connect", lambda: sdk.Client.from_credentials(credentials.token_id, credentials.token_secret),
+            sdk,
+            "connect",
+            lambda: sdk.Client.from_credentials(credentials.token_id, credentials.token_secret),
             transient=True,
         )
         try:
@@ -156,8 +158,7 @@ class ModalSession:
     def running_sandboxes(self, app: Any, tags: dict[str, str]) -> list[Any]:
         """The app's running sandboxes that carry at least these tags."""
         return self._call(
-            "list sandboxes",
-            lambda: list(self._sdk.Sandbox.list(app_id=app.app_id, tags=tags, client=self._client)),
+            "list sandboxes", lambda: list(self._sdk.Sandbox.list(app_id=app.app_id, tags=tags, client=self._client))
         )
 
     def tags(self, sandbox: Any) -> dict[str, str]:
@@ -219,7 +220,13 @@ class ModalSession:
                 raise _translated(error, f"delete snapshot {image_id}") from None
 
     def run_script(
-        self, sandbox: Any, script: str, argument: str, timeout_s: int, label: str, stdin: str,
+        self,
+        sandbox: Any,
+        script: str,
+        argument: str,
+        timeout_s: int,
+        label: str,
+        stdin: str,
         raise_if_cancelled: Callable[[], None],
     ) -> tuple[int, str]:
         """Run `bash -c script` with one argument and `stdin`; its exit code and output.
@@ -256,7 +263,9 @@ def _translated(error: Exception, action: str, transient: bool | None = None) ->
     """One sentence naming the action; the token never appears, whatever Modal's message held."""
     credentials = credentials_from_env()
     name = type(error).__name__
-    detail = redact(str(error).strip().splitlines()[0] if str(error).strip() else name, credentials.secrets if credentials else ())
+    detail = redact(
+        str(error).strip().splitlines()[0] if str(error).strip() else name, credentials.secrets if credentials else ()
+    )
     if name in ("AuthError", "PermissionDeniedError"):
         hint = f" (token {credentials.hint})" if credentials else ""
         return ModalOperationFailed(f"Modal refused the credentials{hint} while trying to {action}: {detail}")

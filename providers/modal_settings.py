@@ -35,10 +35,27 @@ MAX_DOCKERFILE_CHARS = 65_536
 # Modal object names: letters, digits, '-', '_', '.', at most 64 characters.
 APP_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 NO_CREDENTIALS = "Modal credentials are not configured: set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
-DOCKERFILE_INSTRUCTIONS = frozenset({
-    "FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "LABEL", "EXPOSE", "ENTRYPOINT",
-    "CMD", "SHELL", "VOLUME", "STOPSIGNAL", "HEALTHCHECK", "ONBUILD",
-})
+DOCKERFILE_INSTRUCTIONS = frozenset(
+    {
+        "FROM",
+        "RUN",
+        "COPY",
+        "ADD",
+        "ENV",
+        "ARG",
+        "WORKDIR",
+        "USER",
+        "LABEL",
+        "EXPOSE",
+        "ENTRYPOINT",
+        "CMD",
+        "SHELL",
+        "VOLUME",
+        "STOPSIGNAL",
+        "HEALTHCHECK",
+        "ONBUILD",
+    }
+)
 
 DockerfileSource = Literal["setting", "data-dir", "shipped"]
 

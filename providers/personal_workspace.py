@@ -12,21 +12,26 @@ from pathlib import Path
 from bb_environments.providers.contract import (
     READY,
     Availability,
-    Created,
     CreateContext,
+    Created,
     CreateResult,
     Leftover,
     Policy,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveFailed,
     RemoveResult,
     Requires,
     SilentReporter,
     translate_errors,
 )
-from bb_environments.providers.workspace_files import delete_tree, is_strictly_inside, require_path_key, stop_processes_in
+from bb_environments.providers.workspace_files import (
+    delete_tree,
+    is_strictly_inside,
+    require_path_key,
+    stop_processes_in,
+)
 
 
 class PersonalWorkspaceProvider:

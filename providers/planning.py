@@ -51,8 +51,9 @@ def check_within_roots(project_path: str | None, roots: tuple[str, ...] | None) 
     if roots is None or project_path is None:
         return
     if not any(project_path == root or project_path.startswith(root.rstrip("/") + "/") for root in roots):
-        raise InvalidInputs(f"project {quoted(project_path)} is outside BB_PROJECT_ROOTS: projects must lie in "
-                            f"{', '.join(roots)}")
+        raise InvalidInputs(
+            f"project {quoted(project_path)} is outside BB_PROJECT_ROOTS: projects must lie in {', '.join(roots)}"
+        )
 
 
 def checked_project(provider: EnvironmentProvider, project_path: str | None, data_dir: str) -> str | None:
@@ -107,8 +108,10 @@ def _check_project(project: str, data_dir: str) -> None:
     (git's alone) as a project, for every provider."""
     if Path(project).is_relative_to(data_dir):
         where = "is" if project == data_dir else "is inside"
-        raise InvalidInputs(f"project path {project!r} {where} bb's data dir {data_dir!r}, which holds bb's own state "
-                            "and workspaces; pass a project directory outside it")
+        raise InvalidInputs(
+            f"project path {project!r} {where} bb's data dir {data_dir!r}, which holds bb's own state "
+            "and workspaces; pass a project directory outside it"
+        )
     _refuse_git_directory("project path", project)
 
 
@@ -116,15 +119,19 @@ def _check_workspace(path: str, data_dir: str) -> None:
     """Refuse a workspace around the data dir: its claim would overlap every workspace made there,
     so no other environment could be created until it is deleted (`/`, say)."""
     if Path(data_dir).is_relative_to(path):
-        raise InvalidInputs(f"workspace path {path!r} contains bb's data dir {data_dir!r}, so claiming it would block "
-                            "every other environment; choose a directory that does not contain the data dir")
+        raise InvalidInputs(
+            f"workspace path {path!r} contains bb's data dir {data_dir!r}, so claiming it would block "
+            "every other environment; choose a directory that does not contain the data dir"
+        )
     _refuse_git_directory("workspace path", path)
 
 
 def _refuse_git_directory(label: str, path: str) -> None:
     if ".git" in Path(path).parts:
-        raise InvalidInputs(f"{label} {path!r} is inside a .git directory, which only git may change; "
-                            "choose a directory of the checkout itself")
+        raise InvalidInputs(
+            f"{label} {path!r} is inside a .git directory, which only git may change; "
+            "choose a directory of the checkout itself"
+        )
 
 
 def _readable(error: msgspec.ValidationError) -> str:

@@ -20,25 +20,32 @@ from typing import IO, Annotated
 
 import msgspec
 
+from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.contract import (
     READY,
     Availability,
-    Created,
     CreateContext,
+    Created,
     CreateResult,
     InvalidInputs,
     Policy,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveResult,
     Requires,
     inputs_as,
     translate_errors,
 )
-from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.git_commands import (
-    GitFailed, branch_exists, is_commit, owe_post_checkout, unsafe_refusal, run_git, run_git_or_none)
+    GitFailed,
+    branch_exists,
+    is_commit,
+    owe_post_checkout,
+    run_git,
+    run_git_or_none,
+    unsafe_refusal,
+)
 from bb_environments.providers.refnames import validate_branch_name, validate_revision
 
 LOCK_POLL_SECONDS = 0.05
@@ -118,10 +125,7 @@ class ProjectCheckoutProvider:
                 switched_from = _remembered_switched_from(checkout, branch.name, ctx.path_key) or switched_from
         base = branch.base if isinstance(branch, NewBranch) else None
         return Created(
-            path=directory,
-            owns_path=False,
-            merge_base_branch=base or switched_from,
-            resource={"branch": branch.name},
+            path=directory, owns_path=False, merge_base_branch=base or switched_from, resource={"branch": branch.name}
         )
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:

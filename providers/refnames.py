@@ -32,8 +32,10 @@ def validate_revision(revision: str, field: str = "branch.base") -> None:
         bad_character = next((c for c in revision if _is_control_character(c)), None)
         broken_rule = None if bad_character is None else f"contains the control character {bad_character!r}"
     if broken_rule is not None:
-        raise InvalidInputs(f"{field}: {revision!r} is not a commit-ish (a branch, tag, commit id or an "
-                            f"expression like main~1): it {broken_rule}.")
+        raise InvalidInputs(
+            f"{field}: {revision!r} is not a commit-ish (a branch, tag, commit id or an "
+            f"expression like main~1): it {broken_rule}."
+        )
 
 
 def _broken_rule(name: str) -> str | None:

@@ -85,8 +85,14 @@ class ProviderRegistry:
     def profiles(self) -> dict[str, ProviderProfile]:
         """Each provider's profile, by id in id order."""
         return {
-            p.id: ProviderProfile(id=p.id, display_name=p.display_name, requires=p.requires, inputs=inputs_schema(p),
-                                  policy=p.policy, pausable=is_pausable(p))
+            p.id: ProviderProfile(
+                id=p.id,
+                display_name=p.display_name,
+                requires=p.requires,
+                inputs=inputs_schema(p),
+                policy=p.policy,
+                pausable=is_pausable(p),
+            )
             for p in (self._providers[i] for i in self.ids())
         }
 

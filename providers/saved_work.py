@@ -32,14 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bb_environments.providers.contract import NotSavedFile
-from bb_environments.providers.git_commands import GitFailed, run_git, run_git_or_none
+from bb_environments.providers.git_commands import run_git, run_git_or_none
 from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.providers.host.saved_work_limit import SAVED_WORK_MAX_BYTES
 
 SAVED_REF_PREFIX = "refs/bb/saved/"
 SAVER_IDENTITY = {
-    "GIT_AUTHOR_NAME": "bb environments", "GIT_AUTHOR_EMAIL": "bb-environments@localhost",
-    "GIT_COMMITTER_NAME": "bb environments", "GIT_COMMITTER_EMAIL": "bb-environments@localhost",
+    "GIT_AUTHOR_NAME": "bb environments",
+    "GIT_AUTHOR_EMAIL": "bb-environments@localhost",
+    "GIT_COMMITTER_NAME": "bb environments",
+    "GIT_COMMITTER_EMAIL": "bb-environments@localhost",
 }
 """Who the saved commit is by: bb made it, and a repository without user.name must save too."""
 _SAVE_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|orphan-[0-9a-f]{16}")
@@ -64,9 +66,11 @@ def not_saved_notice(saved: SavedWork, max_file_bytes: int, worktree: Path) -> s
     named = ", ".join(f"{file.path} ({_size(file.bytes)})" for file in saved.not_saved)
     more = saved.not_saved_count - len(saved.not_saved)
     where = f"in the saved work {saved.ref}" if saved.ref is not None else "anywhere"
-    return (f"Not saved, being larger than BB_SAVED_WORK_MAX_BYTES ({_size(max_file_bytes)}): {named}"
-            + (f" and {more} more" if more > 0 else "")
-            + f". They are not {where}: they are deleted with the worktree {worktree}.")
+    return (
+        f"Not saved, being larger than BB_SAVED_WORK_MAX_BYTES ({_size(max_file_bytes)}): {named}"
+        + (f" and {more} more" if more > 0 else "")
+        + f". They are not {where}: they are deleted with the worktree {worktree}."
+    )
 
 
 def _size(size: int) -> str:
@@ -90,8 +94,9 @@ def orphan_key(*identity: str) -> str:
     return ORPHAN_PREFIX + digest[:16]
 
 
-def save_work(repo: str, worktree: Path, key: str, notes_dir: Path,
-              max_file_bytes: int = SAVED_WORK_MAX_BYTES) -> SavedWork:
+def save_work(
+    repo: str, worktree: Path, key: str, notes_dir: Path, max_file_bytes: int = SAVED_WORK_MAX_BYTES
+) -> SavedWork:
     """Save what exists only in `worktree`, but its files larger than `max_file_bytes` (see the
     module); `key` is the environment's id, or an orphan's key (`orphan_key`).
 
@@ -115,8 +120,16 @@ def save_work(repo: str, worktree: Path, key: str, notes_dir: Path,
     if tree == run_git(str(worktree), "rev-parse", "--verify", "HEAD^{tree}") and not _has_own_commits(worktree):
         return SavedWork(None, named, len(too_large))
     source = f"the orphaned worktree {worktree}" if key.startswith(ORPHAN_PREFIX) else f"environment {key}"
-    commit = run_git(str(worktree), "commit-tree", "-p", head, "-m", f"bb: work saved from {source}",
-                     tree, environment=SAVER_IDENTITY)
+    commit = run_git(
+        str(worktree),
+        "commit-tree",
+        "-p",
+        head,
+        "-m",
+        f"bb: work saved from {source}",
+        tree,
+        environment=SAVER_IDENTITY,
+    )
     _save_as(repo, key, commit, notes_dir)
     return SavedWork(ref, named, len(too_large))
 
@@ -128,8 +141,17 @@ def save_commits(repo: str, commit: str, branch: str, key: str, notes_dir: Path)
     if run_git_or_none(repo, "rev-parse", "--verify", "--quiet", ref) is not None:
         return ref
     # A commit that a removal saved already (the branch of a removed environment) is not saved twice.
-    if not run_git(repo, "rev-list", "--max-count=1", commit, "--not", f"--exclude={branch}",
-                   "--branches", "--remotes", f"--glob={SAVED_REF_PREFIX}*"):
+    if not run_git(
+        repo,
+        "rev-list",
+        "--max-count=1",
+        commit,
+        "--not",
+        f"--exclude={branch}",
+        "--branches",
+        "--remotes",
+        f"--glob={SAVED_REF_PREFIX}*",
+    ):
         return None
     _save_as(repo, key, commit, notes_dir)
     return ref
@@ -155,8 +177,11 @@ def prune_saved_refs(notes_dir: Path, max_age_s: float, now: float | None = None
         except FileNotFoundError:
             continue
         ref = saved_ref_name(note.name)
-        listed = run_git_or_none(repo, "for-each-ref", "--format=%(objectname) %(committerdate:unix)", ref) \
-            if os.path.isdir(repo) else ""
+        listed = (
+            run_git_or_none(repo, "for-each-ref", "--format=%(objectname) %(committerdate:unix)", ref)
+            if os.path.isdir(repo)
+            else ""
+        )
         if listed is None:
             continue  # the repository cannot be read now: try again at the next sweep
         if listed:
@@ -174,14 +199,14 @@ def _is_worktree_of(repo: str, worktree: Path) -> bool:
     would walk up to whatever repository encloses it."""
     if not worktree.is_dir():
         return False
-    found = run_git_or_none(str(worktree), "rev-parse", "--path-format=absolute", "--show-toplevel",
-                            "--git-common-dir")
+    found = run_git_or_none(str(worktree), "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-common-dir")
     common = run_git_or_none(repo, "rev-parse", "--path-format=absolute", "--git-common-dir")
     if found is None or common is None or len(found.splitlines()) != 2:
         return False
     toplevel, worktree_common = found.splitlines()
-    return os.path.realpath(toplevel) == os.path.realpath(worktree) and \
-        os.path.realpath(worktree_common) == os.path.realpath(common)
+    return os.path.realpath(toplevel) == os.path.realpath(worktree) and os.path.realpath(
+        worktree_common
+    ) == os.path.realpath(common)
 
 
 def _too_large(worktree: Path, max_file_bytes: int) -> list[NotSavedFile]:
@@ -202,8 +227,10 @@ def _too_large(worktree: Path, max_file_bytes: int) -> list[NotSavedFile]:
 def _readable(files: list[NotSavedFile]) -> list[NotSavedFile]:
     """`files` named as text can say: a name that is not UTF-8 has its bytes replaced (for the event
     and the transcript; the files themselves were found by their real names)."""
-    return [NotSavedFile(file.path.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), file.bytes)
-            for file in files]
+    return [
+        NotSavedFile(file.path.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), file.bytes)
+        for file in files
+    ]
 
 
 def _worktree_tree(worktree: Path, left_out: Sequence[str] = ()) -> str:
@@ -219,8 +246,15 @@ def _worktree_tree(worktree: Path, left_out: Sequence[str] = ()) -> str:
             shutil.copyfile(index, temporary)
         else:
             run_git(str(worktree), "read-tree", "HEAD", environment=environment)
-        run_git(str(worktree), "add", "--all", "--", ".", *(f":(exclude,literal){path}" for path in left_out),
-                environment=environment)
+        run_git(
+            str(worktree),
+            "add",
+            "--all",
+            "--",
+            ".",
+            *(f":(exclude,literal){path}" for path in left_out),
+            environment=environment,
+        )
         return run_git(str(worktree), "write-tree", environment=environment)
 
 
@@ -230,8 +264,9 @@ def _has_own_commits(worktree: Path) -> bool:
     # --exclude takes a glob (a ref name holds none of its special characters), matched against
     # the names --branches lists: without refs/heads/.
     others = [f"--exclude={branch.removeprefix('refs/heads/')}"] if branch else []
-    return bool(run_git(str(worktree), "rev-list", "--max-count=1", "HEAD", "--not",
-                        *others, "--branches", "--remotes"))
+    return bool(
+        run_git(str(worktree), "rev-list", "--max-count=1", "HEAD", "--not", *others, "--branches", "--remotes")
+    )
 
 
 def _write_note(notes_dir: Path, key: str, repo: str) -> None:

@@ -43,9 +43,7 @@ def delete_tree(path: Path) -> None:
     shutil.rmtree(path, onerror=_retry_after_making_writable)
 
 
-def _retry_after_making_writable(
-    function: Callable[[str], object], failed_path: str, _exc_info: object
-) -> None:
+def _retry_after_making_writable(function: Callable[[str], object], failed_path: str, _exc_info: object) -> None:
     """Read-only directories (a Go module cache, say) must not make removal fail."""
     os.chmod(os.path.dirname(failed_path), stat.S_IRWXU)
     if os.path.isdir(failed_path) and not os.path.islink(failed_path):

@@ -115,7 +115,6 @@ class Survey(msgspec.Struct, frozen=True):
     """The recorded workspaces asked about that do not exist on the host."""
 
 
-
 class Protected(msgspec.Struct, frozen=True):
     """What live environments record, which doctor never touches: workspace paths and claimed
     paths (canonical), branches as `<repo>:<branch>`, and path keys by provider id."""
@@ -129,7 +128,9 @@ class Protected(msgspec.Struct, frozen=True):
             return True
         if leftover.path_key is not None and (leftover.provider_id, leftover.path_key) in self.path_keys:
             return True
-        return leftover.kind != "branch" and any(_nested(leftover.path, path) or _nested(path, leftover.path) for path in self.paths)
+        return leftover.kind != "branch" and any(
+            _nested(leftover.path, path) or _nested(path, leftover.path) for path in self.paths
+        )
 
 
 def _nested(inner: str, outer: str) -> bool:

@@ -24,9 +24,6 @@ from typing import Any
 
 import msgspec
 
-from bb_environments.providers.host.containment import Containment
-from bb_environments.providers.host.listening import ListeningPorts
-from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.contract import (
     CreateContext,
     Created,
@@ -43,6 +40,9 @@ from bb_environments.providers.contract import (
     is_pausable,
     is_surveyed,
 )
+from bb_environments.providers.host.containment import Containment
+from bb_environments.providers.host.listening import ListeningPorts
+from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.planning import (
     canonical_path,
     canonical_project,
@@ -53,25 +53,20 @@ from bb_environments.providers.planning import (
     decode_inputs,
     plan_path,
 )
-from bb_environments.providers.registry import (
-    ProviderDescription,
-    ProviderProfile,
-    ProviderRegistry,
-    safe_availability,
-)
+from bb_environments.providers.registry import ProviderDescription, ProviderProfile, ProviderRegistry, safe_availability
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
     LeftoverRemoval,
+    Paused,
     PauseFailed,
     PauseResult,
-    Paused,
     Plan,
     PlanRequest,
     RemoveRequest,
     ResourceRequest,
+    Resumed,
     ResumeFailed,
     ResumeResult,
-    Resumed,
     Survey,
     SurveyRequest,
 )
@@ -104,9 +99,16 @@ class LocalWorkspaces:
     """The registry's providers, run on this machine for whichever host a call names: the host
     whose agent runs here, or, for the core's own (cloud) providers, any host an environment names."""
 
-    def __init__(self, registry: ProviderRegistry, data_dir: Path, transcript: Transcript, *,
-                 earlier_data_dir: Path | None = None, containment: Containment | None = None,
-                 workspace_user: WorkspaceUser | None = None) -> None:
+    def __init__(
+        self,
+        registry: ProviderRegistry,
+        data_dir: Path,
+        transcript: Transcript,
+        *,
+        earlier_data_dir: Path | None = None,
+        containment: Containment | None = None,
+        workspace_user: WorkspaceUser | None = None,
+    ) -> None:
         """`earlier_data_dir`: where this host's providers kept their workspaces before `data_dir`
         (a root moved by BB_AGENT_ROOT), whose workspaces are removed and surveyed there;
         `containment`: where this host's hooks keep what they start (None: no hook runs here);
@@ -128,7 +130,9 @@ class LocalWorkspaces:
     async def providers(self, host_id: str) -> list[ProviderDescription]:
         def describe() -> list[ProviderDescription]:
             return [
-                ProviderDescription.of(profile, safe_availability(provider, self._context(provider, host_id, None, None)))
+                ProviderDescription.of(
+                    profile, safe_availability(provider, self._context(provider, host_id, None, None))
+                )
                 for profile, provider in ((p, self._provider(p.id)) for p in self._profiles.values())
             ]
 
@@ -150,9 +154,13 @@ class LocalWorkspaces:
         context = self._context(provider, request.host_id, project, inputs)
         check_available(provider, context)
         planned, shares = await asyncio.to_thread(plan_path, provider, context, request.path_key)
-        return Plan(project_path=project, inputs=msgspec.to_builtins(inputs),
-                    claimed_path=claimed_path(planned, data_dir), shares_claimed_path=shares,
-                    listening=await self._listening.now())
+        return Plan(
+            project_path=project,
+            inputs=msgspec.to_builtins(inputs),
+            claimed_path=claimed_path(planned, data_dir),
+            shares_claimed_path=shares,
+            listening=await self._listening.now(),
+        )
 
     async def planned_path(self, request: PlanRequest) -> str | None:
         provider = self._provider(request.provider_id)
@@ -166,21 +174,33 @@ class LocalWorkspaces:
         data_dir = provider_dir(self._data_dir, provider.id)
         data_dir.mkdir(parents=True, exist_ok=True)
         context = CreateContext(
-            host_id=request.host_id, project_path=request.project_path, inputs=_typed_inputs(provider, request.inputs),
-            data_dir=str(data_dir), thread_id=request.thread_id, path_key=request.path_key, attempt=request.attempt,
-            previous=request.previous, environment_id=request.environment_id,
-            report=_TranscriptReporter(self._transcript, request.environment_id, provider.id), cancelled=cancelled,
+            host_id=request.host_id,
+            project_path=request.project_path,
+            inputs=_typed_inputs(provider, request.inputs),
+            data_dir=str(data_dir),
+            thread_id=request.thread_id,
+            path_key=request.path_key,
+            attempt=request.attempt,
+            previous=request.previous,
+            environment_id=request.environment_id,
+            report=_TranscriptReporter(self._transcript, request.environment_id, provider.id),
+            cancelled=cancelled,
         )
         result = await asyncio.to_thread(_call_create, provider, context)
         if isinstance(result, Created):
             result = msgspec.structs.replace(result, path=canonical_path(result.path))
             if self._workspace_user is not None and result.owns_path and is_surveyed(provider):
                 try:
-                    await asyncio.to_thread(self._workspace_user.hand_over, Path(result.path), request.project_path,
-                                            Path(os.path.realpath(self._data_dir)))
+                    await asyncio.to_thread(
+                        self._workspace_user.hand_over,
+                        Path(result.path),
+                        request.project_path,
+                        Path(os.path.realpath(self._data_dir)),
+                    )
                 except OSError as error:
-                    return CreateFailed("terminal", f"the workspace could not be handed to user "
-                                                     f"{self._workspace_user.name}: {error}")
+                    return CreateFailed(
+                        "terminal", f"the workspace could not be handed to user {self._workspace_user.name}: {error}"
+                    )
         return result
 
     async def remove(self, request: RemoveRequest, cancelled: threading.Event) -> RemoveResult:
@@ -189,24 +209,33 @@ class LocalWorkspaces:
         host_slot = self._host_slots.setdefault(request.host_id, asyncio.Semaphore(1))
         async with host_slot, self._cleanup_slots:
             context = RemoveContext(
-                host_id=request.host_id, data_dir=str(self._provider_dir_of(provider.id, request.path)),
-                project_path=request.project_path, inputs=_typed_inputs(provider, request.inputs),
-                path=request.path, path_key=request.path_key, attempt=request.attempt, resource=request.resource,
+                host_id=request.host_id,
+                data_dir=str(self._provider_dir_of(provider.id, request.path)),
+                project_path=request.project_path,
+                inputs=_typed_inputs(provider, request.inputs),
+                path=request.path,
+                path_key=request.path_key,
+                attempt=request.attempt,
+                resource=request.resource,
                 environment_id=request.environment_id,
-                report=_TranscriptReporter(self._transcript, request.environment_id, provider.id), cancelled=cancelled,
+                report=_TranscriptReporter(self._transcript, request.environment_id, provider.id),
+                cancelled=cancelled,
             )
             return await asyncio.to_thread(self._remove, provider, context)
 
     def _remove(self, provider: EnvironmentProvider, context: RemoveContext) -> RemoveResult:
         if self._containment is not None and not self._containment.end(context.environment_id):
-            return RemoveFailed("processes started by the environment's hooks are still running; "
-                                "the workspace is kept until they have ended")
+            return RemoveFailed(
+                "processes started by the environment's hooks are still running; "
+                "the workspace is kept until they have ended"
+            )
         if self._workspace_user is not None and context.path is not None and is_surveyed(provider):
             try:
                 self._workspace_user.take_back(Path(context.path), context.project_path)
             except OSError as error:
-                return RemoveFailed(f"the workspace could not be taken back from user "
-                                    f"{self._workspace_user.name}: {error}")
+                return RemoveFailed(
+                    f"the workspace could not be taken back from user {self._workspace_user.name}: {error}"
+                )
         return _call_remove(provider, context)
 
     async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
@@ -216,8 +245,9 @@ class LocalWorkspaces:
         data_dir = str(provider_dir(self._data_dir, provider.id))
         return await asyncio.to_thread(provider.idle_pause_due, last_activity, now, data_dir)
 
-    async def pause(self, request: ResourceRequest,
-                    checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]) -> PauseResult:
+    async def pause(
+        self, request: ResourceRequest, checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]
+    ) -> PauseResult:
         """`checkpoint` makes the resumable resource durable; the provider calls it before it stops anything."""
         provider = self._provider(request.provider_id)
         if not is_pausable(provider):
@@ -254,8 +284,9 @@ class LocalWorkspaces:
                     local.add(provider_id)
                     for root in self._roots():
                         found.extend(provider.leftovers(str(provider_dir(root, provider_id)), request.repos))
-            absent = [path for provider_id, path in request.workspaces
-                      if provider_id in local and not os.path.lexists(path)]
+            absent = [
+                path for provider_id, path in request.workspaces if provider_id in local and not os.path.lexists(path)
+            ]
             return Survey(found, absent)
 
         return await asyncio.to_thread(look)
@@ -291,8 +322,9 @@ class LocalWorkspaces:
             raise ProviderMissing(f"the environment provider {provider_id!r} is not registered")
         return provider
 
-    def _context(self, provider: EnvironmentProvider, host_id: str, project_path: str | None,
-                 inputs: Any) -> ProjectContext:
+    def _context(
+        self, provider: EnvironmentProvider, host_id: str, project_path: str | None, inputs: Any
+    ) -> ProjectContext:
         """What the provider learns of a request; creating its data dir is left to create."""
         data_dir = str(provider_dir(self._data_dir, provider.id))
         return ProjectContext(host_id=host_id, project_path=project_path, inputs=inputs, data_dir=data_dir)

@@ -105,9 +105,7 @@ def _refuse_escape(directory: Path, real_target: Path) -> None:
 def _copy_exclusively(source_file: Path, destination: Path, mode: int) -> None:
     source_fd = os.open(source_file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        destination_fd = os.open(
-            destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
-        )
+        destination_fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             _copy_contents(source_fd, destination_fd)
             os.fchmod(destination_fd, mode)

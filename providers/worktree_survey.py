@@ -19,13 +19,8 @@ from typing import Protocol
 
 from bb_environments.providers.contract import Leftover, SilentReporter
 from bb_environments.providers.git_commands import GitFailed, run_git, run_git_or_none
-from bb_environments.providers.saved_work import (
-    orphan_key,
-    save_commits,
-    save_work,
-    saved_notes_dir,
-)
 from bb_environments.providers.host.saved_work_limit import saved_work_max_bytes
+from bb_environments.providers.saved_work import orphan_key, save_commits, save_work, saved_notes_dir
 from bb_environments.providers.workspace_files import is_strictly_inside, remove_if_empty, stop_processes_in
 
 PROVIDER_ID = "git-worktree"
@@ -69,8 +64,16 @@ def worktree_leftovers(root: Path, repos: list[str], list_worktrees: ListWorktre
         for branch in (listed or "").splitlines():
             if branch in checked_out and checked_out[branch] is None:
                 continue
-            branches.append(Leftover(PROVIDER_ID, "branch", branch_place(repo, branch), repo=repo, branch=branch,
-                                     path_key=checked_out.get(branch)))
+            branches.append(
+                Leftover(
+                    PROVIDER_ID,
+                    "branch",
+                    branch_place(repo, branch),
+                    repo=repo,
+                    branch=branch,
+                    path_key=checked_out.get(branch),
+                )
+            )
     for key_dir in _entries(Path(canonical_root)):
         # A key directory with nothing in it is a leftover too (a removal cut short before its end).
         for directory in _entries(key_dir) or ([key_dir] if not any(key_dir.iterdir()) else []):
@@ -79,8 +82,9 @@ def worktree_leftovers(root: Path, repos: list[str], list_worktrees: ListWorktre
     return sorted(found.values(), key=lambda leftover: leftover.path) + branches
 
 
-def remove_worktree_leftover(data_dir: Path, root: Path, leftover: Leftover,
-                             remove_worktree: RemoveWorktree) -> str | None:
+def remove_worktree_leftover(
+    data_dir: Path, root: Path, leftover: Leftover, remove_worktree: RemoveWorktree
+) -> str | None:
     """Save the leftover's work (see the module's docstring), then remove it; the saved ref."""
     notes = saved_notes_dir(data_dir)
     if leftover.kind == "branch":
@@ -142,7 +146,7 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _key(path: str, root: str) -> str:
-    return path[len(root.rstrip("/")) + 1:].split("/", 1)[0]
+    return path[len(root.rstrip("/")) + 1 :].split("/", 1)[0]
 
 
 def _entries(directory: Path) -> list[Path]:

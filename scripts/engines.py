@@ -70,12 +70,24 @@ class PostgresServer:
             os.chown(base, owner.pw_uid, owner.pw_gid)
         server = cls(base, owner)
         try:
-            server._run("initdb", "-D", str(server.data), "-U", POSTGRES_USER, "--auth=trust", "--no-sync",
-                        "--no-instructions", "--encoding=UTF8", "--locale=C")
+            server._run(
+                "initdb",
+                "-D",
+                str(server.data),
+                "-U",
+                POSTGRES_USER,
+                "--auth=trust",
+                "--no-sync",
+                "--no-instructions",
+                "--encoding=UTF8",
+                "--locale=C",
+            )
             # In postgresql.conf rather than on pg_ctl's command line: a restart keeps them as they are.
             with open(server.data / "postgresql.conf", "a") as conf:
-                conf.write(f"port = {server.port}\nlisten_addresses = '{HOST}'\nunix_socket_directories = '{base}'\n"
-                           "fsync = off\nsynchronous_commit = off\nmax_connections = 200\n")
+                conf.write(
+                    f"port = {server.port}\nlisten_addresses = '{HOST}'\nunix_socket_directories = '{base}'\n"
+                    "fsync = off\nsynchronous_commit = off\nmax_connections = 200\n"
+                )
             server._pg_ctl("start", "-l", str(server.log))
         except BaseException:
             server.stop()
@@ -121,9 +133,14 @@ class PostgresServer:
         self._postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
 
     def _run(self, program: str, *arguments: str) -> None:
-        ran = subprocess.run([str(self._binaries / program), *arguments], cwd=self.base, capture_output=True,
-                             text=True, user=self.owner.pw_uid if self.owner else None,
-                             env={"PATH": os.environ["PATH"], "LC_ALL": "C"})
+        ran = subprocess.run(
+            [str(self._binaries / program), *arguments],
+            cwd=self.base,
+            capture_output=True,
+            text=True,
+            user=self.owner.pw_uid if self.owner else None,
+            env={"PATH": os.environ["PATH"], "LC_ALL": "C"},
+        )
         if ran.returncode != 0:
             log = self.log.read_text()[-2000:] if self.log.exists() else ""
             raise subprocess.CalledProcessError(ran.returncode, ran.args, ran.stdout, f"{ran.stderr}\n{log}")
@@ -220,8 +237,13 @@ class NatsCluster:
         store = self._store(node)
         store.mkdir(parents=True, exist_ok=True)
         with open(store / "nats-server.log", "ab") as log:
-            process = subprocess.Popen([nats_server_binary(), "-c", str(self._configuration(node))],
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            process = subprocess.Popen(
+                [nats_server_binary(), "-c", str(self._configuration(node))],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         self._servers[node] = EmbeddedNats(process.pid, HOST, client, process)
         _wait_for(lambda: process.poll() is None and accepts_connections(HOST, client), f"{node}'s start")
 
@@ -289,15 +311,27 @@ class NatsCluster:
             users += json.loads(host_user_block(host_id, public_key))["authorization"]["users"]
         routes = [f"nats-route://{HOST}:{route}" for _, route, _ in self._ports.values()]
         for node, (client, route, monitor) in self._ports.items():
-            self._configuration(node).write_text(json.dumps({
-                "server_name": node, "host": HOST, "port": client, "http": f"{HOST}:{monitor}",
-                # A limit that streams reserve against, not space taken: with BB_STREAM_REPLICAS=3 every
-                # node holds each stream, BB_THREADS and its partitioned mirror 1 GiB each by default.
-                "jetstream": {"store_dir": str(self._store(node)), "max_memory_store": 64 << 20,
-                              "max_file_store": self.max_file_store},
-                "cluster": {"name": "bb", "host": HOST, "port": route, "routes": routes},
-                # As docs/deploy.md advises: a client that stopped answering pings (a replica
-                # SIGSTOPped) leaves its queue groups within seconds, not the default 2 minutes.
-                "ping_interval": "2s", "ping_max": 2,
-                "authorization": {"users": users},
-            }, indent=2))
+            self._configuration(node).write_text(
+                json.dumps(
+                    {
+                        "server_name": node,
+                        "host": HOST,
+                        "port": client,
+                        "http": f"{HOST}:{monitor}",
+                        # A limit that streams reserve against, not space taken: with BB_STREAM_REPLICAS=3 every
+                        # node holds each stream, BB_THREADS and its partitioned mirror 1 GiB each by default.
+                        "jetstream": {
+                            "store_dir": str(self._store(node)),
+                            "max_memory_store": 64 << 20,
+                            "max_file_store": self.max_file_store,
+                        },
+                        "cluster": {"name": "bb", "host": HOST, "port": route, "routes": routes},
+                        # As docs/deploy.md advises: a client that stopped answering pings (a replica
+                        # SIGSTOPped) leaves its queue groups within seconds, not the default 2 minutes.
+                        "ping_interval": "2s",
+                        "ping_max": 2,
+                        "authorization": {"users": users},
+                    },
+                    indent=2,
+                )
+            )

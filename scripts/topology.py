@@ -50,8 +50,14 @@ class Topology:
         self._paused: set[str] = set()
 
     @classmethod
-    def start(cls, base: Path, replicas: tuple[str, ...] = ("r1", "r2"), hosts: tuple[str, ...] = ("h1", "h2"),
-              settings: dict[str, str] | None = None, stream_replicas: int = 3) -> Topology:
+    def start(
+        cls,
+        base: Path,
+        replicas: tuple[str, ...] = ("r1", "r2"),
+        hosts: tuple[str, ...] = ("h1", "h2"),
+        settings: dict[str, str] | None = None,
+        stream_replicas: int = 3,
+    ) -> Topology:
         """Everything, in `base` (an empty directory), once each replica serves and each agent serves
         its host; `settings`: BB_* variables for every replica and agent; `stream_replicas`: the
         replicas' BB_STREAM_REPLICAS (3: every stream survives the loss of a node)."""
@@ -95,8 +101,10 @@ class Topology:
 
     def pids(self) -> list[int]:
         """The processes at the root of each part: their descendants are theirs (PostgreSQL's backends)."""
-        engines = [*(self.cluster.pids if self.cluster else []),
-                   *([self.postgres.pid] if self.postgres and self.postgres.pid else [])]
+        engines = [
+            *(self.cluster.pids if self.cluster else []),
+            *([self.postgres.pid] if self.postgres and self.postgres.pid else []),
+        ]
         return engines + [process.pid for process in (*self.replicas.values(), *self.agents.values())]
 
     def log(self, name: str) -> Path:
@@ -152,8 +160,11 @@ class Topology:
 
     def exited(self) -> dict[str, int]:
         """The replicas and agents whose process has ended, with its exit status."""
-        return {name: status for name, process in (*self.replicas.items(), *self.agents.items())
-                if (status := process.poll()) is not None}
+        return {
+            name: status
+            for name, process in (*self.replicas.items(), *self.agents.items())
+            if (status := process.poll()) is not None
+        }
 
     def stop(self) -> None:
         """Stop whatever runs of it, however far its start got."""
@@ -186,16 +197,29 @@ class Topology:
 
     def _spawn(self, name: str, arguments: list[str], environment: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(self.log(name), "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", "bb_environments.entrypoints.bb", *arguments],
-                                    env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True)
+            return subprocess.Popen(
+                [sys.executable, "-m", "bb_environments.entrypoints.bb", *arguments],
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
 
     def _start_replica(self, replica_id: str) -> None:
         assert self.cluster is not None
         data_dir = self.base / replica_id
-        process = self._spawn(replica_id, ["serve", "--no-agent", "--replica-id", replica_id], self._environment(
-            data_dir, BB_EVENT_STORE=self.event_store, BB_NATS_URL=self.nats_urls,
-            BB_STREAM_REPLICAS=str(self._stream_replicas), BB_NATS_NKEY=str(self.cluster.seed_file("service"))))
+        process = self._spawn(
+            replica_id,
+            ["serve", "--no-agent", "--replica-id", replica_id],
+            self._environment(
+                data_dir,
+                BB_EVENT_STORE=self.event_store,
+                BB_NATS_URL=self.nats_urls,
+                BB_STREAM_REPLICAS=str(self._stream_replicas),
+                BB_NATS_NKEY=str(self.cluster.seed_file("service")),
+            ),
+        )
         self.replicas[replica_id] = process
         # server.json is written once its API answers on the bus.
         self._until(lambda: _serves(data_dir / "server.json", process.pid), replica_id, f"replica {replica_id}")
@@ -203,9 +227,12 @@ class Topology:
     def _start_agent(self, host_id: str) -> None:
         """Register the host through the replicas, admit its seed on every node, start its agent."""
         assert self.cluster is not None
-        registered = subprocess.run([sys.executable, "-m", "bb_environments.entrypoints.bb", "machine", "register",
-                                     host_id, "--json"], env={**os.environ, **self.cli_environment()},
-                                    capture_output=True, text=True)
+        registered = subprocess.run(
+            [sys.executable, "-m", "bb_environments.entrypoints.bb", "machine", "register", host_id, "--json"],
+            env={**os.environ, **self.cli_environment()},
+            capture_output=True,
+            text=True,
+        )
         if registered.returncode != 0:
             raise RuntimeError(f"bb machine register {host_id} failed: {registered.stderr.strip()}")
         seed = Path(json.loads(registered.stdout)["credentials"])
@@ -221,9 +248,21 @@ class Topology:
         """The agent of a registered host, once it serves (says so in its log after this start)."""
         log = self.log(host_id)
         start = log.stat().st_size if log.exists() else 0
-        process = self._spawn(host_id, ["agent", "--host-id", host_id, "--credentials", str(self._seeds[host_id]),
-                                        "--nats-url", self.nats_urls, "--root", str(self.agent_root(host_id))],
-                              self._environment(self.base / host_id / "data", BB_LOG_LEVEL="INFO"))
+        process = self._spawn(
+            host_id,
+            [
+                "agent",
+                "--host-id",
+                host_id,
+                "--credentials",
+                str(self._seeds[host_id]),
+                "--nats-url",
+                self.nats_urls,
+                "--root",
+                str(self.agent_root(host_id)),
+            ],
+            self._environment(self.base / host_id / "data", BB_LOG_LEVEL="INFO"),
+        )
         self.agents[host_id] = process
         self._until(lambda: "is serving from" in _read_from(log, start), host_id, f"the agent of {host_id}")
 
@@ -246,8 +285,10 @@ class Topology:
         deadline = time.monotonic() + timeout
         while not condition():
             if process.poll() is not None:
-                raise RuntimeError(f"{what} exited with status {process.returncode} before serving; the end of "
-                                   f"{self.log(name)}:\n{self.log(name).read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"{what} exited with status {process.returncode} before serving; the end of "
+                    f"{self.log(name)}:\n{self.log(name).read_text()[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} did not serve within {timeout:.0f} s")
             time.sleep(0.05)

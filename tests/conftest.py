@@ -31,7 +31,9 @@ def _runs_the_session(config: pytest.Config) -> bool:
 def pytest_sessionstart(session: pytest.Session) -> None:
     from bb_environments.providers.host.containment import cgroup_roots
 
-    session.config.stash[_CGROUPS_BEFORE] = {entry for root in cgroup_roots() if root.is_dir() for entry in root.iterdir()}
+    session.config.stash[_CGROUPS_BEFORE] = {
+        entry for root in cgroup_roots() if root.is_dir() for entry in root.iterdir()
+    }
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -20,6 +20,7 @@ class BusLedger:
 
     async def recorded_hook(self, operation_id: str) -> RecordedHook | None:
         """Raises the bus's own errors while no core answers: nothing is decided without the log."""
-        reply = await self._nc.request(self._subject, msgspec.json.encode(HookRef(operation_id)),
-                                       timeout=LEDGER_TIMEOUT_S)
+        reply = await self._nc.request(
+            self._subject, msgspec.json.encode(HookRef(operation_id)), timeout=LEDGER_TIMEOUT_S
+        )
         return msgspec.json.decode(reply.data, type=RecordedHookAnswer).recorded

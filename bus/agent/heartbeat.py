@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import msgspec
 from nats.aio.client import Client
@@ -22,8 +22,9 @@ async def beat(nc: Client, host_id: str, root: str, version: str, health: BusHea
     js = nc.jetstream()
     subject = f"$KV.{subjects.HOSTS_BUCKET}.{host_id}"
     while True:
-        heartbeat = HostHeartbeat(host_id=host_id, seen_at=datetime.now(timezone.utc), root=root, pid=os.getpid(),
-                                  version=version)
+        heartbeat = HostHeartbeat(
+            host_id=host_id, seen_at=datetime.now(UTC), root=root, pid=os.getpid(), version=version
+        )
         try:
             await js.publish(subject, msgspec.json.encode(heartbeat))
         except BUS_UNAVAILABLE as error:

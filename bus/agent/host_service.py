@@ -38,25 +38,33 @@ from bb_environments.providers.contract import InvalidInputs, PlanRefused, Provi
 log = logging.getLogger(__name__)
 
 _REFUSED_BY_NAME: tuple[tuple[type[Exception], str], ...] = (
-    (InvalidInputs, "invalid_inputs"), (PlanRefused, "plan_refused"), (ProviderMissing, "provider_missing"))
+    (InvalidInputs, "invalid_inputs"),
+    (PlanRefused, "plan_refused"),
+    (ProviderMissing, "provider_missing"),
+)
 
 
 async def start_host_service(nc: Client, host_id: str, host: LocalHost) -> Service:
     """The agent's service on `nc`, its hooks' launcher ready before the first request."""
     await host.hooks.prepare()
-    service = await add_service(nc, name=subjects.HOST_AGENT_SERVICE, version="1.0.0",
-                                description=f"hooks and workspaces on host {host_id}")
+    service = await add_service(
+        nc, name=subjects.HOST_AGENT_SERVICE, version="1.0.0", description=f"hooks and workspaces on host {host_id}"
+    )
     for verb in VERBS:
         if verb.kind == "query":
             subject = verb.subject(host_id)
             answering = _answering_hooks if verb.of_hooks else _answering_workspaces
-            await service.add_endpoint(name=f"{'hooks' if verb.of_hooks else 'workspaces'}-{verb.name}",
-                                       subject=subject, handler=answering(subject, verb, host_id, host))
+            await service.add_endpoint(
+                name=f"{'hooks' if verb.of_hooks else 'workspaces'}-{verb.name}",
+                subject=subject,
+                handler=answering(subject, verb, host_id, host),
+            )
     return service
 
 
-def _answering_workspaces(subject: str, verb: HostVerb, host_id: str, host: LocalHost
-                          ) -> Callable[[MicroRequest], Awaitable[None]]:
+def _answering_workspaces(
+    subject: str, verb: HostVerb, host_id: str, host: LocalHost
+) -> Callable[[MicroRequest], Awaitable[None]]:
     async def reply(request: MicroRequest) -> None:
         if not sent_to_endpoint(request, subject):
             return
@@ -81,8 +89,9 @@ def _answering_workspaces(subject: str, verb: HostVerb, host_id: str, host: Loca
     return reply
 
 
-def _answering_hooks(subject: str, verb: HostVerb, host_id: str, host: LocalHost
-                     ) -> Callable[[MicroRequest], Awaitable[None]]:
+def _answering_hooks(
+    subject: str, verb: HostVerb, host_id: str, host: LocalHost
+) -> Callable[[MicroRequest], Awaitable[None]]:
     async def reply(request: MicroRequest) -> None:
         if not sent_to_endpoint(request, subject):
             return
@@ -90,8 +99,12 @@ def _answering_hooks(subject: str, verb: HostVerb, host_id: str, host: LocalHost
             answer: Any = await verb.answered_by(host, host_id, _decoded(request.data, verb.request))
         except HookRefused as refused:
             # %r: ids and paths come from whoever sent the request; they must not forge log lines.
-            log.warning("refused %s for operation %s: %s", request.subject,
-                        quoted(refused.operation_id) if refused.operation_id is not None else None, refused.reason)
+            log.warning(
+                "refused %s for operation %s: %s",
+                request.subject,
+                quoted(refused.operation_id) if refused.operation_id is not None else None,
+                refused.reason,
+            )
             await request.respond_error("refused", refused.reason.replace("\n", " ")[:500])
             return
         except BUS_UNAVAILABLE as away:

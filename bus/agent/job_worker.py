@@ -48,7 +48,8 @@ class HostJobWorker:
 
     async def run(self) -> None:
         subscription = await self._js.pull_subscribe_bind(
-            durable=subjects.host_jobs_consumer(self._host_id), stream=subjects.HOST_JOBS_STREAM)
+            durable=subjects.host_jobs_consumer(self._host_id), stream=subjects.HOST_JOBS_STREAM
+        )
         bus = self._health.retry(f"taking the jobs of host {self._host_id!r}")
         try:
             while True:
@@ -113,8 +114,11 @@ class HostJobWorker:
         return report
 
     async def _report(self, report: HostReport) -> None:
-        await self._js.publish(subjects.host_report(self._host_id, report.operation_id), msgspec.json.encode(report),
-                               stream=subjects.HOST_REPORTS_STREAM)
+        await self._js.publish(
+            subjects.host_report(self._host_id, report.operation_id),
+            msgspec.json.encode(report),
+            stream=subjects.HOST_REPORTS_STREAM,
+        )
 
 
 async def _keep_telling(message: Msg) -> None:
@@ -124,4 +128,3 @@ async def _keep_telling(message: Msg) -> None:
             await message.in_progress()
         except BUS_UNAVAILABLE:
             pass  # the job may be handed out again meanwhile; the operation id makes that harmless
-

@@ -16,20 +16,20 @@ server sends is checked for its shape: a malformed one ends the command as a fai
 
 from __future__ import annotations
 
+# The socket module's own module, not `socket`: that one builds four IntEnums of every constant of
+# this one when it is imported, 5 ms of a `bb` command, and loads selectors; what a request needs
+# (a TCP socket with timeouts) is all here.
+import _socket
 import json
 import os
 import time
 from typing import Any
 
-# The socket module's own module, not `socket`: that one builds four IntEnums of every constant of
-# this one when it is imported, 5 ms of a `bb` command, and loads selectors; what a request needs
-# (a TCP socket with timeouts) is all here.
-import _socket
 import msgspec
 
+from bb_environments.bus.api_client.nkey_signer import SeedError, answer_nonce, user_seed
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Request, decode_answer
-from bb_environments.bus.api_client.nkey_signer import SeedError, answer_nonce, user_seed
 from bb_environments.bus.wire.service_errors import SERVICE_CHECK_S, AnswerLost, refused_request, unreachable
 from bb_environments.providers.host.processes import pid_alive
 
@@ -64,8 +64,9 @@ class BlockingApiClient:
         self._requests = 0
 
     @classmethod
-    def connect(cls, url: str, seed_file: str, data_dir: str | None = None,
-                service_pid: int | None = None) -> BlockingApiClient:
+    def connect(
+        cls, url: str, seed_file: str, data_dir: str | None = None, service_pid: int | None = None
+    ) -> BlockingApiClient:
         """Connected and authenticated as the NKEY whose seed is in `seed_file`, with its inbox subscribed."""
         try:
             with open(seed_file, "rb") as file:
@@ -73,8 +74,9 @@ class BlockingApiClient:
         except OSError as error:
             raise unreachable(f"cannot connect to {url}: {type(error).__name__}", data_dir) from None
         except SeedError as bad:
-            raise unreachable(f"cannot connect to {url}: {seed_file} is not a user's NKEY seed ({bad})",
-                              data_dir) from None
+            raise unreachable(
+                f"cannot connect to {url}: {seed_file} is not a user's NKEY seed ({bad})", data_dir
+            ) from None
         try:
             try:
                 connection = _connected(*_address(url))
@@ -96,11 +98,21 @@ class BlockingApiClient:
             if info.get("tls_required") or not isinstance(info.get("nonce"), str):
                 raise _Closed("it asks for TLS or offers no NKEY nonce, unlike the embedded server")
             advertised = info.get("max_payload")
-            self._max_payload = min(advertised, MAX_PAYLOAD) if isinstance(advertised, int) and advertised > 0 \
-                else MAX_PAYLOAD
+            self._max_payload = (
+                min(advertised, MAX_PAYLOAD) if isinstance(advertised, int) and advertised > 0 else MAX_PAYLOAD
+            )
             public_key, signature = answer_nonce(seed, info["nonce"].encode())
-            options = {"verbose": False, "pedantic": False, "lang": "python3", "version": "bb", "protocol": 1,
-                       "headers": True, "no_responders": True, "nkey": public_key, "sig": signature}
+            options = {
+                "verbose": False,
+                "pedantic": False,
+                "lang": "python3",
+                "version": "bb",
+                "protocol": 1,
+                "headers": True,
+                "no_responders": True,
+                "nkey": public_key,
+                "sig": signature,
+            }
             self._send(b"CONNECT " + json.dumps(options).encode() + b"\r\nPING\r\n")
             while (line := self._line(deadline)) != b"PONG":
                 if line.startswith(b"-ERR"):
@@ -110,15 +122,17 @@ class BlockingApiClient:
         except _Closed as closed:
             raise unreachable(f"cannot connect to {self._url}: {closed}", data_dir) from None
         except _TimedOut:
-            raise unreachable(f"cannot connect to {self._url}: no answer within {CONNECT_TIMEOUT_S:.0f} s",
-                              data_dir) from None
+            raise unreachable(
+                f"cannot connect to {self._url}: no answer within {CONNECT_TIMEOUT_S:.0f} s", data_dir
+            ) from None
 
     def call(self, area: str, verb: str, body: Request, timeout: float = 60) -> dict[str, Any]:
         what = f"{area} {verb}"
         payload = msgspec.json.encode(body)
         if self._max_payload and len(payload) > self._max_payload:
-            raise unreachable(f"the connection to it failed: the request is larger than its "
-                              f"{self._max_payload} bytes per message")
+            raise unreachable(
+                f"the connection to it failed: the request is larger than its {self._max_payload} bytes per message"
+            )
         self._requests += 1
         inbox = f"{self._inbox}.{self._requests}"
         deadline = time.monotonic() + timeout
@@ -149,7 +163,8 @@ class BlockingApiClient:
                 has_headers = fields[0] == b"HMSG"
                 # MSG <subject> <sid> [reply] <size>; HMSG <subject> <sid> [reply] <header size> <size>
                 if len(fields) not in ((5, 6) if has_headers else (4, 5)) or not all(
-                        f.isdigit() for f in fields[-2 if has_headers else -1:]):
+                    f.isdigit() for f in fields[-2 if has_headers else -1 :]
+                ):
                     raise _Closed(f"a malformed message line {line[:80]!r}")
                 size = int(fields[-1])
                 header_size = int(fields[-2]) if has_headers else 0
@@ -196,7 +211,7 @@ class BlockingApiClient:
                 raise _Closed("a protocol line too long")
             self._fill(deadline)
         line = bytes(self._buffer[:end])
-        del self._buffer[:end + 2]
+        del self._buffer[: end + 2]
         return line
 
     def _exactly(self, size: int, deadline: float) -> bytes:
@@ -279,5 +294,3 @@ def _headers(block: bytes) -> tuple[str, dict[str, str]]:
         if colon:
             headers[name.strip()] = value.strip()
     return status_line.removeprefix("NATS/1.0").strip().split(" ", 1)[0], headers
-
-

@@ -15,14 +15,20 @@ from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
 
-from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.api_messages import LONG_WORK, Request, decode_answer
 from bb_environments.bus.health import describe
 from bb_environments.bus.jetstream import ConnectOptions
-from bb_environments.bus.wire.service_errors import (REFUSED_HINT, SERVICE_CHECK_S, AnswerLost, ServiceError,
-                                                     refused_request, unreachable)
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import LONG_WORK, Request, decode_answer
 from bb_environments.bus.wire.resending import ATTEMPT_S, sent_until_answered
 from bb_environments.bus.wire.server_file import nats_servers
+from bb_environments.bus.wire.service_errors import (
+    REFUSED_HINT,
+    SERVICE_CHECK_S,
+    AnswerLost,
+    ServiceError,
+    refused_request,
+    unreachable,
+)
 from bb_environments.providers.host.processes import pid_alive
 
 T = TypeVar("T")
@@ -42,8 +48,9 @@ class ApiClient:
         self._violations: list[str] = []
 
     @classmethod
-    async def connect(cls, url: str, data_dir: str | None = None, service_pid: int | None = None,
-                      **options: Unpack[ConnectOptions]) -> ApiClient:
+    async def connect(
+        cls, url: str, data_dir: str | None = None, service_pid: int | None = None, **options: Unpack[ConnectOptions]
+    ) -> ApiClient:
         errors: list[Exception] = []
 
         async def remember(error: Exception) -> None:
@@ -53,9 +60,16 @@ class ApiClient:
         client = cls(Client(), service_pid)
         try:
             # nats-py annotates reconnect_time_wait as int, but only sleeps for it.
-            await client.nc.connect(nats_servers(url), connect_timeout=2, max_reconnect_attempts=1, reconnect_time_wait=0.1,  # type: ignore[arg-type]
-                                    error_cb=remember, disconnected_cb=client._dropped, closed_cb=client._ended,
-                                    **options)
+            await client.nc.connect(
+                nats_servers(url),
+                connect_timeout=2,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.1,  # type: ignore[arg-type]
+                error_cb=remember,
+                disconnected_cb=client._dropped,
+                closed_cb=client._ended,
+                **options,
+            )
         except (NoServersError, OSError, NatsTimeout, NatsError) as error:
             # A refusal of our credentials ('Authorization Violation') reaches only the error callback
             # once the client has given up on the server: name it rather than the giving up.
@@ -87,7 +101,9 @@ class ApiClient:
             attempt_s = timeout if (area, verb) in LONG_WORK else ATTEMPT_S
             reply = await self._unless_lost(
                 sent_until_answered(attempt, timeout=timeout, attempt_s=attempt_s, until=self._service_may_live),
-                subject, what)
+                subject,
+                what,
+            )
         except NoRespondersError:
             raise unreachable("nothing answers the API") from None
         except NatsTimeout:
@@ -103,13 +119,18 @@ class ApiClient:
         """`subject`'s messages in `stream` from the start, a batch at a time as they are stored,
         an empty batch after `wait` seconds without one. Read by a pull consumer of this client's
         own, created by name and filter, the one way a client's permissions allow (bus/access.py)."""
-        reader = await self.nc.jetstream().pull_subscribe(subject, stream=stream, config=api.ConsumerConfig(
-            ack_policy=api.AckPolicy.NONE, inactive_threshold=READER_IDLE_S, mem_storage=True))
+        reader = await self.nc.jetstream().pull_subscribe(
+            subject,
+            stream=stream,
+            config=api.ConsumerConfig(
+                ack_policy=api.AckPolicy.NONE, inactive_threshold=READER_IDLE_S, mem_storage=True
+            ),
+        )
         try:
             while True:
                 try:
                     yield await reader.fetch(READER_BATCH, timeout=wait)
-                except asyncio.TimeoutError:  # nats-py's own, or asyncio's when its deadline passes between two pulls
+                except TimeoutError:  # nats-py's own, or asyncio's when its deadline passes between two pulls
                     yield []
         finally:
             with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
@@ -152,7 +173,7 @@ class ApiClient:
             try:
                 await asyncio.wait_for(drop.wait(), SERVICE_CHECK_S)
                 return AnswerLost(f"the connection to the bb service dropped before it answered {what}")
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if (refused := self._refused(subject, what)) is not None:
                     return refused
                 if self._service_pid is not None and not pid_alive(self._service_pid):
@@ -171,8 +192,10 @@ class ApiClient:
             if f'for publish to "{subject}"'.lower() in said.lower():
                 return refused_request(f"the NATS server refused the request: {said}")
             if 'for subscription to "_inbox.' in said.lower():
-                return AnswerLost(f"the NATS server refuses these credentials their answers ({said}), so the answer to "
-                                  f"{what} cannot come; {REFUSED_HINT}")
+                return AnswerLost(
+                    f"the NATS server refuses these credentials their answers ({said}), so the answer to "
+                    f"{what} cannot come; {REFUSED_HINT}"
+                )
         return None
 
     async def _dropped(self) -> None:

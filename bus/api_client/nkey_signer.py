@@ -39,8 +39,10 @@ def answer_nonce(seed: bytearray, nonce: bytes) -> tuple[str, str]:
     signed = ffi.new("unsigned char[]", SIGNATURE_SIZE + len(nonce))
     try:
         assert len(seed) == KEY_SIZE, "a seed from user_seed"
-        if lib.crypto_sign_seed_keypair(public, secret, bytes(seed)) != 0 or \
-                lib.crypto_sign(signed, ffi.NULL, nonce, len(nonce), secret) != 0:
+        if (
+            lib.crypto_sign_seed_keypair(public, secret, bytes(seed)) != 0
+            or lib.crypto_sign(signed, ffi.NULL, nonce, len(nonce), secret) != 0
+        ):
             raise RuntimeError("libsodium could not sign")
         signature = ffi.buffer(signed, SIGNATURE_SIZE)[:]
         return _public_key(ffi.buffer(public, KEY_SIZE)[:]), base64.b64encode(signature).decode()

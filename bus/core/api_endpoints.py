@@ -14,6 +14,8 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from bb_environments.bus.core.api_service import ApiError, Endpoint
+from bb_environments.bus.core.publications import PUBLICATIONS
 from bb_environments.bus.wire.api_messages import (
     Accepted,
     EnvironmentAt,
@@ -31,10 +33,8 @@ from bb_environments.bus.wire.api_messages import (
     SpawnThread,
     ThreadRef,
 )
-from bb_environments.bus.core.api_service import ApiError, Endpoint
-from bb_environments.bus.core.publications import PUBLICATIONS
-from bb_environments.domain.errors import UnknownEnvironment, UnknownThread
-from bb_environments.domain.errors import DomainError
+from bb_environments.domain.errors import DomainError, UnknownEnvironment, UnknownThread
+from bb_environments.domain.request_errors import InvalidInput, RequestError
 from bb_environments.handlers.api import (
     Api,
     DoctorRequest,
@@ -55,7 +55,6 @@ from bb_environments.handlers.commands import (
     NewEnvironment,
     UnarchiveThread,
 )
-from bb_environments.domain.request_errors import InvalidInput, RequestError
 from bb_environments.handlers.machines import Machines
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
@@ -84,8 +83,10 @@ class HistoryEvent(msgspec.Struct, rename="camel"):
     version: int
     type: Annotated[str, msgspec.Meta(description="The event's `type`, as docs/events.md names it.")]
     occurred_at: datetime
-    duration_ms: Annotated[int | None, msgspec.Meta(description=(
-        "Milliseconds from this event to the environment's next one; null for its last."))]
+    duration_ms: Annotated[
+        int | None,
+        msgspec.Meta(description=("Milliseconds from this event to the environment's next one; null for its last.")),
+    ]
 
 
 class EnvironmentHistory(msgspec.Struct, rename="camel"):
@@ -93,22 +94,36 @@ class EnvironmentHistory(msgspec.Struct, rename="camel"):
 
     environment_id: str
     events: list[HistoryEvent]
-    next: Annotated[int | None, msgspec.Meta(description=(
-        "Null on the last page; otherwise send it as `after` for the next page."))] = None
+    next: Annotated[
+        int | None, msgspec.Meta(description=("Null on the last page; otherwise send it as `after` for the next page."))
+    ] = None
 
 
 class DoctorOrphan(msgspec.Struct, rename="camel"):
     host_id: str
-    path: Annotated[str, msgspec.Meta(description=(
-        "The canonical path; a branch's is `<repository>:<branch>`."))]
-    kind: Annotated[str, msgspec.Meta(description=(
-        "`workspace` (a directory under a provider's root), `worktree` (registered in a project repository) "
-        "or `branch` (a `bb/` branch)."))]
-    saved_ref: Annotated[str | None, msgspec.Meta(description=(
-        "Where `fix` saved the work that existed only there (`refs/bb/saved/orphan-<hash>` in its repository), "
-        "or null."))] = None
-    failure: Annotated[str | None, msgspec.Meta(description=(
-        "Why `fix` kept it, in one sentence (the next run tries again), or null."))] = None
+    path: Annotated[str, msgspec.Meta(description=("The canonical path; a branch's is `<repository>:<branch>`."))]
+    kind: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "`workspace` (a directory under a provider's root), `worktree` (registered in a project repository) "
+                "or `branch` (a `bb/` branch)."
+            )
+        ),
+    ]
+    saved_ref: Annotated[
+        str | None,
+        msgspec.Meta(
+            description=(
+                "Where `fix` saved the work that existed only there (`refs/bb/saved/orphan-<hash>` in its repository), "
+                "or null."
+            )
+        ),
+    ] = None
+    failure: Annotated[
+        str | None,
+        msgspec.Meta(description=("Why `fix` kept it, in one sentence (the next run tries again), or null.")),
+    ] = None
 
 
 class DoctorMissing(msgspec.Struct, rename="camel"):
@@ -134,15 +149,20 @@ class HookOutputPage(msgspec.Struct, rename="camel"):
 
 class RegisteredHost(msgspec.Struct, rename="camel"):
     host_id: str
-    credentials: Annotated[str, msgspec.Meta(description=(
-        "The seed file (mode 0600) the host's agent connects with: copy it to that machine."))]
+    credentials: Annotated[
+        str,
+        msgspec.Meta(
+            description=("The seed file (mode 0600) the host's agent connects with: copy it to that machine.")
+        ),
+    ]
 
 
 class MachineView(msgspec.Struct, rename="camel"):
     id: str
     kind: str
-    status: Annotated[str, msgspec.Meta(description=(
-        "`online`, `offline` (its agent not heard from for 15 s) or `never-seen`."))]
+    status: Annotated[
+        str, msgspec.Meta(description=("`online`, `offline` (its agent not heard from for 15 s) or `never-seen`."))
+    ]
     last_seen_at: datetime | None
     environments: Annotated[int, msgspec.Meta(description="Its environments that are not removed.")]
     own: Annotated[bool, msgspec.Meta(description="The service's own host.")] = False
@@ -193,8 +213,9 @@ class ApiEdge:
         ]
 
     async def hook_output(self, request: HookOutputAt) -> HookOutputPage:
-        page = await self._api.hook_output(HookOutputQuery(request.environment_id, request.operation_id,
-                                                           request.offset))
+        page = await self._api.hook_output(
+            HookOutputQuery(request.environment_id, request.operation_id, request.offset)
+        )
         return HookOutputPage(page.text, page.next_offset, page.more)
 
     async def register_host(self, request: RegisterHost) -> RegisteredHost:
@@ -202,8 +223,12 @@ class ApiEdge:
         return RegisteredHost(registered.host_id, registered.credentials)
 
     async def list_machines(self, _: Nothing) -> MachineList:
-        return MachineList([MachineView(m.id, "host", m.status, m.last_seen_at, m.environments, m.own)
-                            for m in await self._machines.machines()])
+        return MachineList(
+            [
+                MachineView(m.id, "host", m.status, m.last_seen_at, m.environments, m.own)
+                for m in await self._machines.machines()
+            ]
+        )
 
     async def remove_host(self, request: HostRef) -> HostRemoved:
         await self._machines.remove(request.host_id)
@@ -213,23 +238,29 @@ class ApiEdge:
         return ProviderList(await self._api.providers())
 
     async def list_environments(self, request: ListEnvironments) -> EnvironmentList:
-        page = await self._api.list_environments(EnvironmentQuery(
-            limit=request.limit, status=request.status, provider_id=request.provider,
-            include_removed=request.include_removed, after=request.after,
-        ))
+        page = await self._api.list_environments(
+            EnvironmentQuery(
+                limit=request.limit,
+                status=request.status,
+                provider_id=request.provider,
+                include_removed=request.include_removed,
+                after=request.after,
+            )
+        )
         return self._fitted(page, lambda items, after: EnvironmentList(items, after))
 
     async def show_environment(self, request: EnvironmentAt) -> EnvironmentView:
-        return await self._api.show_environment(ShowEnvironment(request.environment_id, request.min_position,
-                                                                request.at))
+        return await self._api.show_environment(
+            ShowEnvironment(request.environment_id, request.min_position, request.at)
+        )
 
     async def environment_history(self, request: ListHistory) -> EnvironmentHistory:
-        page = await self._api.environment_history(HistoryQuery(request.environment_id, request.limit,
-                                                                request.after))
-        events = [HistoryEvent(e.version, PUBLICATIONS[e.event_class].type, e.occurred_at, e.duration_ms)
-                  for e in page.items]
+        page = await self._api.environment_history(HistoryQuery(request.environment_id, request.limit, request.after))
+        events = [
+            HistoryEvent(e.version, PUBLICATIONS[e.event_class].type, e.occurred_at, e.duration_ms) for e in page.items
+        ]
         # An event's entry is a hundred bytes or so: at least one always fits.
-        sent = events[:max(1, _fitting(events, self._max_payload - REPLY_HEADROOM))]
+        sent = events[: max(1, _fitting(events, self._max_payload - REPLY_HEADROOM))]
         more = page.more or len(sent) < len(events)
         return EnvironmentHistory(request.environment_id, sent, sent[-1].version if more else None)
 
@@ -240,16 +271,22 @@ class ApiEdge:
         return _accepted(await self._api.retry_environment(request.environment_id))
 
     async def spawn_thread(self, request: SpawnThread) -> Spawned:
-        spawned = await self._api.spawn_thread(Spawn(
-            _intent(request), thread_id=request.thread_id, project_path=request.project_path,
-            host_id=request.host_id, parent_thread_id=request.parent_thread_id, prompt=request.prompt,
-        ))
+        spawned = await self._api.spawn_thread(
+            Spawn(
+                _intent(request),
+                thread_id=request.thread_id,
+                project_path=request.project_path,
+                host_id=request.host_id,
+                parent_thread_id=request.parent_thread_id,
+                prompt=request.prompt,
+            )
+        )
         return Spawned(spawned.thread_id, spawned.environment_id, spawned.status, spawned.position)
 
     async def list_threads(self, request: ListThreads) -> ThreadList:
-        page = await self._api.list_threads(ThreadQuery(
-            limit=request.limit, environment_id=request.environment_id, after=request.after,
-        ))
+        page = await self._api.list_threads(
+            ThreadQuery(limit=request.limit, environment_id=request.environment_id, after=request.after)
+        )
         return self._fitted(page, lambda items, after: ThreadList(items, after))
 
     async def archive_thread(self, request: ThreadRef) -> Accepted:
@@ -267,18 +304,22 @@ class ApiEdge:
     async def doctor(self, request: Examine) -> DoctorReport:
         found = await self._api.doctor(DoctorRequest(fix=request.fix))
         return DoctorReport(
-            [DoctorOrphan(orphan.host_id, orphan.path, orphan.kind, orphan.saved_ref, orphan.failure)
-             for orphan in found.orphans],
+            [
+                DoctorOrphan(orphan.host_id, orphan.path, orphan.kind, orphan.saved_ref, orphan.failure)
+                for orphan in found.orphans
+            ],
             [DoctorMissing(missing.environment_id, missing.host_id, missing.path) for missing in found.missing],
         )
 
     def _fitted(self, page: Page[Item], listing: Callable[[list[Item], str | None], Listing]) -> Listing:
         """The page as its reply, cut before the first item that would take it past the maximum
         payload; `next` names the last item sent whenever anything follows it."""
-        items = page.items[:_fitting(page.items, self._max_payload - REPLY_HEADROOM)]
+        items = page.items[: _fitting(page.items, self._max_payload - REPLY_HEADROOM)]
         if not items and page.items:
-            raise ApiError("failed", f"the document of {page.items[0].id} alone exceeds the maximum payload "
-                                     f"of {self._max_payload} bytes")
+            raise ApiError(
+                "failed",
+                f"the document of {page.items[0].id} alone exceeds the maximum payload of {self._max_payload} bytes",
+            )
         more = page.more or len(items) < len(page.items)
         return listing(items, items[-1].id if more else None)
 

@@ -21,11 +21,11 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
+from bb_environments.bus.health import describe, unavailable
+from bb_environments.bus.micro_requests import sent_to_endpoint
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import ErrorBody, ErrorReply, Request
 from bb_environments.bus.wire.refusals import refusal_reason
-from bb_environments.bus.health import describe, unavailable
-from bb_environments.bus.micro_requests import sent_to_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,15 @@ async def start_api(nc: Client, endpoints: list[Endpoint[Any]], translate: Error
     )
     for endpoint in endpoints:
         subject = subjects.api(endpoint.area, endpoint.verb)
-        await service.add_endpoint(name=f"{endpoint.area}-{endpoint.verb}", subject=subject,
-                                   handler=_serve(endpoint, subject, translate))
+        await service.add_endpoint(
+            name=f"{endpoint.area}-{endpoint.verb}", subject=subject, handler=_serve(endpoint, subject, translate)
+        )
     return service
 
 
-def _serve(endpoint: Endpoint[R], subject: str, translate: ErrorTranslator) -> Callable[[MicroRequest], Awaitable[None]]:
+def _serve(
+    endpoint: Endpoint[R], subject: str, translate: ErrorTranslator
+) -> Callable[[MicroRequest], Awaitable[None]]:
     async def serve(request: MicroRequest) -> None:
         if not sent_to_endpoint(request, subject):
             return
@@ -81,8 +84,10 @@ def _serve(endpoint: Endpoint[R], subject: str, translate: ErrorTranslator) -> C
             known = translate(error)
             if known is None and isinstance(error, NatsError) and unavailable(error):
                 # Not the request's fault nor a bug: the service's own way to JetStream is away.
-                known = ApiError("unreachable", f"the service cannot reach NATS JetStream just now "
-                                                f"({describe(error)}); try again shortly")
+                known = ApiError(
+                    "unreachable",
+                    f"the service cannot reach NATS JetStream just now ({describe(error)}); try again shortly",
+                )
             if known is None:
                 log.exception("%s.%s failed", endpoint.area, endpoint.verb)
                 known = ApiError("failed", f"{type(error).__name__}: {error}")

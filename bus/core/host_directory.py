@@ -25,8 +25,13 @@ from bb_environments.handlers.ports import AgentSeed
 
 
 class BusHostDirectory:
-    def __init__(self, credentials: Credentials, js: JetStreamContext, liveness: HostLiveness,
-                 admit_users: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        credentials: Credentials,
+        js: JetStreamContext,
+        liveness: HostLiveness,
+        admit_users: Callable[[], None] | None,
+    ) -> None:
         """`admit_users` has the embedded server enforce the users as the seeds now say (None: an
         external NATS, whose users the deployment configures)."""
         self._credentials = credentials

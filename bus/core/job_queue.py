@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import msgspec
@@ -59,7 +59,7 @@ class HostLiveness:
             return None  # only the host's own agent may write its key; a damaged value is "not heard"
 
     async def online(self, host_id: str) -> bool:
-        return is_online(await self.heartbeat(host_id), datetime.now(timezone.utc))
+        return is_online(await self.heartbeat(host_id), datetime.now(UTC))
 
     async def forget(self, host_id: str) -> None:
         if self._bucket is None:
@@ -75,13 +75,14 @@ def waiting_for(host_id: str, heartbeat: HostHeartbeat | None) -> str:
     """The sentence an environment waiting for its host shows (statusMessage)."""
     if heartbeat is None:
         return f"waiting for the agent of host {host_id!r}, which has not connected since it was registered"
-    seen = heartbeat.seen_at.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    seen = heartbeat.seen_at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     return f"waiting for the agent of host {host_id!r}, offline since {seen}"
 
 
 class HostJobQueue:
-    def __init__(self, nc: Client, js: JetStreamContext, liveness: HostLiveness, *,
-                 health: BusHealth | None = None) -> None:
+    def __init__(
+        self, nc: Client, js: JetStreamContext, liveness: HostLiveness, *, health: BusHealth | None = None
+    ) -> None:
         self._nc = nc
         self._js = js
         self._liveness = liveness
@@ -111,7 +112,7 @@ class HostJobQueue:
             while True:
                 try:
                     message = await asyncio.wait_for(asyncio.shield(arrived), REPORT_CHECK_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if (stored := await self._stored_report(report_subject, report_type, operation_id)) is not None:
                         return stored
                     await self._unless_away(host_id, f"waiting for {operation_id}")
@@ -124,11 +125,16 @@ class HostJobQueue:
 
     async def _queue(self, host_id: str, job: HostJob, message_id: str) -> None:
         try:
-            await self._js.publish(subjects.host_job(host_id, job.operation_id), msgspec.json.encode(job),
-                                   stream=subjects.HOST_JOBS_STREAM, headers={"Nats-Msg-Id": message_id})
+            await self._js.publish(
+                subjects.host_job(host_id, job.operation_id),
+                msgspec.json.encode(job),
+                stream=subjects.HOST_JOBS_STREAM,
+                headers={"Nats-Msg-Id": message_id},
+            )
         except BUS_UNAVAILABLE as error:
-            raise HostUnavailable(f"the job {job.operation_id} for host {host_id!r} could not be queued "
-                                  f"({describe(error)})") from None
+            raise HostUnavailable(
+                f"the job {job.operation_id} for host {host_id!r} could not be queued ({describe(error)})"
+            ) from None
 
     async def _stored_report(self, report_subject: str, report_type: type[R], operation_id: str) -> R | None:
         try:
@@ -149,7 +155,7 @@ class HostJobQueue:
             heartbeat = await self._liveness.heartbeat(host_id)
         except BUS_UNAVAILABLE as error:
             return HostUnavailable(f"{doing}: the bus is away ({describe(error)})")
-        return None if is_online(heartbeat, datetime.now(timezone.utc)) else HostUnavailable(waiting_for(host_id, heartbeat))
+        return None if is_online(heartbeat, datetime.now(UTC)) else HostUnavailable(waiting_for(host_id, heartbeat))
 
 
 def _decoded(data: bytes, report_type: type[R], operation_id: str) -> R | None:

@@ -60,8 +60,14 @@ class LogFollower:
     """Handles the batches of the log consumer: read model first (a thread that hears its outcome
     finds it there), then the outcomes, then every environment they moved."""
 
-    def __init__(self, store: Store, log_reader: LogReader, read_model: ReadModel, placements: Placements,
-                 provisioner: Provisioner) -> None:
+    def __init__(
+        self,
+        store: Store,
+        log_reader: LogReader,
+        read_model: ReadModel,
+        placements: Placements,
+        provisioner: Provisioner,
+    ) -> None:
         self._store = store
         self._log_reader = log_reader
         self._read_model = read_model
@@ -115,8 +121,9 @@ def _entry(sequence: int, data: bytes) -> TranscriptEntry:
     return TranscriptEntry(sequence, line.environment_id, line.kind == "step", line.text)
 
 
-async def restore_read_models(app: Environments, store: Store, read_model: ReadModel, damage: str | None,
-                              api: Api, js: JetStreamContext) -> None:
+async def restore_read_models(
+    app: Environments, store: Store, read_model: ReadModel, damage: str | None, api: Api, js: JetStreamContext
+) -> None:
     """Read models lost, emptied or set aside as damaged are rebuilt from the log before anything
     reads them, in one line of the log."""
     if read_model.position > 0 or not await store.read_log(app.head):
@@ -128,5 +135,10 @@ async def restore_read_models(app: Environments, store: Store, read_model: ReadM
     with contextlib.suppress(NotFoundError):
         await js.delete_consumer(subjects.TRANSCRIPTS_STREAM, subjects.TRANSCRIPTS_CONSUMER)
     counts = await api.replay()
-    log.warning("%s; rebuilt them from the log: %d events, %d environments, %d threads",
-                damage or "the read models were empty", counts.events, counts.environments, counts.threads)
+    log.warning(
+        "%s; rebuilt them from the log: %d events, %d environments, %d threads",
+        damage or "the read models were empty",
+        counts.events,
+        counts.environments,
+        counts.threads,
+    )

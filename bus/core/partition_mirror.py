@@ -49,7 +49,7 @@ async def keep_mirroring(js: JetStream, health: BusHealth, may_nudge: Callable[[
             continue
         try:
             waiting, silent_s = await _stall(js)
-        except (NatsError, asyncio.TimeoutError) as error:
+        except (TimeoutError, NatsError) as error:
             bus.failed(error)  # a stream without its leader: the next look asks again
             continue
         bus.succeeded()
@@ -73,11 +73,17 @@ async def _stall(js: JetStream) -> tuple[int, float]:
 
 async def _step_down(js: JetStream, waiting: int, silent_s: float) -> None:
     stream = subjects.THREAD_PARTITIONS_STREAM
-    log.warning("stream %s heard nothing from %s for %.1f s while %d thread events waited there: asking its "
-                "leader to step down, so that the next one mirrors it again", stream, subjects.THREADS_STREAM,
-                silent_s, waiting)
+    log.warning(
+        "stream %s heard nothing from %s for %.1f s while %d thread events waited there: asking its "
+        "leader to step down, so that the next one mirrors it again",
+        stream,
+        subjects.THREADS_STREAM,
+        silent_s,
+        waiting,
+    )
     try:
         await js.nc.request(f"{js.api_prefix}.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
-    except (NatsError, asyncio.TimeoutError) as error:
-        log.warning("the step-down of stream %s was not answered (%s); asked again if it still stalls",
-                    stream, describe(error))
+    except (TimeoutError, NatsError) as error:
+        log.warning(
+            "the step-down of stream %s was not answered (%s); asked again if it still stalls", stream, describe(error)
+        )

@@ -15,7 +15,7 @@ edge) are published by the thread consumer, under the id of the stream message r
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import msgspec
@@ -67,10 +67,17 @@ class Placements:
         for its events (handlers/provisioning.py), so no thread hears `ready` after `removed`."""
         for document in documents:
             if isinstance(document, ThreadRefusedDocument):
-                await self._publish(PlacementOutcome(
-                    occurred_at=document.occurred_at, thread_id=document.thread_id, environment_id=None,
-                    status="refused", reason=document.message),
-                    f"{document.thread_id}:-:refused:{document.version}", due_since=document.occurred_at)
+                await self._publish(
+                    PlacementOutcome(
+                        occurred_at=document.occurred_at,
+                        thread_id=document.thread_id,
+                        environment_id=None,
+                        status="refused",
+                        reason=document.message,
+                    ),
+                    f"{document.thread_id}:-:refused:{document.version}",
+                    due_since=document.occurred_at,
+                )
             elif isinstance(document, ThreadAttachedDocument):
                 await self._settled(document, [document.thread_id])
             elif isinstance(document, _SETTLING):
@@ -82,18 +89,28 @@ class Placements:
         publisher waits); only a wildcard token has no subject of its own to be told on."""
         if subject_thread_id in _WILDCARDS:
             return
-        await self._publish(PlacementOutcome(
-            occurred_at=datetime.now(timezone.utc), thread_id=subject_thread_id, environment_id=None,
-            status="refused", reason=reason),
-            f"{subject_thread_id}:-:refused:event-{refused.metadata.sequence.stream}", due_since=refused.metadata.timestamp)
+        await self._publish(
+            PlacementOutcome(
+                occurred_at=datetime.now(UTC),
+                thread_id=subject_thread_id,
+                environment_id=None,
+                status="refused",
+                reason=reason,
+            ),
+            f"{subject_thread_id}:-:refused:event-{refused.metadata.sequence.stream}",
+            due_since=refused.metadata.timestamp,
+        )
 
     async def _settled(self, event: EnvironmentEvent, thread_ids: list[str]) -> None:
         try:
             environment = await self._store.run(self._store.app.environment, UUID(event.environment_id))
         except UnknownEnvironment:
             return
-        if isinstance(event, _READY_THEN) and environment.version > event.version and (
-                _outcome(environment)[0] is None or any(t not in environment.joined_at for t in thread_ids)):
+        if (
+            isinstance(event, _READY_THEN)
+            and environment.version > event.version
+            and (_outcome(environment)[0] is None or any(t not in environment.joined_at for t in thread_ids))
+        ):
             # No longer ready, or some of its threads gone (archived at once, say; its removal
             # waits for this outcome): it was ready for the threads on it then.
             environment = await self._store.run(self._store.app.repository.get, environment.id, version=event.version)
@@ -103,15 +120,23 @@ class Placements:
         for thread_id in thread_ids:
             joined = environment.joined_at.get(thread_id)
             if joined is not None:  # it has not left since
-                await self._publish(PlacementOutcome(
-                    occurred_at=event.occurred_at, thread_id=thread_id, environment_id=event.environment_id,
-                    status=status, reason=reason),
-                    f"{thread_id}:{event.environment_id}:{status}:{joined}", due_since=event.occurred_at)
+                await self._publish(
+                    PlacementOutcome(
+                        occurred_at=event.occurred_at,
+                        thread_id=thread_id,
+                        environment_id=event.environment_id,
+                        status=status,
+                        reason=reason,
+                    ),
+                    f"{thread_id}:{event.environment_id}:{status}:{joined}",
+                    due_since=event.occurred_at,
+                )
 
     async def _publish(self, outcome: PlacementOutcome, message_id: str, due_since: datetime) -> None:
         subject = subjects.placement(outcome.thread_id, outcome.status)
-        if datetime.now(timezone.utc) - due_since > _BEYOND_THE_WINDOW and await self._published_since(
-                subject, message_id, due_since):
+        if datetime.now(UTC) - due_since > _BEYOND_THE_WINDOW and await self._published_since(
+            subject, message_id, due_since
+        ):
             return
         await self._js.publish(subject, msgspec.json.encode(outcome), headers={"Nats-Msg-Id": message_id})
         crash_point("placement-published")  # before the log's batch is acknowledged: it is delivered again

@@ -57,17 +57,23 @@ class _Owner:
 def document_for(event: DomainEventProtocol[UUID], aggregate: Any) -> tuple[str, Document]:
     """The public document and log subject of a stored event, given its aggregate just after it."""
     if not isinstance(event, Aggregate.Event) or type(event) not in PUBLICATIONS:
-        raise LookupError(f"{type(event).__qualname__} has no public document: give it one in "
-                          f"bus/core/publications.py")
+        raise LookupError(f"{type(event).__qualname__} has no public document: give it one in bus/core/publications.py")
     publication = PUBLICATIONS[type(event)]
     owner = _OWNERS[publication.aggregate]
     # What the event recorded, as far as the document declares it (msgspec drops the rest: a
     # provider's private `resource`, a thread's `intent`).
-    fields = {_camel(k): (str(v) if isinstance(v, UUID) else v) for k, v in vars(event).items()
-              if k not in ("originator_id", "originator_version", "timestamp")}
+    fields = {
+        _camel(k): (str(v) if isinstance(v, UUID) else v)
+        for k, v in vars(event).items()
+        if k not in ("originator_id", "originator_version", "timestamp")
+    }
     fields |= {_camel(name): getattr(aggregate, name) for name in publication.from_aggregate}
     # An event records its optional fields as None where they do not apply; the document leaves them out.
-    fields = {name: value for name, value in fields.items() if value is not None or name not in _optional(publication.document)}
+    fields = {
+        name: value
+        for name, value in fields.items()
+        if value is not None or name not in _optional(publication.document)
+    }
     common = {"occurredAt": event.timestamp, "version": event.originator_version} | owner.common(event, aggregate)
     document = msgspec.convert(fields | common, publication.document, strict=False)
     key = owner.key(event, aggregate)
@@ -93,82 +99,96 @@ def _claim_holder(event: Any, claim: PathClaim) -> str | None:
 
 _OWNERS: dict[type[Aggregate], _Owner] = {
     Environment: _Owner(
-        "environment", key=lambda event, _: str(event.originator_id),
+        "environment",
+        key=lambda event, _: str(event.originator_id),
         common=lambda event, environment: {
-            "environmentId": str(event.originator_id), "threadIds": list(environment.thread_ids),
-            "status": environment.public_status, "statusMessage": environment.status_message,
+            "environmentId": str(event.originator_id),
+            "threadIds": list(environment.thread_ids),
+            "status": environment.public_status,
+            "statusMessage": environment.status_message,
         },
     ),
-    Thread: _Owner("thread", key=lambda _, thread: thread.thread_id,
-                   common=lambda _, thread: {"threadId": thread.thread_id}),
+    Thread: _Owner(
+        "thread", key=lambda _, thread: thread.thread_id, common=lambda _, thread: {"threadId": thread.thread_id}
+    ),
     PathClaim: _Owner(
-        "claim", key=lambda event, _: str(event.originator_id),
-        common=lambda event, claim: {"claimId": str(event.originator_id), "hostId": claim.host_id,
-                                     "path": claim.path, "environmentId": _claim_holder(event, claim)},
+        "claim",
+        key=lambda event, _: str(event.originator_id),
+        common=lambda event, claim: {
+            "claimId": str(event.originator_id),
+            "hostId": claim.host_id,
+            "path": claim.path,
+            "environmentId": _claim_holder(event, claim),
+        },
     ),
     HostClaims: _Owner("host", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}),
-    RegisteredHost: _Owner("machine", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}),
+    RegisteredHost: _Owner(
+        "machine", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}
+    ),
 }
 
 
-def _published(event: type[Aggregate.Event], document: type[Document], *,
-               from_aggregate: tuple[str, ...] = ()) -> tuple[type[Aggregate.Event], Publication]:
+def _published(
+    event: type[Aggregate.Event], document: type[Document], *, from_aggregate: tuple[str, ...] = ()
+) -> tuple[type[Aggregate.Event], Publication]:
     aggregate = next(a for a in _OWNERS if issubclass(event, a.Event))
     return event, Publication(event, document, aggregate, _OWNERS[aggregate].kind, from_aggregate)
 
 
-PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict([
-    _published(Environment.Claimed, wire.ClaimedDocument),
-    _published(Environment.Planned, wire.PlannedDocument),
-    _published(Environment.HostAwaited, wire.HostAwaitedDocument),
-    _published(Environment.Created, wire.CreatedDocument),
-    _published(Environment.CreateFailed, wire.CreateFailedDocument),
-    _published(Environment.AttemptCleaned, wire.AttemptCleanedDocument),
-    _published(Environment.CreateRetried, wire.CreateRetriedDocument),
-    _published(Environment.SetupStarted, wire.SetupStartedDocument),
-    _published(Environment.SetupSkipped, wire.SetupSkippedDocument),
-    _published(Environment.SetupSucceeded, wire.SetupSucceededDocument),
-    _published(Environment.SetupFailed, wire.SetupFailedDocument),
-    _published(Environment.SetupRetried, wire.SetupRetriedDocument),
-    _published(Environment.Ready, wire.ReadyDocument, from_aggregate=("path",)),
-    _published(Environment.ThreadAttached, wire.ThreadAttachedDocument),
-    _published(Environment.ThreadDetached, wire.ThreadDetachedDocument),
-    _published(Environment.RetireScheduled, wire.RetireScheduledDocument),
-    _published(Environment.RetireCancelled, wire.RetireCancelledDocument),
-    _published(Environment.Cancelled, wire.CancelledDocument),
-    _published(Environment.RemovalStarted, wire.RemovalStartedDocument),
-    _published(Environment.TeardownStarted, wire.TeardownStartedDocument),
-    _published(Environment.TeardownSkipped, wire.TeardownSkippedDocument),
-    _published(Environment.TeardownFinished, wire.TeardownFinishedDocument),
-    _published(Environment.ResourceRecorded, wire.ResourceRecordedDocument),
-    _published(Environment.Paused, wire.PausedDocument),
-    _published(Environment.Resumed, wire.ResumedDocument),
-    _published(Environment.WorkSaved, wire.WorkSavedDocument),
-    _published(Environment.Removed, wire.RemovedDocument),
-    _published(Environment.RemoveFailed, wire.RemoveFailedDocument),
-    _published(Environment.WorkspaceVanished, wire.WorkspaceVanishedDocument),
-    _published(Thread.Registered, log_only.ThreadRegisteredDocument),
-    _published(Thread.EnvironmentAssigned, log_only.ThreadEnvironmentAssignedDocument),
-    _published(Thread.EnvironmentRequested, log_only.ThreadEnvironmentRequestedDocument),
-    _published(Thread.EnvironmentLeft, log_only.ThreadEnvironmentLeftDocument),
-    _published(Thread.Refused, log_only.ThreadRefusedDocument),
-    _published(Thread.Archived, log_only.ThreadArchivedDocument),
-    _published(Thread.Unarchived, log_only.ThreadUnarchivedDocument),
-    _published(PathClaim.Taken, log_only.ClaimTakenDocument),
-    _published(PathClaim.Retaken, log_only.ClaimRetakenDocument),
-    _published(PathClaim.Released, log_only.ClaimReleasedDocument),
-    _published(HostClaims.Started, log_only.HostClaimsStartedDocument),
-    _published(HostClaims.Held, log_only.HostClaimsHeldDocument),
-    _published(HostClaims.Released, log_only.HostClaimsReleasedDocument),
-    _published(HostClaims.Leased, log_only.HostClaimsLeasedDocument),
-    _published(HostClaims.LeaseEnded, log_only.HostClaimsLeaseEndedDocument),
-    _published(RegisteredHost.Registered, log_only.HostRegisteredDocument),
-    _published(RegisteredHost.CredentialsRotated, log_only.HostCredentialsRotatedDocument),
-    _published(RegisteredHost.Removed, log_only.HostRemovedDocument),
-    _published(RegisteredHost.RegisteredAgain, log_only.HostRegisteredAgainDocument),
-])
+PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
+    [
+        _published(Environment.Claimed, wire.ClaimedDocument),
+        _published(Environment.Planned, wire.PlannedDocument),
+        _published(Environment.HostAwaited, wire.HostAwaitedDocument),
+        _published(Environment.Created, wire.CreatedDocument),
+        _published(Environment.CreateFailed, wire.CreateFailedDocument),
+        _published(Environment.AttemptCleaned, wire.AttemptCleanedDocument),
+        _published(Environment.CreateRetried, wire.CreateRetriedDocument),
+        _published(Environment.SetupStarted, wire.SetupStartedDocument),
+        _published(Environment.SetupSkipped, wire.SetupSkippedDocument),
+        _published(Environment.SetupSucceeded, wire.SetupSucceededDocument),
+        _published(Environment.SetupFailed, wire.SetupFailedDocument),
+        _published(Environment.SetupRetried, wire.SetupRetriedDocument),
+        _published(Environment.Ready, wire.ReadyDocument, from_aggregate=("path",)),
+        _published(Environment.ThreadAttached, wire.ThreadAttachedDocument),
+        _published(Environment.ThreadDetached, wire.ThreadDetachedDocument),
+        _published(Environment.RetireScheduled, wire.RetireScheduledDocument),
+        _published(Environment.RetireCancelled, wire.RetireCancelledDocument),
+        _published(Environment.Cancelled, wire.CancelledDocument),
+        _published(Environment.RemovalStarted, wire.RemovalStartedDocument),
+        _published(Environment.TeardownStarted, wire.TeardownStartedDocument),
+        _published(Environment.TeardownSkipped, wire.TeardownSkippedDocument),
+        _published(Environment.TeardownFinished, wire.TeardownFinishedDocument),
+        _published(Environment.ResourceRecorded, wire.ResourceRecordedDocument),
+        _published(Environment.Paused, wire.PausedDocument),
+        _published(Environment.Resumed, wire.ResumedDocument),
+        _published(Environment.WorkSaved, wire.WorkSavedDocument),
+        _published(Environment.Removed, wire.RemovedDocument),
+        _published(Environment.RemoveFailed, wire.RemoveFailedDocument),
+        _published(Environment.WorkspaceVanished, wire.WorkspaceVanishedDocument),
+        _published(Thread.Registered, log_only.ThreadRegisteredDocument),
+        _published(Thread.EnvironmentAssigned, log_only.ThreadEnvironmentAssignedDocument),
+        _published(Thread.EnvironmentRequested, log_only.ThreadEnvironmentRequestedDocument),
+        _published(Thread.EnvironmentLeft, log_only.ThreadEnvironmentLeftDocument),
+        _published(Thread.Refused, log_only.ThreadRefusedDocument),
+        _published(Thread.Archived, log_only.ThreadArchivedDocument),
+        _published(Thread.Unarchived, log_only.ThreadUnarchivedDocument),
+        _published(PathClaim.Taken, log_only.ClaimTakenDocument),
+        _published(PathClaim.Retaken, log_only.ClaimRetakenDocument),
+        _published(PathClaim.Released, log_only.ClaimReleasedDocument),
+        _published(HostClaims.Started, log_only.HostClaimsStartedDocument),
+        _published(HostClaims.Held, log_only.HostClaimsHeldDocument),
+        _published(HostClaims.Released, log_only.HostClaimsReleasedDocument),
+        _published(HostClaims.Leased, log_only.HostClaimsLeasedDocument),
+        _published(HostClaims.LeaseEnded, log_only.HostClaimsLeaseEndedDocument),
+        _published(RegisteredHost.Registered, log_only.HostRegisteredDocument),
+        _published(RegisteredHost.CredentialsRotated, log_only.HostCredentialsRotatedDocument),
+        _published(RegisteredHost.Removed, log_only.HostRemovedDocument),
+        _published(RegisteredHost.RegisteredAgain, log_only.HostRegisteredAgainDocument),
+    ]
+)
 """Every domain event class that is recorded, and its document."""
 
-LogDocument = Union[tuple(dict.fromkeys(p.document for p in PUBLICATIONS.values()))]  # type: ignore[valid-type]
+LogDocument = Union[tuple(dict.fromkeys(p.document for p in PUBLICATIONS.values()))]  # type: ignore[valid-type]  # noqa: UP007 (made from a tuple)
 """Any document of the log (`bb.log.>`, `bb events export`)."""
 log_decoder = msgspec.json.Decoder(LogDocument)

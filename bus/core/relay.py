@@ -48,10 +48,10 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
+from bb_environments.bus.core.log_reader import LoggedDocument
+from bb_environments.bus.health import BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.providers.host.crash_points import crash_point
-from bb_environments.bus.health import BusHealth
-from bb_environments.bus.core.log_reader import LoggedDocument
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,16 @@ class AckedPublisher:
 
 
 class OutboxRelay:
-    def __init__(self, js: JetStreamContext, publisher: Publisher, read_page: PageReader,
-                 read_notifications: NotificationReader, poll_seconds: float = 1.0, *,
-                 health: BusHealth | None = None) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        publisher: Publisher,
+        read_page: PageReader,
+        read_notifications: NotificationReader,
+        poll_seconds: float = 1.0,
+        *,
+        health: BusHealth | None = None,
+    ) -> None:
         """`publisher`: how the log's messages go out (an AckedPublisher on `js`'s connection).
         `health`: where the relay reports the bus away and back, shared with the service's other loops."""
         self._js = js
@@ -176,7 +183,7 @@ class OutboxRelay:
                 continue
             except LeaseLost:
                 await asyncio.sleep(self._poll_seconds)
-            except (NatsError, asyncio.TimeoutError) as ambiguous:
+            except (TimeoutError, NatsError) as ambiguous:
                 # Stored or not, we cannot tell: the stream knows, and the next heal reads it.
                 await self._bus.pause(ambiguous)
 
@@ -186,7 +193,7 @@ class OutboxRelay:
             page = await self._read_page(self.position)
             for start in range(0, len(page), WINDOW):
                 await self._fenced()
-                await self._publish(page[start:start + WINDOW])
+                await self._publish(page[start : start + WINDOW])
             self._bus.succeeded()  # only now: a stream that is read but refuses every publish is no success
             if not page:
                 self.caught_up.set()
@@ -195,7 +202,7 @@ class OutboxRelay:
     async def _idle(self) -> None:
         try:
             await asyncio.wait_for(self._wakeup.wait(), self._poll_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # A message someone else stored would otherwise sit at the tail until the next event.
             if (await self._stream_state()).last_seq != self._sequence:
                 raise StreamMoved from None
@@ -226,7 +233,11 @@ class OutboxRelay:
         for place, (logged, ack) in enumerate(zip(window, acks)):
             if isinstance(ack, BaseException) or ack.duplicate:  # a duplicate: the stream kept another message
                 await self._after_a_miss(window[place:], acks[place:])
-                if not isinstance(ack, BaseException) or isinstance(ack, APIError) and ack.err_code == WRONG_LAST_SEQUENCE:
+                if (
+                    not isinstance(ack, BaseException)
+                    or isinstance(ack, APIError)
+                    and ack.err_code == WRONG_LAST_SEQUENCE
+                ):
                     raise StreamMoved
                 raise ack
             crash_point("relay-published")
@@ -237,7 +248,7 @@ class OutboxRelay:
         if it follows the store's message it should (another relay's copy of `rest[0]`, say);
         from the first that does not, delete them all."""
         stored_at: int | None = None  # where the message before this one was stored by this window
-        for place, (logged, ack) in enumerate(zip(rest, acks)):
+        for place, ack in enumerate(acks[: len(rest)]):
             if isinstance(ack, BaseException) or ack.duplicate:
                 stored_at = None
                 continue
@@ -246,17 +257,24 @@ class OutboxRelay:
                 for sequence in out_of_place:
                     with contextlib.suppress(NotFoundError):
                         await self._js.delete_msg(subjects.ENVIRONMENTS_STREAM, sequence)
-                log.warning("relay deleted %d message(s) it published after a message the event store did not "
-                            "write (%s); they are published again in place", len(out_of_place), _span(out_of_place))
+                log.warning(
+                    "relay deleted %d message(s) it published after a message the event store did not "
+                    "write (%s); they are published again in place",
+                    len(out_of_place),
+                    _span(out_of_place),
+                )
                 return
             stored_at = ack.seq
 
     async def _holds(self, sequence: int, logged: LoggedDocument) -> bool:
         """Whether the stream's message at `sequence` is exactly `logged`."""
         message = await self._message_at(sequence)
-        return (message is not None and message.subject is not None
-                and subjects.claimed_notification_id(message.headers) == logged.notification_id
-                and logged.matches(message.subject, message.data))
+        return (
+            message is not None
+            and message.subject is not None
+            and subjects.claimed_notification_id(message.headers) == logged.notification_id
+            and logged.matches(message.subject, message.data)
+        )
 
     async def _heal(self) -> None:
         """Make the stream end with its last message the store wrote, and go on from there."""
@@ -268,8 +286,13 @@ class OutboxRelay:
             except NotFoundError:
                 pass
         if foreign:
-            log.warning("relay deleted %d stream message(s) the event store did not write (%s); "
-                        "the stream goes on after notification %d", len(foreign), _span(foreign), position)
+            log.warning(
+                "relay deleted %d stream message(s) the event store did not write (%s); "
+                "the stream goes on after notification %d",
+                len(foreign),
+                _span(foreign),
+                position,
+            )
         # Deleting does not lower the stream's last sequence: the next publish expects the snapshot's.
         self.position, self._sequence, self._held = position, state.last_seq, held
 

@@ -62,7 +62,10 @@ T = TypeVar("T")
 
 QUERY_TIMEOUT_S = 10.0
 _REFUSALS: dict[str, type[Exception]] = {
-    "invalid_inputs": InvalidInputs, "plan_refused": PlanRefused, "provider_missing": ProviderMissing}
+    "invalid_inputs": InvalidInputs,
+    "plan_refused": PlanRefused,
+    "provider_missing": ProviderMissing,
+}
 
 
 def create_operation(request: CreateRequest) -> str:
@@ -113,8 +116,9 @@ class RemoteHost:
     async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
         return False  # no provider of a host pauses: pausing is a cloud provider's, which runs in the core
 
-    async def pause(self, request: ResourceRequest,
-                    checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]) -> PauseResult:
+    async def pause(
+        self, request: ResourceRequest, checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]
+    ) -> PauseResult:
         return PauseFailed(f"environments on host {request.host_id!r} do not pause")
 
     async def resume(self, request: ResourceRequest) -> ResumeResult:
@@ -128,8 +132,15 @@ class RemoteHost:
         result: RemoveResult = await self._ask(request.host_id, "remove-leftover", request)
         return result
 
-    async def run_hook(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
-                       workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+    async def run_hook(
+        self,
+        host_id: str,
+        environment_id: str,
+        operation_id: str,
+        kind: HookKind,
+        workspace: str,
+        known: RecordedHook | None = None,
+    ) -> HookOutcome:
         """`known` is not sent: the agent on the host asks the log itself."""
         start = StartHook(operation_id=operation_id, kind=kind, workspace=workspace, environment_id=environment_id)
         report: HookReport = await self._job(host_id, "hook", HookJob(operation_id, start))
@@ -143,8 +154,9 @@ class RemoteHost:
         return cancelled.result
 
     async def hook_output(self, host_id: str, operation_id: str, offset: int) -> tuple[str, int, bool]:
-        page: HookOutputPage = await self._ask(host_id, "output", HookOutputRequest(operation_id=operation_id,
-                                                                                    offset=offset))
+        page: HookOutputPage = await self._ask(
+            host_id, "output", HookOutputRequest(operation_id=operation_id, offset=offset)
+        )
         return page.text, page.next_offset, page.more
 
     async def _job(self, host_id: str, name: str, job: HostJob, *, again: bool = False) -> Any:
@@ -158,8 +170,9 @@ class RemoteHost:
             away = await self._jobs.away(host_id, f"asking host {host_id!r} to {name}")
             raise away or HostUnavailable(f"no agent answers for host {host_id!r} ({describe(error)})") from None
         if reply.headers and (code := reply.headers.get(ERROR_CODE_HEADER)):
-            raise HostUnavailable(f"the agent of host {host_id!r} answered {name} with {code}: "
-                                  f"{reply.headers.get(ERROR_HEADER)}")
+            raise HostUnavailable(
+                f"the agent of host {host_id!r} answered {name} with {code}: {reply.headers.get(ERROR_HEADER)}"
+            )
         try:
             if verb.of_hooks:
                 return msgspec.json.decode(reply.data, type=verb.answer)

@@ -25,8 +25,8 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any, TypeVar
-from datetime import datetime, timezone
 from uuid import UUID
 
 import msgspec
@@ -65,14 +65,25 @@ class ReplicaRefused(RuntimeError):
     """This replica must not run beside the ones running; the message says why, in one sentence."""
 
 
-async def join(js: JetStreamContext, replica_id: str, data_dir: str, store: str, replicas: int,
-               health: BusHealth) -> Presence:
+async def join(
+    js: JetStreamContext, replica_id: str, data_dir: str, store: str, replicas: int, health: BusHealth
+) -> Presence:
     """Enter this replica's presence, or refuse it (ReplicaRefused); a cluster still forming is
     waited for (replicas started together make the bucket together)."""
-    bucket = await health.once_answered("the replicas' presence bucket", lambda: ensure_bucket(js, api.KeyValueConfig(
-        bucket=subjects.REPLICAS_BUCKET, history=1, ttl=PRESENCE_TTL_S, replicas=replicas)))
-    own = ReplicaPresence(replica_id=replica_id, pid=os.getpid(), machine=socket.gethostname(), data_dir=data_dir,
-                          store=store, started_at=datetime.now(timezone.utc).isoformat())
+    bucket = await health.once_answered(
+        "the replicas' presence bucket",
+        lambda: ensure_bucket(
+            js, api.KeyValueConfig(bucket=subjects.REPLICAS_BUCKET, history=1, ttl=PRESENCE_TTL_S, replicas=replicas)
+        ),
+    )
+    own = ReplicaPresence(
+        replica_id=replica_id,
+        pid=os.getpid(),
+        machine=socket.gethostname(),
+        data_dir=data_dir,
+        store=store,
+        started_at=datetime.now(UTC).isoformat(),
+    )
     for present in await health.once_answered("the replicas' presence", lambda: _present(js, bucket)):
         if present.replica_id == replica_id:
             await _refuse_if_running(bucket, present, own)
@@ -80,7 +91,8 @@ async def join(js: JetStreamContext, replica_id: str, data_dir: str, store: str,
             raise ReplicaRefused(
                 f"replica {present.replica_id} (pid {present.pid} on {present.machine}) runs on this NATS, and "
                 f"an SQLite event store has one replica only: run replicas on one PostgreSQL store "
-                "(BB_EVENT_STORE=postgresql://...), each with its own --replica-id and data dir")
+                "(BB_EVENT_STORE=postgresql://...), each with its own --replica-id and data dir"
+            )
     presence = Presence(bucket, own)
     await health.once_answered("the replicas' presence", presence.enter)
     return presence
@@ -111,7 +123,8 @@ async def _refuse_if_running(bucket: KeyValue, present: ReplicaPresence, own: Re
         if (await bucket.get(own.replica_id)).revision != first.revision:
             raise ReplicaRefused(
                 f"replica {own.replica_id} is running already (pid {present.pid} on {present.machine}, data dir "
-                f"{present.data_dir}): give each replica its own --replica-id (BB_REPLICA_ID)")
+                f"{present.data_dir}): give each replica its own --replica-id (BB_REPLICA_ID)"
+            )
 
 
 class Presence:
@@ -198,16 +211,24 @@ class Lease:
 
 
 async def leases_bucket(js: JetStreamContext, replicas: int, health: BusHealth) -> KeyValue:
-    return await health.once_answered("the leases' bucket", lambda: ensure_bucket(js, api.KeyValueConfig(
-        bucket=subjects.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)))
+    return await health.once_answered(
+        "the leases' bucket",
+        lambda: ensure_bucket(
+            js, api.KeyValueConfig(bucket=subjects.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
+        ),
+    )
 
 
 def lease_holder(replica_id: str) -> LeaseHolder:
     return LeaseHolder(replica_id=replica_id, token=secrets.token_hex(8))
 
 
-async def while_leased(lease: Lease, work: Callable[[], Coroutine[Any, Any, None]], health: BusHealth,
-                       on_others: Callable[[], None] = lambda: None) -> None:
+async def while_leased(
+    lease: Lease,
+    work: Callable[[], Coroutine[Any, Any, None]],
+    health: BusHealth,
+    on_others: Callable[[], None] = lambda: None,
+) -> None:
     """Run `work` only while this replica holds `lease`: take it when free, renew it, and cancel
     `work` as soon as it is lost (or this replica cannot tell: it was stopped, or the bus is away
     past the lease). `on_others` is called each time another replica is seen holding it."""
@@ -220,8 +241,7 @@ async def while_leased(lease: Lease, work: Callable[[], Coroutine[Any, Any, None
                 log.info("took lease %s", lease.key)
                 running = asyncio.create_task(work())
             elif not holds and running is not None:
-                log.warning("lost lease %s: another replica has it now, or the bucket could not say in time",
-                            lease.key)
+                log.warning("lost lease %s: another replica has it now, or the bucket could not say in time", lease.key)
                 await _cancelled(running)
                 running = None
             elif not holds:
@@ -240,7 +260,7 @@ async def _asked(bus: Retry, ask: Callable[[], Awaitable[T]], meanwhile: Callabl
     replica can tell without it."""
     try:
         answer = await ask()
-    except (NatsError, asyncio.TimeoutError) as away:
+    except (TimeoutError, NatsError) as away:
         bus.failed(away)
         return meanwhile()
     bus.succeeded()
@@ -303,7 +323,7 @@ class DriveShare:
     async def _rebalance(self) -> set[int]:
         kept = {p for p in self._held if await self._leases[p].renew()}
         share = math.ceil(subjects.DRIVE_PARTITIONS / max(1, await self._live_replicas()))
-        for partition in sorted(kept, reverse=True)[:max(0, len(kept) - share)]:
+        for partition in sorted(kept, reverse=True)[: max(0, len(kept) - share)]:
             await self._leases[partition].give_up()  # another replica joined: its share is left to it
             kept.discard(partition)
         for step in range(subjects.DRIVE_PARTITIONS):

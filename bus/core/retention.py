@@ -21,7 +21,7 @@ message is gone from the stream has nothing left there to purge.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -42,8 +42,7 @@ async def forget_removed_environments(js: JetStreamContext, read_model: ReadMode
     """Forget what the streams and the read model keep of environments removed longer than
     `max_age_s` ago (see the module)."""
     try:
-        removed = await read_model.removed_before(datetime.now(timezone.utc) - timedelta(seconds=max_age_s),
-                                                  FORGOTTEN_PER_PASS)
+        removed = await read_model.removed_before(datetime.now(UTC) - timedelta(seconds=max_age_s), FORGOTTEN_PER_PASS)
         if not removed:
             return
         last_sequence = (await js.stream_info(subjects.ENVIRONMENTS_STREAM)).state.last_seq
@@ -65,21 +64,27 @@ async def forget_removed_environments(js: JetStreamContext, read_model: ReadMode
         log.info("forgot %d environments removed more than BB_REMOVED_RETENTION_S ago", len(purged))
 
 
-async def _purge_log(js: JetStreamContext, environment: EnvironmentView, threads: list[str],
-                     last_sequence: int) -> bool:
+async def _purge_log(
+    js: JetStreamContext, environment: EnvironmentView, threads: list[str], last_sequence: int
+) -> bool:
     """Purge the environment's log messages, and those of the `threads` last on it, below
     `last_sequence`, the stream's last; whether none of them is left."""
     try:
-        removed_at = (await js.get_last_msg(subjects.ENVIRONMENTS_STREAM,
-                                            subjects.log_event("environment", environment.id, "removed"))).seq
+        removed_at = (
+            await js.get_last_msg(
+                subjects.ENVIRONMENTS_STREAM, subjects.log_event("environment", environment.id, "removed")
+            )
+        ).seq
     except NotFoundError:
         return True  # purged already: its own subject goes last
     assert removed_at is not None
     claims = {claim_id(environment.host_id, path) for path in (environment.claimed_path, environment.path) if path}
     # Released in the save that recorded `removed`, so stored right after it, in that order.
     claims_end = removed_at + len(claims)
-    purges = [*((subjects.log_event("thread", thread, ">"), removed_at) for thread in threads),
-              *((subjects.log_event("claim", str(claim), ">"), claims_end) for claim in claims)]
+    purges = [
+        *((subjects.log_event("thread", thread, ">"), removed_at) for thread in threads),
+        *((subjects.log_event("claim", str(claim), ">"), claims_end) for claim in claims),
+    ]
     for subject, upto in purges:
         await js.purge_stream(subjects.ENVIRONMENTS_STREAM, subject=subject, seq=min(upto + 1, last_sequence))
     if claims_end >= last_sequence:

@@ -21,10 +21,19 @@ from bb_environments.providers.saved_work import prune_saved_refs
 log = logging.getLogger(__name__)
 
 
-async def sweep_forever(caught_up: asyncio.Event, threads: ThreadHandlers, provisioner: Provisioner,
-                        js: JetStreamContext, read_model: ReadModel, removed_retention_s: float,
-                        interval_s: float, saved_work_notes: Path, saved_ref_retention_s: float,
-                        doctor: Doctor, doctor_interval_s: float) -> None:
+async def sweep_forever(
+    caught_up: asyncio.Event,
+    threads: ThreadHandlers,
+    provisioner: Provisioner,
+    js: JetStreamContext,
+    read_model: ReadModel,
+    removed_retention_s: float,
+    interval_s: float,
+    saved_work_notes: Path,
+    saved_ref_retention_s: float,
+    doctor: Doctor,
+    doctor_interval_s: float,
+) -> None:
     """Once the relay has caught the bus up with the store: threads still waiting for an
     environment, every unfinished environment, what the streams and the read model keep of
     environments removed longer than retention ago, and work saved from removed worktrees past its
@@ -55,11 +64,17 @@ async def report_findings(doctor: Doctor) -> None:
         log.exception("looking for what `bb doctor` would find failed")
         return
     if found.orphans or found.missing:
-        examples = [f"{orphan.kind} {orphan.path}" for orphan in found.orphans[:3]] + \
-                   [f"missing {missing.path}" for missing in found.missing[:3]]
-        log.warning("bb doctor would find %d orphans and %d missing workspaces (%s%s); `bb doctor --fix` "
-                    "removes and records them", len(found.orphans), len(found.missing), ", ".join(examples),
-                    ", ..." if len(found.orphans) > 3 or len(found.missing) > 3 else "")
+        examples = [f"{orphan.kind} {orphan.path}" for orphan in found.orphans[:3]] + [
+            f"missing {missing.path}" for missing in found.missing[:3]
+        ]
+        log.warning(
+            "bb doctor would find %d orphans and %d missing workspaces (%s%s); `bb doctor --fix` "
+            "removes and records them",
+            len(found.orphans),
+            len(found.missing),
+            ", ".join(examples),
+            ", ..." if len(found.orphans) > 3 or len(found.missing) > 3 else "",
+        )
 
 
 async def prune_saved_work(notes_dir: Path, max_age_s: float) -> None:

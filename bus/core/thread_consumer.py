@@ -28,8 +28,8 @@ from bb_environments.bus.wire.thread_events import (
     inbound_decoder,
 )
 from bb_environments.domain.errors import DomainError
-from bb_environments.handlers import commands
 from bb_environments.domain.request_errors import RequestError, UnknownThreadMessage
+from bb_environments.handlers import commands
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.providers.host.crash_points import crash_point
@@ -97,8 +97,10 @@ def thread_command(message: InboundThreadMessage) -> commands.ThreadCommand:
     match message:
         case ThreadCreatedMessage():
             return commands.RegisterThread(
-                thread_id=message.thread_id, project_path=message.project_path,
-                parent_thread_id=message.parent_thread_id, host_id=message.host_id,
+                thread_id=message.thread_id,
+                project_path=message.project_path,
+                parent_thread_id=message.parent_thread_id,
+                host_id=message.host_id,
                 environment=None if message.environment is None else intent_command(message.environment),
             )
         case ThreadMessageMessage():

@@ -31,5 +31,6 @@ class StreamPorts:
             return
         except NotFoundError:
             pass
-        await self._js.publish(subject, msgspec.json.encode(message),
-                               headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"})
+        await self._js.publish(
+            subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": f"{message.thread_id}:prompt"}
+        )

@@ -49,8 +49,10 @@ class TranscriptIntake:
     async def handle_batch(self, messages: list[Msg]) -> None:
         """Keep the batch's lines that the log backs, in order, each once in BB_TRANSCRIPTS; raises
         if the stream did not confirm them all (the batch is then delivered again)."""
-        written = [(message, subjects.host_of(message.subject), subjects.transcript_environment_of(message.subject))
-                   for message in messages]
+        written = [
+            (message, subjects.host_of(message.subject), subjects.transcript_environment_of(message.subject))
+            for message in messages
+        ]
         await self._learn_hosts({environment_id for _, _, environment_id in written})
         acks, dropped = [], []
         for message, host_id, environment_id in written:
@@ -59,19 +61,30 @@ class TranscriptIntake:
                 continue
             given = (message.headers or {}).get("Nats-Msg-Id")
             line_id = f"{host_id}:{given}" if given else f"{host_id}#{message.metadata.sequence.stream}"
-            acks.append(await self._publisher.publish_async(subjects.transcript(environment_id), message.data,
-                                                            {"Nats-Msg-Id": line_id}))
+            acks.append(
+                await self._publisher.publish_async(
+                    subjects.transcript(environment_id), message.data, {"Nats-Msg-Id": line_id}
+                )
+            )
         if dropped:
-            log.warning("dropped %d transcript line(s) of host(s) %s for environments the log did not place on "
-                        "their host (intake sequences %d to %d)", len(dropped),
-                        ", ".join(sorted({host_id for host_id, _ in dropped})), dropped[0][1], dropped[-1][1])
+            log.warning(
+                "dropped %d transcript line(s) of host(s) %s for environments the log did not place on "
+                "their host (intake sequences %d to %d)",
+                len(dropped),
+                ", ".join(sorted({host_id for host_id, _ in dropped})),
+                dropped[0][1],
+                dropped[-1][1],
+            )
         if acks:
             await asyncio.wait_for(asyncio.gather(*acks), PUBLISH_TIMEOUT_S)
             crash_point("transcript-lines-kept")  # kept, not yet acknowledged in the intake
 
     async def _learn_hosts(self, environment_ids: Iterable[str]) -> None:
-        unknown = {uuid: environment_id for environment_id in environment_ids
-                   if environment_id not in self._hosts and (uuid := _canonical(environment_id)) is not None}
+        unknown = {
+            uuid: environment_id
+            for environment_id in environment_ids
+            if environment_id not in self._hosts and (uuid := _canonical(environment_id)) is not None
+        }
         if not unknown:
             return
         if len(self._hosts) + len(unknown) > KNOWN_HOSTS:

@@ -44,6 +44,10 @@ class TrustedLog:
             else:
                 skipped.append(message.metadata.sequence.stream)
         if skipped:
-            log.warning("%s consumer skipped %d log stream message(s) the event store did not write "
-                        "(sequences %s)", self._consumer, len(skipped), ", ".join(map(str, skipped)))
+            log.warning(
+                "%s consumer skipped %d log stream message(s) the event store did not write (sequences %s)",
+                self._consumer,
+                len(skipped),
+                ", ".join(map(str, skipped)),
+            )
         return admitted

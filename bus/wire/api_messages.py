@@ -26,18 +26,36 @@ DEFAULT_PAGE = 200
 MAX_PAGE = 1000
 """The most items a listing page holds; fewer come when more would not fit in one NATS message."""
 
-PageLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE, description=(
-    "At most this many items (1 to 1000, default 200); a page also ends before it would exceed the NATS "
-    "maximum payload."))]
-Cursor = Annotated[str | None, msgspec.Meta(description=(
-    "The `next` of the page before: this page starts after that item (absent or null: at the first)."))]
-Next = Annotated[str | None, msgspec.Meta(description=(
-    "Null on the last page; otherwise send it as `after` for the next page."))]
+PageLimit = Annotated[
+    int,
+    msgspec.Meta(
+        ge=1,
+        le=MAX_PAGE,
+        description=(
+            "At most this many items (1 to 1000, default 200); a page also ends before it would exceed the NATS "
+            "maximum payload."
+        ),
+    ),
+]
+Cursor = Annotated[
+    str | None,
+    msgspec.Meta(
+        description=("The `next` of the page before: this page starts after that item (absent or null: at the first).")
+    ),
+]
+Next = Annotated[
+    str | None, msgspec.Meta(description=("Null on the last page; otherwise send it as `after` for the next page."))
+]
 
-At = Annotated[Annotated[int, msgspec.Meta(ge=1)] | Annotated[datetime, msgspec.Meta(tz=True)] | None, msgspec.Meta(
-    description=(
-    "A version (1 or more), or an ISO-8601 instant with its timezone (the last version recorded then or "
-    "before): the document as it was then, folded from the event store. Absent or null: the document now."))]
+At = Annotated[
+    Annotated[int, msgspec.Meta(ge=1)] | Annotated[datetime, msgspec.Meta(tz=True)] | None,
+    msgspec.Meta(
+        description=(
+            "A version (1 or more), or an ISO-8601 instant with its timezone (the last version recorded then or "
+            "before): the document as it was then, folded from the event store. Absent or null: the document now."
+        )
+    ),
+]
 
 
 class Request(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
@@ -68,8 +86,15 @@ class ListHistory(Request):
     """`environments.history`: a page of the environment's events, in log order."""
 
     environment_id: str
-    after: Annotated[int, msgspec.Meta(ge=0, description=(
-        "The `next` of the page before: this page starts after that version (absent or 0: at the first)."))] = 0
+    after: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            description=(
+                "The `next` of the page before: this page starts after that version (absent or 0: at the first)."
+            ),
+        ),
+    ] = 0
     limit: PageLimit = DEFAULT_PAGE
 
 

@@ -49,8 +49,10 @@ Attempt = Annotated[int, _said("The create attempt: 1, then one more per retry."
 RemovalAttempt = Annotated[int, _said("The removal attempt: 1, then one more per retry.")]
 OperationId = Annotated[str, _said("The hook operation: unique per run, and run at most once.")]
 PathKey = Annotated[str, _said("The key under which the provider places this attempt's workspace.")]
-ClaimedPath = Annotated[str | None, _said(
-    "The path claimed (canonical form) before the provider runs, or null when none is claimed in advance.")]
+ClaimedPath = Annotated[
+    str | None,
+    _said("The path claimed (canonical form) before the provider runs, or null when none is claimed in advance."),
+]
 Reason = Annotated[str, _said("Why, in one sentence.")]
 
 
@@ -61,12 +63,20 @@ class Ports(msgspec.Struct, frozen=True):
     count: Annotated[int, msgspec.Meta(description="How many ports it holds (BB_PORTS_PER_ENVIRONMENT when leased).")]
 
 
-Slug = Annotated[str | None, _said(
-    "The environment's name, unique among the live environments of its host (at most 40 characters of "
-    "`[a-z0-9-]`, starting with a letter); left out by a release before slugs.")]
-LeasedPorts = Annotated[Ports | None, _said(
-    "The block of ports leased to the environment on its host, or null: none yet (placed while its host's "
-    "agent was away: leased when it is planned); left out by a release before leases.")]
+Slug = Annotated[
+    str | None,
+    _said(
+        "The environment's name, unique among the live environments of its host (at most 40 characters of "
+        "`[a-z0-9-]`, starting with a letter); left out by a release before slugs."
+    ),
+]
+LeasedPorts = Annotated[
+    Ports | None,
+    _said(
+        "The block of ports leased to the environment on its host, or null: none yet (placed while its host's "
+        "agent was away: leased when it is planned); left out by a release before leases."
+    ),
+]
 # Fields added to documents a release before recorded without them are left out of those (UNSET), so
 # that a stored event keeps its bytes on the bus (see the module's docstring).
 Message = Annotated[str, _said("What went wrong, in one sentence.")]
@@ -78,13 +88,31 @@ ThreadId = Annotated[str, _said("The thread's id.")]
 
 class EnvironmentEvent(Document, kw_only=True):
     environment_id: Annotated[str, msgspec.Meta(description="The environment's id (a UUID).")]
-    version: Annotated[int, msgspec.Meta(description=(
-        "The environment's version after this event: 1 for `claimed`, then one more per event, gap-free."))]
-    thread_ids: Annotated[list[str], msgspec.Meta(description="The live threads using the environment after this event.")]
-    status: Annotated[str, msgspec.Meta(description=(
-        "The environment's status after this event: creating, provisioning, ready, error, retiring, removing or removed."))]
-    status_message: Annotated[str | None, msgspec.Meta(description=(
-        "What to know about that status (an error, a running hook, a cancellation), or null."))] = None
+    version: Annotated[
+        int,
+        msgspec.Meta(
+            description=(
+                "The environment's version after this event: 1 for `claimed`, then one more per event, gap-free."
+            )
+        ),
+    ]
+    thread_ids: Annotated[
+        list[str], msgspec.Meta(description="The live threads using the environment after this event.")
+    ]
+    status: Annotated[
+        str,
+        msgspec.Meta(
+            description=(
+                "The environment's status after this event: creating, provisioning, ready, error, retiring, removing or removed."
+            )
+        ),
+    ]
+    status_message: Annotated[
+        str | None,
+        msgspec.Meta(
+            description=("What to know about that status (an error, a running hook, a cancellation), or null.")
+        ),
+    ] = None
 
 
 class ClaimedDocument(EnvironmentEvent, kw_only=True, tag="claimed"):
@@ -277,9 +305,13 @@ class WorkSavedDocument(EnvironmentEvent, kw_only=True, tag="work_saved"):
     no other branch) was saved as one commit under `savedRef` in the project repository; `removed`
     follows in the same transaction. Status `removing`."""
 
-    saved_ref: Annotated[str, _said(
-        "The git ref holding the saved work (`refs/bb/saved/<environmentId>`): "
-        "`git worktree add <dir> <savedRef>` gets it back.")]
+    saved_ref: Annotated[
+        str,
+        _said(
+            "The git ref holding the saved work (`refs/bb/saved/<environmentId>`): "
+            "`git worktree add <dir> <savedRef>` gets it back."
+        ),
+    ]
 
 
 class NotSavedFile(msgspec.Struct, kw_only=True):
@@ -292,11 +324,15 @@ class RemovedDocument(EnvironmentEvent, kw_only=True, tag="removed"):
     released in the same transaction. Status `removed`."""
 
     removal_attempt: RemovalAttempt
-    not_saved: Annotated[list[NotSavedFile] | msgspec.UnsetType, _said(
-        "Present only when the work saved before the removal (`work_saved`) left files out, each with its "
-        "`path` (relative to the workspace) and `bytes`: those larger "
-        "than BB_SAVED_WORK_MAX_BYTES (untracked, or tracked and changed), the largest 100 at most, "
-        "largest first. They are in no saved ref: they were deleted with the workspace.")] = msgspec.UNSET
+    not_saved: Annotated[
+        list[NotSavedFile] | msgspec.UnsetType,
+        _said(
+            "Present only when the work saved before the removal (`work_saved`) left files out, each with its "
+            "`path` (relative to the workspace) and `bytes`: those larger "
+            "than BB_SAVED_WORK_MAX_BYTES (untracked, or tracked and changed), the largest 100 at most, "
+            "largest first. They are in no saved ref: they were deleted with the workspace."
+        ),
+    ] = msgspec.UNSET
 
 
 class RemoveFailedDocument(EnvironmentEvent, kw_only=True, tag="remove_failed"):
@@ -308,7 +344,6 @@ class RemoveFailedDocument(EnvironmentEvent, kw_only=True, tag="remove_failed"):
     retry_at: Annotated[datetime, _said("When removal starts again.")]
 
 
-
 class WorkspaceVanishedDocument(EnvironmentEvent, kw_only=True, tag="workspace_vanished"):
     """`bb doctor --fix` found the workspace at `path` gone from its host: the environment has no
     workspace now, and `bb environment retry` creates one again. Status `error`; `statusMessage`
@@ -317,5 +352,5 @@ class WorkspaceVanishedDocument(EnvironmentEvent, kw_only=True, tag="workspace_v
     path: Annotated[str, _said("The workspace's path, which no longer exists.")]
 
 
-EnvironmentDocument = Union[tuple(EnvironmentEvent.__subclasses__())]  # type: ignore[valid-type]
+EnvironmentDocument = Union[tuple(EnvironmentEvent.__subclasses__())]  # type: ignore[valid-type]  # noqa: UP007 (made from a tuple)
 """Any environment event (`bb.environments.<id>.<type>`, `bb.log.environment.>`)."""

@@ -26,7 +26,14 @@ from bb_environments.domain.hook_operations import HookKind, HookOutcome, Record
 from bb_environments.providers.contract import CreateFailed, CreateResult, HostUnavailable, RemoveFailed, RemoveResult
 from bb_environments.providers.registry import ProviderDescription
 from bb_environments.providers.workspace_messages import (
-    CreateRequest, LeftoverRemoval, Plan, PlanRequest, RemoveRequest, Survey, SurveyRequest)
+    CreateRequest,
+    LeftoverRemoval,
+    Plan,
+    PlanRequest,
+    RemoveRequest,
+    Survey,
+    SurveyRequest,
+)
 
 
 class StartHook(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
@@ -57,12 +64,14 @@ class HookOutputRequest(msgspec.Struct, rename="camel", kw_only=True, forbid_unk
 class HookOutputPage(msgspec.Struct, rename="camel", kw_only=True):
     """A page of a hook's output as its host keeps it (at most BB_HOOK_OUTPUT_MAX_BYTES in all), cut
     after a whole line where one ends in it; `nextOffset` asks for the next."""
+
     text: str
     next_offset: int
     more: bool
 
 
 # -- jobs and reports ------------------------------------------------------------------------------
+
 
 class CreateJob(msgspec.Struct, frozen=True, tag="create", tag_field="job", rename="camel"):
     operation_id: str
@@ -104,12 +113,14 @@ HostReport = CreateReport | RemoveReport | HookReport
 
 # -- the agent's questions and answers -------------------------------------------------------------
 
+
 class RecordedHookAnswer(msgspec.Struct, frozen=True, rename="camel"):
     recorded: RecordedHook | None
 
 
 class HostHeartbeat(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     """What an agent says of itself every few seconds (KV bucket BB_HOSTS, key = its host id)."""
+
     host_id: str
     seen_at: datetime
     root: str
@@ -133,6 +144,7 @@ class NoArguments(msgspec.Struct, frozen=True):
 class WorkspaceAnswer(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     """The answer to one of the agent's read-only questions (bb.hosts.<hostId>.workspaces.<verb>),
     or the port's refusal by name: the core raises the same exception the in-process port would."""
+
     answer: Any = None
     refused: Literal["invalid_inputs", "plan_refused", "provider_missing"] | None = None
     message: str | None = None
@@ -164,7 +176,9 @@ class HostVerb:
 
     def subject(self, host_id: str) -> str:
         """A query's subject (a job's is its operation's: subjects.host_job)."""
-        return subjects.host_hooks(host_id, self.name) if self.of_hooks else subjects.host_workspaces(host_id, self.name)
+        return (
+            subjects.host_hooks(host_id, self.name) if self.of_hooks else subjects.host_workspaces(host_id, self.name)
+        )
 
 
 async def _create(host: Any, host_id: str, job: CreateJob) -> CreateReport:
@@ -182,8 +196,10 @@ async def _remove(host: Any, host_id: str, job: RemoveJob) -> RemoveReport:
 async def _hook(host: Any, host_id: str, job: HookJob) -> HookReport:
     start = job.start
     try:
-        return HookReport(job.operation_id, await host.run_hook(host_id, start.environment_id, job.operation_id,
-                                                                start.kind, start.workspace))
+        return HookReport(
+            job.operation_id,
+            await host.run_hook(host_id, start.environment_id, job.operation_id, start.kind, start.workspace),
+        )
     except HostUnavailable as refused:  # the log, as the agent's ledger reads it, does not back it
         return HookReport(job.operation_id, None, str(refused))
 
@@ -216,15 +232,30 @@ VERBS: tuple[HostVerb, ...] = (
     HostVerb("remove", "job", RemoveJob, RemoveReport, _remove),
     HostVerb("hook", "job", HookJob, HookReport, _hook),
     HostVerb("providers", "query", NoArguments, ProviderList, lambda host, host_id, _: host.providers(host_id)),
-    HostVerb("inputs", "query", InputsQuery, Any,
-             lambda host, host_id, query: host.inputs(host_id, query.provider_id, query.inputs)),
-    HostVerb("canonical-project", "query", ProjectQuery, str | None,
-             lambda host, host_id, query: host.canonical_project(host_id, query.project_path)),
+    HostVerb(
+        "inputs",
+        "query",
+        InputsQuery,
+        Any,
+        lambda host, host_id, query: host.inputs(host_id, query.provider_id, query.inputs),
+    ),
+    HostVerb(
+        "canonical-project",
+        "query",
+        ProjectQuery,
+        str | None,
+        lambda host, host_id, query: host.canonical_project(host_id, query.project_path),
+    ),
     HostVerb("plan", "query", PlanRequest, Plan, lambda host, _, request: host.plan(request)),
     HostVerb("planned-path", "query", PlanRequest, str | None, lambda host, _, request: host.planned_path(request)),
     HostVerb("survey", "query", SurveyRequest, Survey, lambda host, _, request: host.survey(request)),
-    HostVerb("remove-leftover", "query", LeftoverRemoval, RemoveResult,
-             lambda host, _, request: host.remove_leftover(request)),
+    HostVerb(
+        "remove-leftover",
+        "query",
+        LeftoverRemoval,
+        RemoveResult,
+        lambda host, _, request: host.remove_leftover(request),
+    ),
     HostVerb("start", "query", StartHook, HookState, _start, of_hooks=True),
     HostVerb("status", "query", HookRef, HookState, _status, of_hooks=True),
     HostVerb("cancel", "query", HookRef, HookCancelled, _cancel, of_hooks=True),

@@ -103,11 +103,22 @@ class HostClaimsStartedDocument(HostClaimsEvent, kw_only=True, tag="host_claims_
     so that the claims on one host are decided one at a time: in the transaction of the first claim
     taken or released there, holding the claims live until then."""
 
-    held: Annotated[dict[str, UUID], msgspec.Meta(
-        description="Each path (canonical form) held on the host until then, with the environment holding it.")]
-    leases: Annotated[dict[str, HostLease] | None, msgspec.Meta(
-        description="Each live environment's lease on the host until then, by environment id; left out by a "
-                    "release before leases.")] | msgspec.UnsetType = msgspec.UNSET
+    held: Annotated[
+        dict[str, UUID],
+        msgspec.Meta(
+            description="Each path (canonical form) held on the host until then, with the environment holding it."
+        ),
+    ]
+    leases: (
+        Annotated[
+            dict[str, HostLease] | None,
+            msgspec.Meta(
+                description="Each live environment's lease on the host until then, by environment id; left out by a "
+                "release before leases."
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
 
 
 class HostClaimsHeldDocument(HostClaimsEvent, kw_only=True, tag="host_claims_held"):
@@ -143,14 +154,16 @@ class HostClaimsLeaseEndedDocument(HostClaimsEvent, kw_only=True, tag="host_clai
     environment_id: Annotated[str, msgspec.Meta(description="The environment that held the lease.")]
 
 
-
 class RegisteredHostEvent(Document):
     host_id: Annotated[str, msgspec.Meta(description="The registered host's id.")]
-    version: Annotated[int, msgspec.Meta(description="The version of the host's registration after this event (gap-free).")]
+    version: Annotated[
+        int, msgspec.Meta(description="The version of the host's registration after this event (gap-free).")
+    ]
 
 
-AgentPublicKey = Annotated[str, _said(
-    "The public NKEY of the seed the host's agent connects with (the seed itself is never recorded).")]
+AgentPublicKey = Annotated[
+    str, _said("The public NKEY of the seed the host's agent connects with (the seed itself is never recorded).")
+]
 
 
 class HostRegisteredDocument(RegisteredHostEvent, kw_only=True, tag="host_registered"):

@@ -24,7 +24,11 @@ class PlacementOutcome(msgspec.Struct, rename="camel", kw_only=True, tag_field="
     thread_id: Annotated[str, _said("The thread.")]
     environment_id: Annotated[str | None, _said("The environment the thread is on, or null when it got none.")]
     status: Annotated[PlacementStatus, _said("`ready`, `error` or `refused`; also the subject's last token.")]
-    reason: Annotated[str | None, _said(
-        "Why it was refused, or why its environment failed, in one sentence (as `bb thread list` shows a "
-        "refusal): never the event's prompt or payload, only a value the reason is about (a provider "
-        "that does not exist, say); null when ready.")]
+    reason: Annotated[
+        str | None,
+        _said(
+            "Why it was refused, or why its environment failed, in one sentence (as `bb thread list` shows a "
+            "refusal): never the event's prompt or payload, only a value the reason is about (a provider "
+            "that does not exist, say); null when ready."
+        ),
+    ]

@@ -13,7 +13,9 @@ def refusal_reason(error: msgspec.DecodeError | RecursionError) -> str:
     field is named only when its name reads as one: any other name is the publisher's text, and
     a line break in it would forge a line of our log."""
     reason = re.sub(r"^(Invalid (?:enum )?value) .*?((?: - at `[^`]*`)?)$", r"\1 <withheld>\2", str(error), flags=re.S)
-    return re.sub(r"^(Object contains unknown field) `(.*?)`((?: - at `[^`]*`)?)$", _name_field_if_a_name, reason, flags=re.S)
+    return re.sub(
+        r"^(Object contains unknown field) `(.*?)`((?: - at `[^`]*`)?)$", _name_field_if_a_name, reason, flags=re.S
+    )
 
 
 def _name_field_if_a_name(m: re.Match[str]) -> str:

@@ -42,9 +42,14 @@ _FIRST_PAUSE_S = 0.1
 _LONGEST_PAUSE_S = 1.0
 
 
-async def sent_until_answered(attempt: Callable[[float], Awaitable[T]], *, timeout: float,
-                              attempt_s: float = ATTEMPT_S, until: Callable[[], bool] = lambda: True,
-                              patience_s: float = NOBODY_THERE_PATIENCE_S) -> T:
+async def sent_until_answered(
+    attempt: Callable[[float], Awaitable[T]],
+    *,
+    timeout: float,
+    attempt_s: float = ATTEMPT_S,
+    until: Callable[[], bool] = lambda: True,
+    patience_s: float = NOBODY_THERE_PATIENCE_S,
+) -> T:
     """The answer of `attempt(wait)`, which sends the message once more and waits at most `wait`
     seconds (`attempt_s`, or what is left) for its answer (raising TimeoutError without one). Sent again while unanswered, until
     `timeout` seconds have passed (then the last TimeoutError), and while nobody takes it

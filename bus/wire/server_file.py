@@ -14,10 +14,10 @@ DEFAULT_DATA_DIR = os.path.join("~", ".local", "share", "bb")
 SERVER_FILE = "server.json"
 
 
-
 def nats_servers(url: str) -> list[str]:
     """The servers a NATS URL names: one, or a cluster's, comma-separated (BB_NATS_URL, `--nats-url`)."""
     return [server.strip() for server in url.split(",") if server.strip()]
+
 
 class ClientSeeds(msgspec.Struct, frozen=True):
     operator: str
@@ -28,6 +28,7 @@ class ClientSeeds(msgspec.Struct, frozen=True):
 class ServerInfo(msgspec.Struct, rename="camel", omit_defaults=True, frozen=True):
     """server.json: how every other `bb` command finds the running service (SPEC section 2). The
     service writes every field it has; a reader needs only the first two."""
+
     nats_url: str
     pid: int
     host_id: str | None = None
@@ -50,8 +51,10 @@ def data_root(given: str | None = None) -> str:
     named = given or os.environ.get("BB_DATA_DIR") or DEFAULT_DATA_DIR
     expanded = os.path.expanduser(named)
     if expanded.startswith("~"):  # left as it was: taken as relative, it would name a dir under the cwd
-        raise DataDirError(f"the data dir {named!r} names a home directory that cannot be found: "
-                           "set BB_DATA_DIR (or `bb serve --data-dir`) to an absolute path")
+        raise DataDirError(
+            f"the data dir {named!r} names a home directory that cannot be found: "
+            "set BB_DATA_DIR (or `bb serve --data-dir`) to an absolute path"
+        )
     return os.path.realpath(expanded)
 
 

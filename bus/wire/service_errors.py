@@ -23,8 +23,9 @@ class ServiceError(Exception):
 
 def unreachable(detail: str, data_dir: str | Path | None = None, hint: str | None = None) -> ServiceError:
     where = f" for data dir {data_dir}" if data_dir else ""
-    return ServiceError("unreachable",
-                        f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}")
+    return ServiceError(
+        "unreachable", f"the bb service{where} is unreachable ({detail}); {hint or 'start it with `bb serve`'}"
+    )
 
 
 REFUSED_HINT = "ask with the credentials of a role that may (docs/security.md, Roles)"

@@ -99,8 +99,10 @@ def thread_partition_transforms() -> list[tuple[str, str]]:
     """How the mirror maps thread subjects to partitions: the server hashes the thread id token.
     A subject with no event token is mapped too, so that it is refused in the log, not dropped."""
     partition = f"{{{{partition({THREAD_PARTITIONS},1)}}}}"
-    return [("bb.threads.*.>", f"{_INGRESS}.{partition}.{{{{wildcard(1)}}}}.>"),
-            ("bb.threads.*", f"{_INGRESS}.{partition}.{{{{wildcard(1)}}}}")]
+    return [
+        ("bb.threads.*.>", f"{_INGRESS}.{partition}.{{{{wildcard(1)}}}}.>"),
+        ("bb.threads.*", f"{_INGRESS}.{partition}.{{{{wildcard(1)}}}}"),
+    ]
 
 
 def published_subject(partitioned: str) -> str:

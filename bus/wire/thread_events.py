@@ -63,8 +63,10 @@ class ThreadCreatedMessage(InboundThreadEvent, kw_only=True, tag="created"):
 class ThreadMessageMessage(InboundThreadEvent, kw_only=True, tag="message"):
     """A message in the thread; the first one makes the service provide the thread's environment."""
 
-    text: Annotated[str | None, msgspec.Meta(description=(
-        "For whoever runs the thread's agent; this service reads only that a message came."))] = None
+    text: Annotated[
+        str | None,
+        msgspec.Meta(description=("For whoever runs the thread's agent; this service reads only that a message came.")),
+    ] = None
 
 
 class ThreadArchivedMessage(InboundThreadEvent, kw_only=True, tag="archived"):
@@ -81,7 +83,10 @@ class MessageCancelledMessage(InboundThreadEvent, kw_only=True, tag="message_can
 
 
 InboundThreadMessage = (
-    ThreadCreatedMessage | ThreadMessageMessage | ThreadArchivedMessage | ThreadUnarchivedMessage
+    ThreadCreatedMessage
+    | ThreadMessageMessage
+    | ThreadArchivedMessage
+    | ThreadUnarchivedMessage
     | MessageCancelledMessage
 )
 inbound_decoder = msgspec.json.Decoder(InboundThreadMessage)

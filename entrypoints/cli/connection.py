@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
-from bb_environments.bus.wire.service_errors import AnswerLost, unreachable
-from bb_environments.bus.wire.api_messages import (
-    MAX_PAGE, ListEnvironments, ListHistory, ListThreads, Request,
-)
-from bb_environments.entrypoints.cli.support import Failure, event_loop
+from bb_environments.bus.wire.api_messages import MAX_PAGE, ListEnvironments, ListHistory, ListThreads, Request
 from bb_environments.bus.wire.server_file import ServerFileError, ServerInfo, read_server_file
+from bb_environments.bus.wire.service_errors import AnswerLost, unreachable
+from bb_environments.entrypoints.cli.support import Failure, event_loop
 from bb_environments.entrypoints.config import Settings, nats_credentials, serving
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
@@ -46,15 +44,18 @@ async def open_client(settings: Settings, server: ServerInfo | None = None) -> A
         server = embedded_server(settings)
     if server is None:
         assert settings.nats_url is not None
-        return await _client_for(settings.nats_url).connect(settings.nats_url, settings.data_root,
-                                                            **nats_credentials(settings.nats_url))
+        return await _client_for(settings.nats_url).connect(
+            settings.nats_url, settings.data_root, **nats_credentials(settings.nats_url)
+        )
     if server.credentials is None:
-        return await _client_for(server.nats_url).connect(server.nats_url, settings.data_root,
-                                                          **nats_credentials(server.nats_url))
+        return await _client_for(server.nats_url).connect(
+            server.nats_url, settings.data_root, **nats_credentials(server.nats_url)
+        )
     # The embedded server's service runs on this machine: a request it can no longer answer (its
     # process ended) fails at once, not after the timeout.
-    return await _client_for(server.nats_url).connect(server.nats_url, settings.data_root, service_pid=server.pid,
-                                                      nkeys_seed=server.credentials.operator)
+    return await _client_for(server.nats_url).connect(
+        server.nats_url, settings.data_root, service_pid=server.pid, nkeys_seed=server.credentials.operator
+    )
 
 
 def _client_for(url: str) -> type[ApiClient]:
@@ -86,8 +87,7 @@ def requests_to(settings: Settings) -> Iterator[Requester]:
     if server is not None and server.credentials is not None and server.nats_url.startswith("nats://"):
         from bb_environments.bus.api_client.blocking_client import BlockingApiClient
 
-        client = BlockingApiClient.connect(server.nats_url, server.credentials.operator, settings.data_root,
-                                           server.pid)
+        client = BlockingApiClient.connect(server.nats_url, server.credentials.operator, settings.data_root, server.pid)
     else:
         client = _OnLoop(settings, server)
     try:
@@ -135,8 +135,9 @@ def may_have_taken_effect(lost: AnswerLost) -> AnswerLost:
     return AnswerLost(f"{lost.message}; it may have taken effect all the same")
 
 
-def listing(settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads | ListHistory,
-            key: str) -> dict[str, Any]:
+def listing(
+    settings: Settings, area: str, verb: str, request: ListEnvironments | ListThreads | ListHistory, key: str
+) -> dict[str, Any]:
     """Every page of a listing, as one document `{key: [...]}` (the API pages; see docs/bus.md). Pages
     as large as may be asked: the service still cuts each to what one message can carry."""
     request = msgspec.structs.replace(sendable(request), limit=MAX_PAGE)
@@ -165,5 +166,7 @@ def sendable(request: R) -> R:
         try:
             msgspec.json.encode(getattr(request, name))
         except UnicodeEncodeError:
-            raise Failure("invalid_input", f"the {name.replace('_', ' ')} is not UTF-8 text; pass it as UTF-8") from None
+            raise Failure(
+                "invalid_input", f"the {name.replace('_', ' ')} is not UTF-8 text; pass it as UTF-8"
+            ) from None
     return request

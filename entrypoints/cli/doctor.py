@@ -16,8 +16,12 @@ from bb_environments.entrypoints.config import Settings
 
 
 @click.command("doctor")
-@click.option("--fix", is_flag=True, help="Remove the orphans (their work saved first under refs/bb/saved/) and "
-              "put each environment whose workspace is gone in error, for `bb environment retry`.")
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Remove the orphans (their work saved first under refs/bb/saved/) and "
+    "put each environment whose workspace is gone in error, for `bb environment retry`.",
+)
 @json_option
 @click.pass_obj
 @run_command
@@ -29,11 +33,16 @@ def doctor(settings: Settings, fix: bool, as_json: bool) -> None:
     orphans, missing = report["orphans"], report["missing"]
     failures = [o["failure"] for o in orphans if o.get("failure")]
     if as_json:
-        print(json.dumps({
-            "orphans": [{"hostId": o["hostId"], "path": o["path"], "kind": o["kind"]} for o in orphans],
-            "missing": [{"environmentId": m["environmentId"], "hostId": m["hostId"], "path": m["path"]}
-                        for m in missing],
-        }))
+        print(
+            json.dumps(
+                {
+                    "orphans": [{"hostId": o["hostId"], "path": o["path"], "kind": o["kind"]} for o in orphans],
+                    "missing": [
+                        {"environmentId": m["environmentId"], "hostId": m["hostId"], "path": m["path"]} for m in missing
+                    ],
+                }
+            )
+        )
     else:
         _print_human(orphans, missing, fix)
     for failure in failures:
@@ -55,11 +64,14 @@ def _print_human(orphans: list[dict[str, Any]], missing: list[dict[str, Any]], f
         return
     if orphans:
         stdout.print("orphans, each removed unless kept:" if fix else "orphans:", markup=False)
-        print_table(["HOST", "KIND", "PATH", "SAVED"] if fix else ["HOST", "KIND", "PATH"],
-                    [[o["hostId"], o["kind"], o["path"], *([_fixed(o)] if fix else [])] for o in orphans])
+        print_table(
+            ["HOST", "KIND", "PATH", "SAVED"] if fix else ["HOST", "KIND", "PATH"],
+            [[o["hostId"], o["kind"], o["path"], *([_fixed(o)] if fix else [])] for o in orphans],
+        )
     if missing:
         if orphans:
             print()
-        stdout.print("missing workspaces, now in error (retry creates them):" if fix else "missing workspaces:",
-                     markup=False)
+        stdout.print(
+            "missing workspaces, now in error (retry creates them):" if fix else "missing workspaces:", markup=False
+        )
         print_table(["ENVIRONMENT", "HOST", "PATH"], [[m["environmentId"], m["hostId"], m["path"]] for m in missing])

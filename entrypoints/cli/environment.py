@@ -7,26 +7,45 @@ import contextlib
 import json
 import sys
 from collections.abc import Coroutine
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from bb_environments.bus.wire.api_messages import (
-    EnvironmentAt, EnvironmentRef, HookOutputAt, ListEnvironments, ListHistory, Nothing)
-from bb_environments.domain.ids import is_environment_id_prefix, quoted
-from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import (
+    EnvironmentAt,
+    EnvironmentRef,
+    HookOutputAt,
+    ListEnvironments,
+    ListHistory,
+    Nothing,
+)
+from bb_environments.domain.ids import is_environment_id_prefix, quoted
+from bb_environments.domain.request_errors import one_line
+from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli.connection import call, listing, open_client
 from bb_environments.entrypoints.cli.support import (
-    Failure, emit, environment_id_argument, json_lines_option, json_option, print_accepted, print_table, run_command,
-    stdout, wait_json_option,
+    Failure,
+    emit,
+    environment_id_argument,
+    json_lines_option,
+    json_option,
+    print_accepted,
+    print_table,
+    run_command,
+    stdout,
+    wait_json_option,
 )
 from bb_environments.entrypoints.cli.waiting import (
-    REMOVED, SETTLED, TRANSCRIPT_POLL_S, Ends, change_and_wait, wait_options,
+    REMOVED,
+    SETTLED,
+    TRANSCRIPT_POLL_S,
+    Ends,
+    change_and_wait,
+    wait_options,
 )
 from bb_environments.entrypoints.config import Settings
-from bb_environments.domain.request_errors import one_line
 
 if TYPE_CHECKING:  # opened by open_client, which imports it once the URL is known
     from bb_environments.bus.api_client.nats_client import ApiClient
@@ -47,38 +66,50 @@ def environment_providers(settings: Settings, as_json: bool) -> None:
 
     def human(doc: dict[str, Any]) -> None:
         def row(p: dict[str, Any]) -> list[str]:
-            availability = p["availability"]["status"] + (f" ({p['availability']['reason']})" if p["availability"].get("reason") else "")
+            availability = p["availability"]["status"] + (
+                f" ({p['availability']['reason']})" if p["availability"].get("reason") else ""
+            )
             grace = p["policy"]["retireGraceMs"]
             return [p["id"], p["displayName"], availability, "never" if grace is None else f"{grace} ms"]
 
-        print_table(("ID", "NAME", "AVAILABILITY", "RETIRE GRACE"), map(row, doc["providers"]),
-                    shrink={"AVAILABILITY": "start"})
+        print_table(
+            ("ID", "NAME", "AVAILABILITY", "RETIRE GRACE"), map(row, doc["providers"]), shrink={"AVAILABILITY": "start"}
+        )
 
     emit(document, as_json, human)
 
 
 @environment_group.command("list")
-@click.option("--status", type=click.Choice([s.value for s in EnvironmentStatus]),
-              help="Only environments in this status (removed ones included when asked for).")
+@click.option(
+    "--status",
+    type=click.Choice([s.value for s in EnvironmentStatus]),
+    help="Only environments in this status (removed ones included when asked for).",
+)
 @click.option("--provider", help="Only environments of this provider id.")
 @click.option("--all", "include_removed", is_flag=True, help="Also list removed environments.")
 @json_option
 @click.pass_obj
 @run_command
-def environment_list(settings: Settings, status: str | None, provider: str | None, include_removed: bool,
-                           as_json: bool) -> None:
+def environment_list(
+    settings: Settings, status: str | None, provider: str | None, include_removed: bool, as_json: bool
+) -> None:
     """List environments that are not removed (with --all, removed ones too)."""
-    request = ListEnvironments(status=EnvironmentStatus(status) if status else None, provider=provider,
-                               include_removed=include_removed)
+    request = ListEnvironments(
+        status=EnvironmentStatus(status) if status else None, provider=provider, include_removed=include_removed
+    )
     document = listing(settings, "environments", "list", request, "environments")
 
     def human(doc: dict[str, Any]) -> None:
         # An id, a provider's name and a thread's id leave no room in 80 columns for the path or
         # the ports, which name something only whole: `show` and `--json` have them.
-        print_table(("ID", "STATUS", "PROVIDER", "SLUG", "THREADS"),
-                    ([e["id"], e["status"], e["providerId"], e.get("slug") or "-", _threads_cell(e["threadIds"])]
-                     for e in doc["environments"]),
-                    shrink={"SLUG": "end"})  # a slug's end is its own
+        print_table(
+            ("ID", "STATUS", "PROVIDER", "SLUG", "THREADS"),
+            (
+                [e["id"], e["status"], e["providerId"], e.get("slug") or "-", _threads_cell(e["threadIds"])]
+                for e in doc["environments"]
+            ),
+            shrink={"SLUG": "end"},
+        )  # a slug's end is its own
 
     emit(document, as_json, human)
 
@@ -93,15 +124,20 @@ def _threads_cell(thread_ids: list[str]) -> str:
 
 @environment_group.command("show")
 @click.argument("environment_id")
-@click.option("--at", "at", metavar="VERSION|ISO-8601",
-              help="As it was at this version, or at this instant (the last version recorded then or before).")
+@click.option(
+    "--at",
+    "at",
+    metavar="VERSION|ISO-8601",
+    help="As it was at this version, or at this instant (the last version recorded then or before).",
+)
 @json_option
 @click.pass_obj
 @run_command
 def environment_show(settings: Settings, environment_id: str, at: str | None, as_json: bool) -> None:
     """Show one environment, with the tail of its transcript (with --at: as it was then)."""
-    request = EnvironmentAt(environment_id=environment_id_argument(environment_id),
-                            at=None if at is None else _version_or_instant(at))
+    request = EnvironmentAt(
+        environment_id=environment_id_argument(environment_id), at=None if at is None else _version_or_instant(at)
+    )
     emit(call(settings, "environments", "show", request), as_json, _print_environment)
 
 
@@ -113,8 +149,11 @@ def _version_or_instant(value: str) -> int | datetime:
     except ValueError:
         instant = None
     if instant is None or instant.tzinfo is None:
-        raise Failure("invalid_input", f"--at {quoted(value)} is neither a version (1 or more) nor an ISO-8601 "
-                                       "instant with a timezone (2026-01-31T12:00:00Z, say)")
+        raise Failure(
+            "invalid_input",
+            f"--at {quoted(value)} is neither a version (1 or more) nor an ISO-8601 "
+            "instant with a timezone (2026-01-31T12:00:00Z, say)",
+        )
     return instant
 
 
@@ -133,25 +172,37 @@ def environment_history(settings: Settings, environment_id: str, as_json: bool) 
     document = {"environmentId": whole_id, **listed}
 
     def human(doc: dict[str, Any]) -> None:
-        print_table(("VERSION", "EVENT", "TIME (UTC)", "DURATION"),
-                    ([str(e["version"]), e["type"], _instant(e["occurredAt"]), _duration(e["durationMs"])]
-                     for e in doc["events"]))
+        print_table(
+            ("VERSION", "EVENT", "TIME (UTC)", "DURATION"),
+            (
+                [str(e["version"]), e["type"], _instant(e["occurredAt"]), _duration(e["durationMs"])]
+                for e in doc["events"]
+            ),
+        )
 
     emit(document, as_json, human)
 
 
 @environment_group.command("logs")
 @click.argument("environment_id")
-@click.option("-f", "--follow", is_flag=True,
-              help="Then print each line as it is written, until interrupted (as `docker logs -f`).")
-@click.option("--hook-output", is_flag=True,
-              help="Instead, print the whole output of its setup and teardown as their host keeps it (the "
-                   "transcript keeps the last 2000 lines of an environment).")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Then print each line as it is written, until interrupted (as `docker logs -f`).",
+)
+@click.option(
+    "--hook-output",
+    is_flag=True,
+    help="Instead, print the whole output of its setup and teardown as their host keeps it (the "
+    "transcript keeps the last 2000 lines of an environment).",
+)
 @json_lines_option
 @click.pass_obj
 @run_command
-async def environment_logs(settings: Settings, environment_id: str, follow: bool, hook_output: bool,
-                           as_json: bool) -> None:
+async def environment_logs(
+    settings: Settings, environment_id: str, follow: bool, hook_output: bool, as_json: bool
+) -> None:
     """Print the environment's transcript from its start (the last 2000 lines the stream keeps)."""
     request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
     if hook_output and follow:
@@ -187,8 +238,11 @@ async def _print_hook_output(client: ApiClient, environment: dict[str, Any], as_
             sys.stdout.write(f"» {kind} ({operation_id}), as host {environment['hostId']} keeps it\n")
         offset, more = 0, True
         while more:
-            page = await client.call("environments", "output", HookOutputAt(
-                environment_id=environment["id"], operation_id=operation_id, offset=offset))
+            page = await client.call(
+                "environments",
+                "output",
+                HookOutputAt(environment_id=environment["id"], operation_id=operation_id, offset=offset),
+            )
             if as_json:
                 sys.stdout.write(json.dumps({"operationId": operation_id, "kind": kind, "text": page["text"]}) + "\n")
             else:
@@ -208,7 +262,7 @@ def _transcript_line(data: bytes) -> str:
 
 def _instant(text: str) -> str:
     # To the millisecond and without the 'T': a table's column, read by a person.
-    return datetime.fromisoformat(text).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return datetime.fromisoformat(text).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _duration(milliseconds: int | None) -> str:
@@ -233,13 +287,18 @@ def _environment_command(verb: str, help_text: str, ends: Ends, wait_help: str) 
     @wait_json_option
     @click.pass_obj
     @run_command
-    def command(settings: Settings, environment_id: str, wait: bool, timeout: float,
-                as_json: bool) -> Coroutine[Any, Any, None] | None:
+    def command(
+        settings: Settings, environment_id: str, wait: bool, timeout: float, as_json: bool
+    ) -> Coroutine[Any, Any, None] | None:
         request = EnvironmentRef(environment_id=environment_id_argument(environment_id))
         if wait:
+
             async def waited() -> None:
-                emit(await change_and_wait(settings, "environments", verb, request, ends, timeout), as_json,
-                     print_accepted)
+                emit(
+                    await change_and_wait(settings, "environments", verb, request, ends, timeout),
+                    as_json,
+                    print_accepted,
+                )
 
             return waited()
         emit(call(settings, "environments", verb, request, changes=True), as_json, print_accepted)
@@ -253,10 +312,18 @@ def _print_environment(e: dict[str, Any]) -> None:
 
     message = f" — {one_line(e['statusMessage'])}" if e.get("statusMessage") else ""
     stdout.print(f"[bold]{e['id']}[/bold]  {e['status']}{escape(message)}")
-    for label, value in (("provider", e["providerId"]), ("host", e["hostId"]), ("project", e["projectPath"]),
-                         ("path", e["path"]), ("owns path", e["ownsPath"]), ("slug", e.get("slug")),
-                         ("ports", _ports_cell(e.get("ports"))), ("threads", ", ".join(e["threadIds"])),
-                         ("setup", e["hooks"]["setup"]["status"]), ("teardown", e["hooks"]["teardown"]["status"])):
+    for label, value in (
+        ("provider", e["providerId"]),
+        ("host", e["hostId"]),
+        ("project", e["projectPath"]),
+        ("path", e["path"]),
+        ("owns path", e["ownsPath"]),
+        ("slug", e.get("slug")),
+        ("ports", _ports_cell(e.get("ports"))),
+        ("threads", ", ".join(e["threadIds"])),
+        ("setup", e["hooks"]["setup"]["status"]),
+        ("teardown", e["hooks"]["teardown"]["status"]),
+    ):
         stdout.print(f"  {label:<10} {one_line(_readable(value))}", markup=False)
     if e.get("savedRef"):
         stdout.print(f"  saved work: {e['savedRef']}  (git worktree add <dir> {e['savedRef']})", markup=False)
@@ -276,7 +343,15 @@ def _readable(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-_environment_command("delete", "Retire now: cancel an in-flight create, tear down, remove.", REMOVED,
-                     "Stream progress to stderr until the environment is removed or failed.")
-_environment_command("retry", "Retry a failed create, or re-run a failed setup in the same workspace.", SETTLED,
-                     "Stream progress to stderr until the environment is ready or failed.")
+_environment_command(
+    "delete",
+    "Retire now: cancel an in-flight create, tear down, remove.",
+    REMOVED,
+    "Stream progress to stderr until the environment is removed or failed.",
+)
+_environment_command(
+    "retry",
+    "Retry a failed create, or re-run a failed setup in the same workspace.",
+    SETTLED,
+    "Stream progress to stderr until the environment is ready or failed.",
+)

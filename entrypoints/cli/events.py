@@ -16,10 +16,10 @@ import msgspec
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import Nothing
 from bb_environments.domain.ids import quoted
+from bb_environments.domain.request_errors import one_line
 from bb_environments.entrypoints.cli.connection import call, open_client
 from bb_environments.entrypoints.cli.support import Failure, emit, json_lines_option, json_option, run_command, stdout
 from bb_environments.entrypoints.config import ConfigError, Settings, serving
-from bb_environments.domain.request_errors import one_line
 
 if TYPE_CHECKING:  # loads eventsourcing, which only an export that needs the store imports
     from bb_environments.entrypoints.event_store import StoredLog
@@ -69,8 +69,10 @@ async def events_tail(settings: Settings, subject_filter: str, as_json: bool) ->
         await client.close()
     if reader_left.is_set():
         raise BrokenPipeError("the reader of stdout left")  # `| head`: run_cli ends quietly
-    raise Failure("unreachable", "the connection to the bb service dropped and did not come back; "
-                                 "tail again once the service is back")
+    raise Failure(
+        "unreachable",
+        "the connection to the bb service dropped and did not come back; tail again once the service is back",
+    )
 
 
 def _check_tail_filter(subject_filter: str) -> None:
@@ -81,9 +83,12 @@ def _check_tail_filter(subject_filter: str) -> None:
     readable = [prefix.removesuffix(".>") for prefix in (subjects.ENVIRONMENT_EVENTS, subjects.TRANSCRIPT_EVENTS)]
     # Nothing is published on `bb.environments` itself: a filter needs a token beyond the prefix.
     if not well_formed or len(tokens) < 3 or ".".join(tokens[:2]) not in readable:
-        raise Failure("invalid_input", f"subject filter {quoted(subject_filter)} is not one events tail can follow: give "
-                                       f"a NATS subject under {' or '.join(p + '.>' for p in readable)}, "
-                                       "e.g. 'bb.environments.*.ready'")
+        raise Failure(
+            "invalid_input",
+            f"subject filter {quoted(subject_filter)} is not one events tail can follow: give "
+            f"a NATS subject under {' or '.join(p + '.>' for p in readable)}, "
+            "e.g. 'bb.environments.*.ready'",
+        )
 
 
 @events_group.command("export")
@@ -106,20 +111,30 @@ async def events_export(settings: Settings, as_json: bool) -> None:
             return
         delivered, at = 0, 0  # messages the reader was given, and the stream sequence of the last
         following = 1  # the notification id the next document should carry
-        async with contextlib.aclosing(client.read_stream(subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, 10.0)) as log:
+        async with contextlib.aclosing(
+            client.read_stream(subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS, 10.0)
+        ) as log:
             async for messages in log:
                 if not messages:
-                    raise Failure("unreachable", f"the log stopped arriving after stream sequence {at} of "
-                                                 f"{info.state.last_seq}; run the export again")
+                    raise Failure(
+                        "unreachable",
+                        f"the log stopped arriving after stream sequence {at} of "
+                        f"{info.state.last_seq}; run the export again",
+                    )
                 for message in messages:
                     delivered, at = delivered + 1, message.metadata.sequence.stream
                     if message.metadata.sequence.consumer != delivered:  # lost on the way: a reconnect, say
-                        raise Failure("unreachable", f"a message of the log was lost on the way before stream "
-                                                     f"sequence {at}; run the export again")
+                        raise Failure(
+                            "unreachable",
+                            f"a message of the log was lost on the way before stream "
+                            f"sequence {at}; run the export again",
+                        )
                     claimed = subjects.claimed_notification_id(message.headers)
                     if claimed is not None and claimed > following:
                         store = store or _store_of(settings)
-                        sys.stdout.writelines(payload.decode() + "\n" for payload in store.payloads(following - 1, claimed - 1))
+                        sys.stdout.writelines(
+                            payload.decode() + "\n" for payload in store.payloads(following - 1, claimed - 1)
+                        )
                     following = max(following, (claimed or 0) + 1)
                     sys.stdout.write(message.data.decode() + "\n")
                 # The last sequence may be a message the relay deleted (one the store did not write).
@@ -156,11 +171,18 @@ def _export_from_store(settings: Settings) -> None:
 def events_replay(settings: Settings, as_json: bool) -> Coroutine[Any, Any, None] | None:
     """Rebuild every read model from the event log; print the counts (from the event store itself
     while no `bb serve` runs on this data dir)."""
+
     def show(counts: dict[str, Any]) -> None:
-        emit(counts, as_json, lambda c: stdout.print(
-            f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False))
+        emit(
+            counts,
+            as_json,
+            lambda c: stdout.print(
+                f"replayed {c['events']} events: {c['environments']} environments, {c['threads']} threads", markup=False
+            ),
+        )
 
     if serving(settings.data_dir) is None:
+
         async def from_store() -> None:
             from bb_environments.entrypoints.event_store import replay_stored
 

@@ -18,8 +18,12 @@ from bb_environments.entrypoints.config import Settings
 
 @click.command("register")
 @click.argument("host_id")
-@click.option("--rotate", is_flag=True, help="Replace the credentials of a registered host; its agent is "
-              "disconnected at once and must start again with the new file.")
+@click.option(
+    "--rotate",
+    is_flag=True,
+    help="Replace the credentials of a registered host; its agent is "
+    "disconnected at once and must start again with the new file.",
+)
 @json_option
 @click.pass_obj
 @run_command
@@ -48,17 +52,30 @@ def machine_list(settings: Settings, as_json: bool) -> None:
     machines += _modal_machines(settings)
 
     def human(d: dict[str, Any]) -> None:
-        print_table(["ID", "KIND", "STATUS", "LAST SEEN", "ENVIRONMENTS"],
-                    [[m["id"] + (" (this service)" if m.get("own") else ""), m["kind"], m["status"],
-                      m.get("lastSeenAt") or "-", str(m.get("environments", 0))] for m in d["machines"]])
+        print_table(
+            ["ID", "KIND", "STATUS", "LAST SEEN", "ENVIRONMENTS"],
+            [
+                [
+                    m["id"] + (" (this service)" if m.get("own") else ""),
+                    m["kind"],
+                    m["status"],
+                    m.get("lastSeenAt") or "-",
+                    str(m.get("environments", 0)),
+                ]
+                for m in d["machines"]
+            ],
+        )
 
     emit({"machines": machines}, as_json, human)
 
 
 @click.command("remove")
 @click.argument("machine_id")
-@click.option("--yes", is_flag=True, help="Confirm: a host's credentials stop working at once; a Modal "
-              "machine is terminated and its files are lost.")
+@click.option(
+    "--yes",
+    is_flag=True,
+    help="Confirm: a host's credentials stop working at once; a Modal machine is terminated and its files are lost.",
+)
 @json_option
 @click.pass_obj
 @run_command
@@ -87,5 +104,7 @@ def _modal_machines(settings: Settings) -> list[dict[str, Any]]:
     except Failure as failed:
         stderr.print(f"bb: the Modal machines are left out: {failed.message}", markup=False)
         return []
-    return [{"id": m["id"], "kind": "modal-sandbox", "status": "online", "lastSeenAt": None, "environments": 0,
-             **m} for m in listed]
+    return [
+        {"id": m["id"], "kind": "modal-sandbox", "status": "online", "lastSeenAt": None, "environments": 0, **m}
+        for m in listed
+    ]

@@ -64,17 +64,20 @@ def _data_dir(settings: Settings) -> Path:
 
 
 @click.command("create")
-@click.option("--provider", "provider_id", type=click.Choice([PROVIDER_ID]), required=True,
-              help="The machine's provider (only modal-sandbox makes machines).")
+@click.option(
+    "--provider",
+    "provider_id",
+    type=click.Choice([PROVIDER_ID]),
+    required=True,
+    help="The machine's provider (only modal-sandbox makes machines).",
+)
 @json_option
 @click.pass_obj
 @run_command
 async def machine_create(settings: Settings, provider_id: str, as_json: bool) -> None:
     """Start a sandbox from the standard image (built on first use)."""
     data_dir = str(_data_dir(settings))
-    created = await _provider_call(
-        lambda: ModalMachines().create_machine(data_dir, ModalInputs(), _StderrReporter())
-    )
+    created = await _provider_call(lambda: ModalMachines().create_machine(data_dir, ModalInputs(), _StderrReporter()))
     emit({"machine": created}, as_json, lambda d: stdout.print(d["machine"]["id"], markup=False))
 
 
@@ -135,8 +138,13 @@ async def image_show(settings: Settings, as_json: bool) -> None:
 
 
 @image.command("set")
-@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="The Dockerfile of the image to use.")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The Dockerfile of the image to use.",
+)
 @json_option
 @click.pass_obj
 @run_command

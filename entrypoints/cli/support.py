@@ -17,10 +17,15 @@ import click
 
 from bb_environments.bus.wire.service_errors import ServiceError
 from bb_environments.domain.ids import (
-    HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN, ID_RULE, is_environment_id_prefix, quoted,
+    HOST_ID_PATTERN,
+    HOST_ID_RULE,
+    ID_PATTERN,
+    ID_RULE,
+    is_environment_id_prefix,
+    quoted,
 )
-from bb_environments.entrypoints.config import ConfigError
 from bb_environments.domain.request_errors import EXIT_CODES, one_line
+from bb_environments.entrypoints.config import ConfigError
 
 if TYPE_CHECKING:
     import asyncio
@@ -52,8 +57,9 @@ TABLE_WIDTH_OFF_A_TERMINAL = 80
 """The width a table fits when stdout is no terminal (a pipe, a file): what a terminal opens with."""
 
 
-def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
-                shrink: Mapping[str, Literal["start", "end"]] | None = None) -> None:
+def print_table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], shrink: Mapping[str, Literal["start", "end"]] | None = None
+) -> None:
     """A listing for a person, as plain columns: each as wide as its widest cell, two spaces apart,
     fitted to the terminal by cutting the columns `shrink` names (keeping the start or the end of
     their cells, with an ellipsis where the rest was), widest first: one long path or refusal must
@@ -87,7 +93,7 @@ def _table_width() -> int:
 def _shortened(cell: str, width: int, end: Literal["start", "end"]) -> str:
     if len(cell) <= width:
         return cell
-    return cell[:width - 1] + "…" if end == "start" else "…" + cell[len(cell) - width + 1:]
+    return cell[: width - 1] + "…" if end == "start" else "…" + cell[len(cell) - width + 1 :]
 
 
 class Failure(Exception):
@@ -127,8 +133,11 @@ def run_command(body: Callable[..., Coroutine[Any, Any, Any] | None]) -> Callabl
                 import traceback
 
                 traceback.print_exc()
-            fail("failed", f"the command failed unexpectedly ({describe(error)}; BB_LOG_LEVEL=DEBUG shows where)",
-                 as_json)
+            fail(
+                "failed",
+                f"the command failed unexpectedly ({describe(error)}; BB_LOG_LEVEL=DEBUG shows where)",
+                as_json,
+            )
 
     return wrapper
 
@@ -155,8 +164,11 @@ def run_cli(group: click.Group, args: list[str]) -> None:
         sys.exit(asked_for_help.exit_code)
     except click.UsageError as error:
         usage = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
-        fail("invalid_input", error.format_message().removesuffix(".") + usage,
-             _json_asked(args, error.ctx.command if error.ctx is not None else None))
+        fail(
+            "invalid_input",
+            error.format_message().removesuffix(".") + usage,
+            _json_asked(args, error.ctx.command if error.ctx is not None else None),
+        )
     except click.ClickException as error:
         fail("failed", error.format_message(), _json_asked(args, None))
     except click.Abort:
@@ -172,9 +184,12 @@ def _json_asked(args: list[str], command: click.Command | None) -> bool:
     """Whether the words ask for --json, where parsing stopped before it could say: `--json` as
     the value of an option (`--prompt --json`) is not the flag, and `--` as one (`--prompt --`)
     ends nothing."""
-    takes_value = {name for param in (command.params if command is not None else ())
-                   if isinstance(param, click.Option) and not param.is_flag and not param.count
-                   for name in param.opts}
+    takes_value = {
+        name
+        for param in (command.params if command is not None else ())
+        if isinstance(param, click.Option) and not param.is_flag and not param.count
+        for name in param.opts
+    }
     follows_option = False
     for word in args:
         if word == "--" and not follows_option:  # what follows is arguments, whatever it looks like
@@ -255,12 +270,17 @@ class LazyGroup(click.Group):
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-json_lines_option = click.option("--json", "as_json", is_flag=True,
-                                 help="Print JSON lines on stdout: one JSON document per line, as it comes.")
+json_lines_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON lines on stdout: one JSON document per line, as it comes."
+)
 """--json of a command that streams: a document per line, each printed as soon as it is read."""
-wait_json_option = click.option("--json", "as_json", is_flag=True,
-                                help="Print one JSON document on stdout (with --wait, once the wait ends; the "
-                                     "transcript streams to stderr as plain lines meanwhile).")
+wait_json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document on stdout (with --wait, once the wait ends; the "
+    "transcript streams to stderr as plain lines meanwhile).",
+)
 """--json of a command that can --wait: still one document, not JSON lines."""
 
 

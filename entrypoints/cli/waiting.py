@@ -29,7 +29,10 @@ Ends = Mapping[EnvironmentStatus, int]
 WAIT_AT_MOST_S = 7 * 24 * 3600.0
 """The longest `--timeout`: beyond a week a wait is a mistake, not a plan."""
 SETTLED: Ends = {
-    EnvironmentStatus.READY: 0, EnvironmentStatus.ERROR: 1, EnvironmentStatus.REMOVING: 1, EnvironmentStatus.REMOVED: 1,
+    EnvironmentStatus.READY: 0,
+    EnvironmentStatus.ERROR: 1,
+    EnvironmentStatus.REMOVING: 1,
+    EnvironmentStatus.REMOVED: 1,
     EnvironmentStatus.RETIRING: 1,
 }
 """Where a new attempt (`thread spawn`, `environment retry`) ends: ready, or failed or gone."""
@@ -50,10 +53,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def wait_options(wait_help: str) -> Callable[[F], F]:
     """--wait and its --timeout, for a command that can follow its environment until it ends."""
+
     def decorate(command: F) -> F:
-        command = click.option("--timeout", type=Seconds(longest=WAIT_AT_MOST_S), default=900.0, show_default=True,
-                               metavar="SECONDS", help="How long --wait waits for the environment, in seconds "
-                                                       "(exit 5 when it is up).")(command)
+        command = click.option(
+            "--timeout",
+            type=Seconds(longest=WAIT_AT_MOST_S),
+            default=900.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="How long --wait waits for the environment, in seconds (exit 5 when it is up).",
+        )(command)
         return click.option("--wait", is_flag=True, help=wait_help)(command)
 
     return decorate
@@ -90,13 +99,15 @@ class SettleWatch:
             if json.loads(message.data)["status"] in self.ends:
                 self.arrived[environment_id] = self.arrived.get(environment_id, 0) + 1
                 # The stream re-publishes the log's headers, the event's log position among them.
-                self.settled_at[environment_id] = max(self.settled_at.get(environment_id, 0),
-                                                      subjects.claimed_notification_id(message.headers) or 0)
+                self.settled_at[environment_id] = max(
+                    self.settled_at.get(environment_id, 0), subjects.claimed_notification_id(message.headers) or 0
+                )
                 self.news.set()
 
 
-async def wait_until_settled(client: ApiClient, watch: SettleWatch, environment_id: str, position: int,
-                             timeout: float) -> dict[str, Any]:
+async def wait_until_settled(
+    client: ApiClient, watch: SettleWatch, environment_id: str, position: int, timeout: float
+) -> dict[str, Any]:
     """Stream the transcript to stderr until the environment reaches one of `watch.ends`.
 
     Returns as soon as an event says so (`watch` has followed the events since before the
@@ -124,17 +135,23 @@ async def wait_until_settled(client: ApiClient, watch: SettleWatch, environment_
     deadline = time.monotonic() + timeout
     try:
         looked = 0  # the ending events that had arrived before the last look
-        current = await client.call("environments", "show", EnvironmentRef(environment_id=environment_id, min_position=position))
+        current = await client.call(
+            "environments", "show", EnvironmentRef(environment_id=environment_id, min_position=position)
+        )
         while current["status"] not in watch.ends:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise Failure("timed_out", f"environment {environment_id} was still {current['status']} after {timeout:.0f} s")
+                raise Failure(
+                    "timed_out", f"environment {environment_id} was still {current['status']} after {timeout:.0f} s"
+                )
             if watch.arrived.get(environment_id, 0) == looked:  # none since the last look (no await between)
                 watch.news.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(watch.news.wait(), min(remaining, WAIT_FALLBACK_POLL_S))
             looked = watch.arrived.get(environment_id, 0)
-            current = await _look(client, environment_id, max(position, watch.settled_at.get(environment_id, 0)), position)
+            current = await _look(
+                client, environment_id, max(position, watch.settled_at.get(environment_id, 0)), position
+            )
         return current
     finally:
         # A cancel landing inside nats-py's fetch does not always end the reader (a spawn --wait
@@ -154,13 +171,15 @@ async def _look(client: ApiClient, environment_id: str, claimed: int, known: int
     wrote (a forgery, were the bus's permissions off) may claim one past the log's end, which the
     service refuses: then the position the command's own answer gave is what counts."""
     try:
-        return await client.call("environments", "show", EnvironmentRef(environment_id=environment_id,
-                                                                          min_position=claimed))
+        return await client.call(
+            "environments", "show", EnvironmentRef(environment_id=environment_id, min_position=claimed)
+        )
     except ServiceError as refused:
         if refused.code != "invalid_input" or claimed == known:
             raise
-        return await client.call("environments", "show", EnvironmentRef(environment_id=environment_id,
-                                                                          min_position=known))
+        return await client.call(
+            "environments", "show", EnvironmentRef(environment_id=environment_id, min_position=known)
+        )
 
 
 def lost(message: str, **ids: str) -> Failure:
@@ -172,12 +191,17 @@ def check_ended(document: dict[str, Any], ends: Ends) -> None:
     """A wait that ended where its command did not mean to go (an attempt that failed, say) fails
     the command, the document still printed with --json."""
     if ends.get(document["status"], 1):
-        raise Failure("failed", f"environment {document['environmentId']} ended {document['status']}: "
-                                f"{document.get('statusMessage') or 'no message'}", document)
+        raise Failure(
+            "failed",
+            f"environment {document['environmentId']} ended {document['status']}: "
+            f"{document.get('statusMessage') or 'no message'}",
+            document,
+        )
 
 
-async def change_and_wait(settings: Settings, area: str, verb: str, request: Request, ends: Ends,
-                          timeout: float) -> dict[str, Any]:
+async def change_and_wait(
+    settings: Settings, area: str, verb: str, request: Request, ends: Ends, timeout: float
+) -> dict[str, Any]:
     """Send a command that changes an environment, then follow the environment until it reaches
     one of `ends`: the command's answer, its status the one it reached (and the message of that)."""
     sendable(request)
@@ -199,9 +223,12 @@ async def change_and_wait(settings: Settings, area: str, verb: str, request: Req
         except (ServiceError, NatsError) as gone:
             if isinstance(gone, ServiceError) and gone.code != "unreachable":
                 raise
-            raise lost(f"lost the bb service while waiting for environment {accepted['environmentId']}; the "
-                       f"environment goes on without this command: `bb environment show {accepted['environmentId']}` "
-                       "follows it once the service is back", environmentId=accepted["environmentId"]) from None
+            raise lost(
+                f"lost the bb service while waiting for environment {accepted['environmentId']}; the "
+                f"environment goes on without this command: `bb environment show {accepted['environmentId']}` "
+                "follows it once the service is back",
+                environmentId=accepted["environmentId"],
+            ) from None
         document.update(status=final["status"], statusMessage=final.get("statusMessage"))
     finally:
         await watch.stop()

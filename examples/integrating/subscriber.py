@@ -32,8 +32,9 @@ async def main(count: int) -> None:
         restarts; it reconnects by itself (for good, with max_reconnect_attempts=-1), so say nothing.
         Credentials it refuses still fail nats.connect itself."""
 
-    nc = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["subscriber"],
-                            error_cb=reconnecting, max_reconnect_attempts=-1)
+    nc = await nats.connect(
+        info["natsUrl"], nkeys_seed=info["credentials"]["subscriber"], error_cb=reconnecting, max_reconnect_attempts=-1
+    )
     await nc.subscribe("bb.environments.*.ready", cb=on_ready)  # each readiness once
     # [/ready]
     try:

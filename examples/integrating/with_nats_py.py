@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import nats
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -27,22 +27,33 @@ async def main(thread_id: str, provider: str) -> int:
         restarts; it reconnects by itself (for good, with max_reconnect_attempts=-1), so say nothing.
         Credentials it refuses still fail nats.connect itself."""
 
-    nc = await nats.connect(info["natsUrl"], nkeys_seed=info["credentials"]["publisher"],
-                            error_cb=reconnecting, max_reconnect_attempts=-1)
+    nc = await nats.connect(
+        info["natsUrl"], nkeys_seed=info["credentials"]["publisher"], error_cb=reconnecting, max_reconnect_attempts=-1
+    )
     # [/connect]
     try:
         js = nc.jetstream()
         # [outcome]
         # A consumer of its own, made before publishing, of what is stored from now on: the
         # outcome is never missed, and an earlier placement of the thread is not taken for it.
-        outcomes = await js.pull_subscribe(f"bb.placements.{thread_id}.>", stream="BB_PLACEMENTS",
-                                           config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW))
+        outcomes = await js.pull_subscribe(
+            f"bb.placements.{thread_id}.>",
+            stream="BB_PLACEMENTS",
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+        )
         # [/outcome]
         # [publish]
-        now = datetime.now(timezone.utc).isoformat()  # occurredAt: an ISO-8601 time
-        created = {"type": "created", "occurredAt": now, "threadId": thread_id,
-                   "environment": {"type": "provider", "environmentProviderId": provider,
-                                   "machine": {"type": "existing", "hostId": info["hostId"]}}}
+        now = datetime.now(UTC).isoformat()  # occurredAt: an ISO-8601 time
+        created = {
+            "type": "created",
+            "occurredAt": now,
+            "threadId": thread_id,
+            "environment": {
+                "type": "provider",
+                "environmentProviderId": provider,
+                "machine": {"type": "existing", "hostId": info["hostId"]},
+            },
+        }
         await js.publish(f"bb.threads.{thread_id}.created", json.dumps(created).encode())
         message = {"type": "message", "occurredAt": now, "threadId": thread_id, "text": "Tidy up the README"}
         await js.publish(f"bb.threads.{thread_id}.message", json.dumps(message).encode())

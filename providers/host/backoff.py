@@ -16,8 +16,9 @@ MAX_DELAY_S = 10.0
 
 
 class Backoff:
-    def __init__(self, log: logging.Logger | None, what: str, first_s: float = FIRST_DELAY_S,
-                 max_s: float = MAX_DELAY_S) -> None:
+    def __init__(
+        self, log: logging.Logger | None, what: str, first_s: float = FIRST_DELAY_S, max_s: float = MAX_DELAY_S
+    ) -> None:
         """`what` names the operation in the log, as in "<what> failed (...)". Without a `log` the
         caller reports the failures itself (the bus's outages are reported once, for every caller)."""
         self._log = log
@@ -34,8 +35,12 @@ class Backoff:
             self._failing_since = time.monotonic()
             self._delay_s = self._first_s
             if self._log is not None:
-                self._log.warning("%s failed (%s: %s); retrying with backoff until it succeeds",
-                                  self._what, type(error).__name__, error)
+                self._log.warning(
+                    "%s failed (%s: %s); retrying with backoff until it succeeds",
+                    self._what,
+                    type(error).__name__,
+                    error,
+                )
                 # Not a disk at all but a bug, perhaps: its traceback, for whoever runs with DEBUG.
                 self._log.debug("%s failed", self._what, exc_info=error)
         else:
@@ -46,6 +51,10 @@ class Backoff:
     def succeeded(self) -> None:
         if self._failures:
             if self._log is not None:
-                self._log.info("%s succeeded after %d failed attempts over %.1f s",
-                               self._what, self._failures, time.monotonic() - self._failing_since)
+                self._log.info(
+                    "%s succeeded after %d failed attempts over %.1f s",
+                    self._what,
+                    self._failures,
+                    time.monotonic() - self._failing_since,
+                )
             self._failures = 0

@@ -81,10 +81,18 @@ class _Controller:
 
 
 CONTROLLERS = (
-    _Controller("pids", "BB_MAX_PIDS_PER_ENVIRONMENT", ("pids.max", "pids.max"),
-                (("pids.events", "max"), ("pids.events", "max"))),
-    _Controller("memory", "BB_MAX_MEMORY_PER_ENVIRONMENT", ("memory.max", "memory.limit_in_bytes"),
-                (("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill"))),
+    _Controller(
+        "pids",
+        "BB_MAX_PIDS_PER_ENVIRONMENT",
+        ("pids.max", "pids.max"),
+        (("pids.events", "max"), ("pids.events", "max")),
+    ),
+    _Controller(
+        "memory",
+        "BB_MAX_MEMORY_PER_ENVIRONMENT",
+        ("memory.max", "memory.limit_in_bytes"),
+        (("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill")),
+    ),
 )
 
 
@@ -140,21 +148,31 @@ class CgroupContainment:
         self._state_dir = state_dir
         self._limits = limits
         self._limited = limited
-        held = [f"{controller.described(controller.limit_of(limits))} in {limited[controller.name]}"
-                for controller in CONTROLLERS if controller.name in limited]
+        held = [
+            f"{controller.described(controller.limit_of(limits))} in {limited[controller.name]}"
+            for controller in CONTROLLERS
+            if controller.name in limited
+        ]
         unheld = [controller for controller in CONTROLLERS if controller.name not in limited]
         self.description = (
             f"hook processes are contained in a cgroup v2 per environment under {root}: "
             "only a process allowed to write to that hierarchy (a hook run as the agent's own user, "
             "without BB_WORKSPACE_USER) could move itself out"
             + (f"; each environment is held to {' and '.join(held)}" if held else "")
-            + (f"; {' and '.join(c.setting for c in unheld)} cannot be held here: no writable cgroup "
-               f"offers the {' or '.join(c.name for c in unheld)} controller" if unheld else ""))
+            + (
+                f"; {' and '.join(c.setting for c in unheld)} cannot be held here: no writable cgroup "
+                f"offers the {' or '.join(c.name for c in unheld)} controller"
+                if unheld
+                else ""
+            )
+        )
 
     def prepare(self, environment_id: str) -> list[str]:
         name = f"env-{environment_id}"
-        cgroups = [self._root / name, *(root / name for root in dict.fromkeys(self._limited.values())
-                                        if root != self._root)]
+        cgroups = [
+            self._root / name,
+            *(root / name for root in dict.fromkeys(self._limited.values()) if root != self._root),
+        ]
         noted = self._note(environment_id)
         # Noted before any is made, so that a removal after a crash finds every one of them.
         if _noted_cgroups(noted) != cgroups:
@@ -209,7 +227,8 @@ class MarkerContainment:
     def __init__(self, reason: str) -> None:
         self.description = (
             f"hook processes are found by the {MARKER} in their environment ({reason}): a process "
-            "that runs a program with an environment of its own making is not contained")
+            "that runs a program with an environment of its own making is not contained"
+        )
 
     def prepare(self, environment_id: str) -> list[str]:
         return []
@@ -246,8 +265,10 @@ def cgroup_roots() -> list[Path]:
     """Every root under which this process's environments' cgroups may be made: `cgroup_root`,
     and the same place in the v1 hierarchies that may hold their limits."""
     root = cgroup_root()
-    return [*([] if root is None else [root]),
-            *(v1_root for controller in CONTROLLERS if (v1_root := _v1_root(controller.name)) is not None)]
+    return [
+        *([] if root is None else [root]),
+        *(v1_root for controller in CONTROLLERS if (v1_root := _v1_root(controller.name)) is not None),
+    ]
 
 
 def _choose(state_dir: Path, limits: Limits) -> Containment:
@@ -299,12 +320,25 @@ def _v1_root(controller: str) -> Path | None:
     is mounted (at its own root)."""
     try:
         with open("/proc/self/mountinfo") as mounts:
-            mount = next((fields[4] for fields in map(str.split, mounts)
-                          if fields[fields.index("-") + 1] == "cgroup" and fields[3] == "/"
-                          and controller in fields[fields.index("-") + 3].split(",")), None)
+            mount = next(
+                (
+                    fields[4]
+                    for fields in map(str.split, mounts)
+                    if fields[fields.index("-") + 1] == "cgroup"
+                    and fields[3] == "/"
+                    and controller in fields[fields.index("-") + 3].split(",")
+                ),
+                None,
+            )
         with open("/proc/self/cgroup") as cgroups:
-            own = next((line.split(":", 2)[2].strip().rstrip("/") for line in cgroups
-                        if controller in line.split(":", 2)[1].split(",")), None)
+            own = next(
+                (
+                    line.split(":", 2)[2].strip().rstrip("/")
+                    for line in cgroups
+                    if controller in line.split(":", 2)[1].split(",")
+                ),
+                None,
+            )
     except OSError:
         return None
     return None if mount is None or own is None else Path(mount + own) / CGROUP_ROOT_NAME

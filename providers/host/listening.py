@@ -41,8 +41,12 @@ that time of the read is missed, as one started just after the plan would be any
 class ListeningPorts:
     """The listening ports as of a read at most FRESH_S old, shared by the plans asking meanwhile."""
 
-    def __init__(self, read: Callable[[], tuple[int, ...]] = listening_ports, fresh_s: float = FRESH_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        read: Callable[[], tuple[int, ...]] = listening_ports,
+        fresh_s: float = FRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._read = read
         self._fresh_s = fresh_s
         self._clock = clock

@@ -14,8 +14,17 @@ from collections.abc import Mapping
 # (PGPASSWORD), and the eventsourcing library's, which reads its settings from the environment
 # too, bare or prefixed with its application's name (POSTGRES_PASSWORD, ENVIRONMENTS_POSTGRES_*,
 # CIPHER_KEY, SQLITE_DBNAME, PERSISTENCE_MODULE).
-WITHHELD_ENV_PREFIXES = ("BB_", "NATS_", "MODAL_", "PG", "POSTGRES_", "ENVIRONMENTS_", "CIPHER_", "SQLITE_",
-                         "PERSISTENCE_")
+WITHHELD_ENV_PREFIXES = (
+    "BB_",
+    "NATS_",
+    "MODAL_",
+    "PG",
+    "POSTGRES_",
+    "ENVIRONMENTS_",
+    "CIPHER_",
+    "SQLITE_",
+    "PERSISTENCE_",
+)
 
 
 def without_secrets(environment: Mapping[str, str]) -> dict[str, str]:

@@ -43,8 +43,9 @@ class WorkspaceUser:
             raise ValueError(f"BB_WORKSPACE_USER {name!r} names no user on this machine") from None
         if entry.pw_uid == 0:
             raise ValueError(f"BB_WORKSPACE_USER {name!r} is root: name an unprivileged user")
-        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(entry.pw_name, entry.pw_gid)),
-                   entry.pw_dir)
+        return cls(
+            entry.pw_name, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(entry.pw_name, entry.pw_gid)), entry.pw_dir
+        )
 
     def hook_environment(self) -> dict[str, str]:
         """What a hook's environment says of the user it runs as, as a login would."""

@@ -126,8 +126,9 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
             self.app_id = app_id
 
         @staticmethod
-        def lookup(name: str, *, client: Any = None, environment_name: str | None = None,
-                   create_if_missing: bool = False) -> App:
+        def lookup(
+            name: str, *, client: Any = None, environment_name: str | None = None, create_if_missing: bool = False
+        ) -> App:
             cloud.check(client)
             if name not in cloud.apps:
                 if not create_if_missing:
@@ -175,8 +176,14 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
                 self._object_id = self._resolve()
             return self
 
-        def publish(self, name: str, *, environment_name: str | None = None,
-                    experimental_options: dict[str, Any] | None = None, client: Any = None) -> None:
+        def publish(
+            self,
+            name: str,
+            *,
+            environment_name: str | None = None,
+            experimental_options: dict[str, Any] | None = None,
+            client: Any = None,
+        ) -> None:
             cloud.check(client)
             cloud.published[name] = self.object_id
 
@@ -228,13 +235,25 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
             return self._record.id
 
         @staticmethod
-        def create(*args: str, app: Any = None, tags: dict[str, str] | None = None, image: Any = None,
-                   timeout: int | None = 300, cpu: float | None = None,
-                   memory: int | None = None, client: Any = None) -> Sandbox:
+        def create(
+            *args: str,
+            app: Any = None,
+            tags: dict[str, str] | None = None,
+            image: Any = None,
+            timeout: int | None = 300,
+            cpu: float | None = None,
+            memory: int | None = None,
+            client: Any = None,
+        ) -> Sandbox:
             cloud.check(client)
             record = SandboxRecord(
-                id=cloud.new_id("sb"), app_id=app.app_id, image_id=image.object_id, tags=dict(tags or {}),
-                timeout=timeout, cpu=cpu, memory=memory,
+                id=cloud.new_id("sb"),
+                app_id=app.app_id,
+                image_id=image.object_id,
+                tags=dict(tags or {}),
+                timeout=timeout,
+                cpu=cpu,
+                memory=memory,
             )
             cloud.sandboxes[record.id] = record
             cloud.on_sandbox_created(record)
@@ -248,8 +267,9 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
             return Sandbox(cloud.sandboxes[sandbox_id])
 
         @staticmethod
-        def list(*, app_id: str | None = None, tags: dict[str, str] | None = None,
-                 client: Any = None) -> Iterator[Sandbox]:
+        def list(
+            *, app_id: str | None = None, tags: dict[str, str] | None = None, client: Any = None
+        ) -> Iterator[Sandbox]:
             cloud.check(client)
             wanted = (tags or {}).items()
             for record in reversed(cloud.running()):
@@ -292,8 +312,13 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
         Image=Image,
         Sandbox=Sandbox,
         Error=Error,
-        exception=SimpleNamespace(Error=Error, NotFoundError=NotFoundError, AuthError=AuthError,
-                                  ConnectionError=ConnectionError, SnapshotCreationError=SnapshotCreationError),
+        exception=SimpleNamespace(
+            Error=Error,
+            NotFoundError=NotFoundError,
+            AuthError=AuthError,
+            ConnectionError=ConnectionError,
+            SnapshotCreationError=SnapshotCreationError,
+        ),
         experimental=SimpleNamespace(image_delete=image_delete),
         container_process=SimpleNamespace(ContainerProcess=ContainerProcess),
         io_streams=SimpleNamespace(StreamWriter=StreamWriter, StreamReader=StreamReader),

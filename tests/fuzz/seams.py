@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,22 +31,27 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.micro.request import Request
 
-from bb_environments.bus.wire.api_messages import ErrorReply
+from bb_environments.bus.agent.host_service import start_host_service
 from bb_environments.bus.core.api_endpoints import ApiEdge, translate_error
 from bb_environments.bus.core.api_service import start_api
-from bb_environments.bus.wire.api_messages import ERROR_CODE_HEADER
-from bb_environments.bus.wire.thread_events import ThreadMessageMessage
-from bb_environments.bus.agent.host_service import start_host_service
 from bb_environments.bus.core.job_queue import HostJobQueue, HostLiveness
 from bb_environments.bus.core.remote_host import RemoteHost
 from bb_environments.bus.transcript_publisher import TranscriptPublisher
+from bb_environments.bus.wire.api_messages import ERROR_CODE_HEADER, ErrorReply
+from bb_environments.bus.wire.thread_events import ThreadMessageMessage
+from bb_environments.domain.environment import Environment
 from bb_environments.domain.hook_operations import RecordedHook
+from bb_environments.entrypoints.bootstrap import Ports, build_core
+from bb_environments.entrypoints.config import (
+    REMOVED_RETENTION_S,
+    SAVED_REF_RETENTION_S,
+    THREADS_MAX_AGE_S,
+    THREADS_MAX_BYTES,
+    Settings,
+)
+from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.placement import Placement
-from bb_environments.domain.environment import Environment
-from bb_environments.entrypoints.bootstrap import Ports, build_core
-from bb_environments.entrypoints.config import REMOVED_RETENTION_S, SAVED_REF_RETENTION_S, THREADS_MAX_AGE_S, THREADS_MAX_BYTES, Settings
-from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.ports import AgentSeed
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.hooks.guarded import GuardedHooks
@@ -78,6 +83,8 @@ class _OneHost:
 
     async def last_seen(self, host_id: str) -> datetime | None:
         return None
+
+
 STORE_FILES = ("events.sqlite", "read-models.sqlite")
 SETTLE_S = 30
 """Generous: a personal workspace is ready in milliseconds, but CI shares its cores."""
@@ -103,8 +110,9 @@ class EdgeOfNats:
         self.endpoints: dict[str, Handler] = {}
         self._inboxes = itertools.count()
 
-    async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
-                      headers: dict[str, str] | None = None) -> None:
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None:
         for subscription in [s for s in self.subscriptions if s.subject == subject]:
             await subscription.callback(Msg(_client=self, subject=subject, reply=reply, data=payload, headers=headers))
 
@@ -113,8 +121,9 @@ class EdgeOfNats:
         self.subscriptions.append(subscription)
         return subscription
 
-    async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5,
-                      headers: dict[str, str] | None = None) -> Msg:
+    async def request(
+        self, subject: str, payload: bytes = b"", timeout: float = 0.5, headers: dict[str, str] | None = None
+    ) -> Msg:
         endpoint = self.endpoints.get(subject)
         if endpoint is None:
             raise NoRespondersError
@@ -139,6 +148,7 @@ class EdgeOfNats:
 @dataclass
 class Reply:
     """What a client reads from a micro-service reply, the way bus/api_client/nats_client.py reads it."""
+
     code: str | None
     """The micro-service error code; None for an answer."""
     message: str | None
@@ -164,8 +174,9 @@ class MicroEndpoints:
     async def ask(self, subject: str, data: bytes) -> Reply:
         """Send a request as a client would, and read its one reply."""
         reply = await self._nats.request(subject, data)
-        return Reply((reply.headers or {}).get(ERROR_CODE_HEADER), (reply.headers or {}).get("Nats-Service-Error"),
-                     reply.data)
+        return Reply(
+            (reply.headers or {}).get(ERROR_CODE_HEADER), (reply.headers or {}).get("Nats-Service-Error"), reply.data
+        )
 
     def api_error(self, reply: Reply) -> tuple[str, str]:
         error = msgspec.json.decode(reply.data, type=ErrorReply).error
@@ -198,8 +209,9 @@ class LogLines(logging.Handler):
             root.setLevel(level)
 
 
-def files_under(root: Path, ignore: Callable[[str], bool] = lambda path: False,
-                prune: tuple[Path, ...] = ()) -> set[str]:
+def files_under(
+    root: Path, ignore: Callable[[str], bool] = lambda path: False, prune: tuple[Path, ...] = ()
+) -> set[str]:
     """Everything under `root` (but not under `prune`), as relative paths: a refused input must
     leave this as it was. Plain strings: this runs for every example."""
     found, start, pruned = set(), len(str(root)) + 1, {str(p) for p in prune}
@@ -225,8 +237,12 @@ def store_file(path: str) -> bool:
 def one_sentence(message: str | None) -> bool:
     """A refusal an operator can read: something, on one line by any reader's measure (a log
     viewer's, a terminal's: str.splitlines knows them all), and not a Python traceback."""
-    return bool(message and message.strip()) and len(message.splitlines()) == 1 and "\r" not in message \
+    return (
+        bool(message and message.strip())
+        and len(message.splitlines()) == 1
+        and "\r" not in message
         and "Traceback" not in message
+    )
 
 
 class Loop:
@@ -250,21 +266,33 @@ class Loop:
 
 def world_settings(data_dir: Path) -> Settings:
     """`bb serve`'s settings for a data dir, whatever BB_* variables the test runs with."""
-    return Settings(data_root=str(data_dir), nats_url=None, event_store=f"sqlite:///{data_dir / 'events.sqlite'}",
-                    host_id=HOST, retire_grace_override=None, hook_timeout_s=5, sweep_interval_s=30,
-                    transient_retry_s=30, extra_providers=(), threads_max_age_s=THREADS_MAX_AGE_S,
-                    threads_max_bytes=THREADS_MAX_BYTES, removed_retention_s=REMOVED_RETENTION_S,
-                    saved_ref_retention_s=SAVED_REF_RETENTION_S)
+    return Settings(
+        data_root=str(data_dir),
+        nats_url=None,
+        event_store=f"sqlite:///{data_dir / 'events.sqlite'}",
+        host_id=HOST,
+        retire_grace_override=None,
+        hook_timeout_s=5,
+        sweep_interval_s=30,
+        transient_retry_s=30,
+        extra_providers=(),
+        threads_max_age_s=THREADS_MAX_AGE_S,
+        threads_max_bytes=THREADS_MAX_BYTES,
+        removed_retention_s=REMOVED_RETENTION_S,
+        saved_ref_retention_s=SAVED_REF_RETENTION_S,
+    )
 
 
 def open_event_store(data_dir: Path) -> Environments:
-    return Environments(env=event_store_environment(f"sqlite:///{data_dir / 'events.sqlite'}"),
-                        grace_for=lambda provider_id: 300_000)
+    return Environments(
+        env=event_store_environment(f"sqlite:///{data_dir / 'events.sqlite'}"), grace_for=lambda provider_id: 300_000
+    )
 
 
 @dataclass(frozen=True)
 class Seeded:
     """What a service world holds before any example: ids a hostile input can aim at."""
+
     ready_environment: str
     removed_environment: str
     thread_ids: tuple[str, ...]
@@ -302,20 +330,37 @@ class ServiceWorld(Loop):
         transcript = TranscriptPublisher(self.nats, self.loop)
 
         def host_here(ledger: HookLedger) -> LocalHost:
-            return LocalHost(self.registry, self.data_dir, transcript,
-                             hooks=GuardedHooks(self.hooks, HOST, TranscriptPublisher(self.nats, self.loop), ledger))
+            return LocalHost(
+                self.registry,
+                self.data_dir,
+                transcript,
+                hooks=GuardedHooks(self.hooks, HOST, TranscriptPublisher(self.nats, self.loop), ledger),
+            )
 
-        core = self.run(build_core(world_settings(self.data_dir), self.registry, Ports(
-            RemoteHost(self.nats, jobs), _OneHost(), transcript, self._stream_position, self._publish_thread_message,
-            here=host_here), self._started))
+        core = self.run(
+            build_core(
+                world_settings(self.data_dir),
+                self.registry,
+                Ports(
+                    RemoteHost(self.nats, jobs),
+                    _OneHost(),
+                    transcript,
+                    self._stream_position,
+                    self._publish_thread_message,
+                    here=host_here,
+                ),
+                self._started,
+            )
+        )
         self.app, self.store, self.read_model = core.app, core.store, core.read_model
         self.placer, self.threads, self.provisioner, self.api = core.placer, core.threads, core.provisioner, core.api
         # The core runs this host's hooks in process, and its agent answers the bus, as in `bb serve`.
         assert core.here is not None
         self.here = core.here
         self.run(start_host_service(self.nats, HOST, self.here))
-        self.run(start_api(self.nats, ApiEdge(self.api, core.machines, self.nats.max_payload).endpoints(),
-                           translate_error))
+        self.run(
+            start_api(self.nats, ApiEdge(self.api, core.machines, self.nats.max_payload).endpoints(), translate_error)
+        )
 
     async def _stream_position(self) -> int:
         return 0
@@ -364,7 +409,9 @@ class ServiceWorld(Loop):
         if self.head() == head:
             assert self.files() == seeded_files, "a file appeared, or went, with nothing written"
         else:
-            assert CANARY.encode() not in self.store_bytes(), "a prompt, a message's text or an undeclared field was stored"
+            assert CANARY.encode() not in self.store_bytes(), (
+                "a prompt, a message's text or an undeclared field was stored"
+            )
             self.reset()
 
     def store_bytes(self) -> bytes:
@@ -372,7 +419,7 @@ class ServiceWorld(Loop):
         return b"".join(path.read_bytes() for path in sorted(self.data_dir.glob("events.sqlite*")))
 
     def _seed(self) -> Seeded:
-        app, now = self.app, datetime.now(timezone.utc)
+        app, now = self.app, datetime.now(UTC)
         intent = {"type": "provider", "environmentProviderId": "personal-workspace", "machine": None, "inputs": None}
         ready = self._workspace_environment("seeded-ready", intent)
         removed = self._workspace_environment("seeded-gone", intent)
@@ -383,13 +430,17 @@ class ServiceWorld(Loop):
         app.record_removed(removed.id, app.environment(removed.id).removal_attempt)
         app.register_thread("seeded-orphan", None, None, HOST, None)  # no intent, no parent: a first message is refused
         # A directory anyone on the machine could make: its name is the hostile value here.
-        projects = [self.root / "projects" / "plain", self.root / "projects" / "with-hooks",
-                    self.root / "projects" / "line\nbreak --upload-pack=x"]
+        projects = [
+            self.root / "projects" / "plain",
+            self.root / "projects" / "with-hooks",
+            self.root / "projects" / "line\nbreak --upload-pack=x",
+        ]
         projects[0].mkdir(parents=True)
         planted_hooks(projects[1], self.markers)
         projects[2].mkdir()
-        return Seeded(str(ready.id), str(removed.id), ("seeded-ready", "seeded-gone", "seeded-orphan"),
-                      tuple(map(str, projects)))
+        return Seeded(
+            str(ready.id), str(removed.id), ("seeded-ready", "seeded-gone", "seeded-orphan"), tuple(map(str, projects))
+        )
 
     def _workspace_environment(self, thread_id: str, intent: dict) -> Environment:
         app = self.app
@@ -397,7 +448,8 @@ class ServiceWorld(Loop):
         workspace.mkdir(parents=True)
         app.register_thread(thread_id, None, None, HOST, intent)
         environment = app.answer_first_message(
-            thread_id, Placement("personal-workspace", HOST, None, None, thread_id, str(workspace)))
+            thread_id, Placement("personal-workspace", HOST, None, None, thread_id, str(workspace))
+        )
         created = app.record_created(environment.id, environment.attempt, str(workspace), True, None, None)
         return app.record_setup_skipped(environment.id, created.setup_operation_id, "seeded")
 
@@ -425,8 +477,12 @@ class HostAgentWorld(Loop):
         for directory in self.planted:
             planted_hooks(Path(directory), self.markers)
         transcript = TranscriptPublisher(nats, self.loop)
-        self.host = LocalHost(ProviderRegistry([]), root / "workspaces", transcript,
-                              hooks=GuardedHooks(HookRunner(self.hooks_dir, 5), HOST, transcript, StoreLedger(self.store)))
+        self.host = LocalHost(
+            ProviderRegistry([]),
+            root / "workspaces",
+            transcript,
+            hooks=GuardedHooks(HookRunner(self.hooks_dir, 5), HOST, transcript, StoreLedger(self.store)),
+        )
         self.service = self.run(start_host_service(nats, HOST, self.host))
 
     def close(self) -> None:
@@ -441,7 +497,7 @@ class HostAgentWorld(Loop):
     def _seed(self) -> list[RecordedHook]:
         """An awaited setup; one of another host; a finished one; one whose environment was
         cancelled while it ran (stoppable); an awaited teardown."""
-        app, now = self.app, datetime.now(timezone.utc)
+        app, now = self.app, datetime.now(UTC)
         awaited = self._setup_started("awaited", HOST)
         elsewhere = self._setup_started("elsewhere", "elsewhere")
         finished = self._setup_started("finished", HOST)
@@ -475,6 +531,10 @@ EXAMPLES = 1000
 
 def fuzz_settings(**overrides: Any) -> settings:
     # Huge and deeply nested payloads are the point, and one world serves every example.
-    return settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.large_base_example], **overrides)
+    return settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+        **overrides,
+    )

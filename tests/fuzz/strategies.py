@@ -12,7 +12,7 @@ import json
 import string
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -24,13 +24,73 @@ CANARY = "CANARY-7f3a"
 
 # Values that have broken parsers, shells, git and loggers before; each is a reason, not a guess.
 HOSTILE_WORDS = (
-    "", " ", "-", "--", "--json", "--help", "-h", "--upload-pack=touch /tmp/pwned", "--exec=id", "-b",
-    "..", ".", "../x", "../../etc/passwd", "/", "//", "\\", "~", "~root", "$HOME", "$(id)", "`id`", "|id",
-    "refs/heads/main", "refs/heads/../x", "refs/tags/v1", "HEAD", "@", "x@{1}", "main~1", "HEAD^", "a..b",
-    "x.lock", "a//b", "has space", "t1\n", "\nforged log line", "a\rb", "\x00", "a\x00b", "\x1b[31mred",
-    "\u202egnp.exe", "\ufeff", "ﬁ", "é", "\U0001f600", "NaN", "Infinity", "-Infinity", "null", "true",
-    "{}", "[]", '{"a": 1}', "bb.api.>", "*", ">", "a.b", "%s%s%n", "{0}", "'; DROP TABLE events; --",
-    "local", "elsewhere", "git-worktree", "personal-workspace", "project-checkout", "modal-sandbox",
+    "",
+    " ",
+    "-",
+    "--",
+    "--json",
+    "--help",
+    "-h",
+    "--upload-pack=touch /tmp/pwned",
+    "--exec=id",
+    "-b",
+    "..",
+    ".",
+    "../x",
+    "../../etc/passwd",
+    "/",
+    "//",
+    "\\",
+    "~",
+    "~root",
+    "$HOME",
+    "$(id)",
+    "`id`",
+    "|id",
+    "refs/heads/main",
+    "refs/heads/../x",
+    "refs/tags/v1",
+    "HEAD",
+    "@",
+    "x@{1}",
+    "main~1",
+    "HEAD^",
+    "a..b",
+    "x.lock",
+    "a//b",
+    "has space",
+    "t1\n",
+    "\nforged log line",
+    "a\rb",
+    "\x00",
+    "a\x00b",
+    "\x1b[31mred",
+    "\u202egnp.exe",
+    "\ufeff",
+    "ﬁ",
+    "é",
+    "\U0001f600",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "null",
+    "true",
+    "{}",
+    "[]",
+    '{"a": 1}',
+    "bb.api.>",
+    "*",
+    ">",
+    "a.b",
+    "%s%s%n",
+    "{0}",
+    "'; DROP TABLE events; --",
+    "local",
+    "elsewhere",
+    "git-worktree",
+    "personal-workspace",
+    "project-checkout",
+    "modal-sandbox",
 )
 
 HUGE_SIZES = (128, 129, 4096, 4097, 65_536, 70_000)
@@ -44,8 +104,11 @@ def hostile_words() -> SearchStrategy[str]:
 @cache
 def huge_text() -> SearchStrategy[str]:
     """Around the limits that matter: 128 (ids), 4096 (PATH_MAX), 64 KiB (an API request)."""
-    return st.builds(lambda unit, size: (unit * size)[:size], st.sampled_from(("a", "/", "é", "../", "\x00")),
-                     st.sampled_from(HUGE_SIZES))
+    return st.builds(
+        lambda unit, size: (unit * size)[:size],
+        st.sampled_from(("a", "/", "é", "../", "\x00")),
+        st.sampled_from(HUGE_SIZES),
+    )
 
 
 @cache
@@ -56,29 +119,41 @@ def any_text() -> SearchStrategy[str]:
 
 @cache
 def hostile_text() -> SearchStrategy[str]:
-    return st.one_of(hostile_words(), any_text(), huge_text(),
-                     st.builds(lambda a, b: a + b, hostile_words(), hostile_words()))
+    return st.one_of(
+        hostile_words(), any_text(), huge_text(), st.builds(lambda a, b: a + b, hostile_words(), hostile_words())
+    )
 
 
 @cache
 def json_values() -> SearchStrategy[Any]:
     """Any JSON value Python can write: NaN and Infinity tokens and integers past 64 bits included.
     Where a string is expected, most of these are of the wrong type."""
-    scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80),
-                        st.floats(allow_nan=True, allow_infinity=True), hostile_text())
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**80), max_value=2**80),
+        st.floats(allow_nan=True, allow_infinity=True),
+        hostile_text(),
+    )
     # Two levels at most, not st.recursive: that costs twice as much, and depth is nested_lists' job.
-    return st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(hostile_text(), scalars, max_size=2),
-                     st.lists(st.lists(scalars, max_size=2), max_size=2))
+    return st.one_of(
+        scalars,
+        st.lists(scalars, max_size=3),
+        st.dictionaries(hostile_text(), scalars, max_size=2),
+        st.lists(st.lists(scalars, max_size=2), max_size=2),
+    )
 
 
 @cache
 def nested_lists() -> SearchStrategy[Any]:
     """Lists nested around the API's limit of 32 levels of inputs; nesting deeper than Python's
     json can write comes as bytes (raw_payloads)."""
+
     def nest(depth: int, inner: Any) -> Any:
         for _ in range(depth):
             inner = [inner]
         return inner
+
     return st.builds(nest, st.sampled_from((31, 32, 33, 34, 64, 400)), st.sampled_from(({}, [], "x", None)))
 
 
@@ -88,6 +163,7 @@ def nested_lists() -> SearchStrategy[Any]:
 @dataclass(frozen=True)
 class Field:
     """A field as a well-meaning sender fills it, and as a hostile one does."""
+
     valid: SearchStrategy[Any]
     hostile: SearchStrategy[Any]
     required: bool = False
@@ -132,8 +208,9 @@ _QUARTERS, _TENTHS, _ANYWHERE = st.integers(0, 3), st.integers(0, 9), st.integer
 def unknown_fields() -> SearchStrategy[dict[str, Any]]:
     """Fields no struct declares: hostile names, values carrying the canary."""
     names = st.one_of(hostile_text(), splintered(st.sampled_from(("apiKey", "sandbox", "colour", "__proto__"))))
-    return st.dictionaries(names, st.just(CANARY) | st.builds(lambda v: {"secret": CANARY, "v": v}, json_values()),
-                           min_size=1, max_size=2)
+    return st.dictionaries(
+        names, st.just(CANARY) | st.builds(lambda v: {"secret": CANARY, "v": v}, json_values()), min_size=1, max_size=2
+    )
 
 
 # -- the values inbound payloads carry -------------------------------------------------------------
@@ -163,8 +240,26 @@ def hostile_ids(known: tuple[str, ...] = ()) -> SearchStrategy[str]:
 
 
 # NUL and line breaks first: they are what a check most often forgets, and what breaks most when it does.
-SPLINTERS = ("\x00", "\n", "\x00", "\n", "\r", "\u2028", "\x85", "/../", "/./", "//", " ", "\t", "`", "$(", "'", '"',
-             "\\", "*")
+SPLINTERS = (
+    "\x00",
+    "\n",
+    "\x00",
+    "\n",
+    "\r",
+    "\u2028",
+    "\x85",
+    "/../",
+    "/./",
+    "//",
+    " ",
+    "\t",
+    "`",
+    "$(",
+    "'",
+    '"',
+    "\\",
+    "*",
+)
 
 
 def splintered(values: SearchStrategy[Any]) -> SearchStrategy[Any]:
@@ -186,8 +281,14 @@ def ids(known: tuple[str, ...] = (), required: bool = False) -> Field:
 
 
 UUID_SPELLINGS = (
-    lambda u: str(u).upper(), lambda u: u.hex, lambda u: "{%s}" % u, lambda u: u.urn,
-    lambda u: str(u) + "\n", lambda u: str(u)[:-1], lambda u: str(u) + "0", lambda u: " " + str(u),
+    lambda u: str(u).upper(),
+    lambda u: u.hex,
+    lambda u: f"{{{u}}}",
+    lambda u: u.urn,
+    lambda u: str(u) + "\n",
+    lambda u: str(u)[:-1],
+    lambda u: str(u) + "0",
+    lambda u: " " + str(u),
 )
 
 
@@ -208,15 +309,35 @@ def environment_ids(known: tuple[str, ...] = (), required: bool = False) -> Fiel
 def path_variants(anchors: tuple[str, ...]) -> SearchStrategy[str]:
     """Paths built around directories that exist: aliases, traversals, NULs, relative paths,
     lengths past PATH_MAX; plus paths of no anchor at all."""
+
     def variants(anchor: str) -> list[str]:
-        return [anchor + "/", anchor + "/.", anchor + "/../" + anchor.rsplit("/", 1)[-1], anchor + "/..",
-                anchor + "/../../../../../../..", anchor + "/.git", anchor + "/.git/refs", anchor + "\x00",
-                anchor + "\x00/../x", anchor + "/missing", anchor + "\n", anchor.lstrip("/"), "//" + anchor,
-                anchor + "/" + "a" * 300, anchor + "/a" * 2100]
+        return [
+            anchor + "/",
+            anchor + "/.",
+            anchor + "/../" + anchor.rsplit("/", 1)[-1],
+            anchor + "/..",
+            anchor + "/../../../../../../..",
+            anchor + "/.git",
+            anchor + "/.git/refs",
+            anchor + "\x00",
+            anchor + "\x00/../x",
+            anchor + "/missing",
+            anchor + "\n",
+            anchor.lstrip("/"),
+            "//" + anchor,
+            anchor + "/" + "a" * 300,
+            anchor + "/a" * 2100,
+        ]
+
     fixed = [v for a in anchors for v in variants(a)] + ["/", "/.", "/..", "x", "./x", "/proc/self/cwd", "/dev/null"]
     existing = st.sampled_from(list(anchors) or ["/"])
-    return st.one_of(st.sampled_from(fixed), splintered(existing), splintered(existing), hostile_text(),
-                     st.builds(lambda a, s: a + "/" + s, existing, hostile_text()))
+    return st.one_of(
+        st.sampled_from(fixed),
+        splintered(existing),
+        splintered(existing),
+        hostile_text(),
+        st.builds(lambda a, s: a + "/" + s, existing, hostile_text()),
+    )
 
 
 @cache
@@ -227,9 +348,20 @@ def paths(anchors: tuple[str, ...], required: bool = False) -> Field:
 @cache
 def timestamps() -> Field:
     """occurredAt: RFC 3339, and what merely looks like it."""
-    hostile = st.one_of(hostile_text(), st.sampled_from((
-        "2026-13-45T00:00:00Z", "0000-00-00T00:00:00Z", "9999-12-31T23:59:59+25:00", "2026-12-01",
-        "2026-12-01T12:00:00.123456789Z", "2026-12-01 12:00:00", "1e9")))
+    hostile = st.one_of(
+        hostile_text(),
+        st.sampled_from(
+            (
+                "2026-13-45T00:00:00Z",
+                "0000-00-00T00:00:00Z",
+                "9999-12-31T23:59:59+25:00",
+                "2026-12-01",
+                "2026-12-01T12:00:00.123456789Z",
+                "2026-12-01 12:00:00",
+                "1e9",
+            )
+        ),
+    )
     return Field(st.datetimes(timezones=st.just(None)).map(lambda t: t.isoformat() + "Z"), hostile)
 
 
@@ -256,10 +388,31 @@ def provider_ids(required: bool = False) -> Field:
 @cache
 def branch_names() -> SearchStrategy[str]:
     """What git reads as an option, a revision expression or a ref outside refs/heads."""
-    return st.one_of(hostile_text(), st.sampled_from((
-        "refs/heads/refs/heads/x", "refs/remotes/origin/main", "--upload-pack=touch /tmp/pwned", "-D", "--orphan",
-        "HEAD", "@{-1}", "main~1", "HEAD^", "x^{tree}", "a:b", "a?b", "a*b", "a[b", "x/", "/x", ".hidden", "x/.y",
-    )))
+    return st.one_of(
+        hostile_text(),
+        st.sampled_from(
+            (
+                "refs/heads/refs/heads/x",
+                "refs/remotes/origin/main",
+                "--upload-pack=touch /tmp/pwned",
+                "-D",
+                "--orphan",
+                "HEAD",
+                "@{-1}",
+                "main~1",
+                "HEAD^",
+                "x^{tree}",
+                "a:b",
+                "a?b",
+                "a*b",
+                "a[b",
+                "x/",
+                "/x",
+                ".hidden",
+                "x/.y",
+            )
+        ),
+    )
 
 
 @cache
@@ -267,8 +420,12 @@ def branch_choices(spoil: int) -> SearchStrategy[dict]:
     """A provider's `branch` input: each kind with its own fields."""
     plain = st.sampled_from(("main", "feature/x", "refs/heads/main", "bb/t1", "fix-1"))
     named = {"name": Field(plain, branch_names(), required=True), "base": Field(plain, branch_names())}
-    kinds = [documents({}, {"kind": "default"}, spoil), documents({}, {"kind": "current"}, spoil),
-             documents({"name": named["name"]}, {"kind": "existing"}, spoil), documents(named, {"kind": "new"}, spoil)]
+    kinds = [
+        documents({}, {"kind": "default"}, spoil),
+        documents({}, {"kind": "current"}, spoil),
+        documents({"name": named["name"]}, {"kind": "existing"}, spoil),
+        documents(named, {"kind": "new"}, spoil),
+    ]
     if spoil:
         kinds.append(documents({"kind": Field(st.sampled_from(("default", "current")), hostile_text()), **named}))
     return st.one_of(kinds)
@@ -278,14 +435,22 @@ def branch_choices(spoil: int) -> SearchStrategy[dict]:
 def provider_inputs(spoil: int) -> SearchStrategy[Any]:
     """Inputs of each built-in provider (a branch, a checkout subdirectory, Modal's sizes)."""
     branch = Field(branch_choices(0), branch_choices(2))
-    numbers = st.one_of(st.integers(min_value=-(2**70), max_value=2**70),
-                        st.floats(allow_nan=True, allow_infinity=True))
-    modal = {name: Field(st.sampled_from(good), numbers) for name, good in
-             (("cpu", (0.25, 2.0, 16)), ("memoryMib", (512, 4096)), ("timeoutHours", (1, 24)))}
-    shaped = [documents({"branch": branch}, spoil=spoil),
-              documents({"branch": branch, "path": Field(st.sampled_from(("sub", ".", "a/b")), path_variants(()))},
-                        spoil=spoil),
-              documents(modal, spoil=spoil), st.none(), st.just({})]
+    numbers = st.one_of(
+        st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True, allow_infinity=True)
+    )
+    modal = {
+        name: Field(st.sampled_from(good), numbers)
+        for name, good in (("cpu", (0.25, 2.0, 16)), ("memoryMib", (512, 4096)), ("timeoutHours", (1, 24)))
+    }
+    shaped = [
+        documents({"branch": branch}, spoil=spoil),
+        documents(
+            {"branch": branch, "path": Field(st.sampled_from(("sub", ".", "a/b")), path_variants(()))}, spoil=spoil
+        ),
+        documents(modal, spoil=spoil),
+        st.none(),
+        st.just({}),
+    ]
     return st.one_of(*shaped, json_values(), nested_lists()) if spoil else st.one_of(shaped)
 
 
@@ -297,12 +462,18 @@ def inputs() -> Field:
 @cache
 def environment_intents(environment_ids_known: tuple[str, ...], spoil: int) -> SearchStrategy[Any]:
     """`environment` of a created thread event: a provider on a machine, or an existing environment."""
-    machine = Field(documents({"hostId": Field(st.just("local"), hostile_ids(("local",)))}, {"type": "existing"}, 0),
-                    documents({"type": Field(st.just("existing"), hostile_text(), required=True), "hostId": hosts()}))
-    provider = documents({"environmentProviderId": provider_ids(required=True), "machine": machine, "inputs": inputs()},
-                         {"type": "provider"}, spoil)
-    existing = documents({"environmentId": environment_ids(environment_ids_known, required=True)}, {"type": "existing"},
-                         spoil)
+    machine = Field(
+        documents({"hostId": Field(st.just("local"), hostile_ids(("local",)))}, {"type": "existing"}, 0),
+        documents({"type": Field(st.just("existing"), hostile_text(), required=True), "hostId": hosts()}),
+    )
+    provider = documents(
+        {"environmentProviderId": provider_ids(required=True), "machine": machine, "inputs": inputs()},
+        {"type": "provider"},
+        spoil,
+    )
+    existing = documents(
+        {"environmentId": environment_ids(environment_ids_known, required=True)}, {"type": "existing"}, spoil
+    )
     if not spoil:
         return st.one_of(provider, existing)
     return st.one_of(provider, existing, documents({"type": Field(st.just("provider"), hostile_text())}), json_values())
@@ -314,13 +485,22 @@ THREAD_EVENT_KINDS = ("created", "message", "archived", "unarchived", "message_c
 
 
 @cache
-def thread_event_documents(thread_ids: tuple[str, ...], environment_ids_known: tuple[str, ...],
-                           projects: tuple[str, ...]) -> SearchStrategy[dict]:
+def thread_event_documents(
+    thread_ids: tuple[str, ...], environment_ids_known: tuple[str, ...], projects: tuple[str, ...]
+) -> SearchStrategy[dict]:
     """Each kind with its own fields, or a type nobody declares."""
     common = {"threadId": ids(thread_ids, required=True), "occurredAt": timestamps()}
     intent = Field(environment_intents(environment_ids_known, 0), environment_intents(environment_ids_known, 2))
-    created = documents({**common, "projectPath": paths(projects), "parentThreadId": ids(thread_ids),
-                         "hostId": hosts(), "environment": intent}, {"type": "created"})
+    created = documents(
+        {
+            **common,
+            "projectPath": paths(projects),
+            "parentThreadId": ids(thread_ids),
+            "hostId": hosts(),
+            "environment": intent,
+        },
+        {"type": "created"},
+    )
     message = documents({**common, "text": Field(prompts(), json_values())}, {"type": "message"})
     others = [documents(common, {"type": kind}) for kind in THREAD_EVENT_KINDS[2:]]
     untyped = documents({**common, "type": Field(st.sampled_from(THREAD_EVENT_KINDS), hostile_text(), required=True)})
@@ -328,8 +508,9 @@ def thread_event_documents(thread_ids: tuple[str, ...], environment_ids_known: t
 
 
 @cache
-def thread_events(thread_ids: tuple[str, ...], environment_ids_known: tuple[str, ...],
-                  projects: tuple[str, ...]) -> SearchStrategy[tuple[str, bytes]]:
+def thread_events(
+    thread_ids: tuple[str, ...], environment_ids_known: tuple[str, ...], projects: tuple[str, ...]
+) -> SearchStrategy[tuple[str, bytes]]:
     """(subject, payload) as a publisher on bb.threads.> can send them; one in ten names another
     thread in its subject than in its payload."""
     documents_ = thread_event_documents(thread_ids, environment_ids_known, projects)
@@ -374,7 +555,7 @@ def mutated(draw: st.DrawFn, wire: bytes) -> bytes:
     if not wire or how == 0:
         return wire[:at]  # truncated
     if how == 1:
-        return wire[:at] + bytes([draw(st.integers(0, 255))]) + wire[at + 1:]  # one byte changed
+        return wire[:at] + bytes([draw(st.integers(0, 255))]) + wire[at + 1 :]  # one byte changed
     if how == 2:
         return wire[:at] + draw(_BREAKERS) + wire[at:]
     if how == 3:
@@ -395,9 +576,28 @@ def raw_payloads() -> SearchStrategy[bytes]:
     to exhaust a recursive decoder, strings past the size limits."""
     return st.one_of(
         st.binary(max_size=64),
-        st.sampled_from((b"", b" ", b"null", b"true", b"0", b"-0", b"1e999", b"NaN", b'"x"', b"[]", b"{}", b"[{}]",
-                         b'{"type": null}', b'{"type": 1}', b"\xff\xfe{\x00}\x00", b'"\\ud800"', b"{" * 3,
-                         b'{"a": 1, "a": 2}')),
+        st.sampled_from(
+            (
+                b"",
+                b" ",
+                b"null",
+                b"true",
+                b"0",
+                b"-0",
+                b"1e999",
+                b"NaN",
+                b'"x"',
+                b"[]",
+                b"{}",
+                b"[{}]",
+                b'{"type": null}',
+                b'{"type": 1}',
+                b"\xff\xfe{\x00}\x00",
+                b'"\\ud800"',
+                b"{" * 3,
+                b'{"a": 1, "a": 2}',
+            )
+        ),
         st.builds(nested_json, st.sampled_from((33, 500, 1_000, 20_000, 65_000))),
         st.builds(lambda n: b'"' + b"a" * n + b'"', st.sampled_from((65_535, 65_537, 200_000))),
         any_text().map(lambda text: text.encode("utf-8")),
@@ -424,42 +624,78 @@ ENVIRONMENT_STATUSES = ("creating", "provisioning", "ready", "error", "retiring"
 
 
 @cache
-def api_requests(thread_ids: tuple[str, ...], environment_ids_known: tuple[str, ...], projects: tuple[str, ...],
-                 head: int) -> SearchStrategy[tuple[str, bytes]]:
+def api_requests(
+    thread_ids: tuple[str, ...], environment_ids_known: tuple[str, ...], projects: tuple[str, ...], head: int
+) -> SearchStrategy[tuple[str, bytes]]:
     """(subject, payload) for every endpoint of the `bb-environments` micro service; `head` is the
     log's last position, the furthest a read may ask to wait for."""
-    position = Field(st.integers(0, head), st.one_of(
-        st.sampled_from((head + 1, head + 10**6, 2**63 - 1, 2**63, 2**64, -1)),
-        st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True), hostile_text()))
+    position = Field(
+        st.integers(0, head),
+        st.one_of(
+            st.sampled_from((head + 1, head + 10**6, 2**63 - 1, 2**63, 2**64, -1)),
+            st.integers(min_value=-(2**70), max_value=2**70),
+            st.floats(allow_nan=True),
+            hostile_text(),
+        ),
+    )
     environment_ref = {"environmentId": environment_ids(environment_ids_known, required=True), "minPosition": position}
     thread_ref = {"threadId": ids(thread_ids, required=True)}
     # A past version or instant: the log's own, those around them, and what is neither.
-    at = Field(st.one_of(st.integers(1, 12), st.datetimes(timezones=st.just(timezone.utc)).map(datetime.isoformat)),
-               st.one_of(st.sampled_from((0, -1, 2**63, 2**64, True, "2026-01-31T12:00:00", "yesterday")),
-                         st.datetimes().map(datetime.isoformat), st.floats(allow_nan=True), hostile_text()))
-    history = {"environmentId": environment_ids(environment_ids_known, required=True),
-               "after": Field(st.integers(0, 12), st.one_of(st.integers(min_value=-(2**70), max_value=2**70),
-                                                            hostile_text())),
-               "limit": Field(st.integers(1, 1000), st.one_of(st.sampled_from((0, 1001, -1)), hostile_text()))}
-    spawn = {"threadId": ids(thread_ids), "environmentProvider": provider_ids(), "environmentInputs": inputs(),
-             "environmentId": environment_ids(environment_ids_known), "projectPath": paths(projects),
-             "hostId": hosts(), "parentThreadId": ids(thread_ids), "prompt": Field(prompts(), json_values())}
+    at = Field(
+        st.one_of(st.integers(1, 12), st.datetimes(timezones=st.just(UTC)).map(datetime.isoformat)),
+        st.one_of(
+            st.sampled_from((0, -1, 2**63, 2**64, True, "2026-01-31T12:00:00", "yesterday")),
+            st.datetimes().map(datetime.isoformat),
+            st.floats(allow_nan=True),
+            hostile_text(),
+        ),
+    )
+    history = {
+        "environmentId": environment_ids(environment_ids_known, required=True),
+        "after": Field(st.integers(0, 12), st.one_of(st.integers(min_value=-(2**70), max_value=2**70), hostile_text())),
+        "limit": Field(st.integers(1, 1000), st.one_of(st.sampled_from((0, 1001, -1)), hostile_text())),
+    }
+    spawn = {
+        "threadId": ids(thread_ids),
+        "environmentProvider": provider_ids(),
+        "environmentInputs": inputs(),
+        "environmentId": environment_ids(environment_ids_known),
+        "projectPath": paths(projects),
+        "hostId": hosts(),
+        "parentThreadId": ids(thread_ids),
+        "prompt": Field(prompts(), json_values()),
+    }
     # A spawn names where the thread runs in one of three ways; the others' fields are its spoilers.
-    ways = [("environmentProvider", "environmentInputs", "projectPath"), ("environmentId",),
-            ("parentThreadId", "projectPath")]
-    spawns = [documents({name: Field(field.valid, field.hostile, required=name == way[0])
-                         for name, field in spawn.items() if name in (*way, "threadId", "hostId", "prompt")})
-              for way in ways] + [documents(spawn)]
+    ways = [
+        ("environmentProvider", "environmentInputs", "projectPath"),
+        ("environmentId",),
+        ("parentThreadId", "projectPath"),
+    ]
+    spawns = [
+        documents(
+            {
+                name: Field(field.valid, field.hostile, required=name == way[0])
+                for name, field in spawn.items()
+                if name in (*way, "threadId", "hostId", "prompt")
+            }
+        )
+        for way in ways
+    ] + [documents(spawn)]
     shapes: dict[str, dict[str, Field]] = {
         "environments.providers": {},
-        "environments.list": {"status": Field(st.sampled_from(ENVIRONMENT_STATUSES), hostile_text()),
-                              "provider": provider_ids()},
-        "environments.show": {**environment_ref, "at": at}, "environments.history": history,
+        "environments.list": {
+            "status": Field(st.sampled_from(ENVIRONMENT_STATUSES), hostile_text()),
+            "provider": provider_ids(),
+        },
+        "environments.show": {**environment_ref, "at": at},
+        "environments.history": history,
         "environments.delete": environment_ref,
         "environments.retry": environment_ref,
         "threads.spawn": spawn,
         "threads.list": {"environmentId": environment_ids(environment_ids_known)},
-        "threads.archive": thread_ref, "threads.unarchive": thread_ref, "threads.cancel": thread_ref,
+        "threads.archive": thread_ref,
+        "threads.unarchive": thread_ref,
+        "threads.cancel": thread_ref,
         "events.replay": {},
         # Only examinations: a fix removes orphans (the seeded world has one, seeded-gone's
         # directory) and writes nothing for that, which this fuzz would take for a refusal's damage.
@@ -469,23 +705,29 @@ def api_requests(thread_ids: tuple[str, ...], environment_ids_known: tuple[str, 
     # A spawn has the most fields and the most checks behind them: it gets the most examples.
     requests["threads.spawn"] = st.one_of(spawns)
     weights = {"threads.spawn": 3, "environments.show": 2}
-    return st.one_of([payloads(request, f"bb.api.{name}") for name, request in requests.items()
-                      for _ in range(weights.get(name, 1))])
+    return st.one_of(
+        [payloads(request, f"bb.api.{name}") for name, request in requests.items() for _ in range(weights.get(name, 1))]
+    )
 
 
 # -- host agent requests (bb.hosts.<hostId>.hooks.<verb>) ------------------------------------------
 
 
 @cache
-def host_agent_requests(operations: tuple[str, ...], environment_ids_known: tuple[str, ...],
-                        workspaces: tuple[str, ...]) -> SearchStrategy[tuple[str, bytes]]:
+def host_agent_requests(
+    operations: tuple[str, ...], environment_ids_known: tuple[str, ...], workspaces: tuple[str, ...]
+) -> SearchStrategy[tuple[str, bytes]]:
     """(subject, payload) aimed at hook operations the log recorded: their ids, kinds, workspaces and
     environments shuffled together, near misses of each, and hostile text."""
     operation = Field(st.sampled_from(operations), hostile_ids(operations), required=True)
-    start = documents({"operationId": operation,
-                       "kind": Field(st.sampled_from(("setup", "teardown")), hostile_text(), required=True),
-                       "workspace": paths(workspaces, required=True),
-                       "environmentId": environment_ids(environment_ids_known, required=True)})
+    start = documents(
+        {
+            "operationId": operation,
+            "kind": Field(st.sampled_from(("setup", "teardown")), hostile_text(), required=True),
+            "workspace": paths(workspaces, required=True),
+            "environmentId": environment_ids(environment_ids_known, required=True),
+        }
+    )
     ref = documents({"operationId": operation})
     verbs = [("start", start), ("start", start), ("status", ref), ("cancel", ref)]
     return st.one_of([payloads(request, f"bb.hosts.local.hooks.{verb}") for verb, request in verbs])
@@ -497,6 +739,7 @@ def host_agent_requests(operations: tuple[str, ...], environment_ids_known: tupl
 @dataclass(frozen=True)
 class Invocation:
     """A `bb` command line, with what a test needs to judge its answer."""
+
     command: tuple[str, ...]
     options: tuple[tuple[str, str], ...]
     """Options given a value, as the command reads them (`--wait` and `--json` are flags)."""
@@ -520,8 +763,10 @@ UNDECODABLE = ("\udcff", "\udc80", "\udce9")
 
 @cache
 def argv_values(values: SearchStrategy[str]) -> SearchStrategy[str]:
-    return st.one_of(values.map(argv_text),
-                     st.builds(_splinter, values.map(argv_text), st.integers(0, 2**16), st.sampled_from(UNDECODABLE)))
+    return st.one_of(
+        values.map(argv_text),
+        st.builds(_splinter, values.map(argv_text), st.integers(0, 2**16), st.sampled_from(UNDECODABLE)),
+    )
 
 
 @cache
@@ -532,9 +777,13 @@ def input_texts(spoil: int) -> SearchStrategy[str]:
     if not spoil:
         return written
     broken = st.composite(lambda draw: mutated(draw, draw(written).encode()).decode("utf-8", "replace"))()
-    return st.one_of(written, broken, hostile_text(),
-                     st.builds(lambda depth: nested_json(depth).decode(), st.sampled_from((33, 999, 1_001, 5_000))),
-                     st.sampled_from(("{not json", "", "[1e999]", '{"n": NaN}', "-Infinity", '"\\ud800"', "[" * 50)))
+    return st.one_of(
+        written,
+        broken,
+        hostile_text(),
+        st.builds(lambda depth: nested_json(depth).decode(), st.sampled_from((33, 999, 1_001, 5_000))),
+        st.sampled_from(("{not json", "", "[1e999]", '{"n": NaN}', "-Infinity", '"\\ud800"', "[" * 50)),
+    )
 
 
 def _from_argv(field: Field) -> Field:
@@ -546,16 +795,24 @@ def _option_fields(projects: tuple[str, ...]) -> dict[str, Field]:
     return {
         "--environment-provider": _from_argv(provider_ids()),
         "--environment-inputs": Field(input_texts(0), input_texts(2)),
-        "--environment": _from_argv(environment_ids()), "--project": _from_argv(paths(projects)),
-        "--thread-id": _from_argv(ids()), "--parent": _from_argv(ids()), "--host": _from_argv(hosts()),
+        "--environment": _from_argv(environment_ids()),
+        "--project": _from_argv(paths(projects)),
+        "--thread-id": _from_argv(ids()),
+        "--parent": _from_argv(ids()),
+        "--host": _from_argv(hosts()),
         "--prompt": Field(prompts().map(argv_text), argv_values(hostile_text())),
-        "--timeout": Field(st.sampled_from(("1", "900", "0.5")),
-                           st.sampled_from(("nan", "inf", "-1", "abc", "", "1e999", "0x10", " 1"))),
+        "--timeout": Field(
+            st.sampled_from(("1", "900", "0.5")),
+            st.sampled_from(("nan", "inf", "-1", "abc", "", "1e999", "0x10", " 1")),
+        ),
     }
 
 
-SPAWN_WAYS = (("--environment-provider", "--environment-inputs", "--project"), ("--environment",),
-              ("--parent", "--project"))
+SPAWN_WAYS = (
+    ("--environment-provider", "--environment-inputs", "--project"),
+    ("--environment",),
+    ("--parent", "--project"),
+)
 
 
 @st.composite
@@ -582,8 +839,18 @@ def spawn_invocations(draw: st.DrawFn, projects: tuple[str, ...]) -> Invocation:
 @st.composite
 def argument_invocations(draw: st.DrawFn) -> Invocation:
     """`bb environment show|delete|retry ENV_ID` and `bb thread archive|unarchive|cancel T`."""
-    command = draw(st.sampled_from((("environment", "show"), ("environment", "delete"), ("environment", "retry"),
-                                    ("thread", "archive"), ("thread", "unarchive"), ("thread", "cancel"))))
+    command = draw(
+        st.sampled_from(
+            (
+                ("environment", "show"),
+                ("environment", "delete"),
+                ("environment", "retry"),
+                ("thread", "archive"),
+                ("thread", "unarchive"),
+                ("thread", "cancel"),
+            )
+        )
+    )
     field = environment_ids() if command[0] == "environment" else ids()
     spoiled = draw(st.integers(0, 2)) > 0
     argument = draw(argv_values(field.hostile) if spoiled else field.valid)
@@ -591,8 +858,14 @@ def argument_invocations(draw: st.DrawFn) -> Invocation:
     return _assembled(draw, command, [], flags, argument, not spoiled)
 
 
-def _assembled(draw: st.DrawFn, command: tuple[str, ...], options: list[tuple[str, str]], flags: list[str],
-               argument: str | None, clean: bool) -> Invocation:
+def _assembled(
+    draw: st.DrawFn,
+    command: tuple[str, ...],
+    options: list[tuple[str, str]],
+    flags: list[str],
+    argument: str | None,
+    clean: bool,
+) -> Invocation:
     words: list[list[str]] = [[name, value] if draw(st.booleans()) else [f"{name}={value}"] for name, value in options]
     words += [[flag] for flag in flags]
     words = draw(st.permutations(words)) if words else words
@@ -609,12 +882,18 @@ def noise_invocations() -> SearchStrategy[Invocation]:
     stray arguments. `--help` and `-h` are left out: help is an answer, not an error."""
     words = argv_values(hostile_text()).filter(lambda word: word not in ("--help", "-h"))
     commands = st.sampled_from((("thread", "spawn"), ("environment", "show"), ("thread", "archive")))
-    return st.builds(lambda command, tail, as_json: Invocation(command, (), None, as_json, False,
-                                                              (*command, *(["--json"] if as_json else []), *tail)),
-                     commands, st.lists(words, min_size=1, max_size=4), st.booleans())
+    return st.builds(
+        lambda command, tail, as_json: Invocation(
+            command, (), None, as_json, False, (*command, *(["--json"] if as_json else []), *tail)
+        ),
+        commands,
+        st.lists(words, min_size=1, max_size=4),
+        st.booleans(),
+    )
 
 
 @cache
 def cli_invocations(projects: tuple[str, ...]) -> SearchStrategy[Invocation]:
-    return st.one_of(spawn_invocations(projects), spawn_invocations(projects), argument_invocations(),
-                     noise_invocations())
+    return st.one_of(
+        spawn_invocations(projects), spawn_invocations(projects), argument_invocations(), noise_invocations()
+    )

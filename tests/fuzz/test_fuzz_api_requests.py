@@ -34,18 +34,31 @@ def test_no_api_request_fails_unexplained_or_is_written_when_refused(tmp_path: P
     cwd_before, seeded_files = working_directory(), world.files()
 
     @fuzz_settings()
-    @given(api_requests(seeded.thread_ids, (seeded.ready_environment, seeded.removed_environment), seeded.project_dirs,
-                        world.head()))
+    @given(
+        api_requests(
+            seeded.thread_ids, (seeded.ready_environment, seeded.removed_environment), seeded.project_dirs, world.head()
+        )
+    )
     # Found by this test: a field name with a line break split the error; a minPosition past the
     # log's end waited 10 s, then blamed the bus; a NUL in a project path failed with ValueError; a
     # line break in a project directory's name or in an inputs field split the error; a version past
     # what SQLite's integers hold failed the store's query.
     @example(("bb.api.environments.providers", b'{"t1\\n": 1}'))
-    @example(("bb.api.environments.show",
-              json.dumps({"environmentId": seeded.ready_environment, "minPosition": world.head() + 1}).encode()))
-    @example(("bb.api.environments.show", json.dumps({"environmentId": seeded.ready_environment, "at": 2**63}).encode()))
-    @example(("bb.api.environments.history",
-              json.dumps({"environmentId": seeded.ready_environment, "after": 2**63}).encode()))
+    @example(
+        (
+            "bb.api.environments.show",
+            json.dumps({"environmentId": seeded.ready_environment, "minPosition": world.head() + 1}).encode(),
+        )
+    )
+    @example(
+        ("bb.api.environments.show", json.dumps({"environmentId": seeded.ready_environment, "at": 2**63}).encode())
+    )
+    @example(
+        (
+            "bb.api.environments.history",
+            json.dumps({"environmentId": seeded.ready_environment, "after": 2**63}).encode(),
+        )
+    )
     @example(spawn(parentThreadId="seeded-ready", projectPath=plain + "\x00"))
     @example(spawn(environmentProvider="git-worktree", projectPath=line_break))
     @example(spawn(environmentProvider="git-worktree", projectPath=plain, environmentInputs={"a\nb": 1}))

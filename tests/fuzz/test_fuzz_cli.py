@@ -45,6 +45,7 @@ def carried_by_the_bus(text: str) -> bool:
 def a_json_document(text: str) -> bool:
     """JSON the bus can carry: no NaN or Infinity, no number too large for a double, no text
     that is not UTF-8, no nesting too deep for a reader to recurse through."""
+
     def refuse(_: str) -> float:
         raise ValueError
 
@@ -68,7 +69,7 @@ def an_environment_id(text: str) -> bool:
     except ValueError:
         if not text or len(text) >= len(ANY_ID):
             return False
-        completed = text + ANY_ID[len(text):]
+        completed = text + ANY_ID[len(text) :]
         try:
             return str(uuid.UUID(completed)) == completed.lower()
         except ValueError:
@@ -98,8 +99,11 @@ def format_problems(invocation: Invocation) -> list[str]:
             problems.append("inputs that are not a JSON document")
         if "--environment" in options and not an_environment_id(options["--environment"]):
             problems.append("an environment id that is neither a UUID nor the start of one")
-        problems += [f"{name} is not an id" for name, form in (("--thread-id", ID), ("--parent", ID), ("--host", HOST_ID))
-                     if name in options and not form.match(options[name])]
+        problems += [
+            f"{name} is not an id"
+            for name, form in (("--thread-id", ID), ("--parent", ID), ("--host", HOST_ID))
+            if name in options and not form.match(options[name])
+        ]
         if "--timeout" in options and not a_wait(options["--timeout"]):
             problems.append("a timeout that is not a wait in seconds")
     elif invocation.argument is None:
@@ -129,14 +133,32 @@ def test_every_command_line_exits_2_or_4_in_one_sentence(tmp_path: Path) -> None
     # argument's line break split the error, and `--prompt --json` took the prompt for the flag.
     @example(Invocation(("thread", "spawn"), (("--host", ""),), None, False, False, ("thread", "spawn", "--host=")))
     @example(Invocation(("thread", "archive"), (), "", True, False, ("thread", "archive", "", "--json")))
-    @example(Invocation(("thread", "spawn"), (("--environment", ""),), None, False, False,
-                        ("thread", "spawn", "--environment", "")))
-    @example(Invocation(("thread", "spawn"), (("--environment-provider", "personal-workspace"), ("--prompt", "\udcff")),
-                        None, True, False, ("thread", "spawn", "--environment-provider", "personal-workspace",
-                                            "--prompt", "\udcff", "--json")))
+    @example(
+        Invocation(
+            ("thread", "spawn"), (("--environment", ""),), None, False, False, ("thread", "spawn", "--environment", "")
+        )
+    )
+    @example(
+        Invocation(
+            ("thread", "spawn"),
+            (("--environment-provider", "personal-workspace"), ("--prompt", "\udcff")),
+            None,
+            True,
+            False,
+            ("thread", "spawn", "--environment-provider", "personal-workspace", "--prompt", "\udcff", "--json"),
+        )
+    )
     @example(Invocation(("thread", "spawn"), (), None, False, False, ("thread", "spawn", "\n")))
-    @example(Invocation(("thread", "spawn"), (("--prompt", "--json"), ("--timeout", "abc")), None, False, False,
-                        ("thread", "spawn", "--prompt", "--json", "--timeout=abc")))
+    @example(
+        Invocation(
+            ("thread", "spawn"),
+            (("--prompt", "--json"), ("--timeout", "abc")),
+            None,
+            False,
+            False,
+            ("thread", "spawn", "--prompt", "--json", "--timeout=abc"),
+        )
+    )
     def check(invocation: Invocation) -> None:
         with runner.isolation(env=environment) as (out, err, _):
             try:

@@ -18,8 +18,15 @@ import msgspec
 from hypothesis import assume, given
 
 from bb_environments.bus.wire.host_protocol import StartHook
-from tests.fuzz.seams import (HostAgentWorld, LogLines, files_under, fuzz_settings, one_sentence, store_file,
-                              working_directory)
+from tests.fuzz.seams import (
+    HostAgentWorld,
+    LogLines,
+    files_under,
+    fuzz_settings,
+    one_sentence,
+    store_file,
+    working_directory,
+)
 from tests.fuzz.strategies import CANARY, host_agent_requests
 
 
@@ -37,8 +44,11 @@ def names_what_the_log_awaits(data: bytes, awaited: set[tuple[str, str, uuid.UUI
 def test_no_request_runs_a_hook_the_log_does_not_back(tmp_path: Path, micro, edge) -> None:
     world = HostAgentWorld(tmp_path, micro, edge)
     recorded = world.recorded
-    awaited = {(r.operation_id, r.kind, uuid.UUID(r.environment_id), os.path.realpath(r.workspace))
-               for r in recorded if r.awaited and r.host_id == "local"}
+    awaited = {
+        (r.operation_id, r.kind, uuid.UUID(r.environment_id), os.path.realpath(r.workspace))
+        for r in recorded
+        if r.awaited and r.host_id == "local"
+    }
     # Cancelling what the log no longer waits for is allowed: it leaves a tombstone, and only that.
     tombstones = {hashlib.sha256(r.operation_id.encode()).hexdigest() + ".cancelled" for r in recorded if r.stoppable}
     operations = tuple(r.operation_id for r in recorded)
@@ -52,6 +62,7 @@ def test_no_request_runs_a_hook_the_log_does_not_back(tmp_path: Path, micro, edg
     files = files_under(tmp_path, outside_hooks)
     cwd_before = working_directory()
     try:
+
         @fuzz_settings()
         @given(host_agent_requests(operations, environment_ids, workspaces))
         def check(request: tuple[str, bytes]) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import msgspec
 from hypothesis import example, given
 
+from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.thread_events import inbound_decoder
-from bb_environments.bus.core.thread_consumer import ThreadEventConsumer
 from bb_environments.providers.registry import ProviderRegistry
 from tests.fuzz.seams import LogLines, ServiceWorld, fuzz_settings, one_sentence, working_directory
 from tests.fuzz.strategies import CANARY, thread_events
@@ -75,15 +75,24 @@ def test_no_thread_event_crashes_the_consumer_or_is_written_when_refused(tmp_pat
         return logs
 
     @fuzz_settings()
-    @given(thread_events(seeded.thread_ids, (seeded.ready_environment, seeded.removed_environment),
-                         seeded.project_dirs))
+    @given(
+        thread_events(seeded.thread_ids, (seeded.ready_environment, seeded.removed_environment), seeded.project_dirs)
+    )
     # Found by this test: a field name with a line break forged a log line; a project path with a
     # NUL raised ValueError out of the consumer, one with a line break split a refusal in two.
     @example(("bb.threads.t1.archived", b'{"type": "archived", "threadId": "t1", "t1\\n": "CANARY-7f3a"}'))
-    @example(created("nul", projectPath=plain + "\x00",
-                     environment={"type": "provider", "environmentProviderId": "project-checkout"}))
-    @example(created("newline", projectPath=line_break,
-                     environment={"type": "provider", "environmentProviderId": "git-worktree"}))
+    @example(
+        created(
+            "nul",
+            projectPath=plain + "\x00",
+            environment={"type": "provider", "environmentProviderId": "project-checkout"},
+        )
+    )
+    @example(
+        created(
+            "newline", projectPath=line_break, environment={"type": "provider", "environmentProviderId": "git-worktree"}
+        )
+    )
     def check(event: tuple[str, bytes]) -> None:
         subject, data = event
         head = world.head()

@@ -17,17 +17,17 @@ from typing import Any
 
 import nats
 import nats.aio.client
-from nats.aio.msg import Msg
 import pytest
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from bb_environments.bus.jetstream import JetStream
-from bb_environments.bus.wire import subjects
-from bb_environments.bus.wire.subjects import claimed_notification_id
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
-from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads
 from bb_environments.bus.api_client.nats_client import ApiClient
 from bb_environments.bus.embedded_server import EmbeddedNats
+from bb_environments.bus.jetstream import JetStream
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads
+from bb_environments.bus.wire.subjects import claimed_notification_id
 from bb_environments.providers.host.processes import pid_alive
 
 STARTUP_SECONDS = 30
@@ -53,8 +53,10 @@ Stored = tuple[int | None, str, bytes]  # (claimed notification id, subject, pay
 
 async def stream_log(js: JetStreamContext) -> list[Stored]:
     """Every message BB_ENVIRONMENTS holds, in order, read back with an ordered consumer."""
-    return [(claimed_notification_id(message.headers), message.subject, message.data)
-            for message in await stored_messages(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS)]
+    return [
+        (claimed_notification_id(message.headers), message.subject, message.data)
+        for message in await stored_messages(js, subjects.ENVIRONMENTS_STREAM, subjects.LOG_EVENTS)
+    ]
 
 
 async def stored_messages(js: JetStreamContext, stream: str, subject: str) -> list[Msg]:
@@ -101,8 +103,11 @@ class Service:
         previous_pid = self.info.get("pid")
         log = open(self.data_dir.parent / "serve.log", "ab")
         self.process = subprocess.Popen(
-            [*self.wrapper, *self.cli(), "serve", *options], env=self.environment,
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            [*self.wrapper, *self.cli(), "serve", *options],
+            env=self.environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
         )
         log.close()
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -126,7 +131,10 @@ class Service:
     def credentials(self, role: str) -> dict[str, str]:
         """nats-py connect options for a role of SPEC section 6 (operator, publisher, subscriber), or the service."""
         if role == "service":  # the service's own identity: for tests that act as its relay
-            return {"nkeys_seed": str(self.data_dir / "credentials" / "service.nk"), "inbox_prefix": SERVICE_INBOX_PREFIX}
+            return {
+                "nkeys_seed": str(self.data_dir / "credentials" / "service.nk"),
+                "inbox_prefix": SERVICE_INBOX_PREFIX,
+            }
         seeds = self.info.get("credentials") or {}
         return {"nkeys_seed": seeds[role]} if role in seeds else self.external_credentials
 
@@ -170,12 +178,16 @@ class Service:
 
     async def bb(self, *args: str, timeout: float = 120) -> Result:
         process = await asyncio.create_subprocess_exec(
-            *self.cli(), *args, env=self.environment,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *self.cli(),
+            *args,
+            env=self.environment,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             out, err = await asyncio.wait_for(process.communicate(), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             process.kill()
             await process.wait()
             raise
@@ -186,8 +198,9 @@ class Service:
             self.api = await ApiClient.connect(self.info["natsUrl"], **self.credentials("operator"))
         return await self.api.call("environments", "show", EnvironmentRef(environment_id=environment_id))
 
-    async def wait_for(self, environment_id: str, condition: Callable[[dict], bool] | str,
-                       timeout: float = 60) -> dict[str, Any]:
+    async def wait_for(
+        self, environment_id: str, condition: Callable[[dict], bool] | str, timeout: float = 60
+    ) -> dict[str, Any]:
         """Poll the read model until `condition` holds (a status name or a predicate)."""
         check = (lambda e: e["status"] == condition) if isinstance(condition, str) else condition
         deadline = time.monotonic() + timeout
@@ -212,9 +225,12 @@ class Service:
             while True:
                 published = (await js.stream_info(subjects.THREADS_STREAM)).state.last_seq
                 mirrored = (await js.stream_info(subjects.THREAD_PARTITIONS_STREAM)).state.last_seq
-                consumers = [await js.consumer_info(subjects.THREAD_PARTITIONS_STREAM,
-                                                    subjects.thread_partition_consumer(partition))
-                             for partition in range(subjects.THREAD_PARTITIONS)]
+                consumers = [
+                    await js.consumer_info(
+                        subjects.THREAD_PARTITIONS_STREAM, subjects.thread_partition_consumer(partition)
+                    )
+                    for partition in range(subjects.THREAD_PARTITIONS)
+                ]
                 if mirrored >= published and all(c.num_pending == 0 and c.num_ack_pending == 0 for c in consumers):
                     return
                 if time.monotonic() > deadline:
@@ -230,7 +246,9 @@ class Service:
             after = None
             while True:
                 page = await self.api.call("threads", "list", ListThreads(after=after))
-                found = [t for t in page["threads"] if t["id"] == thread_id and (t["environmentId"] or not with_environment)]
+                found = [
+                    t for t in page["threads"] if t["id"] == thread_id and (t["environmentId"] or not with_environment)
+                ]
                 if found:
                     return found[0]
                 after = page.get("next")
@@ -310,8 +328,17 @@ async def spawn_with_setup_held(service: Service, repo: Path, hold: Path, marker
     removed (its last command writes nothing); the environment's id."""
     hold.touch()
     write_hooks(repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                               str(repo), "--thread-id", "t1", "--json")
+    spawned = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(repo),
+        "--thread-id",
+        "t1",
+        "--json",
+    )
     assert spawned.returncode == 0, spawned.stderr
     await eventually(marker.exists, "the setup hook's start")
     return spawned.json()["environmentId"]
@@ -329,8 +356,15 @@ def service_environment(data_dir: Path, **overrides: str) -> dict[str, str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("BB_")}
     repo_root = str(Path(__file__).resolve().parents[2])
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, environment.get("PYTHONPATH")]))
-    environment.update({"BB_DATA_DIR": str(data_dir), "BB_RETIRE_GRACE_MS": "0", "BB_SWEEP_INTERVAL_S": "1",
-                        "BB_LOG_LEVEL": "INFO", **overrides})
+    environment.update(
+        {
+            "BB_DATA_DIR": str(data_dir),
+            "BB_RETIRE_GRACE_MS": "0",
+            "BB_SWEEP_INTERVAL_S": "1",
+            "BB_LOG_LEVEL": "INFO",
+            **overrides,
+        }
+    )
     return environment
 
 
@@ -350,5 +384,6 @@ def write_hooks(repo: Path, marker: Path, setup: str = "", teardown: str = "") -
     (repo / ".bb-env-setup.sh").write_text(f"echo setup >> {marker}\necho preparing the workspace\n{setup}\n")
     (repo / ".bb-env-teardown.sh").write_text(f"echo teardown >> {marker}\n{teardown}\n")
     subprocess.run(["git", "-C", str(repo), "add", ".bb-env-setup.sh", ".bb-env-teardown.sh"], check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "hooks"],
-                   check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "hooks"], check=True
+    )

@@ -48,10 +48,25 @@ class Agent:
             environment["HOME"] = str(self.base)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [*self.python, "-m", "bb_environments.entrypoints.bb", "agent", "--host-id", self.host_id,
-                 "--credentials", str(self.credentials),
-                 "--nats-url", self.service.info["natsUrl"], "--root", str(self.root)],
-                env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=self.user,
+                [
+                    *self.python,
+                    "-m",
+                    "bb_environments.entrypoints.bb",
+                    "agent",
+                    "--host-id",
+                    self.host_id,
+                    "--credentials",
+                    str(self.credentials),
+                    "--nats-url",
+                    self.service.info["natsUrl"],
+                    "--root",
+                    str(self.root),
+                ],
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                user=self.user,
                 process_group=0,
             )
 
@@ -97,9 +112,11 @@ class Agent:
 # An interpreter found in the venv's own way, for a user that cannot reach the venv's: the same
 # version's system Python, with the venv's site-packages added as site directories (its .pth files
 # included, so the package installed in editable mode is found), then the CLI run as `-m` would.
-_WITH_THE_VENVS_PACKAGES = ("import runpy, site, sys; [site.addsitedir(d) for d in sys.argv.pop(1).split(':')]; "
-                            "assert sys.argv.pop(1) == '-m'; module = sys.argv.pop(1); sys.argv[0] = module; "
-                            "runpy.run_module(module, run_name='__main__', alter_sys=True)")
+_WITH_THE_VENVS_PACKAGES = (
+    "import runpy, site, sys; [site.addsitedir(d) for d in sys.argv.pop(1).split(':')]; "
+    "assert sys.argv.pop(1) == '-m'; module = sys.argv.pop(1); sys.argv[0] = module; "
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
 
 
 def python_for(user: str, cwd: Path) -> list[str] | None:
@@ -107,8 +124,13 @@ def python_for(user: str, cwd: Path) -> list[str] | None:
     system_python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     for python in ([sys.executable], [system_python, "-c", _WITH_THE_VENVS_PACKAGES, ":".join(site.getsitepackages())]):
         try:
-            probe = subprocess.run([*python, "-m", "bb_environments.entrypoints.bb", "--version"], user=user,
-                                   capture_output=True, env={"PATH": os.environ["PATH"], "HOME": str(cwd)}, cwd=cwd)
+            probe = subprocess.run(
+                [*python, "-m", "bb_environments.entrypoints.bb", "--version"],
+                user=user,
+                capture_output=True,
+                env={"PATH": os.environ["PATH"], "HOME": str(cwd)},
+                cwd=cwd,
+            )
         except OSError:
             continue
         if probe.returncode == 0:

@@ -12,8 +12,9 @@ def nested(depth: int) -> bytes:
 
 
 async def test_bad_requests_are_invalid_input_before_anything_is_written(service):
-    good = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "good",
-                            "--wait")  # a log with something in it to compare
+    good = await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "good", "--wait"
+    )  # a log with something in it to compare
     assert good.returncode == 0, good.stderr
     before = (await service.bb("events", "export")).stdout
 
@@ -31,10 +32,22 @@ async def test_bad_requests_are_invalid_input_before_anything_is_written(service
         ("threads", "spawn", json.dumps({"environmentId": "not-a-uuid", "threadId": "t2"}).encode(), "not a valid id"),
         ("threads", "spawn", json.dumps({**spawn, "sandbox": True}).encode(), "unknown field `sandbox`"),
         ("threads", "spawn", json.dumps({**spawn, "prompt": "x" * 70_000}).encode(), "at most 65536"),
-        ("threads", "spawn", b'{"environmentProvider": "personal-workspace", "threadId": "t2", "environmentInputs": '
-         + nested(40) + b"}", "nest deeper than 32"),
-        ("threads", "spawn", b'{"environmentProvider": "personal-workspace", "threadId": "t2", "environmentInputs": '
-         + nested(20_000) + b"}", "nest"),
+        (
+            "threads",
+            "spawn",
+            b'{"environmentProvider": "personal-workspace", "threadId": "t2", "environmentInputs": '
+            + nested(40)
+            + b"}",
+            "nest deeper than 32",
+        ),
+        (
+            "threads",
+            "spawn",
+            b'{"environmentProvider": "personal-workspace", "threadId": "t2", "environmentInputs": '
+            + nested(20_000)
+            + b"}",
+            "nest",
+        ),
         ("threads", "archive", b'{"threadId": "a b"}', "thread id"),
         ("threads", "cancel", b'{"threadId": ""}', "thread id"),
         ("threads", "list", b'{"environmentId": "zzz"}', "not a valid id"),

@@ -44,8 +44,17 @@ async def assert_refused(service, repo, args: tuple[str, ...], exit_code: int, *
 
 
 async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, tmp_path):
-    good = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                            "--thread-id", "good", "--wait")  # a quiet log with something in it to compare
+    good = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "good",
+        "--wait",
+    )  # a quiet log with something in it to compare
     assert good.returncode == 0, good.stderr
     length, before = await log_length(service), branches(git_repo)
     worktrees_root = service.data_dir / "providers" / "git-worktree" / "worktrees"
@@ -57,37 +66,64 @@ async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, t
         (("--environment-provider", "nope"), "unknown environment provider 'nope'", "available: git-worktree"),
         (("--environment-inputs", "{}"), "--environment-provider"),
         (("--environment-provider", "git-worktree", "--environment-inputs", "{not json"), "not valid JSON"),
-        (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "sideways"}}'),
-         "branch.kind", "sideways"),
-        (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "new"}}'),
-         "name", "branch"),
+        (
+            ("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "sideways"}}'),
+            "branch.kind",
+            "sideways",
+        ),
+        (
+            ("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "new"}}'),
+            "name",
+            "branch",
+        ),
         (("--environment-provider", "git-worktree", "--environment-inputs", '{"colour": "red"}'), "colour"),
-        (("--environment-provider", "git-worktree", "--environment-inputs", '{"branch": {"kind": "existing", "name": "ghost"}}'),
-         "ghost"),
+        (
+            (
+                "--environment-provider",
+                "git-worktree",
+                "--environment-inputs",
+                '{"branch": {"kind": "existing", "name": "ghost"}}',
+            ),
+            "ghost",
+        ),
         (("--environment-provider", "git-worktree", "--thread-id", "../escape"), "thread id"),
         (("--environment-provider", "git-worktree", "--host", "elsewhere"), "'elsewhere' is not registered"),
         (("--environment-provider", "git-worktree", "--host", "--evil"), "host id"),
         (("--environment", "not-a-uuid"), "not a valid id"),
         (("--environment-provider", "git-worktree", "--environment", str(uuid.uuid4())), "either"),
     ]
-    for malformed, mentions in [("[" * 5000 + "]" * 5000, ("too deeply", "a few levels")),
-                                ('{"branch": {"kind": "new", "name": "x"}, "n": NaN}', ("NaN", "not a JSON number")),
-                                ('{"n": -Infinity}', ("-Infinity", "not a JSON number")),
-                                ('{"n": 1e999}', ("1e999", "too large"))]:
+    for malformed, mentions in [
+        ("[" * 5000 + "]" * 5000, ("too deeply", "a few levels")),
+        ('{"branch": {"kind": "new", "name": "x"}, "n": NaN}', ("NaN", "not a JSON number")),
+        ('{"n": -Infinity}', ("-Infinity", "not a JSON number")),
+        ('{"n": 1e999}', ("1e999", "too large")),
+    ]:
         cases.append((("--environment-provider", "git-worktree", "--environment-inputs", malformed), *mentions))
-    cases.append((("--environment-provider", "git-worktree", "--environment-inputs",
-                   '{"branch": {"kind": "new", "name": "refs/tags/v1"}}'), "branch.name", "starts with 'refs/'"))
+    cases.append(
+        (
+            (
+                "--environment-provider",
+                "git-worktree",
+                "--environment-inputs",
+                '{"branch": {"kind": "new", "name": "refs/tags/v1"}}',
+            ),
+            "branch.name",
+            "starts with 'refs/'",
+        )
+    )
     for hostile in ["--upload-pack=touch /tmp/pwned", "../x", "a..b", "has space", "x.lock", "", "a//b", "x@{1}"]:
         inputs = json.dumps({"branch": {"kind": "new", "name": hostile}})
         cases.append((("--environment-provider", "git-worktree", "--environment-inputs", inputs), "branch.name"))
     for args, *mentions in cases:
         await assert_refused(service, git_repo, args, 2, *mentions)
 
-    refused = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                               str(not_a_repo), "--json")
+    refused = await service.bb(
+        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(not_a_repo), "--json"
+    )
     assert refused.returncode == 2 and "not a git repository" in refused.json()["error"]["message"]
-    missing = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                               str(tmp_path / "missing"), "--json")
+    missing = await service.bb(
+        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(tmp_path / "missing"), "--json"
+    )
     assert missing.returncode == 2 and "not a directory" in missing.json()["error"]["message"]
 
     assert await log_length(service) == length
@@ -98,15 +134,22 @@ async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, t
 
 async def test_unknown_ids_exit_3_and_malformed_ids_exit_2(service):
     unknown = str(uuid.uuid4())
-    for command in (("environment", "show", unknown), ("environment", "delete", unknown),
-                    ("environment", "retry", unknown), ("thread", "spawn", "--environment", unknown),
-                    ("environment", "show", "123"),  # the start of an id, which no environment's begins
-                    ("thread", "archive", "no-such-thread")):
+    for command in (
+        ("environment", "show", unknown),
+        ("environment", "delete", unknown),
+        ("environment", "retry", unknown),
+        ("thread", "spawn", "--environment", unknown),
+        ("environment", "show", "123"),  # the start of an id, which no environment's begins
+        ("thread", "archive", "no-such-thread"),
+    ):
         result = await service.bb(*command, "--json")
         assert result.returncode == 3, (command, result.stderr)
         assert result.json()["error"]["code"] == "not_found"
-    for command in (("environment", "show", "12g"), ("environment", "delete", "x y"),
-                    ("thread", "list", "--environment", "zzz")):
+    for command in (
+        ("environment", "show", "12g"),
+        ("environment", "delete", "x y"),
+        ("thread", "list", "--environment", "zzz"),
+    ):
         result = await service.bb(*command, "--json")
         assert result.returncode == 2, (command, result.stderr)
 
@@ -139,8 +182,17 @@ async def test_an_unreachable_service_exits_4_with_a_hint(tmp_path):
 
 async def test_workspaces_in_bb_or_git_internals_are_refused_and_block_nothing(service, git_repo, tmp_path):
     data_dir = service.data_dir
-    good = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                            "--thread-id", "good", "--wait")
+    good = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "good",
+        "--wait",
+    )
     assert good.returncode == 0, good.stderr
     before = await log_and_threads(service)
     a_file = tmp_path / "notes.txt"
@@ -153,7 +205,12 @@ async def test_workspaces_in_bb_or_git_internals_are_refused_and_block_nothing(s
         (data_dir / "providers", checkout, "is inside bb's data dir", "outside it"),
         (git_repo / ".git", checkout, "is inside a .git directory", "directory of the checkout itself"),
         (git_repo / ".git" / "refs", checkout, "is inside a .git directory"),
-        (git_repo, (*checkout, "--environment-inputs", '{"path": ".git"}'), "workspace path", "inside a .git directory"),
+        (
+            git_repo,
+            (*checkout, "--environment-inputs", '{"path": ".git"}'),
+            "workspace path",
+            "inside a .git directory",
+        ),
         (data_dir, ("--environment-provider", "git-worktree"), "is bb's data dir"),
         (git_repo / ".git", ("--environment-provider", "git-worktree"), "is inside a .git directory"),
         (a_file, checkout, f"project path '{a_file}' is not a directory"),
@@ -169,20 +226,42 @@ async def test_workspaces_in_bb_or_git_internals_are_refused_and_block_nothing(s
 
 async def test_a_refused_spawn_leaves_no_thread_behind(service, git_repo, git):
     git(git_repo, "branch", "feature")
-    holder = await service.bb("thread", "spawn", "--environment-provider", "project-checkout", "--project",
-                              str(git_repo), "--thread-id", "holder", "--wait", "--json")
+    holder = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "project-checkout",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "holder",
+        "--wait",
+        "--json",
+    )
     assert holder.returncode == 0, holder.stderr
-    gone = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "gone",
-                            "--wait", "--json")
+    gone = await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "gone", "--wait", "--json"
+    )
     await service.bb("thread", "archive", "gone")
     await service.wait_for(gone.json()["environmentId"], "removed")
     before = await log_and_threads(service)
 
     switch = '{"branch": {"kind": "existing", "name": "feature"}}'
-    await assert_refused(service, git_repo, ("--environment-provider", "project-checkout", "--environment-inputs",
-                                             switch, "--thread-id", "t2"), 1, holder.json()["environmentId"])
-    await assert_refused(service, git_repo, ("--environment", gone.json()["environmentId"], "--thread-id", "t3"), 1,
-                         "removed", "takes no new threads")
+    await assert_refused(
+        service,
+        git_repo,
+        ("--environment-provider", "project-checkout", "--environment-inputs", switch, "--thread-id", "t2"),
+        1,
+        holder.json()["environmentId"],
+    )
+    await assert_refused(
+        service,
+        git_repo,
+        ("--environment", gone.json()["environmentId"], "--thread-id", "t3"),
+        1,
+        "removed",
+        "takes no new threads",
+    )
 
     assert await log_and_threads(service) == before
     assert git(git_repo, "branch", "--show-current") == "main"
@@ -213,7 +292,11 @@ async def test_usage_errors_exit_2_with_one_sentence_and_the_error_document_with
     cases = [
         (("thread", "spawn", "--colour", "red"), "No such option '--colour'", "bb thread spawn --help"),
         (("environment", "show"), "Missing argument 'ENVIRONMENT_ID'", "bb environment show --help"),
-        (("thread", "spawn", "--timeout", "soon"), "Invalid value for '--timeout'", "'soon' is not a valid number of seconds"),
+        (
+            ("thread", "spawn", "--timeout", "soon"),
+            "Invalid value for '--timeout'",
+            "'soon' is not a valid number of seconds",
+        ),
         (("thread", "spawn", "--timeout", "-5"), "Invalid value for '--timeout'", "not in the range 0<x<=604800"),
         (("thread", "spawn", "--timeout", "0"), "Invalid value for '--timeout'", "not in the range"),
         (("thread", "spawn", "--timeout", "nan"), "Invalid value for '--timeout'", "'nan' is not a number of seconds"),
@@ -240,21 +323,31 @@ async def test_a_thread_event_naming_another_machine_is_never_placed_here(servic
     """The intent's machine is where its environment runs: a host this service does not serve is
     refused on the thread, a machine that contradicts the thread's own host is refused outright,
     and a machine that names no host is the service's."""
+
     def created(thread_id: str, machine: dict, **fields: object) -> dict:
         intent = {"type": "provider", "environmentProviderId": "personal-workspace", "machine": machine}
-        return {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": thread_id,
-                "environment": intent, **fields}
+        return {
+            "type": "created",
+            "occurredAt": "2026-11-30T12:00:00Z",
+            "threadId": thread_id,
+            "environment": intent,
+            **fields,
+        }
 
     elsewhere = {"type": "existing", "hostId": "elsewhere"}
     publisher = await service.connect("publisher")
     try:
         js = publisher.jetstream()
-        for thread_id, body in (("away", created("away", elsewhere)),
-                                ("torn", created("torn", elsewhere, hostId="alpha")),
-                                ("here", created("here", {"type": "existing"}))):
+        for thread_id, body in (
+            ("away", created("away", elsewhere)),
+            ("torn", created("torn", elsewhere, hostId="alpha")),
+            ("here", created("here", {"type": "existing"})),
+        ):
             await js.publish(subjects.thread_event(thread_id, "created"), msgspec.json.encode(body))
-            await js.publish(subjects.thread_event(thread_id, "message"), msgspec.json.encode(
-                {"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": thread_id}))
+            await js.publish(
+                subjects.thread_event(thread_id, "message"),
+                msgspec.json.encode({"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": thread_id}),
+            )
         await service.thread_events_handled()
     finally:
         await publisher.close()
@@ -265,5 +358,7 @@ async def test_a_thread_event_naming_another_machine_is_never_placed_here(servic
     environment = await service.wait_for(here["environmentId"], "ready")
     assert environment["hostId"] == "alpha"
     log = (service.data_dir.parent / "serve.log").read_text()
-    assert (f"refused a thread event on {subjects.thread_event('torn', 'created')}: the thread names host 'alpha' "
-            "but its environment intent names machine 'elsewhere'") in log
+    assert (
+        f"refused a thread event on {subjects.thread_event('torn', 'created')}: the thread names host 'alpha' "
+        "but its environment intent names machine 'elsewhere'"
+    ) in log

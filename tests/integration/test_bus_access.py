@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
-import time
 import uuid
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import APIError
 
-from bb_environments.bus.wire import subjects
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX, host_agent_inbox_prefix
+from bb_environments.bus.wire import subjects
 from tests.integration.conftest import Violations, connect_as, eventually, spawn_with_setup_held, write_hooks
 
 FORBIDDEN_PUBLISH = [
@@ -54,13 +53,19 @@ async def stream_state(service, stream: str) -> tuple[int, int]:
 
 async def test_a_connection_without_credentials_is_refused(service):
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(service.info["natsUrl"], allow_reconnect=False, connect_timeout=2,
-                           error_cb=Violations().record)
+        await nats.connect(
+            service.info["natsUrl"], allow_reconnect=False, connect_timeout=2, error_cb=Violations().record
+        )
     wrong_seed = service.data_dir.parent / "stranger.nk"
     wrong_seed.write_bytes(b"SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU")
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(service.info["natsUrl"], allow_reconnect=False, connect_timeout=2,
-                           nkeys_seed=str(wrong_seed), error_cb=Violations().record)
+        await nats.connect(
+            service.info["natsUrl"],
+            allow_reconnect=False,
+            connect_timeout=2,
+            nkeys_seed=str(wrong_seed),
+            error_cb=Violations().record,
+        )
 
 
 async def test_seeds_and_state_are_readable_by_their_owner_only(service):
@@ -113,14 +118,24 @@ async def test_a_publisher_spawns_by_thread_events_and_hears_readiness(service, 
     await publisher.subscribe(subjects.TRANSCRIPT_EVENTS, cb=on_line)
     try:
         js = publisher.jetstream()
-        created = {"type": "created", "occurredAt": "2026-12-01T12:00:00Z", "threadId": "pub1",
-                   "projectPath": str(git_repo),
-                   "environment": {"type": "provider", "environmentProviderId": "git-worktree",
-                                   "machine": {"type": "existing", "hostId": "local"}, "inputs": None}}
+        created = {
+            "type": "created",
+            "occurredAt": "2026-12-01T12:00:00Z",
+            "threadId": "pub1",
+            "projectPath": str(git_repo),
+            "environment": {
+                "type": "provider",
+                "environmentProviderId": "git-worktree",
+                "machine": {"type": "existing", "hostId": "local"},
+                "inputs": None,
+            },
+        }
         ack = await js.publish(subjects.thread_event("pub1", "created"), msgspec.json.encode(created))
         assert ack.stream == subjects.THREADS_STREAM
-        await js.publish(subjects.thread_event("pub1", "message"),
-                         b'{"type": "message", "occurredAt": "2026-12-01T12:00:01Z", "threadId": "pub1"}')
+        await js.publish(
+            subjects.thread_event("pub1", "message"),
+            b'{"type": "message", "occurredAt": "2026-12-01T12:00:01Z", "threadId": "pub1"}',
+        )
         event = await asyncio.wait_for(ready, 30)
         assert event["threadIds"] == ["pub1"]
         # The setup's lines come on a subject of their own, in no order with readiness.
@@ -136,8 +151,9 @@ async def test_a_subscriber_has_its_own_durable_consumer_but_never_the_services(
     subscriber, violations = await connect_as(service, "subscriber")
     try:
         js = subscriber.jetstream()
-        mine = await js.pull_subscribe(subjects.LOG_ENVIRONMENT_EVENTS, durable="audit",
-                                       stream=subjects.ENVIRONMENTS_STREAM)
+        mine = await js.pull_subscribe(
+            subjects.LOG_ENVIRONMENT_EVENTS, durable="audit", stream=subjects.ENVIRONMENTS_STREAM
+        )
         first = (await mine.fetch(1, timeout=5))[0]
         await first.ack()
         assert json.loads(first.data)["type"] == "claimed"
@@ -146,8 +162,10 @@ async def test_a_subscriber_has_its_own_durable_consumer_but_never_the_services(
             with pytest.raises((APIError, nats.errors.TimeoutError)):
                 await js.delete_consumer(subjects.ENVIRONMENTS_STREAM, service_consumer)
             with pytest.raises((APIError, nats.errors.TimeoutError)):
-                await js.add_consumer(subjects.ENVIRONMENTS_STREAM,
-                                      api.ConsumerConfig(durable_name=service_consumer, deliver_policy=api.DeliverPolicy.NEW))
+                await js.add_consumer(
+                    subjects.ENVIRONMENTS_STREAM,
+                    api.ConsumerConfig(durable_name=service_consumer, deliver_policy=api.DeliverPolicy.NEW),
+                )
         with pytest.raises((APIError, nats.errors.TimeoutError)):
             await js.purge_stream(subjects.ENVIRONMENTS_STREAM)
     finally:
@@ -161,7 +179,8 @@ async def test_a_subscriber_has_its_own_durable_consumer_but_never_the_services(
 
 
 async def test_a_client_consumer_neither_takes_a_services_name_nor_reads_past_its_part_nor_reaches_an_endpoint(
-        service, git_repo, tmp_path):
+    service, git_repo, tmp_path
+):
     hold, marker = tmp_path / "hold-setup", tmp_path / "hooks.log"
     environment_id = await spawn_with_setup_held(service, git_repo, hold, marker)
     subscriber, violations = await connect_as(service, "subscriber")
@@ -181,19 +200,32 @@ async def test_a_client_consumer_neither_takes_a_services_name_nor_reads_past_it
             await create_consumer(f"{create}.everything.bb.log.>", name="everything", filter_subject="bb.log.>")
         await violations.wait_for(f'publish to "{create}.everything.bb.log.>"')
         # Allowed by name and filter, but naming other filters in the body: the server refuses.
-        mismatched = await create_consumer(f"{create}.sly.{subjects.LOG_ENVIRONMENT_EVENTS}", name="sly",
-                                           filter_subjects=[subjects.LOG_EVENTS])
+        mismatched = await create_consumer(
+            f"{create}.sly.{subjects.LOG_ENVIRONMENT_EVENTS}", name="sly", filter_subjects=[subjects.LOG_EVENTS]
+        )
         assert mismatched["error"]["code"] == 400, mismatched
 
         # Push consumers delivering the stored log onto the service's endpoints.
-        for name, endpoint in (("onto-hooks", subjects.host_hooks("local", "cancel")),
-                               ("onto-api", subjects.api("environments", "delete"))):
-            created = await create_consumer(f"{create}.{name}.{subjects.LOG_ENVIRONMENT_EVENTS}", name=name,
-                                            filter_subject=subjects.LOG_ENVIRONMENT_EVENTS, ack_policy="none",
-                                            deliver_subject=endpoint, deliver_group="q")
+        for name, endpoint in (
+            ("onto-hooks", subjects.host_hooks("local", "cancel")),
+            ("onto-api", subjects.api("environments", "delete")),
+        ):
+            created = await create_consumer(
+                f"{create}.{name}.{subjects.LOG_ENVIRONMENT_EVENTS}",
+                name=name,
+                filter_subject=subjects.LOG_ENVIRONMENT_EVENTS,
+                ack_policy="none",
+                deliver_subject=endpoint,
+                deliver_group="q",
+            )
             assert "error" not in created, created
-        await eventually(lambda: "that a JetStream consumer pushed there" in service_log(service)
-                         and subjects.api("environments", "delete") in service_log(service), "the pushed copies dropped")
+        await eventually(
+            lambda: (
+                "that a JetStream consumer pushed there" in service_log(service)
+                and subjects.api("environments", "delete") in service_log(service)
+            ),
+            "the pushed copies dropped",
+        )
 
         # The setup the pushed copies of `setup_started` would have cancelled runs to its end.
         ready = await subscriber.subscribe(f"bb.environments.{environment_id}.ready")
@@ -203,8 +235,11 @@ async def test_a_client_consumer_neither_takes_a_services_name_nor_reads_past_it
         await subscriber.close()
     said = service_log(service)
     assert "refused bb.hosts.local.hooks.cancel" not in said and "Traceback" not in said
-    consumers = await (await service.connect("service")).jetstream().consumer_info(
-        subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER)
+    consumers = (
+        await (await service.connect("service"))
+        .jetstream()
+        .consumer_info(subjects.ENVIRONMENTS_STREAM, subjects.LOG_CONSUMER)
+    )
     assert consumers.config.filter_subject == subjects.LOG_EVENTS
 
 
@@ -234,19 +269,39 @@ async def test_no_client_reads_the_services_replies_or_the_prompts_it_is_deliver
 
         marker = f"prompt-{uuid.uuid4().hex}"
         js = publisher.jetstream()
-        created = {"type": "created", "occurredAt": "2026-12-01T12:00:00Z", "threadId": "snooped",
-                   "projectPath": str(git_repo),
-                   "environment": {"type": "provider", "environmentProviderId": "git-worktree",
-                                   "machine": {"type": "existing", "hostId": "local"}, "inputs": None}}
+        created = {
+            "type": "created",
+            "occurredAt": "2026-12-01T12:00:00Z",
+            "threadId": "snooped",
+            "projectPath": str(git_repo),
+            "environment": {
+                "type": "provider",
+                "environmentProviderId": "git-worktree",
+                "machine": {"type": "existing", "hostId": "local"},
+                "inputs": None,
+            },
+        }
         await js.publish(subjects.thread_event("snooped", "created"), msgspec.json.encode(created))
-        message = {"type": "message", "occurredAt": "2026-12-01T12:00:01Z", "threadId": "snooped",
-                   "text": f"the secret plan: {marker}"}
+        message = {
+            "type": "message",
+            "occurredAt": "2026-12-01T12:00:01Z",
+            "threadId": "snooped",
+            "text": f"the secret plan: {marker}",
+        }
         await js.publish(subjects.thread_event("snooped", "message"), msgspec.json.encode(message))
         thread = await service.wait_for_thread("snooped", with_environment=True)
         await service.wait_for(thread["environmentId"], "ready")
 
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                   "--prompt", f"another secret: {marker}", "--wait", "--json")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "personal-workspace",
+            "--prompt",
+            f"another secret: {marker}",
+            "--wait",
+            "--json",
+        )
         assert spawned.returncode == 0 and spawned.json()["status"] == "ready", spawned.stderr
         listed = await service.bb("environment", "list", "--json")
         assert listed.returncode == 0, listed.stderr

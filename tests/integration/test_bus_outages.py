@@ -20,11 +20,18 @@ from pathlib import Path
 import nats
 import pytest
 
-from bb_environments.bus.wire.api_messages import SpawnThread
 from bb_environments.bus.embedded_server import (
-    LOCK_FILE, SERVER_NAME, EmbeddedNats, NatsServerUnavailable, ServerRecord, SupervisedNats, accepts_connections,
-    free_port, nats_server_binary,
+    LOCK_FILE,
+    SERVER_NAME,
+    EmbeddedNats,
+    NatsServerUnavailable,
+    ServerRecord,
+    SupervisedNats,
+    accepts_connections,
+    free_port,
+    nats_server_binary,
 )
+from bb_environments.bus.wire.api_messages import SpawnThread
 from bb_environments.providers.host.file_lock import FileLock, read_holder
 from tests.integration.conftest import Result, Service, answer_lost_to_a_killed_service, service_environment
 
@@ -37,11 +44,20 @@ def commands(thread: str) -> list[tuple[str, ...]]:
     """Every command that talks to the service, as a user would type it."""
     spawn = ("thread", "spawn", "--environment-provider", "personal-workspace")
     return [
-        ("environment", "providers"), ("environment", "list"), ("environment", "show", ENVIRONMENT),
-        ("environment", "delete", ENVIRONMENT), ("environment", "retry", ENVIRONMENT),
-        (*spawn, "--thread-id", f"{thread}-a"), (*spawn, "--thread-id", f"{thread}-b", "--wait"),
-        ("thread", "list"), ("thread", "archive", thread), ("thread", "unarchive", thread),
-        ("thread", "cancel", thread), ("events", "tail"), ("events", "replay"), ("events", "export"),
+        ("environment", "providers"),
+        ("environment", "list"),
+        ("environment", "show", ENVIRONMENT),
+        ("environment", "delete", ENVIRONMENT),
+        ("environment", "retry", ENVIRONMENT),
+        (*spawn, "--thread-id", f"{thread}-a"),
+        (*spawn, "--thread-id", f"{thread}-b", "--wait"),
+        ("thread", "list"),
+        ("thread", "archive", thread),
+        ("thread", "unarchive", thread),
+        ("thread", "cancel", thread),
+        ("events", "tail"),
+        ("events", "replay"),
+        ("events", "export"),
     ]
 
 
@@ -65,8 +81,9 @@ def setup_that_takes(repo: Path, marker: Path, script: str) -> None:
     """A setup hook that records its workspace in `marker` (one line per run), then runs `script`."""
     (repo / ".bb-env-setup.sh").write_text(f"pwd >> {marker}\n{script}\n")
     subprocess.run(["git", "-C", str(repo), "add", ".bb-env-setup.sh"], check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"],
-                   check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"], check=True
+    )
 
 
 def runs(marker: Path) -> list[str]:
@@ -85,8 +102,11 @@ async def spawn_in_flight(service: Service, repo: Path, marker: Path) -> list[st
     """SPAWNS environments whose setup hooks are running."""
     environments = []
     for n in range(SPAWNS):
-        spawned = await service.api.call("threads", "spawn", SpawnThread(
-            thread_id=f"t{n}", environment_provider="git-worktree", project_path=str(repo)))
+        spawned = await service.api.call(
+            "threads",
+            "spawn",
+            SpawnThread(thread_id=f"t{n}", environment_provider="git-worktree", project_path=str(repo)),
+        )
         environments.append(spawned["environmentId"])
     await eventually(lambda: len(runs(marker)) == SPAWNS, "every setup hook started")
     return environments
@@ -117,8 +137,9 @@ async def assert_all_ready_each_setup_once(service: Service, environments: list[
 async def outage_told_once(service: Service, offset: int) -> list[str]:
     """The service's log lines since `offset`, once it told that the bus is back (a moment after
     it is, lest a flap be told as a second outage)."""
-    await eventually(lambda: any(BACK_LINE in line for line in log_since(service, offset)), "the bus back told",
-                     timeout=30)
+    await eventually(
+        lambda: any(BACK_LINE in line for line in log_since(service, offset)), "the bus back told", timeout=30
+    )
     lines = log_since(service, offset)
     assert not [line for line in lines if "Traceback" in line], lines
     for said in (LOST_LINE, BACK_LINE):
@@ -143,8 +164,9 @@ async def test_a_killed_embedded_nats_server_is_ridden_out_in_a_few_lines(servic
     try:
         await eventually(lambda: accepts_connections("127.0.0.1", port), "a restart by bb serve", timeout=5)
     except AssertionError:
-        revived = EmbeddedNats.start(service.data_dir / "nats", port=port,
-                                     configuration=service.data_dir / "nats-server.conf")
+        revived = EmbeddedNats.start(
+            service.data_dir / "nats", port=port, configuration=service.data_dir / "nats-server.conf"
+        )
         service.info["natsPid"] = revived.pid
 
     await assert_all_ready_each_setup_once(service, environments, marker)
@@ -193,8 +215,9 @@ async def test_a_reused_server_enforces_the_configuration_written_since_it_start
     lock.close()
     try:
         await (await nats.connect(left.url)).close()  # admitted without credentials, as configured then
-        configuration.write_text(json.dumps({"server_name": SERVER_NAME,
-                                             "authorization": {"users": [{"user": "only", "password": "this"}]}}))
+        configuration.write_text(
+            json.dumps({"server_name": SERVER_NAME, "authorization": {"users": [{"user": "only", "password": "this"}]}})
+        )
         supervised = SupervisedNats.open(store, configuration, tmp_path / "nats-port")
         assert supervised.server.pid == left.pid
         with pytest.raises(Exception, match="Authorization Violation"):
@@ -212,8 +235,11 @@ def test_a_reused_server_that_refuses_its_new_configuration_is_named_not_served_
     lock.close()
     try:
         configuration.write_text("{ not a configuration")
-        with pytest.raises(NatsServerUnavailable, match=f"the running nats-server \\(pid {left.pid}\\) refused its "
-                                                        "new configuration: Failed to reload server configuration"):
+        with pytest.raises(
+            NatsServerUnavailable,
+            match=f"the running nats-server \\(pid {left.pid}\\) refused its "
+            "new configuration: Failed to reload server configuration",
+        ):
             SupervisedNats.open(store, configuration, tmp_path / "nats-port")
         assert left.process is not None and left.process.poll() is None  # still serving what it had
     finally:
@@ -231,7 +257,9 @@ def test_a_store_lock_held_only_until_its_holder_ends_is_waited_for_then_taken(t
     try:
         assert ending.poll() is not None
         assert accepts_connections("127.0.0.1", supervised.server.port)
-        assert read_holder(store / LOCK_FILE, ServerRecord) == ServerRecord(supervised.server.pid, supervised.server.port)
+        assert read_holder(store / LOCK_FILE, ServerRecord) == ServerRecord(
+            supervised.server.pid, supervised.server.port
+        )
     finally:
         supervised.stop()
 
@@ -285,8 +313,11 @@ async def test_every_command_against_a_dead_or_stopped_service_exits_4_in_one_se
     stopped_dir.mkdir()
     gone = subprocess.Popen(["true"])
     gone.wait()
-    (dead_dir / "server.json").write_text(json.dumps({
-        "natsUrl": f"nats://127.0.0.1:{free_port()}", "pid": gone.pid, "hostId": "local", "dataDir": str(dead_dir)}))
+    (dead_dir / "server.json").write_text(
+        json.dumps(
+            {"natsUrl": f"nats://127.0.0.1:{free_port()}", "pid": gone.pid, "hostId": "local", "dataDir": str(dead_dir)}
+        )
+    )
     dead = Service(dead_dir, service_environment(dead_dir))
     stopped = Service(stopped_dir, service_environment(stopped_dir))
 
@@ -337,27 +368,40 @@ async def test_every_command_cut_off_mid_request_exits_4_in_one_sentence(service
 
 
 async def test_a_spawn_whose_service_died_before_answering_names_its_thread_at_once(service):
-    result, waited = await answer_lost_to_a_killed_service(service, "bb.api.threads.spawn", "thread", "spawn",
-                                                           "--environment-provider", "personal-workspace")
+    result, waited = await answer_lost_to_a_killed_service(
+        service, "bb.api.threads.spawn", "thread", "spawn", "--environment-provider", "personal-workspace"
+    )
     assert waited < 10  # not the request's timeout of a minute
     said = assert_unreachable(("thread", "spawn"), result, as_json=False)
     assert f"pid {service.info['pid']}" in said and "ended" in said, said
     thread = said.split("thread ", 1)[1].split()[0]  # generated by the CLI, named to the user
 
     await service.start()
-    again = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                             "--thread-id", thread, "--json")
+    again = await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", thread, "--json"
+    )
     assert again.returncode == 0, again.stderr
     assert again.json()["threadId"] == thread
 
 
 async def test_spawn_wait_cut_off_names_its_environment_and_the_same_spawn_is_answered_not_repeated(
-        service, git_repo, tmp_path):
+    service, git_repo, tmp_path
+):
     marker, hold = tmp_path / "setups", tmp_path / "hold-setup"
     setup_that_takes(git_repo, marker, f"while [ -e {hold} ]; do sleep 0.05; done")
     hold.touch()
-    spawn = ("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-             "--thread-id", "w1", "--wait", "--json")
+    spawn = (
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "w1",
+        "--wait",
+        "--json",
+    )
     waiting = asyncio.create_task(service.bb(*spawn))
     await eventually(lambda: len(runs(marker)) == 1, "the setup hook started")
 
@@ -392,19 +436,28 @@ class ClusterNode:
         directory.mkdir(parents=True)
         self.name, self.port = name, port
         self.configuration = directory / "nats.conf"
-        self.configuration.write_text(json.dumps({
-            "server_name": name, "listen": f"127.0.0.1:{port}",
-            "jetstream": {"store_dir": str(directory / "store")},
-            "cluster": {"name": "bb", "listen": f"127.0.0.1:{route_port}",
-                        "routes": [f"nats-route://127.0.0.1:{route}" for route in routes]},
-        }))
+        self.configuration.write_text(
+            json.dumps(
+                {
+                    "server_name": name,
+                    "listen": f"127.0.0.1:{port}",
+                    "jetstream": {"store_dir": str(directory / "store")},
+                    "cluster": {
+                        "name": "bb",
+                        "listen": f"127.0.0.1:{route_port}",
+                        "routes": [f"nats-route://127.0.0.1:{route}" for route in routes],
+                    },
+                }
+            )
+        )
         self.log = directory / "nats-server.log"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen([nats_server_binary(), "-c", str(self.configuration)],
-                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            self.process = subprocess.Popen(
+                [nats_server_binary(), "-c", str(self.configuration)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -415,8 +468,10 @@ class ClusterNode:
 @pytest.fixture
 async def cluster(tmp_path: Path):
     ports = [(free_port(), free_port()) for _ in range(3)]
-    nodes = [ClusterNode(tmp_path / f"n{i}", f"n{i}", port, route, [r for _, r in ports if r != route])
-             for i, (port, route) in enumerate(ports)]
+    nodes = [
+        ClusterNode(tmp_path / f"n{i}", f"n{i}", port, route, [r for _, r in ports if r != route])
+        for i, (port, route) in enumerate(ports)
+    ]
     for node in nodes:
         node.start()
     try:
@@ -450,8 +505,16 @@ async def test_a_cluster_losing_the_node_that_holds_a_stream_is_ridden_out(clust
         holder.kill()
 
         # Its stream, its consumers, maybe the connection: all away for a while; a spawn meanwhile.
-        lost = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                "--thread-id", "during", "--json", timeout=120)
+        lost = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "personal-workspace",
+            "--thread-id",
+            "during",
+            "--json",
+            timeout=120,
+        )
         await asyncio.sleep(6)
         assert service.process.poll() is None, service.log_tail()
         holder.start()
@@ -461,8 +524,9 @@ async def test_a_cluster_losing_the_node_that_holds_a_stream_is_ridden_out(clust
         else:  # answered "unreachable" (4): the same spawn again, once the service can answer
             assert_unreachable(("thread", "spawn"), lost, as_json=True)
             for _ in range(60):
-                again = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                         "--thread-id", "during", "--json")
+                again = await service.bb(
+                    "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "during", "--json"
+                )
                 if again.returncode == 0:
                     break
                 await asyncio.sleep(1)
@@ -475,8 +539,17 @@ async def test_a_cluster_losing_the_node_that_holds_a_stream_is_ridden_out(clust
 
 
 async def test_a_spawn_sent_again_publishes_its_prompt_once(service):
-    spawn = ("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "p1",
-             "--prompt", "hello", "--json")
+    spawn = (
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "personal-workspace",
+        "--thread-id",
+        "p1",
+        "--prompt",
+        "hello",
+        "--json",
+    )
     first, again = await service.bb(*spawn), await service.bb(*spawn)
     assert first.returncode == again.returncode == 0, (first.stderr, again.stderr)
     assert again.json()["environmentId"] == first.json()["environmentId"]
@@ -491,14 +564,26 @@ async def test_a_spawn_sent_again_publishes_its_prompt_once(service):
 async def test_a_spawn_sent_again_is_answered_as_the_first_even_where_it_could_not_be_placed_now(service, git_repo):
     """A caller whose answer was lost sends its spawn again; the thread exists, so it gets the
     first answer, whatever placing it again would say now (its branch has since been taken)."""
-    spawn = ("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-             "--environment-inputs", '{"branch": {"kind": "new", "name": "feature-x"}}', "--thread-id", "again",
-             "--json")
+    spawn = (
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--environment-inputs",
+        '{"branch": {"kind": "new", "name": "feature-x"}}',
+        "--thread-id",
+        "again",
+        "--json",
+    )
     first = await service.bb(*spawn)
     assert first.returncode == 0, first.stderr
     await service.wait_for(first.json()["environmentId"], "ready")
     other = await service.bb(*spawn[:-3], "--thread-id", "other", "--json")
-    assert other.returncode == 2 and "feature-x" in other.json()["error"]["message"], other.stdout  # placing it fails now
+    assert other.returncode == 2 and "feature-x" in other.json()["error"]["message"], (
+        other.stdout
+    )  # placing it fails now
 
     again = await service.bb(*spawn)
 

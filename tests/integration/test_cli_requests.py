@@ -16,8 +16,9 @@ from tests.integration.conftest import Service, answer_lost_to_a_killed_service,
 
 
 async def test_a_request_whose_service_died_before_answering_ends_at_once_naming_its_pid(service):
-    result, waited = await answer_lost_to_a_killed_service(service, "bb.api.threads.archive", "thread", "archive",
-                                                           "t1", "--json")
+    result, waited = await answer_lost_to_a_killed_service(
+        service, "bb.api.threads.archive", "thread", "archive", "t1", "--json"
+    )
 
     assert waited < 10  # not the request's timeout of a minute
     assert result.returncode == 4, result.stderr
@@ -44,14 +45,17 @@ async def test_a_seed_the_server_does_not_know_is_refused_in_one_sentence(servic
 async def test_a_seed_without_the_operators_permissions_is_refused_at_once(service, tmp_path):
     reader = tmp_path / "reader"
     reader.mkdir()
-    server = {**service.info, "credentials": {**service.info["credentials"],
-                                              "operator": service.info["credentials"]["subscriber"]}}
+    server = {
+        **service.info,
+        "credentials": {**service.info["credentials"], "operator": service.info["credentials"]["subscriber"]},
+    }
     (reader / "server.json").write_text(json.dumps(server))
 
     started = time.monotonic()
     # A subscriber may read (list, show); deleting is the operator's alone.
     result = await Service(reader, service_environment(reader)).bb(
-        "environment", "delete", "8f14e45f-ceea-4e7f-9f2b-6f1bc5e9a0c1", "--json")
+        "environment", "delete", "8f14e45f-ceea-4e7f-9f2b-6f1bc5e9a0c1", "--json"
+    )
 
     assert time.monotonic() - started < 30  # not the request's timeout of a minute
     assert result.returncode == 4, result.stderr
@@ -98,9 +102,17 @@ async def test_an_impostor_on_the_servers_port_cannot_make_the_cli_buffer_a_huge
     data_dir.mkdir()
     seed = data_dir / "operator.nk"
     seed.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER) + b"\n")
-    (data_dir / "server.json").write_text(json.dumps({
-        "natsUrl": f"nats://127.0.0.1:{port}", "pid": os.getpid(), "hostId": "local", "dataDir": str(data_dir),
-        "credentials": {"operator": str(seed), "publisher": str(seed), "subscriber": str(seed)}}))
+    (data_dir / "server.json").write_text(
+        json.dumps(
+            {
+                "natsUrl": f"nats://127.0.0.1:{port}",
+                "pid": os.getpid(),
+                "hostId": "local",
+                "dataDir": str(data_dir),
+                "credentials": {"operator": str(seed), "publisher": str(seed), "subscriber": str(seed)},
+            }
+        )
+    )
     try:
         result = await Service(data_dir, service_environment(data_dir)).bb("environment", "list", "--json")
     finally:
@@ -120,8 +132,9 @@ async def test_a_reader_that_leaves_ends_the_command_quietly(service):
         gone_reader, writer = os.pipe()
         os.close(gone_reader)  # every write to the pipe now fails with EPIPE
         try:
-            process = await asyncio.create_subprocess_exec(*service.cli(), *args, env=service.environment,
-                                                           stdout=writer, stderr=asyncio.subprocess.PIPE)
+            process = await asyncio.create_subprocess_exec(
+                *service.cli(), *args, env=service.environment, stdout=writer, stderr=asyncio.subprocess.PIPE
+            )
         finally:
             os.close(writer)
         _, said = await asyncio.wait_for(process.communicate(), 60)
@@ -135,9 +148,15 @@ async def test_a_tail_whose_reader_left_ends_at_the_next_event_quietly(service):
         gone_reader, writer = os.pipe()
         os.close(gone_reader)
         try:
-            process = await asyncio.create_subprocess_exec(*service.cli(), "events", "tail", *as_json,
-                                                           env=service.environment, stdout=writer,
-                                                           stderr=asyncio.subprocess.PIPE)
+            process = await asyncio.create_subprocess_exec(
+                *service.cli(),
+                "events",
+                "tail",
+                *as_json,
+                env=service.environment,
+                stdout=writer,
+                stderr=asyncio.subprocess.PIPE,
+            )
         finally:
             os.close(writer)
         # Spawn until the tail, subscribed at some point, has an event to write.
@@ -154,8 +173,9 @@ async def test_a_tail_whose_reader_left_ends_at_the_next_event_quietly(service):
 
 
 async def test_events_export_reads_the_event_store_itself_once_the_service_is_stopped(service, tmp_path):
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1",
-                               "--json")
+    spawned = await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"
+    )
     assert spawned.returncode == 0, spawned.stderr
     await service.wait_for(spawned.json()["environmentId"], "ready")
     while_serving = await service.bb("events", "export")

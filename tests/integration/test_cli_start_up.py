@@ -17,8 +17,18 @@ from uuid import uuid4
 # PyNaCl's libsodium alone); the socket module builds enums of every constant of _socket, hashlib
 # loads OpenSSL, and eventsourcing is the service's. (Nor pathlib, from a wheel; this venv's editable
 # finder loads it at every start.)
-NOT_FOR_REQUESTS = ("asyncio", "nats", "ssl", "logging", "subprocess", "nkeys", "nacl.signing", "socket", "hashlib",
-                    "eventsourcing")
+NOT_FOR_REQUESTS = (
+    "asyncio",
+    "nats",
+    "ssl",
+    "logging",
+    "subprocess",
+    "nkeys",
+    "nacl.signing",
+    "socket",
+    "hashlib",
+    "eventsourcing",
+)
 
 SLOW_TO_IMPORT = (
     "aiohttp",  # nats-py's, for ws:// URLs only
@@ -50,8 +60,15 @@ finally:
 async def bb_loading(environment: dict[str, str], slow: tuple[str, ...], *args: str) -> tuple[int, str, list[str]]:
     """Exit code, stdout, and the modules of `slow` that `bb args` imported."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", RUN_AND_REPORT, json.dumps(slow), *args, env=environment,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-c",
+        RUN_AND_REPORT,
+        json.dumps(slow),
+        *args,
+        env=environment,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode is not None
@@ -77,8 +94,9 @@ async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor
     assert row.split()[4] == spawned["threadId"]
     assert loaded == []
 
-    code, out, loaded = await bb_loading(service.environment, slow, "environment", "show", spawned["environmentId"],
-                                         "--json")
+    code, out, loaded = await bb_loading(
+        service.environment, slow, "environment", "show", spawned["environmentId"], "--json"
+    )
     assert code == 0 and json.loads(out)["status"] == "ready"
     assert loaded == []
 

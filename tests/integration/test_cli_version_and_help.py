@@ -28,8 +28,12 @@ def command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[tu
 
 async def bb(environment: dict[str, str], *args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("bb")), *args, env=environment,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        str(Path(sys.executable).with_name("bb")),
+        *args,
+        env=environment,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode is not None

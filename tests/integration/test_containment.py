@@ -21,7 +21,7 @@ def daemon_setup(pid_file: Path) -> str:
     """A setup that leaves a dev server behind the way daemons hide: a new session, `cd /`, and a
     double fork, so that its parent is gone and its group and cwd are nobody's."""
     return (
-        "setsid bash -c 'cd / && bash -c \"echo \\$\\$ > " + str(pid_file) + "; exec sleep 600\" "
+        "setsid bash -c 'cd / && bash -c \"echo \\$\\$ > " + str(pid_file) + '; exec sleep 600" '
         "</dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1 &\n"
         "echo dev server started\n"
     )
@@ -30,13 +30,24 @@ def daemon_setup(pid_file: Path) -> str:
 def commit_setup(repo: Path, setup: str) -> None:
     (repo / ".bb-env-setup.sh").write_text(setup)
     subprocess.run(["git", "-C", str(repo), "add", ".bb-env-setup.sh"], check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"],
-                   check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"], check=True
+    )
 
 
 async def spawn_ready(service: Service, repo: Path, thread_id: str) -> str:
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(repo),
-                               "--thread-id", thread_id, "--wait", "--json")
+    spawned = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(repo),
+        "--thread-id",
+        thread_id,
+        "--wait",
+        "--json",
+    )
     assert spawned.returncode == 0, spawned.stderr
     return spawned.json()["environmentId"]
 
@@ -44,7 +55,7 @@ async def spawn_ready(service: Service, repo: Path, thread_id: str) -> str:
 def daemon_pid(pid_file: Path) -> int:
     pid = int(pid_file.read_text())
     stat = Path(f"/proc/{pid}/stat").read_text()
-    assert stat[stat.rindex(")") + 2:].split()[2] != stat.split()[0], "the daemon leads no group of the hook's"
+    assert stat[stat.rindex(")") + 2 :].split()[2] != stat.split()[0], "the daemon leads no group of the hook's"
     assert Path(f"/proc/{pid}/cwd").resolve() == Path("/")
     return pid
 
@@ -92,15 +103,18 @@ async def test_a_removal_after_a_crash_still_ends_what_the_hooks_left(tmp_path, 
         await service.stop()
 
 
-
 def without_a_writable_cgroup_hierarchy() -> tuple[str, ...]:
     """A command prefix that runs its command in a mount namespace of its own where the cgroup v2
     hierarchy is read-only, as it is for an agent that is not root (whose hooks run as itself);
     a test skips where that cannot be made."""
     mount = _unified_mount()
-    remount = "mount -o remount,bind,ro \"$0\" && exec \"$@\""
-    if mount is None or shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "--mount", "sh", "-c", remount, mount, "true"], capture_output=True).returncode != 0:
+    remount = 'mount -o remount,bind,ro "$0" && exec "$@"'
+    if (
+        mount is None
+        or shutil.which("unshare") is None
+        or subprocess.run(["unshare", "--mount", "sh", "-c", remount, mount, "true"], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("a mount namespace with a read-only cgroup hierarchy cannot be made here (needs root and unshare)")
     return ("unshare", "--mount", "sh", "-c", remount, mount)
 
@@ -131,19 +145,34 @@ LIMITS = {"BB_MAX_PIDS_PER_ENVIRONMENT": "32", "BB_MAX_MEMORY_PER_ENVIRONMENT": 
 
 
 @pytest.mark.parametrize("service", [LIMITS], indirect=True)
-@pytest.mark.parametrize(("setup", "named"), [
-    # More processes at once than the environment may have: the fork that passes the limit is refused.
-    (f"{sys.executable} -c 'import subprocess\nfor _ in range(64): subprocess.Popen([\"sleep\", \"60\"])'\n",
-     "BB_MAX_PIDS_PER_ENVIRONMENT (32 processes)"),
-    # More memory than it may use, written so that it is really used: the kernel kills the process.
-    (f"{sys.executable} -c 'hog = b\"x\" * (512 << 20)'\n", "BB_MAX_MEMORY_PER_ENVIRONMENT (128 MiB)"),
-], ids=["pids", "memory"])
+@pytest.mark.parametrize(
+    ("setup", "named"),
+    [
+        # More processes at once than the environment may have: the fork that passes the limit is refused.
+        (
+            f'{sys.executable} -c \'import subprocess\nfor _ in range(64): subprocess.Popen(["sleep", "60"])\'\n',
+            "BB_MAX_PIDS_PER_ENVIRONMENT (32 processes)",
+        ),
+        # More memory than it may use, written so that it is really used: the kernel kills the process.
+        (f"{sys.executable} -c 'hog = b\"x\" * (512 << 20)'\n", "BB_MAX_MEMORY_PER_ENVIRONMENT (128 MiB)"),
+    ],
+    ids=["pids", "memory"],
+)
 async def test_a_setup_that_hits_its_environments_limit_fails_naming_it(service, git_repo, setup, named):
     if f"{named} in " not in service.log_tail():
         pytest.skip(f"no writable cgroup holds {named} here: {service.log_tail()}")
     commit_setup(git_repo, setup)
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                               str(git_repo), "--thread-id", "t1", "--json")
+    spawned = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "t1",
+        "--json",
+    )
     assert spawned.returncode == 0, spawned.stderr
     environment_id = spawned.json()["environmentId"]
 

@@ -79,8 +79,17 @@ async def open_gates(service: Service, *names: str) -> None:
 
 
 async def spawn(service: Service, project: Path, thread_id: str = "t1") -> str:
-    result = await service.bb("thread", "spawn", "--environment-provider", "gated", "--project", str(project),
-                              "--thread-id", thread_id, "--json")
+    result = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "gated",
+        "--project",
+        str(project),
+        "--thread-id",
+        thread_id,
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     return result.json()["environmentId"]
 
@@ -172,8 +181,9 @@ async def test_a_personal_workspace_killed_before_its_creation_was_saved_is_sear
     marker = tmp_path / "setup-ran"
     try:
         # The creation is quick enough that the kill may come before the spawn's answer: not waited for.
-        await service.bb("thread", "spawn", "--json", "--environment-provider", "personal-workspace",
-                         "--thread-id", "mine")
+        await service.bb(
+            "thread", "spawn", "--json", "--environment-provider", "personal-workspace", "--thread-id", "mine"
+        )
         await died(service)
         workspace = service.data_dir / "providers" / "personal-workspace" / "workspaces" / "mine"
         (workspace / ".bb-env-setup.sh").write_text(f"echo ran >> {marker}\n")
@@ -266,8 +276,11 @@ async def test_killed_between_store_and_bus_no_event_is_lost_or_doubled(tmp_path
     service = await start(tmp_path, "relay-published")
     try:
         await open_gates(service, "create", "remove")
-        spawning = asyncio.create_task(service.bb(
-            "thread", "spawn", "--environment-provider", "gated", "--project", str(project), "--thread-id", "t1"))
+        spawning = asyncio.create_task(
+            service.bb(
+                "thread", "spawn", "--environment-provider", "gated", "--project", str(project), "--thread-id", "t1"
+            )
+        )
         await died(service)
         spawning.cancel()  # its reply died with the service; the recorded request is resumed
         await restart(service)
@@ -356,14 +369,27 @@ async def test_killed_during_a_worktree_checkout_the_worktree_is_made_again_and_
     (git_repo / ".bb-env-setup.sh").write_text(f"pwd -P >> {setups}\n")
     git(git_repo, "add", ".")
     git(git_repo, "commit", "--quiet", "-m", "a file checked out through a filter that can be held")
-    git(git_repo, "config", "filter.slow.smudge",
-        f"echo started >> {checkouts}; while [ -e {hold} ]; do sleep 0.02; done; cat")
+    git(
+        git_repo,
+        "config",
+        "filter.slow.smudge",
+        f"echo started >> {checkouts}; while [ -e {hold} ]; do sleep 0.02; done; cat",
+    )
     hold.touch()
     service = Service(tmp_path / "data", service_environment(tmp_path / "data"))
     await service.start()
     try:
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                                   str(git_repo), "--thread-id", "t1", "--json")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--thread-id",
+            "t1",
+            "--json",
+        )
         assert spawned.returncode == 0, spawned.stderr
         environment_id = spawned.json()["environmentId"]
         await eventually(lambda: lines(checkouts) == 1, "the checkout's start")
@@ -389,17 +415,31 @@ def lines(path: Path) -> int:
 
 
 def worktree_adds_in(repo: Path) -> list[int]:
-    return [pid for pid, arguments in command_lines()
-            if str(repo) in arguments and "worktree" in arguments and "add" in arguments]
+    return [
+        pid
+        for pid, arguments in command_lines()
+        if str(repo) in arguments and "worktree" in arguments and "add" in arguments
+    ]
 
 
 async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_one_save(tmp_path, git_repo, git):
-    service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_CRASH_AT="work-saved",
-                                                             BB_SAVED_WORK_MAX_BYTES="100000"))
+    service = Service(
+        tmp_path / "data",
+        service_environment(tmp_path / "data", BB_CRASH_AT="work-saved", BB_SAVED_WORK_MAX_BYTES="100000"),
+    )
     await service.start()
     try:
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                                   str(git_repo), "--thread-id", "t1", "--json")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--thread-id",
+            "t1",
+            "--json",
+        )
         assert spawned.returncode == 0, spawned.stderr
         environment_id = spawned.json()["environmentId"]
         workspace = Path((await service.wait_for(environment_id, "ready"))["path"])
@@ -416,7 +456,9 @@ async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_
         removed = await service.wait_for(environment_id, "removed")
 
         assert removed["savedRef"] == saved_ref
-        assert git(git_repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/bb") == f"{saved_ref} {first_save}"
+        assert (
+            git(git_repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/bb") == f"{saved_ref} {first_save}"
+        )
         assert git(git_repo, "show", f"{saved_ref}:unsaved.txt") == "an agent's work, committed nowhere"
         assert not workspace.exists()
         shown = await service.bb("environment", "show", environment_id)
@@ -427,12 +469,19 @@ async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_
         [removed_event] = [e for e in exported if e.get("environmentId") == environment_id and e["type"] == "removed"]
         assert removed_event["notSaved"] == [{"path": "dump.sql", "bytes": len(dump)}]
         assert git(git_repo, "ls-tree", "--name-only", saved_ref).splitlines() == ["README.md", "unsaved.txt"]
-        dump_blob = subprocess.run(["git", "-C", str(git_repo), "hash-object", "--stdin"], input=dump,
-                                   capture_output=True, check=True).stdout.decode().strip()
+        dump_blob = (
+            subprocess.run(
+                ["git", "-C", str(git_repo), "hash-object", "--stdin"], input=dump, capture_output=True, check=True
+            )
+            .stdout.decode()
+            .strip()
+        )
         assert subprocess.run(["git", "-C", str(git_repo), "cat-file", "-e", dump_blob]).returncode != 0
         transcript = (await service.bb("environment", "logs", environment_id)).stdout
-        assert "Not saved, being larger than BB_SAVED_WORK_MAX_BYTES (97.7 KiB): dump.sql (244.1 KiB). They are " \
-               f"not in the saved work {saved_ref}: they are deleted with the worktree {workspace}." in transcript
+        assert (
+            "Not saved, being larger than BB_SAVED_WORK_MAX_BYTES (97.7 KiB): dump.sql (244.1 KiB). They are "
+            f"not in the saved work {saved_ref}: they are deleted with the worktree {workspace}." in transcript
+        )
         await assert_consistent_log(service, environment_id)
     finally:
         await service.stop()

@@ -32,10 +32,11 @@ def test_the_demo_shows_the_grace_in_force_and_leaves_no_trail(tmp_path):
     scratch.mkdir()
     environment = service_environment(tmp_path / "unused")
     del environment["BB_DATA_DIR"], environment["BB_RETIRE_GRACE_MS"]  # the demo sets its own
-    environment.update(TMPDIR=str(scratch), PATH=os.pathsep.join([str(Path(sys.executable).parent), environment["PATH"]]))
+    environment.update(
+        TMPDIR=str(scratch), PATH=os.pathsep.join([str(Path(sys.executable).parent), environment["PATH"]])
+    )
 
-    demo = subprocess.run(["bash", str(ROOT / "demo.sh")], env=environment, capture_output=True, text=True,
-                          timeout=300)
+    demo = subprocess.run(["bash", str(ROOT / "demo.sh")], env=environment, capture_output=True, text=True, timeout=300)
 
     assert demo.returncode == 0, demo.stderr[-3000:]
     providers = demo.stdout.split("== providers", 1)[1].split("== spawn", 1)[0]

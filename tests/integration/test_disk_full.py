@@ -56,8 +56,7 @@ def hook_records(service: Service) -> list[dict]:
     return [json.loads(path.read_text()) for path in (service.data_dir / "hooks").rglob("*.json")]
 
 
-async def setup_finished_on_a_full_disk(service: Service, disk: SmallDisk, git_repo: Path,
-                                        tmp_path: Path) -> str:
+async def setup_finished_on_a_full_disk(service: Service, disk: SmallDisk, git_repo: Path, tmp_path: Path) -> str:
     """An environment whose setup hook finished after the disk filled up, its outcome refused."""
     hold = tmp_path / "hold-setup"
     # The script's last command must not write to its log on the full disk: that would fail it.
@@ -65,8 +64,10 @@ async def setup_finished_on_a_full_disk(service: Service, disk: SmallDisk, git_r
 
     disk.fill()
     hold.unlink()
-    await eventually(lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed"),
-                "a refused save of the setup outcome")
+    await eventually(
+        lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed"),
+        "a refused save of the setup outcome",
+    )
     [record] = hook_records(service)
     assert record["finished_at"] is None  # the supervisor could not write it either
     assert (await service.show(environment_id))["status"] == "provisioning"
@@ -124,8 +125,10 @@ async def test_a_restart_while_the_outcome_waits_for_space_still_ends_ready_once
     service.kill()
     await service.start()
     # The restarted service gets the outcome from the hook's supervisor, and cannot save it either.
-    await eventually(lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed") == 2,
-                "the restarted service's refused save")
+    await eventually(
+        lambda: logged(service, f"recording the setup outcome of environment {environment_id} failed") == 2,
+        "the restarted service's refused save",
+    )
     disk.free()
 
     await assert_ready_once(service, environment_id, tmp_path)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Service, eventually, service_environment
-from tests.integration.test_crash_recovery import died, restart
 from tests.integration.test_bus_access import connect_as
+from tests.integration.test_crash_recovery import died, restart
 
 # Live environments stay live (no retirement), and the sweep looks for leftovers at every round.
 SETTINGS = {"BB_RETIRE_GRACE_MS": "600000", "BB_DOCTOR_INTERVAL_S": "1"}
@@ -29,7 +29,8 @@ def commit(git, repo: Path, message: str) -> None:
 
 @pytest.mark.parametrize("service", [SETTINGS], indirect=True)
 async def test_doctor_finds_each_leftover_and_a_deleted_workspace_fixes_them_and_then_finds_nothing(
-        service, git_repo, git, tmp_path):
+    service, git_repo, git, tmp_path
+):
     repo = os.path.realpath(git_repo)
     live = await spawn(service, "--environment-provider", "git-worktree", "--project", repo, "--thread-id", "live")
     (Path(live["path"]) / "work.txt").write_text("the live thread's work\n")
@@ -56,15 +57,22 @@ async def test_doctor_finds_each_leftover_and_a_deleted_workspace_fixes_them_and
     assert found.returncode == 1, found.stderr
     report = found.json()
     assert set(report) == {"orphans", "missing"}
-    assert sorted((o["kind"], o["path"]) for o in report["orphans"]) == sorted([
-        ("worktree", os.path.realpath(stray)), ("branch", f"{repo}:bb/crashed"), ("branch", f"{repo}:bb/lonely"),
-        ("workspace", os.path.realpath(nobody))])
+    assert sorted((o["kind"], o["path"]) for o in report["orphans"]) == sorted(
+        [
+            ("worktree", os.path.realpath(stray)),
+            ("branch", f"{repo}:bb/crashed"),
+            ("branch", f"{repo}:bb/lonely"),
+            ("workspace", os.path.realpath(nobody)),
+        ]
+    )
     assert all(set(o) == {"hostId", "path", "kind"} and o["hostId"] == "local" for o in report["orphans"])
     assert report["missing"] == [{"environmentId": gone["id"], "hostId": "local", "path": gone["path"]}]
     human = await service.bb("doctor")
     assert human.returncode == 1 and "orphans:" in human.stdout and gone["id"] in human.stdout
-    await eventually(lambda: "bb doctor would find 4 orphans and 1 missing workspaces" in service.log_tail(),
-                     "the sweep reported what doctor finds")
+    await eventually(
+        lambda: "bb doctor would find 4 orphans and 1 missing workspaces" in service.log_tail(),
+        "the sweep reported what doctor finds",
+    )
     assert stray.is_dir() and nobody.is_dir()  # the sweep only reports
 
     fixed = await service.bb("doctor", "--fix")

@@ -12,8 +12,9 @@ from tests.integration.conftest import Service, spawn_with_setup_held, write_hoo
 
 async def test_logs_print_the_whole_transcript_and_as_json_lines(service, git_repo, tmp_path):
     write_hooks(git_repo, tmp_path / "marker", setup="echo second line of setup")
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                               "--wait", "--json")
+    spawned = await service.bb(
+        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--wait", "--json"
+    )
     assert spawned.returncode == 0, spawned.stderr
     environment_id = spawned.json()["environmentId"]
 
@@ -28,16 +29,30 @@ async def test_logs_print_the_whole_transcript_and_as_json_lines(service, git_re
     assert as_json.returncode == 0, as_json.stderr
     lines = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert len(lines) == len(texts)
-    assert {"type": "transcript", "environmentId": environment_id, "kind": "output", "source": "setup",
-            "text": "second line of setup"}.items() <= next(l for l in lines if l["text"] == "second line of setup").items()
+    assert {
+        "type": "transcript",
+        "environmentId": environment_id,
+        "kind": "output",
+        "source": "setup",
+        "text": "second line of setup",
+    }.items() <= next(line for line in lines if line["text"] == "second line of setup").items()
 
 
 async def test_logs_follow_prints_lines_as_the_hook_writes_them(service, git_repo, tmp_path):
     hold = tmp_path / "hold"
     environment_id = await spawn_with_setup_held(service, git_repo, hold, tmp_path / "marker")
     following = await asyncio.create_subprocess_exec(
-        *service.cli(), "environment", "logs", environment_id, "-f", "--json", env=service.environment,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        *service.cli(),
+        "environment",
+        "logs",
+        environment_id,
+        "-f",
+        "--json",
+        env=service.environment,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert following.stdout is not None
         seen = await _line_saying(following, "preparing the workspace")  # written before the command started
@@ -61,7 +76,7 @@ async def _line_saying(process: asyncio.subprocess.Process, fragment: str, timeo
     while True:
         try:
             raw = await asyncio.wait_for(process.stdout.readline(), max(0.1, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"no line saying {fragment!r} within {timeout:.0f} s") from None
         assert raw, f"the logs ended before a line saying {fragment!r}"
         line = json.loads(raw)
@@ -92,8 +107,9 @@ async def setup_lines(service: Service, environment_id: str) -> list[str]:
 
 async def test_a_failed_hooks_last_line_comes_after_all_of_its_output(service, git_repo, tmp_path):
     write_hooks(git_repo, tmp_path / "marker", setup="for i in $(seq 1 300); do echo line $i; done\nexit 3")
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                               "--wait", "--json")
+    spawned = await service.bb(
+        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--wait", "--json"
+    )
     assert spawned.returncode == 1, spawned.stderr
 
     lines = await setup_lines(service, spawned.json()["environmentId"])
@@ -132,11 +148,23 @@ async def test_hook_output_prints_a_hooks_whole_output_from_its_hosts_records(se
     (up to BB_HOOK_OUTPUT_MAX_BYTES), which --hook-output pages through, on a host's agent too."""
     from tests.integration.host_agents import running_agent
 
-    write_hooks(git_repo, tmp_path / "marker", setup="for i in $(seq 1 3000); do echo \"line $i of many\"; done")
+    write_hooks(git_repo, tmp_path / "marker", setup='for i in $(seq 1 3000); do echo "line $i of many"; done')
     async with running_agent(service, "h1", tmp_path / "h1"):
         for host in ("local", "h1"):
-            spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                                       str(git_repo), "--host", host, "--thread-id", f"t-{host}", "--wait", "--json")
+            spawned = await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "git-worktree",
+                "--project",
+                str(git_repo),
+                "--host",
+                host,
+                "--thread-id",
+                f"t-{host}",
+                "--wait",
+                "--json",
+            )
             assert spawned.returncode == 0, spawned.stderr
             environment_id = spawned.json()["environmentId"]
             transcript = await service.bb("environment", "logs", environment_id)
@@ -146,7 +174,9 @@ async def test_hook_output_prints_a_hooks_whole_output_from_its_hosts_records(se
             assert whole.returncode == 0, whole.stderr
             output = whole.stdout.splitlines()
             assert output[0].startswith("» setup (") and f"as host {host} keeps it" in output[0]
-            assert [line for line in output if line.startswith("line ")] == [f"line {i} of many" for i in range(1, 3001)]
+            assert [line for line in output if line.startswith("line ")] == [
+                f"line {i} of many" for i in range(1, 3001)
+            ]
             as_json = await service.bb("environment", "logs", environment_id, "--hook-output", "--json")
             pages = [json.loads(line) for line in as_json.stdout.splitlines()]
             assert "".join(p["text"] for p in pages).count(" of many\n") == 3000 and pages[0]["kind"] == "setup"

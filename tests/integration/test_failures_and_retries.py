@@ -17,8 +17,10 @@ FLAKY = "tests.support.gated_provider:FlakyProvider"
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[Service]:
     """A service with the gated and flaky test providers and transient retries after 50 ms."""
-    running = Service(tmp_path / "data", service_environment(
-        tmp_path / "data", BB_EXTRA_PROVIDERS=f"{GATED},{FLAKY}", BB_TRANSIENT_RETRY_S="0.05"))
+    running = Service(
+        tmp_path / "data",
+        service_environment(tmp_path / "data", BB_EXTRA_PROVIDERS=f"{GATED},{FLAKY}", BB_TRANSIENT_RETRY_S="0.05"),
+    )
     await running.start()
     try:
         yield running
@@ -38,8 +40,17 @@ def plan_failures(service: Service, kind: str, count: int) -> Path:
 async def spawn_flaky(service: Service, tmp_path: Path, thread_id: str = "t1") -> dict:
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
-    result = await service.bb("thread", "spawn", "--environment-provider", "flaky", "--project", str(project),
-                              "--thread-id", thread_id, "--json")
+    result = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "flaky",
+        "--project",
+        str(project),
+        "--thread-id",
+        thread_id,
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     return result.json()
 
@@ -50,8 +61,10 @@ async def test_transient_failures_are_cleaned_then_retried_until_ready(service, 
     ready = await service.wait_for(environment_id, "ready")
     assert ready["attempt"] == 3 and ready["pathKey"] == "t1-3"
     assert calls(directory) == [
-        "create t1-1 1 failed", "remove t1-1 1 None",
-        "create t1-2 2 failed", "remove t1-2 2 None",
+        "create t1-1 1 failed",
+        "remove t1-1 1 None",
+        "create t1-2 2 failed",
+        "remove t1-2 2 None",
         "create t1-3 3",
     ]
     assert sorted(p.name for p in (directory / "workspaces").iterdir()) == ["t1-3"]
@@ -61,10 +74,13 @@ async def test_transient_retries_stop_after_the_limit(service, tmp_path):
     directory = plan_failures(service, "transient", 10)
     environment_id = (await spawn_flaky(service, tmp_path))["environmentId"]
     failed = await service.wait_for(
-        environment_id, lambda e: e["status"] == "error" and e["attempt"] == 4 and "remove t1-4 4 None" in calls(directory))
+        environment_id,
+        lambda e: e["status"] == "error" and e["attempt"] == 4 and "remove t1-4 4 None" in calls(directory),
+    )
     assert "transient failure" in failed["statusMessage"]
     assert [c for c in calls(directory) if c.startswith("create")] == [
-        f"create t1-{n} {n} failed" for n in (1, 2, 3, 4)]
+        f"create t1-{n} {n} failed" for n in (1, 2, 3, 4)
+    ]
 
 
 async def test_a_terminal_failure_waits_for_an_explicit_retry_on_the_same_environment(service, tmp_path):
@@ -82,8 +98,9 @@ async def test_a_terminal_failure_waits_for_an_explicit_retry_on_the_same_enviro
 async def test_pending_cleanup_survives_a_restart_without_its_provider(service, tmp_path):
     project = tmp_path / "project"
     project.mkdir()
-    spawned = await service.bb("thread", "spawn", "--environment-provider", "gated", "--project", str(project),
-                               "--thread-id", "t1", "--json")
+    spawned = await service.bb(
+        "thread", "spawn", "--environment-provider", "gated", "--project", str(project), "--thread-id", "t1", "--json"
+    )
     environment_id = spawned.json()["environmentId"]
     await service.stop()
 

@@ -54,8 +54,11 @@ def one_sentence(result) -> str:
 
 
 async def spawn_without_waiting(service: Service, repo: Path, thread_id: str) -> str:
-    spawned = await service.api.call("threads", "spawn", SpawnThread(
-        thread_id=thread_id, environment_provider="git-worktree", project_path=str(repo)))
+    spawned = await service.api.call(
+        "threads",
+        "spawn",
+        SpawnThread(thread_id=thread_id, environment_provider="git-worktree", project_path=str(repo)),
+    )
     return spawned["environmentId"]
 
 
@@ -63,8 +66,9 @@ def slow_setup(repo: Path, marker: Path) -> None:
     """A setup hook that records its workspace and takes a while, so that spawns are in flight."""
     (repo / ".bb-env-setup.sh").write_text(f"pwd >> {marker}\nsleep 0.5\n")
     subprocess.run(["git", "-C", str(repo), "add", ".bb-env-setup.sh"], check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"],
-                   check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"], check=True
+    )
 
 
 async def test_a_killed_nats_server_is_restarted_reaped_and_spawns_in_flight_finish_once(service, git_repo, tmp_path):
@@ -120,8 +124,13 @@ async def test_a_damaged_read_model_is_set_aside_and_rebuilt_before_the_api_answ
     read_model = service.data_dir / "read-models.sqlite"
     content = read_model.read_bytes()
     assert len(content) > 8192
-    read_model.write_bytes({"garbage header": b"\x00garbage" * 16 + content[128:],
-                            "half truncated": content[: len(content) // 2], "empty": b""}[damage])
+    read_model.write_bytes(
+        {
+            "garbage header": b"\x00garbage" * 16 + content[128:],
+            "half truncated": content[: len(content) // 2],
+            "empty": b"",
+        }[damage]
+    )
 
     await service.start()
     for environment_id in environments:  # at once: rebuilt before server.json named the service
@@ -174,14 +183,18 @@ async def test_server_json_deleted_or_changed_while_serving_is_written_again(ser
     written = server_file.read_text()
     for damage in (server_file.unlink, lambda: server_file.write_text("{}")):
         damage()
-        await eventually(lambda: server_file.exists() and server_file.read_text() == written,
-                         "server.json written again", timeout=15)
+        await eventually(
+            lambda: server_file.exists() and server_file.read_text() == written, "server.json written again", timeout=15
+        )
         listed = await service.bb("environment", "list", "--json")
         assert listed.returncode == 0, listed.stderr
 
 
-@pytest.mark.parametrize("content", [b"{}", b"[]", b'{"natsUrl": 5}', b"\xff\xfe{", None],
-                         ids=["empty object", "array", "number url", "not utf-8", "a directory"])
+@pytest.mark.parametrize(
+    "content",
+    [b"{}", b"[]", b'{"natsUrl": 5}', b"\xff\xfe{", None],
+    ids=["empty object", "array", "number url", "not utf-8", "a directory"],
+)
 async def test_a_damaged_server_json_is_unreachable_in_one_sentence(tmp_path, content):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
@@ -205,9 +218,18 @@ async def test_a_stale_server_json_naming_another_process_is_not_taken_for_the_s
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        (data_dir / "server.json").write_text(json.dumps({
-            "natsUrl": f"nats://127.0.0.1:{port}", "pid": os.getpid(), "hostId": "local",
-            "dataDir": str(data_dir), "natsPid": os.getpid(), "natsPort": port}))
+        (data_dir / "server.json").write_text(
+            json.dumps(
+                {
+                    "natsUrl": f"nats://127.0.0.1:{port}",
+                    "pid": os.getpid(),
+                    "hostId": "local",
+                    "dataDir": str(data_dir),
+                    "natsPid": os.getpid(),
+                    "natsPort": port,
+                }
+            )
+        )
         service = Service(data_dir, service_environment(data_dir))
         try:
             await service.start()
@@ -226,11 +248,19 @@ async def test_a_stop_asked_for_while_serve_starts_stops_everything_it_started(t
     starting = Service(data_dir, service_environment(data_dir))
     log = tmp_path / "serve.log"
     with log.open("wb") as output:
-        process = subprocess.Popen([*Service.cli(), "serve"], env=starting.environment,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=output)
+        process = subprocess.Popen(
+            [*Service.cli(), "serve"],
+            env=starting.environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=output,
+        )
     try:
-        await eventually(lambda: nats_servers_on(data_dir / "nats") or process.poll() is not None,
-                         "the start of its nats-server", timeout=60)
+        await eventually(
+            lambda: nats_servers_on(data_dir / "nats") or process.poll() is not None,
+            "the start of its nats-server",
+            timeout=60,
+        )
         assert not (data_dir / "server.json").exists(), "the start went too fast to be stopped midway"
         process.send_signal(signal.SIGTERM)
         await eventually(lambda: process.poll() is not None, "the end of bb serve", timeout=30)
@@ -238,8 +268,9 @@ async def test_a_stop_asked_for_while_serve_starts_stops_everything_it_started(t
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, log.read_text()
-    await eventually(lambda: not [pid for pid in nats_servers_on(data_dir / "nats") if not zombie(pid)],
-                     "the end of its nats-server")
+    await eventually(
+        lambda: not [pid for pid in nats_servers_on(data_dir / "nats") if not zombie(pid)], "the end of its nats-server"
+    )
     assert not (data_dir / "server.json").exists()
     await starting.start()
     await starting.stop()

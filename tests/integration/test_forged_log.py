@@ -23,19 +23,19 @@ import pytest
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from bb_environments.bus.wire import subjects
-from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.core.log_reader import LoggedDocument, LogReader
 from bb_environments.bus.core.relay import AckedPublisher, OutboxRelay, PublishAck, Publisher
-from bb_environments.bus.wire.subjects import NOTIFICATION_HEADER
 from bb_environments.bus.core.trusted_log import TrustedLog
+from bb_environments.bus.embedded_server import EmbeddedNats
+from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.subjects import NOTIFICATION_HEADER
 from bb_environments.handlers.application import Environments
 from tests.integration.conftest import Service, Stored, plain_jetstream, service_environment, stream_log, write_hooks
 
 
-
 class Step(msgspec.Struct):
     """Stands for a log document: the relay and the check only encode it."""
+
     type: str
     number: int
 
@@ -52,7 +52,7 @@ class MemoryLog:
             self.documents.append(LoggedDocument(n, f"bb.log.environment.e{n % 2}.step", Step("step", n)))
 
     async def page(self, after: int) -> list[LoggedDocument]:
-        return self.documents[after:after + 500]
+        return self.documents[after : after + 500]
 
     async def at(self, ids: Iterable[int]) -> dict[int, LoggedDocument]:
         return {n: self.documents[n - 1] for n in ids if 0 < n <= len(self.documents)}
@@ -78,12 +78,24 @@ async def deleted(js: JetStreamContext, sequence: int) -> bool:
 
 
 def forged_ready(environment_id: str) -> bytes:
-    return json.dumps({"type": "ready", "environmentId": environment_id, "version": 99, "threadIds": ["t1"],
-                       "status": "ready", "occurredAt": "2026-01-01T00:00:00Z"}).encode()
+    return json.dumps(
+        {
+            "type": "ready",
+            "environmentId": environment_id,
+            "version": 99,
+            "threadIds": ["t1"],
+            "status": "ready",
+            "occurredAt": "2026-01-01T00:00:00Z",
+        }
+    ).encode()
 
 
 def heal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "bb_environments.bus.core.relay" and "did not write" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "bb_environments.bus.core.relay" and "did not write" in r.getMessage()
+    ]
 
 
 # -- the relay and the consumers' check, against a real nats-server -------------------------------
@@ -91,9 +103,15 @@ def heal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.fixture
 async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
-    async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
-            name=subjects.ENVIRONMENTS_STREAM, subjects=[subjects.LOG_EVENTS], storage=api.StorageType.FILE,
-            duplicate_window=120)) as jetstream:
+    async with plain_jetstream(
+        tmp_path / "nats",
+        api.StreamConfig(
+            name=subjects.ENVIRONMENTS_STREAM,
+            subjects=[subjects.LOG_EVENTS],
+            storage=api.StorageType.FILE,
+            duplicate_window=120,
+        ),
+    ) as jetstream:
         yield jetstream
 
 
@@ -108,8 +126,9 @@ class Relays:
     def __init__(self) -> None:
         self.tasks: list[asyncio.Task] = []
 
-    def start(self, js: JetStreamContext, store: MemoryLog, poll_seconds: float = 60,
-              publisher: Publisher | None = None) -> OutboxRelay:
+    def start(
+        self, js: JetStreamContext, store: MemoryLog, poll_seconds: float = 60, publisher: Publisher | None = None
+    ) -> OutboxRelay:
         relay = OutboxRelay(js, publisher or AckedPublisher(js._nc), store.page, store.at, poll_seconds)
         self.tasks.append(asyncio.create_task(relay.run()))
         return relay
@@ -132,8 +151,10 @@ async def relays() -> AsyncIterator[Relays]:
 
 async def relayed(js: JetStreamContext, store: MemoryLog) -> None:
     """Wait until the stream holds exactly the store's log."""
+
     async def stream_equals_store() -> bool:
         return await stream_log(js) == store.stored()
+
     await eventually(stream_equals_store)
 
 
@@ -201,8 +222,7 @@ async def test_an_idle_relay_deletes_a_forged_message_without_waiting_for_the_ne
     relays.start(js, store, poll_seconds=0.1)
     await relayed(js, store)
 
-    forged = await js.publish("bb.log.environment.e0.ready", b'{"type": "ready"}',
-                              headers={NOTIFICATION_HEADER: "3"})
+    forged = await js.publish("bb.log.environment.e0.ready", b'{"type": "ready"}', headers={NOTIFICATION_HEADER: "3"})
 
     await eventually(lambda: deleted(js, forged.seq))
     assert await stream_log(js) == store.stored()
@@ -235,7 +255,9 @@ async def test_a_publish_the_stream_calls_a_duplicate_is_not_taken_as_stored(js,
     # is deleted by the heal after the first try, but its id stays in the duplicate window.
     tokens = iter(["first-try", "guessed"])
     token_hex = secrets.token_hex
-    monkeypatch.setattr("bb_environments.bus.core.relay.secrets.token_hex", lambda size: next(tokens, None) or token_hex(size))
+    monkeypatch.setattr(
+        "bb_environments.bus.core.relay.secrets.token_hex", lambda size: next(tokens, None) or token_hex(size)
+    )
     await js.publish("bb.log.environment.e0.step", b"{}", headers={"Nats-Msg-Id": "bb:2:guessed"})
 
     store.append(1)
@@ -272,10 +294,13 @@ async def test_consumers_admit_only_what_the_store_wrote_and_use_the_stores_docu
     admitted = await TrustedLog(store.at, "test").admit(await subscription.fetch(5, timeout=5))
 
     assert [(a.logged.notification_id, a.logged.document) for a in admitted] == [
-        (1, Step("step", 1)), (2, Step("step", 2))]
+        (1, Step("step", 1)),
+        (2, Step("step", 2)),
+    ]
     skipped = [r.getMessage() for r in caplog.records if r.name == "bb_environments.bus.core.trusted_log"]
-    assert skipped == ["test consumer skipped 3 log stream message(s) the event store did not write "
-                       "(sequences 3, 4, 5)"]
+    assert skipped == [
+        "test consumer skipped 3 log stream message(s) the event store did not write (sequences 3, 4, 5)"
+    ]
 
 
 # -- under a real `bb serve` -----------------------------------------------------------------------
@@ -311,8 +336,13 @@ async def forger(plain_nats: EmbeddedNats) -> AsyncIterator[JetStreamContext]:
 
 def store_log(data_dir: Path) -> list[Stored]:
     """The store's whole notification log, as the relay publishes it (read-only, beside the service)."""
-    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "CREATE_TABLE": "no",
-                            "SQLITE_DBNAME": f"file:{data_dir / 'events.sqlite'}?mode=ro"})
+    app = Environments(
+        env={
+            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+            "CREATE_TABLE": "no",
+            "SQLITE_DBNAME": f"file:{data_dir / 'events.sqlite'}?mode=ro",
+        }
+    )
     try:
         reader, stored, position = LogReader(app), [], 0
         while page := reader.page(position):
@@ -325,28 +355,44 @@ def store_log(data_dir: Path) -> list[Stored]:
 
 async def stream_matches_store(js: JetStreamContext, service: Service) -> None:
     """Wait until the stream holds the store's log: in order, each once, byte for byte, nothing else."""
+
     async def stream_equals_store() -> bool:
         return await stream_log(js) == store_log(service.data_dir)
+
     await eventually(stream_equals_store)
 
 
 async def settled(js: JetStreamContext, forged_sequence: int) -> None:
     """The relay deleted the forged message and the service's log consumers have nothing left to take."""
+
     async def relay_deleted_it_and_consumers_are_idle() -> bool:
         if not await deleted(js, forged_sequence):
             return False
         info = await js.consumer_info(subjects.ENVIRONMENTS_STREAM, "projections")
         return not (info.num_pending or info.num_ack_pending)
+
     await eventually(relay_deleted_it_and_consumers_are_idle)
 
 
 async def test_forged_log_messages_during_setup_change_nothing_and_a_restart_doubles_nothing(
-        served, forger, git_repo, tmp_path):
+    served, forger, git_repo, tmp_path
+):
     release = tmp_path / "release-setup"
     write_hooks(git_repo, tmp_path / "hooks.log", setup=f"while [ ! -e {release} ]; do sleep 0.05; done")
-    spawning = asyncio.create_task(served.bb(
-        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-        "--thread-id", "t1", "--wait", "--json"))
+    spawning = asyncio.create_task(
+        served.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--thread-id",
+            "t1",
+            "--wait",
+            "--json",
+        )
+    )
     environment_id = (await served.wait_for_thread("t1", with_environment=True))["environmentId"]
     await served.wait_for(environment_id, lambda e: e["hooks"]["setup"]["status"] == "running")
     ready_subject = subjects.log_event("environment", environment_id, "ready")
@@ -354,8 +400,10 @@ async def test_forged_log_messages_during_setup_change_nothing_and_a_restart_dou
     # (b) the id and header of the notification the relay publishes next, with other content.
     next_id = max(n for n, _, _ in await stream_log(forger)) + 1
     taking_the_next_id = await forger.publish(
-        ready_subject, forged_ready(environment_id),
-        headers={"Nats-Msg-Id": f"bb:{next_id}", NOTIFICATION_HEADER: str(next_id)})
+        ready_subject,
+        forged_ready(environment_id),
+        headers={"Nats-Msg-Id": f"bb:{next_id}", NOTIFICATION_HEADER: str(next_id)},
+    )
     await settled(forger, taking_the_next_id.seq)
     # (a) no headers at all.
     without_headers = await forger.publish(ready_subject, forged_ready(environment_id))

@@ -4,7 +4,7 @@ by version, is what `show` printed while it happened."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -56,18 +56,27 @@ async def test_every_version_of_a_lifecycle_is_shown_as_it_was(service, git_repo
 
     assert history["environmentId"] == environment_id
     assert [(e["version"], e["type"], e["occurredAt"]) for e in history["events"]] == [
-        (e["version"], e["type"], e["occurredAt"]) for e in published]
+        (e["version"], e["type"], e["occurredAt"]) for e in published
+    ]
     assert published[-1]["type"] == "removed" and printed[-1]["version"] == len(published)
     instants = [datetime.fromisoformat(e["occurredAt"]) for e in history["events"]]
     assert [e["durationMs"] for e in history["events"]] == [
-        (later - earlier) // timedelta(milliseconds=1) for earlier, later in zip(instants, instants[1:])] + [None]
+        (later - earlier) // timedelta(milliseconds=1) for earlier, later in zip(instants, instants[1:])
+    ] + [None]
 
-    past = {e["version"]: await bb_json(service, "environment", "show", environment_id, "--at", str(e["version"]))
-            for e in published}
+    past = {
+        e["version"]: await bb_json(service, "environment", "show", environment_id, "--at", str(e["version"]))
+        for e in published
+    }
     for event in published:  # what each event's document says of the environment after it
         then = past[event["version"]]
         assert (then["version"], then["updatedAt"], then["status"], then["statusMessage"], then["threadIds"]) == (
-            event["version"], event["occurredAt"], event["status"], event["statusMessage"], event["threadIds"])
+            event["version"],
+            event["occurredAt"],
+            event["status"],
+            event["statusMessage"],
+            event["threadIds"],
+        )
         assert then["transcript"] == []  # the transcript is no part of the log
     assert [printed_then["status"] for printed_then in printed] == ["provisioning", "ready", "retiring", "removed"]
     for printed_then in printed:  # and field for field what `show` printed then
@@ -91,9 +100,10 @@ async def test_show_at_an_instant_is_the_last_version_recorded_by_then(service, 
     # Any timezone names the same instant.
     ready = next(e for e in events if e["type"] == "ready")
     elsewhere = datetime.fromisoformat(ready["occurredAt"]).astimezone(timezone(timedelta(hours=-5))).isoformat()
-    assert (await bb_json(service, "environment", "show", environment_id, "--at", elsewhere))["version"] == \
-        ready["version"]
-    later = (datetime.now(timezone.utc) + timedelta(days=1)).isoformat()
+    assert (await bb_json(service, "environment", "show", environment_id, "--at", elsewhere))["version"] == ready[
+        "version"
+    ]
+    later = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     shown_later = await bb_json(service, "environment", "show", environment_id, "--at", later)
     assert without_transcript(shown_later) == without_transcript(printed[-1])
 
@@ -111,8 +121,11 @@ async def test_what_the_log_does_not_hold_is_refused_and_nothing_is_written(serv
 
     refused = [
         (("show", environment_id, "--at", str(latest + 1)), 2, f"environment {environment_id} has versions 1-{latest}"),
-        (("show", environment_id, "--at", (first - timedelta(seconds=1)).isoformat()), 2,
-         f"environment {environment_id} was first recorded at"),
+        (
+            ("show", environment_id, "--at", (first - timedelta(seconds=1)).isoformat()),
+            2,
+            f"environment {environment_id} was first recorded at",
+        ),
         (("show", environment_id, "--at", "0"), 2, "is neither a version (1 or more) nor an ISO-8601 instant"),
         (("show", environment_id, "--at", "yesterday"), 2, "is neither a version (1 or more) nor an ISO-8601 instant"),
         (("show", environment_id, "--at", "2026-01-31T12:00:00"), 2, "an ISO-8601 instant with a timezone"),
@@ -124,7 +137,9 @@ async def test_what_the_log_does_not_hold_is_refused_and_nothing_is_written(serv
     for args, exit_code, message in refused:
         result = await service.bb("environment", *args, "--json")
         assert (result.returncode, result.json()["error"]["code"]) == (
-            exit_code, {2: "invalid_input", 3: "not_found"}[exit_code]), (args, result.stderr)
+            exit_code,
+            {2: "invalid_input", 3: "not_found"}[exit_code],
+        ), (args, result.stderr)
         assert message in result.stderr and message in result.json()["error"]["message"], (args, result.stderr)
     assert (await service.bb("events", "export")).stdout == exported
 
@@ -138,8 +153,9 @@ async def test_history_pages_through_the_api_and_prints_a_table_for_80_columns(s
 
     paged, after = [], 0
     while True:
-        page = await service.api.call("environments", "history",
-                                      ListHistory(environment_id=environment_id, after=after, limit=2))
+        page = await service.api.call(
+            "environments", "history", ListHistory(environment_id=environment_id, after=after, limit=2)
+        )
         assert len(page["events"]) <= 2
         paged.extend(page["events"])
         if page.get("next") is None:

@@ -11,13 +11,14 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC
 from pathlib import Path
 
 import nats.aio.client
 import pytest
 
-from bb_environments.bus.wire import subjects
 from bb_environments.bus.embedded_server import EmbeddedNats
+from bb_environments.bus.wire import subjects
 from tests.integration.conftest import Service, service_environment, spawn_with_setup_held
 
 
@@ -56,8 +57,12 @@ def service_log(service: Service) -> str:
 async def test_an_operation_the_log_never_recorded_is_refused_and_logged(service, planted, tmp_path):
     nc = await service.connect("operator")
     try:
-        start = {"operationId": "forged.1", "kind": "setup", "workspace": str(planted),
-                 "environmentId": str(uuid.uuid4())}
+        start = {
+            "operationId": "forged.1",
+            "kind": "setup",
+            "workspace": str(planted),
+            "environmentId": str(uuid.uuid4()),
+        }
         assert (await ask(nc, "start", start))[0] == "refused"
         assert (await ask(nc, "status", {"operationId": "forged.1"}))[0] == "refused"
         assert (await ask(nc, "cancel", {"operationId": "forged.1"}))[0] == "refused"
@@ -111,7 +116,7 @@ async def test_a_recorded_operation_runs_only_where_recorded_and_is_stopped_only
 async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_path):
     """A client's push consumer can deliver a stored message onto the subject where the core waits
     for a remote host's report; the copy keeps its stored subject and is not taken for one."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     import msgspec
     from nats.js import api
@@ -128,8 +133,9 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_
         js = agent.jetstream()
         await ensure_streams(js, 3600, 1 << 20)
         await ensure_hosts(js, ["remote"])
-        heartbeat = HostHeartbeat(host_id="remote", seen_at=datetime.now(timezone.utc), root=str(tmp_path), pid=1,
-                                  version="test")
+        heartbeat = HostHeartbeat(
+            host_id="remote", seen_at=datetime.now(UTC), root=str(tmp_path), pid=1, version="test"
+        )
         await js.publish("$KV.BB_HOSTS.remote", msgspec.json.encode(heartbeat))
         await js.add_stream(api.StreamConfig(name="STORED", subjects=["stored.>"]))
         forged = HookReport("op.1", HookOutcome("succeeded", 0))
@@ -137,13 +143,16 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_
         report_subject = subjects.host_report("remote", "op.1")
 
         async def take_the_job() -> None:
-            jobs = await js.pull_subscribe_bind(durable=subjects.host_jobs_consumer("remote"),
-                                                stream=subjects.HOST_JOBS_STREAM)
+            jobs = await js.pull_subscribe_bind(
+                durable=subjects.host_jobs_consumer("remote"), stream=subjects.HOST_JOBS_STREAM
+            )
             job = (await jobs.fetch(1, timeout=20))[0]
             assert msgspec.json.decode(job.data, type=HookJob).operation_id == "op.1"
             # Stored copies pushed onto the subject the core listens on, then the agent's own word.
-            await js.add_consumer("STORED", api.ConsumerConfig(
-                name="pusher", deliver_subject=report_subject, ack_policy=api.AckPolicy.NONE))
+            await js.add_consumer(
+                "STORED",
+                api.ConsumerConfig(name="pusher", deliver_subject=report_subject, ack_policy=api.AckPolicy.NONE),
+            )
             # The copy is on its way to the core first; the outcome below must still be the one taken.
             deadline = asyncio.get_running_loop().time() + 10
             while (await js.consumer_info("STORED", "pusher")).delivered.consumer_seq < 1:
@@ -155,7 +164,9 @@ async def test_the_core_takes_a_hooks_outcome_only_as_its_agent_reported_it(tmp_
 
         taking = asyncio.create_task(take_the_job())
         client = RemoteHost(core, HostJobQueue(core, core.jetstream(), HostLiveness(core.jetstream())))
-        outcome = await asyncio.wait_for(client.run_hook("remote", str(uuid.uuid4()), "op.1", "setup", str(tmp_path)), 30)
+        outcome = await asyncio.wait_for(
+            client.run_hook("remote", str(uuid.uuid4()), "op.1", "setup", str(tmp_path)), 30
+        )
         await taking
         assert outcome == HookOutcome("failed", 3)
         assert (await js.consumer_info("STORED", "pusher")).delivered.consumer_seq == 1

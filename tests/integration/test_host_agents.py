@@ -16,7 +16,12 @@ import pytest
 from nats.errors import Error as NatsError
 
 from bb_environments.bus.access import (
-    SERVICE_INBOX_PREFIX, Credentials, host_agent_inbox_prefix, new_seed, seed_public_key)
+    SERVICE_INBOX_PREFIX,
+    Credentials,
+    host_agent_inbox_prefix,
+    new_seed,
+    seed_public_key,
+)
 from bb_environments.bus.health import BusHealth
 from bb_environments.entrypoints.agent import CredentialsRefused, check_identity, credentials_refused
 from tests.integration.conftest import Service, Violations, eventually, service_environment, write_hooks
@@ -25,15 +30,28 @@ from tests.support.os_users import unprivileged_user
 
 
 async def test_a_host_never_seen_waits_saying_so_and_its_agent_does_the_work_in_its_own_root(
-        service: Service, git_repo: Path, tmp_path: Path):
+    service: Service, git_repo: Path, tmp_path: Path
+):
     marker = tmp_path / "hooks.log"
     write_hooks(git_repo, marker, setup="pwd > " + str(tmp_path / "setup-cwd"))
     credentials = Path((await register(service, "h1"))["credentials"])
     assert (await machines(service))["h1"]["status"] == "never-seen"
 
-    environment_id = spawned(await service.bb(
-        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-        "--host", "h1", "--thread-id", "t1", "--json"))
+    environment_id = spawned(
+        await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--host",
+            "h1",
+            "--thread-id",
+            "t1",
+            "--json",
+        )
+    )
     waiting = await service.wait_for(environment_id, lambda e: "h1" in (e.get("statusMessage") or ""))
     assert waiting["status"] == "creating"
     assert "has not connected since it was registered" in waiting["statusMessage"]
@@ -59,8 +77,9 @@ async def test_a_host_never_seen_waits_saying_so_and_its_agent_does_the_work_in_
 
 async def test_a_spawn_for_a_host_that_is_not_registered_is_refused_naming_the_registered_ones(service: Service):
     await register(service, "h1")
-    refused = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                               "--host", "nowhere", "--json")
+    refused = await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "nowhere", "--json"
+    )
     assert refused.returncode == 2
     message = refused.json()["error"]["message"]
     assert "'nowhere' is not registered" in message and "h1, local" in message
@@ -84,22 +103,36 @@ async def test_the_hosts_an_earlier_release_registered_are_recorded_once_from_it
         agent.start()
         try:
             await agent.serving()
-            environment_id = spawned(await service.bb(
-                "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1", "--thread-id",
-                "t1", "--json"))
+            environment_id = spawned(
+                await service.bb(
+                    "thread",
+                    "spawn",
+                    "--environment-provider",
+                    "personal-workspace",
+                    "--host",
+                    "h1",
+                    "--thread-id",
+                    "t1",
+                    "--json",
+                )
+            )
             await service.wait_for(environment_id, "ready")
         finally:
             agent.stop()
     finally:
         await service.stop()
     exported = await service.bb("events", "export")  # from the store itself, the service stopped
-    registrations = [(event["hostId"], event["publicKey"]) for event in map(json.loads, exported.stdout.splitlines())
-                     if event["type"] == "host_registered"]
+    registrations = [
+        (event["hostId"], event["publicKey"])
+        for event in map(json.loads, exported.stdout.splitlines())
+        if event["type"] == "host_registered"
+    ]
     assert registrations == [("h1", seed_public_key(seed))]
 
 
 async def test_registering_twice_is_refused_and_a_rotation_shuts_the_old_seed_out_at_once(
-        service: Service, tmp_path: Path):
+    service: Service, tmp_path: Path
+):
     async with running_agent(service, "h1", tmp_path / "h1") as agent:
         again = await service.bb("machine", "register", "h1", "--json")
         assert again.returncode == 2 and "--rotate" in again.json()["error"]["message"]
@@ -112,21 +145,38 @@ async def test_registering_twice_is_refused_and_a_rotation_shuts_the_old_seed_ou
         assert rotated.returncode == 0, rotated.stderr
         assert agent.credentials.read_text() != old_seed
         with pytest.raises(NatsError):
-            await nats.connect(service.info["natsUrl"], nkeys_seed=str(old_copy), max_reconnect_attempts=0,
-                               allow_reconnect=False, connect_timeout=5)
-        fresh = await nats.connect(service.info["natsUrl"], nkeys_seed=str(agent.credentials),
-                                   inbox_prefix="_BB_HOST_INBOX.h1")
+            await nats.connect(
+                service.info["natsUrl"],
+                nkeys_seed=str(old_copy),
+                max_reconnect_attempts=0,
+                allow_reconnect=False,
+                connect_timeout=5,
+            )
+        fresh = await nats.connect(
+            service.info["natsUrl"], nkeys_seed=str(agent.credentials), inbox_prefix="_BB_HOST_INBOX.h1"
+        )
         await fresh.close()
         assert await agent.died() == 1, "the agent whose seed was replaced ends, saying why"
         assert "the server refuses the credentials of host 'h1'" in agent.log()
 
 
 async def test_removing_a_host_is_refused_while_it_holds_environments_then_its_seed_stops_working(
-        service: Service, tmp_path: Path):
+    service: Service, tmp_path: Path
+):
     async with running_agent(service, "h1", tmp_path / "h1") as agent:
-        environment_id = spawned(await service.bb(
-            "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1", "--thread-id", "t1",
-            "--json"))
+        environment_id = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "personal-workspace",
+                "--host",
+                "h1",
+                "--thread-id",
+                "t1",
+                "--json",
+            )
+        )
         await service.wait_for(environment_id, "ready")
         refused = await service.bb("machine", "remove", "h1", "--yes", "--json")
         assert refused.returncode == 1 and "1 environment" in refused.json()["error"]["message"]
@@ -140,19 +190,26 @@ async def test_removing_a_host_is_refused_while_it_holds_environments_then_its_s
         assert removed.json() == {"machineId": "h1", "status": "removed"}
         assert not agent.credentials.exists()
         with pytest.raises(NatsError):
-            await nats.connect(service.info["natsUrl"], nkeys_seed=str(agents_copy), allow_reconnect=False,
-                               max_reconnect_attempts=0, connect_timeout=5)
+            await nats.connect(
+                service.info["natsUrl"],
+                nkeys_seed=str(agents_copy),
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                connect_timeout=5,
+            )
     assert "h1" not in await machines(service)
     again = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1")
     assert again.returncode == 2
 
 
-@pytest.mark.parametrize("crash_at", ["agent-job-done#1", "agent-job-reported#1", "agent-job-done#2",
-                                      "agent-job-reported#3", "agent-job-done#4"],
-                         ids=["create-returned", "create-reported", "setup-finished", "teardown-reported",
-                              "remove-returned"])
+@pytest.mark.parametrize(
+    "crash_at",
+    ["agent-job-done#1", "agent-job-reported#1", "agent-job-done#2", "agent-job-reported#3", "agent-job-done#4"],
+    ids=["create-returned", "create-reported", "setup-finished", "teardown-reported", "remove-returned"],
+)
 async def test_an_agent_killed_at_any_step_and_started_again_keeps_every_guarantee(
-        service: Service, git_repo: Path, tmp_path: Path, crash_at: str):
+    service: Service, git_repo: Path, tmp_path: Path, crash_at: str
+):
     """The agent's jobs for one environment come in order: create (1), setup (2), teardown (3), remove (4)."""
     marker = tmp_path / "hooks.log"
     write_hooks(git_repo, marker)
@@ -161,9 +218,21 @@ async def test_an_agent_killed_at_any_step_and_started_again_keeps_every_guarant
     agent.start(BB_CRASH_AT=crash_at)
     try:
         await agent.serving()
-        environment_id = spawned(await service.bb(
-            "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-            "--host", "h1", "--thread-id", "t1", "--json"))
+        environment_id = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "git-worktree",
+                "--project",
+                str(git_repo),
+                "--host",
+                "h1",
+                "--thread-id",
+                "t1",
+                "--json",
+            )
+        )
         crashed_before_ready = crash_at.endswith(("#1", "#2"))
         if crashed_before_ready:
             assert await agent.died() == -9
@@ -178,21 +247,37 @@ async def test_an_agent_killed_at_any_step_and_started_again_keeps_every_guarant
         agent.stop()
     assert marker.read_text().split() == ["setup", "teardown"], "each hook ran exactly once"
     assert not Path(ready["path"]).exists()
-    worktrees = [line for line in (await _git(git_repo, "worktree", "list", "--porcelain")).splitlines()
-                 if line.startswith("worktree ")]
+    worktrees = [
+        line
+        for line in (await _git(git_repo, "worktree", "list", "--porcelain")).splitlines()
+        if line.startswith("worktree ")
+    ]
     assert worktrees == [f"worktree {git_repo}"], worktrees
     assert "Traceback" not in service.log_tail()
 
 
 async def test_an_agent_killed_during_its_setup_joins_the_same_run_when_started_again(
-        service: Service, git_repo: Path, tmp_path: Path):
+    service: Service, git_repo: Path, tmp_path: Path
+):
     hold, marker = tmp_path / "hold", tmp_path / "hooks.log"
     hold.touch()
     write_hooks(git_repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
     async with running_agent(service, "h1", tmp_path / "h1") as agent:
-        environment_id = spawned(await service.bb(
-            "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-            "--host", "h1", "--thread-id", "t1", "--json"))
+        environment_id = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "git-worktree",
+                "--project",
+                str(git_repo),
+                "--host",
+                "h1",
+                "--thread-id",
+                "t1",
+                "--json",
+            )
+        )
         await eventually(marker.exists, "the setup's start")
         agent.kill()
         agent.start()
@@ -211,33 +296,52 @@ async def test_the_seed_of_one_host_reaches_nothing_but_that_hosts_own_work(serv
     async def record(error: Exception) -> None:
         errors.append(str(error).lower())
 
-    nc = await nats.connect(service.info["natsUrl"], nkeys_seed=str(h1), inbox_prefix="_BB_HOST_INBOX.h1",
-                            error_cb=record)
+    nc = await nats.connect(
+        service.info["natsUrl"], nkeys_seed=str(h1), inbox_prefix="_BB_HOST_INBOX.h1", error_cb=record
+    )
     try:
-        forbidden_publications = ["bb.threads.t9.created", "bb.log.environment.x.ready", "bb.environments.x.ready",
-                                  "bb.hosts.h2.reports.x", "bb.hosts.h2.ledger", "$KV.BB_HOSTS.h2",
-                                  "$JS.API.CONSUMER.MSG.NEXT.BB_HOST_JOBS.host-h2", "bb.api.environments.list",
-                                  "bb.placements.t9.ready", "$JS.API.STREAM.PURGE.BB_HOST_JOBS"]
+        forbidden_publications = [
+            "bb.threads.t9.created",
+            "bb.log.environment.x.ready",
+            "bb.environments.x.ready",
+            "bb.hosts.h2.reports.x",
+            "bb.hosts.h2.ledger",
+            "$KV.BB_HOSTS.h2",
+            "$JS.API.CONSUMER.MSG.NEXT.BB_HOST_JOBS.host-h2",
+            "bb.api.environments.list",
+            "bb.placements.t9.ready",
+            "$JS.API.STREAM.PURGE.BB_HOST_JOBS",
+        ]
         for subject in forbidden_publications:
             await nc.publish(subject, b"{}")
         await nc.subscribe("bb.hosts.h2.>")
         await nc.subscribe("bb.threads.>")
         await nc.flush()
         for subject in [*forbidden_publications, "bb.hosts.h2.>", "bb.threads.>"]:
-            await eventually(lambda: any(f'"{subject.lower()}"' in e for e in errors),
-                             f"the server refusing {subject}", timeout=10)
+            await eventually(
+                lambda: any(f'"{subject.lower()}"' in e for e in errors), f"the server refusing {subject}", timeout=10
+            )
     finally:
         await nc.close()
     assert (await service.bb("thread", "list", "--json")).json()["threads"] == []
 
 
 def _transcript_line(environment_id: str, text: str) -> bytes:
-    return json.dumps({"type": "transcript", "occurredAt": "2026-12-01T12:00:00Z", "environmentId": environment_id,
-                       "kind": "output", "source": "setup", "text": text}).encode()
+    return json.dumps(
+        {
+            "type": "transcript",
+            "occurredAt": "2026-12-01T12:00:00Z",
+            "environmentId": environment_id,
+            "kind": "output",
+            "source": "setup",
+            "text": text,
+        }
+    ).encode()
 
 
 async def test_an_agent_writes_transcript_lines_for_its_own_hosts_environments_only(
-        service: Service, git_repo: Path, tmp_path: Path):
+    service: Service, git_repo: Path, tmp_path: Path
+):
     """With h2's seed, a line for h1's environment on every subject h2 can reach: the server refuses
     some, the core drops the rest, and none shows in `logs`, `show` or the stream; h1's own lines,
     written by its agent, and h2's own line of its own environment do."""
@@ -246,12 +350,23 @@ async def test_an_agent_writes_transcript_lines_for_its_own_hosts_environments_o
     write_hooks(git_repo, tmp_path / "hooks.log", setup="echo h1s-own-line")
     h2 = Path((await register(service, "h2"))["credentials"])
     async with running_agent(service, "h1", tmp_path / "h1"):
-        h1_environment = spawned(await service.bb(
-            "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-            "--host", "h1", "--json"))
+        h1_environment = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "git-worktree",
+                "--project",
+                str(git_repo),
+                "--host",
+                "h1",
+                "--json",
+            )
+        )
         await service.wait_for(h1_environment, "ready")
-    h2_environment = spawned(await service.bb(
-        "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h2", "--json"))
+    h2_environment = spawned(
+        await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h2", "--json")
+    )
     await service.wait_for(h2_environment, lambda e: "h2" in (e.get("statusMessage") or ""))
 
     forged = "forged-by-h2"
@@ -260,8 +375,9 @@ async def test_an_agent_writes_transcript_lines_for_its_own_hosts_environments_o
     async def record(error: Exception) -> None:
         errors.append(str(error).lower())
 
-    nc = await nats.connect(service.info["natsUrl"], nkeys_seed=str(h2), inbox_prefix="_BB_HOST_INBOX.h2",
-                            error_cb=record)
+    nc = await nats.connect(
+        service.info["natsUrl"], nkeys_seed=str(h2), inbox_prefix="_BB_HOST_INBOX.h2", error_cb=record
+    )
     try:
         refused = [subjects.transcript(h1_environment), subjects.host_transcript("h1", h1_environment)]
         for subject in refused:
@@ -270,14 +386,19 @@ async def test_an_agent_writes_transcript_lines_for_its_own_hosts_environments_o
         # and one of h2's own environment naming h1's (the read model files a line by the one it names).
         js = nc.jetstream()
         for environment_id in (h1_environment, h2_environment):
-            ack = await js.publish(subjects.host_transcript("h2", environment_id),
-                                   _transcript_line(h1_environment, forged),
-                                   headers={"Nats-Msg-Id": f"forged-{environment_id}"})
+            ack = await js.publish(
+                subjects.host_transcript("h2", environment_id),
+                _transcript_line(h1_environment, forged),
+                headers={"Nats-Msg-Id": f"forged-{environment_id}"},
+            )
             assert ack.stream == subjects.TRANSCRIPT_INTAKE_STREAM
-        await js.publish(subjects.host_transcript("h2", h2_environment), _transcript_line(h2_environment, "h2s-own-line"))
+        await js.publish(
+            subjects.host_transcript("h2", h2_environment), _transcript_line(h2_environment, "h2s-own-line")
+        )
         for subject in refused:
-            await eventually(lambda: any(f'"{subject.lower()}"' in e for e in errors),
-                             f"the server refusing {subject}", timeout=10)
+            await eventually(
+                lambda: any(f'"{subject.lower()}"' in e for e in errors), f"the server refusing {subject}", timeout=10
+            )
     finally:
         await nc.close()
 
@@ -295,20 +416,34 @@ async def test_an_agent_writes_transcript_lines_for_its_own_hosts_environments_o
 
 
 async def test_the_core_killed_between_keeping_an_agents_lines_and_taking_them_in_keeps_each_once(
-        git_repo: Path, tmp_path: Path):
+    git_repo: Path, tmp_path: Path
+):
     """kill -9 of the core after it kept a batch of the agent's lines in the transcripts and before it
     acknowledged them in the intake: started again, it keeps them again, and the stream stores each once."""
     hold = tmp_path / "hold-setup"
     hold.touch()
-    write_hooks(git_repo, tmp_path / "hooks.log",
-                setup=f"while [ -e {hold} ]; do sleep 0.02; done\nfor n in $(seq 1 50); do echo numbered-$n; done")
+    write_hooks(
+        git_repo,
+        tmp_path / "hooks.log",
+        setup=f"while [ -e {hold} ]; do sleep 0.02; done\nfor n in $(seq 1 50); do echo numbered-$n; done",
+    )
     service = Service(tmp_path / "data", service_environment(tmp_path / "data"))
     await service.start()
     try:
         async with running_agent(service, "h1", tmp_path / "h1"):
-            environment_id = spawned(await service.bb(
-                "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                "--host", "h1", "--json"))
+            environment_id = spawned(
+                await service.bb(
+                    "thread",
+                    "spawn",
+                    "--environment-provider",
+                    "git-worktree",
+                    "--project",
+                    str(git_repo),
+                    "--host",
+                    "h1",
+                    "--json",
+                )
+            )
             await eventually(lambda: (tmp_path / "hooks.log").exists(), "the setup starting")
             service.kill()  # started again to die at its next batch of kept lines: the setup's
             service.environment = service_environment(service.data_dir, BB_CRASH_AT="transcript-lines-kept")
@@ -349,16 +484,30 @@ async def test_a_forged_report_for_another_hosts_operation_changes_nothing(servi
 
     h1 = Path((await register(service, "h1"))["credentials"])
     h2 = Path((await register(service, "h2"))["credentials"])
-    environment_id = spawned(await service.bb(
-        "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h2", "--thread-id", "t1",
-        "--json"))
+    environment_id = spawned(
+        await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "personal-workspace",
+            "--host",
+            "h2",
+            "--thread-id",
+            "t1",
+            "--json",
+        )
+    )
     await service.wait_for(environment_id, lambda e: "h2" in (e.get("statusMessage") or ""))
-    forged = {"job": "create", "operationId": f"{environment_id}.create.1",
-              "result": {"status": "created", "path": "/tmp/forged", "ownsPath": True}}
+    forged = {
+        "job": "create",
+        "operationId": f"{environment_id}.create.1",
+        "result": {"status": "created", "path": "/tmp/forged", "ownsPath": True},
+    }
     nc = await nats.connect(service.info["natsUrl"], nkeys_seed=str(h1), inbox_prefix="_BB_HOST_INBOX.h1")
     try:
-        ack = await nc.jetstream().publish(subjects.host_report("h1", forged["operationId"]),
-                                           json.dumps(forged).encode())
+        ack = await nc.jetstream().publish(
+            subjects.host_report("h1", forged["operationId"]), json.dumps(forged).encode()
+        )
         assert ack.stream == subjects.HOST_REPORTS_STREAM
     finally:
         await nc.close()
@@ -386,15 +535,17 @@ def agent_user():
             os.chown(home, account.pw_uid, account.pw_gid)
             python = python_for(account.pw_name, home)
             if python is None:
-                pytest.skip(f"the user {account.pw_name} can reach neither this venv's Python nor the system's "
-                            "of its version")
+                pytest.skip(
+                    f"the user {account.pw_name} can reach neither this venv's Python nor the system's of its version"
+                )
             yield account, home, python
         finally:
             shutil.rmtree(home, ignore_errors=True)
 
 
 async def test_an_agent_of_another_os_user_does_its_hosts_work_and_reads_nothing_of_the_core(
-        service: Service, agent_user):
+    service: Service, agent_user
+):
     account, home, python = agent_user
     seed = home / "h1.nk"
     seed.write_text(Path((await register(service, "h1"))["credentials"]).read_text())
@@ -402,14 +553,18 @@ async def test_an_agent_of_another_os_user_does_its_hosts_work_and_reads_nothing
     seed.chmod(0o600)
     repo = home / "repo"
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    (repo / ".bb-env-setup.sh").write_text(f"id -u > {home / 'setup-uid'}\n"
-                                           f"cat {service.data_dir / 'credentials' / 'service.nk'} > {home / 'stolen'} || true\n")
+    (repo / ".bb-env-setup.sh").write_text(
+        f"id -u > {home / 'setup-uid'}\n"
+        f"cat {service.data_dir / 'credentials' / 'service.nk'} > {home / 'stolen'} || true\n"
+    )
     subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"],
-                   check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(repo), "commit", "-qm", "setup"], check=True
+    )
     subprocess.run(["chown", "-R", f"{account.pw_uid}:{account.pw_gid}", str(repo)], check=True)
-    unreadable = subprocess.run(["cat", str(service.data_dir / "credentials" / "service.nk")], user=account.pw_name,
-                                capture_output=True)
+    unreadable = subprocess.run(
+        ["cat", str(service.data_dir / "credentials" / "service.nk")], user=account.pw_name, capture_output=True
+    )
     assert unreadable.returncode != 0, "the agent's user must not read the core's data dir"
 
     agent = Agent(service, "h1", seed, home / "agent", user=account.pw_name, python=python)
@@ -418,10 +573,34 @@ async def test_an_agent_of_another_os_user_does_its_hosts_work_and_reads_nothing
     agent.start()
     try:
         await agent.serving()
-        personal = spawned(await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                            "--host", "h1", "--thread-id", "p1", "--json"))
-        worktree = spawned(await service.bb("thread", "spawn", "--environment-provider", "git-worktree",
-                                            "--project", str(repo), "--host", "h1", "--thread-id", "w1", "--json"))
+        personal = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "personal-workspace",
+                "--host",
+                "h1",
+                "--thread-id",
+                "p1",
+                "--json",
+            )
+        )
+        worktree = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "git-worktree",
+                "--project",
+                str(repo),
+                "--host",
+                "h1",
+                "--thread-id",
+                "w1",
+                "--json",
+            )
+        )
         for environment_id in (personal, worktree):
             ready = await service.wait_for(environment_id, "ready", timeout=60)
             assert ready["path"].startswith(str(agent.root) + "/")
@@ -437,16 +616,28 @@ async def test_an_agent_of_another_os_user_does_its_hosts_work_and_reads_nothing
 
 
 async def test_an_archive_while_the_host_is_away_waits_in_removing_with_its_claim_held(
-        service: Service, tmp_path: Path):
+    service: Service, tmp_path: Path
+):
     async with running_agent(service, "h1", tmp_path / "h1") as agent:
-        environment_id = spawned(await service.bb(
-            "thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h1", "--thread-id", "t1",
-            "--json"))
+        environment_id = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "personal-workspace",
+                "--host",
+                "h1",
+                "--thread-id",
+                "t1",
+                "--json",
+            )
+        )
         ready = await service.wait_for(environment_id, "ready")
         agent.kill()
         assert (await service.bb("thread", "archive", "t1")).returncode == 0
-        waiting = await service.wait_for(environment_id, lambda e: "offline since" in (e.get("statusMessage") or ""),
-                                         timeout=60)
+        waiting = await service.wait_for(
+            environment_id, lambda e: "offline since" in (e.get("statusMessage") or ""), timeout=60
+        )
         assert waiting["status"] == "removing" and Path(ready["path"]).exists()
         assert (await machines(service))["h1"]["status"] == "offline"
         agent.start()
@@ -458,9 +649,24 @@ async def test_the_same_path_on_two_hosts_is_two_claims(service: Service, git_re
     """A project checkout is claimed by its path on its host: the same path on another host is
     another machine's checkout, and holds no claim of the first's."""
     async with running_agent(service, "h1", tmp_path / "h1"), running_agent(service, "h2", tmp_path / "h2"):
-        on_h1, on_h2 = [spawned(await service.bb(
-            "thread", "spawn", "--environment-provider", "project-checkout", "--project", str(git_repo),
-            "--host", host_id, "--thread-id", f"t-{host_id}", "--json")) for host_id in ("h1", "h2")]
+        on_h1, on_h2 = [
+            spawned(
+                await service.bb(
+                    "thread",
+                    "spawn",
+                    "--environment-provider",
+                    "project-checkout",
+                    "--project",
+                    str(git_repo),
+                    "--host",
+                    host_id,
+                    "--thread-id",
+                    f"t-{host_id}",
+                    "--json",
+                )
+            )
+            for host_id in ("h1", "h2")
+        ]
         first, second = await service.wait_for(on_h1, "ready"), await service.wait_for(on_h2, "ready")
         assert first["path"] == second["path"] == str(git_repo) and on_h1 != on_h2
 
@@ -477,8 +683,11 @@ async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_p
         assert await machines(service) == {}
         agent.start()
         await agent.serving()
-        environment_id = spawned(await service.bb(
-            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"))
+        environment_id = spawned(
+            await service.bb(
+                "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"
+            )
+        )
         ready = await service.wait_for(environment_id, "ready", timeout=30)
     finally:
         agent.stop()
@@ -487,9 +696,13 @@ async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_p
 
 
 async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_dir_and_keeps_the_old_ones(
-        service: Service, tmp_path: Path):
-    before = spawned(await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                      "--thread-id", "t-before", "--json"))
+    service: Service, tmp_path: Path
+):
+    before = spawned(
+        await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t-before", "--json"
+        )
+    )
     old = await service.wait_for(before, "ready")
     assert old["path"].startswith(str(service.data_dir) + "/")
     await service.stop()
@@ -497,8 +710,11 @@ async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_
     service.environment["BB_AGENT_ROOT"] = str(root)
     await service.start()
 
-    after = spawned(await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                     "--thread-id", "t-after", "--json"))
+    after = spawned(
+        await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t-after", "--json"
+        )
+    )
     new = await service.wait_for(after, "ready")
     assert new["path"].startswith(str(root) + "/")
     assert oct(service.data_dir.stat().st_mode & 0o777) == "0o700"
@@ -509,16 +725,25 @@ async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_
 
 
 async def test_a_reply_the_server_refuses_after_the_agents_start_does_not_end_it_and_another_hosts_seed_does(
-        service: Service):
+    service: Service,
+):
     """Issue 29's nemesis: an agent paused past a reconnect answered a request it had taken before,
     on a node where the reply's permission no longer held, and ended as if its seed were another
     host's. Who the agent is, is settled at its start; a refused reply later ends nothing."""
     seeds = {host_id: str((await register(service, host_id))["credentials"]) for host_id in ("h1", "h2")}
     violations = Violations()
-    agent = await nats.connect(service.info["natsUrl"], nkeys_seed=seeds["h1"], error_cb=violations.record,
-                               inbox_prefix=host_agent_inbox_prefix("h1"))
-    impostor = await nats.connect(service.info["natsUrl"], nkeys_seed=seeds["h2"], error_cb=Violations().record,
-                                  inbox_prefix=host_agent_inbox_prefix("h1"))
+    agent = await nats.connect(
+        service.info["natsUrl"],
+        nkeys_seed=seeds["h1"],
+        error_cb=violations.record,
+        inbox_prefix=host_agent_inbox_prefix("h1"),
+    )
+    impostor = await nats.connect(
+        service.info["natsUrl"],
+        nkeys_seed=seeds["h2"],
+        error_cb=Violations().record,
+        inbox_prefix=host_agent_inbox_prefix("h1"),
+    )
     try:
         await check_identity(agent, "h1", BusHealth())
         await agent.publish(f"{SERVICE_INBOX_PREFIX}.lapsed.1", b"{}")  # a reply whose permission lapsed
@@ -532,7 +757,8 @@ async def test_a_reply_the_server_refuses_after_the_agents_start_does_not_end_it
 
 
 async def test_an_agent_started_with_another_hosts_seed_or_no_seed_at_all_ends_saying_why(
-        service: Service, tmp_path: Path):
+    service: Service, tmp_path: Path
+):
     await register(service, "h1")
     h2 = Path((await register(service, "h2"))["credentials"])
     wrong = Agent(service, "h1", h2, tmp_path / "wrong")

@@ -17,8 +17,10 @@ async def test_an_idle_environment_is_paused_and_a_message_resumes_it_without_se
     project.mkdir()
     (tmp_path / "markers").mkdir()
     (project / ".bb-env-setup.sh").write_text(f"echo setup >> {tmp_path}/markers/setup\n")
-    service = Service(tmp_path / "data", service_environment(
-        tmp_path / "data", BB_EXTRA_PROVIDERS=PAUSABLE, BB_SWEEP_INTERVAL_S="0.2"))
+    service = Service(
+        tmp_path / "data",
+        service_environment(tmp_path / "data", BB_EXTRA_PROVIDERS=PAUSABLE, BB_SWEEP_INTERVAL_S="0.2"),
+    )
     await service.start()
     publisher = await service.connect("publisher")
     try:
@@ -26,8 +28,17 @@ async def test_an_idle_environment_is_paused_and_a_message_resumes_it_without_se
         for gate in ("create", "remove"):
             (directory / "gates").mkdir(parents=True, exist_ok=True)
             (directory / "gates" / gate).touch()
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "pausable", "--project", str(project),
-                                   "--thread-id", "t1", "--json")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "pausable",
+            "--project",
+            str(project),
+            "--thread-id",
+            "t1",
+            "--json",
+        )
         environment_id = spawned.json()["environmentId"]
         paused = await service.wait_for(environment_id, lambda e: e["pausedAt"] is not None)
         assert paused["status"] == "ready"

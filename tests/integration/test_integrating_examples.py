@@ -22,8 +22,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrating"
 
 async def run_example(service: Service, name: str, *args: str, timeout: float = 120) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLES / name), *args, env=service.environment, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(EXAMPLES / name),
+        *args,
+        env=service.environment,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
@@ -33,8 +39,14 @@ async def run_example(service: Service, name: str, *args: str, timeout: float = 
 async def running_example(service: Service, name: str, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
     """The example, started and listening (it printed `listening`)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLES / name), *args, env=service.environment, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(EXAMPLES / name),
+        *args,
+        env=service.environment,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert process.stdout is not None
         first = await asyncio.wait_for(process.stdout.readline(), 30)
@@ -92,8 +104,9 @@ async def test_the_nats_py_example_hears_a_refusal_with_its_reason(service):
 async def test_the_reacting_service_hears_every_threads_outcome_once(service):
     async with running_example(service, "react_to_outcomes.py") as reacting:
         for thread_id in ("t1", "t2"):
-            spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                       "--thread-id", thread_id, "--json")
+            spawned = await service.bb(
+                "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", thread_id, "--json"
+            )
             assert spawned.returncode == 0, spawned.stderr
             heard = await line_with(reacting, f"{thread_id}: ")
             assert heard == f"{thread_id}: ready in {spawned.json()['environmentId']}\n"

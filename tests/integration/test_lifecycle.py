@@ -15,14 +15,26 @@ from tests.integration.conftest import environment_events, eventually, write_hoo
 
 
 def worktrees(repo) -> list[str]:
-    listing = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True, text=True, check=True
+    ).stdout
     return [line.split(" ", 1)[1] for line in listing.splitlines() if line.startswith("worktree ")]
 
 
 async def spawn(service, repo, thread_id: str, *extra: str) -> dict:
-    result = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(repo),
-                              "--thread-id", thread_id, "--wait", "--json", *extra)
+    result = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(repo),
+        "--thread-id",
+        thread_id,
+        "--wait",
+        "--json",
+        *extra,
+    )
     assert result.returncode == 0, result.stderr
     return result.json()
 
@@ -49,8 +61,19 @@ async def test_spawn_ready_archive_removed_runs_each_hook_once_in_order(service,
     assert "bb/t1" in subprocess.run(["git", "-C", str(git_repo), "branch"], capture_output=True, text=True).stdout
 
     types = [e["type"] for e in await environment_events(service, spawned["environmentId"])]
-    assert types == ["claimed", "created", "setup_started", "setup_succeeded", "ready", "thread_detached",
-                     "retire_scheduled", "removal_started", "teardown_started", "teardown_finished", "removed"]
+    assert types == [
+        "claimed",
+        "created",
+        "setup_started",
+        "setup_succeeded",
+        "ready",
+        "thread_detached",
+        "retire_scheduled",
+        "removal_started",
+        "teardown_started",
+        "teardown_finished",
+        "removed",
+    ]
 
 
 async def test_spawn_prompt_is_the_thread_first_message_on_the_bus(service, git_repo):
@@ -59,7 +82,9 @@ async def test_spawn_prompt_is_the_thread_first_message_on_the_bus(service, git_
     # Only the service reads BB_THREADS back; the agent's runner gets the message as it is published.
     listener = await service.connect("service")
     try:
-        stored = await listener.jetstream().get_last_msg(subjects.THREADS_STREAM, subjects.thread_event("t1", "message"))
+        stored = await listener.jetstream().get_last_msg(
+            subjects.THREADS_STREAM, subjects.thread_event("t1", "message")
+        )
     finally:
         await listener.close()
     message = json.loads(stored.data)
@@ -132,22 +157,34 @@ async def test_a_service_publishing_raw_thread_events_gets_an_environment(servic
 
     await publisher.subscribe("bb.environments.*.ready", cb=on_ready)
     try:
-        created = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "raw1",
-                   "projectPath": str(git_repo),
-                   "environment": {"type": "provider", "environmentProviderId": "git-worktree",
-                                   "machine": {"type": "existing", "hostId": "local"},
-                                   "inputs": {"branch": {"kind": "new", "name": "feature/raw"}}}}
+        created = {
+            "type": "created",
+            "occurredAt": "2026-11-30T12:00:00Z",
+            "threadId": "raw1",
+            "projectPath": str(git_repo),
+            "environment": {
+                "type": "provider",
+                "environmentProviderId": "git-worktree",
+                "machine": {"type": "existing", "hostId": "local"},
+                "inputs": {"branch": {"kind": "new", "name": "feature/raw"}},
+            },
+        }
         await js.publish(subjects.thread_event("raw1", "created"), msgspec.json.encode(created))
-        await js.publish(subjects.thread_event("raw1", "message"),
-                         b'{"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": "raw1"}')
+        await js.publish(
+            subjects.thread_event("raw1", "message"),
+            b'{"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": "raw1"}',
+        )
         event = await asyncio.wait_for(ready, 30)
         assert event["threadIds"] == ["raw1"] and event["status"] == "ready"
-        branch = subprocess.run(["git", "-C", event["path"], "branch", "--show-current"],
-                                capture_output=True, text=True).stdout.strip()
+        branch = subprocess.run(
+            ["git", "-C", event["path"], "branch", "--show-current"], capture_output=True, text=True
+        ).stdout.strip()
         assert branch == "feature/raw"
 
-        await js.publish(subjects.thread_event("raw1", "archived"),
-                         b'{"type": "archived", "occurredAt": "2026-11-30T12:00:02Z", "threadId": "raw1"}')
+        await js.publish(
+            subjects.thread_event("raw1", "archived"),
+            b'{"type": "archived", "occurredAt": "2026-11-30T12:00:02Z", "threadId": "raw1"}',
+        )
         await service.wait_for(event["environmentId"], "removed")
     finally:
         await publisher.close()
@@ -158,8 +195,18 @@ async def test_setup_failure_is_an_error_and_retry_reruns_setup_in_the_same_work
     gate = tmp_path / "allow-setup"
     write_hooks(git_repo, marker, setup=f"test -e {gate} || exit 3")
 
-    failed = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                              "--thread-id", "t1", "--wait", "--json")
+    failed = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "t1",
+        "--wait",
+        "--json",
+    )
     assert failed.returncode == 1
     document = failed.json()
     assert document["status"] == "error" and "exit code 3" in document["statusMessage"]
@@ -259,8 +306,13 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
         assert [e["type"] for e in events].count("claimed") == 1
         assert [e["version"] for e in events] == list(range(1, len(events) + 1))
         # Once each, whatever was delivered twice; the host found no setup script in the worktree.
-        assert [e["type"] for e in events[:ready["version"]]] == [
-            "claimed", "created", "setup_started", "setup_skipped", "ready"]
+        assert [e["type"] for e in events[: ready["version"]]] == [
+            "claimed",
+            "created",
+            "setup_started",
+            "setup_skipped",
+            "ready",
+        ]
         assert events[-1]["type"] == "removed"
     finally:
         await publisher.close()
@@ -332,7 +384,9 @@ async def test_list_hides_removed_environments_unless_asked_for(service, git_rep
 
 
 @pytest.mark.parametrize("service", [{"BB_REMOVED_RETENTION_S": "0.001"}], indirect=True)
-async def test_a_removed_environment_s_hook_records_and_transcript_are_dropped_and_a_live_one_s_kept(service, git_repo, tmp_path):
+async def test_a_removed_environment_s_hook_records_and_transcript_are_dropped_and_a_live_one_s_kept(
+    service, git_repo, tmp_path
+):
     write_hooks(git_repo, tmp_path / "hooks.log")
     removed = await spawn(service, git_repo, "t1")
     live = await spawn(service, git_repo, "t2")
@@ -361,7 +415,9 @@ async def test_a_removed_environment_s_hook_records_and_transcript_are_dropped_a
         js = nc.jetstream()
 
         async def streamed(environment_id: str) -> int:
-            info = await js.stream_info(subjects.TRANSCRIPTS_STREAM, subjects_filter=subjects.transcript(environment_id))
+            info = await js.stream_info(
+                subjects.TRANSCRIPTS_STREAM, subjects_filter=subjects.transcript(environment_id)
+            )
             return sum((info.state.subjects or {}).values())
 
         deadline = time.monotonic() + 30

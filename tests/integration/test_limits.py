@@ -15,13 +15,23 @@ from tests.integration.conftest import Service, service_environment
 
 
 async def personal(service: Service, thread_id: str):
-    return await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                            "--thread-id", thread_id, "--json")
+    return await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", thread_id, "--json"
+    )
 
 
 async def worktree(service: Service, repo: Path, thread_id: str):
-    return await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(repo),
-                            "--thread-id", thread_id, "--json")
+    return await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(repo),
+        "--thread-id",
+        thread_id,
+        "--json",
+    )
 
 
 @pytest.mark.parametrize("service", [{"BB_MAX_LIVE_ENVIRONMENTS": "3"}], indirect=True)
@@ -37,7 +47,7 @@ async def test_a_spawn_past_the_hosts_limit_is_refused_naming_it_and_a_removal_f
     listed = (await service.bb("environment", "list", "--json")).json()["environments"]
     assert len(listed) == 3
 
-    first = (await service.bb("thread", "archive", "t0", "--wait", "--json"))
+    first = await service.bb("thread", "archive", "t0", "--wait", "--json")
     assert first.returncode == 0, first.stderr
     assert (await personal(service, "t3")).returncode == 0
 
@@ -56,13 +66,23 @@ async def test_a_thread_event_past_a_projects_limit_is_refused_as_its_placement_
     try:
         js = nc.jetstream()
         outcomes = await nc.subscribe("bb.placements.t3.*")
-        created = {"type": "created", "threadId": "t3", "occurredAt": "2026-01-01T00:00:00Z",
-                   "projectPath": str(git_repo), "environment": {
-                       "type": "provider", "environmentProviderId": "git-worktree",
-                       "machine": {"type": "existing", "hostId": "local"}, "inputs": {}}}
+        created = {
+            "type": "created",
+            "threadId": "t3",
+            "occurredAt": "2026-01-01T00:00:00Z",
+            "projectPath": str(git_repo),
+            "environment": {
+                "type": "provider",
+                "environmentProviderId": "git-worktree",
+                "machine": {"type": "existing", "hostId": "local"},
+                "inputs": {},
+            },
+        }
         await js.publish("bb.threads.t3.created", json.dumps(created).encode())
-        await js.publish("bb.threads.t3.message", json.dumps(
-            {"type": "message", "threadId": "t3", "occurredAt": "2026-01-01T00:00:01Z"}).encode())
+        await js.publish(
+            "bb.threads.t3.message",
+            json.dumps({"type": "message", "threadId": "t3", "occurredAt": "2026-01-01T00:00:01Z"}).encode(),
+        )
         outcome = await outcomes.next_msg(timeout=30)
     finally:
         await nc.close()
@@ -99,8 +119,10 @@ async def test_a_repository_another_user_owns_is_refused_for_that_reason(service
     shutil.copytree(git_repo, foreign)
     subprocess.run(["chown", "-R", "65534:65534", str(foreign)], check=True)
     # git in the test's own environment would refuse it the same way: the service's git is not special.
-    assert "dubious ownership" in subprocess.run(["git", "-C", str(foreign), "status"], capture_output=True,
-                                                 text=True).stderr
+    assert (
+        "dubious ownership"
+        in subprocess.run(["git", "-C", str(foreign), "status"], capture_output=True, text=True).stderr
+    )
 
     refused = await worktree(service, foreign, "t1")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from bb_environments.bus.embedded_server import EmbeddedNats
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import EnvironmentRef, SpawnThread
-from bb_environments.bus.embedded_server import EmbeddedNats
 from tests.integration.conftest import Service, service_environment
 
 MAX_PAYLOAD = 16 * 1024
@@ -34,12 +34,17 @@ async def test_lists_longer_than_one_message_come_whole(small_nats, tmp_path):
     service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_NATS_URL=small_nats))
     await service.start()
     try:
-        spawned = [await service.api.call("threads", "spawn", SpawnThread(
-            thread_id=f"t{i:03d}", environment_provider="personal-workspace")) for i in range(THREADS)]
+        spawned = [
+            await service.api.call(
+                "threads", "spawn", SpawnThread(thread_id=f"t{i:03d}", environment_provider="personal-workspace")
+            )
+            for i in range(THREADS)
+        ]
         last = max(spawned, key=lambda s: s["position"])
         # Read-your-writes: once the last spawn's position is in the read model, all of them are.
-        await service.api.call("environments", "show", EnvironmentRef(environment_id=last["environmentId"],
-                                                                      min_position=last["position"]))
+        await service.api.call(
+            "environments", "show", EnvironmentRef(environment_id=last["environmentId"], min_position=last["position"])
+        )
 
         environments = await service.bb("environment", "list", "--json")
         assert environments.returncode == 0, environments.stderr

@@ -22,17 +22,25 @@ async def test_the_provisioners_old_consumer_is_retired_and_what_it_owed_is_driv
     nc = None
     try:
         # The creation is quick enough that the crash may come before the spawn's answer: not waited for.
-        await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1",
-                         "--json")
+        await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"
+        )
         await eventually(lambda: service.process.poll() is not None, "the crash once Created is recorded", 90)
 
         # As the earlier service left it: its own consumer of the environments' events, nothing acknowledged.
         nc = await service.connect("service")
         js = nc.jetstream()
-        await js.add_consumer(subjects.ENVIRONMENTS_STREAM, api.ConsumerConfig(
-            durable_name="provisioner", filter_subject=subjects.LOG_ENVIRONMENT_EVENTS,
-            ack_policy=api.AckPolicy.EXPLICIT, deliver_policy=api.DeliverPolicy.ALL, ack_wait=30,
-            max_ack_pending=1000))
+        await js.add_consumer(
+            subjects.ENVIRONMENTS_STREAM,
+            api.ConsumerConfig(
+                durable_name="provisioner",
+                filter_subject=subjects.LOG_ENVIRONMENT_EVENTS,
+                ack_policy=api.AckPolicy.EXPLICIT,
+                deliver_policy=api.DeliverPolicy.ALL,
+                ack_wait=30,
+                max_ack_pending=1000,
+            ),
+        )
 
         service.environment = service_environment(data_dir)
         await service.start()

@@ -49,8 +49,9 @@ async def client_as_readme_shows(service: Service) -> AsyncIterator[tuple[nats.a
 async def back(nc: nats.aio.client.Client, reconnects: int) -> None:
     """Until the client has reconnected by itself, `reconnects` times in all (nats-py tries every
     2 s): what is published while it is away never reaches a plain subscription, whatever the port."""
-    await eventually(lambda: nc.is_connected and nc.stats["reconnects"] == reconnects,
-                     f"reconnect number {reconnects} of the client")
+    await eventually(
+        lambda: nc.is_connected and nc.stats["reconnects"] == reconnects, f"reconnect number {reconnects} of the client"
+    )
     await nc.flush()  # the subscriptions it sent again are the server's
 
 
@@ -188,8 +189,10 @@ async def test_a_port_taken_by_another_process_is_refused_in_one_line_not_moved(
     with listening_elsewhere(port):  # taken while the service was stopped
         refused = await service.bb("serve")
     assert refused.returncode == 1
-    assert one_line_refusal(refused) == (f"bb: port {port} on 127.0.0.1 is taken by another process: free it, "
-                                         "or give the embedded nats-server another with `bb serve --nats-port PORT`")
+    assert one_line_refusal(refused) == (
+        f"bb: port {port} on 127.0.0.1 is taken by another process: free it, "
+        "or give the embedded nats-server another with `bb serve --nats-port PORT`"
+    )
     assert remembered(service.data_dir) == port
 
     with listening_elsewhere() as taken:
@@ -209,8 +212,10 @@ async def test_a_remembered_port_that_is_not_one_is_refused_naming_its_file(serv
 
     refused = await service.bb("serve")
     assert refused.returncode == 1
-    assert one_line_refusal(refused) == (f"bb: {port_file} says '48 000', which is not a port: correct it, remove it "
-                                         "(a free port is then chosen), or start `bb serve` with --nats-port")
+    assert one_line_refusal(refused) == (
+        f"bb: {port_file} says '48 000', which is not a port: correct it, remove it "
+        "(a free port is then chosen), or start `bb serve` with --nats-port"
+    )
     assert nats_servers_on(service.data_dir / "nats") == []
 
 
@@ -219,6 +224,7 @@ async def test_a_port_with_an_external_nats_is_refused_with_exit_2(tmp_path):
     service = Service(data_dir, service_environment(data_dir, BB_NATS_PORT="4222"))
     result = await service.bb("serve", "--nats-url", f"nats://127.0.0.1:{free_port()}", "--json")
     assert result.returncode == 2 and result.json()["error"]["code"] == "invalid_input"
-    assert one_line_refusal(result) == ("bb: --nats-port (BB_NATS_PORT) is the embedded nats-server's port: "
-                                        "with --nats-url (BB_NATS_URL) there is none")
+    assert one_line_refusal(result) == (
+        "bb: --nats-port (BB_NATS_PORT) is the embedded nats-server's port: with --nats-url (BB_NATS_URL) there is none"
+    )
     assert not data_dir.exists()

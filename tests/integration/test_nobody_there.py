@@ -99,7 +99,8 @@ async def test_a_slow_answer_to_an_earlier_attempt_counts(server):
 
         await service.subscribe(subjects.api("environments", "list"), cb=answer_the_first_late)
         assert await asyncio.wait_for(client.call("environments", "list", ListEnvironments()), 15) == {
-            "environments": ["late"]}
+            "environments": ["late"]
+        }
         assert len(requests) == 2 and requests[0] == requests[1]  # sent again, to the same inbox
     finally:
         await client.close()

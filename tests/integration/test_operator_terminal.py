@@ -16,14 +16,20 @@ from tests.integration.conftest import Service, service_environment, write_hooks
 
 
 async def test_show_prints_a_dash_for_nothing_and_yes_or_no_for_a_flag(service):
-    spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                "--thread-id", "t1", "--wait", "--json")).json()
+    spawned = (
+        await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--wait", "--json"
+        )
+    ).json()
 
     shown = await service.bb("environment", "show", spawned["environmentId"])
 
     assert shown.returncode == 0, shown.stderr
-    fields = dict(line.strip().split(None, 1) for line in shown.stdout.splitlines()
-                  if line.startswith("  ") and not line.startswith("  │") and not line.startswith("  owns"))
+    fields = dict(
+        line.strip().split(None, 1)
+        for line in shown.stdout.splitlines()
+        if line.startswith("  ") and not line.startswith("  │") and not line.startswith("  owns")
+    )
     assert fields["project"] == "-" and fields["threads"] == "t1"
     assert [line.split()[-1] for line in shown.stdout.splitlines() if line.startswith("  owns path")] == ["yes"]
     assert "None" not in shown.stdout and "True" not in shown.stdout
@@ -34,9 +40,12 @@ async def test_thread_list_says_why_a_thread_was_refused(service):
     publisher = await service.connect("publisher")
     try:
         elsewhere = {"type": "existing", "hostId": "elsewhere"}  # a host this service does not serve
-        created = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": "refused",
-                   "environment": {"type": "provider", "environmentProviderId": "personal-workspace",
-                                   "machine": elsewhere}}
+        created = {
+            "type": "created",
+            "occurredAt": "2026-11-30T12:00:00Z",
+            "threadId": "refused",
+            "environment": {"type": "provider", "environmentProviderId": "personal-workspace", "machine": elsewhere},
+        }
         message = {"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": "refused"}
         js = publisher.jetstream()
         await js.publish(subjects.thread_event("refused", "created"), msgspec.json.encode(created))
@@ -58,8 +67,15 @@ async def test_thread_list_says_why_a_thread_was_refused(service):
 
 async def test_events_tail_of_transcripts_prints_what_each_line_says(service):
     tail = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bb_environments.entrypoints.bb", "events", "tail", "bb.transcripts.>",
-        env=service.environment, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "bb_environments.entrypoints.bb",
+        "events",
+        "tail",
+        "bb.transcripts.>",
+        env=service.environment,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     try:
         # Spawn until the tail (still starting up) has heard a transcript; each spawn is a new thread.
@@ -67,15 +83,25 @@ async def test_events_tail_of_transcripts_prints_what_each_line_says(service):
         attempt = 0
         while time.monotonic() < deadline:
             attempt += 1
-            spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                        "--thread-id", f"t{attempt}", "--wait", "--json")).json()
+            spawned = (
+                await service.bb(
+                    "thread",
+                    "spawn",
+                    "--environment-provider",
+                    "personal-workspace",
+                    "--thread-id",
+                    f"t{attempt}",
+                    "--wait",
+                    "--json",
+                )
+            ).json()
             try:
                 while True:
                     line = (await asyncio.wait_for(tail.stdout.readline(), 1)).decode()
                     if subjects.transcript(spawned["environmentId"]) in line and "Preparing" in line:
                         assert line.rstrip().endswith("Preparing Personal workspace (attempt 1)"), line
                         return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
         raise AssertionError("events tail printed no transcript line's text")
     finally:
@@ -89,8 +115,18 @@ async def test_the_listing_fits_80_columns_whatever_the_path_and_show_names_the_
     service = Service(data_dir, service_environment(data_dir))
     await service.start()
     try:
-        spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                    "--thread-id", "t1", "--wait", "--json")).json()
+        spawned = (
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "personal-workspace",
+                "--thread-id",
+                "t1",
+                "--wait",
+                "--json",
+            )
+        ).json()
         shown = await service.show(spawned["environmentId"])
         assert len(shown["path"]) > 80
 
@@ -100,7 +136,12 @@ async def test_the_listing_fits_80_columns_whatever_the_path_and_show_names_the_
         header, row = listed.stdout.splitlines()
         assert max(len(header), len(row)) <= 80
         environment_id, status, provider, slug, thread = row.split()
-        assert (environment_id, status, provider, thread) == (spawned["environmentId"], "ready", "personal-workspace", "t1")
+        assert (environment_id, status, provider, thread) == (
+            spawned["environmentId"],
+            "ready",
+            "personal-workspace",
+            "t1",
+        )
         assert slug == shown["slug"] or (slug.startswith("…") and shown["slug"].endswith(slug[1:]))
         described = await service.bb("environment", "show", spawned["environmentId"])
         assert shown["path"] in described.stdout.replace("\n", "")
@@ -126,8 +167,11 @@ async def test_providers_show_the_retire_grace_in_force(tmp_path):
 
 
 async def test_archiving_an_archived_thread_says_so_in_a_sentence(service):
-    spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                "--thread-id", "t1", "--wait", "--json")).json()
+    spawned = (
+        await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--wait", "--json"
+        )
+    ).json()
     first = await service.bb("thread", "archive", "t1")
     assert first.returncode == 0 and first.stdout.split()[0] == spawned["environmentId"], first.stdout
 
@@ -147,20 +191,28 @@ async def test_a_unique_start_of_an_environment_id_names_it_and_an_ambiguous_one
     try:
         js = publisher.jetstream()
         for n in range(17):
-            created = {"type": "created", "occurredAt": "2026-11-30T12:00:00Z", "threadId": f"t{n}",
-                       "environment": {"type": "provider", "environmentProviderId": "personal-workspace"}}
+            created = {
+                "type": "created",
+                "occurredAt": "2026-11-30T12:00:00Z",
+                "threadId": f"t{n}",
+                "environment": {"type": "provider", "environmentProviderId": "personal-workspace"},
+            }
             message = {"type": "message", "occurredAt": "2026-11-30T12:00:01Z", "threadId": f"t{n}"}
             await js.publish(subjects.thread_event(f"t{n}", "created"), msgspec.json.encode(created))
             await js.publish(subjects.thread_event(f"t{n}", "message"), msgspec.json.encode(message))
     finally:
         await publisher.close()
-    threads = {(await service.wait_for_thread(f"t{n}", with_environment=True))["environmentId"]: f"t{n}"
-               for n in range(17)}
+    threads = {
+        (await service.wait_for_thread(f"t{n}", with_environment=True))["environmentId"]: f"t{n}" for n in range(17)
+    }
     ids = sorted(threads)
 
     def unique_start(environment_id: str) -> str:
-        return next(environment_id[:length] for length in range(1, 37)
-                    if sum(other.startswith(environment_id[:length]) for other in ids) == 1)
+        return next(
+            environment_id[:length]
+            for length in range(1, 37)
+            if sum(other.startswith(environment_id[:length]) for other in ids) == 1
+        )
 
     chosen = ids[0]
     start = unique_start(chosen)
@@ -183,8 +235,9 @@ async def test_a_unique_start_of_an_environment_id_names_it_and_an_ambiguous_one
     assert all(i in said for i in beginning[:5]) and sum(i in said for i in ids) == min(len(beginning), 5), said
     assert ("and more" in said) == (len(beginning) > 5)
 
-    absent = next(a + b for a in "0123456789abcdef" for b in "0123456789abcdef"
-                  if not any(i.startswith(a + b) for i in ids))
+    absent = next(
+        a + b for a in "0123456789abcdef" for b in "0123456789abcdef" if not any(i.startswith(a + b) for i in ids)
+    )
     missing = await service.bb("environment", "retry", absent)
     assert missing.returncode == 3 and missing.stderr == f"bb: no environment id begins with '{absent}'\n"
 
@@ -192,8 +245,18 @@ async def test_a_unique_start_of_an_environment_id_names_it_and_an_ambiguous_one
 async def test_retry_waits_with_the_transcript_for_the_setup_run_again(service, git_repo, tmp_path):
     tried = tmp_path / "tried"
     write_hooks(git_repo, tmp_path / "marker", setup=f"[ -e {tried} ] || {{ touch {tried}; echo no luck; exit 1; }}")
-    failed = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo),
-                              "--thread-id", "t1", "--wait", "--json")
+    failed = await service.bb(
+        "thread",
+        "spawn",
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "t1",
+        "--wait",
+        "--json",
+    )
     assert failed.returncode == 1 and failed.json()["status"] == "error", failed.stderr
     environment_id = failed.json()["environmentId"]
 
@@ -206,13 +269,18 @@ async def test_retry_waits_with_the_transcript_for_the_setup_run_again(service, 
 
 @pytest.mark.parametrize("service", [{"BB_RETIRE_GRACE_MS": "600000"}], indirect=True)
 async def test_delete_waits_until_the_environment_is_removed(service):
-    spawned = (await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                "--thread-id", "t1", "--wait", "--json")).json()
+    spawned = (
+        await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--wait", "--json"
+        )
+    ).json()
     archived = await service.bb("thread", "archive", "t1", "--wait", "--timeout", "1", "--json")
     # Inside the grace the environment waits for a thread to come back: the wait is up, nothing failed.
     assert archived.returncode == 5, archived.stderr
     assert archived.json()["error"] == {
-        "code": "timed_out", "message": f"environment {spawned['environmentId']} was still retiring after 1 s"}
+        "code": "timed_out",
+        "message": f"environment {spawned['environmentId']} was still retiring after 1 s",
+    }
 
     deleted = await service.bb("environment", "delete", spawned["environmentId"], "--wait")
 
@@ -223,8 +291,20 @@ async def test_delete_waits_until_the_environment_is_removed(service):
 
 async def test_archive_waits_until_the_last_threads_environment_is_removed(service, git_repo, tmp_path):
     write_hooks(git_repo, tmp_path / "marker", teardown="echo tearing down")
-    spawned = (await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                                str(git_repo), "--thread-id", "t1", "--wait", "--json")).json()
+    spawned = (
+        await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--thread-id",
+            "t1",
+            "--wait",
+            "--json",
+        )
+    ).json()
 
     archived = await service.bb("thread", "archive", "t1", "--wait", "--json")
 
@@ -240,8 +320,19 @@ async def test_a_spawn_wait_that_times_out_exits_5_not_as_a_failure(service, git
     hold.touch()
     write_hooks(git_repo, tmp_path / "marker", setup=f"while [ -e {hold} ]; do sleep 0.05; done")
     try:
-        waited = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                                  str(git_repo), "--thread-id", "t1", "--wait", "--timeout", "1")
+        waited = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--thread-id",
+            "t1",
+            "--wait",
+            "--timeout",
+            "1",
+        )
     finally:
         hold.unlink()
     assert waited.returncode == 5, waited.stderr

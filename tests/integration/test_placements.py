@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 import uuid
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,9 @@ async def heard(service: Service, thread_id: str, role: str = "subscriber") -> l
     try:
         js = nc.jetstream()
         name = f"test-{uuid.uuid4().hex[:8]}"
-        consumer = await js.pull_subscribe(f"bb.placements.{thread_id}.>", durable=name,
-                                           stream=subjects.PLACEMENTS_STREAM)
+        consumer = await js.pull_subscribe(
+            f"bb.placements.{thread_id}.>", durable=name, stream=subjects.PLACEMENTS_STREAM
+        )
         pending = (await consumer.consumer_info()).num_pending
         outcomes = []
         while len(outcomes) < pending:
@@ -140,7 +142,9 @@ async def test_threads_archived_as_soon_as_their_environment_is_ready_still_hear
         for thread_id, environment_id in environments.items():
             await service.wait_for(environment_id, "removed")
             ready = await last_stored(service, subjects.PLACEMENTS_STREAM, subjects.placement(thread_id, "ready"))
-            removed = await last_stored(service, subjects.ENVIRONMENTS_STREAM, f"bb.log.environment.{environment_id}.removed")
+            removed = await last_stored(
+                service, subjects.ENVIRONMENTS_STREAM, f"bb.log.environment.{environment_id}.removed"
+            )
             assert ready.time is not None and removed.time is not None and ready.time < removed.time, thread_id
     finally:
         await publisher.close()
@@ -156,8 +160,12 @@ async def last_stored(service: Service, stream: str, subject: str) -> Any:
 
 async def test_a_failing_setup_is_heard_as_error(service, git_repo, tmp_path):
     write_hooks(git_repo, tmp_path / "hooks.log", setup="echo broken; exit 3")
-    await spawn(service, "t1", projectPath=str(git_repo),
-                environment={"type": "provider", "environmentProviderId": "git-worktree"})
+    await spawn(
+        service,
+        "t1",
+        projectPath=str(git_repo),
+        environment={"type": "provider", "environmentProviderId": "git-worktree"},
+    )
     failed = await hears(service, "t1", "error")
     assert failed["subject"] == "bb.placements.t1.error" and failed["environmentId"]
     assert failed["reason"] == (await service.show(failed["environmentId"]))["statusMessage"]
@@ -166,17 +174,21 @@ async def test_a_failing_setup_is_heard_as_error(service, git_repo, tmp_path):
 
 
 async def test_refusals_are_heard_with_their_reason_and_never_the_events_content(service, git_repo, git):
-    await spawn(service, "unknown-provider",
-                environment={"type": "provider", "environmentProviderId": "no-such-provider",
-                             "inputs": {"token": SECRET}})
+    await spawn(
+        service,
+        "unknown-provider",
+        environment={"type": "provider", "environmentProviderId": "no-such-provider", "inputs": {"token": SECRET}},
+    )
     refused = await hears(service, "unknown-provider", "refused")
     assert refused["environmentId"] is None and "no-such-provider" in refused["reason"]
     assert_content_withheld(refused)
 
     publisher = await service.connect("publisher")
     try:
-        await publisher.jetstream().publish(subjects.thread_event("malformed", "created"),
-                                            f'{{"type": "created", "threadId": "malformed", "{SECRET}": 1'.encode())
+        await publisher.jetstream().publish(
+            subjects.thread_event("malformed", "created"),
+            f'{{"type": "created", "threadId": "malformed", "{SECRET}": 1'.encode(),
+        )
     finally:
         await publisher.close()
     assert_content_withheld(await hears(service, "malformed", "refused"))
@@ -186,8 +198,11 @@ async def test_refusals_are_heard_with_their_reason_and_never_the_events_content
 
     git(git_repo, "branch", "feature")
     checkout = {"type": "provider", "environmentProviderId": "project-checkout"}
-    switch = {"type": "provider", "environmentProviderId": "project-checkout",
-              "inputs": {"branch": {"kind": "existing", "name": "feature"}}}
+    switch = {
+        "type": "provider",
+        "environmentProviderId": "project-checkout",
+        "inputs": {"branch": {"kind": "existing", "name": "feature"}},
+    }
     await spawn(service, "holder", projectPath=str(git_repo), environment=checkout)
     await hears(service, "holder", "ready")
     await spawn(service, "claimant", projectPath=str(git_repo), environment=switch)
@@ -239,6 +254,7 @@ async def test_publishers_and_subscribers_may_read_state_and_change_nothing(serv
     assert [o["status"] for o in await heard(service, "t1", role)] == ["ready"]
     nc, violations = await connect_as(service, role)
     try:
+
         async def ask(area: str, verb: str, **request: Any) -> dict[str, Any]:
             reply = await nc.request(subjects.api(area, verb), msgspec.json.encode(request), timeout=10)
             return json.loads(reply.data)
@@ -260,7 +276,7 @@ async def test_an_outcome_read_again_after_the_duplicate_window_is_not_published
     """A service or replica back after minutes away reads on from where it stopped, past the stream's
     duplicate window: what it hears again is looked up in the stream, not published twice, and an
     old outcome that a later one of the thread's has overtaken stays unpublished."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
     from typing import cast
 
     import nats
@@ -281,17 +297,21 @@ async def test_an_outcome_read_again_after_the_duplicate_window_is_not_published
         config.duplicate_window = window_s
         await js.update_stream(config)
         placements = Placements(js, cast(Store, None))  # refusals are announced without reading the store
-        an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+        an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
 
         def refusal(thread_id: str, version: int, at: datetime) -> ThreadRefusedDocument:
             return ThreadRefusedDocument(occurred_at=at, thread_id=thread_id, version=version, message="refused")
 
         async def stored(thread_id: str) -> list[str]:
-            consumer = await js.pull_subscribe(subjects.placement(thread_id, "refused"), durable=thread_id,
-                                               stream=subjects.PLACEMENTS_STREAM)
+            consumer = await js.pull_subscribe(
+                subjects.placement(thread_id, "refused"), durable=thread_id, stream=subjects.PLACEMENTS_STREAM
+            )
             pending = (await consumer.consumer_info()).num_pending  # nothing fetched yet: all it holds
-            return [message.headers["Nats-Msg-Id"] for message in await consumer.fetch(pending, timeout=5)] \
-                if pending else []
+            return (
+                [message.headers["Nats-Msg-Id"] for message in await consumer.fetch(pending, timeout=5)]
+                if pending
+                else []
+            )
 
         await placements.announce([refusal("t1", 2, an_hour_ago)])
         await asyncio.sleep(window_s * 2)  # past the window: the stream alone would take it again
@@ -299,7 +319,7 @@ async def test_an_outcome_read_again_after_the_duplicate_window_is_not_published
         assert await stored("t1") == ["t1:-:refused:2"]
 
         # Overtaken: the thread's later outcome is stored after the old one was due.
-        await placements.announce([refusal("t2", 5, datetime.now(timezone.utc))])
+        await placements.announce([refusal("t2", 5, datetime.now(UTC))])
         await placements.announce([refusal("t2", 2, an_hour_ago)])
         assert await stored("t2") == ["t2:-:refused:5"]
 

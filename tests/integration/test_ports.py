@@ -22,19 +22,21 @@ def listener() -> Iterator[int]:
 
 
 async def personal(service: Service, thread_id: str):
-    return await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                            "--thread-id", thread_id, "--json")
+    return await service.bb(
+        "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", thread_id, "--json"
+    )
 
 
 def block(environment: dict) -> range:
     return range(environment["ports"]["first"], environment["ports"]["first"] + environment["ports"]["count"])
 
 
-async def test_blocks_avoid_listening_ports_are_kept_across_a_restart_and_a_full_range_is_refused(
-        tmp_path, listener):
+async def test_blocks_avoid_listening_ports_are_kept_across_a_restart_and_a_full_range_is_refused(tmp_path, listener):
     port_range = f"{listener - 1}-{listener + 18}"  # one free port, the listener, then room for 3 blocks of 5
-    service = Service(tmp_path / "data", service_environment(
-        tmp_path / "data", BB_PORT_RANGE=port_range, BB_PORTS_PER_ENVIRONMENT="5"))
+    service = Service(
+        tmp_path / "data",
+        service_environment(tmp_path / "data", BB_PORT_RANGE=port_range, BB_PORTS_PER_ENVIRONMENT="5"),
+    )
     await service.start()
     try:
         for number in range(3):
@@ -48,8 +50,11 @@ async def test_blocks_avoid_listening_ports_are_kept_across_a_restart_and_a_full
         assert f"{listener + 1}-{listener + 5}" in message  # a leased block, named
         listed = (await service.bb("environment", "list", "--json")).json()["environments"]
         blocks = sorted((block(e) for e in listed), key=lambda b: b.start)
-        assert [(b.start, b.stop) for b in blocks] == [(listener + 1, listener + 6), (listener + 6, listener + 11),
-                                                       (listener + 11, listener + 16)]
+        assert [(b.start, b.stop) for b in blocks] == [
+            (listener + 1, listener + 6),
+            (listener + 6, listener + 11),
+            (listener + 11, listener + 16),
+        ]
         assert all(listener not in b for b in blocks)
         slugs = [e["slug"] for e in listed]
         assert len(set(slugs)) == 3 and all(re.fullmatch(r"[a-z][a-z0-9-]{0,39}", s) for s in slugs)

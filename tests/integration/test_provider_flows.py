@@ -51,7 +51,9 @@ async def test_a_new_personal_workspace_is_ready_without_a_setup_hook_and_still_
     shown = await service.show(spawned.json()["environmentId"])
     assert shown["status"] == "ready"
     assert shown["hooks"]["setup"] == {"status": "skipped", "operationId": None}
-    await service.wait_for(shown["id"], lambda e: "» no .bb-env-setup.sh: the workspace was made empty" in e["transcript"])
+    await service.wait_for(
+        shown["id"], lambda e: "» no .bb-env-setup.sh: the workspace was made empty" in e["transcript"]
+    )
     types = [e["type"] for e in await environment_events(service, shown["id"])]
     assert types == ["claimed", "created", "setup_skipped", "ready"]
     marker = tmp_path / "torn-down"
@@ -68,9 +70,18 @@ async def test_personal_workspace_refuses_a_project(service, git_repo):
 
 async def test_project_checkout_switches_branch_in_place_and_never_removes_the_checkout(service, git_repo, git):
     git(git_repo, "branch", "feature")
-    spawned = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
-                          "--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}',
-                          "--thread-id", "t1", "--wait")
+    spawned = await spawn(
+        service,
+        "--environment-provider",
+        "project-checkout",
+        "--project",
+        str(git_repo),
+        "--environment-inputs",
+        '{"branch": {"kind": "existing", "name": "feature"}}',
+        "--thread-id",
+        "t1",
+        "--wait",
+    )
     assert spawned.returncode == 0, spawned.stderr
     environment = await service.show(spawned.json()["environmentId"])
     assert environment["path"] == str(git_repo) and environment["ownsPath"] is False
@@ -87,8 +98,15 @@ async def test_project_checkout_switches_branch_in_place_and_never_removes_the_c
 async def test_project_checkout_refuses_to_switch_a_dirty_checkout(service, git_repo, git):
     git(git_repo, "branch", "feature")
     (git_repo / "README.md").write_text("changed\n")
-    refused = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
-                          "--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}')
+    refused = await spawn(
+        service,
+        "--environment-provider",
+        "project-checkout",
+        "--project",
+        str(git_repo),
+        "--environment-inputs",
+        '{"branch": {"kind": "existing", "name": "feature"}}',
+    )
     assert refused.returncode == 2
     assert "uncommitted changes" in refused.json()["error"]["message"]
     assert git(git_repo, "branch", "--show-current") == "main"
@@ -97,10 +115,14 @@ async def test_project_checkout_refuses_to_switch_a_dirty_checkout(service, git_
 async def test_concurrent_spawns_on_one_checkout_share_one_environment_whatever_the_alias(service, git_repo, tmp_path):
     alias = tmp_path / "alias"
     alias.symlink_to(git_repo)
-    attempts = await asyncio.gather(*(
-        spawn(service, "--environment-provider", "project-checkout", "--project", str(project), "--thread-id", f"t{i}")
-        for i, project in enumerate([git_repo, git_repo, alias, git_repo])
-    ))
+    attempts = await asyncio.gather(
+        *(
+            spawn(
+                service, "--environment-provider", "project-checkout", "--project", str(project), "--thread-id", f"t{i}"
+            )
+            for i, project in enumerate([git_repo, git_repo, alias, git_repo])
+        )
+    )
     assert all(a.returncode == 0 for a in attempts), [a.stderr for a in attempts]
     environment_ids = {a.json()["environmentId"] for a in attempts}
     assert len(environment_ids) == 1
@@ -110,12 +132,21 @@ async def test_concurrent_spawns_on_one_checkout_share_one_environment_whatever_
 
 
 async def test_a_branch_switch_is_refused_while_a_thread_uses_the_checkout_and_replaces_it_once_idle(
-        service, git_repo, git):
+    service, git_repo, git
+):
     git(git_repo, "branch", "feature")
 
     async def on_checkout(thread_id: str, *inputs: str):
-        return await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
-                           "--thread-id", thread_id, *inputs)
+        return await spawn(
+            service,
+            "--environment-provider",
+            "project-checkout",
+            "--project",
+            str(git_repo),
+            "--thread-id",
+            thread_id,
+            *inputs,
+        )
 
     switch_to_feature = ("--environment-inputs", '{"branch": {"kind": "existing", "name": "feature"}}')
     first = await on_checkout("t1", "--wait")
@@ -143,8 +174,15 @@ async def test_a_branch_switch_is_refused_while_a_thread_uses_the_checkout_and_r
 async def test_a_project_path_escaping_the_checkout_is_refused(service, git_repo, tmp_path):
     (git_repo / "out").symlink_to(tmp_path)
     for path in ("../", "out"):
-        refused = await spawn(service, "--environment-provider", "project-checkout", "--project", str(git_repo),
-                              "--environment-inputs", f'{{"path": "{path}"}}')
+        refused = await spawn(
+            service,
+            "--environment-provider",
+            "project-checkout",
+            "--project",
+            str(git_repo),
+            "--environment-inputs",
+            f'{{"path": "{path}"}}',
+        )
         assert refused.returncode == 2 and "outside the project" in refused.json()["error"]["message"], refused.stdout
 
 
@@ -158,13 +196,33 @@ async def test_modal_without_credentials_is_blocked_with_a_clear_message(service
 
 
 async def test_a_thread_asking_for_the_branch_of_another_threads_worktree_joins_its_environment(service, git_repo):
-    first = await spawn(service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id", "t1",
-                        "--environment-inputs", '{"branch": {"kind": "new", "name": "feat"}}', "--wait")
+    first = await spawn(
+        service,
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "t1",
+        "--environment-inputs",
+        '{"branch": {"kind": "new", "name": "feat"}}',
+        "--wait",
+    )
     assert first.returncode == 0, first.stderr
     environment_id = first.json()["environmentId"]
 
-    second = await spawn(service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id",
-                         "t2", "--environment-inputs", '{"branch": {"kind": "existing", "name": "feat"}}', "--wait")
+    second = await spawn(
+        service,
+        "--environment-provider",
+        "git-worktree",
+        "--project",
+        str(git_repo),
+        "--thread-id",
+        "t2",
+        "--environment-inputs",
+        '{"branch": {"kind": "existing", "name": "feat"}}',
+        "--wait",
+    )
 
     assert second.returncode == 0, second.stderr
     assert second.json()["environmentId"] == environment_id
@@ -177,12 +235,24 @@ async def test_branch_names_may_be_full_refs_and_a_base_any_commit_ish(service, 
     first_commit = git(git_repo, "rev-parse", "HEAD")
     git(git_repo, "commit", "--quiet", "--allow-empty", "-m", "second")
     git(git_repo, "branch", "existing")
-    for thread_id, branch in [("t1", {"kind": "existing", "name": "refs/heads/existing"}),
-                              ("t2", {"kind": "new", "name": "refs/heads/from-tilde", "base": "main~1"}),
-                              ("t3", {"kind": "new", "name": "from-caret", "base": "HEAD^"}),
-                              ("t4", {"kind": "new", "name": "from-sha", "base": first_commit[:10]})]:
-        spawned = await spawn(service, "--environment-provider", "git-worktree", "--project", str(git_repo),
-                              "--thread-id", thread_id, "--environment-inputs", json.dumps({"branch": branch}), "--wait")
+    for thread_id, branch in [
+        ("t1", {"kind": "existing", "name": "refs/heads/existing"}),
+        ("t2", {"kind": "new", "name": "refs/heads/from-tilde", "base": "main~1"}),
+        ("t3", {"kind": "new", "name": "from-caret", "base": "HEAD^"}),
+        ("t4", {"kind": "new", "name": "from-sha", "base": first_commit[:10]}),
+    ]:
+        spawned = await spawn(
+            service,
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--thread-id",
+            thread_id,
+            "--environment-inputs",
+            json.dumps({"branch": branch}),
+            "--wait",
+        )
         assert spawned.returncode == 0, (branch, spawned.stderr)
         shown = await service.show(spawned.json()["environmentId"])
         assert git(Path(shown["path"]), "branch", "--show-current") == branch["name"].removeprefix("refs/heads/")

@@ -24,8 +24,9 @@ from tests.integration.conftest import eventually, plain_jetstream
 
 @pytest.fixture
 async def js(tmp_path: Path) -> AsyncIterator[JetStream]:
-    async with plain_jetstream(tmp_path / "nats", api.StreamConfig(
-            name="S", subjects=["s.>"], storage=api.StorageType.FILE)) as context:
+    async with plain_jetstream(
+        tmp_path / "nats", api.StreamConfig(name="S", subjects=["s.>"], storage=api.StorageType.FILE)
+    ) as context:
         yield context
 
 
@@ -70,8 +71,7 @@ async def test_an_in_order_consumer_is_handed_each_message_once_in_order_as_it_c
     assert set(batches) == {1}  # in order: the next only once the last is acknowledged
 
 
-async def test_a_published_message_dressed_as_a_server_status_is_handed_over_and_blocks_nothing(
-        js: JetStream) -> None:
+async def test_a_published_message_dressed_as_a_server_status_is_handed_over_and_blocks_nothing(js: JetStream) -> None:
     # What any publisher could send: an empty body with the header the server's status messages carry.
     async with consumed_in_order(js) as handled:
         await js.publish("s.a", b"", headers={"Status": "404"})
@@ -80,7 +80,8 @@ async def test_a_published_message_dressed_as_a_server_status_is_handed_over_and
 
 
 async def test_fetches_hand_over_what_arrived_in_order_and_an_expired_request_is_renewed(
-        js: JetStream, monkeypatch: pytest.MonkeyPatch) -> None:
+    js: JetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(jetstream, "PULL_EXPIRES_S", 0.2)
     # Only the server's word that a request expired renews it within these fetches' timeouts: the
     # feed's own deadline for a request it never heard the end of lies far beyond them.
@@ -115,7 +116,8 @@ async def test_a_consumer_deleted_under_the_feed_is_an_error_not_a_silent_wait(j
 
 
 async def test_a_durable_deleted_under_a_running_consumer_is_made_again_and_what_comes_after_is_handled(
-        js: JetStream) -> None:
+    js: JetStream,
+) -> None:
     async with consumed_in_order(js) as handled:
         await js.publish("s.a", b"before")
         await eventually(lambda: handled == [b"before"], "the message published before the deletion")

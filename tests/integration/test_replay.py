@@ -17,8 +17,9 @@ REPLAYS = 4
 
 
 async def spawn(service: Service, thread_id: str) -> str:
-    spawned = await service.api.call("threads", "spawn",
-                                     SpawnThread(thread_id=thread_id, environment_provider="personal-workspace"))
+    spawned = await service.api.call(
+        "threads", "spawn", SpawnThread(thread_id=thread_id, environment_provider="personal-workspace")
+    )
     return spawned["environmentId"]
 
 
@@ -97,8 +98,9 @@ async def test_replays_while_the_service_is_busy_all_succeed_and_list_never_lose
 
 
 @pytest.mark.parametrize("crash_at", ["replay-built", "replay-swapped"])
-async def test_a_service_killed_in_the_middle_of_a_replay_restarts_with_complete_read_models(tmp_path: Path,
-                                                                                                crash_at: str):
+async def test_a_service_killed_in_the_middle_of_a_replay_restarts_with_complete_read_models(
+    tmp_path: Path, crash_at: str
+):
     data_dir = tmp_path / "data"
     service = Service(data_dir, service_environment(data_dir, BB_CRASH_AT=crash_at))
     await service.start()
@@ -148,8 +150,9 @@ async def test_replay_with_the_service_stopped_rebuilds_the_read_models_from_the
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.json() == while_serving.json()
     counts = stopped.json()
-    assert human.stdout == (f"replayed {counts['events']} events: {counts['environments']} environments, "
-                            f"{counts['threads']} threads\n"), human.stderr
+    assert human.stdout == (
+        f"replayed {counts['events']} events: {counts['environments']} environments, {counts['threads']} threads\n"
+    ), human.stderr
     await service.start()  # its read models are there: it rebuilds nothing, and answers from them
     assert "rebuilt them from the log" not in service.log_tail()
     assert {e["id"]: e["status"] for e in await listed(service)} == {ready: "ready", removed: "removed"}

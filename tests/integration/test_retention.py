@@ -56,9 +56,14 @@ async def forgotten(service, environment_id: str) -> None:
 
 
 def subjects_of(environment: dict, thread_id: str) -> list[str]:
-    claims = {claim_id(environment["hostId"], path) for path in (environment["claimedPath"], environment["path"]) if path}
-    return [f"bb.log.environment.{environment['id']}.>", f"bb.log.thread.{thread_id}.>",
-            *(f"bb.log.claim.{claim}.>" for claim in claims)]
+    claims = {
+        claim_id(environment["hostId"], path) for path in (environment["claimedPath"], environment["path"]) if path
+    }
+    return [
+        f"bb.log.environment.{environment['id']}.>",
+        f"bb.log.thread.{thread_id}.>",
+        *(f"bb.log.claim.{claim}.>" for claim in claims),
+    ]
 
 
 @pytest.mark.parametrize("service", [RETAINED], indirect=True)
@@ -66,12 +71,16 @@ async def test_past_retention_a_removed_environment_leaves_no_file_row_or_messag
     service, git_repo, tmp_path
 ):
     write_hooks(git_repo, tmp_path / "hooks.log")
-    gone = await spawned(service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id", "t1")
+    gone = await spawned(
+        service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id", "t1"
+    )
     workspace = Path((await service.show(gone))["path"])
     assert (await service.bb("thread", "archive", "t1", "--wait", "--json")).returncode == 0
     removed = await service.show(gone)
     # Another environment after it: the stream's last message is never purged (see bus/core/retention.py).
-    kept = await spawned(service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id", "t2")
+    kept = await spawned(
+        service, "--environment-provider", "git-worktree", "--project", str(git_repo), "--thread-id", "t2"
+    )
 
     await forgotten(service, gone)
 
@@ -90,16 +99,18 @@ async def test_past_retention_a_removed_environment_leaves_no_file_row_or_messag
     # The event store still answers for it.
     shown = await service.bb("environment", "show", gone, "--json")
     assert shown.returncode == 0, shown.stderr
-    assert {k: v for k, v in shown.json().items() if k != "transcript"} == \
-        {k: v for k, v in removed.items() if k != "transcript"}
+    assert {k: v for k, v in shown.json().items() if k != "transcript"} == {
+        k: v for k, v in removed.items() if k != "transcript"
+    }
     history = await service.bb("environment", "history", gone, "--json")
     assert history.returncode == 0, history.stderr
     assert [e["version"] for e in history.json()["events"]] == list(range(1, removed["version"] + 1))
     while_serving = await service.bb("events", "export")
     assert while_serving.returncode == 0, while_serving.stderr
     exported = [json.loads(line) for line in while_serving.stdout.splitlines()]
-    assert [e["version"] for e in exported if e.get("environmentId") == gone and "threadIds" in e] == \
-        list(range(1, removed["version"] + 1))
+    assert [e["version"] for e in exported if e.get("environmentId") == gone and "threadIds" in e] == list(
+        range(1, removed["version"] + 1)
+    )
     await service.stop()
     from_store = await service.bb("events", "export")
     assert from_store.stdout == while_serving.stdout  # the same log, byte for byte, in order
@@ -165,7 +176,9 @@ async def logged(service) -> int:
 
 async def test_environments_whose_hooks_never_ran_leave_no_hook_record(service):
     for thread_id in ("t1", "t2"):
-        environment_id = await spawned(service, "--environment-provider", "personal-workspace", "--thread-id", thread_id)
+        environment_id = await spawned(
+            service, "--environment-provider", "personal-workspace", "--thread-id", thread_id
+        )
         assert (await service.bb("thread", "archive", thread_id, "--wait", "--json")).returncode == 0
         shown = await service.show(environment_id)
         assert shown["status"] == "removed" and shown["hooks"]["teardown"]["status"] == "skipped"

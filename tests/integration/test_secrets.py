@@ -25,8 +25,12 @@ from bb_environments.entrypoints.config import THREADS_MAX_AGE_S, THREADS_MAX_BY
 from tests.integration.conftest import Service, write_hooks
 
 PASSWORD = f"SECRET-password-{uuid.uuid4()}"
-SERVICE_CREDENTIALS = {"BB_NATS_PASSWORD": PASSWORD, "POSTGRES_PASSWORD": f"SECRET-postgres-{uuid.uuid4()}",
-                       "PGPASSWORD": f"SECRET-libpq-{uuid.uuid4()}", "MODAL_TOKEN_SECRET": f"SECRET-modal-{uuid.uuid4()}"}
+SERVICE_CREDENTIALS = {
+    "BB_NATS_PASSWORD": PASSWORD,
+    "POSTGRES_PASSWORD": f"SECRET-postgres-{uuid.uuid4()}",
+    "PGPASSWORD": f"SECRET-libpq-{uuid.uuid4()}",
+    "MODAL_TOKEN_SECRET": f"SECRET-modal-{uuid.uuid4()}",
+}
 NANOSECONDS = 1_000_000_000
 
 
@@ -39,16 +43,22 @@ def thread_event(kind: str, thread_id: str, **fields: object) -> dict:
 
 
 def worktree_intent(**inputs: object) -> dict:
-    return {"type": "provider", "environmentProviderId": "git-worktree",
-            "inputs": {"branch": {"kind": "default"}, **inputs}}
+    return {
+        "type": "provider",
+        "environmentProviderId": "git-worktree",
+        "inputs": {"branch": {"kind": "default"}, **inputs},
+    }
 
 
 THREAD_STREAMS = (subjects.THREADS_STREAM, subjects.THREAD_PARTITIONS_STREAM)
 
 
 def files_under(root: Path) -> list[Path]:
-    return [path for path in root.rglob("*")
-            if path.is_file() and not set(THREAD_STREAMS) & set(path.relative_to(root).parts)]
+    return [
+        path
+        for path in root.rglob("*")
+        if path.is_file() and not set(THREAD_STREAMS) & set(path.relative_to(root).parts)
+    ]
 
 
 def threads_stream_limits(data_dir: Path) -> tuple[int, int]:
@@ -64,19 +74,27 @@ def threads_stream_limits(data_dir: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("service", [SERVICE_CREDENTIALS], indirect=True)
-async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Service, git_repo: Path,
-                                                                  tmp_path: Path) -> None:
-    write_hooks(git_repo, tmp_path / "hooks.log",
-                setup="env\ntr '\\0' '\\n' < /proc/$PPID/environ\necho environment dumped")
+async def test_planted_secrets_appear_in_no_file_the_service_writes(
+    service: Service, git_repo: Path, tmp_path: Path
+) -> None:
+    write_hooks(
+        git_repo, tmp_path / "hooks.log", setup="env\ntr '\\0' '\\n' < /proc/$PPID/environ\necho environment dumped"
+    )
     secrets = {where: planted(where) for where in ("beside", "intent", "inputs", "type", "text")}
     project = str(git_repo)
     refused = [
-        thread_event("created", "refused-beside", projectPath=project, environment=worktree_intent(),
-                     apiKey=secrets["beside"]),
-        thread_event("created", "refused-intent", projectPath=project,
-                     environment={**worktree_intent(), "token": secrets["intent"]}),
-        thread_event("created", "refused-inputs", projectPath=project,
-                     environment=worktree_intent(password=secrets["inputs"])),
+        thread_event(
+            "created", "refused-beside", projectPath=project, environment=worktree_intent(), apiKey=secrets["beside"]
+        ),
+        thread_event(
+            "created",
+            "refused-intent",
+            projectPath=project,
+            environment={**worktree_intent(), "token": secrets["intent"]},
+        ),
+        thread_event(
+            "created", "refused-inputs", projectPath=project, environment=worktree_intent(password=secrets["inputs"])
+        ),
         thread_event(secrets["type"], "refused-type"),
     ]
     publisher = await service.connect("publisher")
@@ -84,16 +102,21 @@ async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Ser
         js = publisher.jetstream()
         for body in refused:
             await js.publish(subjects.thread_event(body["threadId"], "created"), msgspec.json.encode(body))
-        await js.publish(subjects.thread_event("kept", "created"), msgspec.json.encode(
-            thread_event("created", "kept", projectPath=project, environment=worktree_intent())))
-        await js.publish(subjects.thread_event("kept", "message"), msgspec.json.encode(
-            thread_event("message", "kept", text=f"deploy with {secrets['text']}")))
+        await js.publish(
+            subjects.thread_event("kept", "created"),
+            msgspec.json.encode(thread_event("created", "kept", projectPath=project, environment=worktree_intent())),
+        )
+        await js.publish(
+            subjects.thread_event("kept", "message"),
+            msgspec.json.encode(thread_event("message", "kept", text=f"deploy with {secrets['text']}")),
+        )
         await service.thread_events_handled()
         kept = await service.wait_for_thread("kept", with_environment=True)
     finally:
         await publisher.close()
-    await service.wait_for(kept["environmentId"],
-                           lambda e: e["status"] == "ready" and "environment dumped" in e["transcript"])
+    await service.wait_for(
+        kept["environmentId"], lambda e: e["status"] == "ready" and "environment dumped" in e["transcript"]
+    )
 
     listed = (await service.bb("thread", "list", "--json")).json()["threads"]
     assert [thread["id"] for thread in listed] == ["kept"]
@@ -107,11 +130,19 @@ async def test_planted_secrets_appear_in_no_file_the_service_writes(service: Ser
     # Of the service's kind, the hook holds only what the core gives it on purpose.
     given = [line for line in hook_output.splitlines() if line.startswith("BB_")]
     assert sorted(line.partition("=")[0] for line in given) == [
-        "BB_ENVIRONMENT_ID", "BB_ENVIRONMENT_SLUG", "BB_PORT", "BB_PORTS"]
+        "BB_ENVIRONMENT_ID",
+        "BB_ENVIRONMENT_SLUG",
+        "BB_PORT",
+        "BB_PORTS",
+    ]
     assert f"BB_ENVIRONMENT_ID={kept['environmentId']}" in given
     searched = [*files_under(service.data_dir), service.data_dir.parent / "serve.log"]
-    found = [(secret, str(path)) for path in searched for secret in [*SERVICE_CREDENTIALS.values(), *secrets.values()]
-             if secret.encode() in path.read_bytes()]
+    found = [
+        (secret, str(path))
+        for path in searched
+        for secret in [*SERVICE_CREDENTIALS.values(), *secrets.values()]
+        if secret.encode() in path.read_bytes()
+    ]
     assert found == []
     assert threads_stream_limits(service.data_dir) == (THREADS_MAX_AGE_S * NANOSECONDS, THREADS_MAX_BYTES)
 

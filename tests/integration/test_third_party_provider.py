@@ -29,9 +29,22 @@ def install_example(tmp_path: Path) -> Path:
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     site = tmp_path / "site"
     completed = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-         "--no-build-isolation", "--target", str(site), str(source)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert completed.returncode == 0, f"pip install failed (is setuptools installed?):\n{completed.stderr}"
     return site
@@ -60,8 +73,18 @@ async def test_an_installed_package_provider_is_listed_created_validated_and_rem
         template = scratch["inputs"]["$defs"]["ScratchInputs"]["properties"]["template"]
         assert template["enum"] == ["empty", "readme"] and template["default"] == "empty"
 
-        spawned = await service.bb("thread", "spawn", "--json", "--environment-provider", "scratch",
-                                   "--environment-inputs", '{"template": "readme"}', "--thread-id", "t1", "--wait")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--json",
+            "--environment-provider",
+            "scratch",
+            "--environment-inputs",
+            '{"template": "readme"}',
+            "--thread-id",
+            "t1",
+            "--wait",
+        )
         assert spawned.returncode == 0, spawned.stderr
         assert spawned.json()["status"] == "ready"
         environment_id = spawned.json()["environmentId"]
@@ -71,8 +94,17 @@ async def test_an_installed_package_provider_is_listed_created_validated_and_rem
         assert shown["ownsPath"] is True and shown["pathKey"] == "t1-1"
         assert (path / "README.md").read_text().startswith("# Scratch space for t1")
 
-        refused = await service.bb("thread", "spawn", "--json", "--environment-provider", "scratch",
-                                   "--environment-inputs", '{"template": "fancy"}', "--thread-id", "t2")
+        refused = await service.bb(
+            "thread",
+            "spawn",
+            "--json",
+            "--environment-provider",
+            "scratch",
+            "--environment-inputs",
+            '{"template": "fancy"}',
+            "--thread-id",
+            "t2",
+        )
         assert refused.returncode == 2, refused.stdout + refused.stderr
         message = refused.json()["error"]["message"]
         assert "template" in message and "empty" in message and "readme" in message
@@ -85,7 +117,7 @@ async def test_an_installed_package_provider_is_listed_created_validated_and_rem
         await service.stop()
 
 
-BROKEN_PROVIDERS = '''
+BROKEN_PROVIDERS = """
 from bb_environments.providers.contract import READY, Policy, Removed, Requires
 
 
@@ -120,7 +152,7 @@ class NonsenseProvider(_Broken):
 
     def create(self, ctx):
         return "ok"
-'''
+"""
 
 
 async def test_a_provider_that_raises_or_answers_nonsense_fails_its_environment_not_the_service(tmp_path):
@@ -128,24 +160,27 @@ async def test_a_provider_that_raises_or_answers_nonsense_fails_its_environment_
     modules.mkdir()
     (modules / "broken_providers.py").write_text(textwrap.dedent(BROKEN_PROVIDERS))
     environment = with_pythonpath(
-        service_environment(tmp_path / "data",
-                            BB_EXTRA_PROVIDERS="broken_providers:RaisingProvider,broken_providers:NonsenseProvider"),
+        service_environment(
+            tmp_path / "data", BB_EXTRA_PROVIDERS="broken_providers:RaisingProvider,broken_providers:NonsenseProvider"
+        ),
         modules,
     )
     service = Service(tmp_path / "data", environment)
     await service.start()
     try:
         for provider, thread_id, expected in (("raising", "t1", "boom"), ("nonsense", "t2", "invalid create result")):
-            spawned = await service.bb("thread", "spawn", "--json", "--environment-provider", provider,
-                                       "--thread-id", thread_id, "--wait")
+            spawned = await service.bb(
+                "thread", "spawn", "--json", "--environment-provider", provider, "--thread-id", thread_id, "--wait"
+            )
             assert spawned.returncode == 1, spawned.stdout + spawned.stderr
             failed = await service.show(spawned.json()["environmentId"])
             assert failed["status"] == "error"
             assert f"'{provider}' provider" in failed["statusMessage"] and expected in failed["statusMessage"]
 
         assert service.process.poll() is None
-        healthy = await service.bb("thread", "spawn", "--json", "--environment-provider", "personal-workspace",
-                                   "--thread-id", "t3", "--wait")
+        healthy = await service.bb(
+            "thread", "spawn", "--json", "--environment-provider", "personal-workspace", "--thread-id", "t3", "--wait"
+        )
         assert healthy.returncode == 0, healthy.stderr
         assert Path((await service.show(healthy.json()["environmentId"]))["path"]).is_dir()
     finally:

@@ -15,8 +15,9 @@ async def test_unarchiving_inside_the_grace_keeps_the_environment(tmp_path):
     service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_RETIRE_GRACE_MS="600000"))
     await service.start()
     try:
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                                   "--thread-id", "t1", "--wait", "--json")
+        spawned = await service.bb(
+            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--wait", "--json"
+        )
         environment_id = spawned.json()["environmentId"]
         await service.bb("thread", "archive", "t1")
         retiring = await service.wait_for(environment_id, "retiring")
@@ -35,8 +36,17 @@ async def test_cancelling_the_message_stops_a_preparing_environment(tmp_path):
     await service.start()
     try:
         await open_gates(service, "remove")
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "gated", "--project", str(project),
-                                   "--thread-id", "t1", "--json")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "gated",
+            "--project",
+            str(project),
+            "--thread-id",
+            "t1",
+            "--json",
+        )
         environment_id = spawned.json()["environmentId"]
         await wait_for_call(service, "create t1 1")
         assert (await service.bb("thread", "cancel", "t1")).returncode == 0
@@ -50,17 +60,32 @@ async def test_cancelling_the_message_stops_a_preparing_environment(tmp_path):
 
 async def test_events_tail_prints_live_environment_events(service):
     tail = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bb_environments.entrypoints.bb", "events", "tail", "bb.environments.*.ready", "--json",
-        env=service.environment, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "bb_environments.entrypoints.bb",
+        "events",
+        "tail",
+        "bb.environments.*.ready",
+        "--json",
+        env=service.environment,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     try:
         # Spawn until the tail (still starting up) has heard a readiness; each spawn is a new thread.
         for attempt in range(20):
-            await service.bb("thread", "spawn", "--environment-provider", "personal-workspace",
-                             "--thread-id", f"t{attempt}", "--wait")
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "personal-workspace",
+                "--thread-id",
+                f"t{attempt}",
+                "--wait",
+            )
             try:
                 line = await asyncio.wait_for(tail.stdout.readline(), 1)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             event = json.loads(line)
             assert event["type"] == "ready" and event["status"] == "ready"

@@ -41,8 +41,10 @@ async def test_a_burst_killed_midway_ends_every_thread_as_its_own_events_say(tmp
     sent = {f"burst{i}": sent_by(i) for i in range(THREADS)}
     total = sum(len(kinds) for kinds in sent.values())
     data_dir = tmp_path / "data"
-    service = Service(data_dir, service_environment(data_dir, BB_RETIRE_GRACE_MS=GRACE_MS,
-                                                    BB_CRASH_AT=f"thread-event-handled#{total // 3}"))
+    service = Service(
+        data_dir,
+        service_environment(data_dir, BB_RETIRE_GRACE_MS=GRACE_MS, BB_CRASH_AT=f"thread-event-handled#{total // 3}"),
+    )
     await service.start()
     try:
         publisher = await service.connect("publisher")
@@ -52,8 +54,11 @@ async def test_a_burst_killed_midway_ends_every_thread_as_its_own_events_say(tmp
             for position in range(max(len(kinds) for kinds in sent.values())):
                 for thread_id, kinds in sent.items():
                     if position < len(kinds):
-                        body = {"type": kinds[position], "threadId": thread_id,
-                                **({"environment": PERSONAL} if kinds[position] == "created" else {})}
+                        body = {
+                            "type": kinds[position],
+                            "threadId": thread_id,
+                            **({"environment": PERSONAL} if kinds[position] == "created" else {}),
+                        }
                         await js.publish(subjects.thread_event(thread_id, kinds[position]), msgspec.json.encode(body))
         finally:
             await publisher.close()
@@ -63,7 +68,9 @@ async def test_a_burst_killed_midway_ends_every_thread_as_its_own_events_say(tmp
         await service.start()
         await service.thread_events_handled(timeout=180)
 
-        expected = {thread_id: "active" if kinds[-1] == "unarchived" else "archived" for thread_id, kinds in sent.items()}
+        expected = {
+            thread_id: "active" if kinds[-1] == "unarchived" else "archived" for thread_id, kinds in sent.items()
+        }
         threads = await _threads_once_settled(service, expected)
         assert {thread_id: thread["status"] for thread_id, thread in threads.items()} == expected
 
@@ -103,17 +110,26 @@ async def _threads_once_settled(service: Service, expected: dict[str, str], time
         await asyncio.sleep(0.1)
 
 
-async def test_the_partitions_take_over_where_the_single_consumer_of_an_earlier_service_stopped(service: Service
-                                                                                               ) -> None:
+async def test_the_partitions_take_over_where_the_single_consumer_of_an_earlier_service_stopped(
+    service: Service,
+) -> None:
     service.kill()  # its nats-server lives on: lay out the streams as an earlier service left them
     nc = await service.connect("service")
     js = nc.jetstream()
     publisher = await service.connect("publisher")
     try:
         await js.delete_stream(subjects.THREAD_PARTITIONS_STREAM)
-        await js.add_consumer(subjects.THREADS_STREAM, api.ConsumerConfig(
-            durable_name="threads", filter_subject=subjects.THREAD_EVENTS, ack_policy=api.AckPolicy.EXPLICIT,
-            deliver_policy=api.DeliverPolicy.ALL, ack_wait=5, max_ack_pending=1))
+        await js.add_consumer(
+            subjects.THREADS_STREAM,
+            api.ConsumerConfig(
+                durable_name="threads",
+                filter_subject=subjects.THREAD_EVENTS,
+                ack_policy=api.AckPolicy.EXPLICIT,
+                deliver_policy=api.DeliverPolicy.ALL,
+                ack_wait=5,
+                max_ack_pending=1,
+            ),
+        )
         single = await js.pull_subscribe_bind("threads", subjects.THREADS_STREAM)
 
         async def publish(thread_id: str) -> None:

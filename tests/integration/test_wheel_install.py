@@ -40,8 +40,9 @@ asyncio.run(main())
 
 
 def run(*command: str | Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(part) for part in command], env=env, cwd="/", capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(part) for part in command], env=env, cwd="/", capture_output=True, text=True, timeout=timeout
+    )
 
 
 def serving_line(service: subprocess.Popen, deadline: float) -> str:
@@ -76,11 +77,20 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     # Built from a copy: an in-tree build would leave build/ in the checkout, whose stale files
     # (of modules since moved or deleted) a later build would ship.
     source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache", ".mypy_cache"))
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache", ".mypy_cache"
+        ),
+    )
     wheels = tmp_path / "wheels"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(source)],
-                           capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = wheels.glob("bb_environments-*.whl")
 
@@ -89,17 +99,28 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     python = venv / "bin" / "python"
     # The dependencies come from this test's environment (a plain path entry, so its editable
     # finder for this source tree is not loaded); bb-environments itself only from the wheel.
-    venv_site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                         env=os.environ.copy()).stdout.strip())
+    venv_site = Path(
+        run(
+            python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", env=os.environ.copy()
+        ).stdout.strip()
+    )
     (venv_site / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("BB_") and k != "PYTHONPATH"}
-    environment.update(PATH=f"{venv / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                       BB_DATA_DIR=str(tmp_path / "data"), BB_RETIRE_GRACE_MS="0")
+    environment.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        BB_DATA_DIR=str(tmp_path / "data"),
+        BB_RETIRE_GRACE_MS="0",
+    )
     pip_installed = run(python, "-m", "pip", "install", "--quiet", "--no-deps", wheel, env=environment, timeout=300)
     assert pip_installed.returncode == 0, pip_installed.stderr
 
-    where = run(python, "-c", "import bb_environments.domain as d, bb_environments.providers.modal_settings as m; "
-                "print(d.__file__); print(m.SHIPPED_DOCKERFILE.is_file())", env=environment)
+    where = run(
+        python,
+        "-c",
+        "import bb_environments.domain as d, bb_environments.providers.modal_settings as m; "
+        "print(d.__file__); print(m.SHIPPED_DOCKERFILE.is_file())",
+        env=environment,
+    )
     location, dockerfile_shipped = where.stdout.split()
     assert location.startswith(str(venv_site)) and dockerfile_shipped == "True", where.stderr
     for generic in ("domain", "bus", "handlers", "providers", "projections", "entrypoints"):
@@ -119,13 +140,22 @@ def test_a_spawn_from_the_installed_wheel(installed: Installed, tmp_path: Path) 
     import_root, status, *output = hooked.stdout.split()
     assert import_root.startswith(str(venv_site)) and (status, output) == ("succeeded", ["set", "up"]), hooked.stdout
 
-    service = subprocess.Popen([venv / "bin" / "bb", "serve"], env=environment, cwd="/",
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    service = subprocess.Popen(
+        [venv / "bin" / "bb", "serve"], env=environment, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         announced = serving_line(service, deadline=time.monotonic() + 60)
         assert announced.startswith("bb serving on"), announced
-        spawned = run(venv / "bin" / "bb", "thread", "spawn", "--environment-provider", "personal-workspace",
-                      "--wait", "--json", env=environment)
+        spawned = run(
+            venv / "bin" / "bb",
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "personal-workspace",
+            "--wait",
+            "--json",
+            env=environment,
+        )
         assert spawned.returncode == 0, spawned.stderr
         assert json.loads(spawned.stdout)["status"] == "ready"
 
@@ -135,8 +165,12 @@ def test_a_spawn_from_the_installed_wheel(installed: Installed, tmp_path: Path) 
         listed = run(python, "-X", "importtime", venv / "bin" / "bb", "environment", "list", "--json", env=environment)
         assert listed.returncode == 0, listed.stderr
         assert [e["status"] for e in json.loads(listed.stdout)["environments"]] == ["ready"]
-        imported = {line.rpartition("|")[2].strip() for line in listed.stderr.splitlines() if line.startswith("import time:")}
-        assert "bb_environments.bus.api_client.blocking_client" in imported and not {"pathlib", "urllib.parse"} & imported
+        imported = {
+            line.rpartition("|")[2].strip() for line in listed.stderr.splitlines() if line.startswith("import time:")
+        }
+        assert (
+            "bb_environments.bus.api_client.blocking_client" in imported and not {"pathlib", "urllib.parse"} & imported
+        )
     finally:
         service.terminate()
         service.wait(timeout=30)
@@ -161,12 +195,14 @@ async def placed(thread_id: str) -> str | None:
 """
 
 
-def test_a_consumer_s_type_checker_reads_the_client_s_types_from_the_installed_wheel(installed: Installed,
-                                                                                   tmp_path: Path) -> None:
+def test_a_consumer_s_type_checker_reads_the_client_s_types_from_the_installed_wheel(
+    installed: Installed, tmp_path: Path
+) -> None:
     consumer = tmp_path / "consumer.py"
     consumer.write_text(CONSUMER)
-    checked = run(installed.python, "-m", "mypy", "--strict", "--no-incremental", consumer, env=installed.environment,
-                  timeout=300)
+    checked = run(
+        installed.python, "-m", "mypy", "--strict", "--no-incremental", consumer, env=installed.environment, timeout=300
+    )
     # One error, where the script is wrong on purpose: its types are the client's, not Any.
     errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "consumer.py:14: error: Incompatible types in assignment" in errors[0], checked.stdout

@@ -18,8 +18,10 @@ from tests.conftest import run_git
 from tests.integration.conftest import Service, service_environment
 from tests.support.os_users import unprivileged_user
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
-                                reason="making a user and running hooks as it needs root and useradd")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None,
+    reason="making a user and running hooks as it needs root and useradd",
+)
 
 
 @pytest.fixture
@@ -64,12 +66,14 @@ def readable_by(path: Path, root: Path, user: pwd.struct_passwd) -> bool:
             return bool(info.st_mode & (owner_bit >> 3))
         return bool(info.st_mode & (owner_bit >> 6))
 
-    ancestors = [root, *(root / Path(*path.relative_to(root).parts[:i]) for i in range(1, len(path.relative_to(root).parts)))]
+    ancestors = [
+        root,
+        *(root / Path(*path.relative_to(root).parts[:i]) for i in range(1, len(path.relative_to(root).parts))),
+    ]
     return all(allows(directory, stat.S_IXUSR) for directory in ancestors) and allows(path, stat.S_IRUSR)
 
 
-async def test_hooks_run_as_the_workspace_user_which_owns_the_workspace_and_reads_no_seed(
-        workspace_user, open_base):
+async def test_hooks_run_as_the_workspace_user_which_owns_the_workspace_and_reads_no_seed(workspace_user, open_base):
     data_dir = open_base / "data"
     report = open_base / "report"
     report.mkdir(mode=0o777)
@@ -80,14 +84,27 @@ async def test_hooks_run_as_the_workspace_user_which_owns_the_workspace_and_read
         seeds = sorted((data_dir / "credentials").glob("*.nk"))
         assert seeds
         tries = "".join(f"cat {seed} >/dev/null 2>&1 && echo read {seed} || echo refused {seed}\n" for seed in seeds)
-        repo = project_with_setup(open_base, (
-            f"id -u > {report}/uid\n"
-            f"echo \"$HOME\" > {report}/home\n"
-            f"{{\n{tries}}} > {report}/seeds\n"
-            f"git status --porcelain > {report}/git 2>&1; echo $? > {report}/git-status\n"
-        ))
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                                   str(repo), "--thread-id", "t1", "--wait", "--json")
+        repo = project_with_setup(
+            open_base,
+            (
+                f"id -u > {report}/uid\n"
+                f'echo "$HOME" > {report}/home\n'
+                f"{{\n{tries}}} > {report}/seeds\n"
+                f"git status --porcelain > {report}/git 2>&1; echo $? > {report}/git-status\n"
+            ),
+        )
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(repo),
+            "--thread-id",
+            "t1",
+            "--wait",
+            "--json",
+        )
         assert spawned.returncode == 0, spawned.stderr + service.log_tail()
         environment = await service.show(spawned.json()["environmentId"])
 
@@ -97,9 +114,13 @@ async def test_hooks_run_as_the_workspace_user_which_owns_the_workspace_and_read
         assert (report / "seeds").read_text().split("\n")[:-1] == [f"refused {seed}" for seed in seeds]
         assert (report / "git-status").read_text().strip() == "0", (report / "git").read_text()
 
-        reachable = [path for path in data_dir.rglob("*")
-                     if not path.is_relative_to(environment["path"]) and not path.is_dir()
-                     and readable_by(path, data_dir, workspace_user)]
+        reachable = [
+            path
+            for path in data_dir.rglob("*")
+            if not path.is_relative_to(environment["path"])
+            and not path.is_dir()
+            and readable_by(path, data_dir, workspace_user)
+        ]
         assert reachable == [], f"the workspace user can read these files of the service: {reachable}"
 
         assert (await service.bb("thread", "archive", "t1")).returncode == 0
@@ -126,12 +147,23 @@ async def test_with_git_hooks_run_the_post_checkout_hook_runs_as_the_workspace_u
     hook = repo / ".git" / "hooks" / "post-checkout"
     hook.write_text(f"#!/bin/sh\nid -u > {report}/uid\n")
     hook.chmod(0o755)
-    service = Service(data_dir, service_environment(data_dir, BB_WORKSPACE_USER=workspace_user.pw_name,
-                                                    BB_GIT_HOOKS="run"))
+    service = Service(
+        data_dir, service_environment(data_dir, BB_WORKSPACE_USER=workspace_user.pw_name, BB_GIT_HOOKS="run")
+    )
     await service.start()
     try:
-        spawned = await service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project",
-                                   str(repo), "--thread-id", "t1", "--wait", "--json")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(repo),
+            "--thread-id",
+            "t1",
+            "--wait",
+            "--json",
+        )
         assert spawned.returncode == 0, spawned.stderr + service.log_tail()
         assert int((report / "uid").read_text()) == workspace_user.pw_uid
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 import modal
 import pytest
 
-from bb_environments.providers.contract import Created, CreateContext, Removed, RemoveContext
+from bb_environments.providers.contract import CreateContext, Created, RemoveContext, Removed
 from bb_environments.providers.modal_sandbox import PATH_KEY_TAG, ModalInputs, ModalSandboxProvider
 
 pytestmark = pytest.mark.skipif(
@@ -43,14 +43,28 @@ def test_create_pause_resume_remove_one_real_sandbox(
     path_key = f"live-{uuid.uuid4().hex[:12]}"
     provider = ModalSandboxProvider()
     remove_context = RemoveContext(
-        host_id="local", data_dir=str(tmp_path / "data"), project_path=str(git_repo), inputs=ModalInputs(),
-        path=None, path_key=path_key, attempt=1, resource=None, report=PrintingReporter(),
+        host_id="local",
+        data_dir=str(tmp_path / "data"),
+        project_path=str(git_repo),
+        inputs=ModalInputs(),
+        path=None,
+        path_key=path_key,
+        attempt=1,
+        resource=None,
+        report=PrintingReporter(),
     )
     try:
-        result = provider.create(CreateContext(
-            host_id="local", project_path=str(git_repo), inputs=ModalInputs(cpu=1.0, memory_mib=1024, timeout_hours=1),
-            data_dir=str(tmp_path / "data"), thread_id="live", path_key=path_key, report=PrintingReporter(),
-        ))
+        result = provider.create(
+            CreateContext(
+                host_id="local",
+                project_path=str(git_repo),
+                inputs=ModalInputs(cpu=1.0, memory_mib=1024, timeout_hours=1),
+                data_dir=str(tmp_path / "data"),
+                thread_id="live",
+                path_key=path_key,
+                report=PrintingReporter(),
+            )
+        )
         assert isinstance(result, Created), result
         resource = result.resource
         assert resource is not None

@@ -62,9 +62,12 @@ async def publish_stored(js: JetStreamContext, event: InboundThreadEvent, timeou
     deadline = time.monotonic() + timeout
     while True:
         try:
-            await js.publish(subjects.thread_event(event.thread_id, kind), msgspec.json.encode(event),
-                             headers={"Nats-Msg-Id": f"{event.thread_id}:{kind}"})
+            await js.publish(
+                subjects.thread_event(event.thread_id, kind),
+                msgspec.json.encode(event),
+                headers={"Nats-Msg-Id": f"{event.thread_id}:{kind}"},
+            )
             return
-        except (nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error):
             assert time.monotonic() < deadline, f"the thread stream took no {kind} of {event.thread_id} in {timeout} s"
             await asyncio.sleep(0.2)

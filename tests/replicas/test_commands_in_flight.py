@@ -22,19 +22,34 @@ async def spawns_through_a_fault(topology: Topology, fault, cli_dir: Path) -> No
     """IN_FLIGHT spawns with the CLI and as many with the typed client, `fault()` done while they
     are under way; then each exited 0 (or returned ready), each thread ready once, on an
     environment of its own."""
-    cli_environment = topology.environment("a") | {"BB_NATS_NKEY": str(topology.cluster.seed_file("operator")),
-                                                   "BB_DATA_DIR": str(cli_dir)}
+    cli_environment = topology.environment("a") | {
+        "BB_NATS_NKEY": str(topology.cluster.seed_file("operator")),
+        "BB_DATA_DIR": str(cli_dir),
+    }
     by_cli = [f"cli-{uuid.uuid4().hex[:12]}" for _ in range(IN_FLIGHT)]
     by_client = [f"typed-{uuid.uuid4().hex[:12]}" for _ in range(IN_FLIGHT)]
     client = await Client.connect(url=topology.cluster.urls, credentials=topology.cluster.seed_file("publisher"))
     service = await topology.service_connection()
     watcher = service.jetstream()
     try:
+
         async def cli(thread_id: str) -> Result:
             process = await asyncio.create_subprocess_exec(
-                *topology.replica("b").cli(), "thread", "spawn", "--environment-provider", "personal-workspace",
-                "--host", HOST, "--thread-id", thread_id, "--json", env=cli_environment,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                *topology.replica("b").cli(),
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "personal-workspace",
+                "--host",
+                HOST,
+                "--thread-id",
+                thread_id,
+                "--json",
+                env=cli_environment,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             out, err = await asyncio.wait_for(process.communicate(), 120)
             assert process.returncode is not None
             return Result(process.returncode, out.decode(), err.decode())
@@ -74,7 +89,8 @@ async def spawns_through_a_fault(topology: Topology, fault, cli_dir: Path) -> No
 
 
 async def test_spawns_in_flight_succeed_when_a_replica_is_killed_and_when_one_is_stopped(
-        topology: Topology, tmp_path: Path) -> None:
+    topology: Topology, tmp_path: Path
+) -> None:
     await spawns_through_a_fault(topology, topology.replica("a").kill, tmp_path / "cli-1")
 
     await topology.start_replica("a")

@@ -26,9 +26,9 @@ from bb_environments.bus.streams import ensure_streams
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.api_messages import SpawnThread
 from bb_environments.bus.wire.thread_events import ProviderIntent, ThreadCreatedMessage
+from scripts.engines import NatsCluster
 from tests.integration.conftest import Service, eventually, service_environment
 from tests.replicas.conftest import publish_stored
-from scripts.engines import NatsCluster
 
 # Raft elects a new leader 4-9 s after the old one stopped answering.
 RESUMED_WITHIN_S = 10
@@ -40,8 +40,11 @@ KILLED_FOR_S = 6
 
 @pytest.fixture
 async def service_connection(nats_cluster: NatsCluster) -> AsyncIterator[nats.aio.client.Client]:
-    nc = await nats.connect(nats_cluster.urls.split(","), nkeys_seed=str(nats_cluster.seed_file("service")),
-                            inbox_prefix=SERVICE_INBOX_PREFIX)
+    nc = await nats.connect(
+        nats_cluster.urls.split(","),
+        nkeys_seed=str(nats_cluster.seed_file("service")),
+        inbox_prefix=SERVICE_INBOX_PREFIX,
+    )
     try:
         yield nc
     finally:
@@ -49,7 +52,8 @@ async def service_connection(nats_cluster: NatsCluster) -> AsyncIterator[nats.ai
 
 
 async def test_publishes_to_a_stream_on_three_nodes_resume_after_its_leader_is_killed(
-        nats_cluster: NatsCluster, service_connection: nats.aio.client.Client) -> None:
+    nats_cluster: NatsCluster, service_connection: nats.aio.client.Client
+) -> None:
     js = service_connection.jetstream()
     await js.add_stream(api.StreamConfig(name="LEADER_KILL", subjects=["leader-kill.>"], num_replicas=3))
     await eventually(lambda: nats_cluster.leader_of("LEADER_KILL") is not None, "the stream's first election", 10)
@@ -67,8 +71,11 @@ async def test_publishes_to_a_stream_on_three_nodes_resume_after_its_leader_is_k
             except (NoStreamResponseError, APIError, NatsError):
                 assert time.monotonic() - killed < RESUMED_WITHIN_S, "publishes did not resume"
                 await asyncio.sleep(0.1)
-        await eventually(lambda: nats_cluster.leader_of("LEADER_KILL") not in (None, leader), "a report of the new leader",
-                    RESUMED_WITHIN_S)
+        await eventually(
+            lambda: nats_cluster.leader_of("LEADER_KILL") not in (None, leader),
+            "a report of the new leader",
+            RESUMED_WITHIN_S,
+        )
         assert (await js.stream_info("LEADER_KILL")).state.messages == 6
     finally:
         nats_cluster.start_node(leader)
@@ -77,7 +84,8 @@ async def test_publishes_to_a_stream_on_three_nodes_resume_after_its_leader_is_k
 
 
 async def test_thread_events_reach_their_partitions_soon_after_the_leader_of_bb_threads_is_killed(
-        nats_cluster: NatsCluster, service_connection: nats.aio.client.Client) -> None:
+    nats_cluster: NatsCluster, service_connection: nats.aio.client.Client
+) -> None:
     """Issue 29's nemesis: with the source's leader killed while threads flow, the partitions'
     mirror heard nothing more and nats-server set it up again only 13 to over 38 s later, every new
     thread event waiting meanwhile. The relay's holder steps the mirror's leader down when it stalls."""
@@ -94,8 +102,11 @@ async def test_thread_events_reach_their_partitions_soon_after_the_leader_of_bb_
             await service_connection.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{subjects.THREAD_PARTITIONS_STREAM}", b"")
 
     async def spawn(thread_id: str) -> None:
-        await publish_stored(js, ThreadCreatedMessage(thread_id=thread_id, project_path="/p",
-                                                      environment=ProviderIntent("git-worktree")), 30)
+        await publish_stored(
+            js,
+            ThreadCreatedMessage(thread_id=thread_id, project_path="/p", environment=ProviderIntent("git-worktree")),
+            30,
+        )
 
     async def flowing() -> None:
         for n in itertools.count():
@@ -109,7 +120,10 @@ async def test_thread_events_reach_their_partitions_soon_after_the_leader_of_bb_
         await asyncio.sleep(KILLED_FOR_S)
         nats_cluster.start_node(leader)
         await spawn("after")
-        last, deadline = (await js.stream_info(subjects.THREADS_STREAM)).state.last_seq, time.monotonic() + MIRRORED_WITHIN_S
+        last, deadline = (
+            (await js.stream_info(subjects.THREADS_STREAM)).state.last_seq,
+            time.monotonic() + MIRRORED_WITHIN_S,
+        )
         while await _mirrored_up_to(js) < last:
             assert time.monotonic() < deadline, "the thread event sent after the node's return is not in its partition"
             await asyncio.sleep(0.2)
@@ -122,15 +136,21 @@ async def test_thread_events_reach_their_partitions_soon_after_the_leader_of_bb_
 async def _mirrored_up_to(js: JetStream) -> int:
     try:
         return (await js.stream_info(subjects.THREAD_PARTITIONS_STREAM)).state.last_seq
-    except (NatsError, asyncio.TimeoutError):  # the mirror electing its leader
+    except (TimeoutError, NatsError):  # the mirror electing its leader
         return 0
 
 
 async def test_a_host_admitted_while_the_cluster_runs_connects_to_every_node_with_its_seed(
-        nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    nats_cluster: NatsCluster, tmp_path: Path
+) -> None:
     seed = Credentials(tmp_path / "credentials").register_host("h1", new_seed())  # as `bb machine register h1` makes it
-    options = {"nkeys_seed": str(seed), "inbox_prefix": host_agent_inbox_prefix("h1"), "allow_reconnect": False,
-               "max_reconnect_attempts": 0, "connect_timeout": 5}
+    options = {
+        "nkeys_seed": str(seed),
+        "inbox_prefix": host_agent_inbox_prefix("h1"),
+        "allow_reconnect": False,
+        "max_reconnect_attempts": 0,
+        "connect_timeout": 5,
+    }
     with pytest.raises(NatsError):
         await nats.connect(nats_cluster.urls.split(",")[0], **options)
 
@@ -142,11 +162,18 @@ async def test_a_host_admitted_while_the_cluster_runs_connects_to_every_node_wit
 
 
 async def test_bb_serve_serves_on_the_cluster_and_postgresql_with_the_deployments_seeds(
-        nats_cluster: NatsCluster, postgres_url: str, tmp_path: Path) -> None:
+    nats_cluster: NatsCluster, postgres_url: str, tmp_path: Path
+) -> None:
     data_dir = tmp_path / "data"
-    service = Service(data_dir, service_environment(
-        data_dir, BB_NATS_URL=nats_cluster.urls.split(",")[0], BB_NATS_NKEY=str(nats_cluster.seed_file("service")),
-        BB_EVENT_STORE=postgres_url))
+    service = Service(
+        data_dir,
+        service_environment(
+            data_dir,
+            BB_NATS_URL=nats_cluster.urls.split(",")[0],
+            BB_NATS_NKEY=str(nats_cluster.seed_file("service")),
+            BB_EVENT_STORE=postgres_url,
+        ),
+    )
     service.external_credentials = {"nkeys_seed": str(nats_cluster.seed_file("operator"))}
     await service.start()
     try:

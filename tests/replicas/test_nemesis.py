@@ -38,7 +38,12 @@ import pytest
 from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.thread_events import (
-    Machine, ProviderIntent, ThreadArchivedMessage, ThreadCreatedMessage, ThreadMessageMessage)
+    Machine,
+    ProviderIntent,
+    ThreadArchivedMessage,
+    ThreadCreatedMessage,
+    ThreadMessageMessage,
+)
 from scripts.engines import NODES
 from scripts.topology import POSTGRES, Topology
 from tests.integration.conftest import stored_messages, write_hooks
@@ -69,7 +74,7 @@ Menu = dict[str, list[tuple[str, str, tuple[float, float]]]]
 def fault_menu() -> Menu:
     return {
         "replica": [(r, "kill", (1.0, 8.0)) for r in REPLICAS]
-                   + ([(r, "pause", (3.0, 15.0)) for r in REPLICAS] if PAUSE_REPLICAS else []),
+        + ([(r, "pause", (3.0, 15.0)) for r in REPLICAS] if PAUSE_REPLICAS else []),
         "nats": [(n, action, (1.0, 10.0)) for n in NODES for action in ("kill", "pause")],
         "agent": [(h, action, (1.0, 10.0)) for h in HOSTS for action in ("kill", "pause")],
         "postgres": [(POSTGRES, "restart", (0.0, 0.0)), (POSTGRES, "kill", (1.0, 6.0))],
@@ -139,8 +144,10 @@ class Nemesis:
         while True:
             for part, status in self.topology.exited().items():
                 if part not in self._down:
-                    self.violations.append(f"{part} exited by itself with status {status}; its log ends:\n"
-                                           f"{log_end(self.topology.log(part))}")
+                    self.violations.append(
+                        f"{part} exited by itself with status {status}; its log ends:\n"
+                        f"{log_end(self.topology.log(part))}"
+                    )
                     await self._bring_back(part, self.topology.start_again)
             await asyncio.sleep(1)
 
@@ -212,8 +219,11 @@ class Workload:
             js, lives, began = publisher.jetstream(), [], time.monotonic()
             while time.monotonic() < until:
                 number = len(self.threads)
-                thread = Thread(f"nemesis-{number:04d}", HOSTS[number % len(HOSTS)],
-                                self.rng.uniform(*ARCHIVE_AFTER_S) if self.rng.random() < ARCHIVED_SHARE else None)
+                thread = Thread(
+                    f"nemesis-{number:04d}",
+                    HOSTS[number % len(HOSTS)],
+                    self.rng.uniform(*ARCHIVE_AFTER_S) if self.rng.random() < ARCHIVED_SHARE else None,
+                )
                 self.threads[thread.id] = thread
                 lives.append(asyncio.create_task(self._life(js, thread)))
                 await asyncio.sleep(max(0.0, began + (number + 1) / THREADS_PER_S - time.monotonic()))
@@ -225,8 +235,13 @@ class Workload:
         thread.placed_at = time.time()
         intent = ProviderIntent(environment_provider_id="git-worktree", machine=Machine(host_id=thread.host))
         try:
-            await publish_stored(js, ThreadCreatedMessage(
-                thread_id=thread.id, project_path=str(self.repos[thread.host]), environment=intent), PUBLISH_S)
+            await publish_stored(
+                js,
+                ThreadCreatedMessage(
+                    thread_id=thread.id, project_path=str(self.repos[thread.host]), environment=intent
+                ),
+                PUBLISH_S,
+            )
             await publish_stored(js, ThreadMessageMessage(thread_id=thread.id, text="go"), PUBLISH_S)
             if thread.archive_after_s is not None:
                 await asyncio.sleep(thread.archive_after_s)
@@ -249,25 +264,38 @@ def log_end(path: Path, characters: int = 2000) -> str:
 
 async def connect(topology: Topology, role: str) -> nats.aio.client.Client:
     """A connection as `role` that rides out every fault: it reconnects for good, quietly."""
+
     async def quiet(error: Exception) -> None:
         pass
 
     options: dict[str, Any] = {"inbox_prefix": SERVICE_INBOX_PREFIX} if role == "service" else {}
-    return await nats.connect(topology.nats_urls.split(","), nkeys_seed=str(topology.seed_file(role)),
-                              max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=quiet, **options)
+    return await nats.connect(
+        topology.nats_urls.split(","),
+        nkeys_seed=str(topology.seed_file(role)),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=quiet,
+        **options,
+    )
 
 
 def bb(topology: Topology, *arguments: str, **environment: str) -> subprocess.CompletedProcess[str]:
     inherited = {name: value for name, value in os.environ.items() if not name.startswith("BB_")}
-    return subprocess.run([sys.executable, "-m", "bb_environments.entrypoints.bb", *arguments], text=True,
-                          capture_output=True, timeout=120, env={**inherited, **environment})
+    return subprocess.run(
+        [sys.executable, "-m", "bb_environments.entrypoints.bb", *arguments],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={**inherited, **environment},
+    )
 
 
 def exported_log(topology: Topology) -> list[dict[str, Any]] | str:
     """The whole log, read from PostgreSQL by `bb events export` (on a data dir no replica serves),
     or what the export said when it failed."""
-    exported = bb(topology, "events", "export", BB_DATA_DIR=str(topology.base / "reader"),
-                  BB_EVENT_STORE=topology.event_store)
+    exported = bb(
+        topology, "events", "export", BB_DATA_DIR=str(topology.base / "reader"), BB_EVENT_STORE=topology.event_store
+    )
     if exported.returncode != 0:
         return f"bb events export exited {exported.returncode}: {exported.stderr.strip()}"
     return [json.loads(line) for line in exported.stdout.splitlines()]
@@ -359,7 +387,8 @@ def check_claims(log: list[dict[str, Any]]) -> Iterator[str]:
             on_host, path = held[event["hostId"]], event["path"]
             for other, holder in on_host.items():
                 if holder != event["environmentId"] and (
-                        other == path or other.startswith(path + "/") or path.startswith(other + "/")):
+                    other == path or other.startswith(path + "/") or path.startswith(other + "/")
+                ):
                     yield f"{event['hostId']}: {path} held by {event['environmentId']} while {other} is {holder}'s"
             on_host[path] = event["environmentId"]
         elif event["type"] == "host_claims_released":
@@ -370,8 +399,12 @@ def check_hooks(marker: Path, log: list[dict[str, Any]]) -> Iterator[str]:
     """Each hook at most once per environment; a ready environment's setup exactly once. A hook
     wrote the workspace it ran in (each environment's own: its path key is new for each)."""
     environments = environment_events(log)
-    environment_at = {os.path.realpath(event["path"]): environment_id for environment_id, events in environments.items()
-                      for event in events if event["type"] == "created"}
+    environment_at = {
+        os.path.realpath(event["path"]): environment_id
+        for environment_id, events in environments.items()
+        for event in events
+        if event["type"] == "created"
+    }
     runs: Counter[tuple[str, str]] = Counter()
     for line in marker.read_text().splitlines() if marker.exists() else []:
         hook, workspace = line.split(" ", 1)
@@ -404,27 +437,35 @@ async def check_streams(topology: Topology, log: list[dict[str, Any]], announced
     for environment_id, events in environment_events(log).items():
         in_log = sum(event["type"] == "ready" for event in events)
         if ready_stored[environment_id] != in_log:
-            violations.append(f"environment {environment_id}: ready {ready_stored[environment_id]} times in "
-                              f"{subjects.ENVIRONMENTS_STREAM}, {in_log} in the log")
+            violations.append(
+                f"environment {environment_id}: ready {ready_stored[environment_id]} times in "
+                f"{subjects.ENVIRONMENTS_STREAM}, {in_log} in the log"
+            )
         if announced[environment_id] > 1:
-            violations.append(f"environment {environment_id}: ready announced {announced[environment_id]} times "
-                              f"on {subjects.ENVIRONMENT_EVENTS}")
-    removed_at = {json.loads(m.data)["environmentId"]: m.metadata.timestamp for m in stored
-                  if m.subject.endswith(".removed")}
+            violations.append(
+                f"environment {environment_id}: ready announced {announced[environment_id]} times "
+                f"on {subjects.ENVIRONMENT_EVENTS}"
+            )
+    removed_at = {
+        json.loads(m.data)["environmentId"]: m.metadata.timestamp for m in stored if m.subject.endswith(".removed")
+    }
     outcomes: Counter[tuple[str, str | None, str]] = Counter()
     for message in placements:
         outcome = json.loads(message.data)
         outcomes[(outcome["threadId"], outcome["environmentId"], outcome["status"])] += 1
         removed = removed_at.get(outcome["environmentId"])
         if outcome["status"] == "ready" and removed is not None and message.metadata.timestamp > removed:
-            violations.append(f"placement ready of {outcome['threadId']} stored at {message.metadata.timestamp}, "
-                              f"after its environment {outcome['environmentId']} was removed at {removed}")
+            violations.append(
+                f"placement ready of {outcome['threadId']} stored at {message.metadata.timestamp}, "
+                f"after its environment {outcome['environmentId']} was removed at {removed}"
+            )
     violations += [f"placement {key} stored {count} times" for key, count in outcomes.items() if count > 1]
     return violations
 
 
-def check_disks(topology: Topology, repos: dict[str, Path], log: list[dict[str, Any]],
-                documents: dict[str, dict[str, Any]]) -> Iterator[str]:
+def check_disks(
+    topology: Topology, repos: dict[str, Path], log: list[dict[str, Any]], documents: dict[str, dict[str, Any]]
+) -> Iterator[str]:
     """No workspace and no worktree of git's left for a removed environment; the read model agrees with the log."""
     environments = environment_events(log)
     for environment_id, events in environments.items():
@@ -435,23 +476,30 @@ def check_disks(topology: Topology, repos: dict[str, Path], log: list[dict[str, 
     for host, repo in repos.items():
         for workspace in sorted(topology.agent_root(host).glob("providers/*/worktrees/*")):
             if (host, workspace.name) not in live_keys:
-                yield (f"{host}: {workspace} is left on disk, no live environment has its key; in the log: "
-                       f"{lived(environments, workspace.name)}")
-        listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True,
-                                text=True, check=True).stdout
+                yield (
+                    f"{host}: {workspace} is left on disk, no live environment has its key; in the log: "
+                    f"{lived(environments, workspace.name)}"
+                )
+        listed = subprocess.run(
+            ["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True, text=True, check=True
+        ).stdout
         live_paths = {d["path"] for d in documents.values() if d["status"] != "removed" and d["hostId"] == host}
         for line in listed.splitlines():
-            if line.startswith("worktree ") and (path := line.removeprefix("worktree ")) != str(repo) \
-                    and path not in live_paths:
+            if (
+                line.startswith("worktree ")
+                and (path := line.removeprefix("worktree ")) != str(repo)
+                and path not in live_paths
+            ):
                 yield f"{host}: git worktree list still has {path}"
 
 
 def lived(environments: dict[str, list[dict[str, Any]]], path_key: str) -> str:
     """What the log says of the environments of a path key (a thread's id), for a violation's report."""
-    lives = [f"{environment_id}: " + ", ".join(
-                 f"{event['type']}@{event['occurredAt'][11:23]}" for event in events)
-             for environment_id, events in environments.items()
-             if any(path_key in event.get("threadIds", ()) for event in events)]
+    lives = [
+        f"{environment_id}: " + ", ".join(f"{event['type']}@{event['occurredAt'][11:23]}" for event in events)
+        for environment_id, events in environments.items()
+        if any(path_key in event.get("threadIds", ()) for event in events)
+    ]
     return "; ".join(lives) or "no environment"
 
 
@@ -461,7 +509,7 @@ def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[d
     environments = environment_events(log)
     ready_at: dict[str, float] = {}
     logged_at: dict[str, float] = {}
-    for environment_id, events in environments.items():
+    for events in environments.values():
         for event in events:
             at = datetime.fromisoformat(event["occurredAt"]).timestamp()
             for thread_id in event["threadIds"]:
@@ -475,8 +523,14 @@ def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[d
             lines.append(f"{fault}: not done")
             continue
         after = next((t for t in placed if t.placed_at >= fault.began and t.id in ready_at), None)
-        gap = (f"{ready_at[after.id] - fault.began:5.1f} s ({after.id}, in the log after "
-               f"{logged_at[after.id] - after.placed_at:.1f} s)") if after else "no thread placed after it was ready"
+        gap = (
+            (
+                f"{ready_at[after.id] - fault.began:5.1f} s ({after.id}, in the log after "
+                f"{logged_at[after.id] - after.placed_at:.1f} s)"
+            )
+            if after
+            else "no thread placed after it was ready"
+        )
         back = f"back after {fault.back_after_s:.1f} s" if fault.back_after_s is not None else "not back"
         lines.append(f"{fault}  ({back}): next placed thread ready {gap}")
     return lines
@@ -485,14 +539,16 @@ def availability_gaps(plan: list[Fault], threads: dict[str, Thread], log: list[d
 def error_lines(topology: Topology) -> list[str]:
     """What the parts logged as going wrong, a few lines each, for the report of a failed run (a
     node's routes refused while another is down are expected, and left out)."""
-    logs: dict[Path, tuple[str, ...]] = {path: ("ERROR", "Traceback", "exited", "bb: ")
-                                         for path in map(topology.log, (*REPLICAS, *HOSTS))}
+    logs: dict[Path, tuple[str, ...]] = {
+        path: ("ERROR", "Traceback", "exited", "bb: ") for path in map(topology.log, (*REPLICAS, *HOSTS))
+    }
     logs |= {path: ("critical", "mismatch") for path in sorted(topology.base.glob("nats/n*/nats-server.log"))}
     lines = []
     for path, words in logs.items():
         if path.exists():
-            found = [line for line in path.read_text(errors="replace").splitlines()
-                     if any(word in line for word in words)]
+            found = [
+                line for line in path.read_text(errors="replace").splitlines() if any(word in line for word in words)
+            ]
             lines += [f"{path.parent.name}/{path.name}: {line[:300]}" for line in found[-8:]]
     return lines
 
@@ -503,8 +559,10 @@ async def test_nemesis_random_faults_break_none_of_the_promises(tmp_path: Path) 
     seed = random.SystemRandom().randrange(1 << 31) if asked == "random" else int(asked)
     rng = random.Random(seed)
     plan = plan_faults(rng, fault_menu())
-    say(f"nemesis seed {seed} (BB_NEMESIS_SEED={seed} replays it): {len(plan)} faults over {FAULTS_S:.0f} s, "
-        f"{THREADS_PER_S} threads/s")
+    say(
+        f"nemesis seed {seed} (BB_NEMESIS_SEED={seed} replays it): {len(plan)} faults over {FAULTS_S:.0f} s, "
+        f"{THREADS_PER_S} threads/s"
+    )
     for fault in plan:
         say(f"  {fault}")
 
@@ -514,11 +572,20 @@ async def test_nemesis_random_faults_break_none_of_the_promises(tmp_path: Path) 
         repo = repos[host] = tmp_path / f"repo-{host}"
         repo.mkdir()
         subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-        write_hooks(repo, tmp_path / "hook-names.log", setup=f'echo "setup $(pwd -P)" >> {marker}',
-                    teardown=f'echo "teardown $(pwd -P)" >> {marker}')
+        write_hooks(
+            repo,
+            tmp_path / "hook-names.log",
+            setup=f'echo "setup $(pwd -P)" >> {marker}',
+            teardown=f'echo "teardown $(pwd -P)" >> {marker}',
+        )
     (tmp_path / "topology").mkdir()
-    topology = await asyncio.to_thread(Topology.start, tmp_path / "topology", REPLICAS, HOSTS,
-                                       {"BB_RETIRE_GRACE_MS": "0", "BB_SWEEP_INTERVAL_S": "1", "BB_LOG_LEVEL": "INFO"})
+    topology = await asyncio.to_thread(
+        Topology.start,
+        tmp_path / "topology",
+        REPLICAS,
+        HOSTS,
+        {"BB_RETIRE_GRACE_MS": "0", "BB_SWEEP_INTERVAL_S": "1", "BB_LOG_LEVEL": "INFO"},
+    )
     # The engines' PostgreSQL trades durability for speed (synchronous_commit off): killed, it would
     # lose transactions it had acknowledged, which no service survives. A crash here loses nothing.
     with psycopg.connect(topology.postgres.url("postgres"), autocommit=True) as connection:  # type: ignore[union-attr]
@@ -528,6 +595,7 @@ async def test_nemesis_random_faults_break_none_of_the_promises(tmp_path: Path) 
     announced: Counter[str] = Counter()
     subscriber = await connect(topology, "subscriber")
     try:
+
         async def heard(message: Any) -> None:
             announced[message.subject.split(".")[2]] += 1
 
@@ -543,9 +611,15 @@ async def test_nemesis_random_faults_break_none_of_the_promises(tmp_path: Path) 
 
         log = await settle(topology, workload.threads)
         documents = await read_model(topology, log)
-        violations = [*nemesis.violations, *workload.violations, *check_environments(workload.threads, log), *check_claims(log),
-                      *check_hooks(marker, log), *await check_streams(topology, log, announced),
-                      *check_disks(topology, repos, log, documents)]
+        violations = [
+            *nemesis.violations,
+            *workload.violations,
+            *check_environments(workload.threads, log),
+            *check_claims(log),
+            *check_hooks(marker, log),
+            *await check_streams(topology, log, announced),
+            *check_disks(topology, repos, log, documents),
+        ]
         for line in availability_gaps(plan, workload.threads, log):
             say(line)
         if violations:

@@ -49,14 +49,14 @@ async def test_every_read_command_answers_and_the_replicas_own_hosts_are_no_mach
     assert answered(await bb(topology, "thread", "list", "--json")) == {"threads": []}  # nothing was recorded
 
 
-@pytest.mark.parametrize("topology", [{"everywhere": {"BB_DEFAULT_HOST": HOST}}], indirect=True,
-                         ids=["default-host"])
+@pytest.mark.parametrize("topology", [{"everywhere": {"BB_DEFAULT_HOST": HOST}}], indirect=True, ids=["default-host"])
 async def test_a_spawn_that_names_no_host_goes_to_the_default_host(topology: Topology) -> None:
     providers = answered(await bb(topology, "environment", "providers", "--json"))["providers"]
     assert {p["id"]: p["availability"]["status"] for p in providers}["personal-workspace"] == "ready"
 
-    spawned = answered(await bb(topology, "thread", "spawn", "--environment-provider", "personal-workspace",
-                                "--wait", "--json"))
+    spawned = answered(
+        await bb(topology, "thread", "spawn", "--environment-provider", "personal-workspace", "--wait", "--json")
+    )
     assert spawned["status"] == "ready"
     shown = answered(await bb(topology, "environment", "show", spawned["environmentId"], "--json"))
     assert shown["hostId"] == HOST

@@ -20,8 +20,15 @@ import pytest
 from scripts.engines import NODES
 from tests.integration.conftest import eventually
 from tests.replicas.test_replicas import (  # noqa: F401 (the fixture)
-    SETTLE_S, Topology, assert_each_event_once_in_order, publish_thread, ready_in_the_stream, relay_holder, spawn,
-    topology)
+    SETTLE_S,
+    Topology,
+    assert_each_event_once_in_order,
+    publish_thread,
+    ready_in_the_stream,
+    relay_holder,
+    spawn,
+    topology,
+)
 
 RATE = 8.0
 """Threads a second the flow publishes: about what a busy integrator sends."""
@@ -52,8 +59,9 @@ class ThreadFlow:
 
 @contextlib.asynccontextmanager
 async def flowing(topology: Topology, nodes: list[str]) -> AsyncIterator[ThreadFlow]:
-    nc = await nats.connect(topology.cluster.urls_of(nodes).split(","),
-                            nkeys_seed=str(topology.cluster.seed_file("publisher")))
+    nc = await nats.connect(
+        topology.cluster.urls_of(nodes).split(","), nkeys_seed=str(topology.cluster.seed_file("publisher"))
+    )
     flow = ThreadFlow(nc)
     task = asyncio.create_task(flow.run())
     try:
@@ -89,7 +97,8 @@ async def assert_the_stream_goes_on(topology: Topology, flowed: list[str], woke_
 
 
 async def test_a_relay_stopped_past_its_lease_while_threads_flow_publishes_nothing_when_it_wakes(
-        topology: Topology) -> None:
+    topology: Topology,
+) -> None:
     holder_id = await relay_holder(topology)
     other_id = "b" if holder_id == "a" else "a"
     holder = topology.replica(holder_id)
@@ -109,10 +118,10 @@ async def test_a_relay_stopped_past_its_lease_while_threads_flow_publishes_nothi
     assert holder.process.poll() is None
 
 
-@pytest.mark.parametrize("topology", [{"nodes": {"a": ["n1"], "b": ["n2", "n3"]}}], indirect=True,
-                         ids=["a-on-n1"])
+@pytest.mark.parametrize("topology", [{"nodes": {"a": ["n1"], "b": ["n2", "n3"]}}], indirect=True, ids=["a-on-n1"])
 async def test_a_relay_cut_off_from_the_cluster_past_its_lease_publishes_nothing_when_it_is_back(
-        topology: Topology) -> None:
+    topology: Topology,
+) -> None:
     """Replica a reaches the cluster through node n1 alone; stopping n1 cuts it off (its connection
     open and silent, as in a partition) while b and the flow go on through n2 and n3."""
     await until_relayed_by(topology, "a")

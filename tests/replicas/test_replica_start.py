@@ -9,8 +9,8 @@ import contextlib
 from pathlib import Path
 
 from bb_environments.bus.wire.api_messages import ListThreads
-from tests.integration.conftest import Service, eventually, service_environment
 from scripts.engines import NODES, NatsCluster, PostgresServer
+from tests.integration.conftest import Service, eventually, service_environment
 
 REPLICAS = ("a", "b", "c")
 WAITING = "waiting for the NATS cluster"
@@ -19,15 +19,25 @@ WAITING = "waiting for the NATS cluster"
 def replica(cluster: NatsCluster, store: str, base: Path, replica_id: str, **overrides: str) -> Service:
     data_dir = base / replica_id / "data"
     data_dir.parent.mkdir(parents=True)
-    service = Service(data_dir, service_environment(
-        data_dir, BB_NATS_URL=cluster.urls, BB_NATS_NKEY=str(cluster.seed_file("service")), BB_EVENT_STORE=store,
-        BB_STREAM_REPLICAS="3", BB_REPLICA_ID=replica_id, **overrides))
+    service = Service(
+        data_dir,
+        service_environment(
+            data_dir,
+            BB_NATS_URL=cluster.urls,
+            BB_NATS_NKEY=str(cluster.seed_file("service")),
+            BB_EVENT_STORE=store,
+            BB_STREAM_REPLICAS="3",
+            BB_REPLICA_ID=replica_id,
+            **overrides,
+        ),
+    )
     service.external_credentials = {"nkeys_seed": str(cluster.seed_file("operator"))}
     return service
 
 
 async def test_replicas_started_with_the_nodes_of_a_new_cluster_all_wait_for_it_and_serve(
-        tmp_path: Path, postgres_server: PostgresServer, postgres_url: str) -> None:
+    tmp_path: Path, postgres_server: PostgresServer, postgres_url: str
+) -> None:
     cluster = NatsCluster.prepare(tmp_path / "nats")
     replicas = [replica(cluster, postgres_url, tmp_path, r) for r in REPLICAS]
     first, *others = NODES
@@ -57,7 +67,8 @@ async def test_replicas_started_with_the_nodes_of_a_new_cluster_all_wait_for_it_
 
 
 async def test_a_cluster_without_room_for_the_streams_is_refused_in_one_sentence(
-        tmp_path: Path, postgres_url: str) -> None:
+    tmp_path: Path, postgres_url: str
+) -> None:
     cluster = NatsCluster.prepare(tmp_path / "nats", max_file_store=512 << 20)  # BB_THREADS reserves 1 GiB
     service = replica(cluster, postgres_url, tmp_path, "a")
     try:
@@ -72,4 +83,5 @@ async def test_a_cluster_without_room_for_the_streams_is_refused_in_one_sentence
     assert refused.stderr.strip().splitlines()[-1:] == [
         "bb: the NATS servers have no room for stream BB_THREADS: it reserves 1 GiB (BB_THREADS_MAX_BYTES) on each "
         "server that holds it, as does its mirror BB_THREAD_PARTITIONS, so give each server a max_file_store above "
-        "2 GiB or lower BB_THREADS_MAX_BYTES"]
+        "2 GiB or lower BB_THREADS_MAX_BYTES"
+    ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import time
@@ -26,12 +25,12 @@ from bb_environments.bus.access import SERVICE_INBOX_PREFIX
 from bb_environments.bus.api_client.nats_client import ApiClient
 from bb_environments.bus.core.replicas import PRESENCE_TTL_S
 from bb_environments.bus.wire import subjects
+from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads, RegisterHost, SpawnThread, ThreadRef
 from bb_environments.bus.wire.service_errors import ServiceError
 from bb_environments.bus.wire.thread_events import Machine, ProviderIntent, ThreadCreatedMessage, ThreadMessageMessage
-from bb_environments.bus.wire.api_messages import EnvironmentRef, ListThreads, RegisterHost, SpawnThread, ThreadRef
+from scripts.engines import NatsCluster, PostgresServer
 from tests.integration.conftest import Service, eventually, service_environment, write_hooks
 from tests.integration.host_agents import Agent
-from scripts.engines import NatsCluster, PostgresServer
 from tests.replicas.conftest import publish_stored
 
 HOST = "h1"
@@ -59,11 +58,18 @@ class Topology:
         return service_environment(
             self.base / replica_id / "data",
             BB_NATS_URL=self.cluster.urls_of(self.nodes[replica_id]) if replica_id in self.nodes else self.cluster.urls,
-            BB_NATS_NKEY=str(self.cluster.seed_file("service")), BB_EVENT_STORE=self.store, BB_STREAM_REPLICAS="3",
-            BB_REPLICA_ID=replica_id, BB_HOST_ID=f"core-{replica_id}", **{**self.everywhere, **overrides})
+            BB_NATS_NKEY=str(self.cluster.seed_file("service")),
+            BB_EVENT_STORE=self.store,
+            BB_STREAM_REPLICAS="3",
+            BB_REPLICA_ID=replica_id,
+            BB_HOST_ID=f"core-{replica_id}",
+            **{**self.everywhere, **overrides},
+        )
 
     async def start_replica(self, replica_id: str) -> Service:
-        service = self.replicas.get(replica_id) or Service(self.base / replica_id / "data", self.environment(replica_id))
+        service = self.replicas.get(replica_id) or Service(
+            self.base / replica_id / "data", self.environment(replica_id)
+        )
         service.external_credentials = {"nkeys_seed": str(self.cluster.seed_file("operator"))}
         service.data_dir.parent.mkdir(parents=True, exist_ok=True)
         await service.start("--no-agent")
@@ -71,13 +77,17 @@ class Topology:
         return service
 
     async def service_connection(self) -> nats.aio.client.Client:
-        return await nats.connect(self.cluster.urls.split(","), nkeys_seed=str(self.cluster.seed_file("service")),
-                                  inbox_prefix=SERVICE_INBOX_PREFIX)
+        return await nats.connect(
+            self.cluster.urls.split(","),
+            nkeys_seed=str(self.cluster.seed_file("service")),
+            inbox_prefix=SERVICE_INBOX_PREFIX,
+        )
 
 
 @pytest.fixture
-async def topology(request: pytest.FixtureRequest, tmp_path: Path, postgres_server: PostgresServer,
-                   postgres_url: str) -> AsyncIterator[Topology]:
+async def topology(
+    request: pytest.FixtureRequest, tmp_path: Path, postgres_server: PostgresServer, postgres_url: str
+) -> AsyncIterator[Topology]:
     """Replicas a (started first: it takes the relay) and b, and the agent of host h1. Parametrize it
     indirectly with a dict to add variables to replica a's environment; its `everywhere` dict adds
     them to every replica's and the agent's, its `nodes` dict names the nodes a replica connects to."""
@@ -125,9 +135,11 @@ async def ask(service: Service, area: str, verb: str, body: Any) -> Any:
 
 async def spawn(service: Service, repo: Path | None = None) -> str:
     thread_id = f"t-{uuid.uuid4().hex[:16]}"
-    request = (SpawnThread(thread_id=thread_id, environment_provider="git-worktree", project_path=str(repo),
-                           host_id=HOST) if repo
-               else SpawnThread(thread_id=thread_id, environment_provider="personal-workspace", host_id=HOST))
+    request = (
+        SpawnThread(thread_id=thread_id, environment_provider="git-worktree", project_path=str(repo), host_id=HOST)
+        if repo
+        else SpawnThread(thread_id=thread_id, environment_provider="personal-workspace", host_id=HOST)
+    )
     return (await ask(service, "threads", "spawn", request))["threadId"]
 
 
@@ -150,8 +162,11 @@ async def settled(service: Service, environment_ids: list[str], status: str) -> 
     """Each environment in `status`, as `service`'s read model says."""
     deadline = time.monotonic() + SETTLE_S
     for environment_id in environment_ids:
-        while (seen := (await ask(service, "environments", "show",
-                                  EnvironmentRef(environment_id=environment_id)))["status"]) != status:
+        while (
+            seen := (await ask(service, "environments", "show", EnvironmentRef(environment_id=environment_id)))[
+                "status"
+            ]
+        ) != status:
             assert time.monotonic() < deadline, f"environment {environment_id} is {seen}, not {status}"
             await asyncio.sleep(0.2)
 
@@ -166,8 +181,13 @@ async def stream_log(topology: Topology) -> list[tuple[str, dict[str, Any], int]
         for sequence in range(state.first_seq, state.last_seq + 1):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 message = await js.get_msg(subjects.ENVIRONMENTS_STREAM, sequence)
-                found.append((message.subject or "", json.loads(message.data or b"{}"),
-                              subjects.claimed_notification_id(message.headers) or 0))
+                found.append(
+                    (
+                        message.subject or "",
+                        json.loads(message.data or b"{}"),
+                        subjects.claimed_notification_id(message.headers) or 0,
+                    )
+                )
         return found
     finally:
         await nc.close()
@@ -193,8 +213,10 @@ async def test_both_replicas_answer_and_drive_and_each_event_is_stored_once(topo
     # Each replica drives a share: b takes its partitions a moment after a gives them up, and the
     # spawns below are driven by both only once it has.
     for replica in (a, b):
-        await eventually(lambda: "drives partitions" in (replica.data_dir.parent / "serve.log").read_text(),
-                         f"replica {replica.data_dir.parent.name} taking its share of the partitions")
+        await eventually(
+            lambda: "drives partitions" in (replica.data_dir.parent / "serve.log").read_text(),
+            f"replica {replica.data_dir.parent.name} taking its share of the partitions",
+        )
     threads = await asyncio.gather(*(spawn(service) for service in [a, b] * 10))
     environments = [await environment_of(a, t) for t in threads]
     await settled(a, environments, "ready")
@@ -202,25 +224,27 @@ async def test_both_replicas_answer_and_drive_and_each_event_is_stored_once(topo
     await assert_each_event_once_in_order(topology, environments)
 
 
-async def test_a_second_replica_of_one_id_and_a_replica_beside_an_sqlite_store_are_refused(
-        topology: Topology) -> None:
+async def test_a_second_replica_of_one_id_and_a_replica_beside_an_sqlite_store_are_refused(topology: Topology) -> None:
     twin = topology.environment("a")
     twin["BB_DATA_DIR"] = str(topology.base / "twin" / "data")
-    refused = subprocess.run([*Service.cli(), "serve", "--no-agent"], env=twin, capture_output=True, text=True,
-                             timeout=60)
+    refused = subprocess.run(
+        [*Service.cli(), "serve", "--no-agent"], env=twin, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode != 0
     assert "replica a is running already" in refused.stderr
     sqlite = topology.environment("lonely")
     del sqlite["BB_EVENT_STORE"]
-    refused = subprocess.run([*Service.cli(), "serve", "--no-agent"], env=sqlite, capture_output=True, text=True,
-                             timeout=60)
+    refused = subprocess.run(
+        [*Service.cli(), "serve", "--no-agent"], env=sqlite, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode != 0
     assert "an SQLite event store has one replica only" in refused.stderr
     assert not (topology.base / "lonely" / "data" / "events.sqlite").exists()
 
 
 async def test_the_other_replica_finishes_spawns_and_archives_after_one_is_killed(
-        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    topology: Topology, git_repo: Path, tmp_path: Path
+) -> None:
     marker = tmp_path / "setups"
     write_hooks(git_repo, marker, setup="sleep 1")
     a, b = topology.replica("a"), topology.replica("b")
@@ -239,7 +263,8 @@ async def test_the_other_replica_finishes_spawns_and_archives_after_one_is_kille
 
 
 async def test_an_agent_killed_mid_flow_and_started_again_runs_each_hook_once_for_both_replicas(
-        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    topology: Topology, git_repo: Path, tmp_path: Path
+) -> None:
     """Both replicas queue h1's creates, setups and removals; the agent dies with them in flight."""
     marker = tmp_path / "hooks"
     write_hooks(git_repo, marker, setup="sleep 1", teardown="true")
@@ -250,8 +275,11 @@ async def test_an_agent_killed_mid_flow_and_started_again_runs_each_hook_once_fo
     threads = await asyncio.gather(*(spawn(service, git_repo) for service in [a, b] * 3))
     for thread in early:
         await ask(b, "threads", "archive", ThreadRef(thread_id=thread))
-    await eventually(lambda: marker.exists() and marker.read_text().count("setup") > len(early),
-                     "a setup of the second round under way", timeout=SETTLE_S)
+    await eventually(
+        lambda: marker.exists() and marker.read_text().count("setup") > len(early),
+        "a setup of the second round under way",
+        timeout=SETTLE_S,
+    )
     topology.agent.kill()
     topology.agent.start()
     await topology.agent.serving()
@@ -264,11 +292,15 @@ async def test_an_agent_killed_mid_flow_and_started_again_runs_each_hook_once_fo
     await assert_each_event_once_in_order(topology, environments + early_environments)
 
 
-@pytest.mark.parametrize("topology", [{"BB_CRASH_AT": f"{point}#2"} for point in (
-    "created-recorded", "relay-published", "placement-published")], indirect=True,
-    ids=lambda overrides: overrides["BB_CRASH_AT"])
+@pytest.mark.parametrize(
+    "topology",
+    [{"BB_CRASH_AT": f"{point}#2"} for point in ("created-recorded", "relay-published", "placement-published")],
+    indirect=True,
+    ids=lambda overrides: overrides["BB_CRASH_AT"],
+)
 async def test_the_other_replica_finishes_what_one_killed_at_a_crash_point_left(
-        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    topology: Topology, git_repo: Path, tmp_path: Path
+) -> None:
     marker = tmp_path / "setups"
     write_hooks(git_repo, marker, setup="sleep 0.5")
     a, b = topology.replica("a"), topology.replica("b")
@@ -305,14 +337,19 @@ async def publish_threads(topology: Topology, count: int) -> list[str]:
 async def publish_thread(js: nats.js.JetStreamContext, thread: str) -> None:
     """A thread's `created` (asking for a personal workspace on h1) and first message."""
     intent = ProviderIntent(environment_provider_id="personal-workspace", machine=Machine(host_id=HOST))
-    for event in (ThreadCreatedMessage(thread_id=thread, environment=intent), ThreadMessageMessage(thread_id=thread, text="go")):
+    for event in (
+        ThreadCreatedMessage(thread_id=thread, environment=intent),
+        ThreadMessageMessage(thread_id=thread, text="go"),
+    ):
         await publish_stored(js, event, SETTLE_S)
 
 
-@pytest.mark.parametrize("topology", [{"everywhere": {"BB_EXTRA_PROVIDERS": CLOUD_PAUSABLE}}], indirect=True,
-                         ids=["cloud-pausable"])
+@pytest.mark.parametrize(
+    "topology", [{"everywhere": {"BB_EXTRA_PROVIDERS": CLOUD_PAUSABLE}}], indirect=True, ids=["cloud-pausable"]
+)
 async def test_a_message_resumes_a_paused_environment_whichever_replica_hears_it(
-        topology: Topology, tmp_path: Path) -> None:
+    topology: Topology, tmp_path: Path
+) -> None:
     """A thread's message comes through the replica that consumes its thread's partition, which is
     often not the one that drives its environment, paused after 0.3 s idle (a cloud provider's,
     which the replicas run themselves, as Modal's)."""
@@ -324,9 +361,22 @@ async def test_a_message_resumes_a_paused_environment_whichever_replica_hears_it
             (gates / gate).touch()
     project = tmp_path / "project"
     project.mkdir()
-    threads = [(await ask(service, "threads", "spawn", SpawnThread(
-        thread_id=f"t-{uuid.uuid4().hex[:16]}", environment_provider="cloud-pausable", project_path=str(project),
-        host_id=HOST)))["threadId"] for service in [a, b] * 3]
+    threads = [
+        (
+            await ask(
+                service,
+                "threads",
+                "spawn",
+                SpawnThread(
+                    thread_id=f"t-{uuid.uuid4().hex[:16]}",
+                    environment_provider="cloud-pausable",
+                    project_path=str(project),
+                    host_id=HOST,
+                ),
+            )
+        )["threadId"]
+        for service in [a, b] * 3
+    ]
     environments = [await environment_of(a, t) for t in threads]
     deadline = time.monotonic() + SETTLE_S
     for environment_id in environments:
@@ -334,18 +384,24 @@ async def test_a_message_resumes_a_paused_environment_whichever_replica_hears_it
             assert time.monotonic() < deadline, f"environment {environment_id} was never paused"
             await asyncio.sleep(0.2)
 
-    publisher = await nats.connect(topology.cluster.urls.split(","),
-                                   nkeys_seed=str(topology.cluster.seed_file("publisher")))
+    publisher = await nats.connect(
+        topology.cluster.urls.split(","), nkeys_seed=str(topology.cluster.seed_file("publisher"))
+    )
     try:
         for thread in threads:
-            await publisher.jetstream().publish(subjects.thread_event(thread, "message"),
-                                                msgspec.json.encode(ThreadMessageMessage(thread_id=thread, text="go on")))
+            await publisher.jetstream().publish(
+                subjects.thread_event(thread, "message"),
+                msgspec.json.encode(ThreadMessageMessage(thread_id=thread, text="go on")),
+            )
     finally:
         await publisher.close()
 
     async def resumed() -> set[str]:
-        return {document["environmentId"] for _, document, _ in await stream_log(topology)
-                if document.get("type") == "resumed"}
+        return {
+            document["environmentId"]
+            for _, document, _ in await stream_log(topology)
+            if document.get("type") == "resumed"
+        }
 
     while not set(environments) <= (seen := await resumed()):
         assert time.monotonic() < deadline + SETTLE_S, f"not resumed: {set(environments) - seen}"
@@ -387,8 +443,12 @@ async def ready_in_the_stream(topology: Topology, thread_ids: list[str]) -> list
     alone: a stopped replica still takes its turn at API requests until NATS finds it gone."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        ready = {thread: document["environmentId"] for subject, document, _ in await stream_log(topology)
-                 if document.get("type") == "ready" for thread in document.get("threadIds", [])}
+        ready = {
+            thread: document["environmentId"]
+            for subject, document, _ in await stream_log(topology)
+            if document.get("type") == "ready"
+            for thread in document.get("threadIds", [])
+        }
         if all(t in ready for t in thread_ids):
             return [ready[t] for t in thread_ids]
         assert time.monotonic() < deadline, f"not ready within {SETTLE_S} s: {set(thread_ids) - set(ready)}"
@@ -432,24 +492,43 @@ async def test_nested_claims_decided_by_both_replicas_at_once_never_overlap(topo
     a, b = topology.replica("a"), topology.replica("b")
 
     async def checkout(service: Service, inputs: dict[str, str] | None) -> Any:
-        return await ask(service, "threads", "spawn", SpawnThread(
-            thread_id=f"t-{uuid.uuid4().hex[:16]}", environment_provider="project-checkout",
-            project_path=str(git_repo), environment_inputs=inputs, host_id=HOST))
+        return await ask(
+            service,
+            "threads",
+            "spawn",
+            SpawnThread(
+                thread_id=f"t-{uuid.uuid4().hex[:16]}",
+                environment_provider="project-checkout",
+                project_path=str(git_repo),
+                environment_inputs=inputs,
+                host_id=HOST,
+            ),
+        )
 
     rounds = 4
     for round_ in range(rounds):  # each round a directory and one inside it, asked of both replicas at once
         (git_repo / f"d{round_}" / "inner").mkdir(parents=True)
-        await asyncio.gather(*(checkout(service, {"path": path}) for service, path in
-                               [(a, f"d{round_}"), (b, f"d{round_}/inner"), (b, f"d{round_}"),
-                                (a, f"d{round_}/inner")]), return_exceptions=True)
+        await asyncio.gather(
+            *(
+                checkout(service, {"path": path})
+                for service, path in [
+                    (a, f"d{round_}"),
+                    (b, f"d{round_}/inner"),
+                    (b, f"d{round_}"),
+                    (a, f"d{round_}/inner"),
+                ]
+            ),
+            return_exceptions=True,
+        )
     held: dict[str, str] = {}
     taken = 0
     for _, document, _ in await stream_log(topology):
         if document.get("type") == "host_claims_held":
             path = document["path"]
             nested = [p for p in held if p == path or p.startswith(path + "/") or path.startswith(p + "/")]
-            assert not nested or held[nested[0]] == document["environmentId"], \
+            assert not nested or held[nested[0]] == document["environmentId"], (
                 f"{path} taken while {nested} was held by {held[nested[0]]}"
+            )
             held[path] = document["environmentId"]
             taken += 1
         elif document.get("type") == "host_claims_released":
@@ -460,8 +539,9 @@ async def test_nested_claims_decided_by_both_replicas_at_once_never_overlap(topo
 LIMIT = 3
 
 
-@pytest.mark.parametrize("topology", [{"everywhere": {"BB_MAX_LIVE_ENVIRONMENTS": str(LIMIT)}}], indirect=True,
-                         ids=["limit-3"])
+@pytest.mark.parametrize(
+    "topology", [{"everywhere": {"BB_MAX_LIVE_ENVIRONMENTS": str(LIMIT)}}], indirect=True, ids=["limit-3"]
+)
 async def test_the_host_limit_holds_for_spawns_decided_by_both_replicas_at_once(topology: Topology) -> None:
     # Each new environment with a path takes it in its host's claims, in the same save: of two
     # replicas deciding at once, one loses the race, reads the other's environment and decides again.
@@ -470,17 +550,24 @@ async def test_the_host_limit_holds_for_spawns_decided_by_both_replicas_at_once(
     refused = [o for o in outcomes if isinstance(o, ServiceError)]
     assert len(refused) == len(outcomes) - LIMIT, outcomes
     assert all(f"BB_MAX_LIVE_ENVIRONMENTS ({LIMIT})" in str(error) for error in refused), refused
-    claimed = {document["environmentId"] for _, document, _ in await stream_log(topology)
-               if document.get("type") == "claimed"}
+    claimed = {
+        document["environmentId"] for _, document, _ in await stream_log(topology) if document.get("type") == "claimed"
+    }
     assert len(claimed) == LIMIT
 
 
 async def test_a_replica_beside_a_running_sqlite_replica_is_refused_however_long_it_has_run(
-        nats_cluster: NatsCluster, tmp_path: Path, postgres_url: str) -> None:
+    nats_cluster: NatsCluster, tmp_path: Path, postgres_url: str
+) -> None:
     def replica_environment(replica_id: str, **overrides: str) -> dict[str, str]:
-        return service_environment(tmp_path / replica_id / "data", BB_NATS_URL=nats_cluster.urls,
-                                   BB_NATS_NKEY=str(nats_cluster.seed_file("service")), BB_STREAM_REPLICAS="3",
-                                   BB_REPLICA_ID=replica_id, **overrides)
+        return service_environment(
+            tmp_path / replica_id / "data",
+            BB_NATS_URL=nats_cluster.urls,
+            BB_NATS_NKEY=str(nats_cluster.seed_file("service")),
+            BB_STREAM_REPLICAS="3",
+            BB_REPLICA_ID=replica_id,
+            **overrides,
+        )
 
     (tmp_path / "only").mkdir()
     only = Service(tmp_path / "only" / "data", replica_environment("only"))
@@ -488,8 +575,13 @@ async def test_a_replica_beside_a_running_sqlite_replica_is_refused_however_long
     await only.start("--no-agent")
     try:
         await asyncio.sleep(PRESENCE_TTL_S + 1)  # past the presence a replica would leave if it stopped writing it
-        beside = subprocess.run([*Service.cli(), "serve", "--no-agent"], capture_output=True, text=True, timeout=60,
-                                env=replica_environment("beside", BB_EVENT_STORE=postgres_url))
+        beside = subprocess.run(
+            [*Service.cli(), "serve", "--no-agent"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=replica_environment("beside", BB_EVENT_STORE=postgres_url),
+        )
         assert beside.returncode != 0
         assert "replica only" in beside.stderr and "an SQLite event store has one replica only" in beside.stderr
     finally:
@@ -513,7 +605,8 @@ async def transcript_lines(topology: Topology, environment_id: str) -> list[str]
 
 
 async def test_the_agents_lines_reach_the_transcripts_through_one_replica_then_the_other_once_it_is_killed(
-        topology: Topology, git_repo: Path, tmp_path: Path) -> None:
+    topology: Topology, git_repo: Path, tmp_path: Path
+) -> None:
     """h1's `bb agent` writes its setup's lines into the intake; the replica holding its lease keeps
     them, and once that replica is killed, the other does; each line once, in order."""
     write_hooks(git_repo, tmp_path / "hooks", setup="for n in 1 2 3; do echo numbered-$n; done")

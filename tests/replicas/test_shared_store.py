@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -32,13 +32,16 @@ from bb_environments.handlers.placement import Placement
 from bb_environments.handlers.store import CommandConflicted, Store
 from bb_environments.handlers.writers import SharedStore, SingleWriter, Writers
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def replica(event_store: str, writers: Writers | None = None) -> Environments:
     """A core replica's application service, as bootstrap builds it, on the store `event_store` names."""
-    return Environments(env={**event_store_environment(event_store), **AGGREGATE_CACHE},
-                        grace_for=lambda _: 0, writers=writers or SharedStore())
+    return Environments(
+        env={**event_store_environment(event_store), **AGGREGATE_CACHE},
+        grace_for=lambda _: 0,
+        writers=writers or SharedStore(),
+    )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -61,8 +64,9 @@ def replicas(event_store: str) -> Iterator[tuple[Environments, Environments]]:
 def spawn(app: Environments, thread_id: str, host_id: str = "h1", path: str | None = None) -> UUID:
     """A new thread and its new environment, claiming `path` on the host (none claimed without one)."""
     provider = "git-worktree" if path else "personal-workspace"
-    return app.spawn_thread(thread_id, None, None, host_id, None,
-                            Placement(provider, host_id, None, {}, thread_id, path)).id
+    return app.spawn_thread(
+        thread_id, None, None, host_id, None, Placement(provider, host_id, None, {}, thread_id, path)
+    ).id
 
 
 def remove(app: Environments, thread_id: str, environment_id: UUID) -> None:
@@ -186,8 +190,11 @@ def test_nested_claims_decided_through_either_replica_are_refused_even_on_a_stal
     moments = list(live_claims_through_the_log(b))
     for live in moments:
         for (host, path), holder in live.items():
-            assert not [other for (other_host, other), other_holder in live.items()
-                        if other_host == host and other_holder != holder and inside(other, path)], live
+            assert not [
+                other
+                for (other_host, other), other_holder in live.items()
+                if other_host == host and other_holder != holder and inside(other, path)
+            ], live
     assert any(("h1", "/w/a") in live and ("h2", "/w/a") in live for live in moments)
     host_claims = a.repository.get(host_claims_id("h1"))
     assert isinstance(host_claims, HostClaims)
@@ -200,8 +207,9 @@ async def test_a_command_that_lost_a_race_through_the_store_runs_again_and_succe
     try:
         # Both claim on h1, apart: a's first save conflicts on the host's claims b just changed.
         before_next_save(a, lambda: spawn(b, "t2", "h1", "/w/b"))
-        environment = await store.run(a.spawn_thread, "t1", None, None, "h1", None,
-                                      Placement("git-worktree", "h1", None, {}, "t1", "/w/a"))
+        environment = await store.run(
+            a.spawn_thread, "t1", None, None, "h1", None, Placement("git-worktree", "h1", None, {}, "t1", "/w/a")
+        )
     finally:
         store.close()
     assert b.thread("t1").environment_id == environment.id
@@ -220,10 +228,13 @@ async def test_a_command_that_keeps_losing_races_ends_in_a_clear_error_and_saves
 
     try:
         before_next_save(a, another_claim_on_the_host, times=SharedStore.command_tries)
-        with pytest.raises(CommandConflicted, match="spawn_thread lost the race to another writer of the event store "
-                                                    "5 times, nothing of it was saved"):
-            await store.run(a.spawn_thread, "t1", None, None, "h1", None,
-                            Placement("git-worktree", "h1", None, {}, "t1", "/w/a"))
+        with pytest.raises(
+            CommandConflicted,
+            match="spawn_thread lost the race to another writer of the event store 5 times, nothing of it was saved",
+        ):
+            await store.run(
+                a.spawn_thread, "t1", None, None, "h1", None, Placement("git-worktree", "h1", None, {}, "t1", "/w/a")
+            )
     finally:
         store.close()
     assert b.find_thread("t1") is None
@@ -328,14 +339,16 @@ async def test_the_lookups_of_one_run_of_a_command_look_at_the_log_once(replicas
         spawn(b, "t0", "h1", "/w/b")
         # The thread, the path's holder, the host's live environments and the claim: four lookups
         # in three indexes, all behind what b wrote.
-        await store.run(a.spawn_thread, "t1", None, None, "h1", None,
-                        Placement("git-worktree", "h1", None, {}, "t1", "/w/a"))
+        await store.run(
+            a.spawn_thread, "t1", None, None, "h1", None, Placement("git-worktree", "h1", None, {}, "t1", "/w/a")
+        )
         assert (heads.count, reads.count) == (1, 1)
         # A run that lost its race looks again, and decides on what the other writer saved.
         before_next_save(a, lambda: spawn(b, "t2", "h1", "/w/c/inner"))
         with pytest.raises(PathAlreadyClaimed, match="/w/c overlaps /w/c/inner"):
-            await store.run(a.spawn_thread, "t3", None, None, "h1", None,
-                            Placement("git-worktree", "h1", None, {}, "t3", "/w/c"))
+            await store.run(
+                a.spawn_thread, "t3", None, None, "h1", None, Placement("git-worktree", "h1", None, {}, "t3", "/w/c")
+            )
         assert (heads.count, reads.count) == (3, 2)  # the first run found a's own save folded already
         # Outside a command's run (a direct caller of the application), each lookup looks for itself.
         assert a.find_thread("t2") is not None and a.find_thread("t0") is not None
@@ -365,7 +378,8 @@ async def test_commands_during_and_after_a_restart_of_the_postgresql_server_are_
 
 
 async def test_twenty_spawns_through_two_replicas_lease_disjoint_blocks_clear_of_a_listening_port_kept_by_a_restart(
-        event_store):
+    event_store,
+):
     a, b = replica(event_store), replica(event_store)
     stores = Store(a), Store(b)
     listening = (20013,)  # as the host's plan found it
@@ -373,8 +387,9 @@ async def test_twenty_spawns_through_two_replicas_lease_disjoint_blocks_clear_of
     async def spawned(number: int) -> UUID:
         placement = Placement("personal-workspace", "h1", None, {}, f"t{number}", None, listening=listening)
         replica_app = (a, b)[number % 2]
-        environment = await stores[number % 2].run(replica_app.spawn_thread, f"t{number}", None, None, "h1", None,
-                                                   placement)
+        environment = await stores[number % 2].run(
+            replica_app.spawn_thread, f"t{number}", None, None, "h1", None, placement
+        )
         return environment.id
 
     try:
@@ -387,7 +402,9 @@ async def test_twenty_spawns_through_two_replicas_lease_disjoint_blocks_clear_of
     again = replica(event_store)  # a restart: a new replica reads every lease from the log
     try:
         environments = [again.environment(environment_id) for environment_id in ids]
-        blocks = sorted((range(e.ports.first, e.ports.last + 1) for e in environments if e.ports), key=lambda r: r.start)
+        blocks = sorted(
+            (range(e.ports.first, e.ports.last + 1) for e in environments if e.ports), key=lambda r: r.start
+        )
         assert len(blocks) == 20
         assert all(20013 not in block for block in blocks)
         assert all(earlier.stop <= later.start for earlier, later in zip(blocks, blocks[1:]))
@@ -395,8 +412,14 @@ async def test_twenty_spawns_through_two_replicas_lease_disjoint_blocks_clear_of
         assert len(slugs) == 20 and all(slug and SLUG_PATTERN.match(slug) for slug in slugs)
         assert again.repository.get(host_claims_id("h1")).leases == again.claims.leases_on("h1")
         # One more, decided by the restarted replica against every kept lease.
-        more = again.spawn_thread("t20", None, None, "h1", None, Placement("personal-workspace", "h1", None, {},
-                                                                          "t20", None, listening=listening))
+        more = again.spawn_thread(
+            "t20",
+            None,
+            None,
+            "h1",
+            None,
+            Placement("personal-workspace", "h1", None, {}, "t20", None, listening=listening),
+        )
         assert more.ports is not None and all(more.ports.first not in block for block in blocks)
     finally:
         again.close()
@@ -408,8 +431,9 @@ async def test_a_lease_decided_on_a_stale_read_is_decided_again_on_what_the_othe
     try:
         # a decides from the host's claims before b's lease is saved: its save conflicts, and it decides again.
         before_next_save(a, lambda: spawn(b, "t1"))
-        environment = await store.run(a.spawn_thread, "t2", None, None, "h1", None,
-                                      Placement("personal-workspace", "h1", None, {}, "t2", None))
+        environment = await store.run(
+            a.spawn_thread, "t2", None, None, "h1", None, Placement("personal-workspace", "h1", None, {}, "t2", None)
+        )
     finally:
         store.close()
     other = b.environment(b.thread("t1").environment_id)

@@ -44,8 +44,14 @@ def exported(printed: list[str]) -> dict[str, str]:
 async def test_the_try_script_serves_a_spawn_with_what_it_prints_and_its_stop_leaves_nothing(tmp_path: Path) -> None:
     base = tmp_path / "try"
     script = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "scripts" / "try_replicas.py"), "--dir", str(base),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        str(ROOT / "scripts" / "try_replicas.py"),
+        "--dir",
+        str(base),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     assert script.stdin is not None and script.stdout is not None
     printed: list[str] = []
     try:
@@ -57,9 +63,21 @@ async def test_the_try_script_serves_a_spawn_with_what_it_prints_and_its_stop_le
 
         environment = {**{k: v for k, v in os.environ.items() if not k.startswith("BB_")}, **exported(printed)}
         spawn = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bb_environments.entrypoints.bb", "thread", "spawn",
-            "--environment-provider", "personal-workspace", "--host", "h2", "--wait", "--json",
-            env=environment, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "bb_environments.entrypoints.bb",
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "personal-workspace",
+            "--host",
+            "h2",
+            "--wait",
+            "--json",
+            env=environment,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(spawn.communicate(), 60)
         assert spawn.returncode == 0, err.decode()
         assert json.loads(out)["status"] == "ready", out.decode()
@@ -73,19 +91,29 @@ async def test_the_try_script_serves_a_spawn_with_what_it_prints_and_its_stop_le
             await script.wait()
     assert script.returncode == 0, rest.decode()
     assert rest.decode().splitlines()[-1] == "stopped"
-    postgres_data = Path(next(re.search(r"\(data dir (\S+)\)", line) for line in printed
-                              if line.startswith("PostgreSQL ")).group(1))  # apart from `base` under root
+    postgres_data = Path(
+        next(re.search(r"\(data dir (\S+)\)", line) for line in printed if line.startswith("PostgreSQL ")).group(1)
+    )  # apart from `base` under root
     assert not base.exists() and not postgres_data.exists()
     assert processes_naming(base) == [] and processes_naming(postgres_data) == []
 
 
 async def test_the_try_script_without_postgresqls_driver_says_in_one_line_what_to_install(tmp_path: Path) -> None:
-    without_driver = ("import runpy, sys; sys.modules['psycopg'] = None; sys.argv = ['try_replicas.py']; "
-                      f"runpy.run_path({str(ROOT / 'scripts' / 'try_replicas.py')!r}, run_name='__main__')")
-    script = await asyncio.create_subprocess_exec(sys.executable, "-c", without_driver, cwd=tmp_path,
-                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    without_driver = (
+        "import runpy, sys; sys.modules['psycopg'] = None; sys.argv = ['try_replicas.py']; "
+        f"runpy.run_path({str(ROOT / 'scripts' / 'try_replicas.py')!r}, run_name='__main__')"
+    )
+    script = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        without_driver,
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await script.communicate()
     assert script.returncode == 1 and out == b""
     assert err.decode().splitlines() == [
-        "scripts/try_replicas.py needs psycopg, which bb's test extra installs: pip install -e '.[test]'"]
+        "scripts/try_replicas.py needs psycopg, which bb's test extra installs: pip install -e '.[test]'"
+    ]
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing made

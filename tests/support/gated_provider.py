@@ -12,14 +12,14 @@ from pathlib import Path
 from bb_environments.providers.contract import (
     READY,
     Availability,
-    Created,
     CreateContext,
+    Created,
     CreateFailed,
     CreateResult,
     Policy,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveResult,
     Requires,
 )

@@ -17,8 +17,16 @@ def unprivileged_user(name: str, *, with_home: bool = False) -> Iterator[pwd.str
     """A new user `name` (a test skips where that cannot be made: it needs root and useradd)."""
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("making an OS user needs root and useradd")
-    made = subprocess.run(["useradd", "--create-home" if with_home else "--no-create-home",
-                           "--shell", "/bin/bash" if with_home else "/usr/sbin/nologin", name], capture_output=True)
+    made = subprocess.run(
+        [
+            "useradd",
+            "--create-home" if with_home else "--no-create-home",
+            "--shell",
+            "/bin/bash" if with_home else "/usr/sbin/nologin",
+            name,
+        ],
+        capture_output=True,
+    )
     if made.returncode != 0:
         pytest.skip(f"useradd failed: {made.stderr.decode().strip()}")
     try:

@@ -43,8 +43,11 @@ def small_disk(path: Path, size_mib: int = 16) -> Iterator[SmallDisk]:
     """A tmpfs mounted at `path` for the duration; the test is skipped where mounting is not allowed."""
     path.mkdir(parents=True, exist_ok=True)
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(path)],
-                                 capture_output=True, text=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
         refusal = mounted.stderr.strip() if mounted.returncode else None
     except FileNotFoundError:
         refusal = "no mount command"

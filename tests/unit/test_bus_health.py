@@ -16,13 +16,20 @@ import pytest
 from nats.errors import ConnectionClosedError, NoRespondersError, UnexpectedEOF
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import (
-    APIError, BadRequestError, KeyNotFoundError, NoStreamResponseError, NotFoundError, ServerError, ServiceUnavailableError)
+    APIError,
+    BadRequestError,
+    KeyNotFoundError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
 
 from bb_environments.bus import health as health_module
-from bb_environments.bus.health import BusHealth, describe, short_of_room, unavailable
-from bb_environments.bus.jetstream import consume
 from bb_environments.bus.core.log_reader import LoggedDocument
 from bb_environments.bus.core.relay import OutboxRelay
+from bb_environments.bus.health import BusHealth, describe, short_of_room, unavailable
+from bb_environments.bus.jetstream import consume
 from bb_environments.bus.wire.subjects import NOTIFICATION_HEADER
 
 LOST, BACK = "lost the NATS bus", "the NATS bus is back"
@@ -117,10 +124,15 @@ async def test_a_start_waits_for_a_forming_cluster_and_says_once_what_it_waits_f
     for _ in range(3):  # every server of the list refused the first connection, again and again
         await callbacks["error_cb"](ConnectionRefusedError(111, "Connect call failed"))
     health.back(nc)  # connected at last (jetstream.connect says so)
-    answers = iter([ServiceUnavailableError(code=503), NoStreamResponseError(),
-                    BadRequestError(code=400, err_code=10005, description="no suitable peers for placement, peer offline"),
-                    NotFoundError(code=404, err_code=10059, description="stream not found"),  # a server not current yet
-                    "made"])
+    answers = iter(
+        [
+            ServiceUnavailableError(code=503),
+            NoStreamResponseError(),
+            BadRequestError(code=400, err_code=10005, description="no suitable peers for placement, peer offline"),
+            NotFoundError(code=404, err_code=10059, description="stream not found"),  # a server not current yet
+            "made",
+        ]
+    )
 
     async def make_streams() -> str:
         answer = next(answers)
@@ -133,13 +145,16 @@ async def test_a_start_waits_for_a_forming_cluster_and_says_once_what_it_waits_f
     assert [line for line in said(caplog) if "NATS" in line] == [
         "waiting for the NATS cluster before serving (connection bb-serve-r1: no server answers, the last "
         "ConnectionRefusedError: [Errno 111] Connect call failed); a cluster still forming is waited for as long "
-        "as it takes"]
+        "as it takes"
+    ]
     health.started()
     assert "the NATS cluster answered after" in said(caplog)[-1] and not any(LOST in line for line in said(caplog))
 
 
 async def test_a_start_on_servers_without_room_for_a_stream_is_refused_not_waited_for():
-    clustered = BadRequestError(code=400, err_code=10005, description="no suitable peers for placement, insufficient storage")
+    clustered = BadRequestError(
+        code=400, err_code=10005, description="no suitable peers for placement, insufficient storage"
+    )
     single = ServerError(code=500, err_code=10047, description="insufficient storage resources available")
     for refusal in (clustered, single):
         assert short_of_room(refusal) and not unavailable(refusal)
@@ -150,8 +165,11 @@ async def test_a_start_on_servers_without_room_for_a_stream_is_refused_not_waite
         with pytest.raises(APIError):
             await BusHealth(starting=True).once_answered("the streams", make_streams)
     # A peer that is offline may have the room once it is back: waited for.
-    assert unavailable(BadRequestError(code=400, err_code=10005,
-                                       description="no suitable peers for placement, peer offline, insufficient storage"))
+    assert unavailable(
+        BadRequestError(
+            code=400, err_code=10005, description="no suitable peers for placement, peer offline, insufficient storage"
+        )
+    )
 
 
 # -- consume ----------------------------------------------------------------------------------------
@@ -205,10 +223,16 @@ class ScriptedJetStream:
 async def test_a_consumer_rides_out_a_stream_without_leader_and_handles_what_comes_after(caplog):
     caplog.set_level(logging.INFO)
     first, second = FakeMessage(b"1"), FakeMessage(b"2")
-    subscription = ScriptedSubscription([
-        ServiceUnavailableError(code=503), NoRespondersError(), ConnectionClosedError(), [first],
-        NatsTimeout(), [second],
-    ])
+    subscription = ScriptedSubscription(
+        [
+            ServiceUnavailableError(code=503),
+            NoRespondersError(),
+            ConnectionClosedError(),
+            [first],
+            NatsTimeout(),
+            [second],
+        ]
+    )
     js = ScriptedJetStream([ServiceUnavailableError(code=503)], subscription)
     handled: list[bytes] = []
     failures = [NoRespondersError()]  # the handler's own request finds nobody, once
@@ -281,7 +305,7 @@ async def test_the_relay_rides_out_no_stream_response_and_503_and_copies_the_log
     log = [LoggedDocument(n, f"bb.log.environment.e.{n}", Step(n)) for n in range(1, 6)]
 
     async def page(after: int) -> list[LoggedDocument]:
-        return log[after:after + 2]
+        return log[after : after + 2]
 
     async def at(ids: Iterable[int]) -> dict[int, LoggedDocument]:
         return {n: log[n - 1] for n in ids}
@@ -291,7 +315,7 @@ async def test_the_relay_rides_out_no_stream_response_and_503_and_copies_the_log
     relaying = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: len(stream.messages) == 5 and any(BACK in line for line in said(caplog)))
-        stream.errors += [NoStreamResponseError(), asyncio.TimeoutError()]  # the bus goes away again, idle
+        stream.errors += [NoStreamResponseError(), TimeoutError()]  # the bus goes away again, idle
         await eventually(lambda: not stream.errors)
         log.append(LoggedDocument(6, "bb.log.environment.e.6", Step(6)))
         relay.wake()

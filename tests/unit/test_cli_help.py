@@ -8,8 +8,11 @@ from bb_environments.entrypoints.cli import cli
 
 
 def options_without_help(command: click.Command, path: tuple[str, ...]) -> list[str]:
-    silent = [f"{' '.join(path)} {'/'.join(p.opts)}" for p in command.params
-              if isinstance(p, click.Option) and not p.hidden and not p.help]
+    silent = [
+        f"{' '.join(path)} {'/'.join(p.opts)}"
+        for p in command.params
+        if isinstance(p, click.Option) and not p.hidden and not p.help
+    ]
     if isinstance(command, click.Group):
         context = click.Context(command)
         for name in command.list_commands(context):

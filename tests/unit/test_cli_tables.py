@@ -9,21 +9,27 @@ from bb_environments.entrypoints.cli.support import print_table
 
 def test_columns_line_up_and_a_long_path_shrinks_to_fit_80_columns_off_a_terminal(capsys):
     long_path = "/work/" + "deep/" * 40 + "workspace"
-    print_table(("ID", "STATUS", "PATH"), [["3f2a", "ready", long_path], ["7c", "provisioning", "-"]],
-                shrink={"PATH": "end"})
+    print_table(
+        ("ID", "STATUS", "PATH"), [["3f2a", "ready", long_path], ["7c", "provisioning", "-"]], shrink={"PATH": "end"}
+    )
 
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["ID    STATUS        PATH",
-                     "3f2a  ready         …" + long_path[-(80 - 21):],
-                     "7c    provisioning  -"]
+    assert lines == [
+        "ID    STATUS        PATH",
+        "3f2a  ready         …" + long_path[-(80 - 21) :],
+        "7c    provisioning  -",
+    ]
     assert max(map(len, lines)) == 80
 
 
 def test_one_long_value_does_not_widen_the_other_rows_and_ids_are_never_cut(capsys):
     long_id = "t-" + "x" * 100
     refusal = "placement refused: " + "the reason, at length; " * 10
-    print_table(("THREAD", "REFUSAL", "PATH"), [[long_id, refusal, "/w/a"], ["t2", "-", "/w/b"]],
-                shrink={"REFUSAL": "start", "PATH": "end"})
+    print_table(
+        ("THREAD", "REFUSAL", "PATH"),
+        [[long_id, refusal, "/w/a"], ["t2", "-", "/w/b"]],
+        shrink={"REFUSAL": "start", "PATH": "end"},
+    )
 
     first, second = capsys.readouterr().out.splitlines()[1:]
     assert first.startswith(long_id + "  ")  # whole, though it alone is wider than the screen
@@ -65,9 +71,15 @@ def test_a_non_ascii_cell_stays_readable_beside_an_escaped_character(capsys):
 
 def test_show_prints_what_the_service_said_as_plain_text(capsys):
     environment = {
-        "id": "3f2a", "status": "error", "statusMessage": "git push: ! [rejected] main (a [/] b)\x1b[2J",
-        "providerId": "git-worktree", "hostId": "local", "projectPath": "/p[bold]", "path": "/w/\x1b]0;x\x07",
-        "ownsPath": True, "threadIds": ["t1"],
+        "id": "3f2a",
+        "status": "error",
+        "statusMessage": "git push: ! [rejected] main (a [/] b)\x1b[2J",
+        "providerId": "git-worktree",
+        "hostId": "local",
+        "projectPath": "/p[bold]",
+        "path": "/w/\x1b]0;x\x07",
+        "ownsPath": True,
+        "threadIds": ["t1"],
         "hooks": {"setup": {"status": "failed"}, "teardown": {"status": None}},
         "transcript": ["» Running .bb-env-setup.sh", "[red]fake[/red]\x1b[31m"],
     }
@@ -82,8 +94,14 @@ def test_show_prints_what_the_service_said_as_plain_text(capsys):
 
 def test_show_prints_nothing_as_a_dash_and_a_flag_as_yes_or_no(capsys):
     environment = {
-        "id": "3f2a", "status": "preparing", "providerId": "personal-workspace", "hostId": "local",
-        "projectPath": None, "path": None, "ownsPath": True, "threadIds": [],
+        "id": "3f2a",
+        "status": "preparing",
+        "providerId": "personal-workspace",
+        "hostId": "local",
+        "projectPath": None,
+        "path": None,
+        "ownsPath": True,
+        "threadIds": [],
         "hooks": {"setup": {"status": None}, "teardown": {"status": None}},
     }
     _print_environment(environment)
@@ -91,8 +109,11 @@ def test_show_prints_nothing_as_a_dash_and_a_flag_as_yes_or_no(capsys):
 
     out = capsys.readouterr().out
     assert "None" not in out and "True" not in out and "False" not in out
-    fields = [line.split(None, 1) if not line.startswith("  owns") else ["owns path", line.split()[-1]]
-              for line in out.splitlines() if line.startswith("  ")]
+    fields = [
+        line.split(None, 1) if not line.startswith("  owns") else ["owns path", line.split()[-1]]
+        for line in out.splitlines()
+        if line.startswith("  ")
+    ]
     assert ["project", "-"] in fields and ["path", "-"] in fields and ["threads", "-"] in fields
     assert ["setup", "-"] in fields
     assert ["owns path", "yes"] in fields and ["owns path", "no"] in fields

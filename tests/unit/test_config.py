@@ -4,7 +4,6 @@ import asyncio
 
 import pytest
 
-from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.config import (
     ConfigError,
     Settings,
@@ -13,6 +12,7 @@ from bb_environments.entrypoints.config import (
     url_without_credentials,
 )
 from bb_environments.entrypoints.event_store import event_store_environment
+from bb_environments.handlers.application import Environments
 from bb_environments.handlers.store import Store
 from bb_environments.providers.host.containment import Limits
 
@@ -104,16 +104,18 @@ def test_saved_work_keeps_files_up_to_ten_mebibytes_unless_configured(monkeypatc
     assert Settings.load("/tmp/bb-config-test").saved_work_max_bytes == 1000
 
 
-@pytest.mark.parametrize(("name", "raw", "allowed"), [
-    ("BB_MAX_PIDS_PER_ENVIRONMENT", "15", "a number of processes, at least 16"),
-    ("BB_MAX_PIDS_PER_ENVIRONMENT", "many", "a number of processes, at least 16"),
-    ("BB_MAX_MEMORY_PER_ENVIRONMENT", "8G", "a number of bytes, at least 67108864"),
-    ("BB_MAX_MEMORY_PER_ENVIRONMENT", "-1", "a number of bytes, at least 67108864"),
-    ("BB_SAVED_WORK_MAX_BYTES", "0", "a number of bytes greater than 0"),
-    ("BB_SAVED_WORK_MAX_BYTES", "10M", "a number of bytes greater than 0"),
-])
-def test_a_limit_that_cannot_be_held_is_refused_naming_what_is_allowed(
-        monkeypatch, name, raw, allowed):
+@pytest.mark.parametrize(
+    ("name", "raw", "allowed"),
+    [
+        ("BB_MAX_PIDS_PER_ENVIRONMENT", "15", "a number of processes, at least 16"),
+        ("BB_MAX_PIDS_PER_ENVIRONMENT", "many", "a number of processes, at least 16"),
+        ("BB_MAX_MEMORY_PER_ENVIRONMENT", "8G", "a number of bytes, at least 67108864"),
+        ("BB_MAX_MEMORY_PER_ENVIRONMENT", "-1", "a number of bytes, at least 67108864"),
+        ("BB_SAVED_WORK_MAX_BYTES", "0", "a number of bytes greater than 0"),
+        ("BB_SAVED_WORK_MAX_BYTES", "10M", "a number of bytes greater than 0"),
+    ],
+)
+def test_a_limit_that_cannot_be_held_is_refused_naming_what_is_allowed(monkeypatch, name, raw, allowed):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ConfigError, match=f"^{name} '{raw}' is not allowed: use {allowed}$"):
         Settings.load("/tmp/bb-config-test")
@@ -129,8 +131,9 @@ async def test_the_event_store_fsyncs_a_batch_of_commits_only_when_asked(monkeyp
         monkeypatch.setenv("BB_EVENT_STORE_SYNC", raw)
     store = Store(Environments(env=event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}")))
     try:
-        await asyncio.gather(*(store.run(store.app.register_thread, f"t{i}", None, None, "local", None)
-                               for i in range(50)))
+        await asyncio.gather(
+            *(store.run(store.app.register_thread, f"t{i}", None, None, "local", None) for i in range(50))
+        )
         with store.app.recorder.datastore.transaction(commit=False) as cursor:
             cursor.execute("PRAGMA synchronous")
             assert cursor.fetchone()[0] == 1  # NORMAL: a commit does not wait for the disk itself

@@ -23,16 +23,21 @@ from bb_environments.providers.host.containment import (
 from bb_environments.providers.host.processes import pid_alive
 
 LIMITS = Limits(MAX_PIDS_PER_ENVIRONMENT, MAX_MEMORY_PER_ENVIRONMENT)
-DAEMON = ("setsid bash -c 'cd / && bash -c \"echo \\$\\$ > {pid_file}; exec sleep 600\" "
-          "</dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1 &")
+DAEMON = (
+    'setsid bash -c \'cd / && bash -c "echo \\$\\$ > {pid_file}; exec sleep 600" '
+    "</dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1 &"
+)
 
 
 def start_daemon(tmp_path: Path, environment_id: str, cgroups: list[str]) -> int:
     """What a hook does that leaves a daemon, started the way a supervisor starts the hook."""
     pid_file = tmp_path / f"{environment_id}.pid"
-    subprocess.run(["bash", "-c", DAEMON.format(pid_file=pid_file)], check=True,
-                   env={**os.environ, MARKER: environment_id},
-                   preexec_fn=lambda: [enter_cgroup(cgroup) for cgroup in cgroups])
+    subprocess.run(
+        ["bash", "-c", DAEMON.format(pid_file=pid_file)],
+        check=True,
+        env={**os.environ, MARKER: environment_id},
+        preexec_fn=lambda: [enter_cgroup(cgroup) for cgroup in cgroups],
+    )
     deadline = time.monotonic() + 10
     while not (pid_file.exists() and pid_file.read_text().strip()):
         assert time.monotonic() < deadline, "the daemon did not start"

@@ -21,8 +21,11 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 def blocks(document: Path, language: str) -> list[str]:
     """The document's fenced blocks in `language` ("" for those that name none)."""
-    return [code for found_language, code in re.findall(r"^```(\w*)\n(.*?)^```", document.read_text(),
-                                                         re.DOTALL | re.MULTILINE) if found_language == language]
+    return [
+        code
+        for found_language, code in re.findall(r"^```(\w*)\n(.*?)^```", document.read_text(), re.DOTALL | re.MULTILINE)
+        if found_language == language
+    ]
 
 
 def test_readmes_first_commands_run_the_demo_and_exactly_what_ci_runs():
@@ -84,16 +87,21 @@ def test_every_command_and_option_of_the_cli_reference_exists(line):
 
 
 def bench_commands() -> list[str]:
-    return [line.split("#")[0].split() for block in blocks(ROOT / "docs" / "benchmarks.md", "sh")
-            for line in block.splitlines() if line.startswith("python bench/")]
+    return [
+        line.split("#")[0].split()
+        for block in blocks(ROOT / "docs" / "benchmarks.md", "sh")
+        for line in block.splitlines()
+        if line.startswith("python bench/")
+    ]
 
 
 @pytest.mark.parametrize("words", bench_commands(), ids=" ".join)
 def test_every_bench_command_of_the_benchmarks_page_takes_its_options(words):
     script, *arguments = words[1:]
     assert (ROOT / script).is_file(), script
-    helped = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
-                            cwd=ROOT, timeout=60)
+    helped = subprocess.run(
+        [sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert helped.returncode == 0, helped.stderr
     assert all(option in helped.stdout for option in arguments if option.startswith("--")), helped.stdout
 
@@ -104,9 +112,12 @@ def anchor(heading: str) -> str:
 
 
 def links() -> list[tuple[str, str]]:
-    return [(f"{document.relative_to(ROOT)}", target) for document in DOCUMENTS
-            for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", document.read_text(), flags=re.S))
-            if not re.match(r"[a-z]+:", target)]
+    return [
+        (f"{document.relative_to(ROOT)}", target)
+        for document in DOCUMENTS
+        for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", document.read_text(), flags=re.S))
+        if not re.match(r"[a-z]+:", target)
+    ]
 
 
 @pytest.mark.parametrize(("document", "target"), links())

@@ -21,16 +21,23 @@ def example_text(source: str) -> str:
     text = (ROOT / path).read_text()
     if not region:
         return text
-    found = re.search(rf"^[ \t]*# \[{re.escape(region)}\]\n(.*?)^[ \t]*# \[/{re.escape(region)}\]\n", text,
-                      re.DOTALL | re.MULTILINE)
+    found = re.search(
+        rf"^[ \t]*# \[{re.escape(region)}\]\n(.*?)^[ \t]*# \[/{re.escape(region)}\]\n", text, re.DOTALL | re.MULTILINE
+    )
     assert found, f"{path} has no region {region}"
     return textwrap.dedent(found.group(1))
 
 
 def python_blocks() -> list[tuple[str, str | None, str]]:
-    return [(f"{document.relative_to(ROOT)}:{document.read_text()[:found.start()].count(chr(10)) + 1}",
-             found["source"], found["code"])
-            for document in DOCUMENTS for found in _BLOCK.finditer(document.read_text())]
+    return [
+        (
+            f"{document.relative_to(ROOT)}:{document.read_text()[: found.start()].count(chr(10)) + 1}",
+            found["source"],
+            found["code"],
+        )
+        for document in DOCUMENTS
+        for found in _BLOCK.finditer(document.read_text())
+    ]
 
 
 @pytest.mark.parametrize(("where", "source", "code"), python_blocks(), ids=lambda value: str(value)[:40])

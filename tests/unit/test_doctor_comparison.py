@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -21,7 +21,7 @@ from bb_environments.providers.workspace_messages import LeftoverRemoval, Survey
 from bb_environments.providers.workspaces import LocalWorkspaces
 from tests.unit.test_local_workspaces import Lines
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 ROOT = "/data/providers/git-worktree/worktrees"
 
 
@@ -59,18 +59,26 @@ def test_what_no_live_environment_records_is_an_orphan_and_a_gone_workspace_is_m
     ]
     findings = compare("local", Survey(found, absent=[f"{ROOT}/t2/repo"]), app.live_environments())
     assert [(o.kind, o.path) for o in findings.orphans] == [
-        ("worktree", f"{ROOT}/t3/repo"), ("workspace", f"{ROOT}/stray/repo"), ("branch", "/repo:bb/t3")]
+        ("worktree", f"{ROOT}/t3/repo"),
+        ("workspace", f"{ROOT}/stray/repo"),
+        ("branch", "/repo:bb/t3"),
+    ]
     assert [(m.environment_id, m.path) for m in findings.missing] == [(str(gone.id), f"{ROOT}/t2/repo")]
     assert live.path not in [o.path for o in findings.orphans]
 
 
 def test_a_path_inside_or_around_a_recorded_one_is_never_an_orphan(app):
-    ready(app, "t1", "k1", "/data/providers/personal-workspace/workspaces/k1", provider="personal-workspace",
-          project=None)
+    ready(
+        app, "t1", "k1", "/data/providers/personal-workspace/workspaces/k1", provider="personal-workspace", project=None
+    )
     protected = protected_by(app.live_environments())
-    assert protected.covers(Leftover("personal-workspace", "workspace", "/data/providers/personal-workspace/workspaces/k1/x"))
+    assert protected.covers(
+        Leftover("personal-workspace", "workspace", "/data/providers/personal-workspace/workspaces/k1/x")
+    )
     assert protected.covers(Leftover("personal-workspace", "workspace", "/data/providers/personal-workspace"))
-    assert not protected.covers(Leftover("personal-workspace", "workspace", "/data/providers/personal-workspace/workspaces/k10"))
+    assert not protected.covers(
+        Leftover("personal-workspace", "workspace", "/data/providers/personal-workspace/workspaces/k10")
+    )
 
 
 def test_a_vanished_workspace_puts_its_environment_in_error_once_and_a_retry_creates_it_again(app):
@@ -102,8 +110,9 @@ def repo(tmp_path):
 
 def test_a_host_finds_its_leftovers_and_removes_them_after_saving_their_work(tmp_path, repo):
     data_dir = tmp_path / "data"
-    workspaces = LocalWorkspaces(ProviderRegistry([GitWorktreeProvider(), PersonalWorkspaceProvider()]),
-                                 data_dir, Lines())
+    workspaces = LocalWorkspaces(
+        ProviderRegistry([GitWorktreeProvider(), PersonalWorkspaceProvider()]), data_dir, Lines()
+    )
     stray = data_dir / "providers/git-worktree/worktrees/gone-thread/repo"
     stray.parent.mkdir(parents=True)
     git(repo, "worktree", "add", "-q", "-b", "bb/gone-thread", str(stray), "main")
@@ -112,16 +121,25 @@ def test_a_host_finds_its_leftovers_and_removes_them_after_saving_their_work(tmp
     personal = data_dir / "providers/personal-workspace/workspaces/p1"
     personal.mkdir(parents=True)
 
-    survey = asyncio.run(workspaces.survey(SurveyRequest("local", [str(repo)], [("git-worktree", str(tmp_path / "nowhere"))])))
+    survey = asyncio.run(
+        workspaces.survey(SurveyRequest("local", [str(repo)], [("git-worktree", str(tmp_path / "nowhere"))]))
+    )
     kinds = sorted((leftover.kind, leftover.path) for leftover in survey.found)
-    assert kinds == sorted([
-        ("worktree", os.path.realpath(stray)), ("workspace", os.path.realpath(personal)),
-        ("branch", f"{os.path.realpath(repo)}:bb/gone-thread"), ("branch", f"{os.path.realpath(repo)}:bb/lonely")])
+    assert kinds == sorted(
+        [
+            ("worktree", os.path.realpath(stray)),
+            ("workspace", os.path.realpath(personal)),
+            ("branch", f"{os.path.realpath(repo)}:bb/gone-thread"),
+            ("branch", f"{os.path.realpath(repo)}:bb/lonely"),
+        ]
+    )
     assert survey.absent == [str(tmp_path / "nowhere")]
 
     nothing_live = protected_by([])
-    results = [asyncio.run(workspaces.remove_leftover(LeftoverRemoval("local", leftover, nothing_live)))
-               for leftover in survey.found]
+    results = [
+        asyncio.run(workspaces.remove_leftover(LeftoverRemoval("local", leftover, nothing_live)))
+        for leftover in survey.found
+    ]
     assert all(isinstance(result, Removed) for result in results), results
     saved = [result.saved_ref for result in results if result.saved_ref]
     assert len(saved) == 1 and saved[0].startswith("refs/bb/saved/orphan-")
@@ -138,8 +156,9 @@ def test_a_host_keeps_a_leftover_that_a_live_environment_records_by_the_time_it_
     personal.mkdir(parents=True)
     ready(app, "t1", "p1", os.path.realpath(personal), provider="personal-workspace", project=None)
     leftover = Leftover("personal-workspace", "workspace", os.path.realpath(personal), path_key="p1")
-    result = asyncio.run(workspaces.remove_leftover(
-        LeftoverRemoval("local", leftover, protected_by(app.live_environments()))))
+    result = asyncio.run(
+        workspaces.remove_leftover(LeftoverRemoval("local", leftover, protected_by(app.live_environments())))
+    )
     assert isinstance(result, RemoveFailed) and "kept" in result.message
     assert personal.is_dir()
 
@@ -158,8 +177,10 @@ def test_a_removed_environments_branch_whose_work_was_saved_goes_without_a_secon
     assert [leftover.path for leftover in survey.found] == [f"{os.path.realpath(repo)}:bb/removed-thread"]
     result = asyncio.run(workspaces.remove_leftover(LeftoverRemoval("local", survey.found[0], protected_by([]))))
     assert result == Removed(None)
-    assert git(repo, "for-each-ref", "--format=%(refname)", "refs/bb/", "refs/heads/bb/") == \
-        "refs/bb/saved/0b6f5b5e-8f3e-4d4e-9a51-1c7f9d1a2b3c"
+    assert (
+        git(repo, "for-each-ref", "--format=%(refname)", "refs/bb/", "refs/heads/bb/")
+        == "refs/bb/saved/0b6f5b5e-8f3e-4d4e-9a51-1c7f9d1a2b3c"
+    )
 
 
 def test_an_empty_key_directory_and_a_plain_directory_under_the_worktrees_root_are_leftovers(tmp_path):
@@ -171,7 +192,11 @@ def test_an_empty_key_directory_and_a_plain_directory_under_the_worktrees_root_a
 
     survey = asyncio.run(workspaces.survey(SurveyRequest("local", [], [])))
     assert sorted((leftover.kind, leftover.path) for leftover in survey.found) == [
-        ("workspace", os.path.realpath(root / "empty-key")), ("workspace", os.path.realpath(root / "half-made/repo"))]
+        ("workspace", os.path.realpath(root / "empty-key")),
+        ("workspace", os.path.realpath(root / "half-made/repo")),
+    ]
     for leftover in survey.found:
-        assert asyncio.run(workspaces.remove_leftover(LeftoverRemoval("local", leftover, protected_by([])))) == Removed()
+        assert (
+            asyncio.run(workspaces.remove_leftover(LeftoverRemoval("local", leftover, protected_by([])))) == Removed()
+        )
     assert list(root.iterdir()) == []

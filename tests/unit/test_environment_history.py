@@ -49,7 +49,8 @@ def test_the_document_at_an_instant_is_the_last_version_recorded_by_then(app):  
 
     for view in views:
         assert history.at_instant(environment_id, view.updated_at) == max(
-            (earlier for earlier in views if earlier.updated_at <= view.updated_at), key=lambda v: v.version)
+            (earlier for earlier in views if earlier.updated_at <= view.updated_at), key=lambda v: v.version
+        )
         between = view.updated_at + timedelta(microseconds=1)
         assert history.at_instant(environment_id, between).updated_at <= between
     assert history.at_instant(environment_id, views[-1].updated_at + timedelta(days=365)) == views[-1]
@@ -82,8 +83,9 @@ def test_what_the_log_does_not_hold_is_refused_naming_what_it_does(app):  # noqa
     history = EnvironmentHistory(app)
     latest = len(views)
 
-    with pytest.raises(NotRecorded, match=f"environment {environment_id} has versions 1-{latest}: "
-                                          f"there is no version {latest + 1}"):
+    with pytest.raises(
+        NotRecorded, match=f"environment {environment_id} has versions 1-{latest}: there is no version {latest + 1}"
+    ):
         history.at_version(environment_id, latest + 1)
     with pytest.raises(NotRecorded, match=f"has versions 1-{latest}: there is no version {2**64}"):
         history.at_version(environment_id, 2**64)  # past what any store's column holds

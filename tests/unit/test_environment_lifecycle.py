@@ -1,23 +1,22 @@
 """The lifecycle rules, checked on the aggregates alone: no NATS, no disk (in-memory store)."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bb_environments.handlers.application import Environments
-from bb_environments.handlers.placement import Placement
 from bb_environments.domain.errors import IllegalTransition, PathAlreadyClaimed, ThreadsStillLive
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
+from bb_environments.handlers.application import Environments
+from bb_environments.handlers.placement import Placement
 from bb_environments.projections.views import environment_view
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture(params=[{}, AGGREGATE_CACHE], ids=["uncached", "cached as bb serve"])
 def app(request):
     # Cached, a refused command must leave the aggregates it changed before refusing as the log has them.
-    application = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo", **request.param},
-                               grace_for=lambda _: 0)
+    application = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo", **request.param}, grace_for=lambda _: 0)
     yield application
     application.close()
 
@@ -49,8 +48,17 @@ def test_happy_path_walks_every_status_in_order(app):
     app.record_teardown_outcome(env.id, removing.teardown_operation_id, "succeeded", None)
     assert app.record_removed(env.id, 1).status == "removed"
     assert names(app, env.id) == [
-        "Claimed", "Created", "SetupStarted", "SetupSucceeded", "Ready", "ThreadDetached",
-        "RetireScheduled", "RemovalStarted", "TeardownStarted", "TeardownFinished", "Removed",
+        "Claimed",
+        "Created",
+        "SetupStarted",
+        "SetupSucceeded",
+        "Ready",
+        "ThreadDetached",
+        "RetireScheduled",
+        "RemovalStarted",
+        "TeardownStarted",
+        "TeardownFinished",
+        "Removed",
     ]
 
 
@@ -295,8 +303,16 @@ def test_a_started_hook_the_host_skips_is_recorded_as_skipped(app):
     assert app.record_teardown_skipped(env.id, teardown, "no .bb-env-teardown.sh").teardown_status == "skipped"
     assert app.record_teardown_skipped(env.id, teardown, "again").version == app.environment(env.id).version
     assert names(app, env.id) == [
-        "Claimed", "Created", "SetupStarted", "SetupSkipped", "Ready", "ThreadDetached",
-        "RetireScheduled", "RemovalStarted", "TeardownStarted", "TeardownSkipped",
+        "Claimed",
+        "Created",
+        "SetupStarted",
+        "SetupSkipped",
+        "Ready",
+        "ThreadDetached",
+        "RetireScheduled",
+        "RemovalStarted",
+        "TeardownStarted",
+        "TeardownSkipped",
     ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
 
@@ -22,11 +22,10 @@ from eventsourcing.domain import Aggregate, CommandMethodDecorator
 from eventsourcing.persistence import StoredEvent
 
 import bb_environments.domain as domain
-from bb_environments.entrypoints import catalog
+from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.bus.core.publications import PUBLICATIONS, log_decoder
 from bb_environments.bus.wire.documents import EnvironmentEvent
 from bb_environments.bus.wire.log_only_documents import ClaimEvent, HostClaimsEvent, RegisteredHostEvent, ThreadEvent
-from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.leases import PortBlock
@@ -34,6 +33,7 @@ from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.status import HookStatus
 from bb_environments.domain.thread import Thread
+from bb_environments.entrypoints import catalog
 from bb_environments.projections.views import EnvironmentView, ThreadView, environment_view
 
 STORED_LOG = Path(__file__).parent / "data" / "stored_log.jsonl"
@@ -49,16 +49,24 @@ def aggregates() -> list[type[Aggregate]]:
     def subclasses(cls: type) -> list[type]:
         return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
 
-    return sorted({c for c in subclasses(Aggregate) if c.__module__.startswith(f"{domain.__name__}.")}, key=lambda c: c.__name__)
+    return sorted(
+        {c for c in subclasses(Aggregate) if c.__module__.startswith(f"{domain.__name__}.")}, key=lambda c: c.__name__
+    )
 
 
 def recorded_event_classes(aggregate: type[Aggregate]) -> set[type[Aggregate.Event]]:
     """The aggregate's nested event classes. eventsourcing gives every aggregate a default `Created`
     class too; one whose `__init__` records another event never records it, so it is left out."""
-    nested = {v for v in vars(aggregate).values()
-              if isinstance(v, type) and issubclass(v, aggregate.Event) and v is not aggregate.Event}
-    named = {getattr(aggregate, m.given_event_cls.__name__ if m.given_event_cls else m.event_cls_name)
-             for m in vars(aggregate).values() if isinstance(m, CommandMethodDecorator)}
+    nested = {
+        v
+        for v in vars(aggregate).values()
+        if isinstance(v, type) and issubclass(v, aggregate.Event) and v is not aggregate.Event
+    }
+    named = {
+        getattr(aggregate, m.given_event_cls.__name__ if m.given_event_cls else m.event_cls_name)
+        for m in vars(aggregate).values()
+        if isinstance(m, CommandMethodDecorator)
+    }
     return {c for c in nested if c in named or not issubclass(c, Aggregate.Created)}
 
 
@@ -67,15 +75,27 @@ ALL_EVENTS = {event for aggregate in aggregates() for event in recorded_event_cl
 
 def record_every_event(app: Application) -> None:
     """Save a history in which each event of each aggregate happens at least once."""
-    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
-    intent = {"type": "provider", "environmentProviderId": "git-worktree",
-              "machine": {"type": "existing", "hostId": "local"}, "inputs": {"branch": {"kind": "default"}}}
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    intent = {
+        "type": "provider",
+        "environmentProviderId": "git-worktree",
+        "machine": {"type": "existing", "hostId": "local"},
+        "inputs": {"branch": {"kind": "default"}},
+    }
     thread = Thread(thread_id="t-1", project_path="/src/p", parent_thread_id=None, host_id="local", intent=intent)
     thread.request_environment()
     thread.refuse("the path /src/p is held by another environment")
-    env = Environment(provider_id="git-worktree", host_id="local", project_path="/src/p",
-                      inputs={"branch": {"kind": "default"}}, path_key="t-1-1", claimed_path="/data/wt/t-1-1",
-                      thread_id="t-1", slug="p-3f9c", ports={"first": 20000, "count": 10})
+    env = Environment(
+        provider_id="git-worktree",
+        host_id="local",
+        project_path="/src/p",
+        inputs={"branch": {"kind": "default"}},
+        path_key="t-1-1",
+        claimed_path="/data/wt/t-1-1",
+        thread_id="t-1",
+        slug="p-3f9c",
+        ports={"first": 20000, "count": 10},
+    )
     claim = PathClaim(host_id="local", path="/data/wt/t-1-1", environment_id=env.id)
     thread.assign_environment(env.id)
     app.save(thread, env, claim)
@@ -116,23 +136,45 @@ def record_every_event(app: Application) -> None:
     thread.archive()
     thread.unarchive()
     app.save(thread, env, claim, host)
-    other = Environment(provider_id="project-checkout", host_id="local", project_path="/src/p", inputs=None,
-                        path_key="t-1-3", claimed_path="/data/wt/t-1-1", thread_id="t-1")
+    other = Environment(
+        provider_id="project-checkout",
+        host_id="local",
+        project_path="/src/p",
+        inputs=None,
+        path_key="t-1-3",
+        claimed_path="/data/wt/t-1-1",
+        thread_id="t-1",
+    )
     claim.retake(other.id)
     thread.assign_environment(other.id)
     other.record_created(1, "/data/wt/t-1-1", False, None, None)
     other.skip_setup("the workspace is not the provider's")
     other.record_workspace_vanished("/data/wt/t-1-1")
     app.save(thread, other, claim)
-    third = Environment(provider_id="personal-workspace", host_id="local", project_path=None, inputs=None,
-                        path_key="t-4-1", claimed_path=None, thread_id="t-4")
+    third = Environment(
+        provider_id="personal-workspace",
+        host_id="local",
+        project_path=None,
+        inputs=None,
+        path_key="t-4-1",
+        claimed_path=None,
+        thread_id="t-4",
+    )
     third.cancel_for_thread("t-4")
     third.start_removal(now)
     third.skip_teardown("nothing was created")
     third.record_removed(1)
     app.save(third)
-    away = Environment(provider_id="personal-workspace", host_id="h1", project_path=None, inputs=None,
-                       path_key="t-5", claimed_path=None, thread_id="t-5", planned=False)
+    away = Environment(
+        provider_id="personal-workspace",
+        host_id="h1",
+        project_path=None,
+        inputs=None,
+        path_key="t-5",
+        claimed_path=None,
+        thread_id="t-5",
+        planned=False,
+    )
     away.note_host_awaited("waiting for the agent of host 'h1', which has not connected since it was registered")
     away.record_planned(1, None, None, "/hosts/h1/personal/t-5")
     app.save(away)
@@ -156,7 +198,9 @@ def test_every_event_of_every_aggregate_has_a_document():
     assert not missing, f"no public document for {missing}: give it one in bus/core/publications.py"
     assert set(PUBLICATIONS) == ALL_EVENTS
     types = [p.type for p in PUBLICATIONS.values()]
-    assert len(set(types)) == len(types), "two documents of the log share a `type`: the log decoder cannot tell them apart"
+    assert len(set(types)) == len(types), (
+        "two documents of the log share a `type`: the log decoder cannot tell them apart"
+    )
 
 
 def test_every_logged_event_round_trips_through_the_log_decoder(app):
@@ -164,24 +208,33 @@ def test_every_logged_event_round_trips_through_the_log_decoder(app):
     notifications = app.recorder.select_notifications(start=1, limit=1000)
     recorded = {type(app.mapper.to_domain_event(n)) for n in notifications}
     assert recorded == ALL_EVENTS, (
-        f"record_every_event does not record {sorted(e.__qualname__ for e in ALL_EVENTS - recorded)}: add them to it")
+        f"record_every_event does not record {sorted(e.__qualname__ for e in ALL_EVENTS - recorded)}: add them to it"
+    )
     logged = LogReader(app).page(0, 1000)
     assert [n.id for n in notifications] == [entry.notification_id for entry in logged]
     for notification, entry in zip(notifications, logged):
         publication = PUBLICATIONS[type(app.mapper.to_domain_event(notification))]
         assert type(entry.document) is publication.document
         assert log_decoder.decode(entry.payload()) == entry.document
-        assert entry.subject.startswith(f"bb.log.{publication.kind}.") and entry.subject.endswith(f".{publication.type}")
+        assert entry.subject.startswith(f"bb.log.{publication.kind}.") and entry.subject.endswith(
+            f".{publication.type}"
+        )
 
 
 def test_a_log_stored_before_keeps_its_subjects_and_bytes(app):
     """The relay finds its place in the stream by comparing bytes with the store: a document that
     read differently for an old event would make every restart rewrite the stream."""
     rows = [json.loads(line) for line in STORED_LOG.read_text().splitlines()]
-    app.recorder.insert_events([StoredEvent(UUID(row["originatorId"]), row["originatorVersion"], row["topic"],
-                                            row["state"].encode()) for row in rows])
+    app.recorder.insert_events(
+        [
+            StoredEvent(UUID(row["originatorId"]), row["originatorVersion"], row["topic"], row["state"].encode())
+            for row in rows
+        ]
+    )
     logged = LogReader(app).page(0, 1000)
-    assert [(entry.subject, entry.payload().decode()) for entry in logged] == [(r["subject"], r["payload"]) for r in rows]
+    assert [(entry.subject, entry.payload().decode()) for entry in logged] == [
+        (r["subject"], r["payload"]) for r in rows
+    ]
 
 
 def test_each_view_is_its_aggregate_just_after_the_event(app):
@@ -191,8 +244,13 @@ def test_each_view_is_its_aggregate_just_after_the_event(app):
         if isinstance(document, EnvironmentEvent):
             assert isinstance(view, EnvironmentView)
             assert (view.id, view.version, view.status, view.status_message, view.thread_ids, view.updated_at) == (
-                document.environment_id, document.version, document.status, document.status_message,
-                document.thread_ids, document.occurred_at)
+                document.environment_id,
+                document.version,
+                document.status,
+                document.status_message,
+                document.thread_ids,
+                document.occurred_at,
+            )
         elif isinstance(document, ThreadEvent):
             assert isinstance(view, ThreadView) and view.id == document.thread_id
         else:
@@ -200,8 +258,15 @@ def test_each_view_is_its_aggregate_just_after_the_event(app):
 
 
 def test_a_hook_the_host_skipped_after_it_started_shows_no_operation():
-    env = Environment(provider_id="git-worktree", host_id="local", project_path="/src/p", inputs=None,
-                      path_key="t-1-1", claimed_path="/data/wt/t-1-1", thread_id="t-1")
+    env = Environment(
+        provider_id="git-worktree",
+        host_id="local",
+        project_path="/src/p",
+        inputs=None,
+        path_key="t-1-1",
+        claimed_path="/data/wt/t-1-1",
+        thread_id="t-1",
+    )
     env.record_created(1, "/data/wt/t-1-1", True, None, None)
     env.start_setup(env.setup_operation())
     assert env.record_setup_skipped(env.setup_operation_id, "no .bb-env-setup.sh")

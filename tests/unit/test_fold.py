@@ -24,8 +24,11 @@ from tests.unit.test_event_documents import ALL_EVENTS, record_every_event
 def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Application]:
     """The service's SQLite store (read as plain rows), and the library's in-memory one (read
     through `select_notifications`)."""
-    env = event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}") if request.param == "sqlite" \
+    env = (
+        event_store_environment(f"sqlite:///{tmp_path / 'events.sqlite'}")
+        if request.param == "sqlite"
         else {"PERSISTENCE_MODULE": "eventsourcing.popo"}
+    )
     application = Application(env=env)
     yield application
     application.close()
@@ -36,7 +39,8 @@ def test_every_event_decodes_and_folds_as_the_library_does_it(app):
     notifications = LogReader(app)._notifications(1, 10**6)
     assert [(n.id, n.originator_id, n.originator_version, n.topic, n.state) for n in notifications] == [
         (n.id, n.originator_id, n.originator_version, n.topic, n.state)
-        for n in app.recorder.select_notifications(start=1, limit=10**6)]
+        for n in app.recorder.select_notifications(start=1, limit=10**6)
+    ]
     decoder = EventDecoder(app.mapper)
     ours: dict = {}
     libraries: dict = {}
@@ -62,9 +66,15 @@ def test_state_msgspec_does_not_read_as_the_library_does_is_decoded_by_the_libra
     """Floats the stdlib writes and reads but JSON has not (NaN, infinity), and a user's dict that
     looks like a transcoded value: each ends as the library's own decoding ends, with the same
     values or the same error."""
-    environment = Environment(provider_id="modal-sandbox", host_id="local", project_path=None,
-                              inputs={"size": float("nan"), "limit": float("inf")}, path_key="k", claimed_path=None,
-                              thread_id="t-1")
+    environment = Environment(
+        provider_id="modal-sandbox",
+        host_id="local",
+        project_path=None,
+        inputs={"size": float("nan"), "limit": float("inf")},
+        path_key="k",
+        claimed_path=None,
+        thread_id="t-1",
+    )
     environment.record_create_failed(1, "transient", "the cloud said no")
     environment.record_attempt_cleaned(1)
     app.save(environment)
@@ -73,9 +83,13 @@ def test_state_msgspec_does_not_read_as_the_library_does_is_decoded_by_the_libra
         event, expected = decoder.decode(notification), app.mapper.to_domain_event(notification)
         assert repr(vars(event)) == repr(vars(expected))  # repr: NaN is not equal to itself
 
-    forged = StoredEvent(uuid4(), 1, "bb_environments.domain.environment:Environment.Claimed",
-                         b'{"timestamp":{"_type_":"datetime_iso","_data_":"2026-12-01T12:00:00+00:00"},'
-                         b'"inputs":{"_type_":"not_a_transcoding","_data_":1}}')
+    forged = StoredEvent(
+        uuid4(),
+        1,
+        "bb_environments.domain.environment:Environment.Claimed",
+        b'{"timestamp":{"_type_":"datetime_iso","_data_":"2026-12-01T12:00:00+00:00"},'
+        b'"inputs":{"_type_":"not_a_transcoding","_data_":1}}',
+    )
     with pytest.raises(MapperDeserialisationError) as ours:
         decoder.decode(forged)  # type: ignore[arg-type]  # a stored event, as select_notifications gives
     with pytest.raises(MapperDeserialisationError) as library:

@@ -9,18 +9,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tests.conftest import RecordingReporter
-
 from bb_environments.providers.contract import (
     READY,
-    Created,
     CreateContext,
+    Created,
     CreateFailed,
     EnvironmentProvider,
     InvalidInputs,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveFailed,
 )
 from bb_environments.providers.git_worktree import (
@@ -31,6 +29,7 @@ from bb_environments.providers.git_worktree import (
     NewBranch,
     repo_dir_name,
 )
+from tests.conftest import RecordingReporter
 
 Git = Callable[..., str]
 Branch = DefaultBranch | ExistingBranch | NewBranch
@@ -72,9 +71,7 @@ def remove_context(
     return RemoveContext("local", str(data_dir), str(repo), None, path, path_key, 1, resource, ENVIRONMENT_ID)
 
 
-def create(
-    provider: GitWorktreeProvider, repo: Path, data_dir: Path, branch: Branch = DefaultBranch()
-) -> Created:
+def create(provider: GitWorktreeProvider, repo: Path, data_dir: Path, branch: Branch = DefaultBranch()) -> Created:
     result = provider.create(create_context(repo, data_dir, branch))
     assert isinstance(result, Created), result
     return result
@@ -93,9 +90,7 @@ def current_branch(git: Git, worktree: str | Path) -> str:
     return git(Path(worktree), "symbolic-ref", "--short", "HEAD")
 
 
-def test_satisfies_the_provider_contract(
-    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
-) -> None:
+def test_satisfies_the_provider_contract(provider: GitWorktreeProvider, git_repo: Path, data_dir: Path) -> None:
     assert isinstance(provider, EnvironmentProvider)
     assert provider.availability(project_context(git_repo, data_dir)) == READY
     raw = {"branch": {"kind": "new", "name": "feature", "base": "main"}}
@@ -231,8 +226,13 @@ def test_create_default_prefers_origin_head(
     [(["master", "trunk"], "trunk", "master"), (["trunk", "other"], "trunk", "trunk")],
 )
 def test_create_default_without_origin_takes_master_else_the_checked_out_branch(
-    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git,
-    branches_to_keep: list[str], checked_out: str, expected: str,
+    provider: GitWorktreeProvider,
+    git_repo: Path,
+    data_dir: Path,
+    git: Git,
+    branches_to_keep: list[str],
+    checked_out: str,
+    expected: str,
 ) -> None:
     for name in branches_to_keep:
         git(git_repo, "branch", name)
@@ -305,14 +305,18 @@ def test_a_full_branch_ref_names_the_branch_itself_and_other_refs_are_refused(
     provider: GitWorktreeProvider, git_repo: Path, data_dir: Path, git: Git
 ) -> None:
     git(git_repo, "branch", "existing")
-    for raw, expected in [({"kind": "existing", "name": "refs/heads/existing"}, "existing"),
-                          ({"kind": "new", "name": "refs/heads/fresh"}, "fresh")]:
+    for raw, expected in [
+        ({"kind": "existing", "name": "refs/heads/existing"}, "existing"),
+        ({"kind": "new", "name": "refs/heads/fresh"}, "fresh"),
+    ]:
         branch = msgspec.convert({"branch": raw}, GitWorktreeInputs).branch
         provider.validate(project_context(git_repo, data_dir, branch))
         created = provider.create(create_context(git_repo, data_dir, branch, path_key=expected))
         assert isinstance(created, Created) and current_branch(git, created.path) == expected
     assert sorted(branches(git, git_repo)) == ["existing", "fresh", "main"]
-    with pytest.raises(InvalidInputs, match="branch.name: 'refs/tags/v1' is not a valid branch name: it starts with 'refs/'"):
+    with pytest.raises(
+        InvalidInputs, match="branch.name: 'refs/tags/v1' is not a valid branch name: it starts with 'refs/'"
+    ):
         provider.validate(project_context(git_repo, data_dir, NewBranch("refs/tags/v1")))
 
 
@@ -445,13 +449,18 @@ def test_create_stops_the_worktree_add_an_earlier_attempt_left_running_and_makes
     (git_repo / "slow.txt").write_text("smudged\n")
     git(git_repo, "add", ".")
     git(git_repo, "commit", "--quiet", "-m", "a file checked out through a filter that can be held")
-    git(git_repo, "config", "filter.slow.smudge",
-        f"echo started >> {checkouts}; while [ -e {hold} ]; do sleep 0.02; done; cat")
+    git(
+        git_repo,
+        "config",
+        "filter.slow.smudge",
+        f"echo started >> {checkouts}; while [ -e {hold} ]; do sleep 0.02; done; cat",
+    )
     hold.touch()
     target = data_dir / "worktrees" / PATH_KEY / "repo"
     left_running = subprocess.Popen(
         ["git", "-C", str(git_repo), "worktree", "add", "--no-track", "-b", "bb/thread-1", "--", str(target), "main"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     results: list[object] = []
     creating = threading.Thread(target=lambda: results.append(provider.create(create_context(git_repo, data_dir))))
@@ -467,8 +476,9 @@ def test_create_stops_the_worktree_add_an_earlier_attempt_left_running_and_makes
         left_running.communicate()
 
     assert left_running.returncode == -9
-    assert results == [Created(path=str(target), owns_path=True, merge_base_branch="main",
-                               resource={"branch": "bb/thread-1"})]
+    assert results == [
+        Created(path=str(target), owns_path=True, merge_base_branch="main", resource={"branch": "bb/thread-1"})
+    ]
     assert (target / "slow.txt").read_text() == "smudged\n"
     assert "locked" not in git(git_repo, "worktree", "list", "--porcelain")
 
@@ -544,9 +554,7 @@ def test_remove_without_a_path_removes_everything_under_the_path_key(
     assert created.path not in worktree_paths(git, git_repo)
 
 
-def test_remove_twice_succeeds_both_times(
-    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
-) -> None:
+def test_remove_twice_succeeds_both_times(provider: GitWorktreeProvider, git_repo: Path, data_dir: Path) -> None:
     created = create(provider, git_repo, data_dir)
     context = remove_context(git_repo, data_dir, created.path, created.resource)
 
@@ -595,16 +603,20 @@ def test_unsafe_path_keys_are_refused(
 
 @pytest.mark.parametrize(
     ("source", "expected"),
-    [("/src/my-repo", "my-repo"), ("/src/Repo With Space", "Repo-With-Space"), ("/src/.dotted", "dotted"),
-     ("/src/-dash", "dash"), ("/src/日本", "repo"), ("/src/repo/", "repo")],
+    [
+        ("/src/my-repo", "my-repo"),
+        ("/src/Repo With Space", "Repo-With-Space"),
+        ("/src/.dotted", "dotted"),
+        ("/src/-dash", "dash"),
+        ("/src/日本", "repo"),
+        ("/src/repo/", "repo"),
+    ],
 )
 def test_repo_dir_name_is_a_safe_segment(source: str, expected: str) -> None:
     assert repo_dir_name(source) == expected
 
 
-def test_a_locked_ref_is_a_transient_failure(
-    provider: GitWorktreeProvider, git_repo: Path, data_dir: Path
-) -> None:
+def test_a_locked_ref_is_a_transient_failure(provider: GitWorktreeProvider, git_repo: Path, data_dir: Path) -> None:
     ref_lock = git_repo / ".git" / "refs" / "heads" / "bb" / "thread-1.lock"
     ref_lock.parent.mkdir(parents=True)
     ref_lock.touch()

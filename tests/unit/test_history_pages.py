@@ -4,7 +4,7 @@ of the connection that answers, and following `next` gives every event once, in 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 
@@ -22,12 +22,14 @@ class ThousandsOfEvents:
     """The handlers' answer for an environment with 3000 events, a second apart."""
 
     def __init__(self) -> None:
-        start = datetime(2030, 1, 1, tzinfo=timezone.utc)
-        self.events = [LoggedEvent(version, Environment.ThreadAttached, start + timedelta(seconds=version), 1000)
-                       for version in range(1, 3001)]
+        start = datetime(2030, 1, 1, tzinfo=UTC)
+        self.events = [
+            LoggedEvent(version, Environment.ThreadAttached, start + timedelta(seconds=version), 1000)
+            for version in range(1, 3001)
+        ]
 
     async def environment_history(self, query: HistoryQuery) -> Page[LoggedEvent]:
-        found = self.events[query.after:query.after + query.limit]
+        found = self.events[query.after : query.after + query.limit]
         return Page(found, query.after + len(found) < len(self.events))
 
 
@@ -37,8 +39,9 @@ def test_thousands_of_events_come_in_pages_that_fit_one_message() -> None:
 
     pages, after = [], 0
     while True:
-        page = asyncio.run(edge.environment_history(ListHistory(environment_id=ENVIRONMENT, after=after,
-                                                                limit=MAX_PAGE)))
+        page = asyncio.run(
+            edge.environment_history(ListHistory(environment_id=ENVIRONMENT, after=after, limit=MAX_PAGE))
+        )
         assert len(msgspec.json.encode(page)) <= MAX_PAYLOAD
         pages.append(page)
         if page.next is None:

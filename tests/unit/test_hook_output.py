@@ -37,7 +37,7 @@ def test_output_beyond_the_bound_is_counted_not_kept_and_the_log_says_how_much(t
     output = b"y" * 99 + b"\n"
     kept = written(tmp_path / "log", 64 * 1024, *[output * 100] * 30)  # 300,000 bytes
     assert len(kept) <= 64 * 1024
-    content = kept[:kept.index(b"\n[bb:")]  # cut mid-line: the marker starts a line of its own
+    content = kept[: kept.index(b"\n[bb:")]  # cut mid-line: the marker starts a line of its own
     assert (output * 3000).startswith(content) and len(content) > 60_000
     *_, marker, end = kept.split(b"\n")
     assert end == b""

@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 import json
 import subprocess
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -74,8 +74,11 @@ async def test_records_lie_in_shards_named_by_the_start_of_the_operation_s_hash(
     finally:
         runner.close()
 
-    expected = sorted(records_dir / digest(f"op-{n}")[:2] / f"{digest(f'op-{n}')}{suffix}"
-                      for n in range(3) for suffix in (".json", ".log"))
+    expected = sorted(
+        records_dir / digest(f"op-{n}")[:2] / f"{digest(f'op-{n}')}{suffix}"
+        for n in range(3)
+        for suffix in (".json", ".log")
+    )
     assert files_in(records_dir) == expected
     assert [path for path in records_dir.iterdir() if path.is_file()] == []
 
@@ -84,9 +87,16 @@ async def test_a_finished_record_in_the_flat_layout_replays_its_outcome_and_outp
     records_dir: Path, workspace: Path
 ) -> None:
     write_setup(workspace, "echo ran >> marker\n")
-    finished = HookRecord(operation_id="op", kind="setup", workspace=str(workspace),
-                          script=str(workspace / ".bb-env-setup.sh"), started_at=now_iso(),
-                          finished_at=now_iso(), outcome="succeeded", exit_code=0)
+    finished = HookRecord(
+        operation_id="op",
+        kind="setup",
+        workspace=str(workspace),
+        script=str(workspace / ".bb-env-setup.sh"),
+        started_at=now_iso(),
+        finished_at=now_iso(),
+        outcome="succeeded",
+        exit_code=0,
+    )
     write_flat(records_dir, finished, b"set up before the upgrade\n")
     runner = HookRunner(records_dir, timeout_s=10)
     output = Output()
@@ -108,9 +118,15 @@ async def test_a_hook_an_earlier_release_runs_in_the_flat_layout_is_joined_there
     supervisor = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         started_at = process_start_ticks(supervisor.pid)
-        running = HookRecord(operation_id="op", kind="setup", workspace=str(workspace),
-                             script=str(workspace / ".bb-env-setup.sh"), started_at=now_iso(),
-                             supervisor_pid=supervisor.pid, supervisor_started_at=started_at)
+        running = HookRecord(
+            operation_id="op",
+            kind="setup",
+            workspace=str(workspace),
+            script=str(workspace / ".bb-env-setup.sh"),
+            started_at=now_iso(),
+            supervisor_pid=supervisor.pid,
+            supervisor_started_at=started_at,
+        )
         write_flat(records_dir, running, b"halfway\n")
         runner = HookRunner(records_dir, timeout_s=10)
         output = Output()
@@ -137,12 +153,31 @@ async def test_a_hook_an_earlier_release_runs_in_the_flat_layout_is_joined_there
 def test_settled_operations_are_found_in_both_layouts_and_an_emptied_shard_goes(records_dir: Path) -> None:
     records = HookRecords(records_dir)
     for operation_id in ("sharded", "also-sharded"):
-        records.write(HookRecord(operation_id=operation_id, kind="setup", workspace="/w", script="/w/s",
-                                 started_at=now_iso(), finished_at=now_iso(), outcome="succeeded"))
-    write_flat(records_dir, HookRecord(operation_id="flat", kind="teardown", workspace="/w", script="/w/t",
-                                       started_at=now_iso(), finished_at=now_iso(), outcome="failed"))
+        records.write(
+            HookRecord(
+                operation_id=operation_id,
+                kind="setup",
+                workspace="/w",
+                script="/w/s",
+                started_at=now_iso(),
+                finished_at=now_iso(),
+                outcome="succeeded",
+            )
+        )
+    write_flat(
+        records_dir,
+        HookRecord(
+            operation_id="flat",
+            kind="teardown",
+            workspace="/w",
+            script="/w/t",
+            started_at=now_iso(),
+            finished_at=now_iso(),
+            outcome="failed",
+        ),
+    )
     later = HookRecords(records_dir)  # a new process, which sees the flat layout
-    cutoff = datetime.now(timezone.utc) + timedelta(seconds=1)
+    cutoff = datetime.now(UTC) + timedelta(seconds=1)
 
     assert sorted(later.settled_before(cutoff)) == ["also-sharded", "flat", "sharded"]
     later.delete(["flat", "sharded"])

@@ -18,15 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from bb_environments.hooks.records import (
-    HeldOutcome,
-    HookIdentityMismatch,
-    HookRecord,
-    HookRecords,
-    SyncLevel,
-    now_iso,
-)
 from bb_environments.domain.hook_operations import HookOutcome
+from bb_environments.hooks.records import HeldOutcome, HookIdentityMismatch, HookRecord, HookRecords, SyncLevel, now_iso
 from bb_environments.hooks.runner import HookRunner
 from bb_environments.providers.host.processes import process_start_ticks, start_ticks_of_child
 from tests.support.small_disk import small_disk
@@ -103,18 +96,28 @@ async def test_of_a_backlog_longer_than_the_transcript_keeps_only_the_newest_lin
 
     # A restarted runner replays the finished log from its start: all 5000 lines are its backlog.
     outcome = await HookRunner(records_dir, timeout_s=10, transcript_lines_kept=100).run(
-        "op", "setup", workspace, replayed)
+        "op", "setup", workspace, replayed
+    )
 
     assert outcome == HookOutcome("succeeded", 0, None)
     left_out = len("".join(f"{n}\n" for n in range(1, 4902)))
     assert replayed.lines == [
         f"[bb: 4901 lines ({left_out} bytes) of output not in the transcript, which keeps the last 100 of an "
-        "environment: bb environment logs --hook-output has them]", *map(str, range(4902, 5001))]
+        "environment: bb environment logs --hook-output has them]",
+        *map(str, range(4902, 5001)),
+    ]
     assert replayed.offsets[:2] == [0, left_out]  # each line still named by its place in the log
 
 
-WITHHELD = {"BB_PROJECT_ID": "p", "NATS_URL": "nats://x", "MODAL_TOKEN_SECRET": "s", "POSTGRES_PASSWORD": "pg",
-            "ENVIRONMENTS_POSTGRES_PASSWORD": "app-pg", "PGPASSWORD": "libpq", "CIPHER_KEY": "cipher"}
+WITHHELD = {
+    "BB_PROJECT_ID": "p",
+    "NATS_URL": "nats://x",
+    "MODAL_TOKEN_SECRET": "s",
+    "POSTGRES_PASSWORD": "pg",
+    "ENVIRONMENTS_POSTGRES_PASSWORD": "app-pg",
+    "PGPASSWORD": "libpq",
+    "CIPHER_KEY": "cipher",
+}
 
 
 async def test_script_environment_drops_service_secrets_and_keeps_the_variables_given_it(
@@ -124,18 +127,28 @@ async def test_script_environment_drops_service_secrets_and_keeps_the_variables_
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("BB_ENVIRONMENT_ID", "the service's own")
     monkeypatch.setenv("KEPT_VARIABLE", "kept")
-    write_setup(workspace, "".join(f"echo \"{name}=[${name}]\"\n" for name in [*WITHHELD, "KEPT_VARIABLE"])
-                + "echo \"[$BB_ENVIRONMENT_ID]\"\n")
+    write_setup(
+        workspace,
+        "".join(f'echo "{name}=[${name}]"\n' for name in [*WITHHELD, "KEPT_VARIABLE"])
+        + 'echo "[$BB_ENVIRONMENT_ID]"\n',
+    )
     output = Output()
 
-    await HookRunner(records_dir, timeout_s=10).run("op", "setup", workspace, output, "env-1",
-                                                    {"BB_ENVIRONMENT_ID": "env-1"})
+    await HookRunner(records_dir, timeout_s=10).run(
+        "op", "setup", workspace, output, "env-1", {"BB_ENVIRONMENT_ID": "env-1"}
+    )
 
     assert output.lines == [*(f"{name}=[]" for name in WITHHELD), "KEPT_VARIABLE=[kept]", "[env-1]"]
 
 
-NATS_CREDENTIAL_VARIABLES = ("BB_NATS_CREDS", "BB_NATS_NKEY", "BB_NATS_USER", "BB_NATS_PASSWORD", "BB_NATS_TOKEN",
-                             "BB_NATS_CA")
+NATS_CREDENTIAL_VARIABLES = (
+    "BB_NATS_CREDS",
+    "BB_NATS_NKEY",
+    "BB_NATS_USER",
+    "BB_NATS_PASSWORD",
+    "BB_NATS_TOKEN",
+    "BB_NATS_CA",
+)
 
 
 async def test_neither_a_hook_nor_the_process_it_runs_under_holds_the_service_credentials(
@@ -220,9 +233,7 @@ async def test_timeout_kills_the_script_and_its_children(records_dir: Path, work
     assert not alive(pid_in(workspace / "nested.pid"))
 
 
-async def test_cancel_while_running_stops_the_group_and_it_never_runs_again(
-    records_dir: Path, workspace: Path
-) -> None:
+async def test_cancel_while_running_stops_the_group_and_it_never_runs_again(records_dir: Path, workspace: Path) -> None:
     write_setup(workspace, "echo ran >> marker\nsleep 30 &\necho $! > background.pid\nwait\n")
     runner = HookRunner(records_dir, timeout_s=30)
     running = asyncio.ensure_future(runner.run("op", "setup", workspace, Output()))
@@ -573,7 +584,7 @@ async def test_a_stray_sigterm_to_the_idle_spare_cancels_nothing(records_dir: Pa
 async def test_scripts_get_the_environment_of_the_moment_they_run(
     records_dir: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_setup(workspace, "echo \"[$LATE_VARIABLE][$BB_LATE_SECRET]\"\n")
+    write_setup(workspace, 'echo "[$LATE_VARIABLE][$BB_LATE_SECRET]"\n')
     runner = HookRunner(records_dir, timeout_s=10)
     first, second = Output(), Output()
     await runner.run("op1", "setup", workspace, first)

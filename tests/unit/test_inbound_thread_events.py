@@ -19,21 +19,35 @@ def reason(data: bytes) -> str:
     return refusal_reason(refused.value)
 
 
-@pytest.mark.parametrize("data, where", [
-    (created(apiKey="s"), "unknown field `apiKey`"),
-    (created(environment={"type": "existing", "environmentId": "e", "token": "s"}), "`$.environment`"),
-    (created(environment={"type": "provider", "environmentProviderId": "p", "machine": {"type": "existing", "x": 1}}),
-     "`$.environment.machine`"),
-    (msgspec.json.encode({"type": "message", "threadId": "t1", "text": "hi", "attachment": "s"}), "`attachment`"),
-])
+@pytest.mark.parametrize(
+    "data, where",
+    [
+        (created(apiKey="s"), "unknown field `apiKey`"),
+        (created(environment={"type": "existing", "environmentId": "e", "token": "s"}), "`$.environment`"),
+        (
+            created(
+                environment={"type": "provider", "environmentProviderId": "p", "machine": {"type": "existing", "x": 1}}
+            ),
+            "`$.environment.machine`",
+        ),
+        (msgspec.json.encode({"type": "message", "threadId": "t1", "text": "hi", "attachment": "s"}), "`attachment`"),
+    ],
+)
 def test_a_field_no_struct_declares_is_refused(data: bytes, where: str) -> None:
     assert where in reason(data)
 
 
-@pytest.mark.parametrize("fields", [
-    {"threadId": "../escape"}, {"threadId": "t" * 129}, {"threadId": "t1\n"}, {"parentThreadId": "a b"},
-    {"hostId": "-flag"}, {"projectPath": "/" + "p" * 4096},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"threadId": "../escape"},
+        {"threadId": "t" * 129},
+        {"threadId": "t1\n"},
+        {"parentThreadId": "a b"},
+        {"hostId": "-flag"},
+        {"projectPath": "/" + "p" * 4096},
+    ],
+)
 def test_ids_and_paths_out_of_shape_are_refused(fields: dict) -> None:
     with pytest.raises(msgspec.ValidationError):
         inbound_decoder.decode(created(**fields))
@@ -41,7 +55,8 @@ def test_ids_and_paths_out_of_shape_are_refused(fields: dict) -> None:
 
 def test_a_well_formed_event_decodes() -> None:
     assert inbound_decoder.decode(created(hostId="local", projectPath="/repo")) == ThreadCreatedMessage(
-        thread_id="t1", host_id="local", project_path="/repo")
+        thread_id="t1", host_id="local", project_path="/repo"
+    )
 
 
 def test_a_refusal_reason_withholds_the_offending_value() -> None:

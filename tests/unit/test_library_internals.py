@@ -17,7 +17,7 @@ READ_IN = {
     # machinery), `JSONTranscoder.names`, and events built as the mapper builds them (tests/unit/test_fold.py);
     # entrypoints/sqlite_event_store.py: the SQLite recorder's and datastore's members its subclasses use
     # (tests/unit/test_fold.py, tests/unit/test_config.py).
-    "eventsourcing": "9.5.6",
+    "eventsourcing": "9.5.6"
 }
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bb_environments.domain.request_errors import InvalidInput
-from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.commands import NewEnvironment
+from bb_environments.handlers.placement import Placer
 from bb_environments.providers.contract import Created, CreateFailed, InvalidInputs, Previous, ProviderMissing
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspace_messages import CreateRequest, PlanRequest, RemoveRequest
@@ -47,8 +47,17 @@ class Raising(InstantProvider):
 
 
 def create_request(attempt: int = 1, previous: Previous | None = None) -> CreateRequest:
-    return CreateRequest(environment_id=ENVIRONMENT_ID, attempt=attempt, host_id="local", provider_id="instant",
-                         project_path=None, inputs=None, thread_id="t1", path_key="t1", previous=previous)
+    return CreateRequest(
+        environment_id=ENVIRONMENT_ID,
+        attempt=attempt,
+        host_id="local",
+        provider_id="instant",
+        project_path=None,
+        inputs=None,
+        thread_id="t1",
+        path_key="t1",
+        previous=previous,
+    )
 
 
 async def test_a_create_answers_with_the_contract_s_created_for_the_environment_and_attempt_asked(tmp_path):
@@ -77,8 +86,17 @@ async def test_a_provider_that_raises_fails_its_create_for_good_and_is_named(tmp
 
 async def test_removing_with_a_provider_that_is_not_registered_waits_for_it(tmp_path):
     workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), tmp_path, Lines())
-    request = RemoveRequest(environment_id=ENVIRONMENT_ID, attempt=1, host_id="local", provider_id="uninstalled",
-                            project_path=None, inputs=None, path=None, path_key="t1", resource=None)
+    request = RemoveRequest(
+        environment_id=ENVIRONMENT_ID,
+        attempt=1,
+        host_id="local",
+        provider_id="uninstalled",
+        project_path=None,
+        inputs=None,
+        path=None,
+        path_key="t1",
+        resource=None,
+    )
 
     with pytest.raises(ProviderMissing, match="^the environment provider 'uninstalled' is not registered$"):
         await workspaces.remove(request, threading.Event())
@@ -89,13 +107,17 @@ async def test_a_project_inside_the_data_dir_is_refused_with_the_reason(tmp_path
     project = data_dir / "providers"
     project.mkdir(parents=True)
     workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), data_dir, Lines())
-    reason = (f"project path {str(project)!r} is inside bb's data dir {str(data_dir)!r}, which holds bb's own state "
-              "and workspaces; pass a project directory outside it")
+    reason = (
+        f"project path {str(project)!r} is inside bb's data dir {str(data_dir)!r}, which holds bb's own state "
+        "and workspaces; pass a project directory outside it"
+    )
 
     with pytest.raises(InvalidInputs) as refused:
         await workspaces.plan(PlanRequest("local", "instant", str(project), None, "t1"))
     assert str(refused.value) == reason
     # The core's placement answers the request with the same words.
     with pytest.raises(InvalidInput) as answered:
-        await Placer(OneMachine(workspaces)).place("t1", NewEnvironment("instant", "local", None), str(project), "local")
+        await Placer(OneMachine(workspaces)).place(
+            "t1", NewEnvironment("instant", "local", None), str(project), "local"
+        )
     assert str(answered.value) == reason

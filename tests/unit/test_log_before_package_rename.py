@@ -12,8 +12,8 @@ from pathlib import Path
 import msgspec
 
 from bb_environments.bus.core.log_reader import LogReader
-from bb_environments.handlers.application import Environments
 from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.handlers.application import Environments
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -40,7 +40,10 @@ def test_an_environment_removed_before_work_was_saved_reads_as_having_saved_noth
     shutil.copy(FIXTURES / "events-before-package-rename.sqlite", store)
     app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(store)})
 
-    removed = [logged.view for logged in LogReader(app).page(0, limit=1000)
-               if logged.view is not None and getattr(logged.view, "status", None) == EnvironmentStatus.REMOVED]
+    removed = [
+        logged.view
+        for logged in LogReader(app).page(0, limit=1000)
+        if logged.view is not None and getattr(logged.view, "status", None) == EnvironmentStatus.REMOVED
+    ]
 
     assert removed and all(view.saved_ref is None for view in removed)

@@ -7,7 +7,7 @@ import json
 import subprocess
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,15 @@ from bb_environments.entrypoints.cli import machine_group, modal_group
 from bb_environments.entrypoints.config import Settings
 from bb_environments.providers.contract import (
     READY,
-    Created,
     CreateContext,
+    Created,
     CreateFailed,
     EnvironmentProvider,
     InvalidInputs,
     Previous,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveFailed,
 )
 from bb_environments.providers.modal_machine import MACHINE_TAG, ModalMachines
@@ -77,8 +77,13 @@ class Crash(BaseException):
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "BB_MODAL_IDLE_PAUSE_MINUTES", "BB_MODAL_DOCKERFILE",
-                 "BB_MODAL_APP_NAME"):
+    for name in (
+        "MODAL_TOKEN_ID",
+        "MODAL_TOKEN_SECRET",
+        "BB_MODAL_IDLE_PAUSE_MINUTES",
+        "BB_MODAL_DOCKERFILE",
+        "BB_MODAL_APP_NAME",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -116,16 +121,27 @@ def data_dir(tmp_path: Path) -> Path:
 
 def create_context(project: Path, data_dir: Path, **overrides: Any) -> CreateContext:
     values: dict[str, Any] = dict(
-        host_id="local", project_path=str(project), inputs=ModalInputs(), data_dir=str(data_dir),
-        thread_id="t-thread", path_key=PATH_KEY, report=RecordingReporter(),
+        host_id="local",
+        project_path=str(project),
+        inputs=ModalInputs(),
+        data_dir=str(data_dir),
+        thread_id="t-thread",
+        path_key=PATH_KEY,
+        report=RecordingReporter(),
     )
     return CreateContext(**(values | overrides))
 
 
 def remove_context(data_dir: Path, resource: dict[str, Any] | None, **overrides: Any) -> RemoveContext:
     values: dict[str, Any] = dict(
-        host_id="local", data_dir=str(data_dir), project_path=None, inputs=ModalInputs(), path=None,
-        path_key=PATH_KEY, attempt=1, resource=resource,
+        host_id="local",
+        data_dir=str(data_dir),
+        project_path=None,
+        inputs=ModalInputs(),
+        path=None,
+        path_key=PATH_KEY,
+        attempt=1,
+        resource=resource,
     )
     return RemoveContext(**(values | overrides))
 
@@ -190,7 +206,8 @@ def test_fake_signature_is_a_compatible_subset_of_modal(fake: Callable[..., Any]
         assert parameter.default == twin.default, parameter.name
     fake_names = {p.name for p in _parameters(fake)}
     required = [
-        p.name for p in real_parameters.values()
+        p.name
+        for p in real_parameters.values()
         if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     ]
     assert set(required) <= fake_names
@@ -239,11 +256,15 @@ def test_blocked_by_a_malformed_dockerfile_setting_naming_the_line(
     assert "line 3: 'FORM oops' does not start with a known instruction" in availability.reason
 
 
-def test_validate_accepts_a_project_with_an_origin(provider: ModalSandboxProvider, project: Path, data_dir: Path) -> None:
+def test_validate_accepts_a_project_with_an_origin(
+    provider: ModalSandboxProvider, project: Path, data_dir: Path
+) -> None:
     provider.validate(ProjectContext("local", str(project), ModalInputs(), str(data_dir)))
 
 
-def test_validate_refuses_a_checkout_without_origin(provider: ModalSandboxProvider, git_repo: Path, data_dir: Path) -> None:
+def test_validate_refuses_a_checkout_without_origin(
+    provider: ModalSandboxProvider, git_repo: Path, data_dir: Path
+) -> None:
     with pytest.raises(InvalidInputs, match="has no origin remote"):
         provider.validate(ProjectContext("local", str(git_repo), ModalInputs(), str(data_dir)))
 
@@ -264,9 +285,11 @@ def test_scp_style_origin_is_remote(git_repo: Path, git: Callable[..., str]) -> 
 
 @pytest.mark.parametrize(
     ("inputs", "message"),
-    [(ModalInputs(cpu=100), "cpu: must be between 0.25 and 16"),
-     (ModalInputs(memory_mib=10), "memoryMib: must be between 512 and 65536"),
-     (ModalInputs(timeout_hours=48), "timeoutHours: must be between 1 and 24")],
+    [
+        (ModalInputs(cpu=100), "cpu: must be between 0.25 and 16"),
+        (ModalInputs(memory_mib=10), "memoryMib: must be between 512 and 65536"),
+        (ModalInputs(timeout_hours=48), "timeoutHours: must be between 1 and 24"),
+    ],
 )
 def test_validate_checks_input_bounds(
     provider: ModalSandboxProvider, project: Path, data_dir: Path, inputs: ModalInputs, message: str
@@ -304,8 +327,15 @@ def test_create_builds_the_image_once_starts_a_tagged_sandbox_clones_and_sets_up
     assert result.path == sandbox_path(PATH_KEY, workdir) == f"modal://{PATH_KEY}{workdir}"
     assert result.owns_path is False
     assert result.resource == {
-        "sandboxId": sandbox.id, "imageId": sandbox.image_id, "snapshotId": None, "supersededSnapshotIds": [],
-        "appName": "bb-environments", "pathKey": PATH_KEY, "workdir": workdir, "cpu": 2.0, "memoryMib": 4096,
+        "sandboxId": sandbox.id,
+        "imageId": sandbox.image_id,
+        "snapshotId": None,
+        "supersededSnapshotIds": [],
+        "appName": "bb-environments",
+        "pathKey": PATH_KEY,
+        "workdir": workdir,
+        "cpu": 2.0,
+        "memoryMib": 4096,
         "timeoutHours": 24,
     }
     assert cloud.closed_clients == 1
@@ -328,7 +358,9 @@ def test_the_clone_url_and_its_token_travel_on_stdin_only(
 ) -> None:
     url = "https://bot:ghp_secret123@github.com/example/private.git"
     git(git_repo, "remote", "add", "origin", url)
-    cloud.exec_handler = lambda call: ExecResult(0, f"Cloning from {url}") if call.args[2] == CLONE_SCRIPT else ExecResult()
+    cloud.exec_handler = lambda call: (
+        ExecResult(0, f"Cloning from {url}") if call.args[2] == CLONE_SCRIPT else ExecResult()
+    )
     context = create_context(git_repo, data_dir)
     result = created(provider.create(context))
 
@@ -435,7 +467,10 @@ def test_create_without_credentials_fails_clearly(
 
 
 def test_create_with_a_wrong_credential_fails_clearly(
-    provider: ModalSandboxProvider, cloud: FakeModalCloud, project: Path, data_dir: Path,
+    provider: ModalSandboxProvider,
+    cloud: FakeModalCloud,
+    project: Path,
+    data_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-wrong-id")
@@ -474,7 +509,9 @@ def test_a_failed_snapshot_leaves_the_sandbox_running(
     provider: ModalSandboxProvider, cloud: FakeModalCloud, environment: dict[str, Any]
 ) -> None:
     cloud.snapshot_error = cloud.module.exception.SnapshotCreationError("container not ready")
-    with pytest.raises(ModalOperationFailed, match="could not snapshot the sandbox \\(it keeps running\\): container not ready") as failed:
+    with pytest.raises(
+        ModalOperationFailed, match="could not snapshot the sandbox \\(it keeps running\\): container not ready"
+    ) as failed:
         provider.pause(environment)
     assert failed.value.transient
     assert cloud.sandboxes[environment["sandboxId"]].running
@@ -549,7 +586,7 @@ def test_a_pause_of_a_sandbox_that_stopped_without_being_snapshotted_still_fails
 
 
 def test_idle_pause_is_due_after_the_configured_minutes(provider: ModalSandboxProvider, data_dir: Path) -> None:
-    now = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
     assert provider.idle_pause_due(now - timedelta(minutes=15), now, str(data_dir))
     assert not provider.idle_pause_due(now - timedelta(minutes=14), now, str(data_dir))
     data_dir.mkdir(parents=True)
@@ -583,7 +620,9 @@ def test_remove_without_a_resource_finds_the_sandbox_by_its_tag(
 
 
 @pytest.mark.usefixtures("credentials")
-def test_remove_when_nothing_was_ever_created(provider: ModalSandboxProvider, cloud: FakeModalCloud, data_dir: Path) -> None:
+def test_remove_when_nothing_was_ever_created(
+    provider: ModalSandboxProvider, cloud: FakeModalCloud, data_dir: Path
+) -> None:
     assert provider.remove(remove_context(data_dir, None)) == Removed()
     assert cloud.apps == {}
 
@@ -662,7 +701,7 @@ def test_malformed_dockerfiles_are_refused_with_the_line(text: str, message: str
 
 
 def test_dockerfile_grammar_accepts_args_comments_and_continuations() -> None:
-    validate_dockerfile("# syntax=docker/dockerfile:1\nARG BASE=debian\nfrom ${BASE}\nRUN a \\\n\n  b\nCMD [\"sh\"]\n")
+    validate_dockerfile('# syntax=docker/dockerfile:1\nARG BASE=debian\nfrom ${BASE}\nRUN a \\\n\n  b\nCMD ["sh"]\n')
     with pytest.raises(SettingsError, match="has no FROM"):
         validate_dockerfile("ARG X=1\n")
 
@@ -678,7 +717,7 @@ def test_settings_refuse_a_token_in_the_file(data_dir: Path) -> None:
 
 
 def test_clone_and_setup_scripts_are_idempotent(git_repo: Path, git: Callable[..., str], tmp_path: Path) -> None:
-    (git_repo / ".bb-env-setup.sh").write_text("echo ran >> \"$HOME_COUNTER\"\n")
+    (git_repo / ".bb-env-setup.sh").write_text('echo ran >> "$HOME_COUNTER"\n')
     git(git_repo, "add", ".bb-env-setup.sh")
     git(git_repo, "commit", "--quiet", "-m", "setup")
     target = tmp_path / "workspace" / "project"
@@ -686,7 +725,10 @@ def test_clone_and_setup_scripts_are_idempotent(git_repo: Path, git: Callable[..
 
     def run(script: str, stdin: str = "") -> str:
         completed = subprocess.run(
-            ["bash", "-c", script, "bb", str(target)], input=stdin, capture_output=True, text=True,
+            ["bash", "-c", script, "bb", str(target)],
+            input=stdin,
+            capture_output=True,
+            text=True,
             env={"PATH": "/usr/bin:/bin", "HOME_COUNTER": str(counter)},
         )
         assert completed.returncode == 0, completed.stdout + completed.stderr

@@ -7,7 +7,7 @@ checks the step. The driver (handlers/provisioning.py) executes whatever this ta
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import get_args
 
 import pytest
@@ -43,15 +43,22 @@ REMOVE_RETRY = timedelta(seconds=60)
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 # -- environments, built through their commands ------------------------------------------------
 
 
 def claimed() -> Environment:
-    return Environment(provider_id="git-worktree", host_id="local", project_path="/repo", inputs={},
-                       path_key="t1", claimed_path="/data/t1", thread_id="t1")
+    return Environment(
+        provider_id="git-worktree",
+        host_id="local",
+        project_path="/repo",
+        inputs={},
+        path_key="t1",
+        claimed_path="/data/t1",
+        thread_id="t1",
+    )
 
 
 def cancelled_while_creating() -> Environment:
@@ -208,11 +215,19 @@ CASES: list[tuple[str, Build, When, Expect]] = [
     ("creating, cancelled", cancelled_while_creating, AT_ONCE, lambda e: StopCreate(1)),
     # provisioning
     ("provisioning, owned path, setup not started", created, AT_ONCE, lambda e: StartSetup()),
-    ("provisioning, path not owned", lambda: created(owns_path=False), AT_ONCE,
-     lambda e: SkipSetup("the provider does not own the path")),
+    (
+        "provisioning, path not owned",
+        lambda: created(owns_path=False),
+        AT_ONCE,
+        lambda e: SkipSetup("the provider does not own the path"),
+    ),
     ("provisioning, setup running", setting_up, AT_ONCE, lambda e: RunSetup(e.setup_operation_id)),
-    ("provisioning, setup running, cancelled", lambda: cancelled(setting_up()), AT_ONCE,
-     lambda e: CancelSetup(e.setup_operation_id)),
+    (
+        "provisioning, setup running, cancelled",
+        lambda: cancelled(setting_up()),
+        AT_ONCE,
+        lambda e: CancelSetup(e.setup_operation_id),
+    ),
     ("provisioning, cancelled before setup", lambda: cancelled(created()), AT_ONCE, lambda e: StartRemoval()),
     ("provisioning, setup succeeded after cancel", succeeded_after_cancel, AT_ONCE, lambda e: StartRemoval()),
     ("provisioning, failed setup retried", setup_retried, AT_ONCE, lambda e: StartSetup()),
@@ -221,38 +236,67 @@ CASES: list[tuple[str, Build, When, Expect]] = [
     ("ready, path not owned", lambda: ready(owns_path=False), AT_ONCE, lambda e: PauseWhenIdle(e.modified_on)),
     ("ready, paused", paused, AT_ONCE, lambda e: ResumeOnActivity(e.paused_at)),
     ("ready, retiring, deadline not passed", lambda: retiring(ready()), AT_ONCE, lambda e: WakeAt(e.retire_at)),
-    ("ready, retiring, deadline passed", lambda: retiring(ready()), lambda e: e.retire_at,
-     lambda e: StartRemoval()),
+    ("ready, retiring, deadline passed", lambda: retiring(ready()), lambda e: e.retire_at, lambda e: StartRemoval()),
     ("ready, paused and retiring", lambda: retiring(paused()), AT_ONCE, lambda e: WakeAt(e.retire_at)),
     ("ready, never retires, idle", lambda: never_retiring(ready()), AT_ONCE, lambda e: PauseWhenIdle(e.modified_on)),
     ("ready, deleted", lambda: deleted(ready()), AT_ONCE, lambda e: StartRemoval()),
     # error
-    ("error, create failed, not cleaned up", lambda: create_failed(cleaned=False), AT_ONCE,
-     lambda e: CleanAttempt(1)),
+    ("error, create failed, not cleaned up", lambda: create_failed(cleaned=False), AT_ONCE, lambda e: CleanAttempt(1)),
     ("error, terminal create failure, cleaned up", create_failed, AT_ONCE, lambda e: Settled()),
-    ("error, transient failure, retry not due", lambda: create_failed("transient"), AT_ONCE,
-     lambda e: WakeAt(e.modified_on + RETRY_DELAY)),
-    ("error, transient failure, retry due", lambda: create_failed("transient"),
-     lambda e: e.modified_on + RETRY_DELAY, lambda e: RetryTransient(1)),
-    (f"error, transient failure {TRANSIENT_RETRIES}, last retry due",
-     lambda: create_failed("transient", TRANSIENT_RETRIES), lambda e: e.modified_on + RETRY_DELAY,
-     lambda e: RetryTransient(TRANSIENT_RETRIES)),
-    ("error, transient failures exhausted", lambda: create_failed("transient", TRANSIENT_RETRIES + 1),
-     lambda e: e.modified_on + RETRY_DELAY, lambda e: Settled()),
-    ("error, transient failure, thread left", lambda: retiring(create_failed("transient")),
-     lambda e: e.modified_on + RETRY_DELAY, lambda e: WakeAt(e.retire_at)),
+    (
+        "error, transient failure, retry not due",
+        lambda: create_failed("transient"),
+        AT_ONCE,
+        lambda e: WakeAt(e.modified_on + RETRY_DELAY),
+    ),
+    (
+        "error, transient failure, retry due",
+        lambda: create_failed("transient"),
+        lambda e: e.modified_on + RETRY_DELAY,
+        lambda e: RetryTransient(1),
+    ),
+    (
+        f"error, transient failure {TRANSIENT_RETRIES}, last retry due",
+        lambda: create_failed("transient", TRANSIENT_RETRIES),
+        lambda e: e.modified_on + RETRY_DELAY,
+        lambda e: RetryTransient(TRANSIENT_RETRIES),
+    ),
+    (
+        "error, transient failures exhausted",
+        lambda: create_failed("transient", TRANSIENT_RETRIES + 1),
+        lambda e: e.modified_on + RETRY_DELAY,
+        lambda e: Settled(),
+    ),
+    (
+        "error, transient failure, thread left",
+        lambda: retiring(create_failed("transient")),
+        lambda e: e.modified_on + RETRY_DELAY,
+        lambda e: WakeAt(e.retire_at),
+    ),
     ("error, setup failed", setup_failed, AT_ONCE, lambda e: Settled()),
     ("error, setup failed, retiring", lambda: retiring(setup_failed()), AT_ONCE, lambda e: WakeAt(e.retire_at)),
-    ("error, setup failed, retire deadline passed", lambda: retiring(setup_failed()), lambda e: e.retire_at,
-     lambda e: StartRemoval()),
+    (
+        "error, setup failed, retire deadline passed",
+        lambda: retiring(setup_failed()),
+        lambda e: e.retire_at,
+        lambda e: StartRemoval(),
+    ),
     ("error, create failed, deleted", lambda: deleted(create_failed()), AT_ONCE, lambda e: StartRemoval()),
     ("error, setup cancelled", cancelled_setup_failed, AT_ONCE, lambda e: StartRemoval()),
     # removing
     ("removing, owned path, teardown not started", lambda: removing(ready()), AT_ONCE, lambda e: StartTeardown()),
-    ("removing, path not owned", lambda: removing(ready(owns_path=False)), AT_ONCE,
-     lambda e: SkipTeardown("no teardown to run")),
-    ("removing, create never returned a path", lambda: removing(create_failed()), AT_ONCE,
-     lambda e: SkipTeardown("no teardown to run")),
+    (
+        "removing, path not owned",
+        lambda: removing(ready(owns_path=False)),
+        AT_ONCE,
+        lambda e: SkipTeardown("no teardown to run"),
+    ),
+    (
+        "removing, create never returned a path",
+        lambda: removing(create_failed()),
+        AT_ONCE,
+        lambda e: SkipTeardown("no teardown to run"),
+    ),
     ("removing, teardown running", tearing_down, AT_ONCE, lambda e: RunTeardown(e.teardown_operation_id)),
     ("removing, teardown succeeded", torn_down, AT_ONCE, lambda e: Remove(1)),
     ("removing, teardown failed", lambda: torn_down("failed"), AT_ONCE, lambda e: Remove(1)),

@@ -17,23 +17,30 @@ def test_the_public_key_and_signature_are_those_of_nkeys():
         seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
         nonce = base64.urlsafe_b64encode(os.urandom(11)).rstrip(b"=")
         expected = nkeys.from_seed(bytearray(seed))
-        assert answer_nonce(user_seed(seed), nonce) == (expected.public_key.decode(),
-                                                        base64.b64encode(expected.sign(nonce)).decode())
+        assert answer_nonce(user_seed(seed), nonce) == (
+            expected.public_key.decode(),
+            base64.b64encode(expected.sign(nonce)).decode(),
+        )
 
 
 def _flipped(seed: bytes, index: int) -> bytes:
-    return seed[:index] + (b"A" if seed[index:index + 1] != b"A" else b"B") + seed[index + 1:]
+    return seed[:index] + (b"A" if seed[index : index + 1] != b"A" else b"B") + seed[index + 1 :]
 
 
-@pytest.mark.parametrize("text, why", [
-    (b"", "not the length of a seed"),
-    (b"not base32 at all!", "not base32"),
-    (nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER)[:-8], "not the length of a seed"),
-    (_flipped(nkeys.encode_seed(bytes(range(32)), nkeys.PREFIX_BYTE_USER), 20), "checksum"),
-    (nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_ACCOUNT), "not a user's seed"),
-    (nkeys.from_seed(bytearray(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))).public_key + b"AAAAA",
-     "not the length of a seed"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        (b"", "not the length of a seed"),
+        (b"not base32 at all!", "not base32"),
+        (nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER)[:-8], "not the length of a seed"),
+        (_flipped(nkeys.encode_seed(bytes(range(32)), nkeys.PREFIX_BYTE_USER), 20), "checksum"),
+        (nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_ACCOUNT), "not a user's seed"),
+        (
+            nkeys.from_seed(bytearray(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))).public_key + b"AAAAA",
+            "not the length of a seed",
+        ),
+    ],
+)
 def test_what_is_not_a_users_seed_is_refused(text, why):
     with pytest.raises(SeedError, match=why):
         user_seed(text)

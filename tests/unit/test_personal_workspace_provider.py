@@ -4,20 +4,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RecordingReporter
-
 from bb_environments.providers.contract import (
     READY,
-    Created,
     CreateContext,
+    Created,
     CreateFailed,
     EnvironmentProvider,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
     RemoveFailed,
 )
 from bb_environments.providers.personal_workspace import PersonalWorkspaceProvider
+from tests.conftest import RecordingReporter
 
 PATH_KEY = "thread-1"
 
@@ -37,8 +36,16 @@ def remove_context(
     data_dir: Path, path: Path | str | None, path_key: str = PATH_KEY, cancelled: threading.Event | None = None
 ) -> RemoveContext:
     return RemoveContext(
-        "local", str(data_dir), None, None, None if path is None else str(path), path_key, 1, None,
-        report=RecordingReporter(), cancelled=cancelled or threading.Event(),
+        "local",
+        str(data_dir),
+        None,
+        None,
+        None if path is None else str(path),
+        path_key,
+        1,
+        None,
+        report=RecordingReporter(),
+        cancelled=cancelled or threading.Event(),
     )
 
 

@@ -20,14 +20,23 @@ def test_a_block_skips_leased_blocks_and_listening_ports_and_a_full_range_names_
     leases.lease(uuid4(), "b-2", PortBlock(108, 5))
     with pytest.raises(NoFreePorts) as refused:
         leases.free_block("h1", ports, [107, 115])
-    assert str(refused.value).startswith("host h1 has no 5 free consecutive ports left in BB_PORT_RANGE (100-119): "
-                                         "leased to live environments: 100-104, 108-112; already listening: 107, 115.")
+    assert str(refused.value).startswith(
+        "host h1 has no 5 free consecutive ports left in BB_PORT_RANGE (100-119): "
+        "leased to live environments: 100-104, 108-112; already listening: 107, 115."
+    )
     assert "BB_PORTS_PER_ENVIRONMENT" in str(refused.value)
 
 
-@pytest.mark.parametrize("project, expected", [
-    ("/src/My App", "my-app"), ("/src/2048-game", "game"), ("/src/___", "env"), (None, "personal-workspace"),
-    ("/src/" + "x" * 80, "x" * 80)])
+@pytest.mark.parametrize(
+    "project, expected",
+    [
+        ("/src/My App", "my-app"),
+        ("/src/2048-game", "game"),
+        ("/src/___", "env"),
+        (None, "personal-workspace"),
+        ("/src/" + "x" * 80, "x" * 80),
+    ],
+)
 def test_a_slug_is_readable_well_formed_and_unique_on_its_host(project, expected):
     assert slug_base(project, "personal-workspace") == expected
     leases = HostLeases()

@@ -12,18 +12,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tests.conftest import RecordingReporter
-
 from bb_environments.providers.contract import (
     READY,
-    Created,
     CreateContext,
+    Created,
     CreateFailed,
     EnvironmentProvider,
     InvalidInputs,
     ProjectContext,
-    Removed,
     RemoveContext,
+    Removed,
 )
 from bb_environments.providers.git_commands import take_owed_post_checkout
 from bb_environments.providers.project_checkout import (
@@ -33,6 +31,7 @@ from bb_environments.providers.project_checkout import (
     ProjectCheckoutInputs,
     ProjectCheckoutProvider,
 )
+from tests.conftest import RecordingReporter
 
 Git = Callable[..., str]
 Branch = CurrentBranch | ExistingBranch | NewBranch
@@ -389,7 +388,9 @@ def test_a_new_branch_starts_at_any_commit_ish_and_a_full_branch_ref_names_the_b
     provider: ProjectCheckoutProvider, feature_repo: Path, data_dir: Path, git: Git
 ) -> None:
     main = git(feature_repo, "rev-parse", "main")
-    new = msgspec.convert({"branch": {"kind": "new", "name": "refs/heads/topic", "base": "feature~1"}}, ProjectCheckoutInputs)
+    new = msgspec.convert(
+        {"branch": {"kind": "new", "name": "refs/heads/topic", "base": "feature~1"}}, ProjectCheckoutInputs
+    )
     assert new.branch == NewBranch("topic", base="feature~1")
 
     provider.validate(project_context(feature_repo, data_dir, new.branch))
@@ -401,7 +402,9 @@ def test_a_new_branch_starts_at_any_commit_ish_and_a_full_branch_ref_names_the_b
     assert current_branch(git, feature_repo) == "feature"
     assert "refs/heads/topic" not in git(feature_repo, "branch", "--list")
     refused = refusal(provider, feature_repo, data_dir, ExistingBranch("refs/remotes/origin/main"))
-    assert refused.startswith("branch.name: 'refs/remotes/origin/main' is not a valid branch name: it starts with 'refs/'")
+    assert refused.startswith(
+        "branch.name: 'refs/remotes/origin/main' is not a valid branch name: it starts with 'refs/'"
+    )
 
 
 def test_refuses_a_switch_outside_git(provider: ProjectCheckoutProvider, tmp_path: Path, data_dir: Path) -> None:

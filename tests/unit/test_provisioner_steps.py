@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -28,8 +28,14 @@ from tests.unit.test_random_interleavings import HostWithoutScripts, InstantProv
 
 class Running:
     def __init__(self, provider: InstantProvider, root: Path, failed_step_retry: timedelta = FAILED_STEP_RETRY) -> None:
-        self.app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.popo", "AGGREGATE_CACHE_MAXSIZE": "100",
-                                     "AGGREGATE_CACHE_FASTFORWARD": "n"}, grace_for=lambda _: 0)
+        self.app = Environments(
+            env={
+                "PERSISTENCE_MODULE": "eventsourcing.popo",
+                "AGGREGATE_CACHE_MAXSIZE": "100",
+                "AGGREGATE_CACHE_FASTFORWARD": "n",
+            },
+            grace_for=lambda _: 0,
+        )
         self.store = Store(self.app)
         self.provider = provider
         workspaces = LocalWorkspaces(ProviderRegistry([provider]), root, Silent())
@@ -40,8 +46,10 @@ class Running:
         self.threads = ThreadHandlers(self.store, placer, hosts)
 
     async def spawn(self, thread_id: str):
-        return await self.threads.spawn(RegisterThread(thread_id=thread_id, host_id="local",
-                                                       environment=NewEnvironment("instant", "local", None)), None)
+        return await self.threads.spawn(
+            RegisterThread(thread_id=thread_id, host_id="local", environment=NewEnvironment("instant", "local", None)),
+            None,
+        )
 
     async def driven(self, thread_id: str, until: threading.Event, *, hand_over: bool = False):
         """A spawned environment, driven until the provider sets `until`; `hand_over`: the drive is
@@ -187,7 +195,6 @@ async def test_an_idle_check_that_a_pause_overtook_does_not_pause_again(running)
     assert provider.pauses == [{"sandbox": "sb-1"}]
 
 
-
 class CleanupFailsOnce(CleanupKeepsFailing):
     """A create that fails for good, whose cleanup fails: the environment stays in error with a
     failed step remembered, until its removal succeeds."""
@@ -203,7 +210,7 @@ async def test_a_removed_environment_leaves_no_marks_and_a_late_copy_of_it_start
     await running.settled()
     assert [key for key in provisioner._failed_steps if key[0] == environment.id] == [(environment.id, "cleanup.1")]
 
-    archived = await running.store.run(app.archive_thread, "a", datetime.now(timezone.utc))
+    archived = await running.store.run(app.archive_thread, "a", datetime.now(UTC))
     assert archived is not None
     await provisioner.drive(environment.id, archived)
     deadline = time.monotonic() + 10

@@ -24,16 +24,16 @@ from bb_environments.bus.wire.thread_events import (
     ThreadMessageMessage,
     ThreadUnarchivedMessage,
 )
-from bb_environments.handlers.application import Environments
 from bb_environments.domain.errors import DomainError
+from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome
 from bb_environments.domain.request_errors import RequestError
+from bb_environments.handlers.application import Environments
 from bb_environments.handlers.placement import Placer
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
 from bb_environments.handlers.threads import ThreadHandlers
-from bb_environments.providers.contract import READY, Created, Policy, Removed, Requires
-from bb_environments.domain.hook_operations import SCRIPT_NAMES, HookOutcome
 from bb_environments.hooks.runner import CANCELLED_BEFORE_START
+from bb_environments.providers.contract import READY, Created, Policy, Removed, Requires
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspaces import LocalWorkspaces
 from tests.unit.one_machine import OneMachine
@@ -99,13 +99,15 @@ class HostWithoutScripts:
 def message(kind: str, thread_id: str):
     """The command a thread event of `kind` becomes at the bus's edge."""
     intent = ProviderIntent(environment_provider_id="instant")
-    return thread_command({
-        "created": lambda: ThreadCreatedMessage(thread_id=thread_id, environment=intent),
-        "message": lambda: ThreadMessageMessage(thread_id=thread_id),
-        "archived": lambda: ThreadArchivedMessage(thread_id=thread_id),
-        "unarchived": lambda: ThreadUnarchivedMessage(thread_id=thread_id),
-        "message_cancelled": lambda: MessageCancelledMessage(thread_id=thread_id),
-    }[kind]())
+    return thread_command(
+        {
+            "created": lambda: ThreadCreatedMessage(thread_id=thread_id, environment=intent),
+            "message": lambda: ThreadMessageMessage(thread_id=thread_id),
+            "archived": lambda: ThreadArchivedMessage(thread_id=thread_id),
+            "unarchived": lambda: ThreadUnarchivedMessage(thread_id=thread_id),
+            "message_cancelled": lambda: MessageCancelledMessage(thread_id=thread_id),
+        }[kind]()
+    )
 
 
 async def settle(provisioner: Provisioner, app: Environments) -> None:
@@ -165,8 +167,9 @@ async def scenario(steps: list[tuple[str, str]], root: Path) -> None:
                 await threads.handle(message("archived", thread_id))
         await settle(provisioner, app)
         for environment_id in app.unfinished_environment_ids():
-            raise AssertionError(f"environment {environment_id} outlived all its threads: "
-                                 f"{app.environment(environment_id).status}")
+            raise AssertionError(
+                f"environment {environment_id} outlived all its threads: {app.environment(environment_id).status}"
+            )
         assert all(holder is None for _, _, holder in app.claims.live())
         workspaces = root / "providers" / "instant" / "ws"
         assert not workspaces.exists() or list(workspaces.iterdir()) == []

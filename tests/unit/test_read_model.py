@@ -8,7 +8,7 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
@@ -26,13 +26,15 @@ from bb_environments.projections.views import EnvironmentView, ThreadView, Trans
 from tests.unit.test_event_documents import record_every_event
 
 T = TypeVar("T")
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite",
-                            "SQLITE_DBNAME": str(tmp_path / "events.sqlite")}, grace_for=lambda _: 0)
+    app = Environments(
+        env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(tmp_path / "events.sqlite")},
+        grace_for=lambda _: 0,
+    )
     running = Store(app)
     yield running
     running.close()
@@ -49,8 +51,9 @@ def live_environments(app: Environments, first: int, count: int) -> None:
     """Spawn environments t<first>... and take them to ready; every other one is archived and removed."""
     for n in range(first, first + count):
         thread_id, path = f"t{n}", f"/data/t{n}"
-        environment = app.spawn_thread(thread_id, "/repo", None, "local", None,
-                                       Placement("git-worktree", "local", "/repo", {}, thread_id, path))
+        environment = app.spawn_thread(
+            thread_id, "/repo", None, "local", None, Placement("git-worktree", "local", "/repo", {}, thread_id, path)
+        )
         app.record_created(environment.id, 1, path, True, "main", None)
         app.start_setup(environment.id)
         app.record_setup_outcome(environment.id, app.environment(environment.id).setup_operation_id, True, None)
@@ -58,24 +61,36 @@ def live_environments(app: Environments, first: int, count: int) -> None:
             app.archive_thread(thread_id, NOW)
             app.start_removal(environment.id, NOW)
             app.start_teardown(environment.id)
-            app.record_teardown_outcome(environment.id, app.environment(environment.id).teardown_operation_id,
-                                        "succeeded", None)
+            app.record_teardown_outcome(
+                environment.id, app.environment(environment.id).teardown_operation_id, "succeeded", None
+            )
             app.record_removed(environment.id, 1)
 
 
 def every_state(app: Environments) -> None:
     """Environments in every public status and in the ways to reach them, threads in every state:
     each one step past the one before, as the service records them."""
+
     def spawned(n: int, provider: str = "git-worktree") -> UUID:
         thread_id, path = f"s{n}", f"/data/s{n}"
-        return app.spawn_thread(thread_id, "/repo", None, "local", None,
-                                Placement(provider, "local", "/repo", {"branch": {"name": f"b{n}"}}, thread_id, path)).id
+        return app.spawn_thread(
+            thread_id,
+            "/repo",
+            None,
+            "local",
+            None,
+            Placement(provider, "local", "/repo", {"branch": {"name": f"b{n}"}}, thread_id, path),
+        ).id
 
     def set_up(environment_id: UUID, succeeded: bool = True) -> None:
         app.record_created(environment_id, 1, app.environment(environment_id).claimed_path, True, "main", None)
         app.start_setup(environment_id)
-        app.record_setup_outcome(environment_id, app.environment(environment_id).setup_operation_id, succeeded,
-                                 None if succeeded else "exit status 1")
+        app.record_setup_outcome(
+            environment_id,
+            app.environment(environment_id).setup_operation_id,
+            succeeded,
+            None if succeeded else "exit status 1",
+        )
 
     spawned(0)  # creating
     app.record_created(provisioning := spawned(1), 1, "/data/s1", True, "main", None)
@@ -109,7 +124,7 @@ def batches(app: Environments, after: int = 0, size: int = 7) -> list[list[Appli
     """The log after `after` as the projection consumer gets it: batches of (position, view)."""
     logged = LogReader(app).page(after, limit=10**6)
     items = [Applied(entry.notification_id, entry.notification_id, entry.view) for entry in logged]
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def no_gap(*_: int) -> list:
@@ -141,8 +156,11 @@ async def test_each_position_is_applied_once_even_when_a_batch_comes_again_or_ov
 
     # Redelivered: the last batch again, then one reaching back over applied positions with other views.
     await read_model.apply(batches(store.app)[-1], no_gap)
-    forged = [item._replace(view=msgspec.structs.replace(item.view, status="forged"))
-              for item in every[-5:] if isinstance(item.view, EnvironmentView)]
+    forged = [
+        item._replace(view=msgspec.structs.replace(item.view, status="forged"))
+        for item in every[-5:]
+        if isinstance(item.view, EnvironmentView)
+    ]
     await read_model.apply(forged, no_gap)
 
     assert await state(read_model) == applied
@@ -163,8 +181,11 @@ async def test_a_batch_mixing_applied_and_new_positions_applies_only_the_new_one
         await read_model.apply(batch, no_gap)
     live_environments(store.app, 1, 1)
     new = [item for batch in batches(store.app, after=first[-1].notification_id) for item in batch]
-    stale = [item._replace(view=msgspec.structs.replace(item.view, status="forged"))
-             for item in first if isinstance(item.view, EnvironmentView)]
+    stale = [
+        item._replace(view=msgspec.structs.replace(item.view, status="forged"))
+        for item in first
+        if isinstance(item.view, EnvironmentView)
+    ]
 
     await read_model.apply([*stale, *new], no_gap)
 
@@ -245,15 +266,23 @@ async def test_a_rebuild_of_a_log_with_every_state_equals_the_live_model_row_by_
     assert rebuilt["environments"] == live["environments"] and rebuilt["threads"] == live["threads"]
     assert await rows(read_model) == live  # the transcript is the live one's, not the log's
     environments = [msgspec.json.decode(row[3], type=EnvironmentView) for row in live["environments"]]
-    assert {e.status for e in environments} == {"creating", "provisioning", "ready", "error", "retiring", "removing",
-                                                "removed"}
+    assert {e.status for e in environments} == {
+        "creating",
+        "provisioning",
+        "ready",
+        "error",
+        "retiring",
+        "removing",
+        "removed",
+    }
     assert any(e.paused_at for e in environments) and any(len(e.thread_ids) == 2 for e in environments)
     threads = [msgspec.json.decode(row[2], type=ThreadView) for row in live["threads"]]
     assert {t.status for t in threads} == {"active", "archived"} and any(t.refusal for t in threads)
     # Each row is its aggregate as the library itself loads it from the log.
     for view in [*environments, *threads]:
-        aggregate = store.app.environment(UUID(view.id)) if isinstance(view, EnvironmentView) \
-            else store.app.thread(view.id)
+        aggregate = (
+            store.app.environment(UUID(view.id)) if isinstance(view, EnvironmentView) else store.app.thread(view.id)
+        )
         assert public_view(aggregate) == view
 
 
@@ -322,7 +351,8 @@ async def test_a_rebuild_cut_off_leaves_the_old_model_and_no_scratch_file(store,
 
 
 async def test_a_rebuild_cancelled_mid_page_reads_no_further_and_leaves_the_old_model_and_no_scratch_file(
-        store, read_model, tmp_path):
+    store, read_model, tmp_path
+):
     live_environments(store.app, 0, 3)
     for batch in batches(store.app):
         await read_model.apply(batch, no_gap)
@@ -401,24 +431,27 @@ async def test_environments_removed_before_the_limit_are_forgotten_with_their_tr
     for batch in batches(store.app):
         await read_model.apply(batch, no_gap)
     ids = {thread: str(store.app.find_thread(thread).environment_id) for thread in ("t0", "t1", "t2", "t3")}
-    await read_model.add_transcript([TranscriptEntry(n, ids[thread], False, "line")
-                                     for n, thread in enumerate(("t0", "t1"))])
+    await read_model.add_transcript(
+        [TranscriptEntry(n, ids[thread], False, "line") for n, thread in enumerate(("t0", "t1"))]
+    )
     a_day = timedelta(days=1)
 
-    assert await read_model.removed_before(datetime.now(timezone.utc) - a_day, 10) == []
-    removed = await read_model.removed_before(datetime.now(timezone.utc) + a_day, 10)
+    assert await read_model.removed_before(datetime.now(UTC) - a_day, 10) == []
+    removed = await read_model.removed_before(datetime.now(UTC) + a_day, 10)
     assert sorted(view.id for view in removed) == sorted([ids["t1"], ids["t3"]])
-    assert [view.id for view in await read_model.removed_before(datetime.now(timezone.utc) + a_day, 1)] == \
-        [removed[0].id]
+    assert [view.id for view in await read_model.removed_before(datetime.now(UTC) + a_day, 1)] == [removed[0].id]
     await read_model.forget_environments([ids["t0"], ids["t1"]])  # t0 is not removed: it stays
 
     assert {view.id for view in await read_model.environments()} == {ids["t0"], ids["t2"], ids["t3"]}
     assert {thread.id for thread in await read_model.threads()} == {"t0", "t2", "t3"}
     assert await read_model.transcript(ids["t1"]) == [] and await read_model.transcript(ids["t0"]) == ["line"]
 
+
 def test_the_log_reader_finds_the_ids_a_batch_claims_looking_at_the_head_only_past_the_head_it_saw(tmp_path):
-    app = Environments(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite",
-                            "SQLITE_DBNAME": str(tmp_path / "events.sqlite")}, grace_for=lambda _: 0)
+    app = Environments(
+        env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(tmp_path / "events.sqlite")},
+        grace_for=lambda _: 0,
+    )
     heads = []
     head = app.recorder.max_notification_id
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from bb_environments.projections.read_model import Applied, ReadModel
 from bb_environments.projections.views import EnvironmentView, HooksView, ThreadView
@@ -14,11 +14,24 @@ STATUSES = ("ready", "ready", "error", "removed")
 
 
 def environment(environment_id: str, status: str) -> EnvironmentView:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return EnvironmentView(
-        id=environment_id, status=status, status_message=None, provider_id="personal-workspace", host_id="local",
-        project_path=None, path=f"/w/{environment_id}", owns_path=True, path_key=environment_id, inputs=None,
-        thread_ids=[], merge_base_branch=None, hooks=HooksView(), created_at=now, updated_at=now, version=1,
+        id=environment_id,
+        status=status,
+        status_message=None,
+        provider_id="personal-workspace",
+        host_id="local",
+        project_path=None,
+        path=f"/w/{environment_id}",
+        owns_path=True,
+        path_key=environment_id,
+        inputs=None,
+        thread_ids=[],
+        merge_base_branch=None,
+        hooks=HooksView(),
+        created_at=now,
+        updated_at=now,
+        version=1,
     )
 
 
@@ -61,7 +74,8 @@ async def test_environment_pages_cover_every_row_once_in_id_order(tmp_path):
             return await model.environments(status="error", after=after, limit=limit)
 
         assert [i for page in await pages_of(errors, 37) for i in page] == sorted(
-            i for i, status in latest.items() if status == "error")
+            i for i, status in latest.items() if status == "error"
+        )
         everything = await model.environments(include_removed=True, after=not_removed[-2], limit=10)
         assert [e.id for e in everything] == sorted(i for i in latest if i > not_removed[-2])[:10]
     finally:
@@ -70,11 +84,14 @@ async def test_environment_pages_cover_every_row_once_in_id_order(tmp_path):
 
 async def test_thread_pages_follow_ids_and_the_environment_asked_for(tmp_path):
     environments = [str(uuid.UUID(int=n)) for n in range(1, 6)]
-    threads = [ThreadView(id=f"t-{n:05d}", environment_id=environments[n % 5], status="active", parent_thread_id=None)
-               for n in range(2500)]
+    threads = [
+        ThreadView(id=f"t-{n:05d}", environment_id=environments[n % 5], status="active", parent_thread_id=None)
+        for n in range(2500)
+    ]
     random.Random(3).shuffle(threads)
     model = await read_model_with(tmp_path, threads)
     try:
+
         async def listed(after, limit):
             return await model.threads(after=after, limit=limit)
 
@@ -84,6 +101,7 @@ async def test_thread_pages_follow_ids_and_the_environment_asked_for(tmp_path):
             return await model.threads(environments[2], after=after, limit=limit)
 
         assert [i for page in await pages_of(of_one, 64) for i in page] == sorted(
-            t.id for t in threads if t.environment_id == environments[2])
+            t.id for t in threads if t.environment_id == environments[2]
+        )
     finally:
         await model.close()

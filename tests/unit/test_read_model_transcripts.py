@@ -18,9 +18,13 @@ async def read_model(tmp_path: Path) -> AsyncIterator[ReadModel]:
     await model.close()
 
 
-async def test_a_batch_of_transcript_lines_keeps_the_newest_lines_of_each_environment_it_touches(read_model: ReadModel) -> None:
-    lines = [TranscriptEntry(sequence, environment_id, False, f"{environment_id} line {sequence}")
-             for sequence, environment_id in enumerate(["a", "b"] * (TRANSCRIPT_LINES_KEPT + 3), start=1)]
+async def test_a_batch_of_transcript_lines_keeps_the_newest_lines_of_each_environment_it_touches(
+    read_model: ReadModel,
+) -> None:
+    lines = [
+        TranscriptEntry(sequence, environment_id, False, f"{environment_id} line {sequence}")
+        for sequence, environment_id in enumerate(["a", "b"] * (TRANSCRIPT_LINES_KEPT + 3), start=1)
+    ]
     await read_model.add_transcript(lines)
     for environment_id in ("a", "b"):
         kept = await read_model.transcript(environment_id, last=TRANSCRIPT_LINES_KEPT + 10)

@@ -4,7 +4,7 @@ which hook records it lets a host delete (real hooks, real record files)."""
 import asyncio
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -12,11 +12,11 @@ import pytest
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments
 from bb_environments.hooks.ledger import HookGuard, HookRefused
-from bb_environments.hooks.runner import HookRunner
 from bb_environments.hooks.records import HookRecords
+from bb_environments.hooks.runner import HookRunner
 from tests.unit.test_hooks import Output, executions, wait_until, write_setup
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PATH = "/data/worktrees/t1/repo"
 
 
@@ -48,12 +48,23 @@ def test_a_running_setup_may_run_in_its_recorded_path_and_may_not_be_stopped(app
     operation = app.environment(environment_id).setup_operation_id
 
     assert app.recorded_hook(operation) == RecordedHook(
-        operation_id=operation, environment_id=str(environment_id), kind="setup", host_id="local",
-        workspace=PATH, awaited=True, stoppable=False, environment_removed=False,
-        slug=app.environment(environment_id).slug, ports="20000-20009",
+        operation_id=operation,
+        environment_id=str(environment_id),
+        kind="setup",
+        host_id="local",
+        workspace=PATH,
+        awaited=True,
+        stoppable=False,
+        environment_removed=False,
+        slug=app.environment(environment_id).slug,
+        ports="20000-20009",
     )
     assert app.recorded_hook(operation).given_variables() == {
-        "BB_ENVIRONMENT_ID": str(environment_id), "BB_ENVIRONMENT_SLUG": app.environment(environment_id).slug, "BB_PORT": "20000", "BB_PORTS": "20000-20009"}
+        "BB_ENVIRONMENT_ID": str(environment_id),
+        "BB_ENVIRONMENT_SLUG": app.environment(environment_id).slug,
+        "BB_PORT": "20000",
+        "BB_PORTS": "20000-20009",
+    }
 
 
 def test_a_cancelled_environment_s_running_setup_may_be_joined_and_stopped(app):
@@ -161,9 +172,11 @@ async def test_the_guard_starts_an_awaited_known_hook_without_asking_the_ledger(
     assert await guard.to_run(operation, "setup", str(environment_id), PATH, known) == known
 
 
-@pytest.mark.parametrize("asked", [
-    {"kind": "teardown"}, {"environment_id": "another"}, {"workspace": "/data/worktrees/t2/repo"},
-], ids=["kind", "environment", "workspace"])
+@pytest.mark.parametrize(
+    "asked",
+    [{"kind": "teardown"}, {"environment_id": "another"}, {"workspace": "/data/worktrees/t2/repo"}],
+    ids=["kind", "environment", "workspace"],
+)
 async def test_the_guard_refuses_a_known_hook_asked_for_as_another_as_it_refuses_the_log_s(app, asked):
     environment_id = provisioning(app)
     started = app.start_setup(environment_id)[0]
@@ -186,8 +199,9 @@ async def test_the_guard_refuses_a_known_answer_as_it_refuses_the_log_s(app):
     with pytest.raises(HookRefused, match="awaits no outcome"):
         await guard.to_run(operation, "setup", str(environment_id), PATH, done.current_hook(operation))
     with pytest.raises(HookRefused, match="belongs to host 'local'"):
-        await HookGuard(NoLedger(), "elsewhere").to_run(operation, "setup", str(environment_id), PATH,
-                                                        app.recorded_hook(operation))
+        await HookGuard(NoLedger(), "elsewhere").to_run(
+            operation, "setup", str(environment_id), PATH, app.recorded_hook(operation)
+        )
 
 
 class LogLedger:

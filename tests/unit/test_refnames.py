@@ -75,18 +75,25 @@ def test_agrees_with_git_check_ref_format(name: str, tmp_path: Path) -> None:
 def test_full_ref_names_other_than_a_branch_are_refused_with_a_hint(name: str) -> None:
     with pytest.raises(InvalidInputs) as refused:
         validate_branch_name(name)
-    assert str(refused.value) == (f"branch.name: {name!r} is not a valid branch name: it starts with 'refs/'; "
-                                  "give the branch's own name, as in 'x' for refs/heads/x.")
+    assert str(refused.value) == (
+        f"branch.name: {name!r} is not a valid branch name: it starts with 'refs/'; "
+        "give the branch's own name, as in 'x' for refs/heads/x."
+    )
 
 
 def test_a_full_branch_ref_in_the_inputs_means_the_branch_itself() -> None:
-    raw = [{"kind": "existing", "name": "refs/heads/x"}, {"kind": "new", "name": "refs/heads/x", "base": "refs/heads/main"}]
+    raw = [
+        {"kind": "existing", "name": "refs/heads/x"},
+        {"kind": "new", "name": "refs/heads/x", "base": "refs/heads/main"},
+    ]
     decoded = msgspec.convert(raw, list[ExistingBranch | NewBranch])
     assert decoded == [ExistingBranch("x"), NewBranch("x", base="refs/heads/main")]  # a base is any commit-ish
     assert msgspec.to_builtins(decoded)[0] == {"kind": "existing", "name": "x"}  # what the log records
 
 
-@pytest.mark.parametrize("revision", ["main", "main~0", "HEAD^", "v1.0^{commit}", "a1b2c3d", "refs/heads/main", "@{-1}"])
+@pytest.mark.parametrize(
+    "revision", ["main", "main~0", "HEAD^", "v1.0^{commit}", "a1b2c3d", "refs/heads/main", "@{-1}"]
+)
 def test_any_commit_ish_passes_the_revision_check(revision: str) -> None:
     validate_revision(revision)
 

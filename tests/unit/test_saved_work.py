@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RecordingReporter
-from tests.unit.test_git_worktree_provider import ENVIRONMENT_ID, create, remove_context
-
 from bb_environments.providers.contract import NotSavedFile, Removed, RemoveFailed
 from bb_environments.providers.git_worktree import GitWorktreeProvider
 from bb_environments.providers.saved_work import prune_saved_refs, save_work, saved_notes_dir
+from tests.conftest import RecordingReporter
+from tests.unit.test_git_worktree_provider import ENVIRONMENT_ID, create, remove_context
 
 Git = Callable[..., str]
 SAVED_REF = f"refs/bb/saved/{ENVIRONMENT_ID}"
@@ -33,8 +32,9 @@ def show(repo: Path, revision_path: str) -> bytes:
 
 
 def tree_names(repo: Path, revision: str) -> list[bytes]:
-    listed = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "-z", "--name-only", revision],
-                            capture_output=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "-r", "-z", "--name-only", revision], capture_output=True, check=True
+    ).stdout
     return sorted(name for name in listed.split(b"\0") if name)
 
 
@@ -45,7 +45,11 @@ def saved_refs(git: Git, repo: Path) -> list[str]:
 def user_state(git: Git, repo: Path) -> tuple[str, str, str]:
     """The user's index (its content hash), stash and branches."""
     index = hashlib.sha256((repo / ".git" / "index").read_bytes()).hexdigest()
-    return index, git(repo, "stash", "list"), git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/heads")
+    return (
+        index,
+        git(repo, "stash", "list"),
+        git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/heads"),
+    )
 
 
 def remove(provider: GitWorktreeProvider, repo: Path, data_dir: Path, path: str) -> Removed | RemoveFailed:
@@ -99,8 +103,11 @@ def test_file_names_git_would_quote_are_saved(
 
     assert tree_names(git_repo, SAVED_REF) == sorted([b"README.md", *names])
     for name in names:
-        blob = subprocess.run(["git", "-C", str(git_repo), "cat-file", "blob", "--", b"%s:%s" % (SAVED_REF.encode(), name)],
-                              capture_output=True, check=True).stdout
+        blob = subprocess.run(
+            ["git", "-C", str(git_repo), "cat-file", "blob", "--", b"%s:%s" % (SAVED_REF.encode(), name)],
+            capture_output=True,
+            check=True,
+        ).stdout
         assert blob == b"content of " + name
 
 
@@ -124,14 +131,21 @@ def test_files_larger_than_the_limit_are_left_out_of_the_save_and_of_the_reposit
     assert tree_names(git_repo, SAVED_REF) == [b"README.md", b"fixture.bin", b"small.txt"]
     assert show(git_repo, f"{SAVED_REF}:fixture.bin") == b"f" * 5000  # as committed: its change is left out
     for content in (dump, changed):
-        blob = subprocess.run(["git", "-C", str(git_repo), "hash-object", "--stdin"], input=content,
-                              capture_output=True, check=True).stdout.decode().strip()
-        assert subprocess.run(["git", "-C", str(git_repo), "cat-file", "-e", blob]).returncode != 0, \
+        blob = (
+            subprocess.run(
+                ["git", "-C", str(git_repo), "hash-object", "--stdin"], input=content, capture_output=True, check=True
+            )
+            .stdout.decode()
+            .strip()
+        )
+        assert subprocess.run(["git", "-C", str(git_repo), "cat-file", "-e", blob]).returncode != 0, (
             "a file left out of the save was written into the repository all the same"
+        )
     assert report.logs[-1] == (
         "Not saved, being larger than BB_SAVED_WORK_MAX_BYTES (1000 bytes): dump.sql (3.9 KiB), "
         f"fixture.bin (2 KiB). They are not in the saved work {SAVED_REF}: they are deleted with the "
-        f"worktree {worktree}.")
+        f"worktree {worktree}."
+    )
 
 
 def test_a_clean_worktree_whose_commits_are_on_other_branches_saves_nothing(

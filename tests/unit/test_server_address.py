@@ -12,11 +12,24 @@ def _urllib_address(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 4222
 
 
-@pytest.mark.parametrize("url", [
-    "nats://127.0.0.1:4222", "nats://127.0.0.1:61234/", "nats://LocalHost:1", "nats://h", "nats://h:",
-    "nats://user:secret@h:7", "nats://[::1]:4222", "nats://[::1]", "nats://h:4222?q=@evil:9",
-    "nats://h:4222#@evil:9", "nats://h:1?x", "nats://h?x", "nats://h:1/p?q#f",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nats://127.0.0.1:4222",
+        "nats://127.0.0.1:61234/",
+        "nats://LocalHost:1",
+        "nats://h",
+        "nats://h:",
+        "nats://user:secret@h:7",
+        "nats://[::1]:4222",
+        "nats://[::1]",
+        "nats://h:4222?q=@evil:9",
+        "nats://h:4222#@evil:9",
+        "nats://h:1?x",
+        "nats://h?x",
+        "nats://h:1/p?q#f",
+    ],
+)
 def test_the_address_is_the_one_urllib_reads(url):
     assert _address(url) == _urllib_address(url)
 

@@ -27,7 +27,9 @@ class FakeClient:
         self.ready_position, self.send_ready_during = ready_position, send_ready_during
         self.looks: list[int] = []
         self._on_event = None
-        self.nc = SimpleNamespace(subscribe=self._subscribe, jetstream=lambda: SimpleNamespace(subscribe=self._js_subscribe))
+        self.nc = SimpleNamespace(
+            subscribe=self._subscribe, jetstream=lambda: SimpleNamespace(subscribe=self._js_subscribe)
+        )
 
     async def _subscribe(self, subject: str, cb) -> FakeSubscription:
         self._on_event = cb
@@ -37,8 +39,11 @@ class FakeClient:
         return FakeSubscription()
 
     async def send_ready(self) -> None:
-        message = SimpleNamespace(subject=f"bb.environments.{ENVIRONMENT}.ready", data=json.dumps({"status": "ready"}),
-                                  headers={"Bb-Notification-Id": str(self.ready_position)})
+        message = SimpleNamespace(
+            subject=f"bb.environments.{ENVIRONMENT}.ready",
+            data=json.dumps({"status": "ready"}),
+            headers={"Bb-Notification-Id": str(self.ready_position)},
+        )
         await self._on_event(message)
 
     async def call(self, area: str, verb: str, request) -> dict:
@@ -61,6 +66,7 @@ async def test_a_ready_that_came_early_is_acted_on_without_waiting_for_the_poll(
     await watch.start(client)
     spawned = await client.call("threads", "spawn", None)
     final = await asyncio.wait_for(
-        waiting.wait_until_settled(client, watch, spawned["environmentId"], spawned["position"], timeout=3600), 10)
+        waiting.wait_until_settled(client, watch, spawned["environmentId"], spawned["position"], timeout=3600), 10
+    )
     assert final["status"] == "ready"
     assert client.looks == [3, 7]  # the second look waits for the ready event's position

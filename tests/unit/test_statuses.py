@@ -1,16 +1,16 @@
 """Statuses are enums in the code and the same bare strings everywhere they leave it."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
 
 from bb_environments.bus.core.log_reader import LogReader
-from bb_environments.handlers.application import Environments
 from bb_environments.domain.status import EnvironmentStatus, HookStatus, ThreadStatus
+from bb_environments.handlers.application import Environments
 from bb_environments.projections.views import HookView
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 
 from bb_environments.domain.errors import UnknownThread
-from bb_environments.handlers.application import Environments
 from bb_environments.entrypoints.event_store import event_store_environment
+from bb_environments.handlers.application import Environments
 from bb_environments.handlers.store import Store
 
 
@@ -21,7 +21,9 @@ async def test_commands_queued_together_each_take_effect_and_a_failing_one_sinks
     store = Store(application(tmp_path / "events.sqlite"))
     woken_with: list[int] = []
     # What a woken relay would find in the log, read as the relay reads it (another connection).
-    store.app.on_saved = lambda: woken_with.append(application(tmp_path / "events.sqlite").recorder.max_notification_id())
+    store.app.on_saved = lambda: woken_with.append(
+        application(tmp_path / "events.sqlite").recorder.max_notification_id()
+    )
     try:
         app = store.app
         calls = []
@@ -41,8 +43,9 @@ async def test_commands_queued_together_each_take_effect_and_a_failing_one_sinks
     assert len(registered) == 80 and all(thread.project_path is None for thread in registered)
 
     reopened = application(tmp_path / "events.sqlite")
-    assert sorted(thread.thread_id for thread in map(reopened.find_thread, [f"t{i}" for i in range(40)])) == \
-        sorted(f"t{i}" for i in range(40))
+    assert sorted(thread.thread_id for thread in map(reopened.find_thread, [f"t{i}" for i in range(40)])) == sorted(
+        f"t{i}" for i in range(40)
+    )
     assert woken_with and woken_with[-1] == reopened.recorder.max_notification_id() == 40
     assert woken_with == sorted(woken_with) and len(woken_with) <= 40
 

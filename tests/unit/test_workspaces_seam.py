@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,14 @@ from tests.unit.one_machine import OneMachine
 from tests.unit.test_local_workspaces import Lines
 
 WORKSPACE = "/elsewhere/workspaces/t1"
-PROFILE = ProviderProfile(id="far", display_name="Far away", requires=Requires(), inputs=None,
-                          policy=Policy(retire_grace_ms=0), pausable=False)
+PROFILE = ProviderProfile(
+    id="far",
+    display_name="Far away",
+    requires=Requires(),
+    inputs=None,
+    policy=Policy(retire_grace_ms=0),
+    pausable=False,
+)
 
 
 class FarHost:
@@ -88,8 +94,9 @@ class FarHost:
     async def idle_pause_due(self, host_id: str, provider_id: str, last_activity: datetime, now: datetime) -> bool:
         return False
 
-    async def pause(self, request: ResourceRequest,
-                    checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]) -> PauseResult:
+    async def pause(
+        self, request: ResourceRequest, checkpoint: Callable[[dict[str, Any]], Coroutine[Any, Any, object]]
+    ) -> PauseResult:
         return PauseFailed("never asked")
 
     async def resume(self, request: ResourceRequest) -> ResumeResult:
@@ -106,8 +113,15 @@ class FarHooks:
     def __init__(self) -> None:
         self.ran: list[tuple[HookKind, str]] = []
 
-    async def run_hook(self, host_id: str, environment_id: str, operation_id: str, kind: HookKind,
-                       workspace: str, known: RecordedHook | None = None) -> HookOutcome:
+    async def run_hook(
+        self,
+        host_id: str,
+        environment_id: str,
+        operation_id: str,
+        kind: HookKind,
+        workspace: str,
+        known: RecordedHook | None = None,
+    ) -> HookOutcome:
         self.ran.append((kind, workspace))
         return HookOutcome("succeeded", 0)
 
@@ -131,13 +145,14 @@ async def test_an_environment_lives_and_is_removed_through_a_host_the_core_only_
     provisioner = Provisioner(store, placer, hosts, transcript)
     threads = ThreadHandlers(store, placer, hosts)
     try:
-        environment = await threads.spawn(RegisterThread(thread_id="t1", host_id="local",
-                                                         environment=NewEnvironment("far", "local", None)), None)
+        environment = await threads.spawn(
+            RegisterThread(thread_id="t1", host_id="local", environment=NewEnvironment("far", "local", None)), None
+        )
         await provisioner.drive(environment.id, environment)
         await until(lambda: app.environment(environment.id).status == "ready", "ready")
         assert app.environment(environment.id).path == WORKSPACE
 
-        archived = await store.run(app.archive_thread, "t1", datetime.now(timezone.utc))
+        archived = await store.run(app.archive_thread, "t1", datetime.now(UTC))
         assert archived is not None
         await provisioner.drive(environment.id, archived)
         await until(lambda: app.environment(environment.id).status == "removed", "removed")

@@ -15,8 +15,19 @@ from typing import Annotated
 import msgspec
 
 from bb_environments.providers.contract import (
-    READY, Availability, Created, CreateContext, CreateResult, InvalidInputs, Policy, ProjectContext,
-    Removed, RemoveContext, RemoveResult, Requires, translate_errors,
+    READY,
+    Availability,
+    CreateContext,
+    Created,
+    CreateResult,
+    InvalidInputs,
+    Policy,
+    ProjectContext,
+    RemoveContext,
+    Removed,
+    RemoveResult,
+    Requires,
+    translate_errors,
 )
 
 TEMPLATES = ("empty", "readme")
@@ -67,6 +78,7 @@ class ScratchProvider:
             # owns_path: the directory is ours alone, so the core may run the setup/teardown hooks in it.
             return Created(path=str(path), owns_path=True)
         return failed.create_failed()
+
     # [/create]
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:
