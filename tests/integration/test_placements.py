@@ -283,7 +283,7 @@ async def test_an_outcome_read_again_after_the_duplicate_window_is_not_published
 
     from bb_environments.bus.core.placements import Placements
     from bb_environments.bus.embedded_server import EmbeddedNats
-    from bb_environments.bus.jetstream import ensure_streams
+    from bb_environments.bus.streams import ensure_streams
     from bb_environments.bus.wire.log_only_documents import ThreadRefusedDocument
     from bb_environments.handlers.store import Store
 

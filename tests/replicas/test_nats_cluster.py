@@ -30,8 +30,9 @@ from scripts.engines import NatsCluster
 from tests.integration.conftest import Service, eventually, service_environment
 from tests.replicas.conftest import publish_stored
 
-# Raft elects a new leader 4-9 s after the old one stopped answering.
-RESUMED_WITHIN_S = 10
+# Raft elects a new leader 4-9 s after the old one stopped answering; under the suite's load (the
+# nemesis's cluster and replicas run beside this one) it once took over 10 s.
+RESUMED_WITHIN_S = 20
 # A spawn's documented wait after a node's loss (docs/deploy.md); a stalled mirror left to the
 # server took 12 s here, stepped down 1-2 s.
 MIRRORED_WITHIN_S = 8
