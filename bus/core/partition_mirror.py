@@ -73,12 +73,13 @@ async def _stall(js: JetStream) -> tuple[int, float]:
 
 async def _step_down(js: JetStream, waiting: int, silent_s: float) -> None:
     stream = subjects.THREAD_PARTITIONS_STREAM
+    silence = f"for {silent_s:.1f} s" if silent_s != float("inf") else "since its leader was elected"
     log.warning(
-        "stream %s heard nothing from %s for %.1f s while %d thread events waited there: asking its "
+        "stream %s heard nothing from %s %s while %d thread events waited there: asking its "
         "leader to step down, so that the next one mirrors it again",
         stream,
         subjects.THREADS_STREAM,
-        silent_s,
+        silence,
         waiting,
     )
     try:
