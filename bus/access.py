@@ -53,6 +53,7 @@ READ_ONLY_API = (
     subjects.api("environments", "show"),
     subjects.api("environments", "providers"),
     subjects.api("threads", "list"),
+    subjects.api("pools", "list"),
 )
 
 _HOST_ID = re.compile(HOST_ID_PATTERN)

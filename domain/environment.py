@@ -32,6 +32,7 @@ from bb_environments.domain.status import (
     HookStatus,
 )
 from bb_environments.domain.steps import (
+    BindMember,
     CancelSetup,
     CleanAttempt,
     PauseWhenIdle,
@@ -88,6 +89,8 @@ class Environment(CopiedForCommands, Aggregate):
         Planned: ClassVar[type[Aggregate.Event]]
         HostAwaited: ClassVar[type[Aggregate.Event]]
         WorkspaceVanished: ClassVar[type[Aggregate.Event]]
+        Pooled: ClassVar[type[Aggregate.Event]]
+        Bound: ClassVar[type[Aggregate.Event]]
 
         class SetupStarted(Aggregate.Event):
             operation_id: str
@@ -108,8 +111,13 @@ class Environment(CopiedForCommands, Aggregate):
         planned: bool = True,
         slug: str | None = None,
         ports: dict[str, int] | None = None,
+        pool_id: str | None = None,
+        base_commit: str | None = None,
+        setup_hash: str | None = None,
     ) -> None:
-        """`planned` False: placed while its host's agent was away, so the project, inputs and
+        """`pool_id`: a member of that pool, claimed by no thread (`thread_id` empty), prepared on
+        `base_commit` with the setup script of content hash `setup_hash` (domain/pool.py).
+        `planned` False: placed while its host's agent was away, so the project, inputs and
         claimed path are as the request gave them, to be planned on the host before its create
         (see record_planned); environments of earlier releases were all planned at placement.
         `slug` and `ports`: what it leased on its host (domain/leases.py; `ports` once planned);
@@ -124,10 +132,16 @@ class Environment(CopiedForCommands, Aggregate):
         self.planned = planned
         self.slug = slug
         self.ports = PortBlock.from_recorded(ports)
-        self.thread_ids: list[str] = [thread_id]
+        self.pool_id = pool_id
+        self.base_commit = base_commit
+        self.setup_hash = setup_hash
+        self.thread_path_key: str | None = None
+        self.binding = False
+        """Bound to a thread, its workspace not yet renamed for it (BindMember)."""
+        self.thread_ids: list[str] = [] if pool_id else [thread_id]
         # The environment's version when each of its threads joined it: a thread that leaves and
         # comes back is placed again, and hears its outcome again (bus/core/placements.py).
-        self.joined_at: dict[str, int] = {thread_id: 1}
+        self.joined_at: dict[str, int] = {} if pool_id else {thread_id: 1}
         self.status = EnvironmentStatus.CREATING
         self.status_message: str | None = None
         self.attempt = 1
@@ -257,6 +271,8 @@ class Environment(CopiedForCommands, Aggregate):
             return CancelSetup(self.setup_operation_id) if self.cancelled else RunSetup(self.setup_operation_id)
         if self.cancelled:
             return StartRemoval()
+        if self.binding:
+            return BindMember()
         if self.setup_status is None:
             # Whether a script exists is for the host to tell, where the workspace is (or for the
             # provider that has just made it empty: see Environments.record_created).
@@ -416,7 +432,7 @@ class Environment(CopiedForCommands, Aggregate):
         if self.status != EnvironmentStatus.PROVISIONING or self.setup_status is not None or self.cancelled:
             return False
         self._setup_skipped(reason)
-        self._ready()
+        self._settle()
         return True
 
     def record_setup_outcome(self, operation_id: str, succeeded: bool, message: str | None) -> bool:
@@ -425,7 +441,7 @@ class Environment(CopiedForCommands, Aggregate):
         if succeeded:
             self._setup_succeeded(operation_id)
             if not self.cancelled:
-                self._ready()
+                self._settle()
         else:
             self._setup_failed(operation_id, message or "setup failed")
         return True
@@ -437,7 +453,7 @@ class Environment(CopiedForCommands, Aggregate):
             return False
         self._setup_skipped(reason)
         if not self.cancelled:
-            self._ready()
+            self._settle()
         return True
 
     @event("SetupStarted")
@@ -462,10 +478,83 @@ class Environment(CopiedForCommands, Aggregate):
         self.status = EnvironmentStatus.ERROR
         self.status_message = message
 
+    def _settle(self) -> None:
+        """Prepared: ready for its threads, or, a pool's member with none, ready to be bound."""
+        if self.pool_id is not None and not self.thread_ids and not self.binding:
+            self._pooled()
+        else:
+            self._ready()
+
     @event("Ready")
     def _ready(self) -> None:
         self.status = EnvironmentStatus.READY
         self.status_message = None
+        self.binding = False
+
+    @event("Pooled")
+    def _pooled(self) -> None:
+        self.status = EnvironmentStatus.READY
+        self.status_message = None
+
+    # -- a pool's member (domain/pool.py) --------------------------------------------------------
+
+    @property
+    def bound(self) -> bool:
+        """A pool's member that a thread took (ever): never bound again."""
+        return self.pool_id is not None and self.origin_thread_id != ""
+
+    @property
+    def pooled(self) -> bool:
+        """A pool's member ready to be bound now."""
+        return (
+            self.pool_id is not None
+            and not self.bound
+            and self.status == EnvironmentStatus.READY
+            and not self.cancelled
+            and self.retire_at is None
+        )
+
+    def prepared_on(self, base_commit: str, setup_hash: str | None) -> bool:
+        return (self.base_commit, self.setup_hash) == (base_commit, setup_hash)
+
+    def bind(self, thread_id: str, inputs: Any, thread_path_key: str) -> None:
+        """The thread takes this ready member: its id, path, claim and leases stay; its workspace
+        is renamed for the thread (BindMember), then it is ready for it."""
+        if not self.pooled:
+            raise IllegalTransition(f"environment {self.id} is no ready member of a pool")
+        self._bound(thread_id, self.pool_id, inputs, thread_path_key)
+
+    def record_bound(self, resource: dict[str, Any] | None) -> bool:
+        """The provider renamed the workspace for its thread: it is ready."""
+        if not self.binding or self.cancelled or self.status != EnvironmentStatus.PROVISIONING:
+            return False
+        if resource != self.resource:
+            self._resource_recorded(resource)
+        self._ready()
+        return True
+
+    def record_bind_failed(self, message: str) -> bool:
+        """The rename failed: the thread leaves (for a cold environment of its own) and the member
+        is removed, never bound again."""
+        if not self.binding or self.cancelled:
+            return False
+        thread_id = self.origin_thread_id
+        self._thread_detached(thread_id)
+        self._cancelled(f"could not bind the pool's member to thread {thread_id}: {message}")
+        return True
+
+    @event("Bound")
+    def _bound(self, thread_id: str, pool_id: str | None, inputs: Any, thread_path_key: str) -> None:
+        """`thread_path_key`: what the thread's own workspace would be keyed by (its branch's
+        name, for git-worktree's default branch); the member keeps its path key and path."""
+        self.origin_thread_id = thread_id
+        self.thread_path_key = thread_path_key
+        self.inputs = inputs
+        self.thread_ids.append(thread_id)
+        self.joined_at[thread_id] = self.version + 1
+        self.status = EnvironmentStatus.PROVISIONING
+        self.status_message = "Binding the pool's member to the thread"
+        self.binding = True
 
     # -- idle pause (providers that can suspend a resource, like a cloud sandbox) ---------------
 

@@ -25,6 +25,10 @@ class UnknownThread(DomainError):
     pass
 
 
+class UnknownPool(DomainError):
+    pass
+
+
 class LimitReached(DomainError):
     """A new environment would pass a limit on how many may be live at once."""
 

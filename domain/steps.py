@@ -47,6 +47,12 @@ class SkipSetup:
 
 
 @dataclass(frozen=True)
+class BindMember:
+    """A pool's member was bound to a thread: ask its provider to rename the workspace for the
+    thread (its branch), and record it ready (or, when that fails, the thread's leaving)."""
+
+
+@dataclass(frozen=True)
 class RunSetup:
     """Run (or join) the recorded setup hook on the host and record its outcome."""
 
@@ -146,6 +152,7 @@ Step = (
     | StopCreate
     | StartSetup
     | SkipSetup
+    | BindMember
     | RunSetup
     | CancelSetup
     | StartRemoval

@@ -43,6 +43,8 @@ from bb_environments.handlers.hosts import HostRouter
 from bb_environments.handlers.indexes import LiveLimits
 from bb_environments.handlers.machines import Machines
 from bb_environments.handlers.placement import Placer
+from bb_environments.handlers.pool_keeper import PoolKeeper
+from bb_environments.handlers.pools import Pools
 from bb_environments.handlers.ports import (
     ActivityElsewhere,
     Everything,
@@ -120,6 +122,7 @@ class Core:
     doctor: Doctor
     api: Api
     machines: Machines
+    pools: Pools
     here: LocalHost | None
     """This service's own host, when its agent runs in this process (its workspaces and hooks)."""
     log_reader: LogReader
@@ -149,6 +152,7 @@ async def build_core(
                 limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project),
                 ports=PortRange(*settings.port_range, settings.ports_per_environment),
             )
+            app.pool_max_failures = settings.pool_max_failures
             break
         except (IntegrityError, InternalError):
             # Replicas starting together on a new database each create its tables: PostgreSQL lets
@@ -203,6 +207,7 @@ async def build_core(
     )
     started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, hosts)
+    provisioner.place_again = threads.place_waiting
     doctor = Doctor(store, hosts, provisioner, settings.host_id, machines.known)
     api = Api(
         store,
@@ -218,8 +223,9 @@ async def build_core(
         lambda: LogReader(app),
         grace_for,
     )
+    pools = Pools(store, placer, PoolKeeper(store, placer, provisioner))
     return Core(
-        app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here, LogReader(app)
+        app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, pools, here, LogReader(app)
     )
 
 
@@ -380,6 +386,7 @@ def core_workers(
             )
             for partition in range(subjects.THREAD_PARTITIONS)
         ),
+        core.pools.keeper.run(),
         sweep_forever(
             relay.caught_up,
             core.threads,

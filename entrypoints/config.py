@@ -83,6 +83,8 @@ class Settings(msgspec.Struct, frozen=True):
     """How many environments that are not removed one host may have (BB_MAX_LIVE_ENVIRONMENTS)."""
     max_live_environments_per_project: int = 1_000
     """How many of them one project may have (BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT)."""
+    pool_max_failures: int = 3
+    """After how many member setups failed in a row a warm pool pauses (BB_POOL_MAX_FAILURES)."""
     port_range: tuple[int, int] = (20000, 29999)
     """The ports each host leases environments' blocks from, first and last (BB_PORT_RANGE `first-last`)."""
     ports_per_environment: int = 10
@@ -151,6 +153,7 @@ class Settings(msgspec.Struct, frozen=True):
             else read.port("BB_NATS_PORT", os.environ.get("BB_NATS_PORT") or None),
             max_live_environments=read.count("BB_MAX_LIVE_ENVIRONMENTS", 10_000),
             max_live_environments_per_project=read.count("BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT", 1_000),
+            pool_max_failures=read.count("BB_POOL_MAX_FAILURES", 3),
             port_range=(port_range := read.port_range(os.environ.get("BB_PORT_RANGE"))),
             ports_per_environment=read.ports_per_environment(port_range),
             project_roots=read.project_roots(os.environ.get("BB_PROJECT_ROOTS")),

@@ -335,7 +335,9 @@ async def _serve(
     ]
     started.push_async_callback(_cancel, tasks)
 
-    service = await start_api(nc, ApiEdge(core.api, core.machines, nc.max_payload).endpoints(), translate_error)
+    service = await start_api(
+        nc, ApiEdge(core.api, core.machines, core.pools, nc.max_payload).endpoints(), translate_error
+    )
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json
 

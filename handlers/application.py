@@ -20,11 +20,11 @@ from eventsourcing.domain import Aggregate
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL
+from bb_environments.handlers.pool_use_cases import PoolUseCases
 from bb_environments.handlers.provisioning_steps import ProvisioningSteps
-from bb_environments.handlers.thread_use_cases import ThreadUseCases
 
 
-class Environments(ThreadUseCases, ProvisioningSteps):
+class Environments(PoolUseCases, ProvisioningSteps):
     name = "Environments"
     log_section_size = 500
     snapshotting_intervals = {HostClaims: HOST_CLAIMS_SNAPSHOT_INTERVAL}

@@ -25,7 +25,9 @@ from bb_environments.providers.contract import Created, InvalidInputs, PlanRefus
 from bb_environments.providers.host.backoff import Backoff
 from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.providers.workspace_messages import (
+    BindRequest,
     CreateRequest,
+    NotBound,
     PauseFailed,
     PlanRequest,
     RemoveRequest,
@@ -198,6 +200,30 @@ class HostSteps:
         return await self._save_outcome(
             what, self._app.record_setup_outcome, env.id, operation_id, outcome.status == "succeeded", outcome.message
         )
+
+    async def bind(self, cancelled: threading.Event, env: Environment) -> Environment:
+        """Give a pool's member bound to a thread the thread's identity on its host (its branch):
+        asked again after a crash, the provider finds it done."""
+        assert env.path is not None and env.thread_path_key is not None  # a member bound is a ready one's
+        request = BindRequest(
+            environment_id=str(env.id),
+            host_id=env.host_id,
+            provider_id=env.provider_id,
+            project_path=env.project_path,
+            inputs=env.inputs,
+            path_key=env.thread_path_key,
+            path=env.path,
+            resource=env.resource,
+        )
+        self._transcript.line(
+            str(env.id), "step", "core", f"Binding the pool's member to thread {env.origin_thread_id}"
+        )
+        result = await self._hosts.host(env.host_id, env.provider_id).bind(request)
+        crash_point("bind-returned")
+        if isinstance(result, NotBound):
+            self._transcript.line(str(env.id), "output", env.provider_id, f"bind failed: {result.message}")
+            return await self._store.run(self._app.record_bind_failed, env.id, result.message)
+        return await self._store.run(self._app.record_bound, env.id, result.resource)
 
     async def run_teardown(self, cancelled: threading.Event, env: Environment, operation_id: str) -> Environment:
         """`operation_id` is the step's: the teardown operation `env` recorded."""

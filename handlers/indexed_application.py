@@ -16,8 +16,9 @@ from eventsourcing.domain import Aggregate, DomainEventProtocol, MutableOrImmuta
 from eventsourcing.persistence import JSONTranscoder, Recording
 
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.errors import DomainError, UnknownEnvironment, UnknownThread
+from bb_environments.domain.errors import DomainError, UnknownEnvironment, UnknownPool, UnknownThread
 from bb_environments.domain.leases import PortRange
+from bb_environments.domain.pool import Pool
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import Claims, HeldPathsAsHolders, HostLeasesAsRecorded
 from bb_environments.handlers.host_registry import HostRegistry
@@ -34,6 +35,7 @@ from bb_environments.handlers.writers import SingleWriter, Writers
 from bb_environments.providers.contract import retire_grace_ms
 
 A = TypeVar("A", bound=Aggregate)
+POOL_MAX_FAILURES = 3
 GraceLookup = Callable[[str], "int | None"]
 
 
@@ -51,6 +53,8 @@ class IndexedApplication(Application[UUID]):
         self.writers = writers or SingleWriter()
         self.limits = limits or LiveLimits()
         self.ports = ports or PortRange()
+        self.pool_max_failures = POOL_MAX_FAILURES
+        """BB_POOL_MAX_FAILURES: a pool pauses after this many member setups failed in a row."""
         super().__init__(env={**(env or {}), **self.writers.application_settings()})
         self._grace_for = grace_for or (lambda provider_id: retire_grace_ms(None, None))
         self.on_saved: Callable[[], object] = lambda: None
@@ -128,6 +132,21 @@ class IndexedApplication(Application[UUID]):
         except AggregateNotFoundError:
             raise unknown(f"no {kind.__name__.lower()} {name}") from None
         return aggregate
+
+    def find_pool(self, pool_id: UUID, to_change: bool = False) -> Pool | None:
+        try:
+            found: Aggregate = self.repository.get(
+                pool_id, deepcopy_from_cache=to_change or self.repository.fastforward
+            )
+        except AggregateNotFoundError:
+            return None
+        return found if isinstance(found, Pool) else None
+
+    def pool(self, pool_id: UUID, to_change: bool = False) -> Pool:
+        found = self.find_pool(pool_id, to_change)
+        if found is None:
+            raise UnknownPool(f"no pool {pool_id}; `bb pool list` names them")
+        return found
 
     def find_thread(self, thread_id: str) -> Thread | None:
         # Every new thread is looked up first: answered from the index, not by a query of the store.

@@ -18,7 +18,7 @@ from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, ID_PATTERN
 from bb_environments.domain.request_errors import InvalidInput, Refused
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.ports import Hosts, HostUnavailable
-from bb_environments.providers.contract import InvalidInputs, PlanRefused, Policy, ProviderMissing
+from bb_environments.providers.contract import BaseHead, InvalidInputs, PlanRefused, Policy, ProviderMissing
 from bb_environments.providers.planning import check_within_roots
 from bb_environments.providers.registry import ProviderProfile
 from bb_environments.providers.workspace_messages import PlanRequest
@@ -41,6 +41,9 @@ class Placement:
     """False: placed while the host's agent was away, planned on the host before its create."""
     listening: tuple[int, ...] = ()
     """The ports something listened on on the host when it planned: none is leased (SPEC 11)."""
+    base_head: BaseHead | None = None
+    """Where a pool's member would be prepared now, when asked (SPEC 10): only one prepared there
+    is bound to the thread."""
 
 
 THREAD_ID = re.compile(ID_PATTERN)
@@ -87,6 +90,8 @@ class Placer:
         self._project_roots = project_roots
         self._default_host = default_host
         self._agent_here = agent_here
+        self.pooled: frozenset[tuple[str, str]] = frozenset()
+        """The (host, provider) pairs some pool keeps members for (handlers/pool_keeper.py)."""
 
     def profile(self, provider_id: str) -> ProviderProfile:
         """The profile of a provider of this service's host; an unknown one is refused."""
@@ -94,6 +99,10 @@ class Placer:
         if profile is None:
             raise self._unknown(provider_id)
         return profile
+
+    def pooling_profiles(self) -> list[ProviderProfile]:
+        """The providers a warm pool may keep environments of (their policy says so)."""
+        return [profile for profile in self._hosts.profiles().values() if profile.policy.pool]
 
     async def inputs(self, provider_id: str, inputs: Any) -> Any:
         """A request's inputs as the log keeps them: as their provider's type reads them."""
@@ -142,18 +151,34 @@ class Placer:
     async def _known(self) -> list[str]:
         return await self._known_hosts() if self._known_hosts else [self.host_id]
 
-    async def place(self, thread_id: str, intent: NewEnvironment, project_path: str | None, host_id: str) -> Placement:
+    async def place(
+        self, thread_id: str, intent: NewEnvironment, project_path: str | None, host_id: str, *, member: bool = False
+    ) -> Placement:
         """Where the thread's new environment lives; while its host's agent is away, the plan the
-        host makes is left for the environment's first step (its path is claimed then)."""
+        host makes is left for the environment's first step (its path is claimed then). Where a
+        pool of the host and provider is kept, the plan also reads where a member would be
+        prepared now, which the binding checks. `member`: place a pool's member (`thread_id` is
+        its path key then)."""
         profile = self.profile(intent.provider_id)
         await self.check_known(host_id)
         path_key = _path_key(profile.policy, thread_id, 1, thread_id)
         # One trip to the host: it canonicalises the project and checks it against the roots before
         # git runs in it (whoever holds the publisher seed names the project, and so whose hooks run).
-        request = PlanRequest(host_id, profile.id, project_path, intent.inputs, path_key, self._project_roots)
+        request = PlanRequest(
+            host_id,
+            profile.id,
+            project_path,
+            intent.inputs,
+            path_key,
+            self._project_roots,
+            base_head=(host_id, profile.id) in self.pooled,
+            member=member,
+        )
         try:
             plan = await self._hosts.host(host_id, profile.id).plan(request)
         except HostUnavailable:
+            if member:
+                raise
             self._refuse_outside_roots(project_path)
             return Placement(
                 provider_id=profile.id,
@@ -181,6 +206,7 @@ class Placer:
             claimed_path=plan.claimed_path,
             shares_claimed_path=plan.shares_claimed_path,
             listening=plan.listening,
+            base_head=plan.base_head,
         )
 
     async def next_attempt(

@@ -18,6 +18,8 @@ from bb_environments.providers.contract import ProviderMissing as ProviderMissin
 from bb_environments.providers.contract import Transcript as Transcript
 from bb_environments.providers.registry import ProviderDescription, ProviderProfile
 from bb_environments.providers.workspace_messages import (
+    BindRequest,
+    BindResult,
     CreateRequest,
     LeftoverRemoval,
     PauseResult,
@@ -90,6 +92,10 @@ class Host(Protocol):
 
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         """Save a leftover's work, then remove it (`Removed.saved_ref` names the save)."""
+        ...
+
+    async def bind(self, request: BindRequest) -> BindResult:
+        """Give a pool's member bound to a thread the thread's identity (its branch); safe to ask again."""
         ...
 
     async def run_hook(

@@ -24,6 +24,7 @@ from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.steps import (
+    BindMember,
     CancelSetup,
     CleanAttempt,
     PauseWhenIdle,
@@ -81,6 +82,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+async def _nobody_places(thread_id: str) -> None:
+    log.warning("thread %s waits for its environment until the service starts again", thread_id)
+
+
 @dataclass
 class _Step:
     task: asyncio.Task[None]
@@ -120,6 +125,8 @@ class Provisioner:
         self._activity: dict[UUID, datetime] = {}
         self._advanced_from: dict[UUID, int] = {}
         self._newest_known: dict[UUID, int] = {}  # see drive
+        self.place_again: Callable[[str], Awaitable[object]] = _nobody_places
+        """Places a thread whose pool member could not be bound (the thread handlers' first message)."""
 
     def wait_for_outcomes(self, outcomes: Outcomes) -> None:
         """Start an environment's removal only once `outcomes` says the placement outcomes of its
@@ -224,6 +231,8 @@ class Provisioner:
                 await self._record(env, self._app.start_setup)
             case SkipSetup(reason):
                 await self._record(env, self._app.skip_setup, reason)
+            case BindMember():
+                self._start(env, "bind", self._bind, env)
             case RunSetup(operation_id):
                 self._start(env, operation_id, self._on_host.run_setup, env, operation_id)
             case CancelSetup(operation_id):
@@ -386,6 +395,13 @@ class Provisioner:
         last_activity = self._activity.get(env.id)
         if request is not None and last_activity is not None and last_activity > paused_at:
             self._start(env, "resume", self._on_host.resume, env, request)
+
+    async def _bind(self, cancelled: threading.Event, env: Environment) -> Environment:
+        """Bind the member; when that failed, the thread it left is placed again at once."""
+        bound = await self._on_host.bind(cancelled, env)
+        if bound.cancelled and bound.origin_thread_id not in bound.thread_ids:
+            await self.place_again(bound.origin_thread_id)
+        return bound
 
     async def _retry_transient(self, env: Environment) -> None:
         path_key, claimed_path = await self._placer.next_attempt(

@@ -14,6 +14,7 @@ from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import PathAlreadyClaimed
 from bb_environments.domain.hook_operations import MADE_EMPTY_REASON, RecordedHook
 from bb_environments.domain.leases import NoFreePorts
+from bb_environments.domain.pool import Pool
 from bb_environments.domain.status import CreateFailure
 from bb_environments.domain.steps import SkipSetup, StartSetup
 from bb_environments.handlers.indexed_application import IndexedApplication
@@ -96,7 +97,11 @@ class ProvisioningSteps(IndexedApplication):
     def record_create_failed(
         self, environment_id: UUID, attempt: int, failure: CreateFailure, message: str
     ) -> Environment:
-        return self._change(environment_id, lambda e: e.record_create_failed(attempt, failure, message))[0]
+        """A pool's member counts the failure in its pool, in the same save."""
+        environment = self._changing_environment(environment_id)
+        if environment.record_create_failed(attempt, failure, message):
+            self.save(environment, *self._counted_by_pool(environment, False, message))
+        return environment
 
     def start_setup(self, environment_id: UUID) -> tuple[Environment, bool]:
         return self._change(environment_id, lambda e: e.start_setup(e.setup_operation()))
@@ -107,7 +112,38 @@ class ProvisioningSteps(IndexedApplication):
     def record_setup_outcome(
         self, environment_id: UUID, operation_id: str, succeeded: bool, message: str | None
     ) -> Environment:
-        return self._change(environment_id, lambda e: e.record_setup_outcome(operation_id, succeeded, message))[0]
+        """A pool's member counts the outcome in its pool, in the same save (its failure brake)."""
+        environment = self._changing_environment(environment_id)
+        if environment.record_setup_outcome(operation_id, succeeded, message):
+            self.save(environment, *self._counted_by_pool(environment, succeeded, message))
+        return environment
+
+    def _counted_by_pool(self, environment: Environment, succeeded: bool, message: str | None) -> list[Pool]:
+        if environment.pool_id is None or environment.bound:
+            return []
+        pool = self.find_pool(UUID(environment.pool_id), to_change=True)
+        if pool is None or not pool.record_setup(
+            environment.id, succeeded, message, self.pool_max_failures, datetime.now(UTC)
+        ):
+            return []
+        return [pool]
+
+    def record_bound(self, environment_id: UUID, resource: dict[str, Any] | None) -> Environment:
+        return self._change(environment_id, lambda e: e.record_bound(resource))[0]
+
+    def record_bind_failed(self, environment_id: UUID, message: str) -> Environment:
+        """The member could not be given to its thread: it is removed, and the thread, its request
+        still open, waits for the environment its placement gives it now (a cold one, as a rule)."""
+        environment = self._changing_environment(environment_id)
+        thread_id = environment.origin_thread_id
+        if not environment.record_bind_failed(message):
+            return environment
+        thread = self._changing_thread(thread_id)
+        if thread.environment_id == environment.id:
+            thread.leave_environment()
+            thread.request_environment()
+        self.save(environment, thread)
+        return environment
 
     def record_setup_skipped(self, environment_id: UUID, operation_id: str, reason: str) -> Environment:
         return self._change(environment_id, lambda e: e.record_setup_skipped(operation_id, reason))[0]

@@ -15,6 +15,7 @@ from eventsourcing.domain import Aggregate
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import IllegalTransition
 from bb_environments.domain.leases import slug_base
+from bb_environments.domain.pool import pool_id
 from bb_environments.domain.status import ThreadStatus
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.indexed_application import IndexedApplication
@@ -136,7 +137,23 @@ class ThreadUseCases(IndexedApplication):
         holder = self._holder(host_id, claimed_path, placement.provider_id) if claimed_path else None
         if placement.shares_claimed_path and holder is not None and holder.takes_threads:
             return self._attach(thread, holder.id)
+        taken = self._take_member(thread, placement)
+        if taken is not None:
+            return taken
         replaced = holder if holder is not None and holder.can_give_up_path else None
+        environment, changed = self._claim(placement, thread.thread_id, replaced)
+        thread.assign_environment(environment.id)
+        return environment, [environment, thread, *changed]
+
+    def _claim(
+        self, placement: Placement, thread_id: str, replaced: Environment | None = None, member_of: str | None = None
+    ) -> tuple[Environment, list[Aggregate]]:
+        """A new environment where `placement` says, with its path claimed and its slug and ports
+        leased on its host (for `thread_id`, or a member of pool `member_of`, prepared where the
+        placement read the base's head);
+        `replaced` gives up the path in the same save. Not saved yet: the environment, and the
+        other aggregates changed."""
+        host_id, claimed_path, head = placement.host_id, placement.claimed_path, placement.base_head
         # One whose removal this save starts does not count: its place is handed on.
         self._live.refuse_past(self.limits, host_id, placement.project_path, handed_on=1 if replaced else 0)
         claims = self.claims.on_host(host_id)
@@ -154,18 +171,40 @@ class ThreadUseCases(IndexedApplication):
             inputs=placement.inputs,
             path_key=placement.path_key,
             claimed_path=claimed_path,
-            thread_id=thread.thread_id,
+            thread_id=thread_id,
             **({} if placement.planned else {"planned": False}),
             slug=slug,
             ports=ports.recorded() if ports else None,
+            pool_id=member_of,
+            base_commit=head.base_commit if member_of and head else None,
+            setup_hash=head.setup_hash if member_of and head else None,
         )
         claims.lease(environment.id, slug, ports)
-        thread.assign_environment(environment.id)
         if replaced is not None:
             replaced.give_up_path()
         if claimed_path:
             claims.take(claimed_path, environment.id, replaced.id if replaced else None)
-        return environment, [environment, thread, *([replaced] if replaced else []), *claims.changed]
+        return environment, [*([replaced] if replaced else []), *claims.changed]
+
+    def _take_member(self, thread: Thread, placement: Placement) -> tuple[Environment, list[Aggregate]] | None:
+        """A ready member of the pool that holds what the thread asks for, prepared where the host
+        read the base's head for this placement, bound to the thread; None when none is (SPEC 10).
+        Saved with the pool and the thread: two writers that took from one version conflict."""
+        head = placement.base_head
+        if head is None:
+            return None
+        key = pool_id(placement.host_id, placement.project_path, placement.provider_id, placement.inputs)
+        pool = self.find_pool(key, to_change=True)
+        if pool is None:
+            return None
+        for member_id in pool.members:
+            member = self._changing_environment(member_id)
+            if member.pooled and member.prepared_on(head.base_commit, head.setup_hash):
+                member.bind(thread.thread_id, placement.inputs, placement.path_key)
+                pool.let_go(member.id, "bound")
+                thread.assign_environment(member.id)
+                return member, [member, thread, pool]
+        return None
 
     def _holder(self, host_id: str, path: str, provider_id: str) -> Environment | None:
         """The environment of `provider_id` that holds exactly `path`, if one does."""

@@ -122,6 +122,13 @@ class ThreadHandlers:
             await self._store.run(self._app.refuse_thread, thread_id, str(refusal))
             return None
 
+    async def place_waiting(self, thread_id: str) -> Environment | None:
+        """Place a thread whose request is still open (its pool member could not be bound)."""
+        thread = await self._store.run(self._app.find_thread, thread_id)
+        if thread is None or not thread.awaits_environment:
+            return None
+        return await self.first_message(thread_id)
+
     async def resume_waiting(self) -> list[Environment]:
         """Threads whose first message was recorded but not yet answered (a crash came between)."""
         waiting = await self._store.run(self._app.threads_awaiting_environment)

@@ -45,6 +45,9 @@ class Policy(msgspec.Struct, frozen=True, rename="camel"):
     path_keys: Literal["per-thread", "per-attempt"] = "per-thread"
     retire_grace_ms: int | None = 300_000
     children: Literal["own", "share"] = "own"
+    pool: bool = False
+    """Whether a warm pool may keep this provider's environments ready ahead of their threads
+    (SPEC 10): the provider then implements `PoolingProvider`'s methods too."""
 
 
 def retire_grace_ms(policy: Policy | None, override: tuple[int | None] | None) -> int | None:
@@ -319,6 +322,54 @@ def runs_in_the_cloud(provider: EnvironmentProvider) -> bool:
     """Optional `in_the_cloud = True`: the provider's resources live in no host's filesystem, so
     the core calls it itself instead of a host's agent (Modal)."""
     return getattr(provider, "in_the_cloud", False) is True
+
+
+class BaseHead(msgspec.Struct, frozen=True, rename="camel"):
+    """What a pool's member prepared now would be prepared on: the base's head commit and the
+    sha256 of the setup script (`.bb-env-setup.sh`) at that commit, None when it has none."""
+
+    base_commit: str
+    setup_hash: str | None
+
+
+class BindFailed(Exception):
+    """`bind` could not give the member's workspace to the thread; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class BindContext(ProjectContext):
+    """A pool's member bound to a thread: `inputs` are the thread's, `path_key` the thread's path
+    key (what a workspace of its own would be keyed by), `path` and `resource` the member's."""
+
+    path: str = ""
+    resource: dict[str, Any] | None = None
+    path_key: str = ""
+
+
+class PoolingProvider(EnvironmentProvider, Protocol):
+    """Optional, with `policy.pool`: a provider whose environments a warm pool prepares ahead
+    (SPEC 10, docs/providers.md). Each method runs on the environment's host."""
+
+    def base_head(self, ctx: ProjectContext) -> BaseHead:
+        """Where a member for these inputs would be prepared now. Must not change anything."""
+        ...
+
+    def member_inputs(self, ctx: ProjectContext, path_key: str) -> Any:
+        """The inputs (of `inputs_type`) a member prepared under `path_key` is created with: the
+        request's, with whatever names the thread's own identity (a new branch's name) replaced by
+        one of the member's; raises InvalidInputs for inputs no pool can serve."""
+        ...
+
+    def bind(self, ctx: BindContext) -> dict[str, Any] | None:
+        """Give the member's workspace the thread's identity (git-worktree: rename its branch to
+        the thread's); return its resource as it is now. Safe to call again after a crash: one
+        already given to the thread returns at once. Raises BindFailed with why, having changed
+        nothing."""
+        ...
+
+
+def can_pool(provider: EnvironmentProvider) -> TypeGuard[PoolingProvider]:
+    return provider.policy.pool and all(hasattr(provider, method) for method in ("base_head", "member_inputs", "bind"))
 
 
 def is_pausable(provider: EnvironmentProvider) -> TypeGuard[PausableProvider]:

@@ -14,6 +14,7 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -21,6 +22,8 @@ from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch
 from bb_environments.providers.contract import (
     READY,
     Availability,
+    BaseHead,
+    BindContext,
     CreateContext,
     Created,
     CreateResult,
@@ -63,6 +66,7 @@ from bb_environments.providers.workspace_files import (
     stop_processes_in,
 )
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
+from bb_environments.providers.worktree_pool import base_head, bind_member, member_branch
 from bb_environments.providers.worktree_survey import (
     BRANCH_PREFIX,
     PROVIDER_ID,
@@ -109,7 +113,7 @@ class GitWorktreeProvider:
     id = PROVIDER_ID
     display_name = "Worktree"
     requires = Requires(git_checkout=True)
-    policy = Policy(path_keys="per-thread", retire_grace_ms=300_000)
+    policy = Policy(path_keys="per-thread", retire_grace_ms=300_000, pool=True)
     inputs_type = GitWorktreeInputs
 
     def availability(self, ctx: ProjectContext) -> Availability:
@@ -195,6 +199,20 @@ class GitWorktreeProvider:
         return Created(
             path=str(target), owns_path=True, merge_base_branch=plan.merge_base_branch, resource={"branch": plan.branch}
         )
+
+    # -- warm pools (SPEC 10): providers/worktree_pool.py ---------------------------------------
+
+    def base_head(self, ctx: ProjectContext) -> BaseHead:
+        return base_head(require_repo(ctx.project_path), inputs_as(ctx, GitWorktreeInputs).branch)
+
+    def member_inputs(self, ctx: ProjectContext, path_key: str) -> GitWorktreeInputs:
+        branch = inputs_as(ctx, GitWorktreeInputs).branch
+        return GitWorktreeInputs(branch if isinstance(branch, DefaultBranch) else member_branch(branch, path_key))
+
+    def bind(self, ctx: BindContext) -> dict[str, Any] | None:
+        branch = inputs_as(ctx, GitWorktreeInputs).branch
+        with _repository_lock(ctx.project_path):
+            return bind_member(require_repo(ctx.project_path), branch, ctx)
 
     def remove(self, ctx: RemoveContext) -> RemoveResult:
         if (ctx.resource or {}).get("adopted") is True:

@@ -22,6 +22,7 @@ from bb_environments.providers.contract import (
     InvalidInputs,
     PlanRefused,
     ProjectContext,
+    can_pool,
     shares_planned_path,
 )
 from bb_environments.providers.registry import safe_availability
@@ -91,6 +92,13 @@ def plan_path(provider: EnvironmentProvider, context: ProjectContext, path_key: 
     trip to a worker thread, since each of them may run git."""
     provider.validate(context)
     return provider.planned_path(context, path_key), shares_planned_path(provider, context)
+
+
+def member_inputs(provider: EnvironmentProvider, context: ProjectContext, path_key: str) -> Any:
+    """The inputs of a pool's member planned under `path_key`; refused when the provider cannot pool."""
+    if not can_pool(provider):
+        raise InvalidInputs(f"provider {provider.id!r} cannot keep a warm pool (its policy.pool is false)")
+    return provider.member_inputs(context, path_key)
 
 
 def claimed_path(planned: str | None, data_dir: str) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from bb_environments.providers.contract import Leftover, Previous
+from bb_environments.providers.contract import BaseHead, Leftover, Previous
 
 
 class PlanRequest(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -26,6 +26,10 @@ class PlanRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     project_roots: tuple[str, ...] | None = None
     """The canonical directories the project must lie in (None: anywhere), checked before anything
     runs in it; left out on the wire when None, as an agent of an earlier release sent it."""
+    base_head: bool = False
+    """Also read where a pool's member would be prepared now (Plan.base_head), if the provider pools."""
+    member: bool = False
+    """Plan a pool's member under `path_key`: the inputs planned are the provider's member inputs."""
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -39,6 +43,8 @@ class Plan(msgspec.Struct, frozen=True):
     listening: tuple[int, ...] = ()
     """The TCP ports something listens on on the host now (providers/host/listening.py), which no
     environment's block may hold; an agent of an earlier release leaves it out (none found)."""
+    base_head: BaseHead | None = None
+    """Asked for (PlanRequest.base_head) and the provider pools: where a member would be prepared now."""
 
 
 class CreateRequest(msgspec.Struct, frozen=True):
@@ -53,6 +59,32 @@ class CreateRequest(msgspec.Struct, frozen=True):
     thread_id: str
     path_key: str
     previous: Previous | None
+
+
+class BindRequest(msgspec.Struct, frozen=True):
+    """A pool's member bound to a thread: give its workspace the thread's identity (its branch)."""
+
+    environment_id: str
+    host_id: str
+    provider_id: str
+    project_path: str | None
+    inputs: Any
+    """The thread's inputs."""
+    path_key: str
+    """The thread's path key."""
+    path: str
+    resource: dict[str, Any] | None
+
+
+class Bound(msgspec.Struct, frozen=True, tag="bound", tag_field="status"):
+    resource: dict[str, Any] | None
+
+
+class NotBound(msgspec.Struct, frozen=True, tag="failed", tag_field="status"):
+    message: str
+
+
+BindResult = Bound | NotBound
 
 
 class RemoveRequest(msgspec.Struct, frozen=True):

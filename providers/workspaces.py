@@ -25,6 +25,8 @@ from typing import Any
 import msgspec
 
 from bb_environments.providers.contract import (
+    BindContext,
+    BindFailed,
     CreateContext,
     Created,
     CreateFailed,
@@ -37,6 +39,7 @@ from bb_environments.providers.contract import (
     RemoveFailed,
     RemoveResult,
     Transcript,
+    can_pool,
     is_pausable,
     is_surveyed,
 )
@@ -51,12 +54,17 @@ from bb_environments.providers.planning import (
     checked_project,
     claimed_path,
     decode_inputs,
+    member_inputs,
     plan_path,
 )
 from bb_environments.providers.registry import ProviderDescription, ProviderProfile, ProviderRegistry, safe_availability
 from bb_environments.providers.workspace_messages import (
+    BindRequest,
+    BindResult,
+    Bound,
     CreateRequest,
     LeftoverRemoval,
+    NotBound,
     Paused,
     PauseFailed,
     PauseResult,
@@ -153,14 +161,41 @@ class LocalWorkspaces:
         inputs = decode_inputs(provider, request.inputs)
         context = self._context(provider, request.host_id, project, inputs)
         check_available(provider, context)
+        if request.member:
+            context = self._context(
+                provider, request.host_id, project, member_inputs(provider, context, request.path_key)
+            )
         planned, shares = await asyncio.to_thread(plan_path, provider, context, request.path_key)
+        head = None
+        if (request.base_head or request.member) and can_pool(provider):
+            head = await asyncio.to_thread(provider.base_head, context)
         return Plan(
             project_path=project,
-            inputs=msgspec.to_builtins(inputs),
+            inputs=msgspec.to_builtins(context.inputs),
             claimed_path=claimed_path(planned, data_dir),
             shares_claimed_path=shares,
             listening=await self._listening.now(),
+            base_head=head,
         )
+
+    async def bind(self, request: BindRequest) -> BindResult:
+        """A pool's member bound to a thread: its provider gives the workspace the thread's identity."""
+        provider = self._provider(request.provider_id)
+        if not can_pool(provider):
+            return NotBound(f"the {provider.id!r} provider does not pool environments")
+        context = BindContext(
+            host_id=request.host_id,
+            project_path=request.project_path,
+            inputs=_typed_inputs(provider, request.inputs),
+            data_dir=str(provider_dir(self._data_dir, provider.id)),
+            path=request.path,
+            resource=request.resource,
+            path_key=request.path_key,
+        )
+        try:
+            return Bound(await asyncio.to_thread(provider.bind, context))
+        except BindFailed as failed:
+            return NotBound(str(failed))
 
     async def planned_path(self, request: PlanRequest) -> str | None:
         provider = self._provider(request.provider_id)

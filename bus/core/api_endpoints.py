@@ -28,7 +28,9 @@ from bb_environments.bus.wire.api_messages import (
     ListThreads,
     Next,
     Nothing,
+    PoolRef,
     RegisterHost,
+    SetPool,
     Spawned,
     SpawnThread,
     ThreadRef,
@@ -56,6 +58,8 @@ from bb_environments.handlers.commands import (
     UnarchiveThread,
 )
 from bb_environments.handlers.machines import Machines
+from bb_environments.handlers.pool_use_cases import PoolState
+from bb_environments.handlers.pools import Pools, PoolSetting
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
 from bb_environments.providers.registry import ProviderDescription
@@ -177,6 +181,50 @@ class HostRemoved(msgspec.Struct, rename="camel"):
     status: str = "removed"
 
 
+class PoolMembers(msgspec.Struct):
+    ready: Annotated[int, msgspec.Meta(description="Set up, on the base's head, waiting for a thread.")]
+    preparing: Annotated[int, msgspec.Meta(description="Being created or set up.")]
+    stale: Annotated[int, msgspec.Meta(description="Prepared on another base, or failed: being removed.")]
+
+
+class PoolPause(msgspec.Struct):
+    reason: str
+    at: datetime
+
+
+class PoolView(msgspec.Struct, rename="camel"):
+    id: str
+    host_id: str
+    project_path: str | None
+    provider_id: str
+    inputs: Any
+    size: int
+    members: PoolMembers
+    base_commit: Annotated[str | None, msgspec.Meta(description="The base's head its host read last, or null.")]
+    paused: PoolPause | None
+    failures: Annotated[int, msgspec.Meta(description="Member setups failed in a row.")]
+
+    @classmethod
+    def of(cls, state: PoolState) -> PoolView:
+        pool = state.pool
+        return cls(
+            id=str(pool.id),
+            host_id=pool.host_id,
+            project_path=pool.project_path,
+            provider_id=pool.provider_id,
+            inputs=pool.inputs,
+            size=pool.size,
+            members=PoolMembers(state.ready, state.preparing, state.stale),
+            base_commit=pool.base_commit,
+            paused=PoolPause(pool.paused_reason or "", pool.paused_at) if pool.paused_at is not None else None,
+            failures=pool.failures,
+        )
+
+
+class PoolList(msgspec.Struct):
+    pools: list[PoolView]
+
+
 Item = TypeVar("Item", EnvironmentView, ThreadView)
 Listing = TypeVar("Listing", EnvironmentList, ThreadList)
 
@@ -185,10 +233,11 @@ REPLY_HEADROOM = 1024
 
 
 class ApiEdge:
-    def __init__(self, api: Api, machines: Machines, max_payload: int) -> None:
+    def __init__(self, api: Api, machines: Machines, pools: Pools, max_payload: int) -> None:
         """`max_payload`: the largest message the connection that answers may publish."""
         self._api = api
         self._machines = machines
+        self._pools = pools
         self._max_payload = max_payload
 
     def endpoints(self) -> list[Endpoint[Any]]:
@@ -210,7 +259,20 @@ class ApiEdge:
             Endpoint("machines", "register", RegisterHost, self.register_host),
             Endpoint("machines", "list", Nothing, self.list_machines),
             Endpoint("machines", "remove", HostRef, self.remove_host),
+            Endpoint("pools", "set", SetPool, self.set_pool),
+            Endpoint("pools", "list", Nothing, self.list_pools),
+            Endpoint("pools", "resume", PoolRef, self.resume_pool),
         ]
+
+    async def set_pool(self, request: SetPool) -> PoolView:
+        setting = PoolSetting(request.project_path, request.provider_id, request.size, request.host_id, request.inputs)
+        return PoolView.of(await self._pools.set(setting))
+
+    async def list_pools(self, _: Nothing) -> PoolList:
+        return PoolList([PoolView.of(state) for state in await self._pools.list()])
+
+    async def resume_pool(self, request: PoolRef) -> PoolView:
+        return PoolView.of(await self._pools.resume(request.pool_id))
 
     async def hook_output(self, request: HookOutputAt) -> HookOutputPage:
         page = await self._api.hook_output(

@@ -24,6 +24,7 @@ from bb_environments.bus.wire.documents import Document, type_tag
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.pool import Pool, PoolList
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.thread import Thread
 
@@ -125,6 +126,12 @@ _OWNERS: dict[type[Aggregate], _Owner] = {
     RegisteredHost: _Owner(
         "machine", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}
     ),
+    Pool: _Owner(
+        "pool",
+        key=lambda event, _: str(event.originator_id),
+        common=lambda event, _: {"poolId": str(event.originator_id)},
+    ),
+    PoolList: _Owner("pools", key=lambda event, _: str(event.originator_id), common=lambda _, __: {}),
 }
 
 
@@ -166,6 +173,8 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
         _published(Environment.Removed, wire.RemovedDocument),
         _published(Environment.RemoveFailed, wire.RemoveFailedDocument),
         _published(Environment.WorkspaceVanished, wire.WorkspaceVanishedDocument),
+        _published(Environment.Pooled, wire.PooledDocument),
+        _published(Environment.Bound, wire.BoundDocument),
         _published(Thread.Registered, log_only.ThreadRegisteredDocument),
         _published(Thread.EnvironmentAssigned, log_only.ThreadEnvironmentAssignedDocument),
         _published(Thread.EnvironmentRequested, log_only.ThreadEnvironmentRequestedDocument),
@@ -185,6 +194,17 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
         _published(RegisteredHost.CredentialsRotated, log_only.HostCredentialsRotatedDocument),
         _published(RegisteredHost.Removed, log_only.HostRemovedDocument),
         _published(RegisteredHost.RegisteredAgain, log_only.HostRegisteredAgainDocument),
+        _published(Pool.Set, log_only.PoolSetDocument),
+        _published(Pool.Resized, log_only.PoolResizedDocument),
+        _published(Pool.BaseSeen, log_only.PoolBaseSeenDocument),
+        _published(Pool.MemberAdded, log_only.PoolMemberAddedDocument),
+        _published(Pool.MemberLeft, log_only.PoolMemberLeftDocument),
+        _published(Pool.MemberPooled, log_only.PoolMemberPooledDocument),
+        _published(Pool.MemberFailed, log_only.PoolMemberFailedDocument),
+        _published(Pool.Paused, log_only.PoolPausedDocument),
+        _published(Pool.Resumed, log_only.PoolResumedDocument),
+        _published(PoolList.Started, log_only.PoolListStartedDocument),
+        _published(PoolList.Added, log_only.PoolListAddedDocument),
     ]
 )
 """Every domain event class that is recorded, and its document."""

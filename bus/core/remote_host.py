@@ -44,6 +44,8 @@ from bb_environments.handlers.ports import HostUnavailable
 from bb_environments.providers.contract import CreateResult, InvalidInputs, PlanRefused, ProviderMissing, RemoveResult
 from bb_environments.providers.registry import ProviderDescription
 from bb_environments.providers.workspace_messages import (
+    BindRequest,
+    BindResult,
     CreateRequest,
     LeftoverRemoval,
     PauseFailed,
@@ -127,6 +129,10 @@ class RemoteHost:
     async def survey(self, request: SurveyRequest) -> Survey:
         survey: Survey = await self._ask(request.host_id, "survey", request)
         return survey
+
+    async def bind(self, request: BindRequest) -> BindResult:
+        result: BindResult = await self._ask(request.host_id, "bind", request)
+        return result
 
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         result: RemoveResult = await self._ask(request.host_id, "remove-leftover", request)

@@ -187,3 +187,18 @@ class RegisterHost(Request):
 
 class HostRef(Request):
     host_id: str
+
+
+class SetPool(Request):
+    """`pools.set`: keep `size` ready members for the key (SPEC 10); 0 drains the pool."""
+
+    project_path: str | None
+    provider_id: str
+    size: int
+    host_id: str | None = None
+    """None: the host a spawn that names none goes to."""
+    inputs: Any = None
+
+
+class PoolRef(Request):
+    pool_id: str

@@ -127,6 +127,13 @@ class ClaimedDocument(EnvironmentEvent, kw_only=True, tag="claimed"):
     claimed_path: ClaimedPath
     slug: Slug | msgspec.UnsetType = msgspec.UNSET
     ports: LeasedPorts | msgspec.UnsetType = msgspec.UNSET
+    pool_id: Annotated[
+        str | msgspec.UnsetType,
+        _said(
+            "Present only for a warm pool's member, claimed by no thread (`threadIds` empty): the pool's id "
+            "(`bb pool list`). It is bound to a thread later (`bound`)."
+        ),
+    ] = msgspec.UNSET
 
 
 class PlannedDocument(EnvironmentEvent, kw_only=True, tag="planned"):
@@ -220,6 +227,24 @@ class ReadyDocument(EnvironmentEvent, kw_only=True, tag="ready"):
     `bb.environments.*.ready` hears each readiness once."""
 
     path: Annotated[str | None, _said("The workspace's path.")]
+
+
+class PooledDocument(EnvironmentEvent, kw_only=True, tag="pooled"):
+    """A warm pool's member is created and set up, with no thread: status `ready`, `threadIds` empty.
+    Not `ready`, which says a thread's environment is ready: a member is ready for its thread only
+    after `bound` and the `ready` that follows it."""
+
+    pooled: Annotated[bool, _said("Always true: the environment waits in its pool for a thread.")] = True
+
+
+class BoundDocument(EnvironmentEvent, kw_only=True, tag="bound"):
+    """Thread `threadId`'s first message took this ready member of pool `poolId`, in the transaction
+    of the thread's placement; the environment's id, path, claim, slug and ports stay. The provider
+    gives the workspace the thread's identity (git-worktree: renames its branch to the thread's),
+    then `ready` follows; no setup runs. Status `provisioning`. A member is bound once, ever."""
+
+    thread_id: ThreadId
+    pool_id: Annotated[str, _said("The pool the member was taken from.")]
 
 
 class ThreadAttachedDocument(EnvironmentEvent, kw_only=True, tag="thread_attached"):

@@ -26,6 +26,8 @@ from bb_environments.domain.hook_operations import HookKind, HookOutcome, Record
 from bb_environments.providers.contract import CreateFailed, CreateResult, HostUnavailable, RemoveFailed, RemoveResult
 from bb_environments.providers.registry import ProviderDescription
 from bb_environments.providers.workspace_messages import (
+    BindRequest,
+    BindResult,
     CreateRequest,
     LeftoverRemoval,
     Plan,
@@ -256,6 +258,7 @@ VERBS: tuple[HostVerb, ...] = (
         RemoveResult,
         lambda host, _, request: host.remove_leftover(request),
     ),
+    HostVerb("bind", "query", BindRequest, BindResult, lambda host, _, request: host.bind(request)),
     HostVerb("start", "query", StartHook, HookState, _start, of_hooks=True),
     HostVerb("status", "query", HookRef, HookState, _status, of_hooks=True),
     HostVerb("cancel", "query", HookRef, HookCancelled, _cancel, of_hooks=True),

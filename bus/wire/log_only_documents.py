@@ -8,7 +8,8 @@ added last.
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 from uuid import UUID
 
 import msgspec
@@ -189,3 +190,92 @@ class HostRegisteredAgainDocument(RegisteredHostEvent, kw_only=True, tag="host_r
     """`bb machine register` registered a removed host again, with a new seed."""
 
     public_key: AgentPublicKey
+
+
+class PoolEvent(Document):
+    pool_id: Annotated[str, msgspec.Meta(description="The pool's id (`bb pool list`).")]
+    version: Annotated[int, msgspec.Meta(description="The pool's version after this event (gap-free).")]
+
+
+PoolMember = Annotated[str, msgspec.Meta(description="The member: an environment's id.")]
+
+
+class PoolSetDocument(PoolEvent, kw_only=True, tag="pool_set"):
+    """`bb pool set` kept a pool for a new key: `size` ready members on the host, of the project,
+    the provider and the inputs (compared without a new branch's `name`)."""
+
+    host_id: Annotated[str, msgspec.Meta(description="The host its members live on.")]
+    project_path: Annotated[str | None, msgspec.Meta(description="The project (canonical), or null.")]
+    provider_id: Annotated[str, msgspec.Meta(description="The provider of its members.")]
+    inputs: Annotated[
+        Any, msgspec.Meta(description="The inputs a thread's request matches, without a new branch's name.")
+    ]
+    size: Annotated[int, msgspec.Meta(description="How many ready members it keeps.")]
+
+
+class PoolResizedDocument(PoolEvent, kw_only=True, tag="pool_resized"):
+    """`bb pool set` gave the pool a new size (0 drains it: its members are removed)."""
+
+    size: Annotated[int, msgspec.Meta(description="How many ready members it keeps now.")]
+
+
+class PoolBaseSeenDocument(PoolEvent, kw_only=True, tag="pool_base_seen"):
+    """The pool's host read a new head of the base: members prepared on another are stale (removed
+    and replaced), and a thread is bound only to a member prepared on the head its placement read."""
+
+    base_commit: Annotated[str, msgspec.Meta(description="The base's head commit.")]
+    setup_hash: Annotated[
+        str | None, msgspec.Meta(description="The sha256 of `.bb-env-setup.sh` at that commit, or null: none there.")
+    ]
+
+
+class PoolMemberAddedDocument(PoolEvent, kw_only=True, tag="pool_member_added"):
+    """A member was claimed for the pool (its `claimed`, with `poolId`, is in the same transaction)."""
+
+    environment_id: PoolMember
+
+
+class PoolMemberLeftDocument(PoolEvent, kw_only=True, tag="pool_member_left"):
+    """The member no longer counts in the pool: `bound` to a thread, or dropped (`stale`: prepared on
+    another base, or failed; `surplus`: beyond the size) and removed."""
+
+    environment_id: PoolMember
+    why: Annotated[str, msgspec.Meta(description="`bound`, `stale` or `surplus`.")]
+
+
+class PoolMemberPooledDocument(PoolEvent, kw_only=True, tag="pool_member_pooled"):
+    """A member's setup succeeded: the pool's failures in a row start again from 0."""
+
+    environment_id: PoolMember
+
+
+class PoolMemberFailedDocument(PoolEvent, kw_only=True, tag="pool_member_failed"):
+    """A member's create or setup failed (it is removed and replaced while the pool is not paused)."""
+
+    environment_id: PoolMember
+    message: Annotated[str, msgspec.Meta(description="What went wrong, in one sentence.")]
+
+
+class PoolPausedDocument(PoolEvent, kw_only=True, tag="pool_paused"):
+    """BB_POOL_MAX_FAILURES member setups failed in a row: the pool prepares nothing until
+    `bb pool resume` (threads get cold environments meanwhile)."""
+
+    reason: Annotated[str, msgspec.Meta(description="Why, in one sentence.")]
+    at: Annotated[datetime, msgspec.Meta(description="When it paused.")]
+
+
+class PoolResumedDocument(PoolEvent, kw_only=True, tag="pool_resumed"):
+    """`bb pool resume` lifted the pause: the pool prepares members again, its failures from 0."""
+
+
+class PoolListStartedDocument(Document, kw_only=True, tag="pool_list_started"):
+    """The first `bb pool set` started the list of pools."""
+
+    version: Annotated[int, msgspec.Meta(description="The list's version after this event (gap-free).")]
+
+
+class PoolListAddedDocument(Document, kw_only=True, tag="pool_list_added"):
+    """A pool was set for a new key: `bb pool list` and the refill read it from now on."""
+
+    version: Annotated[int, msgspec.Meta(description="The list's version after this event (gap-free).")]
+    pool_id: Annotated[str, msgspec.Meta(description="The pool's id.")]

@@ -18,6 +18,7 @@ import click
 from bb_environments.entrypoints.cli.doctor import doctor
 from bb_environments.entrypoints.cli.environment import environment_group
 from bb_environments.entrypoints.cli.events import events_group
+from bb_environments.entrypoints.cli.pool import pool_group
 from bb_environments.entrypoints.cli.support import LazyGroup, event_loop, fail, json_option, run_cli, stderr
 from bb_environments.entrypoints.cli.thread import thread_group
 from bb_environments.entrypoints.config import ConfigError, Settings
@@ -174,7 +175,7 @@ def agent(settings: Settings, host_id: str, credentials: str, nats_url: str | No
         fail("failed", f"bb agent failed: {failed}", False)
 
 
-for commands in (environment_group, thread_group, events_group, doctor):
+for commands in (environment_group, thread_group, events_group, pool_group, doctor):
     cli.add_command(commands)
 
 

@@ -85,7 +85,7 @@ async def thread_spawn(
     """Create a thread and give it an environment."""
     if inputs_text is not None and provider is None:
         raise Failure("invalid_input", "--environment-inputs needs --environment-provider")
-    inputs = _parse_inputs(inputs_text)
+    inputs = parse_inputs(inputs_text)
     for what, value in (("thread id", thread_id), ("parent thread id", parent)):
         if value is not None:  # an empty one too: `--thread-id "$UNSET"` is a mistake, not "pick one"
             id_argument(what, value)
@@ -153,39 +153,37 @@ async def thread_spawn(
     )
 
 
-def _parse_inputs(text: str | None) -> Any:
+def parse_inputs(text: str | None, option: str = "--environment-inputs") -> Any:
+    """A provider's inputs given as JSON to `option`; None when not given."""
+
+    def refuse_constant(name: str) -> float:
+        # Python's json reads NaN and Infinity, which JSON has not: the bus would carry them as null.
+        raise Failure(
+            "invalid_input", f"{option} contains {name}, which is not a JSON number; use a finite number or a string"
+        )
+
+    def finite_number(text: str) -> float:
+        number = float(text)
+        if not math.isfinite(number):
+            raise Failure(
+                "invalid_input",
+                f"{option} contains the number {text}, which is too large "
+                "for a JSON number; use a finite number or a string",
+            )
+        return number
+
     if text is None:
         return None
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_number)
+        return json.loads(text, parse_constant=refuse_constant, parse_float=finite_number)
     except json.JSONDecodeError as bad:
-        raise Failure("invalid_input", f"--environment-inputs is not valid JSON: {bad}") from None
+        raise Failure("invalid_input", f"{option} is not valid JSON: {bad}") from None
     except RecursionError:
         # The service refuses inputs nested deeper than a few dozen levels; these cannot even be read.
         raise Failure(
             "invalid_input",
-            "--environment-inputs nests objects and arrays too deeply to be read; "
-            "provider inputs need a few levels at most",
+            f"{option} nests objects and arrays too deeply to be read; provider inputs need a few levels at most",
         ) from None
-
-
-def _refuse_constant(name: str) -> float:
-    # Python's json reads NaN and Infinity, which JSON has not: the bus would carry them as null.
-    raise Failure(
-        "invalid_input",
-        f"--environment-inputs contains {name}, which is not a JSON number; use a finite number or a string",
-    )
-
-
-def _finite_number(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise Failure(
-            "invalid_input",
-            f"--environment-inputs contains the number {text}, which is too large "
-            "for a JSON number; use a finite number or a string",
-        )
-    return number
 
 
 @thread_group.command("list")

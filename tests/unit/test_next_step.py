@@ -15,6 +15,7 @@ import pytest
 from bb_environments.domain.environment import TRANSIENT_RETRIES, Environment
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.domain.steps import (
+    BindMember,
     CancelSetup,
     CleanAttempt,
     PauseWhenIdle,
@@ -91,6 +92,44 @@ def ready(owns_path: bool = True) -> Environment:
         env.record_setup_outcome(env.setup_operation_id, True, None)
     else:
         env.skip_setup("the provider does not own the path")
+    return env
+
+
+def pooled_member() -> Environment:
+    """A warm pool's member, set up with no thread (SPEC 10)."""
+    env = Environment(
+        provider_id="git-worktree",
+        host_id="local",
+        project_path="/repo",
+        inputs={},
+        path_key="pool-1",
+        claimed_path="/data/pool-1",
+        thread_id="",
+        pool_id="p1",
+        base_commit="c1",
+        setup_hash=None,
+    )
+    env.record_created(1, "/data/pool-1", True, "main", {"branch": "bb/pool-1"})
+    env.start_setup(env.setup_operation())
+    env.record_setup_outcome(env.setup_operation_id, True, None)
+    return env
+
+
+def bound_member() -> Environment:
+    env = pooled_member()
+    env.bind("t1", {}, "t1")
+    return env
+
+
+def bound_member_renamed() -> Environment:
+    env = bound_member()
+    env.record_bound({"branch": "bb/t1"})
+    return env
+
+
+def bound_member_not_renamed() -> Environment:
+    env = bound_member()
+    env.record_bind_failed("branch exists")
     return env
 
 
@@ -233,6 +272,10 @@ CASES: list[tuple[str, Build, When, Expect]] = [
     ("provisioning, failed setup retried", setup_retried, AT_ONCE, lambda e: StartSetup()),
     # ready
     ("ready, in use", ready, AT_ONCE, lambda e: PauseWhenIdle(e.modified_on)),
+    ("ready, a pool's member waiting", pooled_member, AT_ONCE, lambda e: PauseWhenIdle(e.modified_on)),
+    ("provisioning, a pool's member bound", bound_member, AT_ONCE, lambda e: BindMember()),
+    ("ready, a bound member renamed", bound_member_renamed, AT_ONCE, lambda e: PauseWhenIdle(e.modified_on)),
+    ("provisioning, a bound member's rename failed", bound_member_not_renamed, AT_ONCE, lambda e: StartRemoval()),
     ("ready, path not owned", lambda: ready(owns_path=False), AT_ONCE, lambda e: PauseWhenIdle(e.modified_on)),
     ("ready, paused", paused, AT_ONCE, lambda e: ResumeOnActivity(e.paused_at)),
     ("ready, retiring, deadline not passed", lambda: retiring(ready()), AT_ONCE, lambda e: WakeAt(e.retire_at)),
