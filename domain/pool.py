@@ -83,7 +83,9 @@ class Pool(CopiedForCommands, Aggregate):
         self.host_id = host_id
         self.project_path = project_path
         self.provider_id = provider_id
-        self.inputs = matching_inputs(inputs)
+        self.inputs = inputs
+        """As `bb pool set` gave them (its members are prepared from them); a thread's match them
+        apart from a new branch's name."""
         self.size = size
         self.members: list[UUID] = []
         self.base_commit: str | None = None

@@ -158,6 +158,7 @@ class HostSteps:
             path_key=env.path_key,
             resource=env.resource,
             removal_attempt=env.removal_attempt,
+            unbound_member=env.pool_id is not None and not env.bound,
         )
         return await self._hosts.host(env.host_id, env.provider_id).remove(request, cancelled)
 

@@ -236,6 +236,10 @@ class RemoveContext(_Cancellable):
     """The environment whose resource is removed: a key for what the host keeps of the call."""
     report: Reporter = field(default_factory=SilentReporter)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    unbound_member: bool = False
+    """A warm pool's member that no thread ever took (stale, failed or beyond its pool's size):
+    nothing in it is anyone's work, so nothing is saved, and what `create` named for the member
+    alone (git-worktree: its branch) goes with it."""
 
 
 class Failure:

@@ -66,7 +66,7 @@ from bb_environments.providers.workspace_files import (
     stop_processes_in,
 )
 from bb_environments.providers.worktree_include import INCLUDE_FILE_NAME, copy_worktree_includes
-from bb_environments.providers.worktree_pool import base_head, bind_member, member_branch
+from bb_environments.providers.worktree_pool import base_head, bind_member, delete_member_branch, member_branch
 from bb_environments.providers.worktree_survey import (
     BRANCH_PREFIX,
     PROVIDER_ID,
@@ -229,9 +229,11 @@ class GitWorktreeProvider:
                 ctx.report.step(f"Removing worktree {path}")
                 stop_processes_in(path, ctx.report, "worktree")
                 with _repository_lock(ctx.project_path):
-                    if ctx.path is not None:
+                    if ctx.path is not None and not ctx.unbound_member:
                         saved = _save_work(ctx, path)
                     _remove_worktree(ctx.project_path, path)
+                    if ctx.unbound_member:
+                        delete_member_branch(ctx.project_path, ctx.resource)
             remove_if_empty(key_dir)
             return Removed(saved.ref, saved.not_saved)
         return failed.remove_failed()

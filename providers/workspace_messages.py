@@ -101,6 +101,8 @@ class RemoveRequest(msgspec.Struct, frozen=True):
     resource: dict[str, Any] | None
     removal_attempt: int = 0
     """The environment's removal attempt this is; 0 for the cleanup of a failed create attempt."""
+    unbound_member: bool = False
+    """A warm pool's member no thread ever took: nothing in it is anyone's work (RemoveContext)."""
 
 
 class ResourceRequest(msgspec.Struct, frozen=True):

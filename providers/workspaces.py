@@ -255,6 +255,7 @@ class LocalWorkspaces:
                 environment_id=request.environment_id,
                 report=_TranscriptReporter(self._transcript, request.environment_id, provider.id),
                 cancelled=cancelled,
+                unbound_member=request.unbound_member,
             )
             return await asyncio.to_thread(self._remove, provider, context)
 

@@ -57,3 +57,11 @@ def bind_member(repo: str, branch: BranchChoice, ctx: BindContext) -> dict[str, 
         except GitFailed as failed:
             raise BindFailed(str(failed)) from None
     return {**(ctx.resource or {}), "branch": target}
+
+
+def delete_member_branch(repo: str | None, resource: dict[str, Any] | None) -> None:
+    """The branch of a member no thread took, once its worktree is removed: only `bb/` branches
+    (the member's own), and never one checked out elsewhere (git refuses that)."""
+    branch = (resource or {}).get("branch")
+    if repo is not None and isinstance(branch, str) and branch.startswith(BRANCH_PREFIX):
+        run_git_or_none(repo, "branch", "-D", "--", branch)

@@ -208,7 +208,10 @@ class PoolSetDocument(PoolEvent, kw_only=True, tag="pool_set"):
     project_path: Annotated[str | None, msgspec.Meta(description="The project (canonical), or null.")]
     provider_id: Annotated[str, msgspec.Meta(description="The provider of its members.")]
     inputs: Annotated[
-        Any, msgspec.Meta(description="The inputs a thread's request matches, without a new branch's name.")
+        Any,
+        msgspec.Meta(
+            description="The inputs its members are prepared from; a thread's request matches them apart from a new branch's `name`."
+        ),
     ]
     size: Annotated[int, msgspec.Meta(description="How many ready members it keeps.")]
 
@@ -268,14 +271,15 @@ class PoolResumedDocument(PoolEvent, kw_only=True, tag="pool_resumed"):
     """`bb pool resume` lifted the pause: the pool prepares members again, its failures from 0."""
 
 
-class PoolListStartedDocument(Document, kw_only=True, tag="pool_list_started"):
+class PoolListEvent(Document):
+    version: Annotated[int, msgspec.Meta(description="The list's version after this event (gap-free).")]
+
+
+class PoolListStartedDocument(PoolListEvent, kw_only=True, tag="pool_list_started"):
     """The first `bb pool set` started the list of pools."""
 
-    version: Annotated[int, msgspec.Meta(description="The list's version after this event (gap-free).")]
 
-
-class PoolListAddedDocument(Document, kw_only=True, tag="pool_list_added"):
+class PoolListAddedDocument(PoolListEvent, kw_only=True, tag="pool_list_added"):
     """A pool was set for a new key: `bb pool list` and the refill read it from now on."""
 
-    version: Annotated[int, msgspec.Meta(description="The list's version after this event (gap-free).")]
     pool_id: Annotated[str, msgspec.Meta(description="The pool's id.")]

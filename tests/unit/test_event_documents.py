@@ -25,11 +25,19 @@ import bb_environments.domain as domain
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.bus.core.publications import PUBLICATIONS, log_decoder
 from bb_environments.bus.wire.documents import EnvironmentEvent
-from bb_environments.bus.wire.log_only_documents import ClaimEvent, HostClaimsEvent, RegisteredHostEvent, ThreadEvent
+from bb_environments.bus.wire.log_only_documents import (
+    ClaimEvent,
+    HostClaimsEvent,
+    PoolEvent,
+    PoolListEvent,
+    RegisteredHostEvent,
+    ThreadEvent,
+)
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.leases import PortBlock
 from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.pool import Freshness, Pool, PoolList
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.status import HookStatus
 from bb_environments.domain.thread import Thread
@@ -183,6 +191,34 @@ def record_every_event(app: Application) -> None:
     registration.remove()
     registration.register("UAH1AGAINKEY", rotate=False)
     app.save(registration)
+    pools = PoolList()
+    pool = Pool(host_id="local", project_path="/src/p", provider_id="git-worktree", inputs={}, size=2)
+    pools.add(pool.id)
+    pool.see_base(Freshness("c1", "h1"))
+    member = Environment(
+        provider_id="git-worktree",
+        host_id="local",
+        project_path="/src/p",
+        inputs={"branch": {"kind": "default"}},
+        path_key="pool-1",
+        claimed_path="/data/wt/pool-1",
+        thread_id="",
+        pool_id=str(pool.id),
+        base_commit="c1",
+        setup_hash="h1",
+    )
+    pool.add_member(member.id)
+    member.record_created(1, "/data/wt/pool-1", True, "main", {"branch": "bb/pool-1"})
+    member.start_setup(member.setup_operation())
+    member.record_setup_outcome(member.setup_operation_id, True, None)
+    pool.record_setup(member.id, True, None, 1, now)
+    member.bind("t-6", {"branch": {"kind": "default"}}, "t-6")
+    pool.let_go(member.id, "bound")
+    pool.add_member(env.id)
+    pool.record_setup(env.id, False, "exit status 1", 1, now)
+    pool.resume()
+    pool.resize(0)
+    app.save(pools, pool, member)
 
 
 @pytest.fixture
@@ -254,7 +290,8 @@ def test_each_view_is_its_aggregate_just_after_the_event(app):
         elif isinstance(document, ThreadEvent):
             assert isinstance(view, ThreadView) and view.id == document.thread_id
         else:
-            assert isinstance(document, (ClaimEvent, HostClaimsEvent, RegisteredHostEvent)) and view is None
+            log_only = (ClaimEvent, HostClaimsEvent, RegisteredHostEvent, PoolEvent, PoolListEvent)
+            assert isinstance(document, log_only) and view is None
 
 
 def test_a_hook_the_host_skipped_after_it_started_shows_no_operation():
