@@ -69,7 +69,7 @@ async def test_an_installed_package_provider_is_listed_created_validated_and_rem
         assert scratch["displayName"] == "Scratch directory"
         assert scratch["availability"] == {"status": "ready", "reason": None}
         # The grace in force: the tests' service runs with BB_RETIRE_GRACE_MS=0, which replaces the declared 60 s.
-        assert scratch["policy"] == {"pathKeys": "per-attempt", "retireGraceMs": 0, "children": "own"}
+        assert scratch["policy"] == {"pathKeys": "per-attempt", "retireGraceMs": 0, "children": "own", "pool": False}
         template = scratch["inputs"]["$defs"]["ScratchInputs"]["properties"]["template"]
         assert template["enum"] == ["empty", "readme"] and template["default"] == "empty"
 
