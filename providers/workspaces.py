@@ -44,6 +44,7 @@ from bb_environments.providers.contract import (
     is_surveyed,
 )
 from bb_environments.providers.host.containment import Containment
+from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.providers.host.listening import ListeningPorts
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.planning import (
@@ -193,9 +194,11 @@ class LocalWorkspaces:
             path_key=request.path_key,
         )
         try:
-            return Bound(await asyncio.to_thread(provider.bind, context))
+            resource = await asyncio.to_thread(provider.bind, context)
         except BindFailed as failed:
             return NotBound(str(failed))
+        crash_point("bind-renamed")  # done on the host, not yet answered: asked again, it is found done
+        return Bound(resource)
 
     async def planned_path(self, request: PlanRequest) -> str | None:
         provider = self._provider(request.provider_id)

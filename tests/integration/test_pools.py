@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Service, environment_events, eventually, service_environment
+from tests.integration.host_agents import running_agent
 
 pytestmark = pytest.mark.asyncio
 
@@ -336,3 +337,88 @@ async def test_a_service_killed_while_threads_bind_binds_each_member_once(tmp_pa
             assert branch_of(shown["path"]) == expected
     finally:
         await service.stop()
+
+
+async def test_a_pool_on_a_registered_host_is_prepared_and_bound_by_that_hosts_agent(
+    service: Service, git_repo: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "setups"
+    commit_setup(git_repo, marker)
+    async with running_agent(service, "h1", tmp_path / "h1") as agent:
+        done = await service.bb(
+            "pool",
+            "set",
+            "--project",
+            str(git_repo),
+            "--provider",
+            "git-worktree",
+            "--size",
+            "1",
+            "--host",
+            "h1",
+            "--json",
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.json()["hostId"] == "h1"
+        await pool_becomes(service, "ready on h1", lambda p: p["members"]["ready"] == 1)
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--host",
+            "h1",
+            "--thread-id",
+            "t-remote",
+            "--wait",
+            "--json",
+        )
+        assert spawned.returncode == 0, spawned.stderr
+        environment_id = spawned.json()["environmentId"]
+        assert "bound" in types_of(await environment_events(service, environment_id))
+        shown = await service.show(environment_id)
+        assert shown["path"].startswith(str(agent.root) + "/")
+        assert branch_of(shown["path"]) == "bb/t-remote"
+        assert setups(marker)[shown["path"]] == 1
+        await pool_becomes(service, "refilled on h1", lambda p: p["members"]["ready"] == 1)
+    assert "Traceback" not in agent.log() + service.log_tail()
+
+
+async def test_an_agent_killed_after_renaming_a_members_branch_binds_it_when_started_again(
+    service: Service, git_repo: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "setups"
+    commit_setup(git_repo, marker)
+    async with running_agent(service, "h1", tmp_path / "h1") as agent:
+        done = await service.bb(
+            "pool", "set", "--project", str(git_repo), "--provider", "git-worktree", "--size", "1", "--host", "h1"
+        )
+        assert done.returncode == 0, done.stderr
+        await pool_becomes(service, "ready on h1", lambda p: p["members"]["ready"] == 1)
+        agent.stop()
+        agent.start(BB_CRASH_AT="bind-renamed")
+        await eventually(lambda: agent.log().count("is serving from") == 2, "the agent's start again")
+        spawned = await service.bb(
+            "thread",
+            "spawn",
+            "--environment-provider",
+            "git-worktree",
+            "--project",
+            str(git_repo),
+            "--host",
+            "h1",
+            "--thread-id",
+            "t-agent-killed",
+            "--json",
+        )
+        assert spawned.returncode == 0, spawned.stderr
+        environment_id = spawned.json()["environmentId"]
+        assert await agent.died() != 0
+        agent.start()
+        ready = await service.wait_for(environment_id, "ready", timeout=60)
+        assert branch_of(ready["path"]) == "bb/t-agent-killed"
+        kinds = types_of(await environment_events(service, environment_id))
+        assert kinds.count("bound") == 1 and kinds[-1] == "ready"
+        assert setups(marker)[ready["path"]] == 1
