@@ -18,7 +18,7 @@ from eventsourcing.persistence import JSONTranscoder, Recording
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import DomainError, UnknownEnvironment, UnknownPool, UnknownThread
 from bb_environments.domain.leases import PortRange
-from bb_environments.domain.pool import Pool
+from bb_environments.domain.pool import POOL_LIST_ID, Pool, PoolList
 from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import Claims, HeldPathsAsHolders, HostLeasesAsRecorded
 from bb_environments.handlers.host_registry import HostRegistry
@@ -147,6 +147,15 @@ class IndexedApplication(Application[UUID]):
         if found is None:
             raise UnknownPool(f"no pool {pool_id}; `bb pool list` names them")
         return found
+
+    def find_pool_list(self, to_change: bool = False) -> PoolList | None:
+        try:
+            found: Aggregate = self.repository.get(
+                POOL_LIST_ID, deepcopy_from_cache=to_change or self.repository.fastforward
+            )
+        except AggregateNotFoundError:
+            return None
+        return found if isinstance(found, PoolList) else None
 
     def find_thread(self, thread_id: str) -> Thread | None:
         # Every new thread is looked up first: answered from the index, not by a query of the store.

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.domain import Aggregate
 
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.pool import POOL_LIST_ID, Freshness, Pool, PoolList, pool_id
+from bb_environments.domain.pool import Freshness, Pool, PoolList, pool_id
 from bb_environments.domain.status import PREPARING_STATUSES, EnvironmentStatus
 from bb_environments.handlers.placement import Placement
 from bb_environments.handlers.thread_use_cases import ThreadUseCases
@@ -126,15 +125,6 @@ class PoolUseCases(ThreadUseCases):
         changing.add_member(environment.id)
         self.save(environment, *changed, changing)
         return environment
-
-    def find_pool_list(self, to_change: bool = False) -> PoolList | None:
-        try:
-            found: Aggregate = self.repository.get(
-                POOL_LIST_ID, deepcopy_from_cache=to_change or self.repository.fastforward
-            )
-        except AggregateNotFoundError:
-            return None
-        return found if isinstance(found, PoolList) else None
 
     def _pool_list(self) -> PoolList:
         return self.find_pool_list(to_change=True) or PoolList()

@@ -15,7 +15,7 @@ from eventsourcing.domain import Aggregate
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import IllegalTransition
 from bb_environments.domain.leases import slug_base
-from bb_environments.domain.pool import pool_id
+from bb_environments.domain.pool import Pool, pool_id
 from bb_environments.domain.status import ThreadStatus
 from bb_environments.domain.thread import Thread
 from bb_environments.handlers.indexed_application import IndexedApplication
@@ -141,12 +141,18 @@ class ThreadUseCases(IndexedApplication):
         if taken is not None:
             return taken
         replaced = holder if holder is not None and holder.can_give_up_path else None
-        environment, changed = self._claim(placement, thread.thread_id, replaced)
+        spare = self._spare_member(placement) if replaced is None else None
+        environment, changed = self._claim(placement, thread.thread_id, replaced, handed_on=1 if spare else 0)
         thread.assign_environment(environment.id)
-        return environment, [environment, thread, *changed]
+        return environment, [environment, thread, *changed, *(spare or ())]
 
     def _claim(
-        self, placement: Placement, thread_id: str, replaced: Environment | None = None, member_of: str | None = None
+        self,
+        placement: Placement,
+        thread_id: str,
+        replaced: Environment | None = None,
+        member_of: str | None = None,
+        handed_on: int = 0,
     ) -> tuple[Environment, list[Aggregate]]:
         """A new environment where `placement` says, with its path claimed and its slug and ports
         leased on its host (for `thread_id`, or a member of pool `member_of`, prepared where the
@@ -155,7 +161,9 @@ class ThreadUseCases(IndexedApplication):
         other aggregates changed."""
         host_id, claimed_path, head = placement.host_id, placement.claimed_path, placement.base_head
         # One whose removal this save starts does not count: its place is handed on.
-        self._live.refuse_past(self.limits, host_id, placement.project_path, handed_on=1 if replaced else 0)
+        self._live.refuse_past(
+            self.limits, host_id, placement.project_path, handed_on=handed_on + (1 if replaced else 0)
+        )
         claims = self.claims.on_host(host_id)
         # The block is chosen against the ports the host's plan found listening: one placed while
         # the host was away leases its block when it is planned there (record_planned).
@@ -185,6 +193,31 @@ class ThreadUseCases(IndexedApplication):
         if claimed_path:
             claims.take(claimed_path, environment.id, replaced.id if replaced else None)
         return environment, [*([replaced] if replaced else []), *claims.changed]
+
+    def _spare_member(self, placement: Placement) -> tuple[Pool, Environment] | None:
+        """At a live limit (SPEC 9), a pool's member no thread took, on the placement's host (and
+        in its project, when that is the limit reached), dropped from its pool and removed in the
+        thread's save to make room for it: a pool never keeps a thread from an environment. The
+        pool and the member, changed, or None."""
+        host_id, project_path = placement.host_id, placement.project_path
+        host_full = self._live.on_host(host_id) >= self.limits.per_host
+        project_full = (
+            project_path is not None and self._live.in_project(host_id, project_path) >= self.limits.per_project
+        )
+        if not (host_full or project_full):
+            return None
+        pools = self.find_pool_list()
+        for identity in pools.pool_ids if pools is not None else []:
+            pool = self.pool(identity, to_change=True)
+            if pool.host_id != host_id or (project_full and pool.project_path != project_path):
+                continue
+            for member_id in pool.members:
+                member = self._changing_environment(member_id)
+                if member.is_live and not member.cancelled and member.retire_at is None:
+                    pool.let_go(member.id, "surplus")
+                    member.request_deletion()
+                    return pool, member
+        return None
 
     def _take_member(self, thread: Thread, placement: Placement) -> tuple[Environment, list[Aggregate]] | None:
         """A ready member of the pool that holds what the thread asks for, prepared where the host

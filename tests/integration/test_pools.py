@@ -264,6 +264,24 @@ async def test_a_thread_asking_for_another_project_provider_or_inputs_never_gets
     assert (await pools(service))[0]["members"]["ready"] == 1
 
 
+@pytest.mark.parametrize("service", [{"BB_MAX_LIVE_ENVIRONMENTS_PER_PROJECT": "2"}], indirect=True)
+async def test_members_count_in_the_live_limits_and_give_way_to_a_threads_own_environment(
+    service: Service, git_repo: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "setups"
+    commit_setup(git_repo, marker)
+    await set_pool(service, git_repo, 3)
+    full = await pool_becomes(service, "as full as the limit allows", lambda p: p["members"]["ready"] == 2)
+    await asyncio.sleep(2)  # two refill ticks: the third member stays out
+    assert (await pools(service))[0]["members"] == {"ready": 2, "preparing": 0, "stale": 0}, full
+
+    # Another branch's thread gets a cold environment: a member makes room for it.
+    environment_id = await spawn(service, git_repo, "t-cold", {"branch": {"kind": "new", "name": "topic"}})
+    assert (await service.show(environment_id))["status"] == "ready"
+    assert "bound" not in types_of(await environment_events(service, environment_id))
+    await pool_becomes(service, "down to what the limit leaves", lambda p: p["members"]["ready"] == 1)
+
+
 async def test_bad_pool_settings_are_refused_and_change_nothing(service: Service, git_repo: Path) -> None:
     bad = [
         ("--size", "-1"),
