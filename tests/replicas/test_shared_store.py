@@ -20,10 +20,12 @@ import pytest
 from eventsourcing.persistence import RecordConflictError
 
 from bb_environments.domain.claims import inside
+from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import PathAlreadyClaimed
 from bb_environments.domain.host_claims import HostClaims, host_claims_id
 from bb_environments.domain.leases import SLUG_PATTERN
 from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.pool import Freshness
 from bb_environments.domain.thread import Thread
 from bb_environments.entrypoints.bootstrap import AGGREGATE_CACHE
 from bb_environments.entrypoints.event_store import event_store_environment
@@ -31,6 +33,7 @@ from bb_environments.handlers.application import Environments
 from bb_environments.handlers.placement import Placement
 from bb_environments.handlers.store import CommandConflicted, Store
 from bb_environments.handlers.writers import SharedStore, SingleWriter, Writers
+from bb_environments.providers.contract import BaseHead
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -439,3 +442,43 @@ async def test_a_lease_decided_on_a_stale_read_is_decided_again_on_what_the_othe
     other = b.environment(b.thread("t1").environment_id)
     assert environment.ports is not None and other.ports is not None
     assert environment.ports.first == other.ports.last + 1 and environment.slug != other.slug
+
+
+def ready_member(app: Environments, head: BaseHead) -> UUID:
+    """A pool of git-worktree environments of /p on h1, with one member set up on `head`."""
+    pool = app.set_pool("h1", "/p", "git-worktree", {"branch": {"kind": "default"}}, 1)
+    app.refill_due(pool.id, Freshness(head.base_commit, head.setup_hash))
+    member = app.add_member(
+        pool.id,
+        Placement("git-worktree", "h1", "/p", {"branch": {"kind": "default"}}, "pool-1", "/w/pool-1", base_head=head),
+    )
+    assert member is not None
+    app.record_created(member.id, 1, "/w/pool-1", True, "main", {"branch": "bb/pool-1"})
+    setup = app.environment(member.id).setup_operation_id
+    app.record_setup_outcome(member.id, setup, True, None)
+    assert app.environment(member.id).pooled
+    return member.id
+
+
+async def test_a_pools_member_taken_by_two_replicas_at_once_is_bound_to_one_thread(replicas):
+    a, b = replicas
+    head = BaseHead("c1", None)
+    member = ready_member(a, head)
+
+    def placed(thread_id: str) -> Placement:
+        return Placement(
+            "git-worktree", "h1", "/p", {"branch": {"kind": "default"}}, thread_id, f"/w/{thread_id}", base_head=head
+        )
+
+    store = Store(a)
+    try:
+        # b binds the member between a's decision and a's save: a's save conflicts, and a decides again.
+        before_next_save(a, lambda: b.spawn_thread("t2", "/p", None, "h1", None, placed("t2")))
+        given = await store.run(a.spawn_thread, "t1", "/p", None, "h1", None, placed("t1"))
+    finally:
+        store.close()
+    assert b.thread("t2").environment_id == member
+    assert given.id != member and given.pool_id is None
+    bound = [e for e in b.events.get(member) if isinstance(e, Environment.Bound)]
+    assert [e.thread_id for e in bound] == ["t2"]
+    assert b.pool(UUID(b.environment(member).pool_id or "")).members == []
