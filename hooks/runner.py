@@ -94,6 +94,7 @@ class _InFlight:
     workspace: str
     environment_id: str | None
     variables: Mapping[str, str]
+    secrets: Mapping[str, str]
     # The current attempt's first step until the run's task has its result (then None): a task
     # that ends without it (cancelled, even before its first step, by the loop shutting down)
     # leaves the supervisor that step started for `_close_untaken` to close.
@@ -192,15 +193,19 @@ class HookRunner:
         on_output: OutputSink,
         environment_id: str | None = None,
         variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
 
         A concurrent second call waits for the first one's outcome; only the first call's
         `on_output` receives the lines. The hook of an `environment_id` is contained with its
         environment's others. `variables` are those the core gives the hook on purpose
-        (RecordedHook.given_variables); no other variable of the service's reaches it.
+        (RecordedHook.given_variables); no other variable of the service's reaches it. `secrets`,
+        the project's (SPEC 11), reach it as variables too, and its log shows each value as `***`.
         """
-        return await self.start(operation_id, kind, workspace, on_output, environment_id, variables=variables)
+        return await self.start(
+            operation_id, kind, workspace, on_output, environment_id, variables=variables, secrets=secrets
+        )
 
     def start(
         self,
@@ -211,6 +216,7 @@ class HookRunner:
         environment_id: str | None = None,
         on_begin: BeginSink | None = None,
         variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> asyncio.Future[HookOutcome]:
         """`run`, begun before this returns: a new operation's first step (reading its record and
         starting its supervisor) is already with a worker thread, rather than waiting for the
@@ -226,13 +232,14 @@ class HookRunner:
             return answered
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            given = dict(variables or {})
+            given, secret = dict(variables or {}), dict(secrets or {})
             in_flight = _InFlight(
                 kind,
                 str(workspace),
                 environment_id,
                 given,
-                self._begin_soon(operation_id, kind, workspace, environment_id, given),
+                secret,
+                self._begin_soon(operation_id, kind, workspace, environment_id, given, secret),
                 on_begin,
             )
             in_flight.task = asyncio.ensure_future(
@@ -246,10 +253,16 @@ class HookRunner:
         return asyncio.shield(in_flight.task)
 
     def _begin_soon(
-        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None, variables: Mapping[str, str]
+        self,
+        operation_id: str,
+        kind: str,
+        workspace: Path,
+        environment_id: str | None,
+        variables: Mapping[str, str],
+        secrets: Mapping[str, str],
     ) -> _Begun:
         return asyncio.get_running_loop().run_in_executor(
-            None, self._begin, operation_id, kind, workspace, environment_id, variables
+            None, self._begin, operation_id, kind, workspace, environment_id, variables, secrets
         )
 
     def _end_in_flight(self, operation_id: str, in_flight: _InFlight) -> None:
@@ -277,7 +290,7 @@ class HookRunner:
                     raise
                 await asyncio.sleep(backoff.failed(error))
                 in_flight.begun = self._begin_soon(
-                    operation_id, kind, workspace, in_flight.environment_id, in_flight.variables
+                    operation_id, kind, workspace, in_flight.environment_id, in_flight.variables, in_flight.secrets
                 )
                 continue
             backoff.succeeded()
@@ -309,7 +322,13 @@ class HookRunner:
             self._skipped.popitem(last=False)
 
     def _begin(
-        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None, variables: Mapping[str, str]
+        self,
+        operation_id: str,
+        kind: str,
+        workspace: Path,
+        environment_id: str | None,
+        variables: Mapping[str, str],
+        secrets: Mapping[str, str],
     ) -> tuple[HookRecord | None, bool, SupervisorHandle | None]:
         """The operation's record and tombstone; if it has neither, the hook is started. Blocking."""
         record = self._records.read(operation_id)
@@ -318,7 +337,9 @@ class HookRunner:
         tombstoned = self._records.is_tombstoned(operation_id)
         if record is not None or tombstoned:
             return record, tombstoned, None
-        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace, environment_id, variables)
+        record, supervisor = self._start(
+            operation_id, cast(HookKind, kind), workspace, environment_id, variables, secrets
+        )
         return record, False, supervisor
 
     async def _settle_cancelled(self, record: HookRecord | None) -> HookOutcome:
@@ -338,6 +359,7 @@ class HookRunner:
         workspace: Path,
         environment_id: str | None,
         variables: Mapping[str, str],
+        secrets: Mapping[str, str],
     ) -> tuple[HookRecord, SupervisorHandle | None]:
         """Start a supervisor and write the fresh record adopting it; a missing script is skipped,
         with a record that is not written (see the module).
@@ -356,7 +378,8 @@ class HookRunner:
             record.outcome = "skipped"
             record.message = f"no {script.name}"
             return record, None
-        environment = hook_environment(os.environ, variables)
+        # The variables the core gives come last: a secret never takes BB_ENVIRONMENT_ID's place.
+        environment = hook_environment(os.environ, {**secrets, **variables})
         cgroups: list[str] = []
         if environment_id is not None:
             # What the fallback containment finds the environment's processes by, whoever runs the hook.
@@ -374,6 +397,7 @@ class HookRunner:
                 cgroups,
                 self._run_as,
                 git_hook,
+                sorted(secrets),
             )
         )
         try:
