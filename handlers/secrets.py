@@ -84,6 +84,8 @@ class Secrets:
     async def for_hook(self, operation_id: str, host_id: str) -> dict[str, str]:
         """The secrets of the hook `operation_id` as its variables, if the log awaits it on `host_id`
         and its environment has a project; else none."""
+        if not await asyncio.to_thread(self._values.holds_any):
+            return {}  # no trip to the store's writer for a hook where no project has secrets
         found = await self._store.run(_hook_secret_names, self._store.app, operation_id, host_id)
         if found is None:
             return {}

@@ -86,7 +86,10 @@ def _value_from_stdin(name: str) -> str:
     if sys.stdin.isatty():
         value: str = click.prompt(f"value of {name}", hide_input=True, err=True)
         return value
-    value = sys.stdin.read()
+    try:
+        value = sys.stdin.buffer.read().decode()
+    except UnicodeDecodeError:
+        raise Failure("invalid_input", f"the value of secret {name} on stdin is not UTF-8 text") from None
     if value.endswith("\n"):
         value = value[:-2] if value.endswith("\r\n") else value[:-1]
     if not value:
