@@ -16,9 +16,10 @@ from pathlib import Path
 import nats
 from nats.js.errors import NotFoundError
 
+from bb_environments.bus.access import host_agent_inbox_prefix
 from bb_environments.bus.wire import subjects
 from tests.integration.conftest import Result, Service, connect_as, eventually, service_environment, write_hooks
-from tests.integration.host_agents import running_agent, spawned
+from tests.integration.host_agents import register, running_agent, spawned
 
 SETUP = """\
 printf 'token length %s\\n' "${#API_TOKEN}"
@@ -276,3 +277,34 @@ async def test_removing_a_secret_that_is_not_set_says_which_are(service: Service
     await set_secret(service, git_repo, "OTHER", a_value())
     missing = await service.bb("secret", "remove", "--project", str(git_repo), "API_TOKEN")
     assert missing.returncode == 3 and "OTHER" in missing.stderr, missing
+
+
+async def test_the_core_answers_a_question_for_secrets_only_onto_the_asking_agents_own_inbox(
+    service: Service, tmp_path: Path
+) -> None:
+    credentials = (await register(service, "h1"))["credentials"]
+    inbox = host_agent_inbox_prefix("h1")
+    agent = await nats.connect(service.info["natsUrl"], nkeys_seed=credentials, inbox_prefix=inbox)
+    try:
+        elsewhere: list[bytes] = []
+        answered: list[bytes] = []
+
+        async def keep_elsewhere(message: nats.aio.msg.Msg) -> None:
+            elsewhere.append(message.data)
+
+        async def keep_answer(message: nats.aio.msg.Msg) -> None:
+            answered.append(message.data)
+
+        await agent.subscribe(subjects.host_hooks("h1", "stolen"), cb=keep_elsewhere)
+        await agent.subscribe(f"{inbox}.asked", cb=keep_answer)
+        question = json.dumps({"operationId": "e.setup.1"}).encode()
+        await agent.publish(subjects.host_secrets("h1"), question, reply=subjects.host_hooks("h1", "stolen"))
+        await agent.publish(subjects.host_secrets("h1"), question, reply=f"{inbox}.asked")
+        # One subscription of the core answers both, in order: once the second is answered, the
+        # first was decided.
+        await eventually(lambda: bool(answered), "the answer on the agent's own inbox")
+        assert json.loads(answered[0]) == {"secrets": {}}  # the log awaits no such hook
+        await agent.flush()
+        assert elsewhere == []
+    finally:
+        await agent.close()
