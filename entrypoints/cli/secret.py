@@ -26,6 +26,8 @@ project_option = click.option(
 @click.argument("name")
 @click.option(
     "--value",
+    is_flag=False,
+    flag_value="",  # `--value` alone is refused the same way, not as an option missing its argument
     hidden=True,
     help="Refused: a value on the command line is seen by every user of the machine; pipe it on stdin.",
 )
