@@ -30,6 +30,7 @@ from bb_environments.handlers.application import Environments
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import InvalidInputs
 from bb_environments.providers.git_commands import run_git_or_none
+from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.providers.host.secret_store import SecretStore
 from bb_environments.providers.planning import canonical_project, check_within_roots
 
@@ -59,6 +60,7 @@ class Secrets:
         if len(value.encode()) > MAX_SECRET_BYTES:
             raise InvalidInput(f"secret {name} is longer than {MAX_SECRET_BYTES} bytes")
         await asyncio.to_thread(self._values.put, project, name, value)
+        crash_point("secret-stored")
         set_at = await self._store.run(_record_set, self._store.app, project, name)
         return project, SecretEntry(name, set_at)
 
@@ -74,6 +76,7 @@ class Secrets:
         _check_name(name)
         recorded = await self._store.run(_recorded_names, self._store.app, project)
         await asyncio.to_thread(self._values.delete, project, name)
+        crash_point("secret-value-deleted")
         if name not in recorded:
             raise NotFound(
                 f"project {quoted(project)} has no secret {name}; it has: {', '.join(sorted(recorded)) or 'none'}"

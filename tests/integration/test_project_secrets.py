@@ -308,3 +308,50 @@ async def test_the_core_answers_a_question_for_secrets_only_onto_the_asking_agen
         assert elsewhere == []
     finally:
         await agent.close()
+
+
+async def test_a_kill_between_the_store_and_the_log_gives_no_hook_a_value_the_log_does_not_name(
+    tmp_path: Path, git_repo: Path
+) -> None:
+    write_hooks(git_repo, tmp_path / "hooks.log", setup='echo "has token: ${API_TOKEN:+yes}"')
+    service = Service(tmp_path / "data", service_environment(tmp_path / "data", BB_CRASH_AT="secret-stored"))
+    await service.start()
+    try:
+        value = a_value()
+        lost = await bb_with_stdin(service, value, "secret", "set", "--project", str(git_repo), "API_TOKEN")
+        assert lost.returncode != 0
+        await eventually(lambda: service.process.poll() is not None, "the service's crash point")
+        service.environment |= {"BB_CRASH_AT": "secret-value-deleted"}
+        await service.start()
+        listed = await service.bb("secret", "list", "--project", str(git_repo), "--json")
+        assert listed.json()["secrets"] == []  # its name never reached the log
+        first = spawned(
+            await service.bb(
+                "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--json"
+            )
+        )
+        transcript = json.dumps((await service.wait_for(first, "ready"))["transcript"])
+        assert "has token: " in transcript and "has token: yes" not in transcript
+
+        await set_secret(service, git_repo, "API_TOKEN", value)  # set again: recorded this time
+        again = await service.bb("secret", "remove", "--project", str(git_repo), "API_TOKEN")
+        assert again.returncode != 0
+        await eventually(lambda: service.process.poll() is not None, "the service's crash point")
+        service.environment |= {"BB_CRASH_AT": ""}
+        await service.start()
+        assert [
+            s["name"]
+            for s in (await service.bb("secret", "list", "--project", str(git_repo), "--json")).json()["secrets"]
+        ] == ["API_TOKEN"]
+        second = spawned(
+            await service.bb(
+                "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--json"
+            )
+        )
+        assert "has token: yes" not in json.dumps((await service.wait_for(second, "ready"))["transcript"])
+        removed = await service.bb("secret", "remove", "--project", str(git_repo), "API_TOKEN")
+        assert removed.returncode == 0, removed.stderr  # removing again finishes the job
+        assert (await service.bb("secret", "list", "--project", str(git_repo), "--json")).json()["secrets"] == []
+        assert files_holding(tmp_path / "data", value) == []
+    finally:
+        await service.stop()
