@@ -28,7 +28,10 @@ from bb_environments.bus.wire.api_messages import (
     ListThreads,
     Next,
     Nothing,
+    ProjectRef,
     RegisterHost,
+    SecretRef,
+    SetSecret,
     Spawned,
     SpawnThread,
     ThreadRef,
@@ -56,6 +59,7 @@ from bb_environments.handlers.commands import (
     UnarchiveThread,
 )
 from bb_environments.handlers.machines import Machines
+from bb_environments.handlers.secrets import Secrets
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
 from bb_environments.providers.registry import ProviderDescription
@@ -177,6 +181,30 @@ class HostRemoved(msgspec.Struct, rename="camel"):
     status: str = "removed"
 
 
+class SecretView(msgspec.Struct, rename="camel"):
+    """A secret as anyone is told of it: its name and when it was set, never its value."""
+
+    name: str
+    set_at: datetime
+
+
+class SecretSet(msgspec.Struct, rename="camel"):
+    project_path: Annotated[str, msgspec.Meta(description="The project, in canonical form.")]
+    name: str
+    set_at: datetime
+
+
+class SecretList(msgspec.Struct, rename="camel"):
+    project_path: Annotated[str, msgspec.Meta(description="The project, in canonical form.")]
+    secrets: list[SecretView]
+
+
+class SecretRemoved(msgspec.Struct, rename="camel"):
+    project_path: str
+    name: str
+    status: str = "removed"
+
+
 Item = TypeVar("Item", EnvironmentView, ThreadView)
 Listing = TypeVar("Listing", EnvironmentList, ThreadList)
 
@@ -185,10 +213,11 @@ REPLY_HEADROOM = 1024
 
 
 class ApiEdge:
-    def __init__(self, api: Api, machines: Machines, max_payload: int) -> None:
+    def __init__(self, api: Api, machines: Machines, secrets: Secrets, max_payload: int) -> None:
         """`max_payload`: the largest message the connection that answers may publish."""
         self._api = api
         self._machines = machines
+        self._secrets = secrets
         self._max_payload = max_payload
 
     def endpoints(self) -> list[Endpoint[Any]]:
@@ -210,7 +239,22 @@ class ApiEdge:
             Endpoint("machines", "register", RegisterHost, self.register_host),
             Endpoint("machines", "list", Nothing, self.list_machines),
             Endpoint("machines", "remove", HostRef, self.remove_host),
+            Endpoint("secrets", "set", SetSecret, self.set_secret),
+            Endpoint("secrets", "list", ProjectRef, self.list_secrets),
+            Endpoint("secrets", "remove", SecretRef, self.remove_secret),
         ]
+
+    async def set_secret(self, request: SetSecret) -> SecretSet:
+        project, entry = await self._secrets.set(request.project_path, request.name, request.value)
+        return SecretSet(project, entry.name, entry.set_at)
+
+    async def list_secrets(self, request: ProjectRef) -> SecretList:
+        project, entries = await self._secrets.list(request.project_path)
+        return SecretList(project, [SecretView(entry.name, entry.set_at) for entry in entries])
+
+    async def remove_secret(self, request: SecretRef) -> SecretRemoved:
+        project = await self._secrets.remove(request.project_path, request.name)
+        return SecretRemoved(project, request.name)
 
     async def hook_output(self, request: HookOutputAt) -> HookOutputPage:
         page = await self._api.hook_output(

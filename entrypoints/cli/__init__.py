@@ -198,6 +198,18 @@ def machine_group() -> None:
     """The hosts whose agents do the work, and Modal sandboxes outside any environment."""
 
 
+SECRET_COMMANDS = "bb_environments.entrypoints.cli.secret"
+
+
+@cli.group(
+    "secret",
+    cls=LazyGroup,
+    lazy_subcommands={verb: f"{SECRET_COMMANDS}:secret_{verb}" for verb in ("set", "list", "remove")},
+)
+def secret_group() -> None:
+    """The secrets a project's setup and teardown hooks get, set from stdin (never shown again)."""
+
+
 @cli.group(
     "modal", cls=LazyGroup, lazy_subcommands={group: f"{MODAL_COMMANDS}:{group}" for group in ("account", "image")}
 )

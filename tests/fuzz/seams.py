@@ -359,7 +359,11 @@ class ServiceWorld(Loop):
         self.here = core.here
         self.run(start_host_service(self.nats, HOST, self.here))
         self.run(
-            start_api(self.nats, ApiEdge(self.api, core.machines, self.nats.max_payload).endpoints(), translate_error)
+            start_api(
+                self.nats,
+                ApiEdge(self.api, core.machines, core.secrets, self.nats.max_payload).endpoints(),
+                translate_error,
+            )
         )
 
     async def _stream_position(self) -> int:
