@@ -33,11 +33,13 @@ class FleetFeed:
 
     def __init__(self, service: Service) -> None:
         self._service = service
-        self.parts: Parts = fleet_parts([], [], None, datetime.now(UTC))
+        self.parts: Parts = fleet_parts([], [], None, None, datetime.now(UTC))
         self._changed = asyncio.Event()
         self._published = asyncio.Condition()
         self._version = 0
         self._heard_on: object | None = None
+        self._replicas: dict[str, dict[str, Any]] = {}
+        """Every replica this console saw, with when it last did: a replica's presence ends with it."""
 
     async def run(self) -> None:
         """Read the fleet again after each burst of events, and every REFRESH_S, until cancelled."""
@@ -54,9 +56,14 @@ class FleetFeed:
             if client is not self._heard_on:  # a new connection: subscribe on it
                 await client.nc.subscribe(subjects.ENVIRONMENT_EVENTS, cb=self._heard)
                 self._heard_on = client
-            environments = await self._service.environments()
+            environments, machines = await self._service.environments(), await self._service.machines()
+            now = datetime.now(UTC)
             parts = fleet_parts(
-                environments, await self._service.machines(), await self._service.pools(), datetime.now(UTC)
+                environments,
+                machines,
+                self._seen(await self._service.replicas(), now),
+                await self._service.pools(),
+                now,
             )
         except (ServiceError, NatsError) as lost:
             parts = problem_parts(_problem(lost))
@@ -64,6 +71,16 @@ class FleetFeed:
             self.parts = {**self.parts, **parts}
             self._version += 1
             self._published.notify_all()
+
+    def _seen(self, present: list[dict[str, Any]] | None, now: datetime) -> list[dict[str, Any]] | None:
+        """The replicas present now (online, seen now) and those seen before that are gone (offline)."""
+        if present is None:
+            return None
+        for replica in self._replicas.values():
+            replica["status"] = "offline"
+        for replica in present:
+            self._replicas[replica["replicaId"]] = {**replica, "status": "online", "lastSeenAt": now.isoformat()}
+        return sorted(self._replicas.values(), key=lambda r: r["replicaId"])
 
     async def updates(self) -> AsyncGenerator[Update, None]:
         """The parts now, then again each time they were read."""

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from bb_environments.bus.api_client.nats_client import ApiClient
 
 OPTIONAL_ASK_S = 3.0
-"""How long a request the service may not answer at all waits (pools: a service without them)."""
+"""How long a request the service may not answer at all waits (an older service, or one without pools)."""
 OPTIONAL_AGAIN_S = 60.0
 """How soon an API the service lacked is asked about again (a newer service may have started)."""
 
@@ -53,6 +53,10 @@ class Service:
 
     async def machines(self) -> list[dict[str, Any]]:
         return list((await self.call("machines", "list", Nothing()))["machines"])
+
+    async def replicas(self) -> list[dict[str, Any]] | None:
+        """The core replicas running now, or None from a service that cannot list them."""
+        return await self._optional("replicas", "list", "replicas")
 
     async def pools(self) -> list[dict[str, Any]] | None:
         """The pools (SPEC §10), or None from a service that has no pools to list."""

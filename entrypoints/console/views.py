@@ -64,6 +64,7 @@ def fleet_page(parts: Parts) -> str:
 <table class="hosts"><thead><tr><th>Host</th><th>Status</th><th>Last seen</th><th>Environments</th></tr></thead>
 <tbody id="hosts">{parts["hosts"]}</tbody></table>
 </section>
+<section id="replicas">{parts["replicas"]}</section>
 <section id="pools">{parts["pools"]}</section>"""
     return page("fleet", "/live/fleet", body)
 
@@ -71,6 +72,7 @@ def fleet_page(parts: Parts) -> str:
 def fleet_parts(
     environments: Sequence[dict[str, Any]],
     machines: Sequence[dict[str, Any]],
+    replicas: Sequence[dict[str, Any]] | None,
     pools: Sequence[dict[str, Any]] | None,
     now: datetime,
 ) -> Parts:
@@ -83,6 +85,7 @@ def fleet_parts(
         "environments": "".join(_environment_row(e, now) for e in environments)
         or f'<tr class="empty"><td colspan="{len(ENVIRONMENT_COLUMNS)}">No environments.</td></tr>',
         "hosts": "".join(_host_row(m, now) for m in machines),
+        "replicas": _replicas(replicas, now),
         "pools": _pools(pools),
         "problem": "",
     }
@@ -97,25 +100,47 @@ def _environment_row(e: dict[str, Any], now: datetime) -> str:
         ("Host", escape(e["hostId"])),
         ("Project", f'<span class="path">{escape(project or "-")}</span>'),
         ("Threads", escape(", ".join(e["threadIds"]) or "-")),
-        ("Age", escape(_age(e["createdAt"], now))),
+        ("Age", _since(e["createdAt"], now)),
         ("Ports", escape(_ports_cell(e.get("ports")) or "-")),
         ("Disk", escape(_bytes(e.get("diskBytes")))),
     )
     return (
         f'<tr data-status="{escape(e["status"])}" data-host="{escape(e["hostId"])}" data-project="{escape(project)}">'
-        + "".join(f'<td data-label="{label}">{html}</td>' for label, html in cells)
+        + "".join(_cell(label, html) for label, html in cells)
         + "</tr>"
     )
 
 
 def _host_row(m: dict[str, Any], now: datetime) -> str:
     seen = m.get("lastSeenAt")
-    last_seen = f"{_age(seen, now)} ago" if seen else "never"
     name = escape(m["id"]) + (' <span class="muted">(this service)</span>' if m.get("own") else "")
+    cells = (
+        ("Host", name),
+        ("Status", _status(m["status"])),
+        ("Last seen", _since(seen, now, " ago") if seen else "never"),
+        ("Environments", str(int(m.get("environments", 0)))),
+    )
+    return "<tr>" + "".join(_cell(label, html) for label, html in cells) + "</tr>"
+
+
+def _replicas(replicas: Sequence[dict[str, Any]] | None, now: datetime) -> str:
+    """The core replicas' section: those running, and those this console saw that ended (offline)."""
+    if replicas is None:
+        return ""
+    rows = "".join(
+        "<tr>"
+        + _cell("Replica", escape(r["replicaId"]))
+        + _cell("Status", _status(r["status"]))
+        + _cell("Machine", escape(f"{r['machine']} (pid {r['pid']})"))
+        + _cell("Store", escape(r["store"]))
+        + _cell("Started", _since(r["startedAt"], now, " ago"))
+        + _cell("Last seen", _since(r["lastSeenAt"], now, " ago"))
+        + "</tr>"
+        for r in replicas
+    )
     return (
-        f'<tr><td data-label="Host">{name}</td><td data-label="Status">{_status(m["status"])}</td>'
-        f'<td data-label="Last seen">{escape(last_seen)}</td>'
-        f'<td data-label="Environments">{int(m.get("environments", 0))}</td></tr>'
+        "<h2>Replicas</h2><table><thead><tr><th>Replica</th><th>Status</th><th>Machine</th><th>Store</th>"
+        f"<th>Started</th><th>Last seen</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 
 
@@ -124,12 +149,14 @@ def _pools(pools: Sequence[dict[str, Any]] | None) -> str:
     if pools is None:
         return ""
     rows = "".join(
-        f'<tr><td data-label="Pool">{escape(str(p.get("id", "")))}</td>'
-        f'<td data-label="Host">{escape(str(p.get("hostId", "")))}</td>'
-        f'<td data-label="Project"><span class="path">{escape(str(p.get("projectPath", "")))}</span></td>'
-        f'<td data-label="Provider">{escape(str(p.get("providerId", "")))}</td>'
-        f'<td data-label="Members">{escape(_members(p))}</td>'
-        f'<td data-label="Paused">{escape(one_line((p.get("paused") or {}).get("reason") or "-"))}</td></tr>'
+        "<tr>"
+        + _cell("Pool", escape(str(p.get("id", ""))))
+        + _cell("Host", escape(str(p.get("hostId", ""))))
+        + _cell("Project", f'<span class="path">{escape(str(p.get("projectPath", "")))}</span>')
+        + _cell("Provider", escape(str(p.get("providerId", ""))))
+        + _cell("Members", escape(_members(p)))
+        + _cell("Paused", escape(one_line((p.get("paused") or {}).get("reason") or "-")))
+        + "</tr>"
         for p in pools
     )
     empty = '<tr class="empty"><td colspan="6">No pools.</td></tr>'
@@ -253,8 +280,15 @@ def _status(status: str) -> str:
     return f'<span class="badge status-{escape(status)}">{escape(status)}</span>'
 
 
-def _age(since: str, now: datetime) -> str:
-    return _duration(max(_ms(now - _parsed(since)), 0))
+def _cell(label: str, html: str) -> str:
+    """A table cell; on a phone, a card's line: the label, then the content (one element)."""
+    return f'<td data-label="{label}"><div>{html}</div></td>'
+
+
+def _since(instant: str, now: datetime, suffix: str = "") -> str:
+    """How long ago `instant` was: kept current by the page's script between two reads."""
+    said = _duration(max(_ms(now - _parsed(instant)), 0)) + suffix
+    return f'<time datetime="{escape(instant)}" data-suffix="{escape(suffix)}">{escape(said)}</time>'
 
 
 def _bytes(count: int | None) -> str:

@@ -52,6 +52,20 @@
   for (const select of filters) select.addEventListener("change", filterRows);
   filterRows();
 
+  // Ages and last-seen times run on between two reads of the service (as the server says them).
+  function spoken(ms) {
+    if (ms < 1000) return ms + " ms";
+    if (ms < 60000) return (ms / 1000).toFixed(1) + " s";
+    const minutes = Math.floor(ms / 60000);
+    if (minutes < 60) return minutes + " min " + (Math.floor(ms / 1000) % 60) + " s";
+    return Math.floor(minutes / 60) + " h " + (minutes % 60) + " min";
+  }
+  setInterval(() => {
+    for (const time of document.querySelectorAll("time[data-suffix]")) {
+      time.textContent = spoken(Math.max(0, Date.now() - Date.parse(time.dateTime))) + time.dataset.suffix;
+    }
+  }, 1000);
+
   if (!live) return;
   const source = new EventSource(live);
   source.onopen = () => show("live", "live");
