@@ -26,6 +26,7 @@ TRANSCRIPT_WAIT_S = 5.0
 
 Update = tuple[str, Any]
 """A server-sent event: its name and its data (JSON)."""
+ENDED: Update = ("ended", None)
 
 
 class FleetFeed:
@@ -56,15 +57,12 @@ class FleetFeed:
             if client is not self._heard_on:  # a new connection: subscribe on it
                 await client.nc.subscribe(subjects.ENVIRONMENT_EVENTS, cb=self._heard)
                 self._heard_on = client
-            environments, machines = await self._service.environments(), await self._service.machines()
-            now = datetime.now(UTC)
-            parts = fleet_parts(
-                environments,
-                machines,
-                self._seen(await self._service.replicas(), now),
-                await self._service.pools(),
-                now,
+            environments = await self._service.environments()  # first: a service away fails here, once
+            machines, replicas, pools = await asyncio.gather(
+                self._service.machines(), self._service.replicas(), self._service.pools()
             )
+            now = datetime.now(UTC)
+            parts = fleet_parts(environments, machines, self._seen(replicas, now), pools, now)
         except (ServiceError, NatsError) as lost:
             parts = problem_parts(_problem(lost))
         async with self._published:
@@ -121,17 +119,20 @@ async def environment_updates(service: Service, environment_id: str) -> AsyncGen
 
     async def lines() -> None:
         reader = client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(whole_id), TRANSCRIPT_WAIT_S)
-        async with contextlib.aclosing(reader) as batches:
-            async for batch in batches:
-                for message in batch:
-                    await updates.put(("line", _line(message.data)))
+        try:
+            async with contextlib.aclosing(reader) as batches:
+                async for batch in batches:
+                    for message in batch:
+                        await updates.put(("line", _line(message.data)))
+        except NatsError:  # the connection is gone: the page connects again, and reads from the start
+            await updates.put(ENDED)
 
     subscription = await client.nc.subscribe(subjects.environment_event(whole_id), cb=heard)
     workers = [asyncio.create_task(parts()), asyncio.create_task(lines())]
     try:
         yield "reset", None
-        while True:
-            yield await updates.get()
+        while (update := await updates.get()) is not ENDED:
+            yield update
     finally:
         for worker in workers:
             worker.cancel()

@@ -16,7 +16,7 @@ from bb_environments.entrypoints.config import Settings
 if TYPE_CHECKING:
     from bb_environments.bus.api_client.nats_client import ApiClient
 
-OPTIONAL_ASK_S = 3.0
+OPTIONAL_ASK_S = 1.0
 """How long a request the service may not answer at all waits (an older service, or one without pools)."""
 OPTIONAL_AGAIN_S = 60.0
 """How soon an API the service lacked is asked about again (a newer service may have started)."""

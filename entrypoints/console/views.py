@@ -26,8 +26,9 @@ UNDER_WAY = ("creating", "provisioning", "removing")
 ENVIRONMENT_COLUMNS = ("Environment", "Status", "Provider", "Host", "Project", "Threads", "Age", "Ports", "Disk")
 
 
-def page(title: str, live: str, body: str) -> str:
-    """A whole page: its parts update from the server-sent events at `live`."""
+def page(title: str, live: str, body: str, problem: str = "") -> str:
+    """A whole page: its parts update from the server-sent events at `live`; `problem` (HTML) says
+    why what it shows may not be current."""
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -39,7 +40,7 @@ def page(title: str, live: str, body: str) -> str:
 </head>
 <body data-live="{escape(live)}">
 <header><a class="home" href="/">bb console</a><span id="live-state" class="connecting">connecting</span></header>
-<p id="problem" role="alert"></p>
+<p id="problem" role="alert">{problem}</p>
 <main>
 {body}
 </main>
@@ -66,7 +67,7 @@ def fleet_page(parts: Parts) -> str:
 </section>
 <section id="replicas">{parts["replicas"]}</section>
 <section id="pools">{parts["pools"]}</section>"""
-    return page("fleet", "/live/fleet", body)
+    return page("fleet", "/live/fleet", body, parts["problem"])
 
 
 def fleet_parts(

@@ -66,15 +66,22 @@
     }
   }, 1000);
 
-  if (!live) return;
-  const source = new EventSource(live);
-  source.onopen = () => show("live", "live");
-  source.onerror = () => show("reconnecting", "connecting");
-  source.addEventListener("parts", (event) => fill(JSON.parse(event.data)));
-  source.addEventListener("reset", () => {
-    if (transcript) transcript.textContent = "";
-  });
-  source.addEventListener("line", (event) => {
-    if (transcript) addLine(JSON.parse(event.data));
-  });
+  // The browser connects again by itself after a dropped stream, but not after an answer that is
+  // not a stream (the service was unreachable): then this does, a few seconds later.
+  function connect() {
+    const source = new EventSource(live);
+    source.onopen = () => show("live", "live");
+    source.onerror = () => {
+      show("reconnecting", "connecting");
+      if (source.readyState === EventSource.CLOSED) setTimeout(connect, 3000);
+    };
+    source.addEventListener("parts", (event) => fill(JSON.parse(event.data)));
+    source.addEventListener("reset", () => {
+      if (transcript) transcript.textContent = "";
+    });
+    source.addEventListener("line", (event) => {
+      if (transcript) addLine(JSON.parse(event.data));
+    });
+  }
+  if (live) connect();
 })();
