@@ -214,3 +214,26 @@ async def _on_a_phone(browser: BrowserContext, address: str, screenshot: Path) -
 
 def _port_block() -> re.Pattern[str]:
     return re.compile(r"^\d+-\d+$")
+
+
+@needs_chromium
+async def test_the_page_says_when_the_service_is_away_and_catches_up_once_it_is_back(
+    service: Service, console: Console, browser: BrowserContext, git_repo: Path, tmp_path: Path
+):
+    page = await browser.new_page()
+    await page.goto(console.url)
+    await expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_S)
+    problem = page.locator("#problem")
+    await expect(problem).to_be_hidden()
+
+    await service.stop()
+    await expect(problem).to_contain_text("unreachable", timeout=LIVE_S)
+
+    await service.start()
+    write_hooks(git_repo, tmp_path / "marker")
+    spawned = await service.bb(
+        "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--json",
+    )  # fmt: skip
+    assert spawned.returncode == 0, spawned.stderr
+    await expect(page.locator("#environments")).to_contain_text(spawned.json()["environmentId"], timeout=LIVE_S)
+    await expect(problem).to_be_hidden()
