@@ -200,6 +200,8 @@ async def test_an_environments_page_shows_its_timeline_and_transcript_as_they_gr
     await expect(facts.locator("dt:has-text('Ports') + dd")).to_have_text(_port_block())
     await page.screenshot(path=DOCS / "console-environment.png", full_page=True)
 
+    await _on_a_phone(browser, page.url, DOCS / "console-environment-phone.png")
+
 
 async def _on_a_phone(browser: BrowserContext, address: str, screenshot: Path) -> None:
     """The page reads at a phone's width: nothing wider than the screen."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+from bb_environments.entrypoints.console.feeds import FleetFeed
 from bb_environments.entrypoints.console.views import environment_parts, fleet_parts, timeline
 
 START = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
@@ -79,3 +80,15 @@ def test_a_size_not_measured_yet_and_sections_the_service_lacks_show_nothing_mad
     assert listed["pools"] == "" and listed["replicas"] == ""
     measured = fleet_parts([{**environment, "diskBytes": 3 * 1024 * 1024}], [], [], [], START)
     assert "3.0 MiB" in measured["environments"] and "No pools." in measured["pools"]
+
+
+async def test_a_replica_that_ended_stays_listed_offline_with_when_it_was_last_seen():
+    feed = FleetFeed(None)  # type: ignore[arg-type]  # only what it remembers is asked
+    presence = {"replicaId": "r1", "pid": 7, "machine": "m", "dataDir": "/d", "store": "postgresql"}
+    seen = feed._seen([{**presence, "startedAt": START.isoformat()}], START)
+    assert [(r["replicaId"], r["status"]) for r in seen] == [("r1", "online")]
+    later = START + timedelta(minutes=5)
+    gone = feed._seen([], later)
+    assert [(r["replicaId"], r["status"], r["lastSeenAt"]) for r in gone] == [("r1", "offline", START.isoformat())]
+    listed = fleet_parts([], [], gone, None, later)["replicas"]
+    assert "offline" in listed and "5 min 0 s ago" in listed
