@@ -50,6 +50,7 @@ from bb_environments.bus.core.replicas import (
     lease_holder,
     leases_bucket,
     live_replica_count,
+    present_replicas,
 )
 from bb_environments.bus.core.thread_messages import StreamPorts
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
@@ -337,7 +338,9 @@ async def _serve(
     started.push_async_callback(_cancel, tasks)
 
     service = await start_api(
-        nc, ApiEdge(core.api, core.machines, core.secrets, nc.max_payload).endpoints(), translate_error
+        nc,
+        ApiEdge(core.api, core.machines, core.secrets, nc.max_payload, lambda: present_replicas(js)).endpoints(),
+        translate_error,
     )
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json

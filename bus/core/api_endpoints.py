@@ -8,7 +8,7 @@ connection's maximum payload, so no reply is too large to send whatever the docu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
@@ -36,6 +36,7 @@ from bb_environments.bus.wire.api_messages import (
     SpawnThread,
     ThreadRef,
 )
+from bb_environments.bus.wire.replica_messages import ReplicaPresence
 from bb_environments.domain.errors import DomainError, UnknownEnvironment, UnknownThread
 from bb_environments.domain.request_errors import InvalidInput, RequestError
 from bb_environments.handlers.api import (
@@ -176,6 +177,18 @@ class MachineList(msgspec.Struct):
     machines: list[MachineView]
 
 
+class ReplicaList(msgspec.Struct):
+    replicas: Annotated[
+        list[ReplicaPresence],
+        msgspec.Meta(
+            description=(
+                "The core replicas (`bb serve`) running on this NATS now: each writes its presence every 2 s, "
+                "and one not heard from for 6 s is no longer listed."
+            )
+        ),
+    ]
+
+
 class HostRemoved(msgspec.Struct, rename="camel"):
     host_id: str
     status: str = "removed"
@@ -213,12 +226,21 @@ REPLY_HEADROOM = 1024
 
 
 class ApiEdge:
-    def __init__(self, api: Api, machines: Machines, secrets: Secrets, max_payload: int) -> None:
-        """`max_payload`: the largest message the connection that answers may publish."""
+    def __init__(
+        self,
+        api: Api,
+        machines: Machines,
+        secrets: Secrets,
+        max_payload: int,
+        replicas: Callable[[], Awaitable[list[ReplicaPresence]]],
+    ) -> None:
+        """`max_payload`: the largest message the connection that answers may publish; `replicas`:
+        the replicas present now."""
         self._api = api
         self._machines = machines
         self._secrets = secrets
         self._max_payload = max_payload
+        self._replicas = replicas
 
     def endpoints(self) -> list[Endpoint[Any]]:
         return [
@@ -242,6 +264,7 @@ class ApiEdge:
             Endpoint("secrets", "set", SetSecret, self.set_secret),
             Endpoint("secrets", "list", ProjectRef, self.list_secrets),
             Endpoint("secrets", "remove", SecretRef, self.remove_secret),
+            Endpoint("replicas", "list", Nothing, self.list_replicas),
         ]
 
     async def set_secret(self, request: SetSecret) -> SecretSet:
@@ -273,6 +296,9 @@ class ApiEdge:
                 for m in await self._machines.machines()
             ]
         )
+
+    async def list_replicas(self, _: Nothing) -> ReplicaList:
+        return ReplicaList(sorted(await self._replicas(), key=lambda r: r.replica_id))
 
     async def remove_host(self, request: HostRef) -> HostRemoved:
         await self._machines.remove(request.host_id)
