@@ -38,6 +38,7 @@ from bb_environments.entrypoints.config import Settings, event_store_file, hook_
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.application import Environments
+from bb_environments.handlers.disk_usage import DiskScanner, measure_forever
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.handlers.hosts import HostRouter
 from bb_environments.handlers.indexes import LiveLimits
@@ -125,6 +126,7 @@ class Core:
     log_reader: LogReader
     """The log as the relay publishes it and the log follower checks it: one reader, so that the
     follower finds each document the relay of this replica made a moment before, not read again."""
+    disk: DiskScanner
 
 
 async def build_core(
@@ -146,7 +148,11 @@ async def build_core(
                 env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
                 grace_for=grace_for,
                 writers=writers,
-                limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project),
+                limits=LiveLimits(
+                    settings.max_live_environments,
+                    settings.max_live_environments_per_project,
+                    settings.max_disk_bytes_per_project,
+                ),
                 ports=PortRange(*settings.port_range, settings.ports_per_environment),
             )
             break
@@ -218,8 +224,9 @@ async def build_core(
         lambda: LogReader(app),
         grace_for,
     )
+    disk = DiskScanner(store, hosts, ports.share, settings.disk_scan_interval_s)
     return Core(
-        app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here, LogReader(app)
+        app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here, LogReader(app), disk
     )
 
 
@@ -393,4 +400,6 @@ def core_workers(
             core.doctor,
             settings.doctor_interval_s,
         ),
+        # A workspace settled after its setup is measured within a sweep's interval.
+        measure_forever(core.disk, min(settings.disk_scan_interval_s, settings.sweep_interval_s)),
     ]

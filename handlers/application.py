@@ -64,3 +64,21 @@ class Environments(ThreadUseCases, ProvisioningSteps):
             claims.release(path, environment.id)
         self.save(environment, *claims.changed)
         return environment
+
+    # -- the workspaces' sizes on disk (handlers/disk_usage.py) -----------------------------------
+
+    def measurable_workspaces(self) -> list[tuple[UUID, str, str, str]]:
+        """Each live environment settled on a workspace to measure: its id, host, provider and path."""
+        return [
+            (environment.id, environment.host_id, environment.provider_id, environment.path)
+            for environment in self.live_environments()
+            if environment.disk_measurable and environment.path is not None
+        ]
+
+    def record_disk_usage(self, environment_id: UUID, path: str, disk_bytes: int) -> Environment:
+        """The workspace at `path` takes `disk_bytes` now (recorded when the figure moved: see
+        Environment.record_disk_usage)."""
+        environment = self._changing_environment(environment_id)
+        if environment.record_disk_usage(path, disk_bytes):
+            self.save(environment)
+        return environment
