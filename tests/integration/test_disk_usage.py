@@ -12,6 +12,7 @@ import pytest
 
 from bb_environments.domain.disk import human_bytes
 from tests.integration.conftest import Service, service, write_hooks  # noqa: F401  (the fixture)
+from tests.integration.host_agents import Agent, register, spawned
 
 SCANNED_EVERY_SECOND = {"BB_DISK_SCAN_INTERVAL_S": "1"}
 
@@ -122,3 +123,30 @@ async def test_a_spawn_in_a_project_past_its_disk_budget_is_refused_naming_budge
     removed = await service.bb("thread", "archive", "t1", "--wait", "--json")
     assert removed.returncode == 0, removed.stderr
     assert (await worktree(service, git_repo, "t4")).returncode == 0  # the removal made room
+
+
+@pytest.mark.parametrize("service", [SCANNED_EVERY_SECOND], indirect=True)
+async def test_the_agent_of_a_workspaces_host_measures_it(service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "hooks.log", setup="head -c 200000 /dev/zero > setup-output.bin")
+    agent = Agent(service, "h1", Path((await register(service, "h1"))["credentials"]), tmp_path / "h1")
+    agent.start()
+    try:
+        environment_id = spawned(
+            await service.bb(
+                "thread",
+                "spawn",
+                "--environment-provider",
+                "git-worktree",
+                "--project",
+                str(git_repo),
+                "--host",
+                "h1",
+                "--json",
+            )
+        )
+        measured = await service.wait_for(environment_id, lambda e: e["diskBytes"], timeout=60)
+        assert measured["path"].startswith(str(agent.root) + "/")
+        assert near(measured["diskBytes"], measured["path"]), (measured["diskBytes"], du_sb(measured["path"]))
+    finally:
+        agent.stop()
+    assert "Traceback" not in agent.log() + service.log_tail()
