@@ -18,6 +18,7 @@ from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.domain import Aggregate
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL
 from bb_environments.handlers.provisioning_steps import ProvisioningSteps
@@ -75,10 +76,18 @@ class Environments(ThreadUseCases, ProvisioningSteps):
             if environment.disk_measurable and environment.path is not None
         ]
 
-    def record_disk_usage(self, environment_id: UUID, path: str, disk_bytes: int) -> Environment:
-        """The workspace at `path` takes `disk_bytes` now (recorded when the figure moved: see
-        Environment.record_disk_usage)."""
-        environment = self._changing_environment(environment_id)
-        if environment.record_disk_usage(path, disk_bytes):
-            self.save(environment)
-        return environment
+    def record_disk_usage(self, figures: list[tuple[UUID, str, int]]) -> list[Environment]:
+        """Each workspace (environment id, path) takes the bytes given now: the environments whose
+        figure was worth recording (see Environment.record_disk_usage), saved together, in one
+        transaction for a whole host's pass."""
+        changed = []
+        for environment_id, path, disk_bytes in figures:
+            try:
+                environment = self._changing_environment(environment_id)
+            except UnknownEnvironment:
+                continue
+            if environment.record_disk_usage(path, disk_bytes):
+                changed.append(environment)
+        if changed:
+            self.save(*changed)
+        return changed

@@ -59,11 +59,14 @@ class DiskScanner:
             log.debug("measuring workspaces on host %s waits: %s", host_id, away)
             return
         measured_at = time.monotonic()
-        for environment_id, path in environments:
+        figures = [
+            (environment_id, path, usage.bytes[path]) for environment_id, path in environments if path in usage.bytes
+        ]
+        if figures:
+            await self._store.run(self._app.record_disk_usage, figures)
+        for environment_id, _ in environments:
             # One left out (removed meanwhile, or a cloud provider's) is asked about again when due.
             self._measured_at[environment_id] = measured_at
-            if (disk_bytes := usage.bytes.get(path)) is not None:
-                await self._store.run(self._app.record_disk_usage, environment_id, path, disk_bytes)
 
 
 async def measure_forever(scanner: DiskScanner, tick_s: float) -> None:

@@ -89,18 +89,19 @@ def test_a_figure_is_recorded_first_then_only_when_it_moved_by_more_than_five_pe
     env = make_ready(app, spawn(app))
     path = env.path
     for figure in (100_000, 104_000, 96_000, 106_000, 106_000, 50_000):
-        app.record_disk_usage(env.id, path, figure)
+        app.record_disk_usage([(env.id, path, figure)])
     recorded = [e.disk_bytes for e in app.events.get(env.id) if type(e).__name__ == "DiskMeasured"]
     assert recorded == [100_000, 106_000, 50_000]
-    assert app.record_disk_usage(env.id, "/another/path", 1).disk_bytes == 50_000
+    assert app.record_disk_usage([(env.id, "/another/path", 1)]) == []
+    assert app.environment(env.id).disk_bytes == 50_000
 
 
 def test_a_spawn_past_the_projects_disk_budget_is_refused_naming_it_and_the_usage(app):
     first = make_ready(app, spawn(app, "t1", "/data/worktrees/t1/repo"))
     second = make_ready(app, spawn(app, "t2", "/data/worktrees/t2/repo"))
-    app.record_disk_usage(first.id, first.path, 600_000)
+    app.record_disk_usage([(first.id, first.path, 600_000)])
     spawn(app, "t3", "/data/worktrees/t3/repo")  # 600 kB of 1 MB: room
-    app.record_disk_usage(second.id, second.path, 500_000)
+    app.record_disk_usage([(second.id, second.path, 500_000)])
 
     app.register_thread("t4", "/repo", None, "local", None)
     with pytest.raises(LimitReached) as refused:
