@@ -1,11 +1,11 @@
 """The workspaces' sizes on disk (SPEC 11): measured by the agent of each host, off every
 command's path, and recorded on the environment.
 
-Each pass asks every host, once, for the sizes of the workspaces this replica drives there that
-were not measured in the last `interval_s` (or not since this process started): a workspace
-settled after its setup is measured at the first pass after it, then every `interval_s`. The
-host walks the trees on a worker thread (providers/host/disk_usage.py); a host away is asked
-again at the next pass.
+Each pass asks every host for the sizes of the workspaces this replica drives there that were
+not measured in the last `interval_s` (or not since this process started): a workspace settled
+after its setup is measured at the first pass after it, then every `interval_s`. The host walks
+each tree on a worker thread (providers/host/disk_usage.py); a host away is asked again at the
+next pass.
 
 A figure is an event (`DiskMeasured`) rather than a note beside the read model: the disk budget
 refuses spawns with it, and every replica must decide alike, after a restart too, from the one
@@ -49,24 +49,28 @@ class DiskScanner:
             if self._share.drives(environment_id) and (last is None or now - last >= self._interval_s):
                 due.setdefault((host_id, provider_id), []).append((environment_id, path))
         for (host_id, provider_id), environments in due.items():
-            await self._measure(host_id, provider_id, environments)
+            try:
+                await self._measure(host_id, provider_id, environments)
+            except Exception:
+                log.exception("measuring workspaces on host %s failed; the next pass tries again", host_id)
 
     async def _measure(self, host_id: str, provider_id: str, environments: list[tuple[UUID, str]]) -> None:
-        request = DiskUsageRequest(host_id, [(provider_id, path) for _, path in environments])
+        """One request per workspace, each well within a query's time even for a large tree, and
+        the host's new figures recorded in one save. A host that stops answering ends its pass:
+        the one it did not answer for goes last at the next (it counts as measured now)."""
+        host = self._hosts.host(host_id, provider_id)
+        figures = []
         try:
-            usage = await self._hosts.host(host_id, provider_id).disk_usage(request)
+            for environment_id, path in environments:
+                self._measured_at[environment_id] = time.monotonic()
+                usage = await host.disk_usage(DiskUsageRequest(host_id, [(provider_id, path)]))
+                # One left out (removed meanwhile, or a cloud provider's) is asked about again when due.
+                if path in usage.bytes:
+                    figures.append((environment_id, path, usage.bytes[path]))
         except (HostUnavailable, ProviderMissing) as away:
             log.debug("measuring workspaces on host %s waits: %s", host_id, away)
-            return
-        measured_at = time.monotonic()
-        figures = [
-            (environment_id, path, usage.bytes[path]) for environment_id, path in environments if path in usage.bytes
-        ]
         if figures:
             await self._store.run(self._app.record_disk_usage, figures)
-        for environment_id, _ in environments:
-            # One left out (removed meanwhile, or a cloud provider's) is asked about again when due.
-            self._measured_at[environment_id] = measured_at
 
 
 async def measure_forever(scanner: DiskScanner, tick_s: float) -> None:
