@@ -333,7 +333,7 @@ def _print_environment(e: dict[str, Any]) -> None:
         ("owns path", e["ownsPath"]),
         ("slug", e.get("slug")),
         ("ports", _ports_cell(e.get("ports"))),
-        ("disk", e.get("diskBytes") and f"{_disk_cell(e['diskBytes'])} ({e['diskBytes']} bytes)"),
+        ("disk", None if e.get("diskBytes") is None else f"{_disk_cell(e['diskBytes'])} ({e['diskBytes']} bytes)"),
         ("threads", ", ".join(e["threadIds"])),
         ("setup", e["hooks"]["setup"]["status"]),
         ("teardown", e["hooks"]["teardown"]["status"]),
