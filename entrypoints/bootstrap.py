@@ -224,7 +224,7 @@ async def build_core(
         lambda: LogReader(app),
         grace_for,
     )
-    disk = DiskScanner(store, hosts, ports.share, settings.disk_scan_interval_s)
+    disk = DiskScanner(store, hosts, ports.share)
     return Core(
         app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here, LogReader(app), disk
     )
@@ -400,6 +400,5 @@ def core_workers(
             core.doctor,
             settings.doctor_interval_s,
         ),
-        # A workspace settled after its setup is measured within a sweep's interval.
-        measure_forever(core.disk, min(settings.disk_scan_interval_s, settings.sweep_interval_s)),
+        measure_forever(core.disk, settings.disk_scan_interval_s),
     ]

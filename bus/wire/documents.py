@@ -353,9 +353,9 @@ class WorkspaceVanishedDocument(EnvironmentEvent, kw_only=True, tag="workspace_v
 
 
 class DiskMeasuredDocument(EnvironmentEvent, kw_only=True, tag="disk_measured"):
-    """The agent of its host measured the workspace (after setup, then every
-    BB_DISK_SCAN_INTERVAL_S), as `du -sb` counts it, and the figure moved by more than 5% since the
-    last one recorded (or is the first): the environment's `diskBytes`."""
+    """The agent of its host measured the workspace as `du -sb` counts it (at the first scan after
+    its setup, then at every scan, every BB_DISK_SCAN_INTERVAL_S), and the figure moved by more
+    than 5% since the last one recorded (or is the first): the environment's `diskBytes`."""
 
     disk_bytes: Annotated[int, _said("The bytes the workspace takes.")]
 
