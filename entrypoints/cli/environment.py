@@ -116,8 +116,9 @@ def environment_list(
                 ]
                 for e in doc["environments"]
             ),
-            shrink={"SLUG": "end"},
-        )  # a slug's end is its own
+            shrink={"SLUG": "end"},  # a slug's end is its own
+            optional=("DISK",),  # left to `show` and --json where the provider's name takes its room
+        )
 
     emit(document, as_json, human)
 
