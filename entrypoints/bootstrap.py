@@ -54,6 +54,7 @@ from bb_environments.handlers.ports import (
     Transcript,
 )
 from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.secrets import Secrets
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.handlers.writers import SharedStore, SingleWriter
@@ -64,6 +65,7 @@ from bb_environments.projections.tables import TRANSCRIPT
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.git_worktree import GitWorktreeProvider
 from bb_environments.providers.host.containment import host_containment
+from bb_environments.providers.host.secret_store import SecretStore
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.saved_work import saved_notes_dir
 from bb_environments.providers.workspaces import provider_dir
@@ -126,6 +128,8 @@ class Core:
     log_reader: LogReader
     """The log as the relay publishes it and the log follower checks it: one reader, so that the
     follower finds each document the relay of this replica made a moment before, not read again."""
+    secrets: Secrets
+    """The projects' secrets (SPEC 11): their names in the log, their values in this data dir."""
     disk: DiskScanner
 
 
@@ -173,7 +177,8 @@ async def build_core(
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
     started.push_async_callback(read_model.close)
-    here = ports.here(StoreLedger(store)) if ports.here else None
+    secrets = Secrets(store, SecretStore(settings.data_dir / "secrets"), settings.project_roots)
+    here = ports.here(StoreLedger(store, secrets.for_hook)) if ports.here else None
     # The cloud providers' work is the core's, under its data dir: the host here's own when its
     # workspaces lie there too (no BB_AGENT_ROOT), sharing one containment of hooks' processes.
     core_host = (
@@ -226,7 +231,20 @@ async def build_core(
     )
     disk = DiskScanner(store, hosts, ports.share)
     return Core(
-        app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, here, LogReader(app), disk
+        app,
+        store,
+        read_model,
+        damage,
+        placer,
+        threads,
+        provisioner,
+        doctor,
+        api,
+        machines,
+        here,
+        LogReader(app),
+        secrets,
+        disk,
     )
 
 

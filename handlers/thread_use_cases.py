@@ -137,11 +137,12 @@ class ThreadUseCases(IndexedApplication):
         if placement.shares_claimed_path and holder is not None and holder.takes_threads:
             return self._attach(thread, holder.id)
         replaced = holder if holder is not None and holder.can_give_up_path else None
+        claims = self.claims.on_host(host_id)
+        claims.load()
         # One whose removal this save starts does not count: its place is handed on.
         self._live.refuse_past(
             self.limits, host_id, placement.project_path, handed_on=replaced.id if replaced else None
         )
-        claims = self.claims.on_host(host_id)
         # The block is chosen against the ports the host's plan found listening: one placed while
         # the host was away leases its block when it is planned there (record_planned).
         slug, ports = claims.choose_lease(

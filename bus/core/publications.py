@@ -24,6 +24,7 @@ from bb_environments.bus.wire.documents import Document, type_tag
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.project_secrets import ProjectSecrets
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.thread import Thread
 
@@ -125,6 +126,14 @@ _OWNERS: dict[type[Aggregate], _Owner] = {
     RegisteredHost: _Owner(
         "machine", key=lambda _, host: host.host_id, common=lambda _, host: {"hostId": host.host_id}
     ),
+    ProjectSecrets: _Owner(
+        "project",
+        key=lambda event, _: str(event.originator_id),
+        common=lambda event, secrets: {
+            "projectSecretsId": str(event.originator_id),
+            "projectPath": secrets.project_path,
+        },
+    ),
 }
 
 
@@ -186,6 +195,9 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
         _published(RegisteredHost.CredentialsRotated, log_only.HostCredentialsRotatedDocument),
         _published(RegisteredHost.Removed, log_only.HostRemovedDocument),
         _published(RegisteredHost.RegisteredAgain, log_only.HostRegisteredAgainDocument),
+        _published(ProjectSecrets.Started, log_only.ProjectSecretsStartedDocument),
+        _published(ProjectSecrets.SecretSet, log_only.SecretSetDocument),
+        _published(ProjectSecrets.SecretRemoved, log_only.SecretRemovedDocument),
     ]
 )
 """Every domain event class that is recorded, and its document."""

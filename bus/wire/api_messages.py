@@ -187,3 +187,20 @@ class RegisterHost(Request):
 
 class HostRef(Request):
     host_id: str
+
+
+class SetSecret(Request):
+    """`secrets.set`: give the project's hooks the secret `name` (operator only; see docs/security.md)."""
+
+    project_path: str
+    name: str
+    value: str
+
+
+class SecretRef(Request):
+    project_path: str
+    name: str
+
+
+class ProjectRef(Request):
+    project_path: str

@@ -120,6 +120,12 @@ class RecordedHookAnswer(msgspec.Struct, frozen=True, rename="camel"):
     recorded: RecordedHook | None
 
 
+class HookSecretsAnswer(msgspec.Struct, frozen=True, rename="camel"):
+    """The secrets a hook gets as variables (SPEC 11): only in a reply on its agent's own inbox."""
+
+    secrets: dict[str, str]
+
+
 class HostHeartbeat(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     """What an agent says of itself every few seconds (KV bucket BB_HOSTS, key = its host id)."""
 

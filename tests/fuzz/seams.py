@@ -359,7 +359,11 @@ class ServiceWorld(Loop):
         self.here = core.here
         self.run(start_host_service(self.nats, HOST, self.here))
         self.run(
-            start_api(self.nats, ApiEdge(self.api, core.machines, self.nats.max_payload).endpoints(), translate_error)
+            start_api(
+                self.nats,
+                ApiEdge(self.api, core.machines, core.secrets, self.nats.max_payload, _no_replicas).endpoints(),
+                translate_error,
+            )
         )
 
     async def _stream_position(self) -> int:
@@ -538,3 +542,8 @@ def fuzz_settings(**overrides: Any) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
         **overrides,
     )
+
+
+async def _no_replicas() -> list:
+    """This core enters no presence: the fuzzed steps never ask for the replicas."""
+    return []

@@ -25,11 +25,18 @@ import bb_environments.domain as domain
 from bb_environments.bus.core.log_reader import LogReader
 from bb_environments.bus.core.publications import PUBLICATIONS, log_decoder
 from bb_environments.bus.wire.documents import EnvironmentEvent
-from bb_environments.bus.wire.log_only_documents import ClaimEvent, HostClaimsEvent, RegisteredHostEvent, ThreadEvent
+from bb_environments.bus.wire.log_only_documents import (
+    ClaimEvent,
+    HostClaimsEvent,
+    ProjectSecretsEvent,
+    RegisteredHostEvent,
+    ThreadEvent,
+)
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.leases import PortBlock
 from bb_environments.domain.path_claim import PathClaim
+from bb_environments.domain.project_secrets import ProjectSecrets
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.status import HookStatus
 from bb_environments.domain.thread import Thread
@@ -184,6 +191,10 @@ def record_every_event(app: Application) -> None:
     registration.remove()
     registration.register("UAH1AGAINKEY", rotate=False)
     app.save(registration)
+    secrets = ProjectSecrets(project_path="/src/p")
+    secrets.set("NPM_TOKEN")
+    secrets.remove("NPM_TOKEN")
+    app.save(secrets)
 
 
 @pytest.fixture
@@ -255,7 +266,10 @@ def test_each_view_is_its_aggregate_just_after_the_event(app):
         elif isinstance(document, ThreadEvent):
             assert isinstance(view, ThreadView) and view.id == document.thread_id
         else:
-            assert isinstance(document, (ClaimEvent, HostClaimsEvent, RegisteredHostEvent)) and view is None
+            assert (
+                isinstance(document, (ClaimEvent, HostClaimsEvent, RegisteredHostEvent, ProjectSecretsEvent))
+                and view is None
+            )
 
 
 def test_a_hook_the_host_skipped_after_it_started_shows_no_operation():
