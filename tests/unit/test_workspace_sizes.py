@@ -48,6 +48,24 @@ def test_a_tree_is_counted_as_du_sb_counts_it_without_following_symlinks(tmp_pat
     assert tree_bytes(str(root)) < 2_000_000  # the symlinked file is not counted
 
 
+def test_a_filesystem_mounted_inside_the_workspace_is_not_entered(tmp_path):
+    root = tmp_path / "workspace"
+    (root / "cache").mkdir(parents=True)
+    (root / "own.bin").write_bytes(b"o" * 50_000)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root / "cache")]).returncode != 0:
+        pytest.skip("mounting a tmpfs needs a privilege this process lacks")
+    try:
+        (root / "cache" / "other.bin").write_bytes(b"x" * 1_000_000)
+        counted = tree_bytes(str(root))
+        on_its_own = int(
+            subprocess.run(["du", "-sbx", str(root)], capture_output=True, text=True, check=True).stdout.split()[0]
+        )
+    finally:
+        subprocess.run(["umount", str(root / "cache")], check=True)
+    assert counted is not None and counted < 1_000_000
+    assert counted == on_its_own
+
+
 def test_what_is_not_a_directory_has_no_size(tmp_path):
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path, target_is_directory=True)
