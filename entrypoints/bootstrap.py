@@ -38,6 +38,7 @@ from bb_environments.entrypoints.config import Settings, event_store_file, hook_
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.application import Environments
+from bb_environments.handlers.disk_usage import DiskScanner, measure_forever
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.handlers.hosts import HostRouter
 from bb_environments.handlers.indexes import LiveLimits
@@ -129,6 +130,7 @@ class Core:
     follower finds each document the relay of this replica made a moment before, not read again."""
     secrets: Secrets
     """The projects' secrets (SPEC 11): their names in the log, their values in this data dir."""
+    disk: DiskScanner
 
 
 async def build_core(
@@ -150,7 +152,11 @@ async def build_core(
                 env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
                 grace_for=grace_for,
                 writers=writers,
-                limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project),
+                limits=LiveLimits(
+                    settings.max_live_environments,
+                    settings.max_live_environments_per_project,
+                    settings.max_disk_bytes_per_project,
+                ),
                 ports=PortRange(*settings.port_range, settings.ports_per_environment),
             )
             break
@@ -223,6 +229,7 @@ async def build_core(
         lambda: LogReader(app),
         grace_for,
     )
+    disk = DiskScanner(store, hosts, ports.share)
     return Core(
         app,
         store,
@@ -237,6 +244,7 @@ async def build_core(
         here,
         LogReader(app),
         secrets,
+        disk,
     )
 
 
@@ -410,4 +418,5 @@ def core_workers(
             core.doctor,
             settings.doctor_interval_s,
         ),
+        measure_forever(core.disk, settings.disk_scan_interval_s),
     ]

@@ -135,7 +135,8 @@ class Claims:
         environment_id = aggregate_id(notification)
         if notification.topic.endswith(".Removed"):
             host_id = self._hosts_of.pop(environment_id, None)
-            if host_id is not None:
+            # None of the host's environments may have leased yet: those of a release before leases.
+            if host_id is not None and host_id in self._leases:
                 self._leases[host_id].end(environment_id)
             return
         event: Any = self._app.mapper.to_domain_event(notification) if saved is None else saved

@@ -19,6 +19,8 @@ from bb_environments.providers.contract import Transcript as Transcript
 from bb_environments.providers.registry import ProviderDescription, ProviderProfile
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
+    DiskUsage,
+    DiskUsageRequest,
     LeftoverRemoval,
     PauseResult,
     Plan,
@@ -90,6 +92,11 @@ class Host(Protocol):
 
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         """Save a leftover's work, then remove it (`Removed.saved_ref` names the save)."""
+        ...
+
+    async def disk_usage(self, request: DiskUsageRequest) -> DiskUsage:
+        """The bytes each recorded workspace asked about takes on the host, as `du -sb` counts
+        them (a path the host keeps no workspace at is left out)."""
         ...
 
     async def run_hook(

@@ -140,7 +140,9 @@ class ThreadUseCases(IndexedApplication):
         claims = self.claims.on_host(host_id)
         claims.load()
         # One whose removal this save starts does not count: its place is handed on.
-        self._live.refuse_past(self.limits, host_id, placement.project_path, handed_on=1 if replaced else 0)
+        self._live.refuse_past(
+            self.limits, host_id, placement.project_path, handed_on=replaced.id if replaced else None
+        )
         # The block is chosen against the ports the host's plan found listening: one placed while
         # the host was away leases its block when it is planned there (record_planned).
         slug, ports = claims.choose_lease(

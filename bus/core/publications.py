@@ -175,6 +175,7 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
         _published(Environment.Removed, wire.RemovedDocument),
         _published(Environment.RemoveFailed, wire.RemoveFailedDocument),
         _published(Environment.WorkspaceVanished, wire.WorkspaceVanishedDocument),
+        _published(Environment.DiskMeasured, wire.DiskMeasuredDocument),
         _published(Thread.Registered, log_only.ThreadRegisteredDocument),
         _published(Thread.EnvironmentAssigned, log_only.ThreadEnvironmentAssignedDocument),
         _published(Thread.EnvironmentRequested, log_only.ThreadEnvironmentRequestedDocument),

@@ -45,6 +45,8 @@ from bb_environments.providers.contract import CreateResult, InvalidInputs, Plan
 from bb_environments.providers.registry import ProviderDescription
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
+    DiskUsage,
+    DiskUsageRequest,
     LeftoverRemoval,
     PauseFailed,
     PauseResult,
@@ -131,6 +133,10 @@ class RemoteHost:
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         result: RemoveResult = await self._ask(request.host_id, "remove-leftover", request)
         return result
+
+    async def disk_usage(self, request: DiskUsageRequest) -> DiskUsage:
+        usage: DiskUsage = await self._ask(request.host_id, "disk-usage", request)
+        return usage
 
     async def run_hook(
         self,

@@ -27,6 +27,8 @@ from bb_environments.providers.contract import CreateFailed, CreateResult, HostU
 from bb_environments.providers.registry import ProviderDescription
 from bb_environments.providers.workspace_messages import (
     CreateRequest,
+    DiskUsage,
+    DiskUsageRequest,
     LeftoverRemoval,
     Plan,
     PlanRequest,
@@ -262,6 +264,7 @@ VERBS: tuple[HostVerb, ...] = (
         RemoveResult,
         lambda host, _, request: host.remove_leftover(request),
     ),
+    HostVerb("disk-usage", "query", DiskUsageRequest, DiskUsage, lambda host, _, request: host.disk_usage(request)),
     HostVerb("start", "query", StartHook, HookState, _start, of_hooks=True),
     HostVerb("status", "query", HookRef, HookState, _status, of_hooks=True),
     HostVerb("cancel", "query", HookRef, HookCancelled, _cancel, of_hooks=True),

@@ -125,6 +125,7 @@ def record_every_event(app: Application) -> None:
     env.record_resource({"snapshot": "im-1"})
     env.record_paused({"snapshot": "im-2"}, now)
     env.record_resumed({"sandbox": "sb-2"})
+    env.record_disk_usage("/data/wt/t-1-2", 1_234_567)
     env.attach_thread("t-2")
     env.detach_thread("t-2", now, 60_000)
     env.detach_thread("t-1", now, 60_000)
