@@ -167,6 +167,7 @@ def host_agent_permissions(host_id: str) -> Permissions:
                 f"$JS.ACK.{jobs}.{consumer}.>",
                 subjects.host_reports(host_id),
                 subjects.host_ledger(host_id),
+                subjects.host_secrets(host_id),
                 f"$KV.{subjects.HOSTS_BUCKET}.{host_id}",
                 subjects.host_transcripts(host_id),
             ]

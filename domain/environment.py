@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from eventsourcing.domain import Aggregate, event
 
 from bb_environments.domain.copying import CopiedForCommands
+from bb_environments.domain.disk import worth_recording
 from bb_environments.domain.errors import IllegalTransition, ThreadsStillLive
 from bb_environments.domain.hook_operations import HookKind, RecordedHook
 from bb_environments.domain.leases import PortBlock
@@ -91,6 +92,7 @@ class Environment(CopiedForCommands, Aggregate):
         WorkspaceVanished: ClassVar[type[Aggregate.Event]]
         Pooled: ClassVar[type[Aggregate.Event]]
         Bound: ClassVar[type[Aggregate.Event]]
+        DiskMeasured: ClassVar[type[Aggregate.Event]]
 
         class SetupStarted(Aggregate.Event):
             operation_id: str
@@ -163,6 +165,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.remove_retry_at: datetime | None = None
         self.paused_at: datetime | None = None
         self.saved_ref: str | None = None
+        self.disk_bytes: int | None = None
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -370,6 +373,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.owns_path = owns_path
         self.merge_base_branch = merge_base_branch
         self.resource = resource
+        self.disk_bytes = None  # a new workspace, not measured yet
 
     @event("CreateFailed")
     def _create_failed(self, attempt: int, failure: CreateFailure, message: str) -> None:
@@ -612,8 +616,31 @@ class Environment(CopiedForCommands, Aggregate):
         self.status = EnvironmentStatus.ERROR
         self.status_message = message
         self.path = None
+        self.disk_bytes = None
         self.failure = None
         self.setup_status = None  # the next workspace is a new one, whose setup has not run
+
+    # -- the workspace's size on disk -------------------------------------------------------------
+
+    @property
+    def disk_measurable(self) -> bool:
+        """Settled on a workspace that is there to measure (not paused: a paused one's resource is
+        suspended, and its idle clock is its last event's time)."""
+        return self.status in SETTLED_STATUSES and self.path is not None and self.paused_at is None
+
+    def record_disk_usage(self, path: str, disk_bytes: int) -> bool:
+        """The workspace at `path` takes `disk_bytes` now: recorded when it is worth it
+        (domain/disk.py), so the log grows with the changes in size, never with the number of scans."""
+        if not self.disk_measurable or path != self.path or disk_bytes < 0:
+            return False
+        if not worth_recording(self.disk_bytes, disk_bytes):
+            return False
+        self._disk_measured(disk_bytes)
+        return True
+
+    @event("DiskMeasured")
+    def _disk_measured(self, disk_bytes: int) -> None:
+        self.disk_bytes = disk_bytes
 
     # -- explicit retry ------------------------------------------------------------------------
 
@@ -817,6 +844,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.status = EnvironmentStatus.REMOVED
         self.path = None
         self.resource = None
+        self.disk_bytes = None
 
     @event("RemoveFailed")
     def _remove_failed(self, removal_attempt: int, message: str, retry_at: datetime) -> None:

@@ -38,6 +38,7 @@ from bb_environments.entrypoints.config import Settings, event_store_file, hook_
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.application import Environments
+from bb_environments.handlers.disk_usage import DiskScanner, measure_forever
 from bb_environments.handlers.doctor import Doctor
 from bb_environments.handlers.hosts import HostRouter
 from bb_environments.handlers.indexes import LiveLimits
@@ -55,6 +56,7 @@ from bb_environments.handlers.ports import (
     Transcript,
 )
 from bb_environments.handlers.provisioning import Provisioner
+from bb_environments.handlers.secrets import Secrets
 from bb_environments.handlers.store import Store, StoreLedger
 from bb_environments.handlers.threads import ThreadHandlers
 from bb_environments.handlers.writers import SharedStore, SingleWriter
@@ -65,6 +67,7 @@ from bb_environments.projections.tables import TRANSCRIPT
 from bb_environments.providers.contract import retire_grace_ms
 from bb_environments.providers.git_worktree import GitWorktreeProvider
 from bb_environments.providers.host.containment import host_containment
+from bb_environments.providers.host.secret_store import SecretStore
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.saved_work import saved_notes_dir
 from bb_environments.providers.workspaces import provider_dir
@@ -128,6 +131,9 @@ class Core:
     log_reader: LogReader
     """The log as the relay publishes it and the log follower checks it: one reader, so that the
     follower finds each document the relay of this replica made a moment before, not read again."""
+    secrets: Secrets
+    """The projects' secrets (SPEC 11): their names in the log, their values in this data dir."""
+    disk: DiskScanner
 
 
 async def build_core(
@@ -149,7 +155,11 @@ async def build_core(
                 env={**event_store_environment(settings.event_store), **AGGREGATE_CACHE},
                 grace_for=grace_for,
                 writers=writers,
-                limits=LiveLimits(settings.max_live_environments, settings.max_live_environments_per_project),
+                limits=LiveLimits(
+                    settings.max_live_environments,
+                    settings.max_live_environments_per_project,
+                    settings.max_disk_bytes_per_project,
+                ),
                 ports=PortRange(*settings.port_range, settings.ports_per_environment),
             )
             app.pool_max_failures = settings.pool_max_failures
@@ -171,7 +181,8 @@ async def build_core(
     started.callback(store.close)
     read_model, damage = await ReadModel.open_or_set_aside(settings.data_dir / "read-models.sqlite")
     started.push_async_callback(read_model.close)
-    here = ports.here(StoreLedger(store)) if ports.here else None
+    secrets = Secrets(store, SecretStore(settings.data_dir / "secrets"), settings.project_roots)
+    here = ports.here(StoreLedger(store, secrets.for_hook)) if ports.here else None
     # The cloud providers' work is the core's, under its data dir: the host here's own when its
     # workspaces lie there too (no BB_AGENT_ROOT), sharing one containment of hooks' processes.
     core_host = (
@@ -224,8 +235,23 @@ async def build_core(
         grace_for,
     )
     pools = Pools(store, placer, PoolKeeper(store, placer, provisioner))
+    disk = DiskScanner(store, hosts, ports.share)
     return Core(
-        app, store, read_model, damage, placer, threads, provisioner, doctor, api, machines, pools, here, LogReader(app)
+        app,
+        store,
+        read_model,
+        damage,
+        placer,
+        threads,
+        provisioner,
+        doctor,
+        api,
+        machines,
+        pools,
+        here,
+        LogReader(app),
+        secrets,
+        disk,
     )
 
 
@@ -400,4 +426,5 @@ def core_workers(
             core.doctor,
             settings.doctor_interval_s,
         ),
+        measure_forever(core.disk, settings.disk_scan_interval_s),
     ]

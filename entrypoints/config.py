@@ -114,6 +114,11 @@ class Settings(msgspec.Struct, frozen=True):
     saved_work_max_bytes: int = 10 << 20
     """BB_SAVED_WORK_MAX_BYTES: the largest file the work saved from a removed worktree keeps
     (providers/saved_work.py, which reads it there too)."""
+    disk_scan_interval_s: float = 600
+    """BB_DISK_SCAN_INTERVAL_S: how often each live workspace's size is measured again (SPEC 11)."""
+    max_disk_bytes_per_project: int | None = None
+    """BB_MAX_DISK_BYTES_PER_PROJECT: the bytes one project's live workspaces on a host may take,
+    as last measured, before its spawns are refused; None: no budget."""
 
     @classmethod
     def load(
@@ -177,6 +182,8 @@ class Settings(msgspec.Struct, frozen=True):
                 "a number of bytes",
             ),
             saved_work_max_bytes=read.saved_work_max_bytes(),
+            disk_scan_interval_s=read.positive("BB_DISK_SCAN_INTERVAL_S", 600, "a number of seconds"),
+            max_disk_bytes_per_project=read.optional_count("BB_MAX_DISK_BYTES_PER_PROJECT"),
         )
 
     @property

@@ -50,6 +50,7 @@ from bb_environments.bus.core.replicas import (
     lease_holder,
     leases_bucket,
     live_replica_count,
+    present_replicas,
 )
 from bb_environments.bus.core.thread_messages import StreamPorts
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
@@ -315,7 +316,8 @@ async def _serve(
     # Every host the log knows has its queue, whichever replica registered it.
     known_hosts = await core.machines.known()
     await health.once_answered("the hosts' job queues", lambda: ensure_hosts(js, known_hosts, settings.stream_replicas))
-    started.push_async_callback(_unsubscribe, await answer_ledger_questions(nc, StoreLedger(core.store), health))
+    for answering in await answer_ledger_questions(nc, StoreLedger(core.store, core.secrets.for_hook), health):
+        started.push_async_callback(_unsubscribe, answering)
     agent_work: list[Coroutine[Any, Any, None]] = []
     if core.here is not None and agent_nc is not None:
         # The core calls its host directly; the bus reaches the same host as it would a `bb agent`'s.
@@ -336,7 +338,11 @@ async def _serve(
     started.push_async_callback(_cancel, tasks)
 
     service = await start_api(
-        nc, ApiEdge(core.api, core.machines, core.pools, nc.max_payload).endpoints(), translate_error
+        nc,
+        ApiEdge(
+            core.api, core.machines, core.secrets, core.pools, nc.max_payload, lambda: present_replicas(js)
+        ).endpoints(),
+        translate_error,
     )
     started.push_async_callback(service.stop)
     await nc.flush()  # the API's subscriptions are live on the server before anyone reads server.json

@@ -91,6 +91,11 @@ def count(name: str, default: int) -> int:
     raise ConfigError(f"{name} {raw!r} is not allowed: use a whole number greater than 0")
 
 
+def optional_count(name: str) -> int | None:
+    """A whole number greater than 0, or None when the setting is unset (no limit)."""
+    return count(name, 0) or None
+
+
 def at_least(name: str, default: int, minimum: int, what: str) -> int:
     raw = os.environ.get(name)
     if not raw:

@@ -18,6 +18,7 @@ from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.domain import Aggregate
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL
 from bb_environments.handlers.pool_use_cases import PoolUseCases
@@ -64,3 +65,29 @@ class Environments(PoolUseCases, ProvisioningSteps):
             claims.release(path, environment.id)
         self.save(environment, *claims.changed)
         return environment
+
+    # -- the workspaces' sizes on disk (handlers/disk_usage.py) -----------------------------------
+
+    def measurable_workspaces(self) -> list[tuple[UUID, str, str, str]]:
+        """Each live environment settled on a workspace to measure: its id, host, provider and path."""
+        return [
+            (environment.id, environment.host_id, environment.provider_id, environment.path)
+            for environment in self.live_environments()
+            if environment.disk_measurable and environment.path is not None
+        ]
+
+    def record_disk_usage(self, figures: list[tuple[UUID, str, int]]) -> list[Environment]:
+        """Each workspace (environment id, path) takes the bytes given now: the environments whose
+        figure was worth recording (see Environment.record_disk_usage), saved together, in one
+        transaction for a whole host's pass."""
+        changed = []
+        for environment_id, path, disk_bytes in figures:
+            try:
+                environment = self._changing_environment(environment_id)
+            except UnknownEnvironment:
+                continue
+            if environment.record_disk_usage(path, disk_bytes):
+                changed.append(environment)
+        if changed:
+            self.save(*changed)
+        return changed

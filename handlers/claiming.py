@@ -65,6 +65,7 @@ class Claims:
 
     def __init__(self, app: Application[UUID], writers: Writers, watch: LogWatch) -> None:
         self._app = app
+        self._watch = watch
         self.per_host = writers.claims_per_host
         self._claims: dict[UUID, tuple[str, str, UUID | None]] = {}
         self._held: dict[str, HeldPaths] = {}  # the same claims' live ones, by host
@@ -108,7 +109,11 @@ class Claims:
         refuse_nested(self._held.get(host_id), path, environment_id)
 
     def host_claims(self, host_id: str) -> HostClaims:
-        """The host's HostClaims, to change, or a new one holding its live claims."""
+        """The host's HostClaims, to change, or a new one holding its live claims.
+
+        The log indexes read on past it afterwards: what they count then includes every save it
+        includes, and any they miss changed it since (this command's save conflicts)."""
+        self._watch.look_again()
         try:
             return self._app.repository.get(host_claims_id(host_id))
         except AggregateNotFoundError:
@@ -130,7 +135,8 @@ class Claims:
         environment_id = aggregate_id(notification)
         if notification.topic.endswith(".Removed"):
             host_id = self._hosts_of.pop(environment_id, None)
-            if host_id is not None:
+            # None of the host's environments may have leased yet: those of a release before leases.
+            if host_id is not None and host_id in self._leases:
                 self._leases[host_id].end(environment_id)
             return
         event: Any = self._app.mapper.to_domain_event(notification) if saved is None else saved
@@ -231,6 +237,11 @@ class ClaimChanges:
         host = self._host_claims()
         if host is not None:
             host.release(path, environment_id)
+
+    def load(self) -> None:
+        """Load the host's claims now, before a decision on what the log indexes count (the live
+        limits): on a shared store a save those indexes miss then makes this command's conflict."""
+        self._host_claims()
 
     def _host_claims(self) -> HostClaims | None:
         """The host's HostClaims, where the writers keep one (loaded once per command)."""

@@ -13,6 +13,7 @@ from eventsourcing.application import Application
 from eventsourcing.domain import DomainEventProtocol
 from eventsourcing.persistence import Notification
 
+from bb_environments.domain.disk import human_bytes
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import LimitReached
 from bb_environments.domain.hook_operations import HookKind
@@ -82,18 +83,26 @@ class LiveLimits:
     per_host: int = 10_000
     per_project: int = 1_000
     """Per project on one host; environments without a project count towards their host's limit only."""
+    disk_bytes_per_project: int | None = None
+    """The bytes one project's live environments on a host may take, as last measured, before
+    its spawns are refused (SPEC 11, BB_MAX_DISK_BYTES_PER_PROJECT); None: no budget."""
 
 
 class LiveEnvironments:
     """Every environment whose log does not end in Removed, and how many of them live on each host
-    and in each project there: what recovery drives on, and what the live limits count."""
+    and in each project there, with the bytes their workspaces took when last measured: what
+    recovery drives on, and what the live limits and the disk budget count."""
 
     def __init__(self, app: Application[UUID], writers: Writers, watch: LogWatch) -> None:
         self._app = app
         self._places: dict[UUID, tuple[str, str | None]] = {}  # with its host and project
         self._on_host: Counter[str] = Counter()
         self._in_project: Counter[tuple[str, str]] = Counter()
-        self.index = writers.log_index(app, watch, Environment, ("Claimed", "Removed"), self._fold)
+        self._disk_bytes: dict[UUID, int] = {}  # of those measured since their workspace was made
+        self._disk_in_project: Counter[tuple[str, str]] = Counter()
+        self.index = writers.log_index(
+            app, watch, Environment, ("Claimed", "Created", "DiskMeasured", "WorkspaceVanished", "Removed"), self._fold
+        )
 
     def ids(self) -> list[UUID]:
         self.index.catch_up()
@@ -107,9 +116,27 @@ class LiveEnvironments:
         self.index.catch_up()
         return self._in_project[host_id, project_path]
 
-    def refuse_past(self, limits: LiveLimits, host_id: str, project_path: str | None, handed_on: int) -> None:
+    def disk_in_project(self, host_id: str, project_path: str) -> int:
+        self.index.catch_up()
+        return self._disk_in_project[host_id, project_path]
+
+    def refuse_past(self, limits: LiveLimits, host_id: str, project_path: str | None, handed_on: UUID | None) -> None:
         """Refuse a new environment while its host, or its project there, has as many live ones as
-        `limits` allow, not counting the `handed_on` ones whose removal makes room for it."""
+        `limits` allow, or its project's workspaces there take more bytes than its budget, not
+        counting the one `handed_on`, whose removal makes room for it."""
+        self._refuse_past_count(limits, host_id, project_path, 1 if handed_on is not None else 0)
+        if project_path is None or limits.disk_bytes_per_project is None:
+            return
+        used = self.disk_in_project(host_id, project_path) - (self._disk_bytes.get(handed_on, 0) if handed_on else 0)
+        if used > limits.disk_bytes_per_project:
+            raise LimitReached(
+                f"project {project_path} has live environments on host {host_id} whose workspaces take "
+                f"{used} bytes ({human_bytes(used)}) as last measured, more than "
+                f"BB_MAX_DISK_BYTES_PER_PROJECT ({limits.disk_bytes_per_project} bytes, "
+                f"{human_bytes(limits.disk_bytes_per_project)}) allows: remove one first"
+            )
+
+    def _refuse_past_count(self, limits: LiveLimits, host_id: str, project_path: str | None, handed_on: int) -> None:
         on_host = self.on_host(host_id)
         if on_host - handed_on >= limits.per_host:
             raise LimitReached(
@@ -125,12 +152,29 @@ class LiveEnvironments:
             )
 
     def _fold(self, notification: Notification, event: DomainEventProtocol[UUID] | None) -> None:
+        environment_id = aggregate_id(notification)
         if notification.topic.endswith(".Claimed"):
             claimed: Any = self._app.mapper.to_domain_event(notification) if event is None else event
-            place = self._places[aggregate_id(notification)] = (claimed.host_id, claimed.project_path)
+            place = self._places[environment_id] = (claimed.host_id, claimed.project_path)
             self._count(place, 1)
-        elif aggregate_id(notification) in self._places:
-            self._count(self._places.pop(aggregate_id(notification)), -1)
+            return
+        if environment_id not in self._places:
+            return
+        # Any other event of these says the figure measured last is no longer the workspace's.
+        self._measured(environment_id, None)
+        if notification.topic.endswith(".DiskMeasured"):
+            measured: Any = self._app.mapper.to_domain_event(notification) if event is None else event
+            self._measured(environment_id, measured.disk_bytes)
+        elif notification.topic.endswith(".Removed"):
+            self._count(self._places.pop(environment_id), -1)
+
+    def _measured(self, environment_id: UUID, disk_bytes: int | None) -> None:
+        host_id, project_path = self._places[environment_id]
+        before = self._disk_bytes.pop(environment_id, 0)
+        if disk_bytes is not None:
+            self._disk_bytes[environment_id] = disk_bytes
+        if project_path is not None:
+            self._disk_in_project[host_id, project_path] += (disk_bytes or 0) - before
 
     def _count(self, place: tuple[str, str | None], change: int) -> None:
         host_id, project_path = place

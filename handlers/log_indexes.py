@@ -32,8 +32,10 @@ class LogWatch:
     index that asks: the run's lookups then decide on one look at the log instead of a query of the
     head each. That look is as recent as each index's own would have been: it is taken within the
     run, and whatever another writer saves after it, the run could as well have missed by deciding
-    a moment sooner (its save then conflicts, or the decision is one the limits already allow to
-    race, see docs/guarantees.md). Outside a run every index reads the head itself.
+    a moment sooner. A decision that must not miss it is made on an aggregate its saves change
+    (a host's HostClaims): loading that aggregate calls `look_again`, so the indexes read on to a
+    head taken after it, and a save they still miss changed the aggregate since, which makes the
+    run's own save conflict. Outside a run every index reads the head itself.
 
     An index behind the head catches up every index behind it with one read (`read_up_to`): a
     command's lookups in several indexes cost one query of the log, not one each.
@@ -69,6 +71,10 @@ class LogWatch:
         if self._in_run:
             self._head = head
         return head
+
+    def look_again(self) -> None:
+        """Let the run's next lookup read the head anew (see the class's note on HostClaims)."""
+        self._head = None
 
     @contextlib.contextmanager
     def one_run(self) -> Iterator[None]:

@@ -21,6 +21,8 @@ from bb_environments.providers.workspace_messages import (
     BindRequest,
     BindResult,
     CreateRequest,
+    DiskUsage,
+    DiskUsageRequest,
     LeftoverRemoval,
     PauseResult,
     Plan,
@@ -96,6 +98,10 @@ class Host(Protocol):
 
     async def bind(self, request: BindRequest) -> BindResult:
         """Give a pool's member bound to a thread the thread's identity (its branch); safe to ask again."""
+
+    async def disk_usage(self, request: DiskUsageRequest) -> DiskUsage:
+        """The bytes each recorded workspace asked about takes on the host, as `du -sb` counts
+        them (a path the host keeps no workspace at is left out)."""
         ...
 
     async def run_hook(

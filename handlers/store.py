@@ -27,7 +27,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
@@ -38,6 +38,8 @@ from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments
 
 T = TypeVar("T")
+HookSecrets = Callable[[str, str], Awaitable[dict[str, str]]]
+"""(operation id, host id) -> the hook's secrets as its variables."""
 P = ParamSpec("P")
 
 # A batch is answered at once; a bound keeps the first caller's wait short under a long queue.
@@ -163,8 +165,13 @@ def _answer_all(answered: list[tuple[asyncio.Future[Any], Any, BaseException | N
 class StoreLedger:
     """The host agent's account of hook operations when it runs beside the store (`bb serve`)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, hook_secrets: HookSecrets | None = None) -> None:
+        """`hook_secrets`: the secrets a hook gets (handlers/secrets.py); None: none."""
         self._store = store
+        self._hook_secrets = hook_secrets
+
+    async def hook_secrets(self, operation_id: str, host_id: str) -> dict[str, str]:
+        return {} if self._hook_secrets is None else await self._hook_secrets(operation_id, host_id)
 
     async def recorded_hook(self, operation_id: str) -> RecordedHook | None:
         # On the writer thread: the application's indexes and aggregate cache are the writer's alone,

@@ -142,7 +142,9 @@ class ThreadUseCases(IndexedApplication):
             return taken
         replaced = holder if holder is not None and holder.can_give_up_path else None
         spare = self._spare_member(placement) if replaced is None else None
-        environment, changed = self._claim(placement, thread.thread_id, replaced, handed_on=1 if spare else 0)
+        environment, changed = self._claim(
+            placement, thread.thread_id, replaced, handed_on=spare[1].id if spare else None
+        )
         thread.assign_environment(environment.id)
         return environment, [environment, thread, *changed, *(spare or ())]
 
@@ -152,19 +154,20 @@ class ThreadUseCases(IndexedApplication):
         thread_id: str,
         replaced: Environment | None = None,
         member_of: str | None = None,
-        handed_on: int = 0,
+        handed_on: UUID | None = None,
     ) -> tuple[Environment, list[Aggregate]]:
         """A new environment where `placement` says, with its path claimed and its slug and ports
         leased on its host (for `thread_id`, or a member of pool `member_of`, prepared where the
-        placement read the base's head);
-        `replaced` gives up the path in the same save. Not saved yet: the environment, and the
-        other aggregates changed."""
+        placement read the base's head); `replaced` gives up the path in the same save, and
+        `handed_on` (a pool's member removed in the same save) makes room for it too. Not saved
+        yet: the environment, and the other aggregates changed."""
         host_id, claimed_path, head = placement.host_id, placement.claimed_path, placement.base_head
+        claims = self.claims.on_host(host_id)
+        claims.load()
         # One whose removal this save starts does not count: its place is handed on.
         self._live.refuse_past(
-            self.limits, host_id, placement.project_path, handed_on=handed_on + (1 if replaced else 0)
+            self.limits, host_id, placement.project_path, handed_on=replaced.id if replaced else handed_on
         )
-        claims = self.claims.on_host(host_id)
         # The block is chosen against the ports the host's plan found listening: one placed while
         # the host was away leases its block when it is planned there (record_planned).
         slug, ports = claims.choose_lease(

@@ -35,6 +35,8 @@ class GuardedHooks:
     def __init__(self, runner: HookRunner, host_id: str, transcript: Transcript, ledger: HookLedger) -> None:
         self._runner = runner
         self._transcript = transcript
+        self._ledger = ledger
+        self._host_id = host_id
         self._guard = HookGuard(ledger, host_id)
         self._running: dict[str, asyncio.Task[HookOutcome]] = {}
 
@@ -64,6 +66,11 @@ class GuardedHooks:
         """The hook's run, begun or joined, once the guard finds the request backed by the log
         (or by `known`, see HookGuard.to_run)."""
         recorded = await self._guard.to_run(operation_id, kind, environment_id, workspace, known)
+        # Asked of the log for each run, never kept: a secret set or removed since counts. Asked
+        # before the check below, which no other request for the operation may pass in between.
+        secrets = (
+            await self._ledger.hook_secrets(operation_id, self._host_id) if operation_id not in self._running else {}
+        )
         if operation_id not in self._running:
             assert recorded.workspace is not None  # an awaited hook's environment has its path
             # Begun here and now, not when a task of ours is first stepped (see HookRunner.start).
@@ -75,6 +82,7 @@ class GuardedHooks:
                 recorded.environment_id,
                 self._begin_of(recorded),
                 recorded.given_variables(),
+                secrets,
             )
             # Its failure is read even where the announcing task is cancelled before it awaits the
             # run (the agent's stop): the runner has recorded it, nothing else needs to.

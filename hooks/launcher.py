@@ -131,6 +131,7 @@ def _be_spare(channel: socket.socket, assignment: socket.socket) -> None:
                 cgroups=asked.cgroups,
                 run_as=asked.run_as,
                 git_hook=asked.git_hook,
+                masked=asked.masked,
             )
         else:
             for fd in fds:

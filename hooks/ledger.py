@@ -30,6 +30,11 @@ class HookLedger(Protocol):
 
     async def recorded_hook(self, operation_id: str) -> RecordedHook | None: ...
 
+    async def hook_secrets(self, operation_id: str, host_id: str) -> dict[str, str]:
+        """The secrets of its environment's project that the hook gets as variables (SPEC 11), if
+        the log awaits the operation on `host_id`; else none."""
+        ...
+
 
 class HookRefused(HostUnavailable):
     """A request the log does not back: nothing runs or stops. To the core a host that refused

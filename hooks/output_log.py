@@ -10,11 +10,17 @@ signals stays as it is. A setup may leave processes running (a dev server) that 
 pipe: their output is copied, within the same bound, for as long as they live, so that they never
 write into a closed pipe; the supervisor asks for what is in the pipe at the moment its script
 ended (`drain`) before it records the outcome, since the runner takes the log as complete then.
+
+A project's secrets (SPEC 11) never reach the log: each value is replaced by `***` before the
+output is bounded (`SecretMask`), here on the host, so no copy made from the log (the transcript,
+`show`, the output pages) can hold one. A value split across two writes is masked too: what could
+be the start of a value is held back until the next read says whether it is.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import threading
 
@@ -91,12 +97,58 @@ class BoundedLog:
             self._ends_line = data.endswith(b"\n")
 
 
-class OutputCopier:
-    """Copies the read end of the script's output pipe into a BoundedLog, on a thread of its own."""
+MASK = b"***"
 
-    def __init__(self, read_fd: int, log: BoundedLog) -> None:
+
+class SecretMask:
+    """Replaces each of `values` in a stream of output by `***`, holding back the end of what it
+    was given while that end could be the start of a value. Not thread-safe."""
+
+    def __init__(self, values: list[bytes]) -> None:
+        kept = sorted({value for value in values if value}, key=len, reverse=True)  # the longest wins
+        self._values = kept
+        self._pattern = re.compile(b"|".join(re.escape(value) for value in kept)) if kept else None
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """What of the stream so far can be written now, masked."""
+        if self._pattern is None:
+            return data
+        data = self._held + data
+        masked = bytearray()
+        start = 0
+        for found in self._pattern.finditer(data):
+            masked += data[start : found.start()] + MASK
+            start = found.end()
+        rest = data[start:]
+        held = self._could_start_a_value(rest)
+        self._held = rest[len(rest) - held :] if held else b""
+        masked += rest[: len(rest) - held]
+        return bytes(masked)
+
+    def flush(self) -> bytes:
+        """What was held back: the stream has ended (or its writer has), so it starts no value."""
+        held, self._held = self._held, b""
+        return held
+
+    def _could_start_a_value(self, data: bytes) -> int:
+        """The length of the longest end of `data` that a value starts with (shorter than that value)."""
+        longest = min(len(data), len(self._values[0]) - 1)
+        for length in range(longest, 0, -1):
+            end = data[-length:]
+            if any(value.startswith(end) for value in self._values):
+                return length
+        return 0
+
+
+class OutputCopier:
+    """Copies the read end of the script's output pipe into a BoundedLog, on a thread of its own,
+    with `mask` applied."""
+
+    def __init__(self, read_fd: int, log: BoundedLog, mask: SecretMask | None = None) -> None:
         self._read_fd = read_fd
         self._log = log
+        self._mask = mask or SecretMask([])
         self._wake_read, self._wake_write = os.pipe()
         self._drained = threading.Event()
         self._closing = threading.Lock()
@@ -128,6 +180,7 @@ class OutputCopier:
                     os.read(self._wake_read, 64)
                     self._drain_now()
         finally:
+            self._log.write(self._mask.flush())
             self._log.settle()
             self._log.close()
             with self._closing:
@@ -145,6 +198,8 @@ class OutputCopier:
             pass
         finally:
             os.set_blocking(self._read_fd, True)
+        # The script has ended: what it wrote last is in the log now, the outcome comes next.
+        self._log.write(self._mask.flush())
         self._log.settle()
         self._drained.set()
 
@@ -153,5 +208,5 @@ class OutputCopier:
         data = os.read(self._read_fd, READ_CHUNK_BYTES)
         if not data:
             return False
-        self._log.write(data)
+        self._log.write(self._mask.feed(data))
         return True

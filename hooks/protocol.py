@@ -64,6 +64,8 @@ class SupervisorRequest:
     git_hook: list[str] | None = None
     """The repository's git hook to run before the script, as its command (BB_GIT_HOOKS=run:
     the post-checkout hook the workspace's checkout owes, see providers/git_commands.py)."""
+    masked: list[str] = field(default_factory=list)
+    """The variables of `environment` whose values the log shows as `***`: the project's secrets."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -94,6 +94,7 @@ class _InFlight:
     workspace: str
     environment_id: str | None
     variables: Mapping[str, str]
+    secrets: Mapping[str, str]
     # The current attempt's first step until the run's task has its result (then None): a task
     # that ends without it (cancelled, even before its first step, by the loop shutting down)
     # leaves the supervisor that step started for `_close_untaken` to close.
@@ -192,15 +193,19 @@ class HookRunner:
         on_output: OutputSink,
         environment_id: str | None = None,
         variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> HookOutcome:
         """Run the hook once; a repeated or concurrent call for the same operation gets its outcome.
 
         A concurrent second call waits for the first one's outcome; only the first call's
         `on_output` receives the lines. The hook of an `environment_id` is contained with its
         environment's others. `variables` are those the core gives the hook on purpose
-        (RecordedHook.given_variables); no other variable of the service's reaches it.
+        (RecordedHook.given_variables); no other variable of the service's reaches it. `secrets`,
+        the project's (SPEC 11), reach it as variables too, and its log shows each value as `***`.
         """
-        return await self.start(operation_id, kind, workspace, on_output, environment_id, variables=variables)
+        return await self.start(
+            operation_id, kind, workspace, on_output, environment_id, variables=variables, secrets=secrets
+        )
 
     def start(
         self,
@@ -211,6 +216,7 @@ class HookRunner:
         environment_id: str | None = None,
         on_begin: BeginSink | None = None,
         variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> asyncio.Future[HookOutcome]:
         """`run`, begun before this returns: a new operation's first step (reading its record and
         starting its supervisor) is already with a worker thread, rather than waiting for the
@@ -226,18 +232,11 @@ class HookRunner:
             return answered
         in_flight = self._in_flight.get(operation_id)
         if in_flight is None:
-            given = dict(variables or {})
             in_flight = _InFlight(
-                kind,
-                str(workspace),
-                environment_id,
-                given,
-                self._begin_soon(operation_id, kind, workspace, environment_id, given),
-                on_begin,
+                kind, str(workspace), environment_id, dict(variables or {}), dict(secrets or {}), None, on_begin
             )
-            in_flight.task = asyncio.ensure_future(
-                self._run_until_recorded(operation_id, kind, workspace, on_output, in_flight)
-            )
+            in_flight.begun = self._begin_soon(operation_id, in_flight)
+            in_flight.task = asyncio.ensure_future(self._run_until_recorded(operation_id, on_output, in_flight))
             self._in_flight[operation_id] = in_flight
             in_flight.task.add_done_callback(lambda _: self._end_in_flight(operation_id, in_flight))
         elif (in_flight.kind, in_flight.workspace) != (kind, str(workspace)):
@@ -245,12 +244,8 @@ class HookRunner:
         # Shielded: a caller that stops waiting must not stop the hook's bookkeeping midway.
         return asyncio.shield(in_flight.task)
 
-    def _begin_soon(
-        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None, variables: Mapping[str, str]
-    ) -> _Begun:
-        return asyncio.get_running_loop().run_in_executor(
-            None, self._begin, operation_id, kind, workspace, environment_id, variables
-        )
+    def _begin_soon(self, operation_id: str, hook: _InFlight) -> _Begun:
+        return asyncio.get_running_loop().run_in_executor(None, self._begin, operation_id, hook)
 
     def _end_in_flight(self, operation_id: str, in_flight: _InFlight) -> None:
         self._in_flight.pop(operation_id, None)
@@ -263,9 +258,7 @@ class HookRunner:
         record = await self._record_once_adopted(operation_id)
         return await self._stopping.stop(record)
 
-    async def _run_until_recorded(
-        self, operation_id: str, kind: str, workspace: Path, on_output: OutputSink, in_flight: _InFlight
-    ) -> HookOutcome:
+    async def _run_until_recorded(self, operation_id: str, on_output: OutputSink, in_flight: _InFlight) -> HookOutcome:
         """Each attempt starts with its first step under way (`in_flight.begun`); the first one's
         was begun by `start`, a later one's (its predecessor's ran out of disk) begins anew here."""
         backoff = Backoff(log, f"recording hook operation {operation_id!r}")
@@ -276,9 +269,7 @@ class HookRunner:
                 if error.errno not in OUT_OF_SPACE:
                     raise
                 await asyncio.sleep(backoff.failed(error))
-                in_flight.begun = self._begin_soon(
-                    operation_id, kind, workspace, in_flight.environment_id, in_flight.variables
-                )
+                in_flight.begun = self._begin_soon(operation_id, in_flight)
                 continue
             backoff.succeeded()
             return outcome
@@ -308,17 +299,15 @@ class HookRunner:
         if len(self._skipped) > SKIPS_REMEMBERED:
             self._skipped.popitem(last=False)
 
-    def _begin(
-        self, operation_id: str, kind: str, workspace: Path, environment_id: str | None, variables: Mapping[str, str]
-    ) -> tuple[HookRecord | None, bool, SupervisorHandle | None]:
+    def _begin(self, operation_id: str, hook: _InFlight) -> tuple[HookRecord | None, bool, SupervisorHandle | None]:
         """The operation's record and tombstone; if it has neither, the hook is started. Blocking."""
         record = self._records.read(operation_id)
         if record is not None:
-            _check_identity(record, kind, workspace)
+            _check_identity(record, hook.kind, Path(hook.workspace))
         tombstoned = self._records.is_tombstoned(operation_id)
         if record is not None or tombstoned:
             return record, tombstoned, None
-        record, supervisor = self._start(operation_id, cast(HookKind, kind), workspace, environment_id, variables)
+        record, supervisor = self._start(operation_id, hook)
         return record, False, supervisor
 
     async def _settle_cancelled(self, record: HookRecord | None) -> HookOutcome:
@@ -331,19 +320,13 @@ class HookRunner:
             return _outcome(settled)
         return HookOutcome("cancelled", None, "the operation was cancelled")
 
-    def _start(
-        self,
-        operation_id: str,
-        kind: HookKind,
-        workspace: Path,
-        environment_id: str | None,
-        variables: Mapping[str, str],
-    ) -> tuple[HookRecord, SupervisorHandle | None]:
+    def _start(self, operation_id: str, hook: _InFlight) -> tuple[HookRecord, SupervisorHandle | None]:
         """Start a supervisor and write the fresh record adopting it; a missing script is skipped,
         with a record that is not written (see the module).
 
         Blocking: runs in a worker thread.
         """
+        kind, workspace, environment_id = cast(HookKind, hook.kind), Path(hook.workspace), hook.environment_id
         script = workspace / SCRIPT_NAMES[kind]
         record = HookRecord(
             operation_id=operation_id, kind=kind, workspace=str(workspace), script=str(script), started_at=now_iso()
@@ -356,7 +339,8 @@ class HookRunner:
             record.outcome = "skipped"
             record.message = f"no {script.name}"
             return record, None
-        environment = hook_environment(os.environ, variables)
+        # The variables the core gives come last: a secret never takes BB_ENVIRONMENT_ID's place.
+        environment = hook_environment(os.environ, {**hook.secrets, **hook.variables})
         cgroups: list[str] = []
         if environment_id is not None:
             # What the fallback containment finds the environment's processes by, whoever runs the hook.
@@ -374,6 +358,7 @@ class HookRunner:
                 cgroups,
                 self._run_as,
                 git_hook,
+                sorted(hook.secrets),
             )
         )
         try:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES, BoundedLog, OutputCopier
+from bb_environments.hooks.output_log import DEFAULT_OUTPUT_MAX_BYTES, BoundedLog, OutputCopier, SecretMask
 from bb_environments.hooks.protocol import ADOPTED_SIGNAL
 from bb_environments.hooks.records import OUT_OF_SPACE, SYNC_LEVELS, HeldOutcome, HookRecord, HookRecords, now_iso
 from bb_environments.providers.host.containment import enter_cgroup, limit_counts, limits_hit
@@ -72,6 +72,7 @@ def main(
     cgroups: list[str] | None = None,
     run_as: WorkspaceUser | None = None,
     git_hook: list[str] | None = None,
+    masked: list[str] | None = None,
 ) -> None:
     """Supervise one hook; the script's environment is `environment`, else os.environ without the
     service's variables.
@@ -79,7 +80,8 @@ def main(
     script runs in `cgroups` (its environment's, see providers/host/containment.py) and as `run_as`,
     when given; `git_hook`, the command of a git hook the workspace's checkout owes, runs first,
     the same way and within the same timeout: its failure is the hook's, as git's post-checkout
-    is the exit status of the checkout that ran it."""
+    is the exit status of the checkout that ran it. The values of the variables named in `masked`
+    (the project's secrets) are written to the log as `***`."""
     records_dir, operation_id, timeout, sync, *bound = sys.argv[1:] if argv is None else argv
     output_max_bytes = int(bound[0]) if bound else DEFAULT_OUTPUT_MAX_BYTES
     output = None
@@ -94,6 +96,7 @@ def main(
             cgroups or [],
             run_as,
             git_hook,
+            masked or [],
         )
     finally:
         for fd in done_fds:
@@ -112,6 +115,7 @@ def _adopt_and_supervise(
     cgroups: list[str],
     run_as: WorkspaceUser | None,
     git_hook: list[str] | None,
+    masked: list[str],
 ) -> OutputCopier | None:
     # Blocked from the start so a SIGTERM that arrives at any moment stays pending until we look.
     # (A supervisor forked by the launcher is born with them blocked.)
@@ -129,8 +133,9 @@ def _adopt_and_supervise(
     if records.is_tombstoned(record.operation_id) or _sigterm_pending():
         _finish(records, record, "cancelled", None, "cancelled before it started")
         return None
+    mask = SecretMask([script_environment[name].encode() for name in masked if name in script_environment])
     return _supervise(
-        records, record, timeout_s, output_max_bytes, executable, script_environment, cgroups, run_as, git_hook
+        records, record, timeout_s, output_max_bytes, executable, script_environment, cgroups, run_as, git_hook, mask
     )
 
 
@@ -171,6 +176,7 @@ def _supervise(
     cgroups: list[str],
     run_as: WorkspaceUser | None,
     git_hook: list[str] | None,
+    mask: SecretMask,
 ) -> OutputCopier | None:
     """Run the git hook owed, if any, then the script, to the outcome; the copier of their output,
     which processes they left may still hold. Without a script, the git hook's outcome is the hook's."""
@@ -198,7 +204,7 @@ def _supervise(
         hit = limits_hit(cgroups, counted)
         return f"{message}: the {record.kind} hit {' and '.join(hit)}" if hit else message
 
-    output, write_end = _output_pipe(records, record, output_max_bytes)
+    output, write_end = _output_pipe(records, record, output_max_bytes, mask)
     deadline = time.monotonic() + timeout_s
     try:
         for number, (name, command_executable, arguments) in enumerate(commands, start=1):
@@ -272,12 +278,14 @@ def _inside_workspace(record: HookRecord) -> Path | str:
     return Path(resolved)
 
 
-def _output_pipe(records: HookRecords, record: HookRecord, output_max_bytes: int) -> tuple[OutputCopier, int]:
+def _output_pipe(
+    records: HookRecords, record: HookRecord, output_max_bytes: int, mask: SecretMask
+) -> tuple[OutputCopier, int]:
     """The copier from a pipe into the operation's log, and the pipe's write end for what runs.
     One pipe for all the hook runs, so that its output has one bound and one order."""
     log = os.open(records.log_path(record.operation_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     read_end, write_end = os.pipe()
-    return OutputCopier(read_end, BoundedLog(log, output_max_bytes)), write_end
+    return OutputCopier(read_end, BoundedLog(log, output_max_bytes), mask), write_end
 
 
 def _spawn(

@@ -57,6 +57,8 @@ class EnvironmentView(msgspec.Struct, rename="camel", kw_only=True):
     saved_ref: str | None = None
     slug: str | None = None
     ports: PortsView | None = None
+    disk_bytes: int | None = None
+    """The workspace's size as last measured (SPEC 11); None until measured."""
     transcript: list[str] = msgspec.field(default_factory=list)
 
 
@@ -132,6 +134,7 @@ def environment_view(environment: Environment) -> EnvironmentView:
         saved_ref=environment.saved_ref,
         slug=environment.slug,
         ports=PortsView(environment.ports.first, environment.ports.count) if environment.ports else None,
+        disk_bytes=environment.disk_bytes,
     )
 
 

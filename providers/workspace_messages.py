@@ -179,3 +179,18 @@ class LeftoverRemoval(msgspec.Struct, frozen=True):
     host_id: str
     leftover: Leftover
     protected: Protected
+
+
+class DiskUsageRequest(msgspec.Struct, frozen=True):
+    """Which workspaces of a host to measure: recorded paths, by provider id."""
+
+    host_id: str
+    workspaces: list[tuple[str, str]]
+
+
+class DiskUsage(msgspec.Struct, frozen=True):
+    """The bytes each workspace asked about takes, by path, as `du -sb` counts them
+    (providers/host/disk_usage.py); a path that is not a directory of a provider that keeps its
+    workspaces on this host is left out."""
+
+    bytes: dict[str, int]

@@ -45,6 +45,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.host.containment import Containment
 from bb_environments.providers.host.crash_points import crash_point
+from bb_environments.providers.host.disk_usage import tree_bytes
 from bb_environments.providers.host.listening import ListeningPorts
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.planning import (
@@ -64,6 +65,8 @@ from bb_environments.providers.workspace_messages import (
     BindResult,
     Bound,
     CreateRequest,
+    DiskUsage,
+    DiskUsageRequest,
     LeftoverRemoval,
     NotBound,
     Paused,
@@ -330,6 +333,19 @@ class LocalWorkspaces:
 
         return await asyncio.to_thread(look)
 
+    async def disk_usage(self, request: DiskUsageRequest) -> DiskUsage:
+        """The size of each workspace asked about that is a directory of a provider keeping its
+        workspaces here, measured one after another on a worker thread (off the core's loop)."""
+
+        def measure() -> DiskUsage:
+            sizes = {}
+            for provider_id, path in request.workspaces:
+                if self._keeps_here(provider_id, path) and (size := tree_bytes(path)) is not None:
+                    sizes[path] = size
+            return DiskUsage(sizes)
+
+        return await asyncio.to_thread(measure)
+
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         """Saves its work, then removes it, unless a live environment's record covers it now."""
         leftover = request.leftover
@@ -354,6 +370,15 @@ class LocalWorkspaces:
             if Path(path).is_relative_to(earlier):
                 return earlier
         return provider_dir(self._data_dir, provider_id)
+
+    def _keeps_here(self, provider_id: str, path: str) -> bool:
+        """`path` lies in the directory of a provider that keeps its workspaces on this host: a
+        request naming any other path (the bus's messages are untrusted) measures nothing."""
+        provider = self._registry.get(provider_id)
+        if provider is None or not is_surveyed(provider) or not os.path.isabs(path):
+            return False
+        home = self._provider_dir_of(provider_id, path)
+        return any(Path(os.path.normpath(path)).is_relative_to(directory) for directory in (home, home.resolve()))
 
     def _provider(self, provider_id: str) -> EnvironmentProvider:
         provider = self._registry.get(provider_id)

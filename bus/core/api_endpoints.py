@@ -8,7 +8,7 @@ connection's maximum payload, so no reply is too large to send whatever the docu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
@@ -29,12 +29,16 @@ from bb_environments.bus.wire.api_messages import (
     Next,
     Nothing,
     PoolRef,
+    ProjectRef,
     RegisterHost,
+    SecretRef,
     SetPool,
+    SetSecret,
     Spawned,
     SpawnThread,
     ThreadRef,
 )
+from bb_environments.bus.wire.replica_messages import ReplicaPresence
 from bb_environments.domain.errors import DomainError, UnknownEnvironment, UnknownThread
 from bb_environments.domain.request_errors import InvalidInput, RequestError
 from bb_environments.handlers.api import (
@@ -60,6 +64,7 @@ from bb_environments.handlers.commands import (
 from bb_environments.handlers.machines import Machines
 from bb_environments.handlers.pool_use_cases import PoolState
 from bb_environments.handlers.pools import Pools, PoolSetting
+from bb_environments.handlers.secrets import Secrets
 from bb_environments.projections.read_model import ReplayCounts
 from bb_environments.projections.views import EnvironmentView, ThreadView
 from bb_environments.providers.registry import ProviderDescription
@@ -176,6 +181,18 @@ class MachineList(msgspec.Struct):
     machines: list[MachineView]
 
 
+class ReplicaList(msgspec.Struct):
+    replicas: Annotated[
+        list[ReplicaPresence],
+        msgspec.Meta(
+            description=(
+                "The core replicas (`bb serve`) running on this NATS now: each writes its presence every 2 s, "
+                "and one not heard from for 6 s is no longer listed."
+            )
+        ),
+    ]
+
+
 class HostRemoved(msgspec.Struct, rename="camel"):
     host_id: str
     status: str = "removed"
@@ -225,6 +242,30 @@ class PoolList(msgspec.Struct):
     pools: list[PoolView]
 
 
+class SecretView(msgspec.Struct, rename="camel"):
+    """A secret as anyone is told of it: its name and when it was set, never its value."""
+
+    name: str
+    set_at: datetime
+
+
+class SecretSet(msgspec.Struct, rename="camel"):
+    project_path: Annotated[str, msgspec.Meta(description="The project, in canonical form.")]
+    name: str
+    set_at: datetime
+
+
+class SecretList(msgspec.Struct, rename="camel"):
+    project_path: Annotated[str, msgspec.Meta(description="The project, in canonical form.")]
+    secrets: list[SecretView]
+
+
+class SecretRemoved(msgspec.Struct, rename="camel"):
+    project_path: str
+    name: str
+    status: str = "removed"
+
+
 Item = TypeVar("Item", EnvironmentView, ThreadView)
 Listing = TypeVar("Listing", EnvironmentList, ThreadList)
 
@@ -233,12 +274,23 @@ REPLY_HEADROOM = 1024
 
 
 class ApiEdge:
-    def __init__(self, api: Api, machines: Machines, pools: Pools, max_payload: int) -> None:
-        """`max_payload`: the largest message the connection that answers may publish."""
+    def __init__(
+        self,
+        api: Api,
+        machines: Machines,
+        secrets: Secrets,
+        pools: Pools,
+        max_payload: int,
+        replicas: Callable[[], Awaitable[list[ReplicaPresence]]],
+    ) -> None:
+        """`max_payload`: the largest message the connection that answers may publish; `replicas`:
+        the replicas present now."""
         self._api = api
         self._machines = machines
+        self._secrets = secrets
         self._pools = pools
         self._max_payload = max_payload
+        self._replicas = replicas
 
     def endpoints(self) -> list[Endpoint[Any]]:
         return [
@@ -262,7 +314,23 @@ class ApiEdge:
             Endpoint("pools", "set", SetPool, self.set_pool),
             Endpoint("pools", "list", Nothing, self.list_pools),
             Endpoint("pools", "resume", PoolRef, self.resume_pool),
+            Endpoint("secrets", "set", SetSecret, self.set_secret),
+            Endpoint("secrets", "list", ProjectRef, self.list_secrets),
+            Endpoint("secrets", "remove", SecretRef, self.remove_secret),
+            Endpoint("replicas", "list", Nothing, self.list_replicas),
         ]
+
+    async def set_secret(self, request: SetSecret) -> SecretSet:
+        project, entry = await self._secrets.set(request.project_path, request.name, request.value)
+        return SecretSet(project, entry.name, entry.set_at)
+
+    async def list_secrets(self, request: ProjectRef) -> SecretList:
+        project, entries = await self._secrets.list(request.project_path)
+        return SecretList(project, [SecretView(entry.name, entry.set_at) for entry in entries])
+
+    async def remove_secret(self, request: SecretRef) -> SecretRemoved:
+        project = await self._secrets.remove(request.project_path, request.name)
+        return SecretRemoved(project, request.name)
 
     async def set_pool(self, request: SetPool) -> PoolView:
         setting = PoolSetting(request.project_path, request.provider_id, request.size, request.host_id, request.inputs)
@@ -291,6 +359,9 @@ class ApiEdge:
                 for m in await self._machines.machines()
             ]
         )
+
+    async def list_replicas(self, _: Nothing) -> ReplicaList:
+        return ReplicaList(sorted(await self._replicas(), key=lambda r: r.replica_id))
 
     async def remove_host(self, request: HostRef) -> HostRemoved:
         await self._machines.remove(request.host_id)

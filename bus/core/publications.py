@@ -25,6 +25,7 @@ from bb_environments.domain.environment import Environment
 from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.pool import Pool, PoolList
+from bb_environments.domain.project_secrets import ProjectSecrets
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.thread import Thread
 
@@ -132,6 +133,14 @@ _OWNERS: dict[type[Aggregate], _Owner] = {
         common=lambda event, _: {"poolId": str(event.originator_id)},
     ),
     PoolList: _Owner("pools", key=lambda event, _: str(event.originator_id), common=lambda _, __: {}),
+    ProjectSecrets: _Owner(
+        "project",
+        key=lambda event, _: str(event.originator_id),
+        common=lambda event, secrets: {
+            "projectSecretsId": str(event.originator_id),
+            "projectPath": secrets.project_path,
+        },
+    ),
 }
 
 
@@ -175,6 +184,7 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
         _published(Environment.WorkspaceVanished, wire.WorkspaceVanishedDocument),
         _published(Environment.Pooled, wire.PooledDocument),
         _published(Environment.Bound, wire.BoundDocument),
+        _published(Environment.DiskMeasured, wire.DiskMeasuredDocument),
         _published(Thread.Registered, log_only.ThreadRegisteredDocument),
         _published(Thread.EnvironmentAssigned, log_only.ThreadEnvironmentAssignedDocument),
         _published(Thread.EnvironmentRequested, log_only.ThreadEnvironmentRequestedDocument),
@@ -205,6 +215,9 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
         _published(Pool.Resumed, log_only.PoolResumedDocument),
         _published(PoolList.Started, log_only.PoolListStartedDocument),
         _published(PoolList.Added, log_only.PoolListAddedDocument),
+        _published(ProjectSecrets.Started, log_only.ProjectSecretsStartedDocument),
+        _published(ProjectSecrets.SecretSet, log_only.SecretSetDocument),
+        _published(ProjectSecrets.SecretRemoved, log_only.SecretRemovedDocument),
     ]
 )
 """Every domain event class that is recorded, and its document."""

@@ -47,6 +47,8 @@ from bb_environments.providers.workspace_messages import (
     BindRequest,
     BindResult,
     CreateRequest,
+    DiskUsage,
+    DiskUsageRequest,
     LeftoverRemoval,
     PauseFailed,
     PauseResult,
@@ -137,6 +139,10 @@ class RemoteHost:
     async def remove_leftover(self, request: LeftoverRemoval) -> RemoveResult:
         result: RemoveResult = await self._ask(request.host_id, "remove-leftover", request)
         return result
+
+    async def disk_usage(self, request: DiskUsageRequest) -> DiskUsage:
+        usage: DiskUsage = await self._ask(request.host_id, "disk-usage", request)
+        return usage
 
     async def run_hook(
         self,

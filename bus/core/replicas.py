@@ -105,6 +105,11 @@ async def _present_keys(js: JetStreamContext) -> list[str]:
     return [subject.rpartition(".")[2] for subject in (info.state.subjects or {})]
 
 
+async def present_replicas(js: JetStreamContext) -> list[ReplicaPresence]:
+    """Every replica running now (or killed moments ago), for `replicas.list`."""
+    return await _present(js, await js.key_value(subjects.REPLICAS_BUCKET))
+
+
 async def _present(js: JetStreamContext, bucket: KeyValue) -> list[ReplicaPresence]:
     found = []
     for key in await _present_keys(js):

@@ -202,3 +202,20 @@ class SetPool(Request):
 
 class PoolRef(Request):
     pool_id: str
+
+
+class SetSecret(Request):
+    """`secrets.set`: give the project's hooks the secret `name` (operator only; see docs/security.md)."""
+
+    project_path: str
+    name: str
+    value: str
+
+
+class SecretRef(Request):
+    project_path: str
+    name: str
+
+
+class ProjectRef(Request):
+    project_path: str

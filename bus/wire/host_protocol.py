@@ -29,6 +29,8 @@ from bb_environments.providers.workspace_messages import (
     BindRequest,
     BindResult,
     CreateRequest,
+    DiskUsage,
+    DiskUsageRequest,
     LeftoverRemoval,
     Plan,
     PlanRequest,
@@ -118,6 +120,12 @@ HostReport = CreateReport | RemoveReport | HookReport
 
 class RecordedHookAnswer(msgspec.Struct, frozen=True, rename="camel"):
     recorded: RecordedHook | None
+
+
+class HookSecretsAnswer(msgspec.Struct, frozen=True, rename="camel"):
+    """The secrets a hook gets as variables (SPEC 11): only in a reply on its agent's own inbox."""
+
+    secrets: dict[str, str]
 
 
 class HostHeartbeat(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
@@ -259,6 +267,7 @@ VERBS: tuple[HostVerb, ...] = (
         lambda host, _, request: host.remove_leftover(request),
     ),
     HostVerb("bind", "query", BindRequest, BindResult, lambda host, _, request: host.bind(request)),
+    HostVerb("disk-usage", "query", DiskUsageRequest, DiskUsage, lambda host, _, request: host.disk_usage(request)),
     HostVerb("start", "query", StartHook, HookState, _start, of_hooks=True),
     HostVerb("status", "query", HookRef, HookState, _status, of_hooks=True),
     HostVerb("cancel", "query", HookRef, HookCancelled, _cancel, of_hooks=True),

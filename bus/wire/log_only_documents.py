@@ -283,3 +283,33 @@ class PoolListAddedDocument(PoolListEvent, kw_only=True, tag="pool_list_added"):
     """A pool was set for a new key: `bb pool list` and the refill read it from now on."""
 
     pool_id: Annotated[str, msgspec.Meta(description="The pool's id.")]
+
+
+class ProjectSecretsEvent(Document):
+    project_secrets_id: Annotated[
+        str, msgspec.Meta(description="The id of the project's secrets (a UUID derived from the project's path).")
+    ]
+    version: Annotated[
+        int, msgspec.Meta(description="The version of the project's secrets after this event (gap-free).")
+    ]
+    project_path: Annotated[str, _said("The project, in canonical form (symlinks resolved).")]
+
+
+SecretName = Annotated[str, _said("The secret's name: the variable the project's hooks get it as.")]
+
+
+class ProjectSecretsStartedDocument(ProjectSecretsEvent, kw_only=True, tag="project_secrets_started"):
+    """The project's first secret is about to be set: its secrets are recorded from here on."""
+
+
+class SecretSetDocument(ProjectSecretsEvent, kw_only=True, tag="secret_set"):
+    """`bb secret set` gave the secret `name` a value, which the project's setup and teardown hooks
+    get from now on. The value is never recorded, here or anywhere but the service's secret store."""
+
+    name: SecretName
+
+
+class SecretRemovedDocument(ProjectSecretsEvent, kw_only=True, tag="secret_removed"):
+    """`bb secret remove` removed the secret `name`: the project's hooks no longer get it."""
+
+    name: SecretName

@@ -61,6 +61,9 @@ HOST_JOBS = "bb.hosts.*.jobs.>"
 HOST_REPORTS_STREAM = "BB_HOST_REPORTS"
 HOST_REPORTS = "bb.hosts.*.reports.>"
 HOST_LEDGER_REQUESTS = "bb.hosts.*.ledger"
+# A hook's secrets (SPEC 11), asked by the agent about to run it: answered on the agent's own inbox,
+# which no client may read, and never stored in a stream (the host jobs' stream keeps no value).
+HOST_SECRETS_REQUESTS = "bb.hosts.*.secrets"
 # Each agent's heartbeat, the newest per host: `bb machine list` and the waiting steps read it.
 HOSTS_BUCKET = "BB_HOSTS"
 
@@ -168,6 +171,11 @@ def host_reports(host_id: str) -> str:
 def host_ledger(host_id: str) -> str:
     """Where a host's agent asks the core what the log recorded for one of its operations."""
     return f"bb.hosts.{host_id}.ledger"
+
+
+def host_secrets(host_id: str) -> str:
+    """Where a host's agent asks the core for the secrets of a hook it is about to run."""
+    return f"bb.hosts.{host_id}.secrets"
 
 
 def host_workspaces(host_id: str, verb: str) -> str:

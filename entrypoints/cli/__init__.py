@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from bb_environments.entrypoints.cli.console import console
 from bb_environments.entrypoints.cli.doctor import doctor
 from bb_environments.entrypoints.cli.environment import environment_group
 from bb_environments.entrypoints.cli.events import events_group
@@ -175,7 +176,7 @@ def agent(settings: Settings, host_id: str, credentials: str, nats_url: str | No
         fail("failed", f"bb agent failed: {failed}", False)
 
 
-for commands in (environment_group, thread_group, events_group, pool_group, doctor):
+for commands in (environment_group, thread_group, events_group, pool_group, doctor, console):
     cli.add_command(commands)
 
 
@@ -197,6 +198,18 @@ MACHINE_COMMANDS = "bb_environments.entrypoints.cli.machine"
 )
 def machine_group() -> None:
     """The hosts whose agents do the work, and Modal sandboxes outside any environment."""
+
+
+SECRET_COMMANDS = "bb_environments.entrypoints.cli.secret"
+
+
+@cli.group(
+    "secret",
+    cls=LazyGroup,
+    lazy_subcommands={verb: f"{SECRET_COMMANDS}:secret_{verb}" for verb in ("set", "list", "remove")},
+)
+def secret_group() -> None:
+    """The secrets a project's setup and teardown hooks get, set from stdin (never shown again)."""
 
 
 @cli.group(

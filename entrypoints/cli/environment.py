@@ -21,6 +21,7 @@ from bb_environments.bus.wire.api_messages import (
     ListHistory,
     Nothing,
 )
+from bb_environments.domain.disk import human_bytes
 from bb_environments.domain.ids import is_environment_id_prefix, quoted
 from bb_environments.domain.request_errors import one_line
 from bb_environments.domain.status import EnvironmentStatus
@@ -103,15 +104,28 @@ def environment_list(
         # An id, a provider's name and a thread's id leave no room in 80 columns for the path or
         # the ports, which name something only whole: `show` and `--json` have them.
         print_table(
-            ("ID", "STATUS", "PROVIDER", "SLUG", "THREADS"),
+            ("ID", "STATUS", "PROVIDER", "SLUG", "DISK", "THREADS"),
             (
-                [e["id"], e["status"], e["providerId"], e.get("slug") or "-", _threads_cell(e["threadIds"])]
+                [
+                    e["id"],
+                    e["status"],
+                    e["providerId"],
+                    e.get("slug") or "-",
+                    _disk_cell(e.get("diskBytes")),
+                    _threads_cell(e["threadIds"]),
+                ]
                 for e in doc["environments"]
             ),
-            shrink={"SLUG": "end"},
-        )  # a slug's end is its own
+            shrink={"SLUG": "end"},  # a slug's end is its own
+            optional=("DISK",),  # left to `show` and --json where the provider's name takes its room
+        )
 
     emit(document, as_json, human)
+
+
+def _disk_cell(disk_bytes: int | None) -> str:
+    """As `du -h` writes a size (1.2G); `-` until the workspace is measured."""
+    return "-" if disk_bytes is None else human_bytes(disk_bytes)
 
 
 def _threads_cell(thread_ids: list[str]) -> str:
@@ -320,6 +334,7 @@ def _print_environment(e: dict[str, Any]) -> None:
         ("owns path", e["ownsPath"]),
         ("slug", e.get("slug")),
         ("ports", _ports_cell(e.get("ports"))),
+        ("disk", None if e.get("diskBytes") is None else f"{_disk_cell(e['diskBytes'])} ({e['diskBytes']} bytes)"),
         ("threads", ", ".join(e["threadIds"])),
         ("setup", e["hooks"]["setup"]["status"]),
         ("teardown", e["hooks"]["teardown"]["status"]),

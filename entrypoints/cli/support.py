@@ -58,7 +58,10 @@ TABLE_WIDTH_OFF_A_TERMINAL = 80
 
 
 def print_table(
-    headers: Sequence[str], rows: Iterable[Sequence[str]], shrink: Mapping[str, Literal["start", "end"]] | None = None
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    shrink: Mapping[str, Literal["start", "end"]] | None = None,
+    optional: Sequence[str] = (),
 ) -> None:
     """A listing for a person, as plain columns: each as wide as its widest cell, two spaces apart,
     fitted to the terminal by cutting the columns `shrink` names (keeping the start or the end of
@@ -68,8 +71,16 @@ def print_table(
     Not rich's Table: importing rich and laying out a hundred rows took longer than the rest of
     `bb environment list`, and it reads every cell as markup, so that a path holding `[/]` ended
     the command. A cell with characters that are not printable (the service's answer is untrusted)
-    is shown escaped rather than sent to the terminal."""
+    is shown escaped rather than sent to the terminal.
+
+    The `optional` columns are left out, in their order, while the table would not fit even cut."""
     lines = [list(headers), *([one_line(cell) for cell in row] for row in rows)]
+    for header in optional:
+        if _least_width(lines, shrink or {}) <= _table_width():
+            break
+        column = lines[0].index(header)
+        lines = [line[:column] + line[column + 1 :] for line in lines]
+    headers = lines[0]
     widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
     kept = {headers.index(header): end for header, end in (shrink or {}).items()}
     excess = sum(widths) + 2 * (len(widths) - 1) - _table_width()
@@ -84,6 +95,15 @@ def print_table(
         for column, end in kept.items():
             line[column] = _shortened(line[column], widths[column], end)
     print("\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines))
+
+
+def _least_width(lines: list[list[str]], shrink: Mapping[str, object]) -> int:
+    """How wide the table is with the columns `shrink` names cut to their headers."""
+    widths = [
+        len(header) if header in shrink else max(len(line[column]) for line in lines)
+        for column, header in enumerate(lines[0])
+    ]
+    return sum(widths) + 2 * (len(widths) - 1)
 
 
 def _table_width() -> int:

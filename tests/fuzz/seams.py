@@ -361,7 +361,9 @@ class ServiceWorld(Loop):
         self.run(
             start_api(
                 self.nats,
-                ApiEdge(self.api, core.machines, core.pools, self.nats.max_payload).endpoints(),
+                ApiEdge(
+                    self.api, core.machines, core.secrets, core.pools, self.nats.max_payload, _no_replicas
+                ).endpoints(),
                 translate_error,
             )
         )
@@ -542,3 +544,8 @@ def fuzz_settings(**overrides: Any) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
         **overrides,
     )
+
+
+async def _no_replicas() -> list:
+    """This core enters no presence: the fuzzed steps never ask for the replicas."""
+    return []

@@ -655,6 +655,10 @@ def api_requests(
         "after": Field(st.integers(0, 12), st.one_of(st.integers(min_value=-(2**70), max_value=2**70), hostile_text())),
         "limit": Field(st.integers(1, 1000), st.one_of(st.sampled_from((0, 1001, -1)), hostile_text())),
     }
+    secret_ref = {
+        "projectPath": paths(projects, required=True),
+        "name": Field(st.sampled_from(("API_TOKEN", "NPM_TOKEN")), hostile_text(), True),
+    }
     spawn = {
         "threadId": ids(thread_ids),
         "environmentProvider": provider_ids(),
@@ -700,6 +704,9 @@ def api_requests(
         # Only examinations: a fix removes orphans (the seeded world has one, seeded-gone's
         # directory) and writes nothing for that, which this fuzz would take for a refusal's damage.
         "doctor.run": {"fix": Field(st.just(False), hostile_text())},
+        "secrets.set": {**secret_ref, "value": Field(st.sampled_from(("tok-1", "x" * 200)), hostile_text(), True)},
+        "secrets.list": {"projectPath": paths(projects, required=True)},
+        "secrets.remove": secret_ref,
     }
     requests = {name: documents(shape) for name, shape in shapes.items()}
     # A spawn has the most fields and the most checks behind them: it gets the most examples.

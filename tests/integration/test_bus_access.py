@@ -30,6 +30,7 @@ FORBIDDEN_PUBLISH = [
     "$JS.API.CONSUMER.MSG.NEXT.BB_TRANSCRIPT_INTAKE.transcript-intake",
     "bb.hosts.local.hooks.start",
     "bb.hosts.local.hooks.cancel",
+    subjects.host_secrets("local"),  # only a host's agent asks for its hooks' secrets
     "$JS.API.STREAM.PURGE.BB_ENVIRONMENTS",
     "$JS.API.STREAM.DELETE.BB_ENVIRONMENTS",
     "$JS.API.STREAM.MSG.DELETE.BB_ENVIRONMENTS",

@@ -306,6 +306,7 @@ async def test_the_seed_of_one_host_reaches_nothing_but_that_hosts_own_work(serv
             "bb.environments.x.ready",
             "bb.hosts.h2.reports.x",
             "bb.hosts.h2.ledger",
+            "bb.hosts.h2.secrets",
             "$KV.BB_HOSTS.h2",
             "$JS.API.CONSUMER.MSG.NEXT.BB_HOST_JOBS.host-h2",
             "bb.api.environments.list",

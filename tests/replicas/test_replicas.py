@@ -548,7 +548,7 @@ async def test_the_host_limit_holds_for_spawns_decided_by_both_replicas_at_once(
     a, b = topology.replica("a"), topology.replica("b")
     outcomes = await asyncio.gather(*(spawn(service) for service in [a, b] * 4), return_exceptions=True)
     refused = [o for o in outcomes if isinstance(o, ServiceError)]
-    assert len(refused) == len(outcomes) - LIMIT, outcomes
+    assert len(refused) == len(outcomes) - LIMIT, "\n".join(map(repr, outcomes))
     assert all(f"BB_MAX_LIVE_ENVIRONMENTS ({LIMIT})" in str(error) for error in refused), refused
     claimed = {
         document["environmentId"] for _, document, _ in await stream_log(topology) if document.get("type") == "claimed"

@@ -104,6 +104,24 @@ def test_saved_work_keeps_files_up_to_ten_mebibytes_unless_configured(monkeypatc
     assert Settings.load("/tmp/bb-config-test").saved_work_max_bytes == 1000
 
 
+def test_workspaces_are_measured_every_ten_minutes_without_a_budget_unless_configured(monkeypatch):
+    monkeypatch.delenv("BB_DISK_SCAN_INTERVAL_S", raising=False)
+    monkeypatch.delenv("BB_MAX_DISK_BYTES_PER_PROJECT", raising=False)
+    settings = Settings.load("/tmp/bb-config-test")
+    assert (settings.disk_scan_interval_s, settings.max_disk_bytes_per_project) == (600, None)
+    monkeypatch.setenv("BB_DISK_SCAN_INTERVAL_S", "1.5")
+    monkeypatch.setenv("BB_MAX_DISK_BYTES_PER_PROJECT", str(20 << 30))
+    settings = Settings.load("/tmp/bb-config-test")
+    assert (settings.disk_scan_interval_s, settings.max_disk_bytes_per_project) == (1.5, 20 << 30)
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "a while"])
+def test_a_disk_scan_interval_must_be_one(monkeypatch, raw):
+    monkeypatch.setenv("BB_DISK_SCAN_INTERVAL_S", raw)
+    with pytest.raises(ConfigError, match="^BB_DISK_SCAN_INTERVAL_S must be a number of seconds greater than 0"):
+        Settings.load("/tmp/bb-config-test")
+
+
 @pytest.mark.parametrize(
     ("name", "raw", "allowed"),
     [
@@ -113,6 +131,8 @@ def test_saved_work_keeps_files_up_to_ten_mebibytes_unless_configured(monkeypatc
         ("BB_MAX_MEMORY_PER_ENVIRONMENT", "-1", "a number of bytes, at least 67108864"),
         ("BB_SAVED_WORK_MAX_BYTES", "0", "a number of bytes greater than 0"),
         ("BB_SAVED_WORK_MAX_BYTES", "10M", "a number of bytes greater than 0"),
+        ("BB_MAX_DISK_BYTES_PER_PROJECT", "0", "a whole number greater than 0"),
+        ("BB_MAX_DISK_BYTES_PER_PROJECT", "20G", "a whole number greater than 0"),
     ],
 )
 def test_a_limit_that_cannot_be_held_is_refused_naming_what_is_allowed(monkeypatch, name, raw, allowed):

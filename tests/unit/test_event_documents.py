@@ -30,6 +30,7 @@ from bb_environments.bus.wire.log_only_documents import (
     HostClaimsEvent,
     PoolEvent,
     PoolListEvent,
+    ProjectSecretsEvent,
     RegisteredHostEvent,
     ThreadEvent,
 )
@@ -38,6 +39,7 @@ from bb_environments.domain.host_claims import HostClaims
 from bb_environments.domain.leases import PortBlock
 from bb_environments.domain.path_claim import PathClaim
 from bb_environments.domain.pool import Freshness, Pool, PoolList
+from bb_environments.domain.project_secrets import ProjectSecrets
 from bb_environments.domain.registered_host import RegisteredHost
 from bb_environments.domain.status import HookStatus
 from bb_environments.domain.thread import Thread
@@ -126,6 +128,7 @@ def record_every_event(app: Application) -> None:
     env.record_resource({"snapshot": "im-1"})
     env.record_paused({"snapshot": "im-2"}, now)
     env.record_resumed({"sandbox": "sb-2"})
+    env.record_disk_usage("/data/wt/t-1-2", 1_234_567)
     env.attach_thread("t-2")
     env.detach_thread("t-2", now, 60_000)
     env.detach_thread("t-1", now, 60_000)
@@ -191,6 +194,10 @@ def record_every_event(app: Application) -> None:
     registration.remove()
     registration.register("UAH1AGAINKEY", rotate=False)
     app.save(registration)
+    secrets = ProjectSecrets(project_path="/src/p")
+    secrets.set("NPM_TOKEN")
+    secrets.remove("NPM_TOKEN")
+    app.save(secrets)
     pools = PoolList()
     pool = Pool(host_id="local", project_path="/src/p", provider_id="git-worktree", inputs={}, size=2)
     pools.add(pool.id)
@@ -290,7 +297,7 @@ def test_each_view_is_its_aggregate_just_after_the_event(app):
         elif isinstance(document, ThreadEvent):
             assert isinstance(view, ThreadView) and view.id == document.thread_id
         else:
-            log_only = (ClaimEvent, HostClaimsEvent, RegisteredHostEvent, PoolEvent, PoolListEvent)
+            log_only = (ClaimEvent, HostClaimsEvent, RegisteredHostEvent, ProjectSecretsEvent, PoolEvent, PoolListEvent)
             assert isinstance(document, log_only) and view is None
 
 

@@ -35,7 +35,7 @@ class ThousandsOfEvents:
 
 def test_thousands_of_events_come_in_pages_that_fit_one_message() -> None:
     api = ThousandsOfEvents()
-    edge = ApiEdge(api, None, None, MAX_PAYLOAD)  # type: ignore[arg-type]  # the one handler the endpoint calls
+    edge = ApiEdge(api, None, None, None, MAX_PAYLOAD, None)  # type: ignore[arg-type]  # the one handler the endpoint calls
 
     pages, after = [], 0
     while True:

@@ -28,6 +28,13 @@ def test_the_libraries_are_the_versions_whose_internals_were_read():
 def test_the_fast_fold_calls_the_aggregates_own_method_for_every_event_but_a_creation():
     """Were the @event machinery to change shape, the fold would fall back on the library's `mutate`
     for every event: right, but a replay several times slower, and no other test would notice."""
-    changes = [event_class for event_class in ALL_EVENTS if not issubclass(event_class, Aggregate.Created)]
+    # An event class that applies itself (ProjectSecrets' two, which keep their own time) is
+    # folded by the library's `mutate` by design.
+    changes = [
+        event_class
+        for event_class in ALL_EVENTS
+        if not issubclass(event_class, Aggregate.Created)
+        and not event_class.apply.__module__.startswith("bb_environments")
+    ]
     assert len(changes) > 30
     assert [event_class.__qualname__ for event_class in changes if fold._method(event_class) is None] == []

@@ -161,6 +161,9 @@ class NoLedger:
     async def recorded_hook(self, operation_id):
         raise AssertionError("a known answer is not asked of the ledger again")
 
+    async def hook_secrets(self, operation_id, host_id):
+        return {}
+
 
 async def test_the_guard_starts_an_awaited_known_hook_without_asking_the_ledger(app):
     environment_id = provisioning(app)
@@ -212,6 +215,9 @@ class LogLedger:
 
     async def recorded_hook(self, operation_id: str) -> RecordedHook | None:
         return self._app.recorded_hook(operation_id)
+
+    async def hook_secrets(self, operation_id: str, host_id: str) -> dict[str, str]:
+        return {}
 
 
 @pytest.fixture

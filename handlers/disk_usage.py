@@ -1,0 +1,76 @@
+"""The workspaces' sizes on disk (SPEC 11): measured by the agent of each host, off every
+command's path, and recorded on the environment.
+
+A scan every `BB_DISK_SCAN_INTERVAL_S` asks each host for the size of every workspace this
+replica drives there that has settled after its setup: a new workspace is measured at the first
+scan after its setup (null until then), then at every scan. The host walks each tree on a worker
+thread (providers/host/disk_usage.py); a host away is asked again at the next scan. Scans run
+only at the interval, never right after a setup: a burst of new environments costs no walk of
+their trees while they start, and a log read in between sees no figure appear.
+
+A figure is an event (`DiskMeasured`) rather than a note beside the read model: the disk budget
+refuses spawns with it, and every replica must decide alike, after a restart too, from the one
+thing they share, the log. The log stays small because a figure within 5% of the recorded one
+is not recorded (domain/disk.py): it grows with the changes in a workspace's size, not with the
+scans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from uuid import UUID
+
+from bb_environments.handlers.ports import Hosts, HostUnavailable, ProviderMissing, Share
+from bb_environments.handlers.store import Store
+from bb_environments.providers.workspace_messages import DiskUsageRequest
+
+log = logging.getLogger(__name__)
+
+
+class DiskScanner:
+    def __init__(self, store: Store, hosts: Hosts, share: Share) -> None:
+        self._store = store
+        self._app = store.app
+        self._hosts = hosts
+        self._share = share
+
+    async def scan(self) -> None:
+        """Measure the workspaces (see the module) and record each figure worth recording."""
+        by_host: dict[tuple[str, str], list[tuple[UUID, str]]] = {}
+        for environment_id, host_id, provider_id, path in await self._store.run(self._app.measurable_workspaces):
+            if self._share.drives(environment_id):
+                by_host.setdefault((host_id, provider_id), []).append((environment_id, path))
+        for (host_id, provider_id), environments in by_host.items():
+            try:
+                await self._measure(host_id, provider_id, environments)
+            except Exception:
+                log.exception("measuring workspaces on host %s failed; the next scan tries again", host_id)
+
+    async def _measure(self, host_id: str, provider_id: str, environments: list[tuple[UUID, str]]) -> None:
+        """One request per workspace, each well within a query's time even for a large tree, and
+        the host's new figures recorded in one save. A host that stops answering ends its part of
+        the scan."""
+        host = self._hosts.host(host_id, provider_id)
+        figures = []
+        try:
+            for environment_id, path in environments:
+                usage = await host.disk_usage(DiskUsageRequest(host_id, [(provider_id, path)]))
+                # One left out (removed meanwhile, or a cloud provider's) has no figure this time.
+                if path in usage.bytes:
+                    figures.append((environment_id, path, usage.bytes[path]))
+        except (HostUnavailable, ProviderMissing) as away:
+            log.debug("measuring workspaces on host %s waits: %s", host_id, away)
+        if figures:
+            await self._store.run(self._app.record_disk_usage, figures)
+
+
+async def measure_forever(scanner: DiskScanner, interval_s: float) -> None:
+    """A scan every `interval_s`, the first one `interval_s` after the start; a scan that fails is
+    logged and the next one tries again."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await scanner.scan()
+        except Exception:
+            log.exception("measuring the workspaces' sizes failed; the next scan tries again")

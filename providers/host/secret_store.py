@@ -1,0 +1,74 @@
+"""The core's store of the projects' secret values (SPEC 11): the only place a value is written.
+
+One file per project under `<data dir>/secrets` (the directory mode 0700, each file 0600), named
+by the SHA-256 of the project's canonical path, holding `{name: value}` as JSON. A write goes to a
+temporary file that is synced, renamed over the old one and its directory synced: a kill at any
+point leaves the old file or the new one, whole. Which names a project has is the event log's
+(domain/project_secrets.py); a value here whose name the log does not record (a kill between this
+write and the log's) is never given to a hook, and setting it again records it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+
+class SecretStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+
+    def values(self, project_path: str) -> dict[str, str]:
+        """The project's values by name (none: an empty dict)."""
+        try:
+            stored = json.loads(self._file(project_path).read_text())
+        except FileNotFoundError:
+            return {}
+        return {str(name): str(value) for name, value in stored.items()}
+
+    def holds_any(self) -> bool:
+        """Whether any project has a value here: a hook of a service with no secrets asks nothing more."""
+        try:
+            with os.scandir(self.directory) as entries:
+                return any(entry.name.endswith(".json") for entry in entries)
+        except FileNotFoundError:
+            return False
+
+    def put(self, project_path: str, name: str, value: str) -> None:
+        with self._lock:
+            self._write(project_path, {**self.values(project_path), name: value})
+
+    def delete(self, project_path: str, name: str) -> None:
+        with self._lock:
+            values = self.values(project_path)
+            if name in values:
+                del values[name]
+                self._write(project_path, values)
+
+    def _file(self, project_path: str) -> Path:
+        return self.directory / f"{hashlib.sha256(project_path.encode()).hexdigest()}.json"
+
+    def _write(self, project_path: str, values: dict[str, str]) -> None:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)
+        path = self._file(project_path)
+        if not values:
+            path.unlink(missing_ok=True)
+        else:
+            temporary = path.with_suffix(".tmp")
+            temporary.unlink(missing_ok=True)
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as file:
+                json.dump(values, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        directory = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
