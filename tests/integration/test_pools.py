@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Service, environment_events, eventually, service_environment
+from tests.integration.conftest import (
+    Service,
+    environment_events,
+    eventually,
+    service_environment,
+    spawn_with_setup_held,
+)
 from tests.integration.host_agents import running_agent
 
 pytestmark = pytest.mark.asyncio
@@ -219,6 +225,19 @@ async def test_a_setup_that_always_fails_pauses_the_pool_and_threads_still_get_c
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.json()["paused"] is None and resumed.json()["failures"] == 0
     await pool_becomes(service, "paused again", lambda p: p["paused"] is not None)
+
+
+async def test_the_refill_waits_while_a_threads_own_setup_runs(
+    service: Service, git_repo: Path, tmp_path: Path
+) -> None:
+    hold = tmp_path / "hold"
+    environment_id = await spawn_with_setup_held(service, git_repo, hold, tmp_path / "hooks")
+    await set_pool(service, git_repo, 1)
+    await asyncio.sleep(3)  # three refill ticks
+    assert (await pools(service))[0]["members"] == {"ready": 0, "preparing": 0, "stale": 0}
+    hold.unlink()
+    await service.wait_for(environment_id, "ready")
+    await pool_becomes(service, "filled once the thread's setup ended", lambda p: p["members"]["ready"] == 1)
 
 
 async def test_size_zero_removes_the_members_with_their_teardowns(
