@@ -59,6 +59,10 @@ class EnvironmentView(msgspec.Struct, rename="camel", kw_only=True):
     ports: PortsView | None = None
     disk_bytes: int | None = None
     """The workspace's size as last measured (SPEC 11); None until measured."""
+    pool_id: str | None = None
+    """The pool it was prepared for (SPEC 10), bound to a thread since or not."""
+    pooled: bool = False
+    """A pool's member ready for a thread, that none has taken yet."""
     transcript: list[str] = msgspec.field(default_factory=list)
 
 
@@ -135,6 +139,8 @@ def environment_view(environment: Environment) -> EnvironmentView:
         slug=environment.slug,
         ports=PortsView(environment.ports.first, environment.ports.count) if environment.ports else None,
         disk_bytes=environment.disk_bytes,
+        pool_id=environment.pool_id,
+        pooled=environment.pooled,
     )
 
 

@@ -140,7 +140,10 @@ async def test_a_bound_thread_gets_the_members_setup_and_its_own_branch_without_
     commit_setup(git_repo, marker)
     asked = {"branch": {"kind": "new", "name": "feature/pooled", "base": "main"}}
     await set_pool(service, git_repo, 1, {"branch": {"kind": "new", "name": "whatever", "base": "main"}})
-    await pool_becomes(service, "ready", lambda p: p["members"]["ready"] == 1)
+    pool = await pool_becomes(service, "ready", lambda p: p["members"]["ready"] == 1)
+    listed = await service.bb("environment", "list", "--json")
+    (waiting,) = listed.json()["environments"]
+    assert (waiting["poolId"], waiting["pooled"], waiting["threadIds"]) == (pool["id"], True, [])
 
     environment_id = await spawn(service, git_repo, "t-pooled", asked)
 
@@ -152,6 +155,7 @@ async def test_a_bound_thread_gets_the_members_setup_and_its_own_branch_without_
     bound = events[kinds.index("bound")]
     assert bound["threadId"] == "t-pooled" and bound["threadIds"] == ["t-pooled"]
     shown = await service.show(environment_id)
+    assert (shown["poolId"], shown["pooled"]) == (pool["id"], False)
     assert branch_of(shown["path"]) == "feature/pooled"
     assert (Path(shown["path"]) / "made.txt").read_text().strip() == f"made at {head(git_repo)}"
     assert setups(marker)[shown["path"]] == 1
