@@ -7,7 +7,6 @@ id is derived from the project's canonical path, so every replica writes one agg
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import TYPE_CHECKING
 from uuid import NAMESPACE_URL, UUID, uuid5
@@ -15,16 +14,6 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 from eventsourcing.domain import Aggregate, event
 
 from bb_environments.domain.copying import CopiedForCommands
-
-SECRET_NAME_RULE = (
-    "an environment variable's name: letters, digits and '_', not starting with a digit, "
-    "at most 128 characters, and not starting with BB_ (the service's own)"
-)
-_SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-
-
-def secret_name_allowed(name: str) -> bool:
-    return _SECRET_NAME.fullmatch(name) is not None and not name.upper().startswith("BB_")
 
 
 def project_secrets_id(project_path: str) -> UUID:

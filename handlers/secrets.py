@@ -19,13 +19,9 @@ from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.domain import Aggregate
 
 from bb_environments.domain.ids import quoted
-from bb_environments.domain.project_secrets import (
-    SECRET_NAME_RULE,
-    ProjectSecrets,
-    project_secrets_id,
-    secret_name_allowed,
-)
+from bb_environments.domain.project_secrets import ProjectSecrets, project_secrets_id
 from bb_environments.domain.request_errors import InvalidInput, NotFound
+from bb_environments.domain.secret_names import secret_name_refusal
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.store import Store
 from bb_environments.providers.contract import InvalidInputs
@@ -110,8 +106,9 @@ class Secrets:
 
 
 def _check_name(name: str) -> None:
-    if not secret_name_allowed(name):
-        raise InvalidInput(f"secret name {quoted(name)} is not allowed: use {SECRET_NAME_RULE}")
+    refusal = secret_name_refusal(name)
+    if refusal is not None:
+        raise InvalidInput(refusal)
 
 
 def _stored(app: Environments, project: str) -> ProjectSecrets | None:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from bb_environments.bus.wire.api_messages import ProjectRef, SecretRef, SetSecret
+from bb_environments.domain.secret_names import secret_name_refusal
 from bb_environments.entrypoints.cli.connection import call
 from bb_environments.entrypoints.cli.support import Failure, emit, json_option, print_table, run_command, stdout
 from bb_environments.entrypoints.config import Settings
@@ -43,6 +44,9 @@ def secret_set(settings: Settings, project: str, name: str, value: str | None, a
             f"(ps) and kept in shell history; pipe it on stdin instead, e.g. "
             f'`printf %s "$TOKEN" | bb secret set --project {project} {name}`',
         )
+    refusal = secret_name_refusal(name)
+    if refusal is not None:  # before a value is asked for
+        raise Failure("invalid_input", refusal)
     secret = _value_from_stdin(name)
     set_ = call(
         settings, "secrets", "set", SetSecret(project_path=os.path.abspath(project), name=name, value=secret), True
