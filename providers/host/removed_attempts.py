@@ -64,8 +64,11 @@ class RemovedAttempts:
         self._next_forgetting = time.time() + FORGET_EVERY_S
         oldest = time.time() - KEPT_FOR_S
         for entry in os.scandir(self._directory):
-            if entry.stat().st_mtime < oldest:
-                Path(entry.path).unlink(missing_ok=True)
+            try:
+                if entry.stat().st_mtime < oldest:
+                    Path(entry.path).unlink()
+            except FileNotFoundError:
+                pass  # forgotten by a removal of another host's environment meanwhile
 
 
 def _write_durably(path: Path, text: str) -> None:
