@@ -14,9 +14,11 @@ BB_WORKSPACE_USER that owned it (providers/host/workspace_user.py), and only the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +49,7 @@ from bb_environments.providers.host.containment import Containment
 from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.providers.host.disk_usage import tree_bytes
 from bb_environments.providers.host.listening import ListeningPorts
+from bb_environments.providers.host.removed_attempts import RemovedAttempts
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.planning import (
     canonical_path,
@@ -135,6 +138,9 @@ class LocalWorkspaces:
         self._cleanup_slots = asyncio.Semaphore(CLEANUPS_AT_ONCE)
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         self._listening = ListeningPorts()
+        self._removed = RemovedAttempts(data_dir / "removed-attempts")
+        self._changing: dict[str, asyncio.Lock] = {}
+        self._changers: Counter[str] = Counter()
 
     def profiles(self, host_id: str) -> Mapping[str, ProviderProfile]:
         return self._profiles
@@ -211,6 +217,22 @@ class LocalWorkspaces:
         return canonical_path(planned) if planned else None
 
     async def create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
+        """Refused once a removal of the attempt began here (see providers/host/removed_attempts.py);
+        a removal asked meanwhile waits for the create to end, then removes what it made."""
+        async with self._one_change_at_a_time(request.environment_id):
+            try:
+                removed = await asyncio.to_thread(self._removed.removed, request.environment_id, request.attempt)
+            except (ValueError, OSError) as error:
+                return CreateFailed("terminal", f"this host cannot tell whether the attempt was removed: {error}")
+            if removed:
+                return CreateFailed(
+                    "terminal",
+                    f"attempt {request.attempt} of environment {request.environment_id} was removed on this host; "
+                    "its workspace is not made again",
+                )
+            return await self._create(request, cancelled)
+
+    async def _create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
         provider = self._provider(request.provider_id)
         data_dir = provider_dir(self._data_dir, provider.id)
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -248,7 +270,7 @@ class LocalWorkspaces:
         """At most CLEANUPS_AT_ONCE removals run, one per host, so a stuck host blocks only itself."""
         provider = self._provider(request.provider_id)
         host_slot = self._host_slots.setdefault(request.host_id, asyncio.Semaphore(1))
-        async with host_slot, self._cleanup_slots:
+        async with self._one_change_at_a_time(request.environment_id), host_slot, self._cleanup_slots:
             context = RemoveContext(
                 host_id=request.host_id,
                 data_dir=str(self._provider_dir_of(provider.id, request.path)),
@@ -263,9 +285,14 @@ class LocalWorkspaces:
                 cancelled=cancelled,
                 unbound_member=request.unbound_member,
             )
-            return await asyncio.to_thread(self._remove, provider, context)
+            ended = None if request.removal_attempt else request.attempt
+            return await asyncio.to_thread(self._remove, provider, context, ended)
 
-    def _remove(self, provider: EnvironmentProvider, context: RemoveContext) -> RemoveResult:
+    def _remove(self, provider: EnvironmentProvider, context: RemoveContext, ended: int | None) -> RemoveResult:
+        try:
+            self._removed.record(context.environment_id, ended)
+        except (ValueError, OSError) as error:
+            return RemoveFailed(f"the removal could not be recorded before anything is deleted: {error}")
         if self._containment is not None and not self._containment.end(context.environment_id):
             return RemoveFailed(
                 "processes started by the environment's hooks are still running; "
@@ -359,6 +386,19 @@ class LocalWorkspaces:
             return Removed(await asyncio.to_thread(provider.remove_leftover, data_dir, leftover))
         except Exception as error:
             return RemoveFailed(f"{leftover.path} is kept: {error}")
+
+    @contextlib.asynccontextmanager
+    async def _one_change_at_a_time(self, environment_id: str) -> AsyncIterator[None]:
+        """The environment's creates and removals one after the other; its lock forgotten when none waits."""
+        lock = self._changing.setdefault(environment_id, asyncio.Lock())
+        self._changers[environment_id] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._changers[environment_id] -= 1
+            if not self._changers[environment_id]:
+                del self._changers[environment_id], self._changing[environment_id]
 
     def _roots(self) -> list[Path]:
         return [self._data_dir, *([self._earlier_data_dir] if self._earlier_data_dir else [])]

@@ -4,8 +4,9 @@ The agent pulls from its host's own durable consumer of BB_HOST_JOBS (no other N
 a job queued while it was away waits for it. A job is done under its operation id: a create or
 removal is the provider's, which is idempotent per attempt; a hook is the durable hook runner's,
 which starts it at most once and joins it after a restart. The report is stored (BB_HOST_REPORTS)
-before the job is acknowledged: a kill between the two has the job delivered again, and doing it
-again reports the same. While a job runs the agent tells the server it is still at it, so a long
+before the job is acknowledged: a kill between the two, or an acknowledgement lost, has the job
+delivered again, and doing it again reports the same, except a create whose attempt was removed
+meanwhile, which the host refuses (providers/host/removed_attempts.py). While a job runs the agent tells the server it is still at it, so a long
 hook is not handed out a second time; one that an agent killed mid-job was holding is delivered
 again once its acknowledgement wait has passed.
 """

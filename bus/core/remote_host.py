@@ -108,7 +108,8 @@ class RemoteHost:
 
     async def create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
         """A create, once queued, runs to its end on the host; a cancelled environment then
-        removes what it made (the driver's cleanup), as for a create that was past stopping."""
+        removes what it made (the driver's cleanup), as for a create that was past stopping. One
+        that reaches the host after that removal began is refused there."""
         report: CreateReport = await self._job(request.host_id, "create", CreateJob(create_operation(request), request))
         return report.result
 

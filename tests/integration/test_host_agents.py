@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -644,6 +645,65 @@ async def test_an_archive_while_the_host_is_away_waits_in_removing_with_its_clai
         agent.start()
         await service.wait_for(environment_id, "removed", timeout=30)
     assert not Path(ready["path"]).exists()
+
+
+async def test_a_create_delivered_again_after_its_environment_was_removed_makes_no_workspace(
+    service: Service, git_repo: Path, tmp_path: Path
+):
+    """A create job comes again once its environment was removed, as one does whose acknowledgement
+    was lost while a NATS node was away (or one queued before its environment was cancelled and
+    removed): the agent makes nothing, and says why."""
+    from bb_environments.bus.wire import subjects
+
+    core = await service.connect("service")
+    queued: list[bytes] = []
+
+    async def keep(message: Any) -> None:
+        queued.append(message.data)
+
+    try:
+        await core.subscribe(subjects.host_jobs("h1"), cb=keep)
+        async with running_agent(service, "h1", tmp_path / "h1"):
+            environment_id = spawned(
+                await service.bb(
+                    "thread",
+                    "spawn",
+                    "--environment-provider",
+                    "git-worktree",
+                    "--project",
+                    str(git_repo),
+                    "--host",
+                    "h1",
+                    "--thread-id",
+                    "t1",
+                    "--json",
+                )
+            )
+            ready = await service.wait_for(environment_id, "ready", timeout=60)
+            assert (await service.bb("thread", "archive", "t1")).returncode == 0
+            await service.wait_for(environment_id, "removed", timeout=60)
+            operation_id = f"{environment_id}.create.1"
+            create = next(job for job in queued if json.loads(job)["operationId"] == operation_id)
+
+            reports = await core.subscribe(subjects.host_report("h1", operation_id))
+            await core.jetstream().publish(
+                subjects.host_job("h1", operation_id), create, headers={"Nats-Msg-Id": f"{operation_id}-again"}
+            )
+            report = json.loads((await reports.next_msg(timeout=30)).data)
+    finally:
+        await core.close()
+    assert report["result"] == {
+        "status": "failed",
+        "failure": "terminal",
+        "message": f"attempt 1 of environment {environment_id} was removed on this host; its workspace is not made again",
+    }
+    assert not Path(ready["path"]).exists()
+    worktrees = [
+        line
+        for line in (await _git(git_repo, "worktree", "list", "--porcelain")).splitlines()
+        if line.startswith("worktree ")
+    ]
+    assert worktrees == [f"worktree {git_repo}"], worktrees
 
 
 async def test_the_same_path_on_two_hosts_is_two_claims(service: Service, git_repo: Path, tmp_path: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from bb_environments.domain.request_errors import InvalidInput
 from bb_environments.handlers.commands import NewEnvironment
 from bb_environments.handlers.placement import Placer
-from bb_environments.providers.contract import Created, CreateFailed, InvalidInputs, Previous, ProviderMissing
+from bb_environments.providers.contract import Created, CreateFailed, InvalidInputs, Previous, ProviderMissing, Removed
 from bb_environments.providers.registry import ProviderRegistry
 from bb_environments.providers.workspace_messages import CreateRequest, PlanRequest, RemoveRequest
 from bb_environments.providers.workspaces import LocalWorkspaces
@@ -100,6 +101,68 @@ async def test_removing_with_a_provider_that_is_not_registered_waits_for_it(tmp_
 
     with pytest.raises(ProviderMissing, match="^the environment provider 'uninstalled' is not registered$"):
         await workspaces.remove(request, threading.Event())
+
+
+def remove_request(attempt: int = 1, removal_attempt: int = 1) -> RemoveRequest:
+    return RemoveRequest(
+        environment_id=ENVIRONMENT_ID,
+        attempt=attempt,
+        host_id="local",
+        provider_id="instant",
+        project_path=None,
+        inputs=None,
+        path=None,
+        path_key="t1",
+        resource=None,
+        removal_attempt=removal_attempt,
+    )
+
+
+class Held(InstantProvider):
+    """Its create begins, then waits to be let go before it makes its directory."""
+
+    def __init__(self) -> None:
+        self.making = threading.Event()
+        self.let_go = threading.Event()
+
+    def create(self, ctx):
+        self.making.set()
+        self.let_go.wait(30)
+        return super().create(ctx)
+
+
+async def test_a_removal_asked_while_a_create_runs_waits_for_it_and_removes_what_it_made(tmp_path):
+    provider = Held()
+    workspaces = LocalWorkspaces(ProviderRegistry([provider]), tmp_path, Lines())
+    creating = asyncio.create_task(workspaces.create(create_request(), threading.Event()))
+    await asyncio.to_thread(provider.making.wait, 30)
+    removing = asyncio.create_task(workspaces.remove(remove_request(), threading.Event()))
+    await asyncio.sleep(0.2)  # a removal that did not wait would have ended by now, before the create made anything
+    assert not removing.done()
+
+    provider.let_go.set()
+    created = await creating
+    assert isinstance(created, Created)
+    assert await removing == Removed()
+    assert not Path(created.path).exists()
+
+
+async def test_a_create_of_an_attempt_whose_removal_began_is_refused_and_makes_nothing(tmp_path):
+    workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), tmp_path, Lines())
+    assert await workspaces.remove(remove_request(attempt=1, removal_attempt=0), threading.Event()) == Removed()
+
+    late = await workspaces.create(create_request(attempt=1), threading.Event())
+
+    assert late == CreateFailed(
+        "terminal",
+        f"attempt 1 of environment {ENVIRONMENT_ID} was removed on this host; its workspace is not made again",
+    )
+    assert not (tmp_path / "providers" / "instant" / "ws" / "t1").exists()
+    # A cleanup ends its attempt and those before it; the environment's removal ends every one.
+    assert isinstance(await workspaces.create(create_request(attempt=2), threading.Event()), Created)
+    assert await workspaces.remove(remove_request(attempt=2, removal_attempt=1), threading.Event()) == Removed()
+    assert isinstance(await workspaces.create(create_request(attempt=3), threading.Event()), CreateFailed)
+    assert not (tmp_path / "providers" / "instant" / "ws" / "t1").exists()
 
 
 async def test_a_project_inside_the_data_dir_is_refused_with_the_reason(tmp_path):

@@ -1,0 +1,89 @@
+"""Which create attempts of each environment this host has removed the workspace of, kept on disk.
+
+A create can reach a host after the removal of what it would make: a job delivered again because
+its acknowledgement was lost while a NATS node was away (its report long taken, its environment
+since removed), or a job queued before its environment was cancelled and removed by a core that
+was not waiting for it. Done, it would make a workspace no live environment has. So a removal
+first records here the attempts it ends (a cleanup the failed attempt and those before it, the
+environment's removal every attempt), durably, before it deletes anything; a create of a recorded
+attempt is refused. A kill at any line leaves the record whole or absent, and absent only while
+nothing was deleted yet: the removal, delivered again, records it again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+EVERY_ATTEMPT = "every"
+"""The record of an environment whose removal started: no create of it is wanted any more."""
+KEPT_FOR_S = 7 * 24 * 3600
+"""How long a record is kept: a late create comes within seconds of its removal (a redelivery, or
+the rest of its host's queue); a week covers an agent away that long with the job still queued."""
+FORGET_EVERY_S = 3600
+
+
+class RemovedAttempts:
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._next_forgetting = 0.0
+
+    def record(self, environment_id: str, through_attempt: int | None) -> None:
+        """No create of `environment_id`'s attempts up to `through_attempt` (None: any) is made again."""
+        self._directory.mkdir(parents=True, exist_ok=True)
+        self._forget_old()
+        known = self._recorded(environment_id)
+        if known == EVERY_ATTEMPT or (
+            through_attempt is not None and known is not None and int(known) >= through_attempt
+        ):
+            return
+        _write_durably(self._path(environment_id), EVERY_ATTEMPT if through_attempt is None else str(through_attempt))
+
+    def removed(self, environment_id: str, attempt: int) -> bool:
+        known = self._recorded(environment_id)
+        return known is not None and (known == EVERY_ATTEMPT or attempt <= int(known))
+
+    def _recorded(self, environment_id: str) -> str | None:
+        try:
+            return self._path(environment_id).read_text()
+        except FileNotFoundError:
+            return None
+
+    def _path(self, environment_id: str) -> Path:
+        # The id comes with a request: only a UUID names a file, nothing outside the directory.
+        try:
+            return self._directory / str(uuid.UUID(environment_id))
+        except ValueError:
+            raise ValueError(f"the environment id {environment_id!r} is not a UUID") from None
+
+    def _forget_old(self) -> None:
+        if time.time() < self._next_forgetting:
+            return
+        self._next_forgetting = time.time() + FORGET_EVERY_S
+        oldest = time.time() - KEPT_FOR_S
+        for entry in os.scandir(self._directory):
+            try:
+                if entry.stat().st_mtime < oldest:
+                    Path(entry.path).unlink()
+            except FileNotFoundError:
+                pass  # forgotten by a removal of another host's environment meanwhile
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """The file and its name in the directory on disk before the caller goes on: a crash leaves it
+    whole or absent."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(descriptor, text.encode())
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
