@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -301,8 +301,21 @@ def _environment_command(verb: str, help_text: str, ends: Ends, wait_help: str) 
                 )
 
             return waited()
-        emit(call(settings, "environments", verb, request, changes=True), as_json, print_accepted)
+        emit(call(settings, "environments", verb, request, changes=True), as_json, _said_of(verb))
         return None
+
+
+def _said_of(verb: str) -> Callable[[dict[str, Any]], None]:
+    """What the answer to `verb` says: a deletion that finds the environment removed already (an
+    answer's status never is that of a removal it started) says so in a sentence."""
+
+    def said(doc: dict[str, Any]) -> None:
+        if verb == "delete" and doc.get("status") == EnvironmentStatus.REMOVED:
+            stdout.print(f"environment {doc['environmentId']} was removed already; nothing changed", markup=False)
+        else:
+            print_accepted(doc)
+
+    return said
 
 
 def _print_environment(e: dict[str, Any]) -> None:

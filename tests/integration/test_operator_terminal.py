@@ -287,6 +287,12 @@ async def test_delete_waits_until_the_environment_is_removed(service):
     assert deleted.returncode == 0, deleted.stderr
     assert deleted.stdout == f"{spawned['environmentId']}  removed\n"
     assert (await service.show(spawned["environmentId"]))["status"] == "removed"
+    again = await service.bb("environment", "delete", spawned["environmentId"])
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == f"environment {spawned['environmentId']} was removed already; nothing changed\n"
+    as_json = await service.bb("environment", "delete", spawned["environmentId"], "--json")
+    assert as_json.returncode == 0
+    assert as_json.json()["environmentId"] == spawned["environmentId"] and as_json.json()["status"] == "removed"
 
 
 async def test_archive_waits_until_the_last_threads_environment_is_removed(service, git_repo, tmp_path):
