@@ -37,15 +37,11 @@ from bb_environments.entrypoints.cli.support import (
     stdout,
     wait_json_option,
 )
-from bb_environments.entrypoints.cli.waiting import (
-    REMOVED,
-    SETTLED,
-    TRANSCRIPT_POLL_S,
-    Ends,
-    change_and_wait,
-    wait_options,
-)
+from bb_environments.entrypoints.cli.waiting import REMOVED, SETTLED, Ends, change_and_wait, emit_ended, wait_options
 from bb_environments.entrypoints.config import Settings
+
+TRANSCRIPT_POLL_S = 0.5
+"""How long `logs`'s transcript reader waits for a line before it looks whether to stop."""
 
 if TYPE_CHECKING:  # opened by open_client, which imports it once the URL is known
     from bb_environments.bus.api_client.nats_client import ApiClient
@@ -294,8 +290,9 @@ def _environment_command(verb: str, help_text: str, ends: Ends, wait_help: str) 
         if wait:
 
             async def waited() -> None:
-                emit(
+                emit_ended(
                     await change_and_wait(settings, "environments", verb, request, ends, timeout),
+                    ends,
                     as_json,
                     print_accepted,
                 )

@@ -255,16 +255,19 @@ async def test_retry_waits_with_the_transcript_for_the_setup_run_again(service, 
         "--thread-id",
         "t1",
         "--wait",
-        "--json",
     )
-    assert failed.returncode == 1 and failed.json()["status"] == "error", failed.stderr
-    environment_id = failed.json()["environmentId"]
+    # A person is told how it ended on stdout too, as with --json: the thread, its environment, `error`.
+    assert failed.returncode == 1 and "no luck" in failed.stderr, failed.stderr
+    thread_id, environment_id, status = failed.stdout.split()
+    assert (thread_id, status) == ("t1", "error") and (await service.show(environment_id))["status"] == "error"
 
     retried = await service.bb("environment", "retry", environment_id[:8], "--wait", "--json")
 
     assert retried.returncode == 0, retried.stderr
     assert retried.json()["environmentId"] == environment_id and retried.json()["status"] == "ready"
     assert "» Running .bb-env-setup.sh" in retried.stderr and "preparing the workspace" in retried.stderr
+    # Only what the retry printed: the first attempt's transcript was the spawn's to show.
+    assert "no luck" not in retried.stderr and "Creating" not in retried.stderr, retried.stderr
 
 
 @pytest.mark.parametrize("service", [{"BB_RETIRE_GRACE_MS": "600000"}], indirect=True)
