@@ -7,7 +7,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,8 +27,11 @@ from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli.connection import call, listing, open_client
 from bb_environments.entrypoints.cli.support import (
     Failure,
+    clock,
     emit,
     environment_id_argument,
+    fitted,
+    human_bytes,
     json_lines_option,
     json_option,
     print_accepted,
@@ -95,19 +98,26 @@ def environment_list(
     )
     document = listing(settings, "environments", "list", request, "environments")
 
-    def human(doc: dict[str, Any]) -> None:
-        # An id, a provider's name and a thread's id leave no room in 80 columns for the path or
-        # the ports, which name something only whole: `show` and `--json` have them.
-        print_table(
-            ("ID", "STATUS", "PROVIDER", "SLUG", "THREADS"),
-            (
-                [e["id"], e["status"], e["providerId"], e.get("slug") or "-", _threads_cell(e["threadIds"])]
-                for e in doc["environments"]
-            ),
-            shrink={"SLUG": "end"},
-        )  # a slug's end is its own
+    emit(document, as_json, _print_listing)
 
-    emit(document, as_json, human)
+
+def _print_listing(doc: dict[str, Any]) -> None:
+    # A whole id, a status and a size leave no room in 80 columns for the provider, the path or
+    # the ports: `show` and `--json` have them (and `--provider` picks by provider).
+    print_table(
+        ("ID", "STATUS", "SLUG", "THREADS", "DISK"),
+        (
+            [
+                e["id"],
+                e["status"],
+                e.get("slug") or "-",
+                _threads_cell(e["threadIds"]),
+                human_bytes(e.get("diskBytes")),  # absent from a service before disk scans
+            ]
+            for e in doc["environments"]
+        ),
+        shrink={"SLUG": "end", "THREADS": "start"},  # a slug's end is its own; a thread's start
+    )
 
 
 def _threads_cell(thread_ids: list[str]) -> str:
@@ -169,11 +179,8 @@ def environment_history(settings: Settings, environment_id: str, as_json: bool) 
 
     def human(doc: dict[str, Any]) -> None:
         print_table(
-            ("VERSION", "EVENT", "TIME (UTC)", "DURATION"),
-            (
-                [str(e["version"]), e["type"], _instant(e["occurredAt"]), _duration(e["durationMs"])]
-                for e in doc["events"]
-            ),
+            ("VERSION", "EVENT", "TIME", "DURATION"),
+            ([str(e["version"]), e["type"], clock(e["occurredAt"]), _duration(e["durationMs"])] for e in doc["events"]),
         )
 
     emit(document, as_json, human)
@@ -251,14 +258,9 @@ def _transcript_line(data: bytes) -> str:
     """A line as a person reads it: when, a `»` for a step of the work (its output indented), the text."""
     try:
         line = json.loads(data)
-        return f"{_instant(line['occurredAt'])}  {'»' if line['kind'] == 'step' else ' '} {one_line(line['text'])}"
-    except (ValueError, KeyError, TypeError):  # not a line of ours: shown as it came
+        return fitted(f"{clock(line['occurredAt'])}  {'»' if line['kind'] == 'step' else ' '} ", line["text"])
+    except (ValueError, KeyError, TypeError, AttributeError):  # not a line of ours: shown as it came
         return one_line(data.decode(errors="replace"))
-
-
-def _instant(text: str) -> str:
-    # To the millisecond and without the 'T': a table's column, read by a person.
-    return datetime.fromisoformat(text).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _duration(milliseconds: int | None) -> str:
@@ -338,7 +340,7 @@ def _print_environment(e: dict[str, Any]) -> None:
     if e.get("savedRef"):
         stdout.print(f"  saved work: {e['savedRef']}  (git worktree add <dir> {e['savedRef']})", markup=False)
     for line in e.get("transcript", []):
-        stdout.print(f"  │ {one_line(line)}", markup=False)
+        stdout.print(fitted("  │ ", line), markup=False)
 
 
 def _ports_cell(ports: dict[str, int] | None) -> str | None:

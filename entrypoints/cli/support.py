@@ -11,7 +11,8 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import click
 
@@ -88,6 +89,59 @@ def print_table(
 
 def _table_width() -> int:
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else TABLE_WIDTH_OFF_A_TERMINAL
+
+
+def fitted(prefix: str, text: str, indent: int | None = None, stream: TextIO | None = None) -> str:
+    """`prefix` and `text` as lines that fit the terminal `stream` (stdout unless given) is: the
+    text wrapped at its spaces, or within a word longer than a line, each further line indented
+    under the first's text (or by `indent`), so that a long hook's line reads as a paragraph
+    rather than the terminal's fold. Off a terminal (a pipe, a file) the line stays whole, for
+    grep to find."""
+    import textwrap  # only the commands that print lines of text import it
+
+    text = one_line(text)
+    width = terminal_width(stream or sys.stdout)
+    if width is None or len(prefix) + len(text) <= width:
+        return prefix + text
+    return "\n".join(
+        textwrap.wrap(
+            text,
+            max(width, len(prefix) + 20),
+            initial_indent=prefix,
+            subsequent_indent=" " * (len(prefix) if indent is None else indent),
+            break_on_hyphens=False,
+        )
+    )
+
+
+def terminal_width(stream: TextIO) -> int | None:
+    """How wide the terminal `stream` prints on is, None when it is no terminal."""
+    return shutil.get_terminal_size().columns if stream.isatty() else None
+
+
+def clock(instant: str, today: datetime | None = None) -> str:
+    """An ISO-8601 instant as a person reads it in every listing of times (`history`, `logs`,
+    `events tail`): the local time to the millisecond, `14:03:07.215`, with the date before it
+    when it is not today (`2026-11-30 14:03:07.215`). `--json` keeps the instant as it came."""
+    try:
+        local = datetime.fromisoformat(instant).astimezone()
+    except ValueError:  # not an instant (an event is untrusted): shown as it came
+        return one_line(instant)
+    shown = local.strftime("%H:%M:%S.%f")[:-3]
+    if local.date() != (today or datetime.now().astimezone()).date():
+        return f"{local:%Y-%m-%d} {shown}"
+    return shown
+
+
+def human_bytes(size: int | None) -> str:
+    """A size in a column: `1.2G`, `512M`, `40K`, `900B` (powers of 1024, as `du -h`), `-` when unknown."""
+    if size is None:
+        return "-"
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if size >= 1 << shift:
+            scaled = size / (1 << shift)
+            return f"{scaled:.1f}{unit}" if scaled < 10 else f"{scaled:.0f}{unit}"
+    return f"{size}B"
 
 
 def _shortened(cell: str, width: int, end: Literal["start", "end"]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,7 +18,7 @@ from bb_environments.bus.wire.api_messages import EnvironmentRef, Request
 from bb_environments.bus.wire.service_errors import AnswerLost, ServiceError
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli.connection import may_have_taken_effect, open_client, sendable
-from bb_environments.entrypoints.cli.support import Failure, Seconds, stderr
+from bb_environments.entrypoints.cli.support import Failure, Seconds, fitted, stderr
 from bb_environments.entrypoints.config import Settings
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
@@ -125,9 +126,9 @@ class SettleWatch:
 
 
 def _print_line(data: bytes) -> None:
-    with contextlib.suppress(ValueError, KeyError, TypeError):  # not a line of ours: not shown
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # not a line of ours: not shown
         line = json.loads(data)
-        stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
+        stderr.print(fitted("» " if line["kind"] == "step" else "  ", line["text"], stream=sys.stderr), markup=False)
 
 
 async def wait_until_settled(
