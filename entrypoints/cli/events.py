@@ -95,7 +95,9 @@ def _tail_line(subject: str, event: dict[str, Any], statuses: dict[str, str]) ->
         said = ("» " if event.get("kind") == "step" else "") + str(event.get("text", ""))
     else:
         status = str(event.get("status", ""))
-        said = subject.split(".")[-1] + ("" if statuses.get(environment_id) == status else f" → {status}")
+        event_type = subject.split(".")[-1]
+        changed = statuses.get(environment_id) != status and event_type != status  # `ready`: nothing to add
+        said = event_type + (f" → {status}" if changed else "")
         statuses[environment_id] = status
     when = clock(str(event.get("occurredAt", "")))
     return fitted(f"{when}  {environment_id}  ", said, indent=len(when) + 2)

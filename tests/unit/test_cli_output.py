@@ -75,12 +75,14 @@ def test_tail_lines_fit_80_columns_and_say_the_event_and_a_changed_status(termin
     succeeded = _tail_line(
         f"bb.environments.{ENVIRONMENT}.setup_succeeded", {"occurredAt": now, "status": "provisioning"}, statuses
     )
+    ready = _tail_line(f"bb.environments.{ENVIRONMENT}.ready", {"occurredAt": now, "status": "ready"}, statuses)
     said = _tail_line(
         f"bb.transcripts.{ENVIRONMENT}", {"occurredAt": now, "kind": "output", "text": HOOK_LINE}, statuses
     )
 
     assert created == f"{clock(now)}  {ENVIRONMENT}  created → provisioning"
     assert succeeded == f"{clock(now)}  {ENVIRONMENT}  setup_succeeded"  # still provisioning
+    assert ready == f"{clock(now)}  {ENVIRONMENT}  ready"  # the event names the status
     lines = said.splitlines()
     assert len(lines) > 1 and max(map(len, lines)) <= 80
     assert " ".join(line.strip() for line in lines).endswith(HOOK_LINE.split()[-1][-20:])
