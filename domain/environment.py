@@ -716,7 +716,7 @@ class Environment(CopiedForCommands, Aggregate):
                 f"environment {self.id} still serves threads {', '.join(self.thread_ids)}; archive them first"
             )
         if not self.is_live:
-            raise IllegalTransition(f"environment {self.id} is already {self.public_status}")
+            return  # being removed, or removed: what a deletion asks for is done or under way (a repeat changes nothing)
         if self.status in PREPARING_STATUSES:
             if not self.cancelled:
                 self._cancelled("deleted while being prepared")

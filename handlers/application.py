@@ -20,6 +20,7 @@ from eventsourcing.domain import Aggregate
 from bb_environments.domain.environment import Environment
 from bb_environments.domain.errors import UnknownEnvironment
 from bb_environments.domain.host_claims import HostClaims
+from bb_environments.domain.thread import Thread, thread_aggregate_id
 from bb_environments.handlers.claiming import HOST_CLAIMS_SNAPSHOT_INTERVAL
 from bb_environments.handlers.pool_use_cases import PoolUseCases
 from bb_environments.handlers.provisioning_steps import ProvisioningSteps
@@ -53,6 +54,17 @@ class Environments(PoolUseCases, ProvisioningSteps):
         """By host, the projects git-worktree environments were claimed in, removed ones included:
         where worktrees and branches of bb's layout can be."""
         return self._worktree_projects.by_host()
+
+    def environments_of_thread(self, thread_id: str) -> list[Environment]:
+        """Every environment the thread was ever given, removed ones included, as the log has them now."""
+        if thread_id not in self._registered:
+            return []
+        assigned = {
+            event.environment_id  # type: ignore[attr-defined]
+            for event in self.repository.event_store.get(thread_aggregate_id(thread_id))
+            if isinstance(event, Thread.EnvironmentAssigned)
+        }
+        return [self.environment(environment_id) for environment_id in sorted(assigned)]
 
     def record_workspace_vanished(self, environment_id: UUID, path: str) -> Environment:
         """The workspace at `path` is gone from its host; a claim on it beside the claimed path

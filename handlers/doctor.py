@@ -3,7 +3,7 @@
 Each host lists what exists there (the Host port's `survey`, answered where the host's
 work runs); the comparison is the core's, against the log: an orphan is something found that no
 environment not yet removed records (its workspace or claimed path, its path key, its branch),
-and a missing workspace is one a settled environment records that its host no longer has.
+bar the branch a git-worktree environment's removal left to the user on purpose, and a missing workspace is one a settled environment records that its host no longer has.
 
 The fix removes each orphan on its host after saving its work there (the host checks the
 records it is sent again, just before it removes anything), then records each missing workspace
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from bb_environments.domain.environment import Environment
+from bb_environments.domain.status import EnvironmentStatus
+from bb_environments.handlers.application import Environments
 from bb_environments.handlers.ports import Hosts
 from bb_environments.handlers.provisioning import Provisioner
 from bb_environments.handlers.store import Store
@@ -128,7 +130,8 @@ class Doctor:
             for orphan in found.orphans:
                 orphans.setdefault((orphan.path, orphan.kind), orphan)
             missing.extend(found.missing)
-        return Findings(list(orphans.values()), missing)
+        kept = await self._store.run(_kept_by_removals, self._app, [o.leftover for o in orphans.values()])
+        return Findings([o for o in orphans.values() if o.leftover not in kept], missing)
 
     async def fix(self) -> Findings:
         """Examine, then remove each orphan (its work saved first) and record each missing workspace."""
@@ -150,6 +153,29 @@ class Doctor:
             )
             await self._provisioner.drive(environment.id, environment)
         return Findings(fixed, found.missing)
+
+
+def _kept_by_removals(app: Environments, leftovers: list[Leftover]) -> list[Leftover]:
+    """The `bb/<path key>` branches that the removal of a git-worktree environment kept: it had a
+    worktree of its own (a failed create's branch was never handed to a thread), and its removal
+    saved what the worktree held beyond the branch (`savedRef`) and left the branch, with the
+    thread's commits, to the user. A git-worktree path key is its thread's id."""
+    kept = []
+    for leftover in leftovers:
+        if leftover.kind != "branch" or leftover.branch is None or not leftover.branch.startswith(BRANCH_PREFIX):
+            continue
+        key = leftover.branch.removeprefix(BRANCH_PREFIX)
+        if any(
+            environment.provider_id == WORKTREE_PROVIDER_ID
+            and environment.status == EnvironmentStatus.REMOVED
+            and environment.owns_path
+            and environment.path_key == key
+            and environment.project_path is not None
+            and leftover.path == branch_place(environment.project_path, leftover.branch)
+            for environment in app.environments_of_thread(key)
+        ):
+            kept.append(leftover)
+    return kept
 
 
 def _branches(environment: Environment) -> set[str]:

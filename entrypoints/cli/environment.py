@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Coroutine
-from datetime import UTC, datetime
+from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -28,25 +28,25 @@ from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli.connection import call, listing, open_client
 from bb_environments.entrypoints.cli.support import (
     Failure,
+    clock,
+    duration,
     emit,
     environment_id_argument,
+    fitted,
     json_lines_option,
     json_option,
+    port_range,
     print_accepted,
     print_table,
     run_command,
     stdout,
     wait_json_option,
 )
-from bb_environments.entrypoints.cli.waiting import (
-    REMOVED,
-    SETTLED,
-    TRANSCRIPT_POLL_S,
-    Ends,
-    change_and_wait,
-    wait_options,
-)
+from bb_environments.entrypoints.cli.waiting import REMOVED, SETTLED, Ends, change_and_wait, emit_ended, wait_options
 from bb_environments.entrypoints.config import Settings
+
+TRANSCRIPT_POLL_S = 0.5
+"""How long `logs`'s transcript reader waits for a line before it looks whether to stop."""
 
 if TYPE_CHECKING:  # opened by open_client, which imports it once the URL is known
     from bb_environments.bus.api_client.nats_client import ApiClient
@@ -100,27 +100,26 @@ def environment_list(
     )
     document = listing(settings, "environments", "list", request, "environments")
 
-    def human(doc: dict[str, Any]) -> None:
-        # An id, a provider's name and a thread's id leave no room in 80 columns for the path or
-        # the ports, which name something only whole: `show` and `--json` have them.
-        print_table(
-            ("ID", "STATUS", "PROVIDER", "SLUG", "DISK", "THREADS"),
-            (
-                [
-                    e["id"],
-                    e["status"],
-                    e["providerId"],
-                    e.get("slug") or "-",
-                    _disk_cell(e.get("diskBytes")),
-                    _threads_cell(e["threadIds"]),
-                ]
-                for e in doc["environments"]
-            ),
-            shrink={"SLUG": "end"},  # a slug's end is its own
-            optional=("DISK",),  # left to `show` and --json where the provider's name takes its room
-        )
+    emit(document, as_json, _print_listing)
 
-    emit(document, as_json, human)
+
+def _print_listing(doc: dict[str, Any]) -> None:
+    # A whole id, a status and a size leave no room in 80 columns for the provider, the path or
+    # the ports: `show` and `--json` have them (and `--provider` picks by provider).
+    print_table(
+        ("ID", "STATUS", "SLUG", "THREADS", "DISK"),
+        (
+            [
+                e["id"],
+                e["status"],
+                e.get("slug") or "-",
+                _threads_cell(e["threadIds"]),
+                _disk_cell(e.get("diskBytes")),  # absent from a service before disk scans
+            ]
+            for e in doc["environments"]
+        ),
+        shrink={"SLUG": "end", "THREADS": "start"},  # a slug's end is its own; a thread's start
+    )
 
 
 def _disk_cell(disk_bytes: int | None) -> str:
@@ -187,11 +186,8 @@ def environment_history(settings: Settings, environment_id: str, as_json: bool) 
 
     def human(doc: dict[str, Any]) -> None:
         print_table(
-            ("VERSION", "EVENT", "TIME (UTC)", "DURATION"),
-            (
-                [str(e["version"]), e["type"], _instant(e["occurredAt"]), _duration(e["durationMs"])]
-                for e in doc["events"]
-            ),
+            ("VERSION", "EVENT", "TIME", "DURATION"),
+            ([str(e["version"]), e["type"], clock(e["occurredAt"]), duration(e["durationMs"])] for e in doc["events"]),
         )
 
     emit(document, as_json, human)
@@ -269,27 +265,9 @@ def _transcript_line(data: bytes) -> str:
     """A line as a person reads it: when, a `»` for a step of the work (its output indented), the text."""
     try:
         line = json.loads(data)
-        return f"{_instant(line['occurredAt'])}  {'»' if line['kind'] == 'step' else ' '} {one_line(line['text'])}"
-    except (ValueError, KeyError, TypeError):  # not a line of ours: shown as it came
+        return fitted(f"{clock(line['occurredAt'])}  {'»' if line['kind'] == 'step' else ' '} ", line["text"])
+    except (ValueError, KeyError, TypeError, AttributeError):  # not a line of ours: shown as it came
         return one_line(data.decode(errors="replace"))
-
-
-def _instant(text: str) -> str:
-    # To the millisecond and without the 'T': a table's column, read by a person.
-    return datetime.fromisoformat(text).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
-def _duration(milliseconds: int | None) -> str:
-    if milliseconds is None:
-        return "-"
-    if milliseconds < 1000:
-        return f"{milliseconds} ms"
-    if milliseconds < 60_000:
-        return f"{milliseconds / 1000:.1f} s"
-    minutes, seconds = divmod(milliseconds // 1000, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds} s"
-    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def _environment_command(verb: str, help_text: str, ends: Ends, wait_help: str) -> None:
@@ -308,15 +286,29 @@ def _environment_command(verb: str, help_text: str, ends: Ends, wait_help: str) 
         if wait:
 
             async def waited() -> None:
-                emit(
+                emit_ended(
                     await change_and_wait(settings, "environments", verb, request, ends, timeout),
+                    ends,
                     as_json,
                     print_accepted,
                 )
 
             return waited()
-        emit(call(settings, "environments", verb, request, changes=True), as_json, print_accepted)
+        emit(call(settings, "environments", verb, request, changes=True), as_json, _said_of(verb))
         return None
+
+
+def _said_of(verb: str) -> Callable[[dict[str, Any]], None]:
+    """What the answer to `verb` says: a deletion that finds the environment removed already (an
+    answer's status never is that of a removal it started) says so in a sentence."""
+
+    def said(doc: dict[str, Any]) -> None:
+        if verb == "delete" and doc.get("status") == EnvironmentStatus.REMOVED:
+            stdout.print(f"environment {doc['environmentId']} was removed already; nothing changed", markup=False)
+        else:
+            print_accepted(doc)
+
+    return said
 
 
 def _print_environment(e: dict[str, Any]) -> None:
@@ -333,8 +325,8 @@ def _print_environment(e: dict[str, Any]) -> None:
         ("path", e["path"]),
         ("owns path", e["ownsPath"]),
         ("slug", e.get("slug")),
-        ("ports", _ports_cell(e.get("ports"))),
-        ("disk", None if e.get("diskBytes") is None else f"{_disk_cell(e['diskBytes'])} ({e['diskBytes']} bytes)"),
+        ("ports", port_range(e.get("ports"))),
+        ("disk", None if e.get("diskBytes") is None else f"{human_bytes(e['diskBytes'])} ({e['diskBytes']} bytes)"),
         ("threads", ", ".join(e["threadIds"])),
         ("setup", e["hooks"]["setup"]["status"]),
         ("teardown", e["hooks"]["teardown"]["status"]),
@@ -343,12 +335,7 @@ def _print_environment(e: dict[str, Any]) -> None:
     if e.get("savedRef"):
         stdout.print(f"  saved work: {e['savedRef']}  (git worktree add <dir> {e['savedRef']})", markup=False)
     for line in e.get("transcript", []):
-        stdout.print(f"  │ {one_line(line)}", markup=False)
-
-
-def _ports_cell(ports: dict[str, int] | None) -> str | None:
-    """`first-last`, as the hooks' BB_PORTS has it."""
-    return f"{ports['first']}-{ports['first'] + ports['count'] - 1}" if ports else None
+        stdout.print(fitted("  │ ", line), markup=False)
 
 
 def _readable(value: Any) -> str:

@@ -18,7 +18,16 @@ from bb_environments.bus.wire.api_messages import Nothing
 from bb_environments.domain.ids import quoted
 from bb_environments.domain.request_errors import one_line
 from bb_environments.entrypoints.cli.connection import call, open_client
-from bb_environments.entrypoints.cli.support import Failure, emit, json_lines_option, json_option, run_command, stdout
+from bb_environments.entrypoints.cli.support import (
+    Failure,
+    clock,
+    emit,
+    fitted,
+    json_lines_option,
+    json_option,
+    run_command,
+    stdout,
+)
 from bb_environments.entrypoints.config import ConfigError, Settings, serving
 
 if TYPE_CHECKING:  # loads eventsourcing, which only an export that needs the store imports
@@ -45,15 +54,16 @@ async def events_tail(settings: Settings, subject_filter: str, as_json: bool) ->
 
     client = await open_client(settings)
     reader_left = asyncio.Event()
+    statuses: dict[str, str] = {}  # environment id -> the status its last event printed here reached
 
     async def show(message: Any) -> None:
         if as_json:
             line = message.data.decode()
         else:
-            event = json.loads(message.data)
-            # A transcript line is read for what it says; an environment event for the status it reached.
-            said = event.get("text", "") if message.subject.startswith(TRANSCRIPT_SUBJECTS) else event.get("status", "")
-            line = one_line(f"{event.get('occurredAt', '')}  {message.subject}  {said}")
+            try:
+                line = _tail_line(message.subject, json.loads(message.data), statuses)
+            except (ValueError, AttributeError, TypeError):  # not an event of ours: shown as it came
+                line = one_line(f"{message.subject}  {message.data.decode(errors='replace')}")
         try:
             print(line, flush=True)
         except BrokenPipeError:  # raised here, inside nats-py's callback, it would end nothing
@@ -73,6 +83,24 @@ async def events_tail(settings: Settings, subject_filter: str, as_json: bool) ->
         "unreachable",
         "the connection to the bb service dropped and did not come back; tail again once the service is back",
     )
+
+
+def _tail_line(subject: str, event: dict[str, Any], statuses: dict[str, str]) -> str:
+    """When, which environment, and what: a transcript line's text (a step marked `»`), or an
+    event's type and, when it changed, the status it reached (`created → provisioning`), in 80
+    columns: the environment's id whole, what is said wrapped under it."""
+    transcript = subject.startswith(TRANSCRIPT_SUBJECTS)
+    environment_id = subject.split(".")[2]
+    if transcript:
+        said = ("» " if event.get("kind") == "step" else "") + str(event.get("text", ""))
+    else:
+        status = str(event.get("status", ""))
+        event_type = subject.split(".")[-1]
+        changed = statuses.get(environment_id) != status and event_type != status  # `ready`: nothing to add
+        said = event_type + (f" → {status}" if changed else "")
+        statuses[environment_id] = status
+    when = clock(str(event.get("occurredAt", "")))
+    return fitted(f"{when}  {environment_id}  ", said, indent=len(when) + 2)
 
 
 def _check_tail_filter(subject_filter: str) -> None:

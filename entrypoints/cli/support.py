@@ -11,7 +11,8 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import click
 
@@ -58,10 +59,7 @@ TABLE_WIDTH_OFF_A_TERMINAL = 80
 
 
 def print_table(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[str]],
-    shrink: Mapping[str, Literal["start", "end"]] | None = None,
-    optional: Sequence[str] = (),
+    headers: Sequence[str], rows: Iterable[Sequence[str]], shrink: Mapping[str, Literal["start", "end"]] | None = None
 ) -> None:
     """A listing for a person, as plain columns: each as wide as its widest cell, two spaces apart,
     fitted to the terminal by cutting the columns `shrink` names (keeping the start or the end of
@@ -71,16 +69,8 @@ def print_table(
     Not rich's Table: importing rich and laying out a hundred rows took longer than the rest of
     `bb environment list`, and it reads every cell as markup, so that a path holding `[/]` ended
     the command. A cell with characters that are not printable (the service's answer is untrusted)
-    is shown escaped rather than sent to the terminal.
-
-    The `optional` columns are left out, in their order, while the table would not fit even cut."""
+    is shown escaped rather than sent to the terminal."""
     lines = [list(headers), *([one_line(cell) for cell in row] for row in rows)]
-    for header in optional:
-        if _least_width(lines, shrink or {}) <= _table_width():
-            break
-        column = lines[0].index(header)
-        lines = [line[:column] + line[column + 1 :] for line in lines]
-    headers = lines[0]
     widths = [max(len(line[column]) for line in lines) for column in range(len(headers))]
     kept = {headers.index(header): end for header, end in (shrink or {}).items()}
     excess = sum(widths) + 2 * (len(widths) - 1) - _table_width()
@@ -97,17 +87,69 @@ def print_table(
     print("\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines))
 
 
-def _least_width(lines: list[list[str]], shrink: Mapping[str, object]) -> int:
-    """How wide the table is with the columns `shrink` names cut to their headers."""
-    widths = [
-        len(header) if header in shrink else max(len(line[column]) for line in lines)
-        for column, header in enumerate(lines[0])
-    ]
-    return sum(widths) + 2 * (len(widths) - 1)
-
-
 def _table_width() -> int:
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else TABLE_WIDTH_OFF_A_TERMINAL
+
+
+def fitted(prefix: str, text: str, indent: int | None = None, stream: TextIO | None = None) -> str:
+    """`prefix` and `text` as lines that fit the terminal `stream` (stdout unless given) is: the
+    text wrapped at its spaces, or within a word longer than a line, each further line indented
+    under the first's text (or by `indent`), so that a long hook's line reads as a paragraph
+    rather than the terminal's fold. Off a terminal (a pipe, a file) the line stays whole, for
+    grep to find."""
+    import textwrap  # only the commands that print lines of text import it
+
+    text = one_line(text)
+    width = terminal_width(stream or sys.stdout)
+    if width is None or len(prefix) + len(text) <= width:
+        return prefix + text
+    return "\n".join(
+        textwrap.wrap(
+            text,
+            max(width, len(prefix) + 20),
+            initial_indent=prefix,
+            subsequent_indent=" " * (len(prefix) if indent is None else indent),
+            break_on_hyphens=False,
+        )
+    )
+
+
+def terminal_width(stream: TextIO) -> int | None:
+    """How wide the terminal `stream` prints on is, None when it is no terminal."""
+    return shutil.get_terminal_size().columns if stream.isatty() else None
+
+
+def clock(instant: str, today: datetime | None = None) -> str:
+    """An ISO-8601 instant as a person reads it in every listing of times (`history`, `logs`,
+    `events tail`): the local time to the millisecond, `14:03:07.215`, with the date before it
+    when it is not today (`2026-11-30 14:03:07.215`). `--json` keeps the instant as it came."""
+    try:
+        local = datetime.fromisoformat(instant).astimezone()
+    except ValueError:  # not an instant (an event is untrusted): shown as it came
+        return one_line(instant)
+    shown = local.strftime("%H:%M:%S.%f")[:-3]
+    if local.date() != (today or datetime.now().astimezone()).date():
+        return f"{local:%Y-%m-%d} {shown}"
+    return shown
+
+
+def duration(milliseconds: int | None) -> str:
+    """How long something took as a person reads it: `70 ms`, `1.2 s`, `3 min 4 s`; `-` when unknown."""
+    if milliseconds is None:
+        return "-"
+    if milliseconds < 1000:
+        return f"{milliseconds} ms"
+    if milliseconds < 60_000:
+        return f"{milliseconds / 1000:.1f} s"
+    minutes, seconds = divmod(milliseconds // 1000, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def port_range(ports: dict[str, int] | None) -> str | None:
+    """`first-last`, as the hooks' BB_PORTS has it."""
+    return f"{ports['first']}-{ports['first'] + ports['count'] - 1}" if ports else None
 
 
 def _shortened(cell: str, width: int, end: Literal["start", "end"]) -> str:

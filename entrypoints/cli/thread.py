@@ -32,7 +32,7 @@ from bb_environments.entrypoints.cli.waiting import (
     SETTLED,
     SettleWatch,
     change_and_wait,
-    check_ended,
+    emit_ended,
     lost,
     wait_options,
     wait_until_settled,
@@ -146,11 +146,14 @@ async def thread_spawn(
     finally:
         await watch.stop()
         await client.close()
+
+    def human(d: dict[str, Any]) -> None:
+        stdout.print(f"{d['threadId']}  {d['environmentId']}  {d['status']}", markup=False)
+
     if wait:
-        check_ended(document, SETTLED)
-    emit(
-        document, as_json, lambda d: stdout.print(f"{d['threadId']}  {d['environmentId']}  {d['status']}", markup=False)
-    )
+        emit_ended(document, SETTLED, as_json, human)
+    else:
+        emit(document, as_json, human)
 
 
 def parse_inputs(text: str | None, option: str = "--environment-inputs") -> Any:
@@ -228,7 +231,9 @@ def _thread_command(verb: str, help_text: str, without_environment: str, wait_he
         if wait:
 
             async def waited() -> None:
-                emit(await change_and_wait(settings, "threads", verb, request, LEFT, timeout), as_json, human)
+                emit_ended(
+                    await change_and_wait(settings, "threads", verb, request, LEFT, timeout), LEFT, as_json, human
+                )
 
             return waited()
         emit(call(settings, "threads", verb, request, changes=True), as_json, human)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,7 +18,7 @@ from bb_environments.bus.wire.api_messages import EnvironmentRef, Request
 from bb_environments.bus.wire.service_errors import AnswerLost, ServiceError
 from bb_environments.domain.status import EnvironmentStatus
 from bb_environments.entrypoints.cli.connection import may_have_taken_effect, open_client, sendable
-from bb_environments.entrypoints.cli.support import Failure, Seconds, stderr
+from bb_environments.entrypoints.cli.support import Failure, Seconds, fitted, stderr
 from bb_environments.entrypoints.config import Settings
 
 if TYPE_CHECKING:  # imported by open_client, once the URL is known
@@ -44,9 +45,6 @@ provider that never retires, or the thread unarchived inside the grace)."""
 
 WAIT_FALLBACK_POLL_S = 5.0
 """A wait asks again this often only in case an environment event never reaches it."""
-TRANSCRIPT_POLL_S = 0.5
-"""How long a wait's transcript reader waits for a line before it looks whether to stop."""
-TRANSCRIPT_END_S = 2 * TRANSCRIPT_POLL_S
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,10 +67,12 @@ def wait_options(wait_help: str) -> Callable[[F], F]:
 
 
 class SettleWatch:
-    """The environment events that say an environment reached one of `ends`, subscribed to before
-    the command is sent (a spawned environment's id is not known yet): such an event that comes
-    before the command's answer, or while a look is under way, is counted and kept, never cleared
-    unseen."""
+    """What comes from the moment a command is given, subscribed to before it is sent (the
+    environment it changes may not be known yet): the environment events that say an environment
+    reached one of `ends`, counted and kept, never cleared unseen, even when one comes before the
+    command's answer or while a look is under way; and the transcript lines, held until the answer
+    names the environment to `follow`, then printed to stderr as they come. Only what is new is
+    shown: the transcript before the command is `bb environment logs`'s."""
 
     def __init__(self, ends: Ends = SETTLED) -> None:
         import asyncio  # loaded by now (the command runs on it); only the commands that need it import it
@@ -81,17 +81,30 @@ class SettleWatch:
         self.arrived: dict[str, int] = {}  # environment id -> ending events seen
         self.settled_at: dict[str, int] = {}  # environment id -> the latest one's log position
         self.news = asyncio.Event()
-        self._subscription: Any = None
+        self._subscriptions: list[Any] = []
+        self._held: dict[str, list[bytes]] = {}  # environment id -> its lines until one is followed
+        self._followed: str | None = None
 
     async def start(self, client: ApiClient) -> None:
-        self._subscription = await client.nc.subscribe(subjects.environment_event("*", "*"), cb=self._on_event)
+        self._subscriptions = [
+            await client.nc.subscribe(subjects.environment_event("*", "*"), cb=self._on_event),
+            await client.nc.subscribe(subjects.transcript("*"), cb=self._on_line),
+        ]
+
+    def follow(self, environment_id: str) -> None:
+        """Print the lines of `environment_id` held so far, then each as it comes; forget the others'."""
+        self._followed = environment_id
+        for data in self._held.pop(environment_id, []):
+            _print_line(data)
+        self._held.clear()
 
     async def stop(self) -> None:
-        if self._subscription is not None:
-            from nats.errors import Error as NatsError  # imported by now: see connection._client_for
+        from nats.errors import Error as NatsError  # imported by now: see connection._client_for
 
+        for subscription in self._subscriptions:
             with contextlib.suppress(NatsError):  # with the connection gone there is nothing to unsubscribe
-                await self._subscription.unsubscribe()
+                await subscription.unsubscribe()
+        self._subscriptions = []
 
     async def _on_event(self, message: Any) -> None:
         environment_id = message.subject.split(".")[2]
@@ -104,11 +117,25 @@ class SettleWatch:
                 )
                 self.news.set()
 
+    async def _on_line(self, message: Any) -> None:
+        environment_id = message.subject.removeprefix(subjects.transcript(""))
+        if self._followed is None:
+            self._held.setdefault(environment_id, []).append(message.data)
+        elif environment_id == self._followed:
+            _print_line(message.data)
+
+
+def _print_line(data: bytes) -> None:
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # not a line of ours: not shown
+        line = json.loads(data)
+        stderr.print(fitted("» " if line["kind"] == "step" else "  ", line["text"], stream=sys.stderr), markup=False)
+
 
 async def wait_until_settled(
     client: ApiClient, watch: SettleWatch, environment_id: str, position: int, timeout: float
 ) -> dict[str, Any]:
-    """Stream the transcript to stderr until the environment reaches one of `watch.ends`.
+    """Stream the transcript to stderr, from when `watch` started, until the environment reaches
+    one of `watch.ends`.
 
     Returns as soon as an event says so (`watch` has followed the events since before the
     command); the look after such an event waits for the read model to reach that event's log
@@ -117,53 +144,25 @@ async def wait_until_settled(
     """
     import asyncio
 
-    settled = asyncio.Event()
-
-    async def print_transcript() -> None:
-        reader = client.read_stream(subjects.TRANSCRIPTS_STREAM, subjects.transcript(environment_id), TRANSCRIPT_POLL_S)
-        async with contextlib.aclosing(reader) as batches:
-            async for lines in batches:
-                for message in lines:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):  # not a line of ours: not shown
-                        line = json.loads(message.data)
-                        stderr.print(("» " if line["kind"] == "step" else "  ") + line["text"], markup=False)
-                if settled.is_set():
-                    return
-
-    # Each line once: from the transcript's start, then as it grows.
-    transcript = asyncio.create_task(print_transcript())
+    watch.follow(environment_id)
     deadline = time.monotonic() + timeout
-    try:
-        looked = 0  # the ending events that had arrived before the last look
-        current = await client.call(
-            "environments", "show", EnvironmentRef(environment_id=environment_id, min_position=position)
-        )
-        while current["status"] not in watch.ends:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Failure(
-                    "timed_out", f"environment {environment_id} was still {current['status']} after {timeout:.0f} s"
-                )
-            if watch.arrived.get(environment_id, 0) == looked:  # none since the last look (no await between)
-                watch.news.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(watch.news.wait(), min(remaining, WAIT_FALLBACK_POLL_S))
-            looked = watch.arrived.get(environment_id, 0)
-            current = await _look(
-                client, environment_id, max(position, watch.settled_at.get(environment_id, 0)), position
+    looked = 0  # the ending events that had arrived before the last look
+    current = await client.call(
+        "environments", "show", EnvironmentRef(environment_id=environment_id, min_position=position)
+    )
+    while current["status"] not in watch.ends:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise Failure(
+                "timed_out", f"environment {environment_id} was still {current['status']} after {timeout:.0f} s"
             )
-        return current
-    finally:
-        # A cancel landing inside nats-py's fetch does not always end the reader (a spawn --wait
-        # hung at its end in 3 runs of 120 side by side): it also stops by itself at its next
-        # batch once the wait has settled, and is waited for no longer than that.
-        settled.set()
-        transcript.cancel()
-        ended, _ = await asyncio.wait([transcript], timeout=TRANSCRIPT_END_S)
-        if ended and not transcript.cancelled():
-            # Taken, not raised: the transcript only accompanies the wait, whose own answer says
-            # what happened (a lost connection ends both).
-            transcript.exception()
+        if watch.arrived.get(environment_id, 0) == looked:  # none since the last look (no await between)
+            watch.news.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(watch.news.wait(), min(remaining, WAIT_FALLBACK_POLL_S))
+        looked = watch.arrived.get(environment_id, 0)
+        current = await _look(client, environment_id, max(position, watch.settled_at.get(environment_id, 0)), position)
+    return current
 
 
 async def _look(client: ApiClient, environment_id: str, claimed: int, known: int) -> dict[str, Any]:
@@ -187,23 +186,29 @@ def lost(message: str, **ids: str) -> Failure:
     return Failure("unreachable", message, {"error": {"code": "unreachable", "message": message, **ids}})
 
 
-def check_ended(document: dict[str, Any], ends: Ends) -> None:
-    """A wait that ended where its command did not mean to go (an attempt that failed, say) fails
-    the command, the document still printed with --json."""
-    if ends.get(document["status"], 1):
+def emit_ended(document: dict[str, Any], ends: Ends, as_json: bool, human: Callable[[dict[str, Any]], None]) -> None:
+    """Print how a wait ended. One that ended where its command did not mean to go (an attempt
+    that failed, say) fails the command, the document printed all the same: for a person first,
+    with --json by the failure."""
+    if not as_json:
+        human(document)
+    if document["environmentId"] is not None and ends.get(document["status"], 1):  # None: nothing was followed
         raise Failure(
             "failed",
             f"environment {document['environmentId']} ended {document['status']}: "
             f"{document.get('statusMessage') or 'no message'}",
             document,
         )
+    if as_json:
+        print(json.dumps(document))
 
 
 async def change_and_wait(
     settings: Settings, area: str, verb: str, request: Request, ends: Ends, timeout: float
 ) -> dict[str, Any]:
     """Send a command that changes an environment, then follow the environment until it reaches
-    one of `ends`: the command's answer, its status the one it reached (and the message of that)."""
+    one of `ends`: the command's answer, its status the one it reached (and the message of that),
+    for `emit_ended`."""
     sendable(request)
     client = await open_client(settings)
     from nats.errors import Error as NatsError  # nats-py is imported once the URL is known: see connection._client_for
@@ -233,5 +238,4 @@ async def change_and_wait(
     finally:
         await watch.stop()
         await client.close()
-    check_ended(document, ends)
     return document

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bb_environments.domain.request_errors import one_line
-from bb_environments.entrypoints.cli.environment import _duration, _instant, _ports_cell
+from bb_environments.entrypoints.cli.support import clock, duration, port_range
 
 Parts = dict[str, str]
 """HTML fragments by the id of the element each fills."""
@@ -102,7 +102,7 @@ def _environment_row(e: dict[str, Any], now: datetime) -> str:
         ("Project", f'<span class="path">{escape(project or "-")}</span>'),
         ("Threads", escape(", ".join(e["threadIds"]) or "-")),
         ("Age", _since(e["createdAt"], now)),
-        ("Ports", escape(_ports_cell(e.get("ports")) or "-")),
+        ("Ports", escape(port_range(e.get("ports")) or "-")),
         ("Disk", escape(_bytes(e.get("diskBytes")))),
     )
     return (
@@ -193,14 +193,14 @@ def environment_parts(e: dict[str, Any], history: Sequence[dict[str, Any]], now:
         ("Path", e.get("path")),
         ("Claim", e.get("claimedPath") or e.get("pathKey")),
         ("Slug", e.get("slug")),
-        ("Ports", _ports_cell(e.get("ports"))),
+        ("Ports", port_range(e.get("ports"))),
         ("Threads", ", ".join(e["threadIds"])),
         ("Disk", _bytes(e.get("diskBytes"))),
         ("Pooled", "yes" if e.get("pooled") else "no"),
         ("Setup", e["hooks"]["setup"].get("status")),
         ("Teardown", e["hooks"]["teardown"].get("status")),
         ("Saved work", f"{saved}  (git worktree add <dir> {saved})" if saved else None),
-        ("Created", _instant(e["createdAt"])),
+        ("Created", clock(e["createdAt"])),
     )
     return {
         "headline": headline,
@@ -230,7 +230,7 @@ def timeline(history: Sequence[dict[str, Any]], now: datetime | None) -> str:
     rows = []
     for run in _hook_runs(history, instants, end):
         name, begin, finish, outcome = run
-        took = _duration(_ms(finish - begin))
+        took = duration(_ms(finish - begin))
         rows.append(
             f'<li class="hook {outcome}"><span class="what">{name} hook</span>'
             f'<span class="lane">{bar(begin, _ms(finish - begin), "hook " + outcome, f"{name}: {took}")}</span>'
@@ -239,18 +239,18 @@ def timeline(history: Sequence[dict[str, Any]], now: datetime | None) -> str:
     for event, at in zip(history, instants):
         last = event is history[-1]
         length = event["durationMs"] if event["durationMs"] is not None else _ms(end - at)
-        took = _duration(length) + (" so far" if last and now is not None else "")
+        took = duration(length) + (" so far" if last and now is not None else "")
         if last and now is None:
             took = "latest"
         rows.append(
             f'<li class="event" data-type="{escape(event["type"])}"><span class="what">'
             f'<span class="version">{int(event["version"])}</span> {escape(event["type"])}</span>'
             f'<span class="lane">{bar(at, length, "event", event["type"])}</span>'
-            f'<span class="took" title="{escape(_instant(event["occurredAt"]))}">{escape(took)}</span></li>'
+            f'<span class="took" title="{escape(clock(event["occurredAt"]))}">{escape(took)}</span></li>'
         )
     axis = (
-        f'<div class="axis"><span>{escape(_instant(history[0]["occurredAt"]))} UTC</span>'
-        f"<span>{escape(_duration(span_ms))}</span></div>"
+        f'<div class="axis"><span>{escape(clock(history[0]["occurredAt"]))}</span>'
+        f"<span>{escape(duration(span_ms))}</span></div>"
     )
     return f'{axis}<ol class="events">{"".join(rows)}</ol>'
 
@@ -288,7 +288,7 @@ def _cell(label: str, html: str) -> str:
 
 def _since(instant: str, now: datetime, suffix: str = "") -> str:
     """How long ago `instant` was: kept current by the page's script between two reads."""
-    said = _duration(max(_ms(now - _parsed(instant)), 0)) + suffix
+    said = duration(max(_ms(now - _parsed(instant)), 0)) + suffix
     return f'<time datetime="{escape(instant)}" data-suffix="{escape(suffix)}">{escape(said)}</time>'
 
 

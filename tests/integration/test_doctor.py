@@ -136,3 +136,23 @@ async def test_a_fix_killed_just_after_saving_an_orphans_work_is_finished_by_the
         assert (await service.bb("doctor", "--json")).json() == {"orphans": [], "missing": []}
     finally:
         await service.stop()
+
+
+@pytest.mark.parametrize("service", [SETTINGS], indirect=True)
+async def test_the_branch_a_removal_kept_is_no_orphan_but_a_stray_one_still_is(service, git_repo, git):
+    repo = os.path.realpath(git_repo)
+    kept = await spawn(service, "--environment-provider", "git-worktree", "--project", repo, "--thread-id", "kept")
+    commit(git, Path(kept["path"]), "the thread's own work")
+    assert (await service.bb("thread", "archive", "kept")).returncode == 0
+    deleted = await service.bb("environment", "delete", kept["id"], "--wait")
+    assert deleted.returncode == 0, deleted.stderr
+    assert git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/bb/").splitlines() != []
+
+    clean = await service.bb("doctor", "--json")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert clean.json() == {"orphans": [], "missing": []}
+
+    git(repo, "branch", "bb/kept-9", "main")  # a branch of bb's layout that no removal kept
+    stray = await service.bb("doctor", "--json")
+    assert stray.returncode == 1
+    assert [(o["kind"], o["path"]) for o in stray.json()["orphans"]] == [("branch", f"{repo}:bb/kept-9")]

@@ -166,7 +166,11 @@ async def test_history_pages_through_the_api_and_prints_a_table_for_80_columns(s
     table = await service.bb("environment", "history", environment_id)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["VERSION", "EVENT", "TIME", "(UTC)", "DURATION"]
+    assert lines[0].split() == ["VERSION", "EVENT", "TIME", "DURATION"]
     assert [line.split()[:2] for line in lines[1:]] == [[str(e["version"]), e["type"]] for e in whole]
+    # The local time to the millisecond, as `logs` and `events tail` print it.
+    assert [line.split()[2] for line in lines[1:]] == [
+        datetime.fromisoformat(e["occurredAt"]).astimezone().strftime("%H:%M:%S.%f")[:-3] for e in whole
+    ]
     assert lines[-1].split()[-1] == "-"  # nothing follows the last event yet
     assert max(map(len, lines)) <= 80

@@ -98,8 +98,12 @@ async def test_events_tail_of_transcripts_prints_what_each_line_says(service):
             try:
                 while True:
                     line = (await asyncio.wait_for(tail.stdout.readline(), 1)).decode()
-                    if subjects.transcript(spawned["environmentId"]) in line and "Preparing" in line:
-                        assert line.rstrip().endswith("Preparing Personal workspace (attempt 1)"), line
+                    if spawned["environmentId"] in line and "» Preparing" in line:
+                        # The time, the environment, what it says (whole in a pipe; wrapped on a terminal).
+                        assert line.split("  ")[1:] == [
+                            spawned["environmentId"],
+                            "» Preparing Personal workspace (attempt 1)\n",
+                        ], line
                         return
             except TimeoutError:
                 continue
@@ -135,13 +139,9 @@ async def test_the_listing_fits_80_columns_whatever_the_path_and_show_names_the_
         assert listed.returncode == 0, listed.stderr
         header, row = listed.stdout.splitlines()
         assert max(len(header), len(row)) <= 80
-        environment_id, status, provider, slug, thread = row.split()
-        assert (environment_id, status, provider, thread) == (
-            spawned["environmentId"],
-            "ready",
-            "personal-workspace",
-            "t1",
-        )
+        environment_id, status, slug, thread, disk = row.split()
+        assert (environment_id, status, thread) == (spawned["environmentId"], "ready", "t1")
+        assert disk == "-" or disk[-1] in "BKMGT"  # not measured yet, or a size
         assert slug == shown["slug"] or (slug.startswith("…") and shown["slug"].endswith(slug[1:]))
         described = await service.bb("environment", "show", spawned["environmentId"])
         assert shown["path"] in described.stdout.replace("\n", "")
@@ -255,16 +255,19 @@ async def test_retry_waits_with_the_transcript_for_the_setup_run_again(service, 
         "--thread-id",
         "t1",
         "--wait",
-        "--json",
     )
-    assert failed.returncode == 1 and failed.json()["status"] == "error", failed.stderr
-    environment_id = failed.json()["environmentId"]
+    # A person is told how it ended on stdout too, as with --json: the thread, its environment, `error`.
+    assert failed.returncode == 1 and "no luck" in failed.stderr, failed.stderr
+    thread_id, environment_id, status = failed.stdout.split()
+    assert (thread_id, status) == ("t1", "error") and (await service.show(environment_id))["status"] == "error"
 
     retried = await service.bb("environment", "retry", environment_id[:8], "--wait", "--json")
 
     assert retried.returncode == 0, retried.stderr
     assert retried.json()["environmentId"] == environment_id and retried.json()["status"] == "ready"
     assert "» Running .bb-env-setup.sh" in retried.stderr and "preparing the workspace" in retried.stderr
+    # Only what the retry printed: the first attempt's transcript was the spawn's to show.
+    assert "no luck" not in retried.stderr and "Creating" not in retried.stderr, retried.stderr
 
 
 @pytest.mark.parametrize("service", [{"BB_RETIRE_GRACE_MS": "600000"}], indirect=True)
@@ -287,6 +290,12 @@ async def test_delete_waits_until_the_environment_is_removed(service):
     assert deleted.returncode == 0, deleted.stderr
     assert deleted.stdout == f"{spawned['environmentId']}  removed\n"
     assert (await service.show(spawned["environmentId"]))["status"] == "removed"
+    again = await service.bb("environment", "delete", spawned["environmentId"])
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == f"environment {spawned['environmentId']} was removed already; nothing changed\n"
+    as_json = await service.bb("environment", "delete", spawned["environmentId"], "--json")
+    assert as_json.returncode == 0
+    assert as_json.json()["environmentId"] == spawned["environmentId"] and as_json.json()["status"] == "removed"
 
 
 async def test_archive_waits_until_the_last_threads_environment_is_removed(service, git_repo, tmp_path):

@@ -117,17 +117,3 @@ def test_show_prints_nothing_as_a_dash_and_a_flag_as_yes_or_no(capsys):
     assert ["project", "-"] in fields and ["path", "-"] in fields and ["threads", "-"] in fields
     assert ["setup", "-"] in fields
     assert ["owns path", "yes"] in fields and ["owns path", "no"] in fields
-
-
-def test_an_optional_column_is_left_out_only_when_the_table_would_not_fit_even_cut(capsys):
-    headers = ("ID", "PROVIDER", "SLUG", "DISK", "THREADS")
-    narrow = ["3f2a" * 9, "git-worktree", "repo-3f9c", "1.2G", "t1"]
-    wide = ["3f2a" * 9, "personal-workspace", "scratch-3f9c", "1.2G", "t-f33f6c89477"]
-
-    print_table(headers, [narrow], shrink={"SLUG": "end"}, optional=("DISK",))
-    print_table(headers, [wide], shrink={"SLUG": "end"}, optional=("DISK",))
-
-    kept_header, kept, left_header, left = capsys.readouterr().out.splitlines()
-    assert kept_header.split() == list(headers) and kept.split()[3] == "1.2G"
-    assert left_header.split() == ["ID", "PROVIDER", "SLUG", "THREADS"] and "1.2G" not in left
-    assert max(map(len, (kept_header, kept, left_header, left))) <= 80

@@ -395,6 +395,21 @@ def test_deleting_a_retiring_environment_skips_the_rest_of_its_grace(app):
     assert app.environment(env.id).status == "removing"
 
 
+def test_deleting_a_removed_environment_changes_nothing_and_is_no_error(app):
+    env = spawn(app)
+    make_ready(app, env)
+    app.archive_thread("t1", NOW)
+    app.request_deletion(env.id)
+    app.start_removal(env.id, NOW)
+    assert app.request_deletion(env.id).status == "removing"  # under way already
+    app.skip_teardown(env.id, "none")
+    app.record_removed(env.id, app.environment(env.id).removal_attempt)
+    head = app.head()
+
+    assert app.request_deletion(env.id).status == "removed"
+    assert app.head() == head
+
+
 def test_archiving_while_creating_cancels_and_removal_follows(app):
     env = spawn(app)
     cancelled = app.archive_thread("t1", NOW)

@@ -22,13 +22,13 @@ def reason(data: bytes) -> str:
 @pytest.mark.parametrize(
     "data, where",
     [
-        (created(apiKey="s"), "unknown field `apiKey`"),
-        (created(environment={"type": "existing", "environmentId": "e", "token": "s"}), "`$.environment`"),
+        (created(apiKey="s"), "the message holds the field `apiKey`, which it does not allow"),
+        (created(environment={"type": "existing", "environmentId": "e", "token": "s"}), "`environment` holds"),
         (
             created(
                 environment={"type": "provider", "environmentProviderId": "p", "machine": {"type": "existing", "x": 1}}
             ),
-            "`$.environment.machine`",
+            "`environment.machine` holds the field `x`",
         ),
         (msgspec.json.encode({"type": "message", "threadId": "t1", "text": "hi", "attachment": "s"}), "`attachment`"),
     ],
@@ -62,4 +62,21 @@ def test_a_well_formed_event_decodes() -> None:
 def test_a_refusal_reason_withholds_the_offending_value() -> None:
     secret = "SECRET - at `$.x` 'quoted'"
     refused = reason(msgspec.json.encode({"type": secret, "threadId": "t1"}))
-    assert refused == "Invalid value <withheld> - at `$.type`"
+    assert refused == "`type` has a value that is not one it allows (the value withheld)"
+
+
+@pytest.mark.parametrize(
+    "data, said",
+    [
+        (created(threadId="a b"), "`threadId` is not allowed: use 1-128 letters, digits, '-' or '_', starting with"),
+        (created(hostId="-flag"), "`hostId` is not allowed: use 1-64 letters, digits, '-' or '_', starting with"),
+        (created(threadId=5), "`threadId` must be a string, not an integer"),
+        (created(projectPath="/" + "p" * 4096), "`projectPath` must be a string of at most 4096 characters"),
+        (msgspec.json.encode({"type": "created"}), "`threadId` is missing; it is required"),
+        (created()[:-3], "the message is not complete JSON: it ends too early"),
+        (b"[1]", "the message must be an object, not an array"),
+        (created(**{"a\nb": 1}), "the message holds a field (its name withheld), which it does not allow"),
+    ],
+)
+def test_a_refusal_names_the_field_what_was_wrong_and_what_is_allowed(data: bytes, said: str) -> None:
+    assert reason(data).startswith(said)

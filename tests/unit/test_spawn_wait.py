@@ -32,7 +32,8 @@ class FakeClient:
         )
 
     async def _subscribe(self, subject: str, cb) -> FakeSubscription:
-        self._on_event = cb
+        if subject.startswith("bb.environments."):
+            self._on_event = cb
         return FakeSubscription()
 
     async def _js_subscribe(self, *args, **kwargs) -> FakeSubscription:
