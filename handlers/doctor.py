@@ -159,7 +159,8 @@ def _kept_by_removals(app: Environments, leftovers: list[Leftover]) -> list[Left
     """The `bb/<path key>` branches that the removal of a git-worktree environment kept: it had a
     worktree of its own (a failed create's branch was never handed to a thread), and its removal
     saved what the worktree held beyond the branch (`savedRef`) and left the branch, with the
-    thread's commits, to the user. A git-worktree path key is its thread's id."""
+    thread's commits, to the user. A git-worktree path key is its thread's id (a pool's member,
+    bound to a thread, has the branch of the thread's key beside its own path key)."""
     kept = []
     for leftover in leftovers:
         if leftover.kind != "branch" or leftover.branch is None or not leftover.branch.startswith(BRANCH_PREFIX):
@@ -169,7 +170,7 @@ def _kept_by_removals(app: Environments, leftovers: list[Leftover]) -> list[Left
             environment.provider_id == WORKTREE_PROVIDER_ID
             and environment.status == EnvironmentStatus.REMOVED
             and environment.owns_path
-            and environment.path_key == key
+            and key in (environment.path_key, environment.thread_path_key)  # a pool's member takes its thread's
             and environment.project_path is not None
             and leftover.path == branch_place(environment.project_path, leftover.branch)
             for environment in app.environments_of_thread(key)

@@ -244,6 +244,23 @@ async def test_the_refill_waits_while_a_threads_own_setup_runs(
     await pool_becomes(service, "filled once the thread's setup ended", lambda p: p["members"]["ready"] == 1)
 
 
+async def test_the_branch_a_bound_members_removal_kept_is_no_orphan(
+    service: Service, git_repo: Path, tmp_path: Path
+) -> None:
+    commit_setup(git_repo, tmp_path / "setups")
+    await set_pool(service, git_repo, 1)
+    await pool_becomes(service, "ready", lambda p: p["members"]["ready"] == 1)
+    environment_id = await spawn(service, git_repo, "t-kept")
+    assert branch_of((await service.show(environment_id))["path"]) == "bb/t-kept"
+
+    assert (await service.bb("thread", "archive", "t-kept")).returncode == 0
+    deleted = await service.bb("environment", "delete", environment_id, "--wait")
+    assert deleted.returncode == 0, deleted.stderr
+    doctor = await service.bb("doctor", "--json")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert doctor.json()["orphans"] == []
+
+
 async def test_size_zero_removes_the_members_with_their_teardowns(
     service: Service, git_repo: Path, tmp_path: Path
 ) -> None:
