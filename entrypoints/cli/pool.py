@@ -10,7 +10,7 @@ import click
 
 from bb_environments.bus.wire.api_messages import Nothing, PoolRef, SetPool
 from bb_environments.entrypoints.cli.connection import call
-from bb_environments.entrypoints.cli.support import Failure, emit, json_option, print_table, run_command, stdout
+from bb_environments.entrypoints.cli.support import Failure, emit, fitted, json_option, print_table, run_command, stdout
 from bb_environments.entrypoints.cli.thread import parse_inputs
 from bb_environments.entrypoints.config import Settings
 
@@ -76,21 +76,31 @@ def _table(pools: list[dict[str, Any]]) -> None:
     if not pools:
         stdout.print("no pools (`bb pool set` keeps one)", markup=False)
         return
+    # A whole id (`resume` takes it), the project and the members fit 80 columns; the host and the
+    # provider are in --json.
     print_table(
-        ["ID", "HOST", "PROJECT", "PROVIDER", "SIZE", "READY", "PREPARING", "STALE", "BASE", "PAUSED"],
+        ["ID", "PROJECT", "READY", "BASE", "STATE"],
         [
             [
                 p["id"],
-                p["hostId"],
                 p["projectPath"] or "-",
-                p["providerId"],
-                str(p["size"]),
-                str(p["members"]["ready"]),
-                str(p["members"]["preparing"]),
-                str(p["members"]["stale"]),
-                (p["baseCommit"] or "-")[:12],
-                p["paused"]["reason"] if p["paused"] else "-",
+                f"{p['members']['ready']}/{p['size']}",
+                (p["baseCommit"] or "-")[:7],
+                _state(p),
             ]
             for p in pools
         ],
+        shrink={"PROJECT": "end"},
     )
+    for pool in pools:  # a reason is a sentence: under the table, whole
+        if pool["paused"]:
+            print(fitted(f"pool {pool['id']} paused: ", pool["paused"]["reason"], indent=2))
+
+
+def _state(pool: dict[str, Any]) -> str:
+    """Paused (why is under the table), else what its members are doing besides waiting ready."""
+    if pool["paused"]:
+        return "paused"
+    members = pool["members"]
+    doing = [f"{members[kind]} {kind}" for kind in ("preparing", "stale") if members[kind]]
+    return ", ".join(doing) or "-"

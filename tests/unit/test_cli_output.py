@@ -13,6 +13,7 @@ import pytest
 from bb_environments.entrypoints.cli import support, waiting
 from bb_environments.entrypoints.cli.environment import _print_listing, _transcript_line
 from bb_environments.entrypoints.cli.events import _tail_line
+from bb_environments.entrypoints.cli.pool import _table as print_pools
 from bb_environments.entrypoints.cli.support import clock
 
 ENVIRONMENT = "3142f231-142f-4a87-9b66-0e0aaa28b153"
@@ -43,6 +44,34 @@ def test_the_listing_fits_80_columns_with_long_values_and_shows_the_disk(capsys)
     assert header.split() == ["ID", "STATUS", "SLUG", "THREADS", "DISK"]
     assert first.startswith(f"{ENVIRONMENT}  provisioning  ") and first.endswith("  1.2G")
     assert second.split() == [ENVIRONMENT.replace("3", "4"), "ready", "short", "t1", "-"]  # not yet measured
+
+
+def test_the_pools_fit_80_columns_with_a_long_project_and_a_pause(capsys, terminal_of_80_columns):
+    paused = {
+        "id": ENVIRONMENT,
+        "hostId": "build-host-with-a-long-name",
+        "projectPath": "/home/someone/src/github.com/an-organisation/a-rather-long-repository-name",
+        "providerId": "git-worktree",
+        "size": 3,
+        "members": {"ready": 0, "preparing": 0, "stale": 1},
+        "baseCommit": "b6e65fc22e28b6e65fc22e28b6e65fc22e28abcd",
+        "paused": {"reason": "3 member setups failed in a row: .bb-env-setup.sh exited 1", "at": "..."},
+    }
+    filling = {
+        **paused,
+        "id": ENVIRONMENT.replace("3", "4"),
+        "paused": None,
+        "members": {"ready": 1, "preparing": 2, "stale": 0},
+    }
+
+    print_pools([paused, filling])
+
+    header, first, second, *why = capsys.readouterr().out.splitlines()
+    assert max(map(len, (header, first, second, *why))) <= 80
+    assert header.split() == ["ID", "PROJECT", "READY", "BASE", "STATE"]
+    assert first.startswith(ENVIRONMENT) and first.endswith("0/3    b6e65fc  paused")
+    assert " ".join(why).split() == f"pool {ENVIRONMENT} paused: {paused['paused']['reason']}".split()
+    assert second.startswith(ENVIRONMENT.replace("3", "4")) and second.endswith("1/3    b6e65fc  2 preparing")
 
 
 def test_one_time_format_local_to_the_millisecond_with_the_date_when_not_today():
