@@ -89,7 +89,7 @@ async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor
     code, out, loaded = await bb_loading(service.environment, slow, "environment", "list")
     assert code == 0
     header, row = out.splitlines()
-    assert header.split() == ["ID", "STATUS", "PROVIDER", "SLUG", "THREADS"]
+    assert header.split() == ["ID", "STATUS", "SLUG", "THREADS", "DISK"]
     assert row.split()[:3] == [spawned["environmentId"], "ready", "personal-workspace"]
     assert row.split()[4] == spawned["threadId"]
     assert loaded == []
