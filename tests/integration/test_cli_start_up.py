@@ -82,7 +82,8 @@ async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor
 
     code, out, loaded = await bb_loading(service.environment, slow, "environment", "list", "--json")
     assert code == 0
-    assert [e["id"] for e in json.loads(out)["environments"]] == [spawned["environmentId"]]
+    (listed,) = json.loads(out)["environments"]
+    assert listed["id"] == spawned["environmentId"]
     assert loaded == []
 
     # For a person too: the table is plain columns (cli/support.py, print_table), without rich.
@@ -92,7 +93,7 @@ async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor
     assert header.split() == ["ID", "STATUS", "SLUG", "THREADS", "DISK"]
     environment_id, status, slug, threads, disk = row.split()
     assert (environment_id, status, disk) == (spawned["environmentId"], "ready", "-")
-    assert "workspace-" in slug and threads.rstrip("…") in spawned["threadId"]
+    assert listed["slug"].endswith(slug.lstrip("…")) and threads.rstrip("…") in spawned["threadId"]
     assert loaded == []
 
     code, out, loaded = await bb_loading(
