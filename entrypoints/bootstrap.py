@@ -36,6 +36,7 @@ from bb_environments.bus.wire import subjects
 from bb_environments.domain.leases import PortRange
 from bb_environments.entrypoints.config import Settings, event_store_file, hook_limits, run_hooks_as
 from bb_environments.entrypoints.event_store import event_store_environment
+from bb_environments.entrypoints.stalled_writers import end_stalled_holders_forever
 from bb_environments.handlers.api import Api
 from bb_environments.handlers.application import Environments
 from bb_environments.handlers.disk_usage import DiskScanner, measure_forever
@@ -427,4 +428,5 @@ def core_workers(
             settings.doctor_interval_s,
         ),
         measure_forever(core.disk, settings.disk_scan_interval_s),
+        *([] if event_store_file(settings.event_store) else [end_stalled_holders_forever(core.app)]),
     ]

@@ -623,3 +623,25 @@ async def test_the_agents_lines_reach_the_transcripts_through_one_replica_then_t
         while (seen := await transcript_lines(topology, environment_id)) != expected:
             assert time.monotonic() < deadline, f"the transcript of {environment_id} holds {seen}, not {expected}"
             await asyncio.sleep(0.5)
+
+
+async def test_a_writer_frozen_holding_the_logs_lock_is_ended_and_the_saves_of_the_others_go_on(
+    topology: Topology,
+) -> None:
+    # A session that took the log's table lock and sent nothing more, as a replica frozen half way
+    # through a save's pipeline does: PostgreSQL would let it hold the lock for as long as it lives.
+    import psycopg
+
+    with psycopg.connect(topology.store) as frozen:
+        (table,) = frozen.execute(
+            "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE tablename LIKE '%\\_events'"
+        ).fetchone() or (None,)
+        frozen.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+
+        thread_id = await spawn(topology.replica("a"))
+
+        assert await environment_of(topology.replica("b"), thread_id)
+        with pytest.raises(psycopg.OperationalError):
+            frozen.execute("SELECT 1")  # the replicas ended it
+    logs = topology.replica("a").log_tail() + topology.replica("b").log_tail()
+    assert "held the log's table lock for over" in logs
