@@ -75,7 +75,9 @@ async def flowing(topology: Topology, nodes: list[str]) -> AsyncIterator[ThreadF
 
 async def until_relayed_by(topology: Topology, replica_id: str) -> None:
     async def holder() -> str | None:
-        with contextlib.suppress(nats.js.errors.KeyNotFoundError):  # forgotten, not taken again yet
+        # Forgotten and not taken again yet; or asked through a node that is paused, or while the
+        # bucket's leader moves off it: asked again.
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.errors.TimeoutError):
             return await relay_holder(topology)
         return None
 
