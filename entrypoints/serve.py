@@ -52,6 +52,7 @@ from bb_environments.bus.core.replicas import (
     live_replica_count,
     present_replicas,
 )
+from bb_environments.bus.core.secret_sharing import SecretsAcrossReplicas
 from bb_environments.bus.core.thread_messages import StreamPorts
 from bb_environments.bus.embedded_server import SERVER_NAME, NatsServerUnavailable, SupervisedNats
 from bb_environments.bus.health import BusHealth
@@ -313,6 +314,11 @@ async def _serve(
     )
     if replication is not None:
         started.push_async_callback(_unsubscribe, await replication.activity.hear(core.provisioner.heard_activity))
+        sharing = SecretsAcrossReplicas(nc, settings.replica_id, lambda: present_replicas(js))
+        core.secrets.peers = sharing
+        started.push_async_callback(_unsubscribe, await sharing.answer(core.secrets))
+        fetching = asyncio.create_task(core.secrets.fetch_lacking())
+        started.push_async_callback(_cancel, [fetching])
     # Every host the log knows has its queue, whichever replica registered it.
     known_hosts = await core.machines.known()
     await health.once_answered("the hosts' job queues", lambda: ensure_hosts(js, known_hosts, settings.stream_replicas))

@@ -4,7 +4,9 @@ host's NATS user may publish on its subject, so the subject says who asks.
 
 The secrets of a hook the agent is about to run (bb.hosts.<hostId>.secrets, SPEC 11) are answered
 the same way, and only onto that agent's own inbox, which no other user may read: a request whose
-reply subject is anywhere else gets no answer."""
+reply subject is anywhere else gets no answer. Nor does one this replica cannot answer with every
+value the log names (handlers/secrets.py SecretsLacking): the agent asks again, and the queue
+group may hand its question to another replica."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from bb_environments.bus.health import BUS_UNAVAILABLE, BusHealth
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.host_protocol import HookRef, HookSecretsAnswer, RecordedHookAnswer
 from bb_environments.domain.ids import quoted
+from bb_environments.handlers.secrets import SecretsLacking
 from bb_environments.hooks.ledger import HookLedger
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,8 @@ def _answering(
             return
         try:
             await message.respond(await answer(host_id, asked))
+        except SecretsLacking as lacking:
+            log.warning("left host %s's question for secrets unanswered: %s", quoted(host_id), lacking)
         except BUS_UNAVAILABLE as error:
             health.noticed(f"answering host {host_id!r} about operation {asked.operation_id!r}", error)
 

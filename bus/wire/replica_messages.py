@@ -3,6 +3,8 @@ the other replicas (a thread's activity)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
@@ -29,3 +31,20 @@ class EnvironmentActivity(msgspec.Struct, frozen=True, rename="camel"):
     """A thread of the environment sent a message, heard by the replica whose partition got it."""
 
     environment_id: str
+
+
+class ReplicaSecret(msgspec.Struct, frozen=True, rename="camel"):
+    """A project's secret (SPEC 11) between replicas: `set` with its value and when the log recorded
+    it, `removed`, or `send` (no name): the asker wants the project's values the answerer holds."""
+
+    kind: Literal["set", "removed", "send"]
+    project_path: str
+    name: str = ""
+    value: str = ""
+    set_at: str = ""
+
+
+class ReplicaSecretsHeld(msgspec.Struct, frozen=True, rename="camel"):
+    """The answer to `send`: the values the answerer holds as the log has them."""
+
+    secrets: list[ReplicaSecret]

@@ -83,6 +83,10 @@ LOG_GREW = "bb.replicas.log-grew"
 # A thread's message on an environment that another replica drives: told to that replica, whose
 # idle pause and resume count it.
 ACTIVITY = "bb.replicas.activity"
+# A project's secret values (SPEC 11), which each replica keeps in its own data dir: a set or
+# removal told to every other replica, or a replica's request for the values it lacks. Read by the
+# core's service user only; the answers go to its service inbox.
+REPLICA_SECRETS_REQUESTS = "bb.replicas.*.secrets"
 
 
 def thread_event(thread_id: str, kind: str) -> str:
@@ -171,6 +175,11 @@ def host_reports(host_id: str) -> str:
 def host_ledger(host_id: str) -> str:
     """Where a host's agent asks the core what the log recorded for one of its operations."""
     return f"bb.hosts.{host_id}.ledger"
+
+
+def replica_secrets(replica_id: str) -> str:
+    """Where a replica is told another's secret values, or asked for its own."""
+    return f"bb.replicas.{replica_id}.secrets"
 
 
 def host_secrets(host_id: str) -> str:

@@ -1,7 +1,10 @@
 """The core's store of the projects' secret values (SPEC 11): the only place a value is written.
 
 One file per project under `<data dir>/secrets` (the directory mode 0700, each file 0600), named
-by the SHA-256 of the project's canonical path, holding `{name: value}` as JSON. A write goes to a
+by the SHA-256 of the project's canonical path, holding `{name: {"value": ..., "setAt": ...}}` as
+JSON (`setAt`: when the log recorded the value set, ISO 8601, which says which of two replicas'
+copies is newer; a bare value, as older data dirs hold, or one stored before its set was logged,
+has none). A write goes to a
 temporary file that is synced, renamed over the old one and its directory synced: a kill at any
 point leaves the old file or the new one, whole. Which names a project has is the event log's
 (domain/project_secrets.py); a value here whose name the log does not record (a kill between this
@@ -14,7 +17,15 @@ import hashlib
 import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StoredSecret:
+    value: str
+    set_at: str | None
+    """When the log recorded it set (ISO 8601); None: not known."""
 
 
 class SecretStore:
@@ -24,11 +35,14 @@ class SecretStore:
 
     def values(self, project_path: str) -> dict[str, str]:
         """The project's values by name (none: an empty dict)."""
+        return {name: stored.value for name, stored in self.entries(project_path).items()}
+
+    def entries(self, project_path: str) -> dict[str, StoredSecret]:
         try:
             stored = json.loads(self._file(project_path).read_text())
         except FileNotFoundError:
             return {}
-        return {str(name): str(value) for name, value in stored.items()}
+        return {str(name): _entry(held) for name, held in stored.items()}
 
     def holds_any(self) -> bool:
         """Whether any project has a value here: a hook of a service with no secrets asks nothing more."""
@@ -38,13 +52,13 @@ class SecretStore:
         except FileNotFoundError:
             return False
 
-    def put(self, project_path: str, name: str, value: str) -> None:
+    def put(self, project_path: str, name: str, value: str, set_at: str | None = None) -> None:
         with self._lock:
-            self._write(project_path, {**self.values(project_path), name: value})
+            self._write(project_path, {**self.entries(project_path), name: StoredSecret(value, set_at)})
 
     def delete(self, project_path: str, name: str) -> None:
         with self._lock:
-            values = self.values(project_path)
+            values = self.entries(project_path)
             if name in values:
                 del values[name]
                 self._write(project_path, values)
@@ -52,7 +66,7 @@ class SecretStore:
     def _file(self, project_path: str) -> Path:
         return self.directory / f"{hashlib.sha256(project_path.encode()).hexdigest()}.json"
 
-    def _write(self, project_path: str, values: dict[str, str]) -> None:
+    def _write(self, project_path: str, values: dict[str, StoredSecret]) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         path = self._file(project_path)
@@ -63,7 +77,7 @@ class SecretStore:
             temporary.unlink(missing_ok=True)
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "w") as file:
-                json.dump(values, file)
+                json.dump({name: {"value": held.value, "setAt": held.set_at} for name, held in values.items()}, file)
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
@@ -72,3 +86,10 @@ class SecretStore:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _entry(held: object) -> StoredSecret:
+    if isinstance(held, dict):
+        set_at = held.get("setAt")
+        return StoredSecret(str(held["value"]), None if set_at is None else str(set_at))
+    return StoredSecret(str(held), None)

@@ -39,6 +39,7 @@ FORBIDDEN_PUBLISH = [
     "$JS.API.CONSUMER.MSG.NEXT.BB_ENVIRONMENTS.provisioner",
     subjects.LOG_GREW,
     subjects.ACTIVITY,
+    subjects.replica_secrets("local"),  # only a replica tells another a secret's value
     "$JS.API.STREAM.PURGE.BB_PLACEMENTS",
 ]
 
@@ -91,6 +92,8 @@ async def test_no_client_role_can_forge_the_log_run_hooks_or_touch_the_streams(s
             await violations.wait_for(f'publish to "{subject}"')
         await nc.subscribe("bb.hosts.>")
         await violations.wait_for('subscription to "bb.hosts.>"')
+        await nc.subscribe(subjects.REPLICA_SECRETS_REQUESTS)
+        await violations.wait_for(f'subscription to "{subjects.REPLICA_SECRETS_REQUESTS}"')
         if role != "publisher":
             await nc.publish("bb.threads.t-forged.created", b"{}")
             await violations.wait_for('publish to "bb.threads.t-forged.created"')
