@@ -108,7 +108,11 @@ async def listening_clients(service: Service) -> AsyncIterator[list[bytes]]:
 
 async def stream_messages(service: Service) -> list[bytes]:
     """Every message every stream stores, read with the service's own user."""
-    nc = await service.connect("service")
+    return await messages_stored(await service.connect("service"))
+
+
+async def messages_stored(nc: nats.aio.client.Client) -> list[bytes]:
+    """Every message every stream stores, read with `nc` (the service's user); closes it."""
     js = nc.jetstream()
     found = []
     try:
