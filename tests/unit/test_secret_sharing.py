@@ -13,7 +13,7 @@ import pytest
 
 from bb_environments.entrypoints.event_store import event_store_environment
 from bb_environments.handlers.application import Environments
-from bb_environments.handlers.secrets import Secrets, SharedSecret
+from bb_environments.handlers.secrets import Secrets, SecretsLacking, SharedSecret
 from bb_environments.handlers.store import Store
 from bb_environments.providers.host.secret_store import SecretStore, StoredSecret
 
@@ -82,3 +82,34 @@ def test_a_store_written_before_values_had_their_set_time_still_reads(tmp_path: 
     assert store.entries("/p") == {"API_TOKEN": StoredSecret("old", None)}
     store.put("/p", "OTHER", "two", "2026-01-01T00:00:00+00:00")
     assert store.values("/p") == {"API_TOKEN": "old", "OTHER": "two"}
+
+
+class Unanswering:
+    """Another replica present that gives no answer in time."""
+
+    async def tell(self, change: SharedSecret) -> None:
+        return None
+
+    async def held(self, project_path: str) -> tuple[list[SharedSecret], bool]:
+        return [], False
+
+
+async def test_a_replica_lacking_a_value_gives_a_hook_no_partial_set_until_the_others_have_answered(
+    store: Store, tmp_path: Path, git_repo: Path
+) -> None:
+    a, _ = replica(store, tmp_path / "a")
+    project, _ = await a.set(str(git_repo), "API_TOKEN", "one")
+    app = store.app
+    app.register_thread("t1", project, None, "local", None)
+    environment = app.claim_environment("t1", "git-worktree", "local", project, {}, "t1", str(tmp_path / "wt"))
+    app.record_created(environment.id, 1, str(tmp_path / "wt"), True, "main", None)
+    app.start_setup(environment.id)
+    operation = app.environment(environment.id).setup_operation_id
+
+    cut_off = Secrets(store, SecretStore(tmp_path / "b"), peers=Unanswering())
+    with pytest.raises(SecretsLacking):
+        await cut_off.for_hook(operation, "local")
+    b, _ = replica(store, tmp_path / "b", a)
+    assert await b.for_hook(operation, "local") == {"API_TOKEN": "one"}
+    nobody_has_it, _ = replica(store, tmp_path / "c")
+    assert await nobody_has_it.for_hook(operation, "local") == {}  # every other replica answered
