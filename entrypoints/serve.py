@@ -75,6 +75,7 @@ from bb_environments.entrypoints.config import (
     url_without_credentials,
 )
 from bb_environments.handlers.ports import Everything, NoOtherReplica
+from bb_environments.handlers.secrets import Secrets
 from bb_environments.handlers.store import StoreLedger
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.local_host import LocalHost
@@ -317,7 +318,7 @@ async def _serve(
         sharing = SecretsAcrossReplicas(nc, settings.replica_id, lambda: present_replicas(js))
         core.secrets.peers = sharing
         started.push_async_callback(_unsubscribe, await sharing.answer(core.secrets))
-        fetching = asyncio.create_task(core.secrets.fetch_lacking())
+        fetching = asyncio.create_task(_fetch_lacking_secrets(core.secrets))
         started.push_async_callback(_cancel, [fetching])
     # Every host the log knows has its queue, whichever replica registered it.
     known_hosts = await core.machines.known()
@@ -403,6 +404,13 @@ async def _replication(settings: Settings, nc: Client, js: JetStreamContext, hea
         Lease(leases, subjects.TRANSCRIPT_INTAKE_LEASE, holder),
         ActivityAcrossReplicas(nc),
     )
+
+
+async def _fetch_lacking_secrets(secrets: Secrets) -> None:
+    try:
+        await secrets.fetch_lacking()
+    except Exception:  # not worth stopping the replica: a hook's question asks the others again
+        log.exception("fetching the secret values this replica lacks from the other replicas failed")
 
 
 async def _close(nc: Any) -> None:
