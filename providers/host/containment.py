@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from bb_environments.providers.host.durable_files import write_durably
 from bb_environments.providers.host.processes import kill_and_wait
 
 MARKER = "BB_ENVIRONMENT_ID"
@@ -176,7 +177,7 @@ class CgroupContainment:
         noted = self._note(environment_id)
         # Noted before any is made, so that a removal after a crash finds every one of them.
         if _noted_cgroups(noted) != cgroups:
-            _write_atomically(noted, "\n".join(map(str, cgroups)))
+            write_durably(noted, "\n".join(map(str, cgroups)).encode())
         for cgroup in cgroups:
             os.makedirs(cgroup, exist_ok=True)
         for controller in CONTROLLERS:
@@ -444,15 +445,3 @@ def _processes_marked(marker: bytes) -> list[int]:
         if marker in variables:
             marked.append(int(entry.name))
     return marked
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Written whole and durable before the cgroup it names exists: a crash leaves it or nothing."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(descriptor, text.encode())
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    os.replace(temporary, path)

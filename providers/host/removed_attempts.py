@@ -17,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
+from bb_environments.providers.host.durable_files import write_durably
+
 EVERY_ATTEMPT = "every"
 """The record of an environment whose removal started: no create of it is wanted any more."""
 KEPT_FOR_S = 7 * 24 * 3600
@@ -39,7 +41,9 @@ class RemovedAttempts:
             through_attempt is not None and known is not None and int(known) >= through_attempt
         ):
             return
-        _write_durably(self._path(environment_id), EVERY_ATTEMPT if through_attempt is None else str(through_attempt))
+        write_durably(
+            self._path(environment_id), (EVERY_ATTEMPT if through_attempt is None else str(through_attempt)).encode()
+        )
 
     def removed(self, environment_id: str, attempt: int) -> bool:
         known = self._recorded(environment_id)
@@ -69,21 +73,3 @@ class RemovedAttempts:
                     Path(entry.path).unlink()
             except FileNotFoundError:
                 pass  # forgotten by a removal of another host's environment meanwhile
-
-
-def _write_durably(path: Path, text: str) -> None:
-    """The file and its name in the directory on disk before the caller goes on: a crash leaves it
-    whole or absent."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(descriptor, text.encode())
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

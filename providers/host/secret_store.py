@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from bb_environments.providers.host.durable_files import remove_durably, write_durably
+
 
 @dataclass(frozen=True)
 class StoredSecret:
@@ -71,21 +73,10 @@ class SecretStore:
         os.chmod(self.directory, 0o700)
         path = self._file(project_path)
         if not values:
-            path.unlink(missing_ok=True)
+            remove_durably(path)
         else:
-            temporary = path.with_suffix(".tmp")
-            temporary.unlink(missing_ok=True)
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "w") as file:
-                json.dump({name: {"value": held.value, "setAt": held.set_at} for name, held in values.items()}, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        directory = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+            stored = {name: {"value": held.value, "setAt": held.set_at} for name, held in values.items()}
+            write_durably(path, json.dumps(stored).encode())
 
 
 def _entry(held: object) -> StoredSecret:
