@@ -21,6 +21,7 @@ from tests.integration.conftest import (
     spawn_with_setup_held,
 )
 from tests.integration.host_agents import running_agent
+from tests.integration.test_placements import publish
 
 pytestmark = pytest.mark.asyncio
 
@@ -480,3 +481,36 @@ async def test_an_agent_killed_after_renaming_a_members_branch_binds_it_when_sta
         kinds = types_of(await environment_events(service, environment_id))
         assert kinds.count("bound") == 1 and kinds[-1] == "ready"
         assert setups(marker)[ready["path"]] == 1
+
+
+async def test_a_burst_of_raw_thread_events_sent_twice_binds_each_member_once(
+    service: Service, git_repo: Path, tmp_path: Path
+) -> None:
+    # As publishers send them over NATS, each thread's events twice (a publisher's retry): the pool's
+    # two members go to two threads at most, the rest get cold environments, every setup once.
+    marker = tmp_path / "setups"
+    commit_setup(git_repo, marker)
+    await set_pool(service, git_repo, 2)
+    await pool_becomes(service, "full", lambda p: p["members"]["ready"] == 2)
+    intent = {"type": "provider", "environmentProviderId": "git-worktree"}
+    threads = [f"t-burst-{n}" for n in range(10)]
+
+    async def sent(thread_id: str) -> None:
+        for _ in range(2):
+            await publish(service, thread_id, "created", projectPath=str(git_repo), environment=intent)
+            await publish(service, thread_id, "message", text="go")
+
+    await asyncio.gather(*(sent(thread_id) for thread_id in threads))
+
+    placed = [await service.wait_for_thread(t, with_environment=True, timeout=90) for t in threads]
+    environments = [thread["environmentId"] for thread in placed]
+    assert len(set(environments)) == len(threads)
+    for environment_id in environments:
+        await service.wait_for(environment_id, "ready")
+    bound: Counter[str] = Counter()
+    for environment_id in environments:
+        events = await environment_events(service, environment_id)
+        bound.update(event["environmentId"] for event in events if event["type"] == "bound")
+    assert 1 <= len(bound) <= 2 and set(bound.values()) == {1}
+    paths = [(await service.show(environment_id))["path"] for environment_id in environments]
+    assert all(setups(marker)[path] == 1 for path in paths)
