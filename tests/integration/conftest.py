@@ -239,16 +239,15 @@ class Service:
         finally:
             await nc.close()
 
-    async def wait_for_thread(self, thread_id: str, with_environment: bool = False, timeout: float = 30) -> dict:
-        """The thread's document once the read model knows it (and its environment, if asked)."""
+    async def wait_for_thread(self, thread_id: str, having: str | None = None, timeout: float = 30) -> dict:
+        """The thread's document once the read model knows it, with its field `having` set if one is
+        named (its `environmentId`, or the `refusal` that comes after its first message)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             after = None
             while True:
                 page = await self.api.call("threads", "list", ListThreads(after=after))
-                found = [
-                    t for t in page["threads"] if t["id"] == thread_id and (t["environmentId"] or not with_environment)
-                ]
+                found = [t for t in page["threads"] if t["id"] == thread_id and (having is None or t[having])]
                 if found:
                     return found[0]
                 after = page.get("next")

@@ -293,7 +293,7 @@ async def test_no_client_reads_the_services_replies_or_the_prompts_it_is_deliver
             "text": f"the secret plan: {marker}",
         }
         await js.publish(subjects.thread_event("snooped", "message"), msgspec.json.encode(message))
-        thread = await service.wait_for_thread("snooped", with_environment=True)
+        thread = await service.wait_for_thread("snooped", having="environmentId")
         await service.wait_for(thread["environmentId"], "ready")
 
         spawned = await service.bb(

@@ -188,7 +188,7 @@ async def test_a_personal_workspace_killed_before_its_creation_was_saved_is_sear
         workspace = service.data_dir / "providers" / "personal-workspace" / "workspaces" / "mine"
         (workspace / ".bb-env-setup.sh").write_text(f"echo ran >> {marker}\n")
         await restart(service)
-        thread = await service.wait_for_thread("mine", with_environment=True)
+        thread = await service.wait_for_thread("mine", having="environmentId")
         ready = await service.wait_for(thread["environmentId"], "ready")
         assert ready["hooks"]["setup"]["status"] == "succeeded"
         assert marker.read_text().split() == ["ran"]
@@ -284,7 +284,7 @@ async def test_killed_between_store_and_bus_no_event_is_lost_or_doubled(tmp_path
         await died(service)
         spawning.cancel()  # its reply died with the service; the recorded request is resumed
         await restart(service)
-        environment_id = (await service.wait_for_thread("t1", with_environment=True))["environmentId"]
+        environment_id = (await service.wait_for_thread("t1", having="environmentId"))["environmentId"]
         await finish_lifecycle(service, tmp_path, environment_id)
         exported = (await service.bb("events", "export")).stdout.splitlines()
         assert len(exported) == len(set(exported))

@@ -393,7 +393,7 @@ async def test_forged_log_messages_during_setup_change_nothing_and_a_restart_dou
             "--json",
         )
     )
-    environment_id = (await served.wait_for_thread("t1", with_environment=True))["environmentId"]
+    environment_id = (await served.wait_for_thread("t1", having="environmentId"))["environmentId"]
     await served.wait_for(environment_id, lambda e: e["hooks"]["setup"]["status"] == "running")
     ready_subject = subjects.log_event("environment", environment_id, "ready")
 

@@ -123,7 +123,9 @@ async def test_the_subscriber_example_hears_ready_and_reads_the_log_with_its_dur
 async def test_wait_ready_hears_an_outcome_published_before_it_was_called(service):
     async with await Client.connect(service.data_dir) as client:
         await client.spawn("t1", provider="personal-workspace")
-        environment = await service.wait_for((await service.wait_for_thread("t1", True))["environmentId"], "ready")
+        environment = await service.wait_for(
+            (await service.wait_for_thread("t1", "environmentId"))["environmentId"], "ready"
+        )
         outcome = await client.wait_ready("t1", timeout=30)
         assert (outcome.status, outcome.environment_id, outcome.reason) == ("ready", environment["id"], None)
     async with await Client.connect(service.data_dir) as another:  # it did not spawn it: the newest outcome

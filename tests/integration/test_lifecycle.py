@@ -290,7 +290,7 @@ async def test_thread_events_delivered_twice_or_late_have_no_effect(service, git
             await publish("created", projectPath=str(git_repo), environment=intent)
         for _ in range(2):
             await publish("message")
-        threads = await service.wait_for_thread("dup", with_environment=True)
+        threads = await service.wait_for_thread("dup", having="environmentId")
         environment_id = threads["environmentId"]
         ready = await service.wait_for(environment_id, "ready")
         for _ in range(2):
@@ -338,7 +338,7 @@ async def test_twenty_threads_published_at_once_all_become_ready_each_in_its_own
 
     try:
         await asyncio.gather(*(send_thread(t) for t in thread_ids))
-        threads = [await service.wait_for_thread(t, with_environment=True, timeout=120) for t in thread_ids]
+        threads = [await service.wait_for_thread(t, having="environmentId", timeout=120) for t in thread_ids]
         environment_ids = [t["environmentId"] for t in threads]
         assert len(set(environment_ids)) == 20
         for environment_id in environment_ids:

@@ -44,7 +44,7 @@ async def test_the_provisioners_old_consumer_is_retired_and_what_it_owed_is_driv
 
         service.environment = service_environment(data_dir)
         await service.start()
-        environment_id = (await service.wait_for_thread("t1", with_environment=True))["environmentId"]
+        environment_id = (await service.wait_for_thread("t1", having="environmentId"))["environmentId"]
         shown = await service.wait_for(environment_id, "ready")
         assert shown["status"] == "ready"
         with pytest.raises(NotFoundError):

@@ -52,7 +52,7 @@ async def test_thread_list_says_why_a_thread_was_refused(service):
         await js.publish(subjects.thread_event("refused", "message"), msgspec.json.encode(message))  # placed here
     finally:
         await publisher.close()
-    refusal = (await service.wait_for_thread("refused"))["refusal"]
+    refusal = (await service.wait_for_thread("refused", having="refusal"))["refusal"]
     assert "'elsewhere' is not registered" in refusal, refusal
 
     listed = await service.bb("thread", "list")
@@ -203,7 +203,7 @@ async def test_a_unique_start_of_an_environment_id_names_it_and_an_ambiguous_one
     finally:
         await publisher.close()
     threads = {
-        (await service.wait_for_thread(f"t{n}", with_environment=True))["environmentId"]: f"t{n}" for n in range(17)
+        (await service.wait_for_thread(f"t{n}", having="environmentId"))["environmentId"]: f"t{n}" for n in range(17)
     }
     ids = sorted(threads)
 

@@ -382,7 +382,7 @@ async def test_a_service_killed_while_threads_bind_binds_each_member_once(tmp_pa
         await asyncio.gather(*spawns())
         placed = {}
         for thread_id in threads:
-            thread = await service.wait_for_thread(thread_id, with_environment=True, timeout=60)
+            thread = await service.wait_for_thread(thread_id, having="environmentId", timeout=60)
             placed[thread_id] = thread["environmentId"]
             await service.wait_for(thread["environmentId"], "ready", timeout=90)
         assert len(set(placed.values())) == len(threads)
@@ -502,7 +502,7 @@ async def test_a_burst_of_raw_thread_events_sent_twice_binds_each_member_once(
 
     await asyncio.gather(*(sent(thread_id) for thread_id in threads))
 
-    placed = [await service.wait_for_thread(t, with_environment=True, timeout=90) for t in threads]
+    placed = [await service.wait_for_thread(t, having="environmentId", timeout=90) for t in threads]
     environments = [thread["environmentId"] for thread in placed]
     assert len(set(environments)) == len(threads)
     for environment_id in environments:

@@ -111,7 +111,7 @@ async def test_planted_secrets_appear_in_no_file_the_service_writes(
             msgspec.json.encode(thread_event("message", "kept", text=f"deploy with {secrets['text']}")),
         )
         await service.thread_events_handled()
-        kept = await service.wait_for_thread("kept", with_environment=True)
+        kept = await service.wait_for_thread("kept", having="environmentId")
     finally:
         await publisher.close()
     await service.wait_for(

@@ -144,7 +144,7 @@ async def test_the_partitions_take_over_where_the_single_consumer_of_an_earlier_
         await publish("waiting")
 
         await service.start()
-        waiting = await service.wait_for_thread("waiting", with_environment=True)
+        waiting = await service.wait_for_thread("waiting", having="environmentId")
         await service.wait_for(waiting["environmentId"], "ready")
         await service.thread_events_handled()
         listed = (await service.api.call("threads", "list", ListThreads()))["threads"]
