@@ -208,6 +208,7 @@ async def build_core(
         default_host=settings.default_host,
         agent_here=here is not None,
     )
+    disk = DiskScanner(store, hosts, ports.share)
     provisioner = Provisioner(
         store,
         placer,
@@ -216,6 +217,7 @@ async def build_core(
         timedelta(seconds=settings.transient_retry_s),
         share=ports.share,
         activity_elsewhere=ports.activity_elsewhere,
+        measure_soon=disk.measure_soon,
     )
     started.push_async_callback(provisioner.stop)
     threads = ThreadHandlers(store, placer, hosts)
@@ -236,7 +238,6 @@ async def build_core(
         grace_for,
     )
     pools = Pools(store, placer, PoolKeeper(store, placer, provisioner))
-    disk = DiskScanner(store, hosts, ports.share)
     return Core(
         app,
         store,
@@ -428,5 +429,6 @@ def core_workers(
             settings.doctor_interval_s,
         ),
         measure_forever(core.disk, settings.disk_scan_interval_s),
+        core.disk.measure_settled_forever(),
         *([] if event_store_file(settings.event_store) else [end_stalled_holders_forever(core.app)]),
     ]

@@ -12,6 +12,7 @@ with the hosts; the saves and lookups they share are in handlers/indexed_applica
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError
@@ -80,13 +81,24 @@ class Environments(PoolUseCases, ProvisioningSteps):
 
     # -- the workspaces' sizes on disk (handlers/disk_usage.py) -----------------------------------
 
-    def measurable_workspaces(self) -> list[tuple[UUID, str, str, str]]:
-        """Each live environment settled on a workspace to measure: its id, host, provider and path."""
+    def measurable_workspaces(self, among: Collection[UUID] | None = None) -> list[tuple[UUID, str, str, str]]:
+        """Each live environment (of `among`, if given) settled on a workspace to measure: its id,
+        host, provider and path."""
+        environments = self.live_environments() if among is None else self._environments_among(among)
         return [
             (environment.id, environment.host_id, environment.provider_id, environment.path)
-            for environment in self.live_environments()
+            for environment in environments
             if environment.disk_measurable and environment.path is not None
         ]
+
+    def _environments_among(self, environment_ids: Collection[UUID]) -> list[Environment]:
+        found = []
+        for environment_id in environment_ids:
+            try:
+                found.append(self.environment(environment_id))
+            except UnknownEnvironment:
+                continue
+        return found
 
     def record_disk_usage(self, figures: list[tuple[UUID, str, int]]) -> list[Environment]:
         """Each workspace (environment id, path) takes the bytes given now: the environments whose

@@ -1,12 +1,13 @@
 """The workspaces' sizes on disk (SPEC 11): measured by the agent of each host, off every
 command's path, and recorded on the environment.
 
-A scan every `BB_DISK_SCAN_INTERVAL_S` asks each host for the size of every workspace this
-replica drives there that has settled after its setup: a new workspace is measured at the first
-scan after its setup (null until then), then at every scan. The host walks each tree on a worker
-thread (providers/host/disk_usage.py); a host away is asked again at the next scan. Scans run
-only at the interval, never right after a setup: a burst of new environments costs no walk of
-their trees while they start, and a log read in between sees no figure appear.
+A new workspace is measured soon after its setup settled (succeeded, failed or found no script):
+the provisioning tells `measure_soon`, and a pass over the workspaces told of in the last
+`SETTLING_S` measures them together, so that a burst of new environments costs one pass per host
+rather than one walk per setup while the others start. Then every `BB_DISK_SCAN_INTERVAL_S` a scan
+asks each host for the size of every workspace this replica drives there that has settled; a
+figure missed after setup (the host away, a replica's restart) is taken at the next scan. The host
+walks each tree on a worker thread (providers/host/disk_usage.py).
 
 A figure is an event (`DiskMeasured`) rather than a note beside the read model: the disk budget
 refuses spawns with it, and every replica must decide alike, after a restart too, from the one
@@ -27,6 +28,9 @@ from bb_environments.providers.workspace_messages import DiskUsageRequest
 
 log = logging.getLogger(__name__)
 
+SETTLING_S = 2.0
+"""How long after a setup settles its workspace waits to be measured, with the others settling then."""
+
 
 class DiskScanner:
     def __init__(self, store: Store, hosts: Hosts, share: Share) -> None:
@@ -34,11 +38,33 @@ class DiskScanner:
         self._app = store.app
         self._hosts = hosts
         self._share = share
+        self._settled: set[UUID] = set()
+        self._told = asyncio.Event()
 
-    async def scan(self) -> None:
-        """Measure the workspaces (see the module) and record each figure worth recording."""
+    def measure_soon(self, environment_id: UUID) -> None:
+        """The environment's setup has settled: its workspace is measured at the next pass."""
+        self._settled.add(environment_id)
+        self._told.set()
+
+    async def measure_settled_forever(self, settling_s: float = SETTLING_S) -> None:
+        """A pass over the workspaces whose setup settled, `settling_s` after the first of them
+        was told; one that fails is logged, and the periodic scan measures them later."""
+        while True:
+            await self._told.wait()
+            await asyncio.sleep(settling_s)
+            self._told.clear()
+            settled, self._settled = self._settled, set()
+            try:
+                await self.scan(among=settled)
+            except Exception:
+                log.exception("measuring the new workspaces failed; the next scan measures them")
+
+    async def scan(self, among: set[UUID] | None = None) -> None:
+        """Measure the workspaces (see the module), or those of `among`, and record each figure
+        worth recording."""
         by_host: dict[tuple[str, str], list[tuple[UUID, str]]] = {}
-        for environment_id, host_id, provider_id, path in await self._store.run(self._app.measurable_workspaces):
+        measurable = await self._store.run(self._app.measurable_workspaces, among)
+        for environment_id, host_id, provider_id, path in measurable:
             if self._share.drives(environment_id):
                 by_host.setdefault((host_id, provider_id), []).append((environment_id, path))
         for (host_id, provider_id), environments in by_host.items():

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec
+from uuid import UUID
 
 from eventsourcing.persistence import OperationalError
 
@@ -47,11 +48,16 @@ def _now() -> datetime:
 
 
 class HostSteps:
-    def __init__(self, store: Store, hosts: Hosts, transcript: Transcript) -> None:
+    def __init__(
+        self, store: Store, hosts: Hosts, transcript: Transcript, measure_soon: Callable[[UUID], None]
+    ) -> None:
+        """`measure_soon`: told of each environment whose setup has just settled, so that its new
+        workspace's size is known soon after it is ready."""
         self._store = store
         self._app = store.app
         self._hosts = hosts
         self._transcript = transcript
+        self._measure_soon = measure_soon
 
     async def create(self, cancelled: threading.Event, env: Environment) -> Environment:
         profile = self._hosts.profiles().get(env.provider_id)
@@ -91,6 +97,8 @@ class HostSteps:
                 result.empty,
             )
             crash_point("created-recorded")
+            if created.disk_measurable:  # its setup skipped with the creation (a workspace made empty)
+                self._measure_soon(env.id)
             return created
         self._transcript.line(str(env.id), "output", env.provider_id, result.message)
         return await self._store.run(
@@ -191,16 +199,24 @@ class HostSteps:
         crash_point("setup-finished")
         what = f"recording the setup outcome of environment {env.id}"
         if outcome.status == "skipped":  # the host found no script in the workspace
-            return await self._save_outcome(
+            settled = await self._save_outcome(
                 what,
                 self._app.record_setup_skipped,
                 env.id,
                 operation_id,
                 outcome.message or f"no {SCRIPT_NAMES['setup']}",
             )
-        return await self._save_outcome(
-            what, self._app.record_setup_outcome, env.id, operation_id, outcome.status == "succeeded", outcome.message
-        )
+        else:
+            settled = await self._save_outcome(
+                what,
+                self._app.record_setup_outcome,
+                env.id,
+                operation_id,
+                outcome.status == "succeeded",
+                outcome.message,
+            )
+        self._measure_soon(env.id)
+        return settled
 
     async def bind(self, cancelled: threading.Event, env: Environment) -> Environment:
         """Give a pool's member bound to a thread the thread's identity on its host (its branch):

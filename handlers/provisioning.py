@@ -103,9 +103,11 @@ class Provisioner:
         failed_step_retry: timedelta = FAILED_STEP_RETRY,
         share: Share = Everything(),
         activity_elsewhere: ActivityElsewhere = NoOtherReplica(),
+        measure_soon: Callable[[UUID], None] = lambda environment_id: None,
     ) -> None:
         """`share`: the environments this replica drives; a drive of any other does nothing, and
-        activity on one is told to its driver through `activity_elsewhere`."""
+        activity on one is told to its driver through `activity_elsewhere`. `measure_soon`: told
+        of each environment whose setup has settled (handlers/disk_usage.py)."""
         self._store = store
         self._share = share
         self._activity_elsewhere = activity_elsewhere
@@ -115,7 +117,8 @@ class Provisioner:
         self._placer = placer
         self._hosts = hosts
         self._transcript = transcript
-        self._on_host = HostSteps(store, hosts, transcript)
+        self._measure_soon = measure_soon
+        self._on_host = HostSteps(store, hosts, transcript, measure_soon)
         self._locks: dict[UUID, asyncio.Lock] = {}
         self._steps: dict[tuple[UUID, str], _Step] = {}
         self._timers: dict[UUID, asyncio.TimerHandle] = {}
@@ -231,6 +234,7 @@ class Provisioner:
                 await self._record(env, self._app.start_setup)
             case SkipSetup(reason):
                 await self._record(env, self._app.skip_setup, reason)
+                self._measure_soon(env.id)
             case BindMember():
                 self._start(env, "bind", self._bind, env)
             case RunSetup(operation_id):

@@ -378,8 +378,8 @@ class WorkspaceVanishedDocument(EnvironmentEvent, kw_only=True, tag="workspace_v
 
 
 class DiskMeasuredDocument(EnvironmentEvent, kw_only=True, tag="disk_measured"):
-    """The agent of its host measured the workspace as `du -sb` counts it (at the first scan after
-    its setup, then at every scan, every BB_DISK_SCAN_INTERVAL_S), and the figure moved by more
+    """The agent of its host measured the workspace as `du -sb` counts it (a moment after its setup
+    settled, then at every scan, every BB_DISK_SCAN_INTERVAL_S), and the figure moved by more
     than 5% since the last one recorded (or is the first): the environment's `diskBytes`."""
 
     disk_bytes: Annotated[int, _said("The bytes the workspace takes.")]

@@ -92,7 +92,8 @@ async def test_environment_list_loads_neither_the_service_nor_modal_nor_nats_nor
     header, row = out.splitlines()
     assert header.split() == ["ID", "STATUS", "SLUG", "THREADS", "DISK"]
     environment_id, status, slug, threads, disk = row.split()
-    assert (environment_id, status, disk) == (spawned["environmentId"], "ready", "-")
+    assert (environment_id, status) == (spawned["environmentId"], "ready")
+    assert disk == "-" or disk[0].isdigit(), disk  # measured a moment after its setup settled
     assert listed["slug"].endswith(slug.lstrip("…")) and threads.rstrip("…") in spawned["threadId"]
     assert loaded == []
 

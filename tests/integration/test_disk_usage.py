@@ -15,6 +15,7 @@ from tests.integration.conftest import Service, service, write_hooks  # noqa: F4
 from tests.integration.host_agents import Agent, register, spawned
 
 SCANNED_EVERY_SECOND = {"BB_DISK_SCAN_INTERVAL_S": "1"}
+SCANNED_EVERY_HOUR = {"BB_DISK_SCAN_INTERVAL_S": "3600"}
 
 
 def du_sb(path: str) -> int:
@@ -66,6 +67,25 @@ async def test_a_workspace_is_measured_after_setup_and_a_file_written_later_show
     header, row = table.stdout.splitlines()
     assert "DISK" in header.split() and human_bytes(grown["diskBytes"]) in row.split()
     assert max(len(line) for line in table.stdout.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("service", [SCANNED_EVERY_HOUR], indirect=True)
+async def test_new_workspaces_are_measured_soon_after_their_setup_not_at_the_next_scan(service, git_repo, tmp_path):
+    write_hooks(git_repo, tmp_path / "hooks.log", setup="head -c 300000 /dev/zero > setup-output.bin")
+    spawns = [await worktree(service, git_repo, f"t{n}") for n in range(3)]
+    assert all(s.returncode == 0 for s in spawns), [s.stderr for s in spawns]
+    personal = await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--json")
+    assert personal.returncode == 0, personal.stderr
+
+    measured = [
+        await service.wait_for(spawn.json()["environmentId"], lambda e: e["diskBytes"], timeout=30)
+        for spawn in (*spawns, personal)
+    ]
+    for environment in measured:
+        assert environment["status"] == "ready"
+        assert near(environment["diskBytes"], environment["path"]), (environment["diskBytes"], environment["path"])
+    *worktrees, empty = (environment["diskBytes"] for environment in measured)
+    assert empty < 300_000 <= min(worktrees)  # made empty, against what the worktrees' setup wrote
 
 
 @pytest.mark.parametrize(
