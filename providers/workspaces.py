@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 from collections import Counter
@@ -45,11 +46,11 @@ from bb_environments.providers.contract import (
     is_pausable,
     is_surveyed,
 )
+from bb_environments.providers.host.attempt_records import BegunAttempts, RemovedAttempts
 from bb_environments.providers.host.containment import Containment
 from bb_environments.providers.host.crash_points import crash_point
 from bb_environments.providers.host.disk_usage import tree_bytes
 from bb_environments.providers.host.listening import ListeningPorts
-from bb_environments.providers.host.removed_attempts import RemovedAttempts
 from bb_environments.providers.host.workspace_user import WorkspaceUser
 from bb_environments.providers.planning import (
     canonical_path,
@@ -85,6 +86,8 @@ from bb_environments.providers.workspace_messages import (
     Survey,
     SurveyRequest,
 )
+
+log = logging.getLogger(__name__)
 
 CLEANUPS_AT_ONCE = 4
 
@@ -139,6 +142,7 @@ class LocalWorkspaces:
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         self._listening = ListeningPorts()
         self._removed = RemovedAttempts(data_dir / "removed-attempts")
+        self._begun = BegunAttempts(data_dir / "begun-attempts")
         self._changing: dict[str, asyncio.Lock] = {}
         self._changers: Counter[str] = Counter()
 
@@ -217,11 +221,13 @@ class LocalWorkspaces:
         return canonical_path(planned) if planned else None
 
     async def create(self, request: CreateRequest, cancelled: threading.Event) -> CreateResult:
-        """Refused once a removal of the attempt began here (see providers/host/removed_attempts.py);
+        """Refused once a removal of the attempt began here (see providers/host/attempt_records.py);
         a removal asked meanwhile waits for the create to end, then removes what it made."""
         async with self._one_change_at_a_time(request.environment_id):
             try:
                 removed = await asyncio.to_thread(self._removed.removed, request.environment_id, request.attempt)
+                if not removed:
+                    await asyncio.to_thread(self._begun.record, request.environment_id, request.attempt)
             except (ValueError, OSError) as error:
                 return CreateFailed("terminal", f"this host cannot tell whether the attempt was removed: {error}")
             if removed:
@@ -289,7 +295,16 @@ class LocalWorkspaces:
             return await asyncio.to_thread(self._remove, provider, context, ended)
 
     def _remove(self, provider: EnvironmentProvider, context: RemoveContext, ended: int | None) -> RemoveResult:
+        """`ended`: the attempt a cleanup ends, None for the environment's removal."""
         try:
+            if ended is not None and self._begun.superseded(context.environment_id, ended):
+                log.info(
+                    "the cleanup of attempt %s of environment %s came after a later attempt began here: "
+                    "it was done before that one began, and is not done again",
+                    ended,
+                    context.environment_id,
+                )
+                return Removed()
             self._removed.record(context.environment_id, ended)
         except (ValueError, OSError) as error:
             return RemoveFailed(f"the removal could not be recorded before anything is deleted: {error}")

@@ -6,7 +6,7 @@ removal is the provider's, which is idempotent per attempt; a hook is the durabl
 which starts it at most once and joins it after a restart. The report is stored (BB_HOST_REPORTS)
 before the job is acknowledged: a kill between the two, or an acknowledgement lost, has the job
 delivered again, and doing it again reports the same, except a create whose attempt was removed
-meanwhile, which the host refuses (providers/host/removed_attempts.py). While a job runs the agent tells the server it is still at it, so a long
+meanwhile, which the host refuses (providers/host/attempt_records.py). While a job runs the agent tells the server it is still at it, so a long
 hook is not handed out a second time; one that an agent killed mid-job was holding is delivered
 again once its acknowledgement wait has passed.
 """

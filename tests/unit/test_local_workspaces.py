@@ -184,3 +184,37 @@ async def test_a_project_inside_the_data_dir_is_refused_with_the_reason(tmp_path
             "t1", NewEnvironment("instant", "local", None), str(project), "local"
         )
     assert str(answered.value) == reason
+
+
+class Containing:
+    """Notes whose hooks a removal ended."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+
+    def prepare(self, environment_id: str) -> list[str]:
+        return []
+
+    def end(self, environment_id: str) -> bool:
+        self.ended.append(environment_id)
+        return True
+
+
+async def test_a_cleanup_that_comes_after_the_next_attempt_began_ends_no_hook_and_removes_nothing(tmp_path):
+    containment = Containing()
+    workspaces = LocalWorkspaces(ProviderRegistry([InstantProvider()]), tmp_path, Lines(), containment=containment)
+    assert isinstance(await workspaces.create(create_request(attempt=1), threading.Event()), Created)
+    assert await workspaces.remove(remove_request(attempt=1, removal_attempt=0), threading.Event()) == Removed()
+    assert containment.ended == [ENVIRONMENT_ID]
+    second = await workspaces.create(create_request(attempt=2), threading.Event())
+    assert isinstance(second, Created)
+
+    # The same cleanup again, from a replica that froze while it asked, or delivered twice.
+    late = await workspaces.remove(remove_request(attempt=1, removal_attempt=0), threading.Event())
+
+    assert late == Removed()
+    assert containment.ended == [ENVIRONMENT_ID]  # the second attempt's setup runs on
+    assert Path(second.path).exists()
+    # The environment's own removal still ends everything.
+    assert await workspaces.remove(remove_request(attempt=2, removal_attempt=1), threading.Event()) == Removed()
+    assert containment.ended == [ENVIRONMENT_ID, ENVIRONMENT_ID] and not Path(second.path).exists()
