@@ -245,3 +245,20 @@ def test_member_inputs_are_the_requests_own_and_bad_ones_are_refused(
     assert provider.member_inputs(context(project, data_dir, asked), MEMBER_KEY) == asked
     with pytest.raises(InvalidInputs, match="cpu: must be between 0.25 and 16"):
         provider.member_inputs(context(project, data_dir, ModalInputs(cpu=64)), MEMBER_KEY)
+
+
+def test_a_resume_that_finds_the_members_sandbox_still_running_tags_it_for_its_thread(
+    provider: ModalSandboxProvider, cloud: FakeModalCloud, project: Path, data_dir: Path
+) -> None:
+    member = prepared_member(provider, project, data_dir)
+    assert member.resource is not None
+    paused = provider.pause(member.resource)
+    left_running = cloud.sandboxes[member.resource["sandboxId"]]
+    left_running.running = True  # a pause cut off before it terminated the sandbox
+
+    bound = provider.bind(bind_context(project, data_dir, member, paused))
+    assert bound is not None
+    resumed = provider.resume(bound)
+
+    assert resumed["sandboxId"] == left_running.id and len(cloud.running()) == 1
+    assert left_running.tags == {PATH_KEY_TAG: MEMBER_KEY, BOUND_TAG: THREAD_KEY}
