@@ -336,6 +336,11 @@ class BaseHead(msgspec.Struct, frozen=True, rename="camel"):
     setup_hash: str | None
 
 
+class BaseUnknown(Exception):
+    """`base_head` cannot read the base's head now (its remote out of reach, say): a thread's
+    placement then binds no member (it gets a cold environment) and the pool prepares none."""
+
+
 class BindFailed(Exception):
     """`bind` could not give the member's workspace to the thread; nothing was changed."""
 
@@ -355,7 +360,8 @@ class PoolingProvider(EnvironmentProvider, Protocol):
     (SPEC 10, docs/providers.md). Each method runs on the environment's host."""
 
     def base_head(self, ctx: ProjectContext) -> BaseHead:
-        """Where a member for these inputs would be prepared now. Must not change anything."""
+        """Where a member for these inputs would be prepared now. Must not change anything.
+        Raises BaseUnknown when that cannot be read now."""
         ...
 
     def member_inputs(self, ctx: ProjectContext, path_key: str) -> Any:

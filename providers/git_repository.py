@@ -7,9 +7,11 @@ default branch are remembered while the files git reads them from stay the same.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 
+from bb_environments.domain.hook_operations import SCRIPT_NAMES
 from bb_environments.providers.contract import InvalidInputs
 from bb_environments.providers.git_commands import (
     GitFailed,
@@ -150,3 +152,10 @@ def _default_branch_refs(repo: str) -> tuple[tuple[int, int, int] | None, ...] |
     except OSError:
         return None
     return tuple(identities)
+
+
+def setup_hash_at(repo: str, commit: str) -> str | None:
+    """The sha256 of `.bb-env-setup.sh` at `commit` (an object id the repository holds), None
+    when it has none."""
+    script = run_git_or_none(repo, "cat-file", "blob", f"{commit}:{SCRIPT_NAMES['setup']}")
+    return None if script is None else hashlib.sha256(script.encode("utf-8", "surrogateescape")).hexdigest()

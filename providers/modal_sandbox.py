@@ -13,6 +13,9 @@ clones or sets up twice. Credentials for private remotes are out of scope: only 
 URL itself carries reaches the sandbox, and that URL travels on the process's stdin, never in
 argv, transcript or resource.
 
+Warm pools (`providers.modal_pool`): a member is a sandbox created, cloned and set up ahead; its
+binding tags it `bb-bound-to=<the thread's path key>`.
+
 Pause snapshots the filesystem, hands the snapshot id to `checkpoint`, then terminates; resume
 starts a sandbox from the snapshot with the same tags and skips setup. Superseded snapshots are
 deleted once a later resume or the removal can be sure the core recorded their successor.
@@ -39,6 +42,8 @@ import msgspec
 from bb_environments.providers.contract import (
     READY,
     Availability,
+    BaseHead,
+    BindContext,
     CreateContext,
     Created,
     CreateResult,
@@ -56,6 +61,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.git_commands import run_git_or_none
 from bb_environments.providers.git_worktree import repo_dir_name
+from bb_environments.providers.modal_pool import bind_member, bound_tags, origin_head
 from bb_environments.providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
 from bb_environments.providers.modal_sdk import POLL_INTERVAL_S, ModalOperationFailed, ModalSdk, ModalSession, redact
 from bb_environments.providers.modal_settings import (
@@ -96,7 +102,7 @@ class ModalSandboxProvider:
     id = PROVIDER_ID
     display_name = "Modal sandbox"
     requires = Requires(git_checkout=True)
-    policy = Policy(path_keys="per-attempt", retire_grace_ms=300_000)
+    policy = Policy(path_keys="per-attempt", retire_grace_ms=300_000, pool=True)
     inputs_type = ModalInputs
     in_the_cloud = True
 
@@ -136,6 +142,22 @@ class ModalSandboxProvider:
             self._remove(ctx)
             return Removed()
         return failed.remove_failed()
+
+    # -- warm pools (SPEC 10): providers/modal_pool.py ------------------------------------------
+
+    def base_head(self, ctx: ProjectContext) -> BaseHead:
+        origin = project_origin(ctx.project_path)
+        assert ctx.project_path is not None  # project_origin refuses a request without one
+        return origin_head(ctx.project_path, origin, url_secrets(origin))
+
+    def member_inputs(self, ctx: ProjectContext, path_key: str) -> ModalInputs:
+        """The request's own: a sandbox's size and lifetime name nothing of its thread."""
+        inputs = inputs_as(ctx, ModalInputs)
+        check_bounds(inputs)
+        return inputs
+
+    def bind(self, ctx: BindContext) -> dict[str, Any] | None:
+        return bind_member(self._modal, ctx.resource or {}, tag_value(ctx.path_key))
 
     # -- pause and resume (called by the core's idle tracking) ------------------------------------
 
@@ -180,7 +202,8 @@ class ModalSandboxProvider:
         return _paused(snapshotted)
 
     def resume(self, resource: dict[str, Any]) -> dict[str, Any]:
-        """Start a sandbox from the snapshot with the same tags (setup does not run again).
+        """Start a sandbox from the snapshot with the same tags (setup does not run again), and
+        that of the thread a pool's member was bound to while paused.
 
         A sandbox still running under the path key (a pause that never terminated, a resume that
         crashed after starting one) is reused instead of starting a second.
@@ -194,7 +217,9 @@ class ModalSandboxProvider:
             sandbox = _adopt_running(session, app, tags, SilentReporter())
             if sandbox is None:
                 image = session.snapshot_image(snapshot_id)
-                sandbox = session.start_sandbox(app, image, tags, _resource_inputs(resource))
+                sandbox = session.start_sandbox(app, image, tags | bound_tags(resource), _resource_inputs(resource))
+            elif not bound_tags(resource).items() <= session.tags(sandbox).items():
+                session.set_tags(sandbox, session.tags(sandbox) | bound_tags(resource))
             session.delete_images(resource.get("supersededSnapshotIds", []))
         return {**resource, "sandboxId": sandbox.object_id, "supersededSnapshotIds": []}
 

@@ -165,6 +165,10 @@ class ModalSession:
         tags: dict[str, str] = sandbox.get_tags()
         return tags
 
+    def set_tags(self, sandbox: Any, tags: dict[str, str]) -> None:
+        """Replace the sandbox's tags (Modal keeps only the set given) in one call."""
+        self._call("tag the sandbox", lambda: sandbox.set_tags(tags))
+
     def sandbox_and_tags(self, sandbox_id: str, action: str) -> tuple[Any, dict[str, str]] | None:
         """The sandbox and its tags, or None when no such sandbox exists."""
         sdk = self._sdk

@@ -18,9 +18,12 @@ import msgspec
 
 from bb_environments.domain.ids import quoted
 from bb_environments.providers.contract import (
+    BaseHead,
+    BaseUnknown,
     EnvironmentProvider,
     InvalidInputs,
     PlanRefused,
+    PoolingProvider,
     ProjectContext,
     can_pool,
     shares_planned_path,
@@ -99,6 +102,18 @@ def member_inputs(provider: EnvironmentProvider, context: ProjectContext, path_k
     if not can_pool(provider):
         raise InvalidInputs(f"provider {provider.id!r} cannot keep a warm pool (its policy.pool is false)")
     return provider.member_inputs(context, path_key)
+
+
+def read_base_head(provider: PoolingProvider, context: ProjectContext, member: bool) -> BaseHead | None:
+    """Where a pool's member would be prepared now. When the provider cannot tell now, a thread's
+    placement goes on without it (no member is bound: the thread gets a cold environment) and a
+    member's is refused (the pool prepares none until it can)."""
+    try:
+        return provider.base_head(context)
+    except BaseUnknown as unknown:
+        if member:
+            raise PlanRefused(f"the pool cannot prepare a member now: {unknown}") from None
+        return None
 
 
 def claimed_path(planned: str | None, data_dir: str) -> str | None:

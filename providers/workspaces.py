@@ -62,6 +62,7 @@ from bb_environments.providers.planning import (
     decode_inputs,
     member_inputs,
     plan_path,
+    read_base_head,
 )
 from bb_environments.providers.registry import ProviderDescription, ProviderProfile, ProviderRegistry, safe_availability
 from bb_environments.providers.workspace_messages import (
@@ -182,7 +183,7 @@ class LocalWorkspaces:
         planned, shares = await asyncio.to_thread(plan_path, provider, context, request.path_key)
         head = None
         if (request.base_head or request.member) and can_pool(provider):
-            head = await asyncio.to_thread(provider.base_head, context)
+            head = await asyncio.to_thread(read_base_head, provider, context, request.member)
         return Plan(
             project_path=project,
             inputs=msgspec.to_builtins(context.inputs),

@@ -6,14 +6,12 @@ User text reaches git only after validation and behind `--` / `--end-of-options`
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from bb_environments.domain.hook_operations import SCRIPT_NAMES
 from bb_environments.providers.branch_inputs import BranchChoice, ExistingBranch, NewBranch
 from bb_environments.providers.contract import BaseHead, BindContext, BindFailed, InvalidInputs
 from bb_environments.providers.git_commands import GitFailed, run_git, run_git_or_none
-from bb_environments.providers.git_repository import require_base, require_default_branch
+from bb_environments.providers.git_repository import require_base, require_default_branch, setup_hash_at
 from bb_environments.providers.refnames import validate_branch_name
 from bb_environments.providers.workspace_files import require_path_key
 from bb_environments.providers.worktree_survey import BRANCH_PREFIX
@@ -26,9 +24,7 @@ def base_head(repo: str, branch: BranchChoice) -> BaseHead:
     commit = run_git(
         repo, "rev-parse", "--verify", "--end-of-options", f"{base or require_default_branch(repo)}^{{commit}}"
     )
-    script = run_git_or_none(repo, "cat-file", "blob", f"{commit.strip()}:{SCRIPT_NAMES['setup']}")
-    setup_hash = None if script is None else hashlib.sha256(script.encode("utf-8", "surrogateescape")).hexdigest()
-    return BaseHead(commit.strip(), setup_hash)
+    return BaseHead(commit.strip(), setup_hash_at(repo, commit.strip()))
 
 
 def member_branch(branch: ExistingBranch | NewBranch, path_key: str) -> NewBranch:

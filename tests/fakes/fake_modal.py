@@ -4,7 +4,7 @@ Names, parameters and defaults mirror modal 1.6.4's blocking API (`tests/unit/
 test_modal_sandbox_provider.py` checks them against the installed package with
 `inspect.signature`); behaviour is the part the provider relies on: a sandbox exists from the
 moment `Sandbox.create` runs, `Sandbox.list` returns running sandboxes having at least the given
-tags, `Image.from_name(...).build(app)` raises NotFoundError for an unpublished name.
+tags, `Sandbox.set_tags` replaces the whole set, `Image.from_name(...).build(app)` raises NotFoundError for an unpublished name.
 
     cloud = FakeModalCloud()
     provider = ModalSandboxProvider(sdk=cloud.module)
@@ -13,6 +13,7 @@ tags, `Image.from_name(...).build(app)` raises NotFoundError for an unpublished 
 from __future__ import annotations
 
 import itertools
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,8 @@ class FakeModalCloud:
     """Runs after the sandbox exists, before `Sandbox.create` returns (may raise, as a crash would)."""
     snapshot_error: Exception | None = None
     snapshots: list[str] = field(default_factory=list)
+    tag_calls: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    """(sandbox id, tags) for every `Sandbox.set_tags`."""
     closed_clients: int = 0
     _ids: Iterator[int] = field(default_factory=itertools.count)
 
@@ -100,6 +103,22 @@ class FakeModalCloud:
     def check(self, client: Any) -> None:
         if not isinstance(client, _ClientBase) or client.credentials != self.token:
             raise AuthError("Token ID is malformed or invalid")
+
+
+def local_filesystems(root: Path) -> Callable[[ExecCall], ExecResult]:
+    """An `exec_handler` that runs the command for real, each sandbox's files in a directory of
+    its own, `root/<sandbox id>`: the command's last argument, a path in the sandbox (where our
+    scripts work), is taken under it."""
+
+    def run(call: ExecCall) -> ExecResult:
+        *command, where = call.args
+        inside = root / call.sandbox_id / where.lstrip("/") if where.startswith("/") else where
+        completed = subprocess.run(
+            [*command, str(inside)], input=call.stdin, capture_output=True, text=True, timeout=call.timeout
+        )
+        return ExecResult(completed.returncode, completed.stdout + completed.stderr)
+
+    return run
 
 
 class _ClientBase:
@@ -227,8 +246,9 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
             return None if self._result is None else self._result.returncode
 
     class Sandbox:
-        def __init__(self, record: SandboxRecord) -> None:
+        def __init__(self, record: SandboxRecord, client: Any) -> None:
             self._record = record
+            self._client = client  # the one it was created or found with, which modal's calls use
 
         @property
         def object_id(self) -> str:
@@ -257,14 +277,14 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
             )
             cloud.sandboxes[record.id] = record
             cloud.on_sandbox_created(record)
-            return Sandbox(record)
+            return Sandbox(record, client)
 
         @staticmethod
         def from_id(sandbox_id: str, client: Any = None) -> Sandbox:
             cloud.check(client)
             if sandbox_id not in cloud.sandboxes:
                 raise NotFoundError(f"Sandbox '{sandbox_id}' not found")
-            return Sandbox(cloud.sandboxes[sandbox_id])
+            return Sandbox(cloud.sandboxes[sandbox_id], client)
 
         @staticmethod
         def list(
@@ -274,10 +294,16 @@ def _module(cloud: FakeModalCloud) -> SimpleNamespace:
             wanted = (tags or {}).items()
             for record in reversed(cloud.running()):
                 if (app_id is None or record.app_id == app_id) and wanted <= record.tags.items():
-                    yield Sandbox(record)
+                    yield Sandbox(record, client)
 
         def get_tags(self) -> dict[str, str]:
             return dict(self._record.tags)
+
+        def set_tags(self, tags: dict[str, str]) -> None:
+            """Replaces the whole set, as modal's does."""
+            cloud.check(self._client)
+            cloud.tag_calls.append((self._record.id, dict(tags)))
+            self._record.tags = dict(tags)
 
         def poll(self) -> int | None:
             return None if self._record.running else 0

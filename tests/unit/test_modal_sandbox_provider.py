@@ -174,6 +174,7 @@ FAKED_CALLABLES = [
     (FAKE.Sandbox.from_id, modal.Sandbox.from_id),
     (FAKE.Sandbox.list, modal.Sandbox.list),
     (FAKE.Sandbox.get_tags, modal.Sandbox.get_tags),
+    (FAKE.Sandbox.set_tags, modal.Sandbox.set_tags),
     (FAKE.Sandbox.poll, modal.Sandbox.poll),
     (FAKE.Sandbox.exec, modal.Sandbox.exec),
     (FAKE.Sandbox.snapshot_filesystem, modal.Sandbox.snapshot_filesystem),
