@@ -215,6 +215,19 @@ class Service:
                 raise AssertionError(f"environment {environment_id} never satisfied the condition: {environment}")
             await asyncio.sleep(0.1)
 
+    async def measured(self, timeout: float = 30) -> None:
+        """Wait until every ready environment's workspace of its own was measured (a project
+        checkout's is the project's, never measured): the last event its spawn brings
+        (`disk_measured`, a moment after its setup settles), after which the log is quiet."""
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = (await self.bb("environment", "list", "--json")).json()["environments"]
+            if all(e["diskBytes"] is not None for e in listed if e["status"] == "ready" and e["ownsPath"]):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the ready environments were not all measured within {timeout:.0f} s: {listed}")
+            await asyncio.sleep(0.1)
+
     async def thread_events_handled(self, timeout: float = 60) -> None:
         """Wait until every thread event published so far has been handled and acknowledged
         (threads in different partitions are handled side by side, in no order between them)."""

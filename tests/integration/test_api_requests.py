@@ -16,6 +16,7 @@ async def test_bad_requests_are_invalid_input_before_anything_is_written(service
         "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "good", "--wait"
     )  # a log with something in it to compare
     assert good.returncode == 0, good.stderr
+    await service.measured()
     before = (await service.bb("events", "export")).stdout
 
     spawn = {"environmentProvider": "personal-workspace", "threadId": "t2"}

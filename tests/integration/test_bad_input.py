@@ -56,6 +56,7 @@ async def test_bad_spawn_requests_exit_2_and_change_nothing(service, git_repo, t
         "--wait",
     )  # a quiet log with something in it to compare
     assert good.returncode == 0, good.stderr
+    await service.measured()
     length, before = await log_length(service), branches(git_repo)
     worktrees_root = service.data_dir / "providers" / "git-worktree" / "worktrees"
     existing = sorted(p.name for p in worktrees_root.iterdir())
@@ -194,6 +195,7 @@ async def test_workspaces_in_bb_or_git_internals_are_refused_and_block_nothing(s
         "--wait",
     )
     assert good.returncode == 0, good.stderr
+    await service.measured()
     before = await log_and_threads(service)
     a_file = tmp_path / "notes.txt"
     a_file.write_text("not a project\n")
@@ -244,6 +246,7 @@ async def test_a_refused_spawn_leaves_no_thread_behind(service, git_repo, git):
     )
     await service.bb("thread", "archive", "gone")
     await service.wait_for(gone.json()["environmentId"], "removed")
+    await service.measured()
     before = await log_and_threads(service)
 
     switch = '{"branch": {"kind": "existing", "name": "feature"}}'

@@ -113,6 +113,7 @@ async def test_what_the_log_does_not_hold_is_refused_and_nothing_is_written(serv
     environment_id = await spawn_with_setup_held(service, git_repo, hold, tmp_path / "hooks.log")
     hold.unlink()
     await service.wait_for(environment_id, "ready")
+    await service.measured()
     events = (await bb_json(service, "environment", "history", environment_id))["events"]
     latest = events[-1]["version"]
     first = datetime.fromisoformat(events[0]["occurredAt"])
