@@ -294,17 +294,17 @@ async def connect_as(service: Service, role: str) -> tuple[nats.aio.client.Clien
 
 
 async def environment_events(service: Service, environment_id: str) -> list[dict]:
-    """The environment's own steps in the log, as `bb events export` prints them. Its workspace's
-    measurements (`disk_measured`) are left out: one comes a moment after the setup settles,
-    between whichever steps follow then; tests/integration/test_disk_usage.py reads them."""
+    """The environment's own events in the log, as `bb events export` prints them."""
     exported = await service.bb("events", "export")
     assert exported.returncode == 0, exported.stderr
     events = [json.loads(line) for line in exported.stdout.splitlines()]
-    return [
-        e
-        for e in events
-        if e.get("environmentId") == environment_id and "threadIds" in e and e["type"] != "disk_measured"
-    ]
+    return [e for e in events if e.get("environmentId") == environment_id and "threadIds" in e]
+
+
+def lifecycle_types(events: list[dict]) -> list[str]:
+    """The types of an environment's events, but for its workspace's measurements: one comes a
+    moment after the setup settles, between whichever steps follow then."""
+    return [e["type"] for e in events if e["type"] != "disk_measured"]
 
 
 async def eventually(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from bb_environments.bus.wire import subjects
-from tests.integration.conftest import environment_events, eventually, write_hooks
+from tests.integration.conftest import environment_events, eventually, lifecycle_types, write_hooks
 
 
 def worktrees(repo) -> list[str]:
@@ -60,7 +60,7 @@ async def test_spawn_ready_archive_removed_runs_each_hook_once_in_order(service,
     assert worktrees(git_repo) == [str(git_repo)]
     assert "bb/t1" in subprocess.run(["git", "-C", str(git_repo), "branch"], capture_output=True, text=True).stdout
 
-    types = [e["type"] for e in await environment_events(service, spawned["environmentId"])]
+    types = lifecycle_types(await environment_events(service, spawned["environmentId"]))
     assert types == [
         "claimed",
         "created",

@@ -17,6 +17,7 @@ from tests.integration.conftest import (
     Service,
     environment_events,
     eventually,
+    lifecycle_types,
     service_environment,
     spawn_with_setup_held,
 )
@@ -124,10 +125,6 @@ async def spawn(
     return spawned.json()["environmentId"]
 
 
-def types_of(events: list[dict[str, Any]]) -> list[str]:
-    return [event["type"] for event in events]
-
-
 def branch_of(path: str) -> str:
     return subprocess.run(
         ["git", "-C", path, "rev-parse", "--abbrev-ref", "HEAD"], check=True, capture_output=True, text=True
@@ -149,7 +146,7 @@ async def test_a_bound_thread_gets_the_members_setup_and_its_own_branch_without_
     environment_id = await spawn(service, git_repo, "t-pooled", asked)
 
     events = await environment_events(service, environment_id)
-    kinds = types_of(events)
+    kinds = lifecycle_types(events)
     assert kinds[: kinds.index("bound")][-1] == "pooled"
     after = kinds[kinds.index("bound") + 1 :]
     assert after[-1] == "ready" and not any(k in after for k in ("created", "setup_started", "setup_succeeded"))
@@ -223,7 +220,7 @@ async def test_a_setup_that_always_fails_pauses_the_pool_and_threads_still_get_c
     )
     assert spawned.json()["status"] == "error"  # its own setup fails, as without a pool
     events = await environment_events(service, spawned.json()["environmentId"])
-    assert "bound" not in types_of(events) and "setup_failed" in types_of(events)
+    assert "bound" not in lifecycle_types(events) and "setup_failed" in lifecycle_types(events)
 
     pool_id = paused["id"]
     resumed = await service.bb("pool", "resume", pool_id, "--json")
@@ -301,7 +298,7 @@ async def test_a_thread_asking_for_another_project_provider_or_inputs_never_gets
     ]
     for number, (project, provider, inputs) in enumerate(asked):
         environment_id = await spawn(service, project, f"t-other-{number}", inputs, provider)
-        assert "bound" not in types_of(await environment_events(service, environment_id))
+        assert "bound" not in lifecycle_types(await environment_events(service, environment_id))
     assert (await pools(service))[0]["members"]["ready"] == 1
 
 
@@ -319,7 +316,7 @@ async def test_members_count_in_the_live_limits_and_give_way_to_a_threads_own_en
     # Another branch's thread gets a cold environment: a member makes room for it.
     environment_id = await spawn(service, git_repo, "t-cold", {"branch": {"kind": "new", "name": "topic"}})
     assert (await service.show(environment_id))["status"] == "ready"
-    assert "bound" not in types_of(await environment_events(service, environment_id))
+    assert "bound" not in lifecycle_types(await environment_events(service, environment_id))
     await pool_becomes(service, "down to what the limit leaves", lambda p: p["members"]["ready"] == 1)
 
 
@@ -436,7 +433,7 @@ async def test_a_pool_on_a_registered_host_is_prepared_and_bound_by_that_hosts_a
         )
         assert spawned.returncode == 0, spawned.stderr
         environment_id = spawned.json()["environmentId"]
-        assert "bound" in types_of(await environment_events(service, environment_id))
+        assert "bound" in lifecycle_types(await environment_events(service, environment_id))
         shown = await service.show(environment_id)
         assert shown["path"].startswith(str(agent.root) + "/")
         assert branch_of(shown["path"]) == "bb/t-remote"
@@ -478,7 +475,7 @@ async def test_an_agent_killed_after_renaming_a_members_branch_binds_it_when_sta
         agent.start()
         ready = await service.wait_for(environment_id, "ready", timeout=60)
         assert branch_of(ready["path"]) == "bb/t-agent-killed"
-        kinds = types_of(await environment_events(service, environment_id))
+        kinds = lifecycle_types(await environment_events(service, environment_id))
         assert kinds.count("bound") == 1 and kinds[-1] == "ready"
         assert setups(marker)[ready["path"]] == 1
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_modal import VALID_TOKEN
-from tests.integration.conftest import Service, environment_events, service_environment
-from tests.integration.test_pools import commit_setup, head, pool_becomes, setups, spawn, types_of
+from tests.integration.conftest import Service, environment_events, lifecycle_types, service_environment
+from tests.integration.test_pools import commit_setup, head, pool_becomes, setups, spawn
 from tests.support.git_daemon import served_origin
 
 pytestmark = pytest.mark.asyncio
@@ -47,7 +47,7 @@ async def test_a_thread_is_bound_to_a_sandbox_cloned_and_set_up_ahead_without_a_
             environment_id = await spawn(service, git_repo, "t-pooled", provider="modal-sandbox")
 
             events = await environment_events(service, environment_id)
-            kinds = types_of(events)
+            kinds = lifecycle_types(events)
             assert kinds[: kinds.index("bound")][-1] == "pooled"
             after = kinds[kinds.index("bound") + 1 :]
             assert after[-1] == "ready" and not any(k in after for k in ("created", "setup_started", "setup_succeeded"))

@@ -6,7 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from tests.integration.conftest import environment_events
+from tests.integration.conftest import environment_events, lifecycle_types
 
 
 async def spawn(service, *args: str):
@@ -54,7 +54,7 @@ async def test_a_new_personal_workspace_is_ready_without_a_setup_hook_and_still_
     await service.wait_for(
         shown["id"], lambda e: "» no .bb-env-setup.sh: the workspace was made empty" in e["transcript"]
     )
-    types = [e["type"] for e in await environment_events(service, shown["id"])]
+    types = lifecycle_types(await environment_events(service, shown["id"]))
     assert types == ["claimed", "created", "setup_skipped", "ready"]
     marker = tmp_path / "torn-down"
     Path(shown["path"], ".bb-env-teardown.sh").write_text(f"touch {marker}\n")
