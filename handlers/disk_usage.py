@@ -4,7 +4,7 @@ command's path, and recorded on the environment.
 A new workspace is measured soon after its setup settled (succeeded, failed or found no script):
 the provisioning tells `measure_soon`, and a pass over the workspaces told of in the last
 `SETTLING_S` measures them together, so that a burst of new environments costs one pass per host
-rather than one walk per setup while the others start. Then every `BB_DISK_SCAN_INTERVAL_S` a scan
+and one save, rather than a pass and a save per setup while the others start. Then every `BB_DISK_SCAN_INTERVAL_S` a scan
 asks each host for the size of every workspace this replica drives there that has settled; a
 figure missed after setup (the host away, a replica's restart) is taken at the next scan. The host
 walks each tree on a worker thread (providers/host/disk_usage.py).
