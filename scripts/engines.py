@@ -13,8 +13,10 @@ import importlib.util
 import json
 import os
 import pwd
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -27,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from bb_environments.bus.access import Credentials, all_users, deployment_configuration, host_user_block
-from bb_environments.bus.embedded_server import HOST, EmbeddedNats, accepts_connections, free_port, nats_server_binary
+from bb_environments.bus.embedded_server import HOST, EmbeddedNats, accepts_connections, nats_server_binary
 
 STARTUP_S = 30.0
 POSTGRES_USER = "bb"
@@ -57,7 +59,7 @@ class PostgresServer:
     def __init__(self, base: Path, owner: pwd.struct_passwd | None) -> None:
         self.base = base
         self.owner = owner
-        self.port = free_port(HOST)
+        self.port = _unused_port()
         self.data = base / "data"
         self.log = base / "postgres.log"
         self._binaries = _postgres_binaries(base, owner)
@@ -161,6 +163,22 @@ def _postgres_binaries(base: Path, owner: pwd.struct_passwd | None) -> Path:
     return copy / package.name / "pginstall" / "bin"
 
 
+LISTENING_PORTS = range(10000, 20000)
+"""Where the servers' ports are chosen: below the kernel's ephemeral range (32768 and up here),
+whose ports the other tests' outgoing connections take at random, one of which could take a
+server's port between the choice and its start, or while it is down to be started again (seen: a
+node's "can't listen to the monitor port"); below BB_PORT_RANGE's default (20000-29999) too,
+which environments' hooks listen in."""
+
+
+def _unused_port() -> int:
+    while True:
+        port = random.choice(LISTENING_PORTS)
+        with socket.socket() as probe, contextlib.suppress(OSError):
+            probe.bind((HOST, port))
+            return port
+
+
 def _runs_as(user: pwd.struct_passwd, program: Path) -> bool:
     try:
         return subprocess.run([program, "--version"], user=user.pw_uid, cwd="/", capture_output=True).returncode == 0
@@ -183,7 +201,7 @@ class NatsCluster:
         self._credentials = Credentials(base / "credentials")
         self._credentials.ensure(all_users(host_id))
         self._hosts: dict[str, str] = {}
-        self._ports = {node: (free_port(HOST), free_port(HOST), free_port(HOST)) for node in NODES}
+        self._ports = {node: (_unused_port(), _unused_port(), _unused_port()) for node in NODES}
         self._servers: dict[str, EmbeddedNats] = {}
 
     @classmethod
