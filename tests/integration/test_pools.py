@@ -85,15 +85,30 @@ async def pools(service: Service) -> list[dict[str, Any]]:
     return listed.json()["pools"]
 
 
-async def pool_becomes(service: Service, what: str, check: Any, timeout: float = 60) -> dict[str, Any]:
+async def pool_becomes(service: Service, what: str, check: Any, timeout: float = 60, which: int = 0) -> dict[str, Any]:
+    """The pool `which` (in the order the pools were set) once `check` holds of it."""
     deadline = time.monotonic() + timeout
     while True:
         found = await pools(service)
-        if found and check(found[0]):
-            return found[0]
+        if len(found) > which and check(found[which]):
+            return found[which]
         if time.monotonic() > deadline:
             raise AssertionError(f"the pool never became {what}: {found}")
         await asyncio.sleep(0.2)
+
+
+async def a_round_of_refills(service: Service, tmp_path: Path) -> None:
+    """Return once the refill has gone over every pool set so far: each round visits the pools in
+    the order they were set, so the first member claimed for a pool of a new project, set now, marks
+    a round that passed all the others after this call. For what a pool must not do meanwhile."""
+    project = tmp_path / "a-round-of-refills"
+    project.mkdir()
+    subprocess.run(["git", "-C", str(project), "init", "-q", "-b", "main"], check=True)
+    (project / "README.md").write_text("no setup here\n")
+    commit(project, "initial", "README.md")
+    await set_pool(service, project, 1)
+    marker = len(await pools(service)) - 1
+    await pool_becomes(service, "claimed a member", lambda p: sum(p["members"].values()) > 0, which=marker)
 
 
 async def set_pool(service: Service, repo: Path, size: int, inputs: Any = None) -> dict[str, Any]:
@@ -203,7 +218,7 @@ async def test_a_setup_that_always_fails_pauses_the_pool_and_threads_still_get_c
     await set_pool(service, git_repo, 1)
     paused = await pool_becomes(service, "paused", lambda p: p["paused"] is not None)
     assert "2 member setups failed in a row" in paused["paused"]["reason"] and paused["failures"] == 2
-    await asyncio.sleep(2)  # two refill ticks: a paused pool prepares nothing
+    await a_round_of_refills(service, tmp_path)  # a paused pool prepares nothing
     assert sum(setups(marker).values()) == 2
 
     spawned = await service.bb(
@@ -235,11 +250,18 @@ async def test_the_refill_waits_while_a_threads_own_setup_runs(
     hold = tmp_path / "hold"
     environment_id = await spawn_with_setup_held(service, git_repo, hold, tmp_path / "hooks")
     await set_pool(service, git_repo, 1)
-    await asyncio.sleep(3)  # three refill ticks
+    # The refill records the base it read before it decides whether to prepare a member now.
+    await pool_becomes(service, "checked against its base", lambda p: p["baseCommit"] == head(git_repo))
     assert (await pools(service))[0]["members"] == {"ready": 0, "preparing": 0, "stale": 0}
     hold.unlink()
     await service.wait_for(environment_id, "ready")
-    await pool_becomes(service, "filled once the thread's setup ended", lambda p: p["members"]["ready"] == 1)
+    pool = await pool_becomes(service, "filled once the thread's setup ended", lambda p: p["members"]["ready"] == 1)
+    exported = [json.loads(line) for line in (await service.bb("events", "export")).stdout.splitlines()]
+    setup_ended = next(
+        n for n, e in enumerate(exported) if e.get("environmentId") == environment_id and e["type"] == "setup_succeeded"
+    )
+    first_claim = next(n for n, e in enumerate(exported) if e["type"] == "claimed" and e.get("poolId") == pool["id"])
+    assert setup_ended < first_claim  # no member was claimed while the thread's setup ran
 
 
 async def test_the_branch_a_bound_members_removal_kept_is_no_orphan(
@@ -310,7 +332,7 @@ async def test_members_count_in_the_live_limits_and_give_way_to_a_threads_own_en
     commit_setup(git_repo, marker)
     await set_pool(service, git_repo, 3)
     full = await pool_becomes(service, "as full as the limit allows", lambda p: p["members"]["ready"] == 2)
-    await asyncio.sleep(2)  # two refill ticks: the third member stays out
+    await a_round_of_refills(service, tmp_path)  # the third member stays out
     assert (await pools(service))[0]["members"] == {"ready": 2, "preparing": 0, "stale": 0}, full
 
     # Another branch's thread gets a cold environment: a member makes room for it.
