@@ -111,6 +111,15 @@ async def a_round_of_refills(service: Service, tmp_path: Path) -> None:
     await pool_becomes(service, "claimed a member", lambda p: sum(p["members"].values()) > 0, which=marker)
 
 
+async def a_full_pool_of_two(service: Service, git_repo: Path, tmp_path: Path) -> Path:
+    """A pool of two members set up and ready; the file its setups and teardowns write to."""
+    marker = tmp_path / "setups"
+    commit_setup(git_repo, marker)
+    await set_pool(service, git_repo, 2)
+    await pool_becomes(service, "full", lambda p: p["members"]["ready"] == 2)
+    return marker
+
+
 async def set_pool(service: Service, repo: Path, size: int, inputs: Any = None) -> dict[str, Any]:
     options = ["--inputs", json.dumps(inputs)] if inputs is not None else []
     done = await service.bb(
@@ -284,10 +293,7 @@ async def test_the_branch_a_bound_members_removal_kept_is_no_orphan(
 async def test_size_zero_removes_the_members_with_their_teardowns(
     service: Service, git_repo: Path, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "setups"
-    commit_setup(git_repo, marker)
-    await set_pool(service, git_repo, 2)
-    await pool_becomes(service, "full", lambda p: p["members"]["ready"] == 2)
+    marker = await a_full_pool_of_two(service, git_repo, tmp_path)
     members = worktrees(git_repo)[1:]
     assert len(members) == 2
 
@@ -507,10 +513,7 @@ async def test_a_burst_of_raw_thread_events_sent_twice_binds_each_member_once(
 ) -> None:
     # As publishers send them over NATS, each thread's events twice (a publisher's retry): the pool's
     # two members go to two threads at most, the rest get cold environments, every setup once.
-    marker = tmp_path / "setups"
-    commit_setup(git_repo, marker)
-    await set_pool(service, git_repo, 2)
-    await pool_becomes(service, "full", lambda p: p["members"]["ready"] == 2)
+    marker = await a_full_pool_of_two(service, git_repo, tmp_path)
     intent = {"type": "provider", "environmentProviderId": "git-worktree"}
     threads = [f"t-burst-{n}" for n in range(10)]
 
