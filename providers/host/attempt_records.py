@@ -99,8 +99,9 @@ class BegunAttempts:
         self._records = _Records(directory)
 
     def record(self, environment_id: str, attempt: int) -> None:
-        """A create of `attempt` begins here."""
-        if (self.newest(environment_id) or 0) < attempt:
+        """A create of `attempt` begins here. The first attempt supersedes none, so only a later
+        one is written: a spawn's create, nearly always the first, costs no write of its own."""
+        if attempt > 1 and (self.newest(environment_id) or 0) < attempt:
             self._records.write(environment_id, str(attempt))
 
     def newest(self, environment_id: str) -> int | None:
