@@ -16,13 +16,20 @@ from tests.replicas.test_replicas import HOST, SETTLE_S, Topology, ask, environm
 
 
 async def spawned_ready(topology: Topology, replica_id: str, repo: Path) -> dict:
+    """The environment of a new thread once ready and its setup's line is in its transcript: the
+    host's lines reach the transcript through the core's intake, a moment after the log's `ready`
+    when the replica that held the intake has just stopped."""
     service = topology.replica(replica_id)
     thread_id = f"t-{uuid.uuid4().hex[:16]}"
     request = SpawnThread(
         thread_id=thread_id, environment_provider="git-worktree", project_path=str(repo), host_id=HOST
     )
     await ask(service, "threads", "spawn", request)
-    return await service.wait_for(await environment_of(service, thread_id), "ready", timeout=SETTLE_S)
+    return await service.wait_for(
+        await environment_of(service, thread_id),
+        lambda e: e["status"] == "ready" and "token length" in json.dumps(e["transcript"]),
+        timeout=SETTLE_S,
+    )
 
 
 async def test_a_secret_set_through_one_replica_reaches_hooks_through_the_others_and_its_removal_too(
