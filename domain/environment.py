@@ -38,6 +38,7 @@ from bb_environments.domain.steps import (
     CleanAttempt,
     PauseWhenIdle,
     Remove,
+    Resume,
     ResumeOnActivity,
     RetryRemoval,
     RetryTransient,
@@ -73,6 +74,7 @@ class Environment(CopiedForCommands, Aggregate):
         Ready: ClassVar[type[Aggregate.Event]]
         ResourceRecorded: ClassVar[type[Aggregate.Event]]
         Paused: ClassVar[type[Aggregate.Event]]
+        ResumeRequested: ClassVar[type[Aggregate.Event]]
         Resumed: ClassVar[type[Aggregate.Event]]
         CreateRetried: ClassVar[type[Aggregate.Event]]
         SetupRetried: ClassVar[type[Aggregate.Event]]
@@ -164,6 +166,7 @@ class Environment(CopiedForCommands, Aggregate):
         self.removal_attempt = 0
         self.remove_retry_at: datetime | None = None
         self.paused_at: datetime | None = None
+        self.resume_requested = False
         self.saved_ref: str | None = None
         self.disk_bytes: int | None = None
 
@@ -293,7 +296,9 @@ class Environment(CopiedForCommands, Aggregate):
         if self.retire_at is not None and not self.thread_ids:
             return WakeAt(self.retire_at)
         if self.status == EnvironmentStatus.READY:
-            return ResumeOnActivity(self.paused_at) if self.paused_at is not None else PauseWhenIdle(self.modified_on)
+            if self.paused_at is None:
+                return PauseWhenIdle(self.modified_on)
+            return Resume() if self.resume_requested else ResumeOnActivity(self.paused_at)
         return Settled()
 
     def _next_removal_step(self, now: datetime) -> Step:
@@ -575,6 +580,14 @@ class Environment(CopiedForCommands, Aggregate):
         self._paused(resource, now)
         return True
 
+    def request_resume(self) -> bool:
+        """A thread's message came while paused: the log asks for the resume, so that whichever
+        replica drives the environment, now or after a failover or a restart, resumes it."""
+        if self.paused_at is None or not self.is_live or self.resume_requested:
+            return False
+        self._resume_requested()
+        return True
+
     def record_resumed(self, resource: dict[str, Any] | None) -> bool:
         if self.paused_at is None or not self.is_live:
             return False
@@ -590,10 +603,15 @@ class Environment(CopiedForCommands, Aggregate):
         self.resource = resource
         self.paused_at = paused_at
 
+    @event("ResumeRequested")
+    def _resume_requested(self) -> None:
+        self.resume_requested = True
+
     @event("Resumed")
     def _resumed(self, resource: dict[str, Any] | None) -> None:
         self.resource = resource
         self.paused_at = None
+        self.resume_requested = False
 
     # -- a workspace found gone (bb doctor) ------------------------------------------------------
 

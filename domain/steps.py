@@ -103,8 +103,14 @@ class PauseWhenIdle:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """Paused, and a thread's message asked for the resume in the log: resume the resource."""
+
+
+@dataclass(frozen=True)
 class ResumeOnActivity:
-    """Paused: resume the resource when a thread is active again after `paused_at`."""
+    """Paused: resume the resource when a thread is active again after `paused_at` (the moment
+    the environment was judged idle, before the pause ran)."""
 
     paused_at: datetime
 
@@ -160,6 +166,7 @@ Step = (
     | RetryTransient
     | WakeAt
     | PauseWhenIdle
+    | Resume
     | ResumeOnActivity
     | StartTeardown
     | SkipTeardown

@@ -170,7 +170,11 @@ class HostSteps:
         )
         return await self._hosts.host(env.host_id, env.provider_id).remove(request, cancelled)
 
-    async def pause(self, cancelled: threading.Event, env: Environment, request: ResourceRequest) -> Environment | None:
+    async def pause(
+        self, cancelled: threading.Event, env: Environment, request: ResourceRequest, judged_idle_at: datetime
+    ) -> Environment | None:
+        """Recorded as paused at `judged_idle_at`: a thread's message while the pause ran is
+        activity after it, which resumes the environment as soon as the pause is recorded."""
         self._transcript.line(str(env.id), "step", env.provider_id, "Pausing the idle environment")
 
         async def checkpoint(resource: dict[str, Any]) -> None:
@@ -181,13 +185,14 @@ class HostSteps:
         if isinstance(result, PauseFailed):
             self._transcript.line(str(env.id), "output", env.provider_id, f"pause failed: {result.message}")
             return None
-        return await self._store.run(self._app.record_paused, env.id, result.resource, _now())
+        return await self._store.run(self._app.record_paused, env.id, result.resource, judged_idle_at)
 
     async def resume(
         self, cancelled: threading.Event, env: Environment, request: ResourceRequest
     ) -> Environment | None:
         self._transcript.line(str(env.id), "step", env.provider_id, "Resuming the environment")
         result = await self._hosts.host(env.host_id, env.provider_id).resume(request)
+        crash_point("resume-returned")  # resumed, not recorded: the log still asks for it, and it runs again
         if isinstance(result, ResumeFailed):
             self._transcript.line(str(env.id), "output", env.provider_id, f"resume failed: {result.message}")
             return None

@@ -29,6 +29,7 @@ from bb_environments.domain.steps import (
     CleanAttempt,
     PauseWhenIdle,
     Remove,
+    Resume,
     ResumeOnActivity,
     RetryRemoval,
     RetryTransient,
@@ -141,13 +142,19 @@ class Provisioner:
         """Some long step is running (tests wait for this to settle)."""
         return bool(self._steps)
 
-    async def note_activity(self, environment_id: UUID) -> None:
-        """A thread of the environment did something (a message): it is not idle; wake it if paused.
-        Kept by the replica that drives it, which decides its pause and resume."""
-        if self._share.drives(environment_id):
-            self._activity[environment_id] = _now()
+    async def note_activity(self, env: Environment) -> Environment:
+        """A thread of the environment did something (a message): it is not idle, and the
+        environment as it is left. A paused one has its resume asked in the log, for whichever
+        replica drives it now or after a failover or a restart (the log's follower there drives
+        it on the event); otherwise the activity is kept by the replica that drives it, which
+        decides its pause (lost in a failover, it costs an early pause: the next message resumes)."""
+        if env.paused_at is not None:
+            return await self._store.run(self._app.request_resume, env.id)
+        if self._share.drives(env.id):
+            self._activity[env.id] = _now()
         else:
-            await self._activity_elsewhere.tell_driver(environment_id)
+            await self._activity_elsewhere.tell_driver(env.id)
+        return env
 
     async def heard_activity(self, environment_id: UUID) -> None:
         """Another replica heard a thread's activity on the environment: counted, and the
@@ -260,6 +267,8 @@ class Provisioner:
                 self._wake_at(env.id, when)
             case PauseWhenIdle(quiet_since):
                 await self._pause_if_idle(env, quiet_since, now)
+            case Resume():
+                self._resume(env)
             case ResumeOnActivity(paused_at):
                 self._resume_on_activity(env, paused_at)
             case StartTeardown():
@@ -392,12 +401,17 @@ class Provisioner:
         if await self._hosts.host(env.host_id, env.provider_id).idle_pause_due(
             env.host_id, env.provider_id, last_activity, now
         ):
-            self._start(env, "pause", self._on_host.pause, env, request)
+            self._start(env, "pause", self._on_host.pause, env, request, now)
 
     def _resume_on_activity(self, env: Environment, paused_at: datetime) -> None:
-        request = self._pausable(env)
+        """A message that came while the pause ran was activity after `paused_at`."""
         last_activity = self._activity.get(env.id)
-        if request is not None and last_activity is not None and last_activity > paused_at:
+        if last_activity is not None and last_activity > paused_at:
+            self._resume(env)
+
+    def _resume(self, env: Environment) -> None:
+        request = self._pausable(env)
+        if request is not None:
             self._start(env, "resume", self._on_host.resume, env, request)
 
     async def _bind(self, cancelled: threading.Event, env: Environment) -> Environment:

@@ -154,6 +154,9 @@ class ProvisioningSteps(IndexedApplication):
     def record_paused(self, environment_id: UUID, resource: dict[str, Any] | None, now: datetime) -> Environment:
         return self._change(environment_id, lambda e: e.record_paused(resource, now))[0]
 
+    def request_resume(self, environment_id: UUID) -> Environment:
+        return self._change(environment_id, lambda e: e.request_resume())[0]
+
     def record_resumed(self, environment_id: UUID, resource: dict[str, Any] | None) -> Environment:
         return self._change(environment_id, lambda e: e.record_resumed(resource))[0]
 

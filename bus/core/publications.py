@@ -177,6 +177,7 @@ PUBLICATIONS: dict[type[Aggregate.Event], Publication] = dict(
         _published(Environment.TeardownFinished, wire.TeardownFinishedDocument),
         _published(Environment.ResourceRecorded, wire.ResourceRecordedDocument),
         _published(Environment.Paused, wire.PausedDocument),
+        _published(Environment.ResumeRequested, wire.ResumeRequestedDocument),
         _published(Environment.Resumed, wire.ResumedDocument),
         _published(Environment.WorkSaved, wire.WorkSavedDocument),
         _published(Environment.Removed, wire.RemovedDocument),

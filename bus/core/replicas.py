@@ -358,7 +358,8 @@ async def live_replica_count(js: JetStreamContext) -> int:
 class ActivityAcrossReplicas:
     """A thread's activity on an environment another replica drives, told on the bus: every replica
     hears it and the one that drives the environment takes it (Provisioner.heard_activity). Lost
-    in a failover, it costs at most an early pause, which the thread's next message resumes."""
+    in a failover, it costs at most an early pause, which the thread's next message resumes (a
+    paused environment's resume is asked in the log, not here)."""
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc

@@ -76,7 +76,7 @@ class ThreadEventConsumer:
             return
         if environment is not None:
             if isinstance(event, ThreadMessageMessage):
-                await self._provisioner.note_activity(environment.id)
+                environment = await self._provisioner.note_activity(environment)
             await self._provisioner.drive(environment.id, environment)
 
     async def _refused(self, message: Msg, subject_thread: str, reason: str) -> None:

@@ -318,7 +318,14 @@ class PausedDocument(EnvironmentEvent, kw_only=True, tag="paused"):
     """An idle environment of a provider that can suspend it (modal-sandbox) was paused at
     `pausedAt`; its status stays `ready`."""
 
-    paused_at: Annotated[datetime, _said("When it was paused.")]
+    paused_at: Annotated[
+        datetime, _said("When it was found idle and its pause began: a thread's message after it resumes it.")
+    ]
+
+
+class ResumeRequestedDocument(EnvironmentEvent, kw_only=True, tag="resume_requested"):
+    """A thread's message came for the paused environment: whichever replica drives it, now or
+    after a failover or a restart, resumes it (`resumed` follows)."""
 
 
 class ResumedDocument(EnvironmentEvent, kw_only=True, tag="resumed"):

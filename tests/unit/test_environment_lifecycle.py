@@ -474,3 +474,16 @@ def test_a_removal_that_saved_nothing_records_no_saved_work(app):
     assert app.record_removed(env.id, 1).saved_ref is None
     assert "WorkSaved" not in names(app, env.id)
     assert environment_view(app.environment(env.id)).saved_ref is None
+
+
+def test_a_resume_is_asked_in_the_log_once_per_pause_and_only_while_paused(app):
+    env = make_ready(app, spawn(app))
+    app.request_resume(env.id)  # running: nothing to resume
+    app.record_paused(env.id, {"snapshot": "s1"}, NOW)
+    app.request_resume(env.id)
+    app.request_resume(env.id)  # a second message before the resume: asked already
+    app.record_resumed(env.id, {"sandbox": "sb-2"})
+    app.request_resume(env.id)
+
+    assert names(app, env.id)[-3:] == ["Paused", "ResumeRequested", "Resumed"]
+    assert not app.environment(env.id).resume_requested

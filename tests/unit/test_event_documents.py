@@ -127,6 +127,7 @@ def record_every_event(app: Application) -> None:
     env.record_setup_outcome(operation, True, None)
     env.record_resource({"snapshot": "im-1"})
     env.record_paused({"snapshot": "im-2"}, now)
+    env.request_resume()
     env.record_resumed({"sandbox": "sb-2"})
     env.record_disk_usage("/data/wt/t-1-2", 1_234_567)
     env.attach_thread("t-2")

@@ -20,6 +20,7 @@ from bb_environments.domain.steps import (
     CleanAttempt,
     PauseWhenIdle,
     Remove,
+    Resume,
     ResumeOnActivity,
     RetryRemoval,
     RetryTransient,
@@ -157,6 +158,12 @@ def paused() -> Environment:
     return env
 
 
+def resume_requested() -> Environment:
+    env = paused()
+    env.request_resume()
+    return env
+
+
 def retiring(env: Environment) -> Environment:
     env.detach_thread("t1", env.modified_on, GRACE_MS)
     return env
@@ -278,6 +285,7 @@ CASES: list[tuple[str, Build, When, Expect]] = [
     ("provisioning, a bound member's rename failed", bound_member_not_renamed, AT_ONCE, lambda e: StartRemoval()),
     ("ready, path not owned", lambda: ready(owns_path=False), AT_ONCE, lambda e: PauseWhenIdle(e.modified_on)),
     ("ready, paused", paused, AT_ONCE, lambda e: ResumeOnActivity(e.paused_at)),
+    ("ready, paused, a message asked to resume", resume_requested, AT_ONCE, lambda e: Resume()),
     ("ready, retiring, deadline not passed", lambda: retiring(ready()), AT_ONCE, lambda e: WakeAt(e.retire_at)),
     ("ready, retiring, deadline passed", lambda: retiring(ready()), lambda e: e.retire_at, lambda e: StartRemoval()),
     ("ready, paused and retiring", lambda: retiring(paused()), AT_ONCE, lambda e: WakeAt(e.retire_at)),

@@ -150,6 +150,7 @@ class PausesHeld(InstantProvider):
 
     def __init__(self) -> None:
         self.pauses: list[dict] = []
+        self.resumes = 0
         self.pausing, self.pause_may_end = threading.Event(), threading.Event()
         self.checks = 0
         self.second_check, self.second_check_may_end = threading.Event(), threading.Event()
@@ -172,6 +173,7 @@ class PausesHeld(InstantProvider):
         return {"snapshot": "im-1"}
 
     def resume(self, resource):
+        self.resumes += 1
         return {"sandbox": "sb-2"}
 
 
@@ -193,6 +195,20 @@ async def test_an_idle_check_that_a_pause_overtook_does_not_pause_again(running)
     await running.settled()
 
     assert provider.pauses == [{"sandbox": "sb-1"}]
+
+
+@pytest.mark.parametrize("running", [PausesHeld], indirect=True)
+async def test_a_message_while_the_pause_runs_resumes_the_environment_once_it_is_paused(running):
+    provisioner, provider = running.provisioner, running.provider
+    provider.second_check_may_end.set()
+    environment = await running.driven("a", provider.pausing)
+
+    await provisioner.note_activity(environment)  # the thread's message, as the pause runs
+    provider.pause_may_end.set()
+    deadline = time.monotonic() + 10
+    while provider.resumes == 0:
+        assert time.monotonic() < deadline, "the message that came during the pause was never answered by a resume"
+        await asyncio.sleep(0.01)
 
 
 class CleanupFailsOnce(CleanupKeepsFailing):
