@@ -171,11 +171,22 @@ node's "can't listen to the monitor port"); below BB_PORT_RANGE's default (20000
 which environments' hooks listen in."""
 
 
+_handed_out: set[int] = set()
+
+
 def _unused_port() -> int:
+    """A port nobody listens on now, never handed out before by this process (a cluster's nine
+    ports drawn at random met twice), from this test worker's share of LISTENING_PORTS (pytest-xdist's
+    workers draw from ports apart)."""
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    share = LISTENING_PORTS[int(worker.removeprefix("gw")) :: int(workers)]
     while True:
-        port = random.choice(LISTENING_PORTS)
+        port = random.choice(share)
+        if port in _handed_out:
+            continue
         with socket.socket() as probe, contextlib.suppress(OSError):
             probe.bind((HOST, port))
+            _handed_out.add(port)
             return port
 
 
