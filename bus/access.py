@@ -18,6 +18,7 @@ import msgspec
 
 from bb_environments.bus.wire import subjects
 from bb_environments.domain.ids import HOST_ID_PATTERN, HOST_ID_RULE, quoted
+from bb_environments.providers.host.durable_files import write_durably
 
 if TYPE_CHECKING:  # every `bb` command loads this module, and none that only sends requests needs pathlib
     from pathlib import Path
@@ -212,7 +213,7 @@ class Credentials:
         for user in users:
             path = self.seed_file(user)
             if not path.exists():
-                write_private_file(path, new_seed())
+                write_durably(path, new_seed().encode())
 
     def public_key(self, user: str) -> str:
         return _public_key_of(self.seed_file(user), f"role {user!r}")
@@ -233,7 +234,7 @@ class Credentials:
         server's next reload."""
         path = self.host_seed_file(host_id)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_private_file(path, seed)
+        write_durably(path, seed.encode())
         return path
 
     def forget_host(self, host_id: str) -> None:
@@ -317,14 +318,3 @@ def _public_key_of(path: Path, whose: str) -> str:
 
 def all_users(host_id: str) -> list[str]:
     return [*CLIENT_ROLES, SERVICE_USER, host_agent_user(host_id)]
-
-
-def write_private_file(path: Path, text: str) -> None:
-    """Atomically, readable by its owner only: a kill while writing leaves the file whole or absent
-    (a seed cut short would refuse every later start)."""
-    temporary = path.with_suffix(".tmp")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(text)
-    os.replace(temporary, path)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 
-from bb_environments.bus.access import write_private_file
+from bb_environments.providers.host.durable_files import write_durably
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.host.processes import command_line_of, command_lines, pid_alive
 
@@ -329,7 +329,7 @@ def _remember_port(port_file: Path, port: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         if port_file.read_text().strip() == str(port):
             return
-    write_private_file(port_file, f"{port}\n")
+    write_durably(port_file, f"{port}\n".encode())
 
 
 def _running_or_started(store_dir: Path, configuration: Path, lock: FileLock, port: int | None) -> EmbeddedNats:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from bb_environments.bus.access import write_private_file
 from bb_environments.bus.wire.server_file import SERVER_FILE, DataDirError, ServerInfo, data_root, nats_servers
 from bb_environments.entrypoints import setting_values as read
 from bb_environments.entrypoints.setting_values import (
     ConfigError as ConfigError,  # raised and caught by its users as config's
 )
+from bb_environments.providers.host.durable_files import write_durably
 
 if TYPE_CHECKING:  # nats-py, imported by `bb` only once it knows the URL (entrypoints/cli/connection.py)
     import logging
@@ -335,7 +335,7 @@ class ServerFile:
 
     def write(self) -> None:
         self._written = msgspec.json.format(msgspec.json.encode(self.info), indent=2)
-        write_private_file(self.path, self._written.decode())
+        write_durably(self.path, self._written)
 
     def update(self, **changes: Any) -> None:
         self.info = msgspec.structs.replace(self.info, **changes)

@@ -29,7 +29,6 @@ from bb_environments.bus.access import (
     host_agent_inbox_prefix,
     host_agent_user,
     server_configuration,
-    write_private_file,
 )
 from bb_environments.bus.agent.heartbeat import beat
 from bb_environments.bus.agent.job_worker import HostJobWorker
@@ -79,6 +78,7 @@ from bb_environments.handlers.secrets import Secrets
 from bb_environments.handlers.store import StoreLedger
 from bb_environments.hooks.ledger import HookLedger
 from bb_environments.hooks.local_host import LocalHost
+from bb_environments.providers.host.durable_files import write_durably
 from bb_environments.providers.host.file_lock import FileLock
 from bb_environments.providers.registry import ProviderRegistry
 
@@ -152,9 +152,8 @@ def _server_configuration_file(settings: Settings) -> Path:
 
 
 def _write_server_configuration(settings: Settings, credentials: Credentials) -> None:
-    write_private_file(
-        _server_configuration_file(settings), server_configuration(credentials, settings.host_id, SERVER_NAME)
-    )
+    configuration = server_configuration(credentials, settings.host_id, SERVER_NAME)
+    write_durably(_server_configuration_file(settings), configuration.encode())
 
 
 def _admitting_users(settings: Settings, credentials: Credentials, embedded: SupervisedNats) -> Callable[[], None]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
 import msgspec
+
+from bb_environments.providers.host.durable_files import write_durably
 
 PROVIDER_ID = "modal-sandbox"
 DEFAULT_APP_NAME = "bb-environments"
@@ -172,9 +173,7 @@ def store_dockerfile(data_dir: str | Path, source_path: Path) -> Dockerfile:
     read_dockerfile(source_path, "data-dir")
     target = Path(data_dir) / STORED_DOCKERFILE
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_suffix(".tmp")
-    shutil.copyfile(source_path, temporary)
-    os.replace(temporary, target)
+    write_durably(target, source_path.read_bytes())
     return read_dockerfile(target, "data-dir")
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from bb_environments.providers.contract import NotSavedFile
 from bb_environments.providers.git_commands import run_git, run_git_or_none
 from bb_environments.providers.host.crash_points import crash_point
+from bb_environments.providers.host.durable_files import write_durably
 from bb_environments.providers.host.saved_work_limit import SAVED_WORK_MAX_BYTES
 
 SAVED_REF_PREFIX = "refs/bb/saved/"
@@ -158,7 +159,8 @@ def save_commits(repo: str, commit: str, branch: str, key: str, notes_dir: Path)
 
 
 def _save_as(repo: str, key: str, commit: str, notes_dir: Path) -> None:
-    _write_note(notes_dir, key, repo)
+    notes_dir.mkdir(parents=True, exist_ok=True)
+    write_durably(notes_dir / key, repo.encode("utf-8", "surrogateescape"))
     # The expected old value (none) makes a second writer of the same ref fail instead of replacing it.
     run_git(repo, "update-ref", "-m", "bb: work saved before removal", saved_ref_name(key), commit, "")
     crash_point("work-saved")
@@ -267,13 +269,6 @@ def _has_own_commits(worktree: Path) -> bool:
     return bool(
         run_git(str(worktree), "rev-list", "--max-count=1", "HEAD", "--not", *others, "--branches", "--remotes")
     )
-
-
-def _write_note(notes_dir: Path, key: str, repo: str) -> None:
-    notes_dir.mkdir(parents=True, exist_ok=True)
-    temporary = notes_dir / f".{key}.tmp"
-    temporary.write_text(repo, encoding="utf-8", errors="surrogateescape")
-    os.replace(temporary, notes_dir / key)
 
 
 def saved_notes_dir(provider_data_dir: Path) -> Path:

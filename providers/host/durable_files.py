@@ -10,7 +10,9 @@ def write_durably(path: Path, data: bytes) -> None:
     """`data` in `path` (mode 0600), and the name in its directory, on disk before the caller goes on:
     written beside it and renamed over it, so a crash at any point leaves the old file or the new."""
     temporary = path.with_name(f".{path.name}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # One a kill left keeps the mode it was made with: made anew, it gets 0600 whatever it had.
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(descriptor, data)
         os.fsync(descriptor)

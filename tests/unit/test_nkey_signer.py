@@ -65,7 +65,7 @@ def test_seeds_are_made_whole_over_what_a_kill_mid_write_left(tmp_path):
 
     credentials = Credentials(tmp_path / "credentials")
     credentials.directory.mkdir()
-    (credentials.directory / "operator.tmp").write_bytes(b"SUA")
+    (credentials.directory / ".operator.nk.tmp").write_bytes(b"SUA")
     credentials.ensure(["operator", "publisher"])
     assert sorted(path.name for path in credentials.directory.iterdir()) == ["operator.nk", "publisher.nk"]
     for user in ("operator", "publisher"):
