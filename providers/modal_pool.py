@@ -13,6 +13,9 @@ no member and the pool prepares none.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from bb_environments.domain.hook_operations import SCRIPT_NAMES
@@ -27,9 +30,37 @@ BOUND_RESOURCE_KEY = "boundTo"
 """The same, in the resource: a resume starts the sandbox with it."""
 
 
-def origin_head(repo: str, origin: str, secrets: tuple[str, ...]) -> BaseHead:
-    """The head of the origin's default branch (what a sandbox's clone checks out) and the sha256
-    of `.bb-env-setup.sh` at it; `secrets` are the parts of the URL no message may show."""
+ORIGIN_HEAD_FRESH_S = 5.0
+"""How long the origin's head, once read, stands for it. A pool's refill asks every second and
+each spawn of a pooled project asks too, and each `git ls-remote` is a round trip to the origin's
+host (a forge that limits its rate): a push is seen within this, and members prepared meanwhile on
+the head before it are found stale at the next read."""
+
+
+class OriginHeads:
+    """The heads of the projects' origins, each read again once ORIGIN_HEAD_FRESH_S old; a read
+    that failed is not kept (the next one tries the origin again)."""
+
+    def __init__(self, fresh_s: float = ORIGIN_HEAD_FRESH_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._fresh_s = fresh_s
+        self._clock = clock
+        self._read: dict[tuple[str, str], tuple[float, str]] = {}  # (repo, origin) -> (read at, commit)
+        self._lock = threading.Lock()  # the refill and spawns ask from worker threads
+
+    def head(self, repo: str, origin: str, secrets: tuple[str, ...]) -> BaseHead:
+        """The head of the origin's default branch (what a sandbox's clone checks out) and the
+        sha256 of `.bb-env-setup.sh` at it; `secrets` are the parts of the URL no message may show."""
+        now = self._clock()
+        with self._lock:
+            read_at, commit = self._read.get((repo, origin), (None, ""))
+        if read_at is None or now - read_at >= self._fresh_s:
+            commit = _listed_head(repo, origin, secrets)
+            with self._lock:
+                self._read[(repo, origin)] = (now, commit)
+        return _base_at(repo, commit)
+
+
+def _listed_head(repo: str, origin: str, secrets: tuple[str, ...]) -> str:
     try:
         listed = run_git(repo, "ls-remote", "--", origin, "HEAD")
     except GitFailed as failed:
@@ -37,6 +68,11 @@ def origin_head(repo: str, origin: str, secrets: tuple[str, ...]) -> BaseHead:
     commit = listed.partition("\t")[0].strip()
     if not commit:
         raise BaseUnknown("the origin remote has no default branch (HEAD) to clone")
+    return commit
+
+
+def _base_at(repo: str, commit: str) -> BaseHead:
+    """Read from the checkout's objects each time: a `git fetch` there brings an unknown head."""
     if not is_commit(repo, commit):
         raise BaseUnknown(
             f"the origin's head {commit} is not in {repo} yet, so its {SCRIPT_NAMES['setup']} cannot be read: "

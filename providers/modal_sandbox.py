@@ -61,7 +61,7 @@ from bb_environments.providers.contract import (
 )
 from bb_environments.providers.git_commands import run_git_or_none
 from bb_environments.providers.git_worktree import repo_dir_name
-from bb_environments.providers.modal_pool import bind_member, bound_tags, origin_head
+from bb_environments.providers.modal_pool import OriginHeads, bind_member, bound_tags
 from bb_environments.providers.modal_scripts import CLONE_SCRIPT, SETUP_SCRIPT
 from bb_environments.providers.modal_sdk import POLL_INTERVAL_S, ModalOperationFailed, ModalSdk, ModalSession, redact
 from bb_environments.providers.modal_settings import (
@@ -106,9 +106,16 @@ class ModalSandboxProvider:
     inputs_type = ModalInputs
     in_the_cloud = True
 
-    def __init__(self, sdk: ModuleType | None = None, poll_interval_s: float = POLL_INTERVAL_S) -> None:
-        """`sdk` is the `modal` module (imported on first use) or a stand-in with the same API."""
+    def __init__(
+        self,
+        sdk: ModuleType | None = None,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        origin_heads: OriginHeads | None = None,
+    ) -> None:
+        """`sdk` is the `modal` module (imported on first use) or a stand-in with the same API;
+        `origin_heads` keeps the origins' heads between reads (a test gives it a clock)."""
         self._modal = ModalSdk(sdk, poll_interval_s)
+        self._origin_heads = origin_heads or OriginHeads()
 
     # -- the contract ------------------------------------------------------------------------------
 
@@ -148,7 +155,7 @@ class ModalSandboxProvider:
     def base_head(self, ctx: ProjectContext) -> BaseHead:
         origin = project_origin(ctx.project_path)
         assert ctx.project_path is not None  # project_origin refuses a request without one
-        return origin_head(ctx.project_path, origin, url_secrets(origin))
+        return self._origin_heads.head(ctx.project_path, origin, url_secrets(origin))
 
     def member_inputs(self, ctx: ProjectContext, path_key: str) -> ModalInputs:
         """The request's own: a sandbox's size and lifetime name nothing of its thread."""

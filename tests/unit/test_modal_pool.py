@@ -23,7 +23,7 @@ from bb_environments.providers.contract import (
     can_pool,
 )
 from bb_environments.providers.git_repository import setup_hash_at
-from bb_environments.providers.modal_pool import BOUND_TAG
+from bb_environments.providers.modal_pool import BOUND_TAG, ORIGIN_HEAD_FRESH_S, OriginHeads
 from bb_environments.providers.modal_sandbox import PATH_KEY_TAG, ModalInputs, ModalSandboxProvider
 from bb_environments.providers.planning import read_base_head
 from tests.fakes.fake_modal import VALID_TOKEN, FakeModalCloud, local_filesystems
@@ -47,9 +47,22 @@ def cloud(tmp_path: Path) -> FakeModalCloud:
     return FakeModalCloud(exec_handler=local_filesystems(tmp_path / "sandboxes"))
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def provider(cloud: FakeModalCloud) -> ModalSandboxProvider:
-    return ModalSandboxProvider(sdk=cloud.module, poll_interval_s=0)
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def provider(cloud: FakeModalCloud, clock: Clock) -> ModalSandboxProvider:
+    return ModalSandboxProvider(sdk=cloud.module, poll_interval_s=0, origin_heads=OriginHeads(clock=clock))
 
 
 @pytest.fixture
@@ -192,8 +205,8 @@ def test_a_member_paused_while_it_waited_is_resumed_for_its_thread_with_the_thre
     assert len(cloud.execs) == execs
 
 
-def test_base_head_reads_the_origins_head_and_sees_a_new_one_without_changing_the_checkout(
-    provider: ModalSandboxProvider, project: Path, data_dir: Path, git: Callable[..., str]
+def test_base_head_reads_the_origins_head_and_sees_a_new_one_once_the_last_read_is_old_without_changing_the_checkout(
+    provider: ModalSandboxProvider, project: Path, data_dir: Path, git: Callable[..., str], clock: Clock
 ) -> None:
     head = provider.base_head(context(project, data_dir))
     assert (head.base_commit, head.setup_hash) == (git_out(project, "rev-parse", "HEAD"), script_hash(project))
@@ -201,10 +214,14 @@ def test_base_head_reads_the_origins_head_and_sees_a_new_one_without_changing_th
 
     (project / ".bb-env-setup.sh").write_text(SETUP + "echo second > second.txt\n")
     git(project, "commit", "--quiet", "-am", "a new setup")
+    clock.now += ORIGIN_HEAD_FRESH_S
     assert provider.base_head(context(project, data_dir)) == head  # committed, not pushed: not the origin's
 
     push(project)
     refs = git_out(project, "for-each-ref")
+    clock.now += ORIGIN_HEAD_FRESH_S - 0.1
+    assert provider.base_head(context(project, data_dir)) == head  # the origin is asked once per freshness
+    clock.now += 0.1
     moved = provider.base_head(context(project, data_dir))
     assert (moved.base_commit, moved.setup_hash) == (git_out(project, "rev-parse", "HEAD"), script_hash(project))
     assert moved.setup_hash != head.setup_hash
