@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # `bb` loads this module for every command (entrypoints/config.py), and pathlib is a tenth of one
+    from pathlib import Path
 
 
 def write_durably(path: Path, data: bytes) -> None:
