@@ -193,6 +193,21 @@ class Service:
             raise
         return Result(process.returncode, out.decode(), err.decode())
 
+    async def spawn(
+        self,
+        provider: str,
+        *options: str,
+        project: str | Path | None = None,
+        host: str | None = None,
+        thread_id: str | None = None,
+    ) -> str:
+        """`bb thread spawn` of an environment of `provider`, which must be accepted: its id."""
+        named = (("--project", project), ("--host", host), ("--thread-id", thread_id))
+        arguments = [argument for flag, value in named if value is not None for argument in (flag, str(value))]
+        result = await self.bb("thread", "spawn", "--environment-provider", provider, *arguments, *options, "--json")
+        assert result.returncode == 0, result.stderr
+        return result.json()["environmentId"]
+
     async def show(self, environment_id: str) -> dict[str, Any]:
         if self.api.nc.is_closed:  # the nats-server was restarted under us
             self.api = await ApiClient.connect(self.info["natsUrl"], **self.credentials("operator"))

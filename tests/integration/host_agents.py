@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import Result, Service, service_environment
+from tests.integration.conftest import Service, service_environment
 
 STARTUP_SECONDS = 30
 
@@ -160,8 +160,3 @@ async def running_agent(service: Service, host_id: str, base: Path, **options: A
         yield agent
     finally:
         agent.stop()
-
-
-def spawned(result: Result) -> str:
-    assert result.returncode == 0, result.stderr
-    return result.json()["environmentId"]

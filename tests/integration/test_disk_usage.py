@@ -12,7 +12,7 @@ import pytest
 
 from bb_environments.domain.disk import human_bytes
 from tests.integration.conftest import Service, service, write_hooks  # noqa: F401  (the fixture)
-from tests.integration.host_agents import Agent, register, spawned
+from tests.integration.host_agents import Agent, register
 
 SCANNED_EVERY_SECOND = {"BB_DISK_SCAN_INTERVAL_S": "1"}
 SCANNED_EVERY_HOUR = {"BB_DISK_SCAN_INTERVAL_S": "3600"}
@@ -151,19 +151,7 @@ async def test_the_agent_of_a_workspaces_host_measures_it(service, git_repo, tmp
     agent = Agent(service, "h1", Path((await register(service, "h1"))["credentials"]), tmp_path / "h1")
     agent.start()
     try:
-        environment_id = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "git-worktree",
-                "--project",
-                str(git_repo),
-                "--host",
-                "h1",
-                "--json",
-            )
-        )
+        environment_id = await service.spawn("git-worktree", project=git_repo, host="h1")
         measured = await service.wait_for(environment_id, lambda e: e["diskBytes"], timeout=60)
         assert measured["path"].startswith(str(agent.root) + "/")
         assert near(measured["diskBytes"], measured["path"]), (measured["diskBytes"], du_sb(measured["path"]))

@@ -26,7 +26,7 @@ from bb_environments.bus.access import (
 from bb_environments.bus.health import BusHealth
 from bb_environments.entrypoints.agent import CredentialsRefused, check_identity, credentials_refused
 from tests.integration.conftest import Service, Violations, eventually, service_environment, write_hooks
-from tests.integration.host_agents import Agent, machines, python_for, register, running_agent, spawned
+from tests.integration.host_agents import Agent, machines, python_for, register, running_agent
 from tests.support.os_users import unprivileged_user
 
 
@@ -38,21 +38,7 @@ async def test_a_host_never_seen_waits_saying_so_and_its_agent_does_the_work_in_
     credentials = Path((await register(service, "h1"))["credentials"])
     assert (await machines(service))["h1"]["status"] == "never-seen"
 
-    environment_id = spawned(
-        await service.bb(
-            "thread",
-            "spawn",
-            "--environment-provider",
-            "git-worktree",
-            "--project",
-            str(git_repo),
-            "--host",
-            "h1",
-            "--thread-id",
-            "t1",
-            "--json",
-        )
-    )
+    environment_id = await service.spawn("git-worktree", project=git_repo, host="h1", thread_id="t1")
     waiting = await service.wait_for(environment_id, lambda e: "h1" in (e.get("statusMessage") or ""))
     assert waiting["status"] == "creating"
     assert "has not connected since it was registered" in waiting["statusMessage"]
@@ -104,19 +90,7 @@ async def test_the_hosts_an_earlier_release_registered_are_recorded_once_from_it
         agent.start()
         try:
             await agent.serving()
-            environment_id = spawned(
-                await service.bb(
-                    "thread",
-                    "spawn",
-                    "--environment-provider",
-                    "personal-workspace",
-                    "--host",
-                    "h1",
-                    "--thread-id",
-                    "t1",
-                    "--json",
-                )
-            )
+            environment_id = await service.spawn("personal-workspace", host="h1", thread_id="t1")
             await service.wait_for(environment_id, "ready")
         finally:
             agent.stop()
@@ -165,19 +139,7 @@ async def test_removing_a_host_is_refused_while_it_holds_environments_then_its_s
     service: Service, tmp_path: Path
 ):
     async with running_agent(service, "h1", tmp_path / "h1") as agent:
-        environment_id = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "personal-workspace",
-                "--host",
-                "h1",
-                "--thread-id",
-                "t1",
-                "--json",
-            )
-        )
+        environment_id = await service.spawn("personal-workspace", host="h1", thread_id="t1")
         await service.wait_for(environment_id, "ready")
         refused = await service.bb("machine", "remove", "h1", "--yes", "--json")
         assert refused.returncode == 1 and "1 environment" in refused.json()["error"]["message"]
@@ -219,21 +181,7 @@ async def test_an_agent_killed_at_any_step_and_started_again_keeps_every_guarant
     agent.start(BB_CRASH_AT=crash_at)
     try:
         await agent.serving()
-        environment_id = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "git-worktree",
-                "--project",
-                str(git_repo),
-                "--host",
-                "h1",
-                "--thread-id",
-                "t1",
-                "--json",
-            )
-        )
+        environment_id = await service.spawn("git-worktree", project=git_repo, host="h1", thread_id="t1")
         crashed_before_ready = crash_at.endswith(("#1", "#2"))
         if crashed_before_ready:
             assert await agent.died() == -9
@@ -264,21 +212,7 @@ async def test_an_agent_killed_during_its_setup_joins_the_same_run_when_started_
     hold.touch()
     write_hooks(git_repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
     async with running_agent(service, "h1", tmp_path / "h1") as agent:
-        environment_id = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "git-worktree",
-                "--project",
-                str(git_repo),
-                "--host",
-                "h1",
-                "--thread-id",
-                "t1",
-                "--json",
-            )
-        )
+        environment_id = await service.spawn("git-worktree", project=git_repo, host="h1", thread_id="t1")
         await eventually(marker.exists, "the setup's start")
         agent.kill()
         agent.start()
@@ -352,23 +286,9 @@ async def test_an_agent_writes_transcript_lines_for_its_own_hosts_environments_o
     write_hooks(git_repo, tmp_path / "hooks.log", setup="echo h1s-own-line")
     h2 = Path((await register(service, "h2"))["credentials"])
     async with running_agent(service, "h1", tmp_path / "h1"):
-        h1_environment = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "git-worktree",
-                "--project",
-                str(git_repo),
-                "--host",
-                "h1",
-                "--json",
-            )
-        )
+        h1_environment = await service.spawn("git-worktree", project=git_repo, host="h1")
         await service.wait_for(h1_environment, "ready")
-    h2_environment = spawned(
-        await service.bb("thread", "spawn", "--environment-provider", "personal-workspace", "--host", "h2", "--json")
-    )
+    h2_environment = await service.spawn("personal-workspace", host="h2")
     await service.wait_for(h2_environment, lambda e: "h2" in (e.get("statusMessage") or ""))
 
     forged = "forged-by-h2"
@@ -433,19 +353,7 @@ async def test_the_core_killed_between_keeping_an_agents_lines_and_taking_them_i
     await service.start()
     try:
         async with running_agent(service, "h1", tmp_path / "h1"):
-            environment_id = spawned(
-                await service.bb(
-                    "thread",
-                    "spawn",
-                    "--environment-provider",
-                    "git-worktree",
-                    "--project",
-                    str(git_repo),
-                    "--host",
-                    "h1",
-                    "--json",
-                )
-            )
+            environment_id = await service.spawn("git-worktree", project=git_repo, host="h1")
             await eventually(lambda: (tmp_path / "hooks.log").exists(), "the setup starting")
             service.kill()  # started again to die at its next batch of kept lines: the setup's
             service.environment = service_environment(service.data_dir, BB_CRASH_AT="transcript-lines-kept")
@@ -486,19 +394,7 @@ async def test_a_forged_report_for_another_hosts_operation_changes_nothing(servi
 
     h1 = Path((await register(service, "h1"))["credentials"])
     h2 = Path((await register(service, "h2"))["credentials"])
-    environment_id = spawned(
-        await service.bb(
-            "thread",
-            "spawn",
-            "--environment-provider",
-            "personal-workspace",
-            "--host",
-            "h2",
-            "--thread-id",
-            "t1",
-            "--json",
-        )
-    )
+    environment_id = await service.spawn("personal-workspace", host="h2", thread_id="t1")
     await service.wait_for(environment_id, lambda e: "h2" in (e.get("statusMessage") or ""))
     forged = {
         "job": "create",
@@ -575,34 +471,8 @@ async def test_an_agent_of_another_os_user_does_its_hosts_work_and_reads_nothing
     agent.start()
     try:
         await agent.serving()
-        personal = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "personal-workspace",
-                "--host",
-                "h1",
-                "--thread-id",
-                "p1",
-                "--json",
-            )
-        )
-        worktree = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "git-worktree",
-                "--project",
-                str(repo),
-                "--host",
-                "h1",
-                "--thread-id",
-                "w1",
-                "--json",
-            )
-        )
+        personal = await service.spawn("personal-workspace", host="h1", thread_id="p1")
+        worktree = await service.spawn("git-worktree", project=repo, host="h1", thread_id="w1")
         for environment_id in (personal, worktree):
             ready = await service.wait_for(environment_id, "ready", timeout=60)
             assert ready["path"].startswith(str(agent.root) + "/")
@@ -621,19 +491,7 @@ async def test_an_archive_while_the_host_is_away_waits_in_removing_with_its_clai
     service: Service, tmp_path: Path
 ):
     async with running_agent(service, "h1", tmp_path / "h1") as agent:
-        environment_id = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "personal-workspace",
-                "--host",
-                "h1",
-                "--thread-id",
-                "t1",
-                "--json",
-            )
-        )
+        environment_id = await service.spawn("personal-workspace", host="h1", thread_id="t1")
         ready = await service.wait_for(environment_id, "ready")
         agent.kill()
         assert (await service.bb("thread", "archive", "t1")).returncode == 0
@@ -664,21 +522,7 @@ async def test_a_create_delivered_again_after_its_environment_was_removed_makes_
     try:
         await core.subscribe(subjects.host_jobs("h1"), cb=keep)
         async with running_agent(service, "h1", tmp_path / "h1"):
-            environment_id = spawned(
-                await service.bb(
-                    "thread",
-                    "spawn",
-                    "--environment-provider",
-                    "git-worktree",
-                    "--project",
-                    str(git_repo),
-                    "--host",
-                    "h1",
-                    "--thread-id",
-                    "t1",
-                    "--json",
-                )
-            )
+            environment_id = await service.spawn("git-worktree", project=git_repo, host="h1", thread_id="t1")
             ready = await service.wait_for(environment_id, "ready", timeout=60)
             assert (await service.bb("thread", "archive", "t1")).returncode == 0
             await service.wait_for(environment_id, "removed", timeout=60)
@@ -711,21 +555,7 @@ async def test_the_same_path_on_two_hosts_is_two_claims(service: Service, git_re
     another machine's checkout, and holds no claim of the first's."""
     async with running_agent(service, "h1", tmp_path / "h1"), running_agent(service, "h2", tmp_path / "h2"):
         on_h1, on_h2 = [
-            spawned(
-                await service.bb(
-                    "thread",
-                    "spawn",
-                    "--environment-provider",
-                    "project-checkout",
-                    "--project",
-                    str(git_repo),
-                    "--host",
-                    host_id,
-                    "--thread-id",
-                    f"t-{host_id}",
-                    "--json",
-                )
-            )
+            await service.spawn("project-checkout", project=git_repo, host=host_id, thread_id=f"t-{host_id}")
             for host_id in ("h1", "h2")
         ]
         first, second = await service.wait_for(on_h1, "ready"), await service.wait_for(on_h2, "ready")
@@ -744,11 +574,7 @@ async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_p
         assert await machines(service) == {}
         agent.start()
         await agent.serving()
-        environment_id = spawned(
-            await service.bb(
-                "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t1", "--json"
-            )
-        )
+        environment_id = await service.spawn("personal-workspace", thread_id="t1")
         ready = await service.wait_for(environment_id, "ready", timeout=30)
     finally:
         agent.stop()
@@ -759,11 +585,7 @@ async def test_serve_with_no_agent_leaves_its_own_hosts_work_to_a_bb_agent(tmp_p
 async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_dir_and_keeps_the_old_ones(
     service: Service, tmp_path: Path
 ):
-    before = spawned(
-        await service.bb(
-            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t-before", "--json"
-        )
-    )
+    before = await service.spawn("personal-workspace", thread_id="t-before")
     old = await service.wait_for(before, "ready")
     assert old["path"].startswith(str(service.data_dir) + "/")
     await service.stop()
@@ -771,11 +593,7 @@ async def test_bb_agent_root_moves_the_own_hosts_new_workspaces_out_of_the_data_
     service.environment["BB_AGENT_ROOT"] = str(root)
     await service.start()
 
-    after = spawned(
-        await service.bb(
-            "thread", "spawn", "--environment-provider", "personal-workspace", "--thread-id", "t-after", "--json"
-        )
-    )
+    after = await service.spawn("personal-workspace", thread_id="t-after")
     new = await service.wait_for(after, "ready")
     assert new["path"].startswith(str(root) + "/")
     assert oct(service.data_dir.stat().st_mode & 0o777) == "0o700"

@@ -19,7 +19,7 @@ from nats.js.errors import NotFoundError
 from bb_environments.bus.access import host_agent_inbox_prefix
 from bb_environments.bus.wire import subjects
 from tests.integration.conftest import Result, Service, connect_as, eventually, service_environment, write_hooks
-from tests.integration.host_agents import register, running_agent, spawned
+from tests.integration.host_agents import register, running_agent
 
 SETUP = """\
 printf 'token length %s\\n' "${#API_TOKEN}"
@@ -151,11 +151,7 @@ async def test_a_secret_reaches_the_hooks_and_shows_as_stars_everywhere_else(
         tail(service, subjects.TRANSCRIPT_EVENTS, "--json") as transcripts,
     ):
         await eventually(lambda: events.exists() and transcripts.exists(), "the tails' start")
-        environment_id = spawned(
-            await service.bb(
-                "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--json"
-            )
-        )
+        environment_id = await service.spawn("git-worktree", project=git_repo)
         ready = await service.wait_for(environment_id, "ready")
         shown_json = (await service.bb("environment", "show", environment_id, "--json")).stdout
         shown = (await service.bb("environment", "show", environment_id)).stdout
@@ -194,11 +190,7 @@ async def test_a_secret_reaches_the_hooks_and_shows_as_stars_everywhere_else(
     assert value not in service.log_tail()
 
     await service.start()  # a restart keeps the secret, and the next hook gets it
-    again = spawned(
-        await service.bb(
-            "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--json"
-        )
-    )
+    again = await service.spawn("git-worktree", project=git_repo)
     ready_again = await service.wait_for(again, "ready")
     assert f"token length {len(value)}" in json.dumps(ready_again["transcript"])
     removed_secret = await service.bb("secret", "remove", "--project", str(git_repo), "API_TOKEN", "--json")
@@ -214,19 +206,7 @@ async def test_a_hook_run_by_a_hosts_agent_gets_the_secret_over_its_own_inbox_on
     value = a_value()
     await set_secret(service, git_repo, "API_TOKEN", value)
     async with running_agent(service, "h1", tmp_path / "h1") as agent, listening_clients(service) as received:
-        environment_id = spawned(
-            await service.bb(
-                "thread",
-                "spawn",
-                "--environment-provider",
-                "git-worktree",
-                "--project",
-                str(git_repo),
-                "--host",
-                "h1",
-                "--json",
-            )
-        )
+        environment_id = await service.spawn("git-worktree", project=git_repo, host="h1")
         ready = await service.wait_for(environment_id, "ready")
         transcript = json.dumps(ready["transcript"])
         assert f"token length {len(value)}" in transcript and "two writes: *** done" in transcript
@@ -329,11 +309,7 @@ async def test_a_kill_between_the_store_and_the_log_gives_no_hook_a_value_the_lo
         await service.start()
         listed = await service.bb("secret", "list", "--project", str(git_repo), "--json")
         assert listed.json()["secrets"] == []  # its name never reached the log
-        first = spawned(
-            await service.bb(
-                "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--json"
-            )
-        )
+        first = await service.spawn("git-worktree", project=git_repo)
         transcript = json.dumps((await service.wait_for(first, "ready"))["transcript"])
         assert "has token: " in transcript and "has token: yes" not in transcript
 
@@ -347,11 +323,7 @@ async def test_a_kill_between_the_store_and_the_log_gives_no_hook_a_value_the_lo
             s["name"]
             for s in (await service.bb("secret", "list", "--project", str(git_repo), "--json")).json()["secrets"]
         ] == ["API_TOKEN"]
-        second = spawned(
-            await service.bb(
-                "thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--json"
-            )
-        )
+        second = await service.spawn("git-worktree", project=git_repo)
         assert "has token: yes" not in json.dumps((await service.wait_for(second, "ready"))["transcript"])
         removed = await service.bb("secret", "remove", "--project", str(git_repo), "API_TOKEN")
         assert removed.returncode == 0, removed.stderr  # removing again finishes the job
