@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -56,11 +57,35 @@ def nats_server_binary() -> str:
     return found
 
 
+FIRST_PORTS = range(15000, 20000)
+"""Where the embedded nats-server's port is drawn at its first start: below the kernel's ephemeral
+range (32768 and up by default), whose ports every process's outgoing connections take at random,
+so that the port the data dir remembers is still free at a later start (a reboot, the server's
+restart); below BB_PORT_RANGE's default (20000-29999) too, where environments' hooks listen."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now, from FIRST_PORTS outside this machine's ephemeral range; one
+    the kernel picks when there is none."""
+    ephemeral = _ephemeral_ports()
+    candidates = [port for port in FIRST_PORTS if port not in ephemeral]
+    for _ in range(min(len(candidates), 50)):
+        port = random.choice(candidates)
+        with socket.socket() as probe, contextlib.suppress(OSError):
+            probe.bind((host, port))
+            return port
     with socket.socket() as probe:
         probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+        chosen: int = probe.getsockname()[1]
+        return chosen
+
+
+def _ephemeral_ports() -> range:
+    try:
+        first, last = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(first), int(last) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
 
 
 def _refuse_unusable(host: str, port: int) -> None:

@@ -163,12 +163,12 @@ def _postgres_binaries(base: Path, owner: pwd.struct_passwd | None) -> Path:
     return copy / package.name / "pginstall" / "bin"
 
 
-LISTENING_PORTS = range(10000, 20000)
-"""Where the servers' ports are chosen: below the kernel's ephemeral range (32768 and up here),
-whose ports the other tests' outgoing connections take at random, one of which could take a
-server's port between the choice and its start, or while it is down to be started again (seen: a
-node's "can't listen to the monitor port"); below BB_PORT_RANGE's default (20000-29999) too,
-which environments' hooks listen in."""
+LISTENING_PORTS = range(10000, 15000)
+"""Where the servers' ports are chosen: apart from the embedded nats-servers' (FIRST_PORTS in
+bus/embedded_server.py), which other tests start meanwhile, and below the kernel's ephemeral range
+(32768 and up here), whose ports the other tests' outgoing connections take at random: one of them
+could take a server's port between the choice and its start, or while it is down to be started
+again (seen: a node's "can't listen to the monitor port")."""
 
 
 _handed_out: set[int] = set()

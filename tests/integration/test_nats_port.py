@@ -17,7 +17,7 @@ import nats
 import nats.aio.client
 import pytest
 
-from bb_environments.bus.embedded_server import free_port
+from bb_environments.bus.embedded_server import FIRST_PORTS, free_port
 from bb_environments.providers.host.processes import pid_alive
 from tests.integration.conftest import Result, Service, eventually, service_environment
 from tests.integration.test_faults import nats_servers_on
@@ -115,6 +115,14 @@ async def test_the_port_stays_after_a_sigkill_of_the_service_and_after_one_of_it
         assert service.info["natsPort"] == port and service.info["natsPid"] != left_running
         await back(nc, reconnects=1)
         await spawn_heard(service, heard)
+
+
+async def test_the_first_port_is_one_no_outgoing_connection_can_take_before_the_next_start(service):
+    """Outgoing connections take ports of the kernel's ephemeral range at random: a remembered port
+    there could be taken by one when the server starts again (after a reboot, say)."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    port = remembered(service.data_dir)
+    assert port in FIRST_PORTS and not low <= port <= high
 
 
 async def test_a_data_dir_of_an_earlier_release_gets_a_port_at_its_next_start_and_keeps_it(service):
