@@ -36,20 +36,7 @@ def commit_setup(repo: Path, setup: str) -> None:
 
 
 async def spawn_ready(service: Service, repo: Path, thread_id: str) -> str:
-    spawned = await service.bb(
-        "thread",
-        "spawn",
-        "--environment-provider",
-        "git-worktree",
-        "--project",
-        str(repo),
-        "--thread-id",
-        thread_id,
-        "--wait",
-        "--json",
-    )
-    assert spawned.returncode == 0, spawned.stderr
-    return spawned.json()["environmentId"]
+    return await service.spawn("git-worktree", "--wait", project=repo, thread_id=thread_id)
 
 
 def daemon_pid(pid_file: Path) -> int:

@@ -79,19 +79,7 @@ async def open_gates(service: Service, *names: str) -> None:
 
 
 async def spawn(service: Service, project: Path, thread_id: str = "t1") -> str:
-    result = await service.bb(
-        "thread",
-        "spawn",
-        "--environment-provider",
-        "gated",
-        "--project",
-        str(project),
-        "--thread-id",
-        thread_id,
-        "--json",
-    )
-    assert result.returncode == 0, result.stderr
-    return result.json()["environmentId"]
+    return await service.spawn("gated", project=project, thread_id=thread_id)
 
 
 async def wait_for_call(service: Service, prefix: str, count: int = 1) -> None:
