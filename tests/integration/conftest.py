@@ -361,20 +361,9 @@ async def spawn_with_setup_held(service: Service, repo: Path, hold: Path, marker
     removed (its last command writes nothing); the environment's id."""
     hold.touch()
     write_hooks(repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
-    spawned = await service.bb(
-        "thread",
-        "spawn",
-        "--environment-provider",
-        "git-worktree",
-        "--project",
-        str(repo),
-        "--thread-id",
-        "t1",
-        "--json",
-    )
-    assert spawned.returncode == 0, spawned.stderr
+    environment_id = await service.spawn("git-worktree", project=repo, thread_id="t1")
     await eventually(marker.exists, "the setup hook's start")
-    return spawned.json()["environmentId"]
+    return environment_id
 
 
 def _read_json(path: Path) -> dict | None:

@@ -149,19 +149,7 @@ async def test_a_setup_that_hits_its_environments_limit_fails_naming_it(service,
     if f"{named} in " not in service.log_tail():
         pytest.skip(f"no writable cgroup holds {named} here: {service.log_tail()}")
     commit_setup(git_repo, setup)
-    spawned = await service.bb(
-        "thread",
-        "spawn",
-        "--environment-provider",
-        "git-worktree",
-        "--project",
-        str(git_repo),
-        "--thread-id",
-        "t1",
-        "--json",
-    )
-    assert spawned.returncode == 0, spawned.stderr
-    environment_id = spawned.json()["environmentId"]
+    environment_id = await service.spawn("git-worktree", project=git_repo, thread_id="t1")
 
     failed = await service.wait_for(environment_id, "error")
     assert failed["statusMessage"].endswith(f": the setup hit {named}"), failed["statusMessage"]

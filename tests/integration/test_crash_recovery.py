@@ -367,19 +367,7 @@ async def test_killed_during_a_worktree_checkout_the_worktree_is_made_again_and_
     service = Service(tmp_path / "data", service_environment(tmp_path / "data"))
     await service.start()
     try:
-        spawned = await service.bb(
-            "thread",
-            "spawn",
-            "--environment-provider",
-            "git-worktree",
-            "--project",
-            str(git_repo),
-            "--thread-id",
-            "t1",
-            "--json",
-        )
-        assert spawned.returncode == 0, spawned.stderr
-        environment_id = spawned.json()["environmentId"]
+        environment_id = await service.spawn("git-worktree", project=git_repo, thread_id="t1")
         await eventually(lambda: lines(checkouts) == 1, "the checkout's start")
         service.kill()
         await service.start()
@@ -417,19 +405,7 @@ async def test_killed_just_after_saving_a_worktrees_work_the_removal_keeps_that_
     )
     await service.start()
     try:
-        spawned = await service.bb(
-            "thread",
-            "spawn",
-            "--environment-provider",
-            "git-worktree",
-            "--project",
-            str(git_repo),
-            "--thread-id",
-            "t1",
-            "--json",
-        )
-        assert spawned.returncode == 0, spawned.stderr
-        environment_id = spawned.json()["environmentId"]
+        environment_id = await service.spawn("git-worktree", project=git_repo, thread_id="t1")
         workspace = Path((await service.wait_for(environment_id, "ready"))["path"])
         (workspace / "unsaved.txt").write_text("an agent's work, committed nowhere\n")
         dump = b"a tenant's database dump\n" * 10_000  # 250000 bytes: more than BB_SAVED_WORK_MAX_BYTES

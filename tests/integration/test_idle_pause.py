@@ -26,18 +26,7 @@ async def paused_environment(service: Service, project: Path) -> str:
     for gate in ("create", "remove"):
         (provider_dir(service) / "gates").mkdir(parents=True, exist_ok=True)
         (provider_dir(service) / "gates" / gate).touch()
-    spawned = await service.bb(
-        "thread",
-        "spawn",
-        "--environment-provider",
-        "pausable",
-        "--project",
-        str(project),
-        "--thread-id",
-        "t1",
-        "--json",
-    )
-    environment_id = spawned.json()["environmentId"]
+    environment_id = await service.spawn("pausable", project=project, thread_id="t1")
     paused = await service.wait_for(environment_id, lambda e: e["pausedAt"] is not None)
     assert paused["status"] == "ready"
     assert "pause 1" in calls(provider_dir(service))

@@ -36,18 +36,7 @@ async def test_cancelling_the_message_stops_a_preparing_environment(tmp_path):
     await service.start()
     try:
         await open_gates(service, "remove")
-        spawned = await service.bb(
-            "thread",
-            "spawn",
-            "--environment-provider",
-            "gated",
-            "--project",
-            str(project),
-            "--thread-id",
-            "t1",
-            "--json",
-        )
-        environment_id = spawned.json()["environmentId"]
+        environment_id = await service.spawn("gated", project=project, thread_id="t1")
         await wait_for_call(service, "create t1 1")
         assert (await service.bb("thread", "cancel", "t1")).returncode == 0
         await service.wait_for(environment_id, "removed")
