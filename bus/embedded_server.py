@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,11 +64,11 @@ so that the port the data dir remembers is still free at a later start (a reboot
 restart); below BB_PORT_RANGE's default (20000-29999) too, where environments' hooks listen."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on now, from FIRST_PORTS outside this machine's ephemeral range; one
-    the kernel picks when there is none."""
+def free_port(host: str = "127.0.0.1", among: Sequence[int] = FIRST_PORTS) -> int:
+    """A port nobody listens on now, drawn from `among` outside this machine's ephemeral range; one
+    the kernel picks when none is free."""
     ephemeral = _ephemeral_ports()
-    candidates = [port for port in FIRST_PORTS if port not in ephemeral]
+    candidates = [port for port in among if port not in ephemeral]
     for _ in range(min(len(candidates), 50)):
         port = random.choice(candidates)
         with socket.socket() as probe, contextlib.suppress(OSError):

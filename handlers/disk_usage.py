@@ -4,10 +4,11 @@ command's path, and recorded on the environment.
 A new workspace is measured soon after its setup settled (succeeded, failed or found no script):
 the provisioning tells `measure_soon`, and a pass over the workspaces told of in the last
 `SETTLING_S` measures them together, so that a burst of new environments costs one pass per host
-and one save, rather than a pass and a save per setup while the others start. Then every `BB_DISK_SCAN_INTERVAL_S` a scan
-asks each host for the size of every workspace this replica drives there that has settled; a
-figure missed after setup (the host away, a replica's restart) is taken at the next scan. The host
-walks each tree on a worker thread (providers/host/disk_usage.py).
+and one save, rather than a pass and a save per setup while the others start. Then every
+`BB_DISK_SCAN_INTERVAL_S` a scan asks each host for the size of every workspace this replica
+drives there that has settled; a figure missed after setup (the host away, a replica's restart)
+is taken at the next scan. The host walks each tree on a worker thread
+(providers/host/disk_usage.py).
 
 A figure is an event (`DiskMeasured`) rather than a note beside the read model: the disk budget
 refuses spawns with it, and every replica must decide alike, after a restart too, from the one

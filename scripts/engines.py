@@ -13,10 +13,8 @@ import importlib.util
 import json
 import os
 import pwd
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -29,7 +27,7 @@ import psycopg
 from psycopg import sql
 
 from bb_environments.bus.access import Credentials, all_users, deployment_configuration, host_user_block
-from bb_environments.bus.embedded_server import HOST, EmbeddedNats, accepts_connections, nats_server_binary
+from bb_environments.bus.embedded_server import HOST, EmbeddedNats, accepts_connections, free_port, nats_server_binary
 
 STARTUP_S = 30.0
 POSTGRES_USER = "bb"
@@ -180,14 +178,9 @@ def _unused_port() -> int:
     workers draw from ports apart)."""
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
     share = LISTENING_PORTS[int(worker.removeprefix("gw")) :: int(workers)]
-    while True:
-        port = random.choice(share)
-        if port in _handed_out:
-            continue
-        with socket.socket() as probe, contextlib.suppress(OSError):
-            probe.bind((HOST, port))
-            _handed_out.add(port)
-            return port
+    port = free_port(HOST, [port for port in share if port not in _handed_out])
+    _handed_out.add(port)
+    return port
 
 
 def _runs_as(user: pwd.struct_passwd, program: Path) -> bool:
