@@ -39,13 +39,15 @@ async def listed(service: Service) -> list[dict]:
 
 
 async def settled(service: Service, expected: dict[str, str], timeout: float = 120) -> list[dict]:
-    """The list once every environment in `expected` has its expected status."""
+    """The list once every environment in `expected` has its expected status and the log is
+    quiet (every ready workspace measured)."""
     deadline = time.monotonic() + timeout
     while True:
         environments = await listed(service)
         statuses = {e["id"]: e["status"] for e in environments}
         if all(statuses.get(i) == status for i, status in expected.items()):
-            return environments
+            await service.measured()
+            return await listed(service)
         if time.monotonic() > deadline:
             raise AssertionError(f"environments never settled: {statuses}")
         await asyncio.sleep(0.1)
