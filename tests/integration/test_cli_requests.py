@@ -178,6 +178,7 @@ async def test_events_export_reads_the_event_store_itself_once_the_service_is_st
     )
     assert spawned.returncode == 0, spawned.stderr
     await service.wait_for(spawned.json()["environmentId"], "ready")
+    await service.measured()  # its last event written, so that the service adds none before it stops
     while_serving = await service.bb("events", "export")
     assert while_serving.returncode == 0, while_serving.stderr
     await service.stop()
