@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -122,17 +122,13 @@ class ReadModel:
             await self._db.close()
 
     async def stored_position(self, name: str) -> tuple[int, int]:
-        async with self._db.execute(
-            "SELECT notification_id, stream_sequence FROM positions WHERE name = ?", (name,)
-        ) as rows:
-            row = await rows.fetchone()
+        row = await self._row("SELECT notification_id, stream_sequence FROM positions WHERE name = ?", (name,))
         return (row[0], row[1]) if row else (0, 0)
 
     async def followed(self) -> int:
         """The stream sequence after which the log's follower goes on: where it finished a batch,
         else (a read model new or rebuilt) as far as the read model holds the log."""
-        async with self._db.execute("SELECT stream_sequence FROM positions WHERE name = ?", (LOG_FOLLOWED,)) as rows:
-            row = await rows.fetchone()
+        row = await self._row("SELECT stream_sequence FROM positions WHERE name = ?", (LOG_FOLLOWED,))
         return row[0] if row else (await self.stored_position(LOG))[1]
 
     # -- writing -------------------------------------------------------------------------------
@@ -270,12 +266,21 @@ class ReadModel:
             await self._db.execute("DETACH DATABASE rebuilt")
 
     async def _count(self, table: str) -> int:
-        async with self._db.execute(f"SELECT count(*) FROM {table}") as rows:
-            row = await rows.fetchone()
-            assert row is not None  # count(*) answers one row, even for an empty table
-            return int(row[0])
+        row = await self._row(f"SELECT count(*) FROM {table}")
+        assert row is not None  # count(*) answers one row, even for an empty table
+        return int(row[0])
 
     # -- reading -------------------------------------------------------------------------------
+
+    async def _rows(self, query: str, parameters: Sequence[object] = ()) -> list[sqlite3.Row]:
+        """All of a query's rows in one call on the connection's thread, so that no query is left
+        half read while another coroutine's call runs: a rebuild's swap could not detach its
+        scratch file from the connection then, and would replace the tables under the reader."""
+        return list(await self._db.execute_fetchall(query, parameters))
+
+    async def _row(self, query: str, parameters: Sequence[object] = ()) -> sqlite3.Row | None:
+        rows = await self._rows(query, parameters)
+        return rows[0] if rows else None
 
     async def wait_for(self, position: int, timeout: float = 10) -> None:
         """Read-your-writes: return once the model has applied the log up to `position`."""
@@ -283,17 +288,16 @@ class ReadModel:
             await asyncio.wait_for(self._advanced.wait_for(lambda: self.position >= position), timeout)
 
     async def environment(self, environment_id: str) -> EnvironmentView | None:
-        async with self._db.execute("SELECT document FROM environments WHERE id = ?", (environment_id,)) as rows:
-            row = await rows.fetchone()
+        row = await self._row("SELECT document FROM environments WHERE id = ?", (environment_id,))
         return msgspec.json.decode(row[0], type=EnvironmentView) if row else None
 
     async def environment_ids_starting(self, prefix: str, limit: int) -> list[str]:
         """The ids (removed environments' too) that begin with `prefix`, in order, at most `limit`:
         a range of the primary key's index, as every character of an id sorts before DEL."""
-        async with self._db.execute(
+        rows = await self._rows(
             "SELECT id FROM environments WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (prefix, prefix + "\x7f", limit)
-        ) as rows:
-            return [row[0] for row in await rows.fetchall()]
+        )
+        return [row[0] for row in rows]
 
     async def environments(
         self,
@@ -312,8 +316,8 @@ class ReadModel:
             query, args = query + " AND status = ?", [*args, status]
         if provider_id:
             query, args = query + " AND provider_id = ?", [*args, provider_id]
-        async with self._db.execute(query + " ORDER BY id LIMIT ?", [*args, limit]) as rows:
-            return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
+        rows = await self._rows(query + " ORDER BY id LIMIT ?", [*args, limit])
+        return [msgspec.json.decode(r[0], type=EnvironmentView) for r in rows]
 
     async def live_environments_by_host(self) -> dict[str, int]:
         """How many environments that are not removed each host holds."""
@@ -321,12 +325,10 @@ class ReadModel:
             "SELECT json_extract(CAST(document AS TEXT), '$.hostId'), count(*) FROM environments"
             " WHERE status != ? GROUP BY 1"
         )
-        async with self._db.execute(query, [EnvironmentStatus.REMOVED]) as rows:
-            return {host_id: count for host_id, count in await rows.fetchall()}
+        return {host_id: count for host_id, count in await self._rows(query, [EnvironmentStatus.REMOVED])}
 
     async def thread(self, thread_id: str) -> ThreadView | None:
-        async with self._db.execute("SELECT document FROM threads WHERE id = ?", (thread_id,)) as rows:
-            row = await rows.fetchone()
+        row = await self._row("SELECT document FROM threads WHERE id = ?", (thread_id,))
         return msgspec.json.decode(row[0], type=ThreadView) if row else None
 
     async def threads(
@@ -336,17 +338,17 @@ class ReadModel:
         query, args = "SELECT document FROM threads WHERE id > ?", [after or ""]
         if environment_id:
             query, args = query + " AND environment_id = ?", [*args, environment_id]
-        async with self._db.execute(query + " ORDER BY id LIMIT ?", [*args, limit]) as rows:
-            return [msgspec.json.decode(r[0], type=ThreadView) for r in await rows.fetchall()]
+        rows = await self._rows(query + " ORDER BY id LIMIT ?", [*args, limit])
+        return [msgspec.json.decode(r[0], type=ThreadView) for r in rows]
 
     async def removed_before(self, cutoff: datetime, limit: int) -> list[EnvironmentView]:
         """Environments removed before `cutoff`, at most `limit` of them, the earliest removed first."""
-        async with self._db.execute(
+        rows = await self._rows(
             # Through the index of removed environments by time: the other documents are never read.
             f"SELECT document FROM environments WHERE {IS_REMOVED} AND {REMOVED_AT} < ? ORDER BY {REMOVED_AT} LIMIT ?",
             (msgspec.json.encode(cutoff).decode().strip('"'), limit),
-        ) as rows:
-            return [msgspec.json.decode(r[0], type=EnvironmentView) for r in await rows.fetchall()]
+        )
+        return [msgspec.json.decode(r[0], type=EnvironmentView) for r in rows]
 
     async def forget_transcripts(self, environment_ids: list[str]) -> None:
         async with self._transaction():
@@ -373,12 +375,12 @@ class ReadModel:
             )
 
     async def transcript(self, environment_id: str, last: int = 50) -> list[str]:
-        async with self._db.execute(
+        rows = await self._rows(
             "SELECT line FROM (SELECT sequence, line FROM transcript WHERE environment_id = ? "
             "ORDER BY sequence DESC LIMIT ?) ORDER BY sequence",
             (environment_id, last),
-        ) as rows:
-            return [r[0] for r in await rows.fetchall()]
+        )
+        return [r[0] for r in rows]
 
 
 def _render(line: TranscriptEntry) -> str:

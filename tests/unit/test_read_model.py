@@ -328,6 +328,36 @@ async def test_a_rebuild_shows_the_old_model_until_it_swaps_in_and_catches_up_wi
     assert counts.environments == 6
 
 
+async def test_rebuilds_while_lists_are_read_all_succeed_and_the_lists_never_lose_a_row(store, read_model):
+    live_environments(store.app, 0, 20)
+    for batch in batches(store.app):
+        await read_model.apply(batch, no_gap)
+    live = await state(read_model)
+    rebuilt = asyncio.Event()
+
+    async def keep_listing() -> int:
+        """What `environment list` does, page after page, over and over: each pass sees all 20."""
+        passes = 0
+        while not rebuilt.is_set():
+            listed, after = [], None
+            while page := await read_model.environments(after=after, limit=3):
+                listed += page
+                after = page[-1].id
+            assert len(listed) == 20
+            passes += 1
+        return passes
+
+    readers = [asyncio.create_task(keep_listing()) for _ in range(8)]
+    try:
+        for _ in range(5):
+            await read_model.rebuild(LogReader(store.app).latest_views, _stream_position)
+    finally:
+        rebuilt.set()
+        passes = await asyncio.gather(*readers)
+    assert all(passes)
+    assert await state(read_model) == live
+
+
 async def test_a_rebuild_cut_off_leaves_the_old_model_and_no_scratch_file(store, read_model, tmp_path):
     live_environments(store.app, 0, 3)
     for batch in batches(store.app):
