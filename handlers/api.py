@@ -23,7 +23,7 @@ from uuid import UUID, uuid4
 import msgspec
 
 from bb_environments.domain.environment import Environment
-from bb_environments.domain.errors import UnknownEnvironment
+from bb_environments.domain.errors import DomainError, UnknownEnvironment
 from bb_environments.domain.ids import is_environment_id_prefix, quoted
 from bb_environments.domain.request_errors import InvalidInput, NotFound, RequestError, Unavailable
 from bb_environments.domain.status import EnvironmentStatus
@@ -350,17 +350,29 @@ class Api:
         else:
             if isinstance(placement, BaseException):
                 raise placement
-            environment = await self._threads.spawn(
-                RegisterThread(
-                    thread_id=thread_id,
-                    project_path=placement.project_path if placement else request.project_path,
-                    parent_thread_id=request.parent_thread_id,
-                    host_id=host_id,
-                    environment=intent,
-                ),
-                placement,
-            )
-            await self._provisioner.drive(environment.id, environment)  # start at once, not when the event comes round
+            try:
+                environment = await self._threads.spawn(
+                    RegisterThread(
+                        thread_id=thread_id,
+                        project_path=placement.project_path if placement else request.project_path,
+                        parent_thread_id=request.parent_thread_id,
+                        host_id=host_id,
+                        environment=intent,
+                    ),
+                    placement,
+                )
+            except (RequestError, DomainError):
+                # The same spawn sent again may be saved by another replica while this one places it
+                # (a client resends an attempt answered slowly): the first save wins, the other is
+                # refused for the thread or its path, and is answered as a spawn sent again.
+                existing = await self._store.run(self._app.find_thread, thread_id)
+                if existing is None:
+                    raise
+                environment = await self._spawned_before(existing, request, intent, host_id)
+            else:
+                await self._provisioner.drive(
+                    environment.id, environment
+                )  # start at once, not when the event comes round
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.

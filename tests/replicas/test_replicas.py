@@ -625,6 +625,19 @@ async def test_the_agents_lines_reach_the_transcripts_through_one_replica_then_t
             await asyncio.sleep(0.5)
 
 
+async def test_one_spawn_taken_by_both_replicas_at_once_is_answered_alike_by_each(topology: Topology) -> None:
+    """What a client's resend does when the replica that took the first attempt is slow to answer:
+    the other takes the same spawn while the first is being saved. Both answer with its environment."""
+    for n in range(6):
+        spawn = SpawnThread(thread_id=f"both-{n}", environment_provider="personal-workspace", host_id=HOST)
+        answers = await asyncio.gather(
+            *(topology.replica(replica).api.call("threads", "spawn", spawn) for replica in ("a", "b")),
+            return_exceptions=True,
+        )
+        assert all(isinstance(answer, dict) for answer in answers), answers
+        assert len({answer["environmentId"] for answer in answers}) == 1, answers
+
+
 async def test_a_writer_frozen_holding_the_logs_lock_is_ended_and_the_saves_of_the_others_go_on(
     topology: Topology,
 ) -> None:
