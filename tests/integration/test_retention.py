@@ -139,6 +139,7 @@ async def test_a_restart_with_its_read_models_lost_after_a_purge_reads_the_store
     await forgotten(service, gone)  # rebuilt from the store, then forgotten once its end is not the last
 
     assert await listed_all(service) == {kept}
+    await service.measured()  # t2's last event (its disk figure, a moment after ready) on the stream
     # The stream gained the events logged since (t2's spawn) and nothing else: the relay went on
     # from its last message, not from what the purge left before it.
     held_after = await held_notifications(service)
