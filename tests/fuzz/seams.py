@@ -413,7 +413,8 @@ class ServiceWorld(Loop):
         """After one example: with nothing written no file changed; with something written, no
         canary (a prompt, an undeclared field) is in the store; then start again from the seed."""
         if self.head() == head:
-            assert self.files() == seeded_files, "a file appeared, or went, with nothing written"
+            now = self.files()
+            assert now == seeded_files, f"with nothing written, {sorted(now - seeded_files)} appeared and {sorted(seeded_files - now)} went"
         else:
             assert CANARY.encode() not in self.store_bytes(), (
                 "a prompt, a message's text or an undeclared field was stored"
