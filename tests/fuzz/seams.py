@@ -414,7 +414,9 @@ class ServiceWorld(Loop):
         canary (a prompt, an undeclared field) is in the store; then start again from the seed."""
         if self.head() == head:
             now = self.files()
-            assert now == seeded_files, f"with nothing written, {sorted(now - seeded_files)} appeared and {sorted(seeded_files - now)} went"
+            assert now == seeded_files, (
+                f"with nothing written, {sorted(now - seeded_files)} appeared and {sorted(seeded_files - now)} went"
+            )
         else:
             assert CANARY.encode() not in self.store_bytes(), (
                 "a prompt, a message's text or an undeclared field was stored"
