@@ -129,6 +129,7 @@ class Provisioner:
         self._activity: dict[UUID, datetime] = {}
         self._advanced_from: dict[UUID, int] = {}
         self._newest_known: dict[UUID, int] = {}  # see drive
+        self._stopped = False
         self.place_again: Callable[[str], Awaitable[object]] = _nobody_places
         """Places a thread whose pool member could not be bound (the thread handlers' first message)."""
 
@@ -217,6 +218,9 @@ class Provisioner:
                 step.task.cancel()
 
     async def stop(self) -> None:
+        # A drive still under way (a timer's that had fired, an answer's) starts no step and sets
+        # no timer from now on: what it would have started is the next start's sweep's, as after a crash.
+        self._stopped = True
         for timer in self._timers.values():
             timer.cancel()
         steps = list(self._steps.values())
@@ -308,7 +312,7 @@ class Provisioner:
         """Run a long step once per process; when it ends, drive the environment again (from the
         state the step's outcome left it in, if it recorded one)."""
         step_key = (env.id, key)
-        if step_key in self._steps:
+        if self._stopped or step_key in self._steps:
             return
         if self._newest_known.get(env.id, 0) > env.version:
             # A step ended while this drive awaited (its outcome's drive waits for the lock): this
@@ -376,6 +380,8 @@ class Provisioner:
             del self._failed_steps[step_key]
 
     def _wake_at(self, environment_id: UUID, when: datetime) -> None:
+        if self._stopped:
+            return
         if environment_id in self._timers:
             self._timers[environment_id].cancel()
         delay = max(0.0, (when - _now()).total_seconds())

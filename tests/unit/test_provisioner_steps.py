@@ -243,3 +243,28 @@ async def test_a_removed_environment_leaves_no_marks_and_a_late_copy_of_it_start
     await provisioner.drive(environment.id, environment)  # the spawn's copy, handed over long after the removal
     await running.settled()
     assert provider.removes == removes and app.environment(environment.id).status == "removed"
+
+
+class CountsCreates(InstantProvider):
+    def __init__(self) -> None:
+        self.creates = 0
+
+    def create(self, ctx):
+        self.creates += 1
+        return super().create(ctx)
+
+
+async def test_a_stopped_provisioner_starts_no_step_for_a_drive_that_comes_late(tmp_path):
+    """A drive that outlives the stop (a timer's that had fired, an answer's still under way)
+    would run a provider's create on a worker thread while the service goes down, or, in a process
+    that goes on, after its stores are closed."""
+    running = Running(CountsCreates(), tmp_path)
+    try:
+        environment = await running.spawn("a")
+        await running.provisioner.stop()
+        await running.provisioner.drive(environment.id)
+        assert not running.provisioner.busy
+        assert running.provider.creates == 0
+        assert running.app.environment(environment.id).status == "creating"  # the next start's sweep creates it
+    finally:
+        running.store.close()
