@@ -44,9 +44,12 @@ P = ParamSpec("P")
 
 # A batch is answered at once; a bound keeps the first caller's wait short under a long queue.
 BATCH_LIMIT = 64
-# The longest pause before a command that lost a race runs again, times the runs so far: apart, two
-# writers that keep deciding on the same aggregate at the same moment stop meeting there.
-RETRY_JITTER_S = 0.005
+# The longest pause before a command that lost a race runs again, doubled after each run it lost (up
+# to RETRY_PAUSE_CAP_S): a pause at random keeps two writers deciding on one aggregate at one moment
+# from meeting there again, and a doubling one lets a writer whose batch keeps the aggregate busy
+# (ten spawns on one host through the other replica, on a starved machine) finish it first.
+RETRY_PAUSE_S = 0.005
+RETRY_PAUSE_CAP_S = 0.25
 
 
 class CommandConflicted(RuntimeError):
@@ -148,7 +151,7 @@ def _attempt(
                 return None, conflicted
         except Exception as error:
             return None, error
-        time.sleep(random.uniform(0, RETRY_JITTER_S * run))
+        time.sleep(random.uniform(0, min(RETRY_PAUSE_S * 2 ** (run - 1), RETRY_PAUSE_CAP_S)))
         run += 1
 
 

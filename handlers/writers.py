@@ -71,7 +71,7 @@ class SharedStore(Writers):
 
     fastforward = True
     claims_per_host = True
-    command_tries = 5
+    command_tries = 20
     snapshots = True
 
     def log_index(
