@@ -382,25 +382,22 @@ async def test_commands_during_and_after_a_restart_of_the_postgresql_server_are_
         other.close()
 
 
+async def spawned_through(stores: tuple[Store, Store], number: int, listening: tuple[int, ...] = ()) -> UUID:
+    """Thread t{number} spawned on h1 through the writer of replica `number % 2`."""
+    store = stores[number % 2]
+    placement = Placement("personal-workspace", "h1", None, {}, f"t{number}", None, listening=listening)
+    return (await store.run(store.app.spawn_thread, f"t{number}", None, None, "h1", None, placement)).id
+
+
 async def test_two_hundred_spawns_on_one_host_through_two_replicas_at_once_are_all_saved(postgres_url):
     """Every spawn on a host saves its HostClaims, so two replicas spawning there at once keep
     conflicting: each loser runs again on what the other saved, until it wins. With 5 runs and
     pauses of at most 5–20 ms between them, 3 to 5 of these 200 spawns failed with
     CommandConflicted on this machine's PostgreSQL, every time; the unluckiest needs 7 or 8 runs
     while the other replica's batch goes on."""
-    a, b = replica(postgres_url), replica(postgres_url)
-    stores = Store(a), Store(b)
-
-    async def spawned(number: int) -> UUID:
-        replica_app = (a, b)[number % 2]
-        placement = Placement("personal-workspace", "h1", None, {}, f"t{number}", None)
-        environment = await stores[number % 2].run(
-            replica_app.spawn_thread, f"t{number}", None, None, "h1", None, placement
-        )
-        return environment.id
-
+    stores = Store(replica(postgres_url)), Store(replica(postgres_url))
     try:
-        ids = await asyncio.gather(*(spawned(number) for number in range(200)))
+        ids = await asyncio.gather(*(spawned_through(stores, number) for number in range(200)))
     finally:
         for store in stores:
             store.close()  # and its replica
@@ -418,17 +415,8 @@ async def test_twenty_spawns_through_two_replicas_lease_disjoint_blocks_clear_of
     a, b = replica(event_store), replica(event_store)
     stores = Store(a), Store(b)
     listening = (20013,)  # as the host's plan found it
-
-    async def spawned(number: int) -> UUID:
-        placement = Placement("personal-workspace", "h1", None, {}, f"t{number}", None, listening=listening)
-        replica_app = (a, b)[number % 2]
-        environment = await stores[number % 2].run(
-            replica_app.spawn_thread, f"t{number}", None, None, "h1", None, placement
-        )
-        return environment.id
-
     try:
-        ids = await asyncio.gather(*(spawned(number) for number in range(20)))
+        ids = await asyncio.gather(*(spawned_through(stores, number, listening) for number in range(20)))
     finally:
         for store in stores:
             store.close()
