@@ -370,9 +370,8 @@ class Api:
                     raise
                 environment = await self._spawned_before(existing, request, intent, host_id)
             else:
-                await self._provisioner.drive(
-                    environment.id, environment
-                )  # start at once, not when the event comes round
+                # Start at once, not when the event comes round.
+                await self._provisioner.drive(environment.id, environment)
         if request.prompt is not None:
             # The prompt is the thread's first message, for whoever runs the thread's agent; it is
             # published where any service's thread messages go, not kept in the environment log.
