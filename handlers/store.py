@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import queue
 import random
 import threading
@@ -37,6 +38,7 @@ from eventsourcing.persistence import RecordConflictError
 from bb_environments.domain.hook_operations import RecordedHook
 from bb_environments.handlers.application import Environments
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 HookSecrets = Callable[[str, str], Awaitable[dict[str, str]]]
 """(operation id, host id) -> the hook's secrets as its variables."""
@@ -117,7 +119,12 @@ class Store:
                 except OSError as failed:
                     # Written, maybe not on disk: no caller may take it as done.
                     outcomes = [(None, failed)] * len(commands)
-                self.app.on_saved()
+                try:
+                    self.app.on_saved()
+                except Exception:
+                    # The saves stand, and their callers are answered: a writer thread that died
+                    # here would leave every command queued after it waiting for ever.
+                    log.exception("waking whoever forwards the log's new events failed")
             # One wake-up per loop for the whole batch: each call_soon_threadsafe writes to the
             # loop's self-pipe, a system call and a turn of the loop per command otherwise.
             answers: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}

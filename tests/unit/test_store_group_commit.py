@@ -57,3 +57,20 @@ async def test_a_command_queued_after_close_is_never_left_waiting(tmp_path: Path
     store.close()
     assert (await asyncio.wait_for(pending, 5)).thread_id == "t1"
     assert application(tmp_path / "events.sqlite").find_thread("t1") is not None
+
+
+async def test_a_wake_up_that_fails_after_a_save_leaves_the_writer_answering(tmp_path: Path) -> None:
+    """The relay's wake-up runs on the writer thread after each batch's saves (at shutdown its loop
+    may be closed): if it raised, the writer thread died and every later command waited for ever."""
+    store = Store(application(tmp_path / "events.sqlite"))
+
+    def failing_wake_up() -> None:
+        raise RuntimeError("Event loop is closed")
+
+    store.app.on_saved = failing_wake_up
+    try:
+        first = await asyncio.wait_for(store.run(store.app.register_thread, "t1", None, None, "local", None), 10)
+        second = await asyncio.wait_for(store.run(store.app.register_thread, "t2", None, None, "local", None), 10)
+    finally:
+        store.close()
+    assert (first.thread_id, second.thread_id) == ("t1", "t2")
