@@ -11,7 +11,8 @@ and readiness awaited on `bb.environments.*.ready`:
   publishes (as bench/thread_events.py does), environments/s until the last is ready;
 - CPU per environment of that burst, summed over every process of the topology (nats-servers,
   PostgreSQL's processes, replicas, agents; `bb serve` and its nats-server), from /proc, and for
-  the replicated one, what each part of it took;
+  the replicated one, what each part of it took, and all of it but the replicas: the floor no
+  change to the replicas can take the topology under;
 - CPU per second while idle: what the topology costs doing nothing (heartbeats, leases, presence);
 - the same burst again on the replicated topology with every stream and bucket in one copy
   (`BB_STREAM_REPLICAS=1`): what keeping three copies costs, measured rather than reckoned.
@@ -45,6 +46,7 @@ from scripts.topology import Topology  # found through the repository's root, wh
 HOSTS = ("h1", "h2")
 CPU_GOAL = 2.5
 """The issue's goal: the replicated topology takes at most this many times the single node's CPU per environment."""
+REPLICAS = "the 2 replicas"
 PROFILE_DIR: Path | None = None
 
 
@@ -165,7 +167,7 @@ async def replicated(root: Path, runs: int, burst: int, idle_s: float, stream_re
     try:
         assert topology.cluster is not None and topology.postgres is not None and topology.postgres.pid
         parts = {
-            "the 2 replicas": [p.pid for p in topology.replicas.values()],
+            REPLICAS: [p.pid for p in topology.replicas.values()],
             "the 2 agents": [p.pid for p in topology.agents.values()],
             "the 3 nats-servers": topology.cluster.pids,
             "PostgreSQL": [topology.postgres.pid],
@@ -221,6 +223,7 @@ def figures(single: Measured, cluster: Measured, one_copy: Measured, runs: int, 
         Figure(f"same burst: CPU per environment, {part}", ms, None, "ms")
         for part, ms in cluster.parts_ms_per_environment.items()
     ]
+    rows.append(_besides_replicas("same burst", cluster, single))
     rows.append(
         Figure(
             "CPU while idle, every process of the topology",
@@ -243,7 +246,20 @@ def figures(single: Measured, cluster: Measured, one_copy: Measured, runs: int, 
         Figure(f"same burst, streams in one copy: CPU per environment, {part}", ms, None, "ms")
         for part, ms in one_copy.parts_ms_per_environment.items()
     ]
+    rows.append(_besides_replicas("same burst, streams in one copy", one_copy, single))
     return rows
+
+
+def _besides_replicas(burst_name: str, cluster: Measured, single: Measured) -> Figure:
+    """What the topology takes besides the replicas, against the single node: past the goal's
+    ratio, no change to the replicas alone can meet it."""
+    return Figure(
+        f"{burst_name}: CPU per environment, every process but the replicas",
+        cluster.cpu_ms_per_environment - cluster.parts_ms_per_environment[REPLICAS],
+        single.cpu_ms_per_environment,
+        "ms",
+        "single node",
+    )
 
 
 async def measure(runs: int, burst: int, idle_s: float, only: str | None) -> list[Figure]:
