@@ -73,31 +73,42 @@ def unavailable(error: BaseException) -> bool:
 def short_of_room(error: BaseException) -> bool:
     """The servers have no room for a stream: no wait makes it (JetStream's code on a single
     server, its placement's reason in a cluster)."""
-    return isinstance(error, APIError) and (
-        error.err_code in (STORAGE_EXCEEDED, INSUFFICIENT_RESOURCES)
-        or (
-            _refused_placement(error)
-            and "insufficient storage" in (error.description or "")
-            and "offline" not in (error.description or "")
-        )
-    )  # a peer that is back may have the room
+    return _jetstream_code(error) in (STORAGE_EXCEEDED, INSUFFICIENT_RESOURCES) or (
+        _refused_placement(error)
+        and "insufficient storage" in _description(error)
+        and "offline" not in _description(error)  # a peer that is back may have the room
+    )
 
 
 def _not_caught_up(error: BaseException) -> bool:
     """At a start, a stream that was made a moment ago (by this replica or another) is unknown to
     a server whose share of the cluster's metadata is not current yet."""
-    return isinstance(error, APIError) and error.err_code == STREAM_NOT_FOUND
+    return _jetstream_code(error) == STREAM_NOT_FOUND
 
 
 def _refused_placement(error: BaseException) -> bool:
-    return isinstance(error, APIError) and error.err_code == NO_SUITABLE_PEERS
+    return _jetstream_code(error) == NO_SUITABLE_PEERS
+
+
+# nats-py's KeyValue errors are APIErrors that set none of its fields (KeyNotFoundError: a lease's
+# key gone in a leader change, or expired between a refused create and nats-py's look at it), so
+# these two read them as absent rather than raise AttributeError on them.
+
+
+def _jetstream_code(error: BaseException) -> int | None:
+    """JetStream's own code for a refusal (`err_code`), if the error carries one."""
+    return getattr(error, "err_code", None) if isinstance(error, APIError) else None
+
+
+def _description(error: BaseException) -> str:
+    return (getattr(error, "description", None) or "") if isinstance(error, APIError) else ""
 
 
 def describe(error: BaseException) -> str:
-    # An APIError's str() lists every field, mostly None; nats-py's KeyValue errors (KeyNotFoundError,
-    # a lease's key gone in a leader change) set none of them, and have a str() of their own.
+    # An APIError's str() lists every field, mostly None; nats-py's KeyValue errors have a str() of
+    # their own.
     if isinstance(error, APIError) and hasattr(error, "description"):
-        text = error.description or ""
+        text = _description(error)
     else:
         text = str(error).removeprefix("nats: ").removeprefix(f"{type(error).__name__}: ")
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

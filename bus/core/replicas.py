@@ -202,7 +202,9 @@ class Lease:
         asked = time.monotonic()
         try:
             self._revision = await write()
-        except KeyWrongLastSequenceError:
+        # A create refused for a key that was there, which nats-py then looks up (to take it over if
+        # it was deleted) and finds expired: nobody's now, and the next round's create takes it.
+        except (KeyWrongLastSequenceError, KeyNotFoundError):
             self._revision = None
             return False
         self._valid_until = asked + LEASE_TTL_S - _SAFETY_S

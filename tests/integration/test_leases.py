@@ -13,9 +13,19 @@ from uuid import UUID
 
 import pytest
 from nats.js import JetStreamContext, api
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from bb_environments.bus.core import replicas
-from bb_environments.bus.core.replicas import LEASE_TTL_S, RENEW_S, DriveShare, Lease, lease_holder, leases_bucket
+from bb_environments.bus.core.replicas import (
+    LEASE_TTL_S,
+    RENEW_S,
+    DriveShare,
+    Lease,
+    lease_holder,
+    leases_bucket,
+    while_leased,
+)
 from bb_environments.bus.health import BusHealth
 from bb_environments.bus.wire import subjects
 from tests.integration.conftest import plain_jetstream
@@ -46,6 +56,45 @@ async def test_a_lease_renewed_late_is_kept_when_nobody_took_it_and_lost_when_an
     assert await theirs.take()
     assert not await mine.renew() and not mine.held and not await mine.confirmed()
     assert await theirs.confirmed()
+
+
+class ExpiredUnderTheFirstCreate:
+    """The real bucket, whose first create meets the race nats-py turns into KeyNotFoundError: refused
+    for a key that was there, which expired before nats-py looked it up again."""
+
+    def __init__(self, bucket: KeyValue) -> None:
+        self._bucket = bucket
+        self.raced = False
+
+    async def create(self, key: str, value: bytes) -> int:
+        if not self.raced:
+            self.raced = True
+            raise KeyNotFoundError
+        return await self._bucket.create(key, value)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bucket, name)
+
+
+async def test_a_lease_whose_key_expired_under_its_create_is_taken_next_round_and_the_replica_goes_on(js, caplog):
+    # A replica woken from a pause exited on it: the error went to the bus's health as if the bus
+    # were away, which could not read it.
+    bucket = ExpiredUnderTheFirstCreate(await leases_bucket(js, 1, BusHealth()))
+    lease = Lease(bucket, "relay", lease_holder("a"))  # type: ignore[arg-type]  # the real bucket, wrapped
+    working = asyncio.Event()
+
+    async def work() -> None:
+        working.set()
+        await asyncio.Event().wait()
+
+    leased = asyncio.create_task(while_leased(lease, work, BusHealth()))
+    try:
+        await asyncio.wait_for(working.wait(), RENEW_S + 10)
+        assert bucket.raced and not leased.done() and await lease.confirmed()
+        assert not [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    finally:
+        leased.cancel()
+        await asyncio.gather(leased, return_exceptions=True)
 
 
 async def test_partitions_stay_held_while_the_sweep_after_taking_them_runs_longer_than_a_lease(js):
