@@ -14,6 +14,7 @@ edge) are published by the thread consumer, under the id of the stream message r
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -21,7 +22,7 @@ from uuid import UUID
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from bb_environments.bus.streams import DUPLICATE_WINDOW_S
 from bb_environments.bus.wire import subjects
@@ -49,6 +50,9 @@ _BEYOND_THE_WINDOW = timedelta(seconds=DUPLICATE_WINDOW_S / 2)
 """Half the window: the service's clock may differ from the clock that dated the outcome."""
 _CLOCKS_DIFFER = timedelta(seconds=5)
 _WILDCARDS = ("*", ">")
+DUPLICATE_IN_PROCESS = 10158
+"""A clustered stream's refusal of a message whose id another publish is being stored under."""
+_IN_PROCESS_PAUSE_S = 0.05
 
 
 class Placements:
@@ -138,7 +142,17 @@ class Placements:
             subject, message_id, due_since
         ):
             return
-        await self._js.publish(subject, msgspec.json.encode(outcome), headers={"Nats-Msg-Id": message_id})
+        payload, headers = msgspec.json.encode(outcome), {"Nats-Msg-Id": message_id}
+        try:
+            await self._js.publish(subject, payload, headers=headers)
+        except APIError as refused:
+            if getattr(refused, "err_code", None) != DUPLICATE_IN_PROCESS:
+                raise
+            # Every replica announces what it follows in the log: the other's publish of this very
+            # outcome is being stored. Sent again a moment later, it is the duplicate it is (or
+            # stored, had that one failed), where failing would retry the log's whole batch.
+            await asyncio.sleep(_IN_PROCESS_PAUSE_S)
+            await self._js.publish(subject, payload, headers=headers)
         crash_point("placement-published")  # before the log's batch is acknowledged: it is delivered again
 
     async def _published_since(self, subject: str, message_id: str, due_since: datetime) -> bool:
