@@ -73,7 +73,7 @@ def unavailable(error: BaseException) -> bool:
 def short_of_room(error: BaseException) -> bool:
     """The servers have no room for a stream: no wait makes it (JetStream's code on a single
     server, its placement's reason in a cluster)."""
-    return _jetstream_code(error) in (STORAGE_EXCEEDED, INSUFFICIENT_RESOURCES) or (
+    return jetstream_code(error) in (STORAGE_EXCEEDED, INSUFFICIENT_RESOURCES) or (
         _refused_placement(error)
         and "insufficient storage" in _description(error)
         and "offline" not in _description(error)  # a peer that is back may have the room
@@ -83,11 +83,11 @@ def short_of_room(error: BaseException) -> bool:
 def _not_caught_up(error: BaseException) -> bool:
     """At a start, a stream that was made a moment ago (by this replica or another) is unknown to
     a server whose share of the cluster's metadata is not current yet."""
-    return _jetstream_code(error) == STREAM_NOT_FOUND
+    return jetstream_code(error) == STREAM_NOT_FOUND
 
 
 def _refused_placement(error: BaseException) -> bool:
-    return _jetstream_code(error) == NO_SUITABLE_PEERS
+    return jetstream_code(error) == NO_SUITABLE_PEERS
 
 
 # nats-py's KeyValue errors are APIErrors that set none of its fields (KeyNotFoundError: a lease's
@@ -95,7 +95,7 @@ def _refused_placement(error: BaseException) -> bool:
 # these two read them as absent rather than raise AttributeError on them.
 
 
-def _jetstream_code(error: BaseException) -> int | None:
+def jetstream_code(error: BaseException) -> int | None:
     """JetStream's own code for a refusal (`err_code`), if the error carries one."""
     return getattr(error, "err_code", None) if isinstance(error, APIError) else None
 

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
+from bb_environments.bus.health import jetstream_code
 from bb_environments.bus.streams import DUPLICATE_WINDOW_S
 from bb_environments.bus.wire import subjects
 from bb_environments.bus.wire.documents import (
@@ -146,7 +147,7 @@ class Placements:
         try:
             await self._js.publish(subject, payload, headers=headers)
         except APIError as refused:
-            if getattr(refused, "err_code", None) != DUPLICATE_IN_PROCESS:
+            if jetstream_code(refused) != DUPLICATE_IN_PROCESS:
                 raise
             # Every replica announces what it follows in the log: the other's publish of this very
             # outcome is being stored. Sent again a moment later, it is the duplicate it is (or
