@@ -72,7 +72,9 @@ class SettleWatch:
     reached one of `ends`, counted and kept, never cleared unseen, even when one comes before the
     command's answer or while a look is under way; and the transcript lines, held until the answer
     names the environment to `follow`, then printed to stderr as they come. Only what is new is
-    shown: the transcript before the command is `bb environment logs`'s."""
+    shown: the transcript before the command is `bb environment logs`'s. A line published again
+    under its message id (a hook's output, sent again by a service that restarted under it) is
+    shown once, as the stream keeps it once."""
 
     def __init__(self, ends: Ends = SETTLED) -> None:
         import asyncio  # loaded by now (the command runs on it); only the commands that need it import it
@@ -83,6 +85,7 @@ class SettleWatch:
         self.news = asyncio.Event()
         self._subscriptions: list[Any] = []
         self._held: dict[str, list[bytes]] = {}  # environment id -> its lines until one is followed
+        self._line_ids: set[str] = set()  # the message ids of the lines come so far
         self._followed: str | None = None
 
     async def start(self, client: ApiClient) -> None:
@@ -118,6 +121,11 @@ class SettleWatch:
                 self.news.set()
 
     async def _on_line(self, message: Any) -> None:
+        line_id = (message.headers or {}).get("Nats-Msg-Id")
+        if line_id is not None:
+            if line_id in self._line_ids:
+                return
+            self._line_ids.add(line_id)
         environment_id = message.subject.removeprefix(subjects.transcript(""))
         if self._followed is None:
             self._held.setdefault(environment_id, []).append(message.data)

@@ -143,6 +143,36 @@ async def test_a_hook_rejoined_after_a_restart_says_so_and_does_not_look_run_twi
     assert (tmp_path / "marker").read_text() == "setup\n"  # it ran once
 
 
+async def test_a_spawn_waiting_across_a_restart_shows_each_line_of_the_rejoined_hook_once(service, git_repo, tmp_path):
+    # The restarted service sends the rejoined hook's output again under the same ids: the stream
+    # keeps each line once, and so does what `--wait` prints.
+    hold, marker = tmp_path / "hold", tmp_path / "marker"
+    hold.touch()
+    write_hooks(git_repo, marker, setup=f"while [ -e {hold} ]; do sleep 0.02; done")
+    waiting = asyncio.create_task(
+        service.bb("thread", "spawn", "--environment-provider", "git-worktree", "--project", str(git_repo), "--wait")
+    )
+    deadline = time.monotonic() + 60
+    while not (listed := (await service.bb("environment", "list", "--json")).json()["environments"]) or (
+        "preparing the workspace" not in await setup_lines(service, listed[0]["id"])
+    ):
+        assert time.monotonic() < deadline and not waiting.done(), "the hook's first line never reached the transcript"
+        await asyncio.sleep(0.1)
+    service.kill()  # the hook's supervisor lives on, and so does the nats-server the spawn waits on
+    await service.start()
+    while "Rejoined .bb-env-setup.sh, which kept running across a restart" not in await setup_lines(
+        service, listed[0]["id"]
+    ):
+        assert time.monotonic() < deadline, "the restarted service never rejoined the hook"
+        await asyncio.sleep(0.1)
+    hold.unlink()
+
+    spawned = await waiting
+
+    assert spawned.returncode == 0, spawned.stderr
+    assert spawned.stderr.count("preparing the workspace") == 1, spawned.stderr
+
+
 async def test_hook_output_prints_a_hooks_whole_output_from_its_hosts_records(service, git_repo, tmp_path):
     """The transcript keeps an environment's last 2000 lines; the host keeps a hook's whole output
     (up to BB_HOOK_OUTPUT_MAX_BYTES), which --hook-output pages through, on a host's agent too."""
