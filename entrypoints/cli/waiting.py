@@ -8,6 +8,7 @@ import contextlib
 import json
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,6 +46,10 @@ provider that never retires, or the thread unarchived inside the grace)."""
 
 WAIT_FALLBACK_POLL_S = 5.0
 """A wait asks again this often only in case an environment event never reaches it."""
+REMEMBERED_LINE_IDS = 100_000
+"""A wait shows a transcript line sent again once if it came among this many last lines: a whole
+hook's output for most (8 MiB, the most a hook's log keeps, is 100,000 lines of 84 bytes), in
+about 15 MB at most."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,7 +79,7 @@ class SettleWatch:
     names the environment to `follow`, then printed to stderr as they come. Only what is new is
     shown: the transcript before the command is `bb environment logs`'s. A line published again
     under its message id (a hook's output, sent again by a service that restarted under it) is
-    shown once, as the stream keeps it once."""
+    shown once, as the stream keeps it once, within the last REMEMBERED_LINE_IDS lines."""
 
     def __init__(self, ends: Ends = SETTLED) -> None:
         import asyncio  # loaded by now (the command runs on it); only the commands that need it import it
@@ -85,7 +90,8 @@ class SettleWatch:
         self.news = asyncio.Event()
         self._subscriptions: list[Any] = []
         self._held: dict[str, list[bytes]] = {}  # environment id -> its lines until one is followed
-        self._line_ids: set[str] = set()  # the message ids of the lines come so far
+        self._line_ids: set[str] = set()  # the message ids of the lines come lately...
+        self._line_ids_in_order: deque[str] = deque()  # ...oldest first, to forget past the bound
         self._followed: str | None = None
 
     async def start(self, client: ApiClient) -> None:
@@ -126,6 +132,9 @@ class SettleWatch:
             if line_id in self._line_ids:
                 return
             self._line_ids.add(line_id)
+            self._line_ids_in_order.append(line_id)
+            if len(self._line_ids_in_order) > REMEMBERED_LINE_IDS:
+                self._line_ids.discard(self._line_ids_in_order.popleft())
         environment_id = message.subject.removeprefix(subjects.transcript(""))
         if self._followed is None:
             self._held.setdefault(environment_id, []).append(message.data)

@@ -71,3 +71,29 @@ async def test_a_ready_that_came_early_is_acted_on_without_waiting_for_the_poll(
     )
     assert final["status"] == "ready"
     assert client.looks == [3, 7]  # the second look waits for the ready event's position
+
+
+async def test_a_line_sent_again_is_shown_once_and_only_the_latest_lines_are_remembered(monkeypatch):
+    monkeypatch.setattr(waiting, "REMEMBERED_LINE_IDS", 3)
+    shown: list[str] = []
+    monkeypatch.setattr(waiting, "_print_line", lambda data: shown.append(json.loads(data)["text"]))
+    watch = waiting.SettleWatch()
+    watch.follow(ENVIRONMENT)
+
+    async def line(text: str, line_id: str | None) -> None:
+        headers = None if line_id is None else {"Nats-Msg-Id": line_id}
+        await watch._on_line(
+            SimpleNamespace(
+                subject=f"bb.transcripts.{ENVIRONMENT}",
+                data=json.dumps({"kind": "output", "text": text}),
+                headers=headers,
+            )
+        )
+
+    for text, line_id in [("a", "op@0"), ("b", "op@2"), ("a", "op@0"), ("step", None), ("step", None)]:
+        await line(text, line_id)
+    assert shown == ["a", "b", "step", "step"]  # a line without an id is never taken for another
+
+    for text, line_id in [("c", "op@4"), ("d", "op@6"), ("a", "op@0")]:
+        await line(text, line_id)
+    assert shown[-3:] == ["c", "d", "a"]  # past the bound, op@0 was forgotten
