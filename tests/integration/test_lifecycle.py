@@ -105,6 +105,7 @@ async def test_replay_rebuilds_read_models_equal_to_the_live_ones(service, git_r
     await spawn(service, git_repo, "t2")
     await service.bb("thread", "archive", "t1")
     await service.wait_for(first["environmentId"], "removed")
+    await service.measured()  # t2's workspace measured: else its figure may come between the two lists
     before_envs = (await service.bb("environment", "list", "--json")).json()
     before_threads = (await service.bb("thread", "list", "--json")).json()
 
