@@ -180,7 +180,7 @@ async def stream_log(topology: Topology) -> list[tuple[str, dict[str, Any], int]
         found = []
         for sequence in range(state.first_seq, state.last_seq + 1):
             with contextlib.suppress(nats.js.errors.NotFoundError):
-                message = await js.get_msg(subjects.ENVIRONMENTS_STREAM, sequence)
+                message = await _read_through_an_election(js, sequence)
                 found.append(
                     (
                         message.subject or "",
@@ -191,6 +191,19 @@ async def stream_log(topology: Topology) -> list[tuple[str, dict[str, Any], int]
         return found
     finally:
         await nc.close()
+
+
+async def _read_through_an_election(js: Any, sequence: int, timeout: float = 30) -> Any:
+    """BB_ENVIRONMENTS's message at `sequence`, asked again while a cluster healed a moment ago
+    answers 503 (its stream's leader not elected yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await js.get_msg(subjects.ENVIRONMENTS_STREAM, sequence)
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def assert_each_event_once_in_order(topology: Topology, environment_ids: list[str]) -> None:
